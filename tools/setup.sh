@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# megatune set-up: install what is missing (Debian packages), build, then run one job:
+#   tools/setup.sh plan   -> build and run the main job (plan a named model on a named cluster)
+#   tools/setup.sh test   -> build and run the whole test suite (plain, sanitized, fuzzed)
+set -euo pipefail
+mode=${1:-plan}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+need=(build-essential cmake git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev)
+[ "$mode" = test ] && need+=(clang libclang-rt-dev)
+missing=()
+for p in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+configure_and_build() {  # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" > "$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; exit 1; }
+  cmake --build "$dir" -j "$jobs"
+}
+
+case "$mode" in
+  plan)
+    configure_and_build build
+    shift || true
+    if ./build/bin/megatune plan --help > /dev/null 2>&1; then
+      ./build/bin/megatune plan --model llama3-70b --cluster 8x8xH100 --global-batch-size 512 --seq-length 4096 "$@"
+    else
+      ./build/bin/megatune layout --model llama3-8b --tp 2 --pp 4 --world-size 16 --global-batch-size 64 "$@"
+    fi
+    ;;
+  test)
+    # 1. The full build (CUDA too when nvcc is present) and every test; GPU tests skip without a GPU.
+    configure_and_build build
+    (cd build && ctest --output-on-failure -j "$jobs" --timeout 600)
+    # 2. CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+    configure_and_build build-asan -DMEGATUNE_CUDA=OFF -DMEGATUNE_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+       ctest --output-on-failure -j "$jobs" -L cpu --timeout 900)
+    # 3. libFuzzer over the layout parser and validation, bounded time.
+    CC=clang CXX=clang++ configure_and_build build-fuzz -DMEGATUNE_CUDA=OFF -DMEGATUNE_FUZZ=ON -DMEGATUNE_TESTS=OFF
+    for f in build-fuzz/bin/fuzz_*; do
+      [ -x "$f" ] || continue
+      mkdir -p build-fuzz/corpus/"$(basename "$f")"
+      "$f" -max_total_time="${MEGATUNE_FUZZ_SECONDS:-60}" -timeout=5 -rss_limit_mb=2048 \
+        build-fuzz/corpus/"$(basename "$f")" layouts/fuzz/seeds
+    done
+    echo "setup: all tests passed"
+    ;;
+  *) echo "usage: tools/setup.sh plan|test" >&2; exit 2 ;;
+esac
