@@ -1,4 +1,5 @@
 // megatune: entry point. Builds the CLI11 app from the registered subcommands and runs the chosen one.
+#include "layouts/user_error.h"
 #include "tools/command_registry.h"
 
 #include <algorithm>
@@ -27,6 +28,9 @@ int main(int argc, char** argv) {
     if (sub->parsed()) {
       try {
         return action();
+      } catch (const megatune::UserError& e) {
+        std::fprintf(stderr, "megatune %s: %s\n", sub->get_name().c_str(), e.what());
+        return 1;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "megatune %s: error: %s\n", sub->get_name().c_str(), e.what());
         return 1;
