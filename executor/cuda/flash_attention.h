@@ -1,0 +1,38 @@
+// Flash attention (FlashAttention-2 algorithm, mma.sync bf16 tensor cores, fp32 softmax/accumulation) forward
+// and backward on the layout of executor/kernels/attention_shape.h: causal or not, GQA, head dims 64 and 128,
+// any sequence length. Extra memory is O(s): lse [b, n_q, s] and the backward workspace; never s^2.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "executor/kernels/attention_shape.h"
+
+namespace megatune::executor::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// True when these kernels take the shape: head_dim 64 or 128, all token strides multiples of 8 elements
+// (16-byte rows). Pointers must be 16-byte aligned (checked at launch).
+bool flash_attention_supports(const AttentionShape& shape);
+
+// o [b, s, n_q, d] (o_stride) and lse [b, n_q, s] fp32 (natural log, scale included) from q, k, v (for a
+// packed qkv: q = qkv, k = qkv + shape.packed_k_offset(), v = qkv + shape.packed_v_offset()).
+// Throws std::invalid_argument for unsupported shapes.
+void flash_attention_forward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
+                             bf16* o, float* lse, cudaStream_t stream);
+
+// Workspace of the backward pass: fp32 dq accumulator [b, s, n_q, d] + delta = rowsum(dO o o) [b, n_q, s].
+size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
+
+// dq (q_stride), dk, dv (kv_stride; GQA: summed over the heads of each group) from d_o [b, s, n_q, d]
+// (o_stride), and q, k, v, o, lse of the forward. Overwrites dq, dk, dv (in a packed dqkv buffer pass
+// dq = dqkv, dk = dqkv + packed_k_offset(), dv = dqkv + packed_v_offset()). Three launches: delta
+// (preprocess), the main kv-block-parallel pass (dk, dv in registers, dq by fp32 atomics into the
+// workspace), and the dq conversion to bf16. workspace: flash_attention_backward_workspace_bytes(shape).
+void flash_attention_backward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
+                              const bf16* o, const float* lse, const bf16* d_o, bf16* dq, bf16* dk, bf16* dv,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace megatune::executor::cuda

@@ -1,0 +1,119 @@
+// GemmRunner: cuBLASLt GEMMs through a row-major API, with fused epilogues (bias, GELU+aux, dGELU+bias
+// grad, bias grad of B) and a per-(shape, layout, types, epilogue) cache of descriptors and the heuristic's
+// algorithm, over one fixed workspace. The profiler times exactly this object's run().
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace megatune::executor::cuda {
+
+using bf16 = __nv_bfloat16;
+
+enum class GemmDType { kBF16, kFP32 };
+
+enum class GemmEpilogue {
+  kNone,
+  kBias,         // D = A.B + bias[n]                                (bias: type of D)
+  kGeluAuxBias,  // aux = A.B + bias[n] (bias may be null), D = gelu_tanh(aux)   (aux: type of D)
+  kDGeluBGrad,   // D = (A.B) * gelu'(aux); bias_grad[n] = column sums of D      (bias_grad: type of D)
+  kBGradB,       // D = A.B; bias_grad[n] = sum over k of op(B)[:, n]              (bias_grad: type of D)
+};
+
+// Row-major description: D[m, n] = alpha * op(A)[m, k] . op(B)[k, n] + beta * C, C == D in memory.
+// op(A) = A stored [m, k] with row stride lda, or (trans_a) A stored [k, m]; op(B) likewise ([k, n] or,
+// trans_b, [n, k]). Leading dimensions 0 mean "packed" (the row length). batch_count > 1 runs a strided
+// batch (strides in elements; 0 = packed matrix size).
+struct GemmSpec {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldd = 0, ld_aux = 0;
+  GemmDType ab_type = GemmDType::kBF16;
+  GemmDType d_type = GemmDType::kBF16;
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  int batch_count = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_d = 0;
+
+  // Linear-layer shapes (x [m, k], w [n, k] as nn.Linear, dy [m, n]):
+  static GemmSpec linear_forward(int64_t m, int64_t n, int64_t k);        // y = x . w^T        TN
+  static GemmSpec linear_backward_data(int64_t m, int64_t n, int64_t k);  // dx = dy . w        NN
+  static GemmSpec linear_backward_weight(int64_t m, int64_t n, int64_t k,
+                                         GemmDType dw_type);  // dw = dy^T . x
+  double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(batch_count); }
+};
+
+struct GemmArgs {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;  // also read as C when beta != 0
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const void* bias = nullptr;  // kBias / kGeluAuxBias
+  void* aux = nullptr;         // kGeluAuxBias (written) / kDGeluBGrad (read): [m, n], row stride ld_aux
+  void* bias_grad = nullptr;   // kDGeluBGrad / kBGradB: [n], overwritten
+};
+
+class GemmRunner {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t(32) << 20;
+
+  // Creates the cuBLASLt handle and allocates the workspace on the current device (setup time, once).
+  explicit GemmRunner(size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~GemmRunner();
+  GemmRunner(const GemmRunner&) = delete;
+  GemmRunner& operator=(const GemmRunner&) = delete;
+
+  // Runs one GEMM on stream. The first call for a (spec) builds and caches the descriptors and picks the
+  // heuristic's best algorithm; later calls only launch. When cuBLASLt offers no algorithm for a fused
+  // epilogue, the runner falls back to the plain GEMM followed by its own epilogue kernel (same results;
+  // uses_fallback() says so). Never allocates after the first call of a spec. Throws on any error.
+  void run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
+
+  // Builds the plan for spec without running (so a profiler or the engine can warm the cache up front).
+  void prepare(const GemmSpec& spec);
+  bool uses_fallback(const GemmSpec& spec);  // prepares when needed
+  size_t cached_plans() const { return plans_.size(); }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  cublasLtHandle_t handle() const { return handle_; }
+
+  struct Plan;  // descriptors + algorithm (defined in gemm_runner.cpp)
+
+ private:
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, int64_t, int, int,
+                         int, int, int64_t, int64_t, int64_t>;
+  static Key key_of(const GemmSpec& spec);
+  Plan& plan_for(const GemmSpec& spec);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+// Linear-layer helpers (row-major, bf16 activations/weights, x [m, k], w [n, k], y/dy [m, n]).
+// y = x . w^T (+ bias [n]).
+void linear_forward(GemmRunner& runner, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                    int64_t n, int64_t k, cudaStream_t stream);
+// pre_gelu [m, n] = x . w^T + bias; y = gelu_tanh(pre_gelu) (GELU_AUX_BIAS; bias may be null).
+void linear_forward_gelu(GemmRunner& runner, const bf16* x, const bf16* w, const bf16* bias, bf16* pre_gelu,
+                         bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+// dx [m, k] = dy . w; with beta_accumulate, dx += (bf16 accumulate).
+void linear_backward_data(GemmRunner& runner, const bf16* dy, const bf16* w, bf16* dx, int64_t m, int64_t n,
+                          int64_t k, cudaStream_t stream, bool accumulate = false);
+// dx_pre [m, k] = (dy . w) * gelu'(pre_gelu [m, k]); dbias [k] = column sums of dx_pre (bf16, overwritten;
+// may be null: then no bias gradient). The backward of linear_forward_gelu's activation fused into the
+// next layer's data gradient.
+void linear_backward_data_dgelu(GemmRunner& runner, const bf16* dy, const bf16* w, const bf16* pre_gelu,
+                                bf16* dx_pre, bf16* dbias, int64_t m, int64_t n, int64_t k,
+                                cudaStream_t stream);
+// main_grad [n, k] fp32 (+)= dy^T . x (accumulate = Megatron's gradient_accumulation_fusion: beta = 1).
+void linear_backward_weight(GemmRunner& runner, const bf16* dy, const bf16* x, float* main_grad, int64_t m,
+                            int64_t n, int64_t k, bool accumulate, cudaStream_t stream);
+
+}  // namespace megatune::executor::cuda
