@@ -1,0 +1,38 @@
+// GEMM cost: measured exact shape -> measured; measured neighbours within a factor -> interpolated
+// efficiency (log space) scaled by the query's FLOPs; a fitted efficiency surface -> fitted; else the
+// roofline max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency)) + launch latency -> analytic.
+#pragma once
+#include <cstdint>
+#include <map>
+
+#include "cost_models/fitted_forms.h"
+#include "cost_models/measured_tables.h"
+#include "cost_models/op_cost.h"
+#include "cost_models/records.h"
+
+namespace megatune::cost_models {
+
+class GemmCostModel {
+ public:
+  GemmCostModel(const GpuModel& gpu, const AnalyticDefaults& defaults);
+  // A "gemm" kernel_timings row of this GPU (dtype from the row).
+  void add_measurement(const KernelTiming& timing);
+  void set_fitted_surface(layouts::DType dtype, EfficiencySurface surface);
+  bool has_fitted_surface(layouts::DType dtype) const;
+  // Training samples for a fit: the measured efficiencies of `dtype`.
+  std::vector<EfficiencySurface::Sample> samples(layouts::DType dtype) const;
+
+  // (m, k) x (k, n) in `dtype`.
+  OpCost cost(std::int64_t m, std::int64_t n, std::int64_t k, layouts::DType dtype) const;
+  double analytic_time_s(std::int64_t m, std::int64_t n, std::int64_t k, layouts::DType dtype) const;
+  static double flops(std::int64_t m, std::int64_t n, std::int64_t k) { return 2.0 * m * n * k; }
+
+ private:
+  double peak_flops_per_s(layouts::DType dtype) const;
+  GpuModel gpu_;
+  AnalyticDefaults defaults_;
+  std::map<layouts::DType, MeasuredShapeTable> measured_;
+  std::map<layouts::DType, EfficiencySurface> fitted_;
+};
+
+}  // namespace megatune::cost_models
