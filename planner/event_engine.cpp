@@ -1,0 +1,302 @@
+// Discrete-event replay: ranks advance until they block; group instances and p2p channels release them.
+#include "planner/event_engine.h"
+
+#include <algorithm>
+#include <deque>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace megatune::planner {
+namespace {
+
+struct Arrival {
+  int rank;
+  double issue_s;
+  std::size_t pc;  // the task's index in the rank's program
+};
+
+// One occurrence of a collective on a group: the k-th collective each member issues on the group.
+struct Instance {
+  std::vector<Arrival> arrivals;
+  double duration_s = 0.0;
+  bool async = false;
+  bool resolved = false;
+  double end_s = 0.0;
+};
+
+enum class Block : std::uint8_t { kNone, kCollective, kRecv, kWaitComm, kDone };
+
+struct RankState {
+  std::size_t pc = 0;
+  double now_s = 0.0;  // compute stream time
+  double comm_free_s = 0.0;
+  double p2p_free_s = 0.0;
+  Block block = Block::kNone;
+  long blocked_group = -1, blocked_seq = -1;
+  std::int64_t blocked_key_hash = 0;
+  std::deque<std::pair<int, int>> async_queue;  // unresolved async collectives (group, seq), in issue order
+  std::unordered_map<int, int> next_seq;        // per group: sequence number of the next collective
+};
+
+struct ChannelKey {
+  int src, dst;
+  std::int64_t tag;
+  bool operator==(const ChannelKey&) const = default;
+};
+struct ChannelKeyHash {
+  std::size_t operator()(const ChannelKey& k) const {
+    std::size_t h = std::hash<std::int64_t>()(k.tag);
+    h ^= (static_cast<std::size_t>(k.src) * 0x9E3779B97F4A7C15ull) + (h << 6) + (h >> 2);
+    h ^= (static_cast<std::size_t>(k.dst) * 0xC2B2AE3D27D4EB4Full) + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+struct SendRecord {
+  double arrive_s;  // transfer end
+  double duration_s;
+};
+
+class Replayer {
+ public:
+  explicit Replayer(const EngineInput& input) : in_(input), states_(input.programs.size()) {
+    result_.ranks.resize(input.programs.size());
+    groups_.resize(input.group_member_count.size());
+    if (input.record_timeline) {
+      for (std::size_t r = 0; r < input.programs.size(); ++r)
+        result_.ranks[r].timeline.resize(input.programs[r].size());
+    }
+  }
+
+  EngineResult run() {
+    std::vector<int> runnable;
+    for (int r = static_cast<int>(states_.size()) - 1; r >= 0; --r) runnable.push_back(r);
+    while (!runnable.empty()) {
+      int r = runnable.back();
+      runnable.pop_back();
+      advance(r, runnable);
+    }
+    std::ostringstream stuck;
+    int stuck_count = 0;
+    for (std::size_t r = 0; r < states_.size(); ++r) {
+      if (states_[r].block != Block::kDone) {
+        if (stuck_count++ < 8) describe_stuck(static_cast<int>(r), stuck);
+      }
+    }
+    if (stuck_count > 0) {
+      throw std::runtime_error("simulation deadlock: " + std::to_string(stuck_count) + " rank(s) stuck; " +
+                               stuck.str());
+    }
+    for (std::size_t r = 0; r < states_.size(); ++r) {
+      RankReplay& rr = result_.ranks[r];
+      rr.finish_s = std::max({states_[r].now_s, states_[r].comm_free_s, states_[r].p2p_free_s});
+      result_.step_time_s = std::max(result_.step_time_s, rr.finish_s);
+    }
+    return std::move(result_);
+  }
+
+ private:
+  void describe_stuck(int r, std::ostringstream& out) {
+    const RankState& s = states_[r];
+    out << "rank " << r << " at task " << s.pc;
+    switch (s.block) {
+      case Block::kCollective:
+        out << " (collective on group " << s.blocked_group << " #" << s.blocked_seq << ")";
+        break;
+      case Block::kRecv:
+        out << " (recv from " << in_.programs[r][s.pc].peer << " tag " << in_.programs[r][s.pc].tag << ")";
+        break;
+      case Block::kWaitComm:
+        out << " (waiting for " << s.async_queue.size() << " async collectives)";
+        break;
+      default:
+        break;
+    }
+    out << "; ";
+  }
+
+  Instance& instance(int group, int seq) {
+    if (group < 0 || group >= static_cast<int>(groups_.size())) {
+      throw std::runtime_error("simulation: task names group " + std::to_string(group) + " outside 0.." +
+                               std::to_string(groups_.size()));
+    }
+    auto& list = groups_[group];
+    if (static_cast<int>(list.size()) <= seq) list.resize(seq + 1);
+    return list[seq];
+  }
+
+  void record(int r, std::size_t pc, double start, double end) {
+    if (in_.record_timeline) result_.ranks[r].timeline[pc] = {start, end};
+  }
+
+  // Runs rank r until it blocks or finishes; wakes ranks that its progress releases.
+  void advance(int r, std::vector<int>& runnable) {
+    RankState& s = states_[r];
+    const auto& program = in_.programs[r];
+    RankReplay& rr = result_.ranks[r];
+    if (s.block == Block::kDone) return;
+    s.block = Block::kNone;
+    while (s.pc < program.size()) {
+      const SimTask& t = program[s.pc];
+      switch (t.kind) {
+        case TaskKind::kCompute:
+          record(r, s.pc, s.now_s, s.now_s + t.duration_s);
+          s.now_s += t.duration_s;
+          rr.compute_busy_s += t.duration_s;
+          break;
+        case TaskKind::kCollective:
+        case TaskKind::kAsyncCollective: {
+          const bool async = t.kind == TaskKind::kAsyncCollective;
+          int seq = s.next_seq[t.group]++;
+          Instance& inst = instance(t.group, seq);
+          inst.async = async;
+          inst.duration_s = std::max(inst.duration_s, t.duration_s);
+          inst.arrivals.push_back({r, s.now_s, s.pc});
+          if (async) s.async_queue.push_back({t.group, seq});
+          if (static_cast<int>(inst.arrivals.size()) > in_.group_member_count[t.group]) {
+            throw std::runtime_error("simulation: group " + std::to_string(t.group) +
+                                     " got more members than " +
+                                     std::to_string(in_.group_member_count[t.group]));
+          }
+          if (!async) {
+            if (static_cast<int>(inst.arrivals.size()) == in_.group_member_count[t.group]) {
+              resolve_blocking(t.group, seq, runnable, r);
+            } else {
+              s.block = Block::kCollective;
+              s.blocked_group = t.group;
+              s.blocked_seq = seq;
+              return;
+            }
+          } else {
+            record(r, s.pc, s.now_s, s.now_s);  // overwritten when resolved
+            try_resolve_async(t.group, seq, runnable);
+          }
+          break;
+        }
+        case TaskKind::kSend: {
+          double start = std::max(s.now_s, s.p2p_free_s);
+          double end = start + t.duration_s;
+          s.p2p_free_s = end;
+          record(r, s.pc, start, end);
+          ChannelKey key{r, t.peer, t.tag};
+          if (!sends_.emplace(key, SendRecord{end, t.duration_s}).second) {
+            throw std::runtime_error("simulation: rank " + std::to_string(r) + " sends tag " +
+                                     std::to_string(t.tag) + " to rank " + std::to_string(t.peer) + " twice");
+          }
+          if (t.peer >= 0 && t.peer < static_cast<int>(states_.size())) {
+            RankState& d = states_[t.peer];
+            if (d.block == Block::kRecv) {
+              const SimTask& pending = in_.programs[t.peer][d.pc];
+              if (pending.peer == r && pending.tag == t.tag) {
+                d.block = Block::kNone;
+                runnable.push_back(t.peer);
+              }
+            }
+          }
+          break;
+        }
+        case TaskKind::kRecv: {
+          auto it = sends_.find(ChannelKey{t.peer, r, t.tag});
+          if (it == sends_.end()) {
+            s.block = Block::kRecv;
+            return;
+          }
+          double wait = std::max(0.0, it->second.arrive_s - s.now_s);
+          double comm_part = std::min(wait, it->second.duration_s);
+          rr.exposed_comm_s += comm_part;
+          rr.pipeline_wait_s += wait - comm_part;
+          record(r, s.pc, s.now_s, s.now_s + wait);
+          s.now_s += wait;
+          sends_.erase(it);
+          break;
+        }
+        case TaskKind::kWaitComm: {
+          if (!s.async_queue.empty()) {
+            s.block = Block::kWaitComm;
+            return;
+          }
+          double wait = std::max(0.0, s.comm_free_s - s.now_s);
+          rr.exposed_comm_s += wait;
+          record(r, s.pc, s.now_s, s.now_s + wait);
+          s.now_s += wait;
+          break;
+        }
+      }
+      ++s.pc;
+    }
+    if (!s.async_queue.empty()) {
+      s.block = Block::kWaitComm;  // finished its program; async work still to resolve
+      return;
+    }
+    s.block = Block::kDone;
+  }
+
+  void resolve_blocking(int group, int seq, std::vector<int>& runnable, int current) {
+    Instance& inst = instance(group, seq);
+    double start = 0.0;
+    for (const Arrival& a : inst.arrivals) start = std::max(start, a.issue_s);
+    double end = start + inst.duration_s;
+    inst.resolved = true;
+    inst.end_s = end;
+    for (const Arrival& a : inst.arrivals) {
+      RankState& m = states_[a.rank];
+      RankReplay& rr = result_.ranks[a.rank];
+      rr.exposed_comm_s += inst.duration_s;
+      rr.pipeline_wait_s += start - a.issue_s;
+      record(a.rank, a.pc, start, end);
+      m.now_s = end;
+      if (a.rank != current) {
+        ++m.pc;  // the blocked member moves past its collective
+        m.block = Block::kNone;
+        runnable.push_back(a.rank);
+      }
+    }
+  }
+
+  // Resolves async instances that are full and at the head of every member's comm queue.
+  void try_resolve_async(int group, int seq, std::vector<int>& runnable) {
+    std::vector<std::pair<int, int>> work{{group, seq}};
+    while (!work.empty()) {
+      auto [g, q] = work.back();
+      work.pop_back();
+      Instance& inst = instance(g, q);
+      if (inst.resolved || static_cast<int>(inst.arrivals.size()) < in_.group_member_count[g]) continue;
+      bool at_head = true;
+      for (const Arrival& a : inst.arrivals) {
+        const auto& queue = states_[a.rank].async_queue;
+        if (queue.empty() || queue.front() != std::make_pair(g, q)) at_head = false;
+      }
+      if (!at_head) continue;
+      double start = 0.0;
+      for (const Arrival& a : inst.arrivals)
+        start = std::max({start, a.issue_s, states_[a.rank].comm_free_s});
+      double end = start + inst.duration_s;
+      inst.resolved = true;
+      inst.end_s = end;
+      for (const Arrival& a : inst.arrivals) {
+        RankState& m = states_[a.rank];
+        m.comm_free_s = end;
+        result_.ranks[a.rank].async_comm_busy_s += inst.duration_s;
+        m.async_queue.pop_front();
+        record(a.rank, a.pc, start, end);
+        if (!m.async_queue.empty()) work.push_back(m.async_queue.front());
+        if (m.block == Block::kWaitComm && m.async_queue.empty()) {
+          m.block = Block::kNone;
+          runnable.push_back(a.rank);
+        }
+      }
+    }
+  }
+
+  const EngineInput& in_;
+  std::vector<RankState> states_;
+  std::vector<std::vector<Instance>> groups_;
+  std::unordered_map<ChannelKey, SendRecord, ChannelKeyHash> sends_;
+  EngineResult result_;
+};
+
+}  // namespace
+
+EngineResult replay(const EngineInput& input) { return Replayer(input).run(); }
+
+}  // namespace megatune::planner
