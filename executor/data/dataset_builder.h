@@ -1,0 +1,46 @@
+// Builds the train/valid/test SampleDatasets of a run from Megatron's data flags (--data-path with
+// optional weights, --split, --mock-data, --seq-length, --seed), like BlendedMegatronDatasetBuilder.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "executor/data/gpt_dataset.h"
+#include "executor/data/mock_sequence_source.h"
+#include "executor/data/sample_dataset.h"
+
+namespace megatune::executor::data {
+
+struct DataBlendEntry {
+  double weight = 1.0;
+  std::string path_prefix;
+};
+
+// Megatron's --data-path list: "PREFIX" | "W1 PREFIX1 W2 PREFIX2 ...". A list of several prefixes without
+// weights gets equal weights. Throws UserError naming --data-path for an odd weighted list or a bad weight.
+std::vector<DataBlendEntry> parse_data_path(const std::vector<std::string>& data_path);
+
+struct DataConfig {
+  std::vector<std::string> data_path;  // --data-path; empty with mock_data
+  bool mock_data = false;              // --mock-data
+  std::string split = "969,30,1";      // --split
+  GPTDatasetConfig gpt;                // sequence length, seed, eod, vocab check
+  MockDataConfig mock;                 // used with mock_data (vocab_size and eod_token are taken from gpt)
+};
+
+struct TrainValidTestDatasets {
+  std::shared_ptr<const SampleDataset> train;  // null when the split gives it no sequences
+  std::shared_ptr<const SampleDataset> valid;
+  std::shared_ptr<const SampleDataset> test;
+};
+
+// num_samples = {train, valid, test} samples the run will draw (Megatron: train_iters * global batch,
+// (train_iters / eval_interval + 1) * eval_iters * global batch, eval_iters * global batch). A split that
+// is empty while samples are requested from it is a UserError. One prefix -> a GPTDataset per split;
+// several -> per split a BlendedDataset of GPTDatasets asked for blend_per_dataset_num_samples each.
+TrainValidTestDatasets build_train_valid_test_datasets(const DataConfig& config,
+                                                       const std::array<int64_t, 3>& num_samples);
+
+}  // namespace megatune::executor::data
