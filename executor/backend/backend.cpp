@@ -1,0 +1,208 @@
+// Backend: op recording around each kernel (kind, shape and bytes in the logical dtype), then dispatch.
+#include "executor/backend/backend.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace megatune::executor {
+namespace {
+
+using layouts::Op;
+using layouts::OpKind;
+
+std::int64_t element_bytes(const Tensor& t) { return t.is_int32 ? 4 : layouts::dtype_bytes(t.dtype); }
+
+Op memory_op(OpKind kind, DType dtype, std::int64_t bytes) {
+  Op op;
+  op.kind = kind;
+  op.dtype = dtype;
+  op.bytes = bytes;
+  return op;
+}
+
+}  // namespace
+
+void Backend::begin_sizing() {
+  sizing_ = true;
+  sized_bytes_ = 0;
+}
+
+std::int64_t Backend::end_sizing() {
+  sizing_ = false;
+  return sized_bytes_;
+}
+
+void Backend::reserve_arena(std::int64_t bytes) {
+  if (arena_base_ != nullptr) throw std::logic_error("backend arena reserved twice");
+  arena_base_ = static_cast<char*>(reserve_memory(bytes));
+  arena_capacity_ = bytes;
+  arena_used_ = 0;
+}
+
+Tensor Backend::bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, const char* what) {
+  const std::int64_t aligned = (bytes + kArenaAlignBytes - 1) / kArenaAlignBytes * kArenaAlignBytes;
+  Tensor t;
+  t.rows = rows;
+  t.cols = cols;
+  t.row_stride = cols;
+  if (sizing_) {
+    sized_bytes_ += aligned;
+    return t;
+  }
+  if (arena_used_ + aligned > arena_capacity_) {
+    throw std::runtime_error(std::string("backend arena exhausted allocating ") + what + " (" +
+                             std::to_string(bytes) + " bytes; " +
+                             std::to_string(arena_capacity_ - arena_used_) + " of " +
+                             std::to_string(arena_capacity_) + " left)");
+  }
+  t.data = arena_base_ + arena_used_;
+  arena_used_ += aligned;
+  return t;
+}
+
+Tensor Backend::allocate(DType dtype, std::int64_t rows, std::int64_t cols, const char* what) {
+  Tensor t = bump(storage_bytes(dtype) * rows * cols, rows, cols, what);
+  t.dtype = dtype;
+  if (!sizing_) fill_zero(t);
+  return t;
+}
+
+Tensor Backend::allocate_int32(std::int64_t rows, std::int64_t cols, const char* what) {
+  Tensor t = bump(4 * rows * cols, rows, cols, what);
+  t.is_int32 = true;
+  if (!sizing_) fill_zero(t);
+  return t;
+}
+
+void Backend::gemm(const GemmArgs& args, const OpTag& tag) {
+  Op op;
+  op.kind = OpKind::kGemm;
+  op.dtype = args.a.dtype;
+  op.m = args.m;
+  op.n = args.n;
+  op.k = args.k;
+  op.accumulate = args.accumulate;
+  recorder_.record(std::move(op), tag);
+  do_gemm(args);
+}
+
+void Backend::bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag) {
+  recorder_.record(memory_op(OpKind::kElementwise, d_out.dtype,
+                             d_out.numel() * element_bytes(d_out) + 2 * d_bias.numel() * 4),
+                   tag);
+  do_bias_grad(d_out, d_bias);
+}
+
+void Backend::embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
+                                Tensor out, const OpTag& tag) {
+  const std::int64_t e = element_bytes(out);
+  const std::int64_t reads = position_table.empty() ? 1 : 2;
+  recorder_.record(
+      memory_op(OpKind::kEmbedding, out.dtype, (reads + 1) * out.numel() * e + tokens.numel() * 4), tag);
+  do_embedding_forward(tokens, table, position_table, seq, out);
+}
+
+void Backend::embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
+                                 Tensor d_position_table, const OpTag& tag) {
+  const std::int64_t tables = d_position_table.empty() ? 1 : 2;
+  recorder_.record(memory_op(OpKind::kEmbeddingBackward, d_out.dtype,
+                             d_out.numel() * (element_bytes(d_out) + tables * 8) + tokens.numel() * 4),
+                   tag);
+  do_embedding_backward(tokens, d_out, seq, d_table, d_position_table);
+}
+
+void Backend::norm_forward(const NormArgs& args, const OpTag& tag) {
+  recorder_.record(
+      memory_op(OpKind::kNorm, args.x.dtype, 2 * args.x.numel() * element_bytes(args.x) + args.x.rows * 8),
+      tag);
+  do_norm_forward(args);
+}
+
+void Backend::norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
+                            Tensor d_beta, const OpTag& tag) {
+  const std::int64_t passes = d_residual.empty() ? 3 : 4;
+  recorder_.record(memory_op(OpKind::kNormBackward, args.x.dtype,
+                             passes * args.x.numel() * element_bytes(args.x) + args.x.rows * 8),
+                   tag);
+  do_norm_backward(args, d_out, d_residual, d_x, d_gamma, d_beta);
+}
+
+void Backend::rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                   std::int64_t head_dim, float theta, bool inverse, const OpTag& tag) {
+  recorder_.record(memory_op(inverse ? OpKind::kRopeBackward : OpKind::kRope, qkv.dtype,
+                             2 * qkv.rows * (heads + kv_heads) * head_dim * element_bytes(qkv)),
+                   tag);
+  do_rope(qkv, seq, heads, kv_heads, head_dim, theta, inverse);
+}
+
+namespace {
+Op attention_op(OpKind kind, const AttentionArgs& a) {
+  Op op;
+  op.kind = kind;
+  op.dtype = a.qkv.dtype;
+  op.attention.batch = a.batch;
+  op.attention.heads = a.heads;
+  op.attention.kv_heads = a.kv_heads;
+  op.attention.seq_q = a.seq;
+  op.attention.seq_kv = a.seq;
+  op.attention.head_dim = a.head_dim;
+  op.attention.causal = true;
+  return op;
+}
+}  // namespace
+
+void Backend::attention_forward(const AttentionArgs& args, const OpTag& tag) {
+  recorder_.record(attention_op(OpKind::kAttentionForward, args), tag);
+  do_attention_forward(args);
+}
+
+void Backend::attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv, const OpTag& tag) {
+  recorder_.record(attention_op(OpKind::kAttentionBackward, args), tag);
+  do_attention_backward(args, d_out, d_qkv);
+}
+
+void Backend::activation_forward(ActivationKind kind, Tensor in, Tensor out, const OpTag& tag) {
+  recorder_.record(memory_op(OpKind::kActivation, in.dtype, (in.numel() + out.numel()) * element_bytes(in)),
+                   tag);
+  do_activation_forward(kind, in, out);
+}
+
+void Backend::activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
+                                  const OpTag& tag) {
+  recorder_.record(
+      memory_op(OpKind::kActivationBackward, in.dtype, (2 * in.numel() + d_out.numel()) * element_bytes(in)),
+      tag);
+  do_activation_backward(kind, in, d_out, d_in);
+}
+
+void Backend::cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale,
+                            const OpTag& tag) {
+  recorder_.record(memory_op(OpKind::kCrossEntropy, logits.dtype,
+                             2 * logits.numel() * element_bytes(logits) + logits.rows * 12),
+                   tag);
+  do_cross_entropy(logits, targets, losses, grad_scale);
+}
+
+void Backend::add(Tensor a, Tensor b, Tensor out, const OpTag& tag) {
+  recorder_.record(memory_op(OpKind::kElementwise, out.dtype, 3 * out.numel() * element_bytes(out)), tag);
+  do_add(a, b, out);
+}
+
+float Backend::grad_norm(const OpTag& tag) {
+  recorder_.record(memory_op(OpKind::kGradNorm, DType::kFP32, 4 * optimizer_elements_), tag);
+  return do_grad_norm();
+}
+
+void Backend::adamw_step(const AdamWHyper& hyper, const OpTag& tag) {
+  recorder_.record(memory_op(OpKind::kOptimizer, DType::kFP32, 28 * optimizer_elements_), tag);
+  do_adamw_step(hyper);
+}
+
+void Backend::cast(Tensor src, Tensor dst, const OpTag& tag) {
+  recorder_.record(
+      memory_op(OpKind::kElementwise, dst.dtype, src.numel() * (element_bytes(src) + element_bytes(dst))),
+      tag);
+  do_cast(src, dst);
+}
+
+}  // namespace megatune::executor

@@ -1,0 +1,177 @@
+// Backend: device memory (one arena sized up front), streams/events, the kernel set, and op recording.
+// Model and training code are written once against this interface; the CPU and CUDA backends implement it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "executor/backend/op_recorder.h"
+#include "executor/backend/tensor.h"
+#include "executor/kernels/adamw_hyper.h"
+#include "executor/kernels/norm_kind.h"
+
+namespace megatune::executor {
+
+enum class ActivationKind {
+  kGelu,
+  kSwiglu
+};  // GELU tanh approximation; SwiGLU = silu(a) * b, [a | b] halves
+
+// C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) [+ bias (n)] [+ C if accumulate].
+// A is stored (m, k), or (k, m) when transpose_a; B is stored (k, n), or (n, k) when transpose_b.
+// C may be fp32 (weight gradients accumulated into the fp32 grad buffer) or the compute dtype.
+struct GemmArgs {
+  Tensor a;
+  bool transpose_a = false;
+  Tensor b;
+  bool transpose_b = false;
+  Tensor c;
+  Tensor bias;  // optional (1, n), forward epilogue
+  std::int64_t m = 0, n = 0, k = 0;
+  bool accumulate = false;
+};
+
+// Causal self-attention over a packed QKV activation: row t = b * seq + s holds
+// [q (heads * head_dim) | k (kv_heads * head_dim) | v (kv_heads * head_dim)].
+struct AttentionArgs {
+  Tensor qkv;  // (batch * seq, (heads + 2 * kv_heads) * head_dim)
+  Tensor out;  // (batch * seq, heads * head_dim)
+  Tensor lse;  // (batch * heads, seq) fp32 log-sum-exp of the scaled scores
+  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float softmax_scale = 0.0f;
+};
+
+// y = norm(x [+ residual]) * gamma [+ beta]; with a residual, sum_out receives x + residual (the norm's
+// input, which the backward reads).
+struct NormArgs {
+  NormKind kind = NormKind::kLayerNorm;
+  float eps = 1e-5f;
+  Tensor x;         // (T, h)
+  Tensor residual;  // (T, h) optional
+  Tensor sum_out;   // (T, h) when residual is given
+  Tensor gamma;     // (1, h)
+  Tensor beta;      // (1, h), empty for RMSNorm
+  Tensor out;       // (T, h)
+  Tensor mean;      // (T, 1) fp32 (LayerNorm only)
+  Tensor rstd;      // (T, 1) fp32
+};
+
+// One parameter tensor as the multi-tensor optimizer sees it (views into the flat buffers).
+struct OptimizerTensor {
+  Tensor main_param;   // fp32 (1, numel)
+  Tensor main_grad;    // fp32 (1, numel)
+  Tensor exp_avg;      // fp32 (1, numel)
+  Tensor exp_avg_sq;   // fp32 (1, numel)
+  Tensor model_param;  // compute dtype (1, numel): receives the updated weights
+  bool apply_weight_decay = true;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory: one arena reserved up front and bump-allocated; nothing is freed or allocated per step.
+  // Setup code runs twice: first in sizing mode (allocate() returns tensors without data and only counts),
+  // then for real after reserve_arena(sized_bytes()).
+  virtual std::int64_t storage_bytes(DType dtype) const = 0;  // bytes of one element in this backend
+  void begin_sizing();
+  std::int64_t end_sizing();  // bytes the allocations made since begin_sizing() need
+  bool sizing() const { return sizing_; }
+  void reserve_arena(std::int64_t bytes);
+  // Throws std::runtime_error naming `what` when the arena is exhausted.
+  Tensor allocate(DType dtype, std::int64_t rows, std::int64_t cols, const char* what);
+  Tensor allocate_int32(std::int64_t rows, std::int64_t cols, const char* what);
+  std::int64_t arena_used_bytes() const { return arena_used_; }
+  std::int64_t arena_capacity_bytes() const { return arena_capacity_; }
+  static constexpr std::int64_t kArenaAlignBytes = 256;
+
+  // Host <-> backend copies (convert from/to float). Synchronous.
+  virtual void upload(Tensor dst, const float* host) = 0;
+  virtual void download(Tensor src, float* host) = 0;
+  virtual void upload_int32(Tensor dst, const std::int32_t* host) = 0;
+  virtual void fill_zero(Tensor t) = 0;
+  virtual void copy(Tensor src, Tensor dst) = 0;  // same shape; converts dtype
+
+  // ---- streams and events (overlap of compute and communication).
+  enum class Stream { kCompute, kCommunication };
+  using Event = int;
+  virtual Event record_event(Stream stream) = 0;
+  virtual void wait_event(Stream waiting, Event event) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- kernels. Each records one Op (kind + shape) when recording is on, then runs.
+  void gemm(const GemmArgs& args, const OpTag& tag);
+  void bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag);  // d_bias (1, n) fp32 += column sums
+  void embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq, Tensor out,
+                         const OpTag& tag);
+  // d_table (V, h) fp32 += scatter of d_out rows; d_position_table (S, h) likewise when given.
+  void embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
+                          Tensor d_position_table, const OpTag& tag);
+  void norm_forward(const NormArgs& args, const OpTag& tag);
+  // d_x (T, h) = norm'(d_out) [+ d_residual]; reads the norm input (args.sum_out when a residual was fused,
+  // else args.x); d_gamma / d_beta (fp32 grads) accumulate.
+  void norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
+                     Tensor d_beta, const OpTag& tag);
+  // Rotary embedding (rotate-half convention, positions s = row % seq) on the q and k parts of qkv, in place;
+  // inverse = true applies the transpose rotation (the backward).
+  void rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+            float theta, bool inverse, const OpTag& tag);
+  void attention_forward(const AttentionArgs& args, const OpTag& tag);
+  // d_qkv (same layout as qkv) from d_out; uses args.out and args.lse from the forward.
+  void attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv, const OpTag& tag);
+  void activation_forward(ActivationKind kind, Tensor in, Tensor out, const OpTag& tag);
+  void activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in, const OpTag& tag);
+  // Fused cross-entropy over logits (T, V) with int32 targets (T, 1) (negative = masked): losses (T, 1)
+  // fp32, and the logits are overwritten by grad_scale * (softmax - onehot). No second copy of the logits.
+  void cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale, const OpTag& tag);
+  void add(Tensor a, Tensor b, Tensor out, const OpTag& tag);  // out = a + b (out may alias a)
+  void cast(Tensor src, Tensor dst, const OpTag& tag);         // e.g. fp32 main params -> model dtype
+
+  // ---- multi-tensor optimizer over a table registered once at setup.
+  virtual void prepare_optimizer(std::vector<OptimizerTensor> tensors) = 0;
+  // Global L2 norm of every registered main_grad (deterministic), returned to the host.
+  float grad_norm(const OpTag& tag);
+  // One AdamW step over every registered tensor, clipping by hyper.max_grad_norm against the last
+  // grad_norm(); writes the updated model_param copies.
+  void adamw_step(const AdamWHyper& hyper, const OpTag& tag);
+
+  OpRecorder& recorder() { return recorder_; }
+
+ protected:
+  // Reserves `bytes` of backend memory for the arena (called once); returns its base.
+  virtual void* reserve_memory(std::int64_t bytes) = 0;
+  virtual void do_gemm(const GemmArgs& args) = 0;
+  virtual void do_bias_grad(Tensor d_out, Tensor d_bias) = 0;
+  virtual void do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
+                                    Tensor out) = 0;
+  virtual void do_embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
+                                     Tensor d_position_table) = 0;
+  virtual void do_norm_forward(const NormArgs& args) = 0;
+  virtual void do_norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x,
+                                Tensor d_gamma, Tensor d_beta) = 0;
+  virtual void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                       std::int64_t head_dim, float theta, bool inverse) = 0;
+  virtual void do_attention_forward(const AttentionArgs& args) = 0;
+  virtual void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) = 0;
+  virtual void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) = 0;
+  virtual void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) = 0;
+  virtual void do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) = 0;
+  virtual void do_add(Tensor a, Tensor b, Tensor out) = 0;
+  virtual void do_cast(Tensor src, Tensor dst) = 0;
+  virtual float do_grad_norm() = 0;
+  virtual void do_adamw_step(const AdamWHyper& hyper) = 0;
+  std::int64_t optimizer_elements_ = 0;  // set by prepare_optimizer implementations
+
+ private:
+  Tensor bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, const char* what);
+  OpRecorder recorder_;
+  char* arena_base_ = nullptr;
+  std::int64_t arena_capacity_ = 0;
+  std::int64_t arena_used_ = 0;
+  bool sizing_ = false;
+  std::int64_t sized_bytes_ = 0;
+};
+
+}  // namespace megatune::executor

@@ -1,0 +1,44 @@
+// OpRecorder: the list of Ops (layouts/op.h vocabulary) a backend issued, for holding against the planner.
+#pragma once
+#include <vector>
+
+#include "layouts/op.h"
+
+namespace megatune::executor {
+
+// Where an issued kernel belongs in the model: label ("qkv", "fc1", "attn", ...), layer and phase.
+struct OpTag {
+  const char* label = "";
+  int layer = -1;
+  layouts::OpPhase phase = layouts::OpPhase::kForward;
+};
+
+class OpRecorder {
+ public:
+  void set_enabled(bool enabled) { enabled_ = enabled; }
+  bool enabled() const { return enabled_; }
+  // Schedule position stamped on every recorded op.
+  void set_position(int microbatch, int chunk) {
+    microbatch_ = microbatch;
+    chunk_ = chunk;
+  }
+  void record(layouts::Op op, const OpTag& tag) {
+    if (!enabled_) return;
+    op.label = tag.label;
+    op.layer = tag.layer;
+    op.phase = tag.phase;
+    op.microbatch = microbatch_;
+    op.chunk = chunk_;
+    ops_.push_back(std::move(op));
+  }
+  const std::vector<layouts::Op>& ops() const { return ops_; }
+  void clear() { ops_.clear(); }
+
+ private:
+  bool enabled_ = false;
+  int microbatch_ = -1;
+  int chunk_ = -1;
+  std::vector<layouts::Op> ops_;
+};
+
+}  // namespace megatune::executor

@@ -1,0 +1,27 @@
+// Tensor: a typed 2-D view into backend memory (device memory for CUDA, host memory for the CPU backend).
+#pragma once
+#include <cstdint>
+
+#include "layouts/op.h"
+
+namespace megatune::executor {
+
+using layouts::DType;
+
+// A non-owning view: `rows` x `cols` elements of logical type `dtype`, row-major with `row_stride` elements
+// between rows. The backend decides the storage type of a logical dtype (the CPU backend stores every
+// floating type as float; the CUDA backend stores bf16 as bf16). Token ids use `is_int32`.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kFP32;
+  bool is_int32 = false;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t row_stride = 0;  // elements; == cols when contiguous
+
+  std::int64_t numel() const { return rows * cols; }
+  bool empty() const { return data == nullptr; }
+  bool contiguous() const { return row_stride == cols; }
+};
+
+}  // namespace megatune::executor

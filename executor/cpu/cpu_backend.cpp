@@ -1,0 +1,243 @@
+// CpuBackend: host memory arena and the reference kernels behind the Backend interface.
+#include "executor/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "executor/kernels/attention_shape.h"
+#include "executor/kernels/reference_activation.h"
+#include "executor/kernels/reference_attention.h"
+#include "executor/kernels/reference_cross_entropy.h"
+#include "executor/kernels/reference_elementwise.h"
+#include "executor/kernels/reference_embedding.h"
+#include "executor/kernels/reference_gemm.h"
+#include "executor/kernels/reference_norm.h"
+#include "executor/kernels/reference_optimizer.h"
+#include "executor/kernels/reference_rope.h"
+
+namespace megatune::executor {
+namespace {
+
+float* f32(Tensor t) { return static_cast<float*>(t.data); }
+const std::int32_t* i32(Tensor t) { return static_cast<const std::int32_t*>(t.data); }
+
+void require_contiguous(const Tensor& t, const char* what) {
+  if (!t.contiguous()) throw std::logic_error(std::string("cpu backend: ") + what + " must be contiguous");
+}
+
+AttentionShape attention_shape(const AttentionArgs& a) {
+  AttentionShape s;
+  s.batch = a.batch;
+  s.seq_len = a.seq;
+  s.num_heads = a.heads;
+  s.num_kv_heads = a.kv_heads;
+  s.head_dim = a.head_dim;
+  s.causal = true;
+  s.softmax_scale = a.softmax_scale;
+  s.q_token_stride = a.qkv.row_stride;
+  s.kv_token_stride = a.qkv.row_stride;
+  s.o_token_stride = a.out.row_stride;
+  return s;
+}
+
+}  // namespace
+
+void* CpuBackend::reserve_memory(std::int64_t bytes) {
+  arena_ = std::make_unique<float[]>(static_cast<std::size_t>((bytes + 3) / 4));
+  return arena_.get();
+}
+
+void CpuBackend::round_if_bf16(Tensor t) {
+  if (!emulate_bf16_ || t.is_int32 || t.dtype != DType::kBF16) return;
+  for (std::int64_t r = 0; r < t.rows; ++r)
+    reference::round_to_bf16_inplace(f32(t) + r * t.row_stride, t.cols);
+}
+
+void CpuBackend::upload(Tensor dst, const float* host) {
+  for (std::int64_t r = 0; r < dst.rows; ++r)
+    std::memcpy(f32(dst) + r * dst.row_stride, host + r * dst.cols, sizeof(float) * dst.cols);
+  round_if_bf16(dst);
+}
+
+void CpuBackend::download(Tensor src, float* host) {
+  for (std::int64_t r = 0; r < src.rows; ++r)
+    std::memcpy(host + r * src.cols, f32(src) + r * src.row_stride, sizeof(float) * src.cols);
+}
+
+void CpuBackend::upload_int32(Tensor dst, const std::int32_t* host) {
+  require_contiguous(dst, "token tensor");
+  std::memcpy(dst.data, host, sizeof(std::int32_t) * dst.numel());
+}
+
+void CpuBackend::fill_zero(Tensor t) {
+  for (std::int64_t r = 0; r < t.rows; ++r) std::memset(f32(t) + r * t.row_stride, 0, sizeof(float) * t.cols);
+}
+
+void CpuBackend::copy(Tensor src, Tensor dst) {
+  if (src.rows != dst.rows || src.cols != dst.cols)
+    throw std::logic_error("cpu backend: copy shape mismatch");
+  for (std::int64_t r = 0; r < src.rows; ++r)
+    std::memmove(f32(dst) + r * dst.row_stride, f32(src) + r * src.row_stride, sizeof(float) * src.cols);
+  round_if_bf16(dst);
+}
+
+void CpuBackend::do_gemm(const GemmArgs& g) {
+  const bool bias = !g.bias.empty();
+  const float beta = g.accumulate ? 1.0f : 0.0f;
+  reference::gemm(g.transpose_a, g.transpose_b, g.m, g.n, g.k, 1.0f, f32(g.a), g.a.row_stride, f32(g.b),
+                  g.b.row_stride, beta, f32(g.c), g.c.row_stride);
+  if (bias) {
+    for (std::int64_t r = 0; r < g.m; ++r) {
+      float* row = f32(g.c) + r * g.c.row_stride;
+      for (std::int64_t c = 0; c < g.n; ++c) row[c] += f32(g.bias)[c];
+    }
+  }
+  round_if_bf16(g.c);
+}
+
+void CpuBackend::do_bias_grad(Tensor d_out, Tensor d_bias) {
+  require_contiguous(d_out, "bias gradient input");
+  reference::column_sum(f32(d_out), f32(d_bias), d_out.rows, d_out.cols, /*accumulate=*/true);
+}
+
+void CpuBackend::do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
+                                      Tensor out) {
+  reference::embedding_forward(i32(tokens), f32(table),
+                               position_table.empty() ? nullptr : f32(position_table), f32(out), out.rows,
+                               seq, table.rows, table.cols);
+  round_if_bf16(out);
+}
+
+void CpuBackend::do_embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
+                                       Tensor d_position_table) {
+  reference::embedding_backward(i32(tokens), f32(d_out), f32(d_table),
+                                d_position_table.empty() ? nullptr : f32(d_position_table), d_out.rows, seq,
+                                d_table.rows, d_table.cols);
+}
+
+void CpuBackend::do_norm_forward(const NormArgs& a) {
+  const bool residual = !a.residual.empty();
+  reference::norm_forward(a.kind, f32(a.x), residual ? f32(a.residual) : nullptr, f32(a.gamma),
+                          a.beta.empty() ? nullptr : f32(a.beta), f32(a.out),
+                          residual ? f32(a.sum_out) : nullptr, a.mean.empty() ? nullptr : f32(a.mean),
+                          f32(a.rstd), a.x.rows, a.x.cols, a.eps);
+  round_if_bf16(a.out);
+  if (residual) round_if_bf16(a.sum_out);
+}
+
+void CpuBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_residual, Tensor d_x,
+                                  Tensor d_gamma, Tensor d_beta) {
+  const Tensor input = a.residual.empty() ? a.x : a.sum_out;
+  reference::norm_backward(
+      a.kind, f32(d_out), f32(input), f32(a.gamma), a.mean.empty() ? nullptr : f32(a.mean), f32(a.rstd),
+      d_residual.empty() ? nullptr : f32(d_residual), f32(d_x), f32(d_gamma),
+      d_beta.empty() ? nullptr : f32(d_beta), input.rows, input.cols, /*accumulate=*/true);
+  round_if_bf16(d_x);
+}
+
+void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                         std::int64_t head_dim, float theta, bool inverse) {
+  AttentionShape s;
+  s.batch = qkv.rows / seq;
+  s.seq_len = seq;
+  s.num_heads = heads;
+  s.num_kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.q_token_stride = qkv.row_stride;
+  s.kv_token_stride = qkv.row_stride;
+  float* q = f32(qkv);
+  float* k = q + s.packed_k_offset();
+  if (inverse) {
+    reference::rope_backward_inplace(s, q, k, theta);
+  } else {
+    reference::rope_forward_inplace(s, q, k, theta);
+  }
+  round_if_bf16(qkv);
+}
+
+void CpuBackend::do_attention_forward(const AttentionArgs& a) {
+  const AttentionShape s = attention_shape(a);
+  const float* qkv = f32(a.qkv);
+  reference::attention_forward(s, qkv, qkv + s.packed_k_offset(), qkv + s.packed_v_offset(), f32(a.out),
+                               f32(a.lse));
+  round_if_bf16(a.out);
+}
+
+void CpuBackend::do_attention_backward(const AttentionArgs& a, Tensor d_out, Tensor d_qkv) {
+  const AttentionShape s = attention_shape(a);
+  if (d_out.row_stride != a.out.row_stride || d_qkv.row_stride != a.qkv.row_stride)
+    throw std::logic_error("cpu backend: attention gradients must share the forward strides");
+  const float* qkv = f32(a.qkv);
+  float* dqkv = f32(d_qkv);
+  reference::attention_backward(s, qkv, qkv + s.packed_k_offset(), qkv + s.packed_v_offset(), f32(a.out),
+                                f32(a.lse), f32(d_out), dqkv, dqkv + s.packed_k_offset(),
+                                dqkv + s.packed_v_offset());
+  round_if_bf16(d_qkv);
+}
+
+void CpuBackend::do_activation_forward(ActivationKind kind, Tensor in, Tensor out) {
+  require_contiguous(in, "activation input");
+  require_contiguous(out, "activation output");
+  if (kind == ActivationKind::kGelu) {
+    reference::bias_gelu_forward(f32(in), nullptr, nullptr, f32(out), in.rows, in.cols);
+  } else {
+    reference::swiglu_forward(f32(in), f32(out), in.rows, out.cols);
+  }
+  round_if_bf16(out);
+}
+
+void CpuBackend::do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) {
+  if (kind == ActivationKind::kGelu) {
+    reference::gelu_backward(f32(d_out), f32(in), f32(d_in), nullptr, in.rows, in.cols, false);
+  } else {
+    reference::swiglu_backward(f32(d_out), f32(in), f32(d_in), in.rows, d_out.cols);
+  }
+  round_if_bf16(d_in);
+}
+
+void CpuBackend::do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) {
+  require_contiguous(logits, "logits");
+  reference::cross_entropy(f32(logits), i32(targets), f32(losses), logits.rows, logits.cols,
+                           /*write_gradient=*/true, grad_scale);
+  round_if_bf16(logits);
+}
+
+void CpuBackend::do_add(Tensor a, Tensor b, Tensor out) {
+  require_contiguous(out, "add output");
+  reference::add(f32(a), f32(b), f32(out), out.numel());
+  round_if_bf16(out);
+}
+
+void CpuBackend::do_cast(Tensor src, Tensor dst) { copy(src, dst); }
+
+void CpuBackend::prepare_optimizer(std::vector<OptimizerTensor> tensors) {
+  optimizer_tensors_ = std::move(tensors);
+  optimizer_elements_ = 0;
+  for (const OptimizerTensor& t : optimizer_tensors_) optimizer_elements_ += t.main_param.numel();
+}
+
+float CpuBackend::do_grad_norm() {
+  std::vector<reference::GradTensor> grads;
+  grads.reserve(optimizer_tensors_.size());
+  for (const OptimizerTensor& t : optimizer_tensors_)
+    grads.push_back({f32(t.main_grad), t.main_grad.numel()});
+  last_grad_norm_ = reference::global_grad_norm(grads);
+  return last_grad_norm_;
+}
+
+void CpuBackend::do_adamw_step(const AdamWHyper& hyper) {
+  if (!std::isfinite(last_grad_norm_)) return;  // skipped iteration
+  const float clip = adamw_clip_coefficient(last_grad_norm_, hyper.max_grad_norm);
+  for (const OptimizerTensor& t : optimizer_tensors_) {
+    const bool bf16_copy = emulate_bf16_ && t.model_param.dtype == DType::kBF16;
+    reference::adamw_step(f32(t.main_param), f32(t.main_grad), f32(t.exp_avg), f32(t.exp_avg_sq),
+                          bf16_copy ? f32(t.model_param) : nullptr, t.main_param.numel(), hyper,
+                          t.apply_weight_decay, clip);
+    if (!bf16_copy && !t.model_param.empty() && t.model_param.data != t.main_param.data)
+      copy(t.main_param, t.model_param);
+  }
+}
+
+}  // namespace megatune::executor

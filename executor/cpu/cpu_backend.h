@@ -1,0 +1,60 @@
+// CpuBackend: the Backend on the host with the float reference kernels (Eigen GEMMs). Every floating
+// dtype is stored as float; with emulate_bf16, outputs of bf16 tensors are rounded to bf16 after each kernel.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "executor/backend/backend.h"
+
+namespace megatune::executor {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(bool emulate_bf16 = false) : emulate_bf16_(emulate_bf16) {}
+  std::string name() const override { return emulate_bf16_ ? "cpu (bf16 emulated)" : "cpu"; }
+  std::int64_t storage_bytes(DType) const override { return 4; }
+
+  void upload(Tensor dst, const float* host) override;
+  void download(Tensor src, float* host) override;
+  void upload_int32(Tensor dst, const std::int32_t* host) override;
+  void fill_zero(Tensor t) override;
+  void copy(Tensor src, Tensor dst) override;
+
+  Event record_event(Stream) override { return 0; }  // one host thread: everything is already ordered
+  void wait_event(Stream, Event) override {}
+  void synchronize() override {}
+
+  void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
+
+ protected:
+  void* reserve_memory(std::int64_t bytes) override;
+  void do_gemm(const GemmArgs& args) override;
+  void do_bias_grad(Tensor d_out, Tensor d_bias) override;
+  void do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
+                            Tensor out) override;
+  void do_embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
+                             Tensor d_position_table) override;
+  void do_norm_forward(const NormArgs& args) override;
+  void do_norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
+                        Tensor d_beta) override;
+  void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+               float theta, bool inverse) override;
+  void do_attention_forward(const AttentionArgs& args) override;
+  void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) override;
+  void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) override;
+  void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) override;
+  void do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) override;
+  void do_add(Tensor a, Tensor b, Tensor out) override;
+  void do_cast(Tensor src, Tensor dst) override;
+  float do_grad_norm() override;
+  void do_adamw_step(const AdamWHyper& hyper) override;
+
+ private:
+  void round_if_bf16(Tensor t);
+  bool emulate_bf16_;
+  std::unique_ptr<float[]> arena_;
+  std::vector<OptimizerTensor> optimizer_tensors_;
+  float last_grad_norm_ = 0.0f;
+};
+
+}  // namespace megatune::executor

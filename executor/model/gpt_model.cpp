@@ -1,0 +1,443 @@
+// GPTModel: buffers, initialization, and the forward/backward passes of the decoder LM over a Backend.
+#include "executor/model/gpt_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "layouts/user_error.h"
+
+namespace megatune::executor {
+namespace {
+
+using layouts::OpPhase;
+constexpr OpPhase kF = OpPhase::kForward;
+constexpr OpPhase kB = OpPhase::kBackward;
+
+Tensor rows_of(Tensor t, std::int64_t first_row, std::int64_t rows, std::int64_t storage_bytes) {
+  Tensor v = t;
+  v.data = static_cast<char*>(t.data) + first_row * t.row_stride * storage_bytes;
+  v.rows = rows;
+  return v;
+}
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, RecomputeGranularity recompute,
+                   DType compute_dtype, Backend& backend, Communicator& communicator)
+    : config_(config),
+      batch_(batch),
+      recompute_(recompute),
+      compute_dtype_(compute_dtype),
+      backend_(backend),
+      communicator_(communicator),
+      layout_(config) {
+  config_.validate();
+  if (config_.tensor_parallel_size != 1 || communicator_.size(CommGroup::kTensor) != 1)
+    throw UserError(
+        "the executor runs --tensor-model-parallel-size 1 only so far; plan TP layouts with `megatune plan`");
+  if (batch_.seq > config_.max_seq && config_.position == PositionEmbedding::kLearned)
+    throw UserError("--seq-length " + std::to_string(batch_.seq) + " exceeds --max-position-embeddings " +
+                    std::to_string(config_.max_seq));
+  const std::int64_t T = batch_.tokens(), h = config_.hidden, total = layout_.total_elements();
+  main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
+  model_params_ = compute_dtype_ == DType::kFP32
+                      ? main_params_
+                      : backend_.allocate(compute_dtype_, 1, total, "model parameters");
+  grads_ = backend_.allocate(DType::kFP32, 1, total, "fp32 gradient buffer");
+
+  for (int l = 0; l <= config_.num_layers; ++l)
+    residual_.push_back(backend_.allocate(compute_dtype_, T, h, "residual"));
+  const int saved_sets = recompute_ == RecomputeGranularity::kFull ? 1 : config_.num_layers;
+  const bool keep_attention = recompute_ == RecomputeGranularity::kNone;
+  for (int l = 0; l < saved_sets; ++l)
+    saved_.push_back(allocate_layer_activations(keep_attention, "layer activations"));
+  if (!keep_attention) {
+    shared_attn_ = backend_.allocate(compute_dtype_, T, config_.attention_width(), "recomputed attention");
+    shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
+                                    "recomputed lse");
+    for (LayerActivations& acts : saved_) {
+      acts.attn = shared_attn_;
+      acts.lse = shared_lse_;
+    }
+  }
+  fc2_out_ = backend_.allocate(compute_dtype_, T, h, "fc2 output");
+  final_norm_ = backend_.allocate(compute_dtype_, T, h, "final norm");
+  final_mean_ = backend_.allocate(DType::kFP32, T, 1, "final norm mean");
+  final_rstd_ = backend_.allocate(DType::kFP32, T, 1, "final norm rstd");
+  logits_ = backend_.allocate(compute_dtype_, T, config_.vocab_per_rank(), "logits");
+  tokens_ = backend_.allocate_int32(T, 1, "tokens");
+  targets_ = backend_.allocate_int32(T, 1, "targets");
+  losses_ = backend_.allocate(DType::kFP32, batch_.num_microbatches, T, "per-token losses");
+  d_res_ = backend_.allocate(compute_dtype_, T, h, "residual gradient");
+  d_mid_ = backend_.allocate(compute_dtype_, T, h, "mid residual gradient");
+  d_hidden_ = backend_.allocate(compute_dtype_, T, h, "norm output gradient");
+  d_ffn_ = backend_.allocate(compute_dtype_, T, config_.ffn_per_rank(), "activation gradient");
+  d_fc1_ = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "fc1 gradient");
+  d_attn_ = backend_.allocate(compute_dtype_, T, config_.attention_width(), "attention output gradient");
+  d_qkv_ = backend_.allocate(compute_dtype_, T, config_.qkv_width(), "qkv gradient");
+  counted_tokens_.assign(batch_.num_microbatches, 0.0);
+}
+
+GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention, const char* what) {
+  const std::int64_t T = batch_.tokens(), h = config_.hidden;
+  LayerActivations a;
+  a.ln1 = backend_.allocate(compute_dtype_, T, h, what);
+  a.ln1_mean = backend_.allocate(DType::kFP32, T, 1, what);
+  a.ln1_rstd = backend_.allocate(DType::kFP32, T, 1, what);
+  a.qkv = backend_.allocate(compute_dtype_, T, config_.qkv_width(), what);
+  if (with_attention) {
+    a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), what);
+    a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq, what);
+  }
+  a.mid = backend_.allocate(compute_dtype_, T, h, what);
+  a.ln2 = backend_.allocate(compute_dtype_, T, h, what);
+  a.ln2_mean = backend_.allocate(DType::kFP32, T, 1, what);
+  a.ln2_rstd = backend_.allocate(DType::kFP32, T, 1, what);
+  a.fc1 = backend_.allocate(compute_dtype_, T, config_.fc1_width(), what);
+  a.act = backend_.allocate(compute_dtype_, T, config_.ffn_per_rank(), what);
+  return a;
+}
+
+Tensor GPTModel::view(Tensor buffer, const ParameterEntry& entry) const {
+  Tensor v;
+  v.dtype = buffer.dtype;
+  v.data = buffer.data == nullptr
+               ? nullptr
+               : static_cast<char*>(buffer.data) + entry.offset * backend_.storage_bytes(buffer.dtype);
+  v.rows = entry.rows;
+  v.cols = entry.cols;
+  v.row_stride = entry.cols;
+  return v;
+}
+
+GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
+  auto get = [&](const char* suffix) -> Tensor {
+    const std::string name = layer_parameter(l, suffix);
+    for (const ParameterEntry& e : layout_.entries())
+      if (e.name == name) return view(buffer, e);
+    return Tensor{};
+  };
+  LayerWeights w;
+  w.norm1_w = get("input_layernorm.weight");
+  w.norm1_b = get("input_layernorm.bias");
+  w.qkv_w = get("self_attention.linear_qkv.weight");
+  w.qkv_b = get("self_attention.linear_qkv.bias");
+  w.proj_w = get("self_attention.linear_proj.weight");
+  w.proj_b = get("self_attention.linear_proj.bias");
+  w.norm2_w = get("pre_mlp_layernorm.weight");
+  w.norm2_b = get("pre_mlp_layernorm.bias");
+  w.fc1_w = get("mlp.linear_fc1.weight");
+  w.fc1_b = get("mlp.linear_fc1.bias");
+  w.fc2_w = get("mlp.linear_fc2.weight");
+  w.fc2_b = get("mlp.linear_fc2.bias");
+  return w;
+}
+
+void GPTModel::initialize_parameters(std::uint64_t seed) {
+  const std::vector<ParameterEntry>& entries = layout_.entries();
+  std::vector<float> host(layout_.total_elements(), 0.0f);
+  const float scaled_std = config_.init_std / std::sqrt(2.0f * config_.num_layers);
+  auto init_one = [&](std::size_t i) {
+    const ParameterEntry& e = entries[i];
+    float* out = host.data() + e.offset;
+    if (e.init == ParameterInit::kOnes) {
+      std::fill(out, out + e.numel(), 1.0f);
+    } else if (e.init == ParameterInit::kNormal || e.init == ParameterInit::kScaledNormal) {
+      const float std = e.init == ParameterInit::kNormal ? config_.init_std : scaled_std;
+      std::mt19937_64 rng(splitmix64(seed * 0x100000001B3ull + i));
+      std::normal_distribution<float> normal(0.0f, std);
+      for (std::int64_t j = 0; j < e.numel(); ++j) out[j] = normal(rng);
+    }
+  };
+  const unsigned workers = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (unsigned w = 0; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      for (std::size_t i = w; i < entries.size(); i += workers) init_one(i);
+    });
+  for (std::thread& t : threads) t.join();
+  set_main_parameters(host);
+}
+
+std::vector<float> GPTModel::main_parameters() const {
+  std::vector<float> host(layout_.total_elements());
+  backend_.download(main_params_, host.data());
+  return host;
+}
+
+void GPTModel::set_main_parameters(const std::vector<float>& values) {
+  if (static_cast<std::int64_t>(values.size()) != layout_.total_elements())
+    throw std::invalid_argument("set_main_parameters: wrong element count");
+  backend_.upload(main_params_, values.data());
+  if (model_params_.data != main_params_.data) backend_.copy(main_params_, model_params_);
+}
+
+std::vector<float> GPTModel::gradients() const {
+  std::vector<float> host(layout_.total_elements());
+  backend_.download(grads_, host.data());
+  return host;
+}
+
+void GPTModel::zero_gradients() { backend_.fill_zero(grads_); }
+
+void GPTModel::tensor_parallel_reduce(Tensor t) {
+  // Megatron's reduce in a row-parallel layer's forward / a column-parallel layer's input-gradient; a
+  // no-op at TP size 1.
+  if (communicator_.size(CommGroup::kTensor) > 1)
+    communicator_.all_reduce(CommGroup::kTensor, t, ReduceOp::kSum);
+}
+
+NormArgs GPTModel::norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
+                             Tensor mean, Tensor rstd) const {
+  NormArgs a;
+  a.kind = config_.norm;
+  a.eps = config_.norm_eps;
+  a.x = x;
+  a.residual = residual;
+  a.sum_out = sum_out;
+  a.gamma = gamma;
+  a.beta = config_.norm == NormKind::kLayerNorm ? beta : Tensor{};
+  a.out = out;
+  a.mean = config_.norm == NormKind::kLayerNorm ? mean : Tensor{};
+  a.rstd = rstd;
+  return a;
+}
+
+AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
+  AttentionArgs a;
+  a.qkv = acts.qkv;
+  a.out = acts.attn;
+  a.lse = acts.lse;
+  a.batch = batch_.micro_batch;
+  a.seq = batch_.seq;
+  a.heads = config_.heads_per_rank();
+  a.kv_heads = config_.kv_heads_per_rank();
+  a.head_dim = config_.head_dim;
+  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  return a;
+}
+
+GPTModel::LayerActivations& GPTModel::activations_for(int layer) {
+  return recompute_ == RecomputeGranularity::kFull ? saved_[0] : saved_[layer];
+}
+
+void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor output, OpPhase phase) {
+  const LayerWeights w = layer_weights(model_params_, l);
+  const std::int64_t T = batch_.tokens();
+  auto gemm_linear = [&](Tensor x, Tensor weight, Tensor bias, Tensor y, const char* label) {
+    GemmArgs g;
+    g.a = x;
+    g.b = weight;
+    g.transpose_b = true;
+    g.c = y;
+    g.bias = bias;
+    g.m = T;
+    g.n = weight.rows;
+    g.k = weight.cols;
+    backend_.gemm(g, {label, l, phase});
+  };
+  backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
+                        {"norm1", l, phase});
+  gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
+  if (config_.position == PositionEmbedding::kRope)
+    backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
+                  config_.rope_theta, false, {"rope", l, phase});
+  backend_.attention_forward(attention_args(a), {"attn", l, phase});
+  gemm_linear(a.attn, w.proj_w, w.proj_b, fc2_out_, "proj");
+  tensor_parallel_reduce(fc2_out_);
+  backend_.norm_forward(
+      norm_args(fc2_out_, input, a.mid, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
+      {"norm2", l, phase});
+  gemm_linear(a.ln2, w.fc1_w, w.fc1_b, a.fc1, "fc1");
+  backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, phase});
+  if (phase == OpPhase::kRecompute) return;  // the layer output is kept from the forward pass
+  gemm_linear(a.act, w.fc2_w, w.fc2_b, fc2_out_, "fc2");
+  tensor_parallel_reduce(fc2_out_);
+  backend_.add(a.mid, fc2_out_, output, {"residual", l, phase});
+}
+
+void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
+  const LayerWeights w = layer_weights(model_params_, l);
+  const LayerWeights g = layer_weights(grads_, l);
+  const std::int64_t T = batch_.tokens();
+  // dx = dy . W (data gradient); dW += dy^T . x (weight gradient into the fp32 grad buffer).
+  auto linear_backward = [&](Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor dx,
+                             const char* label) {
+    if (!d_bias.empty()) backend_.bias_grad(dy, d_bias, {label, l, kB});
+    GemmArgs data;
+    data.a = dy;
+    data.b = weight;
+    data.c = dx;
+    data.m = T;
+    data.n = weight.cols;
+    data.k = weight.rows;
+    backend_.gemm(data, {label, l, kB});
+    GemmArgs wgrad;
+    wgrad.a = dy;
+    wgrad.transpose_a = true;
+    wgrad.b = x;
+    wgrad.c = d_weight;
+    wgrad.m = weight.rows;
+    wgrad.n = weight.cols;
+    wgrad.k = T;
+    wgrad.accumulate = true;
+    backend_.gemm(wgrad, {label, l, kB});
+  };
+  // MLP. d_res_ holds the gradient of the layer output.
+  linear_backward(d_res_, a.act, w.fc2_w, g.fc2_w, g.fc2_b, d_ffn_, "fc2");
+  backend_.activation_backward(config_.activation, a.fc1, d_ffn_, d_fc1_, {"act", l, kB});
+  linear_backward(d_fc1_, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, d_hidden_, "fc1");
+  tensor_parallel_reduce(d_hidden_);
+  backend_.norm_backward(
+      norm_args(fc2_out_, input, a.mid, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd), d_hidden_,
+      d_res_, d_mid_, g.norm2_w, g.norm2_b, {"norm2", l, kB});
+  // Attention.
+  if (recompute_ == RecomputeGranularity::kSelective)
+    backend_.attention_forward(attention_args(a), {"attn", l, OpPhase::kRecompute});
+  linear_backward(d_mid_, a.attn, w.proj_w, g.proj_w, g.proj_b, d_attn_, "proj");
+  backend_.attention_backward(attention_args(a), d_attn_, d_qkv_, {"attn", l, kB});
+  if (config_.position == PositionEmbedding::kRope)
+    backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
+                  config_.rope_theta, true, {"rope", l, kB});
+  linear_backward(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, d_hidden_, "qkv");
+  tensor_parallel_reduce(d_hidden_);
+  backend_.norm_backward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
+                         d_hidden_, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"norm1", l, kB});
+}
+
+void GPTModel::forward(const MicroBatch& mb, int index) {
+  const std::int64_t T = batch_.tokens();
+  if (index < 0 || index >= batch_.num_microbatches)
+    throw std::out_of_range("micro-batch index out of range");
+  if (pending_backward_ >= 0) throw std::logic_error("forward of a micro-batch before the previous backward");
+  if (static_cast<std::int64_t>(mb.tokens.size()) != T || static_cast<std::int64_t>(mb.labels.size()) != T ||
+      static_cast<std::int64_t>(mb.loss_mask.size()) != T)
+    throw std::invalid_argument("micro-batch size does not match micro_batch * seq");
+  std::vector<std::int32_t> targets(T);
+  double counted = 0.0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    const bool counts = mb.loss_mask[t] != 0.0f;
+    targets[t] = counts ? mb.labels[t] : -1;
+    counted += counts ? 1.0 : 0.0;
+  }
+  counted_tokens_[index] = counted;
+  backend_.upload_int32(tokens_, mb.tokens.data());
+  backend_.upload_int32(targets_, targets.data());
+
+  const ParameterEntry& word = layout_.find("embedding.word_embeddings.weight");
+  Tensor position;
+  if (config_.position == PositionEmbedding::kLearned)
+    position = view(model_params_, layout_.find("embedding.position_embeddings.weight"));
+  backend_.embedding_forward(tokens_, view(model_params_, word), position, batch_.seq, residual_[0],
+                             {"embedding", -1, kF});
+  tensor_parallel_reduce(residual_[0]);  // vocab-parallel embedding
+  for (int l = 0; l < config_.num_layers; ++l)
+    layer_forward(l, activations_for(l), residual_[l], residual_[l + 1], kF);
+
+  const Tensor fn_w = view(model_params_, layout_.find("decoder.final_layernorm.weight"));
+  Tensor fn_b;
+  if (config_.norm == NormKind::kLayerNorm)
+    fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
+  backend_.norm_forward(
+      norm_args(residual_[config_.num_layers], {}, {}, fn_w, fn_b, final_norm_, final_mean_, final_rstd_),
+      {"final_norm", -1, kF});
+  const Tensor out_w = view(
+      model_params_,
+      layout_.find(config_.tied_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight"));
+  GemmArgs g;
+  g.a = final_norm_;
+  g.b = out_w;
+  g.transpose_b = true;
+  g.c = logits_;
+  g.m = T;
+  g.n = out_w.rows;
+  g.k = out_w.cols;
+  backend_.gemm(g, {"logits", -1, kF});
+  // Mean over the counted tokens of the micro-batch, averaged over the iteration's micro-batches.
+  const float grad_scale = counted > 0 ? static_cast<float>(1.0 / (counted * batch_.num_microbatches)) : 0.0f;
+  backend_.cross_entropy(logits_, targets_, rows_of(losses_, index, 1, 4), grad_scale,
+                         {"cross_entropy", -1, kF});
+  pending_backward_ = index;
+}
+
+void GPTModel::backward(int index) {
+  if (pending_backward_ != index)
+    throw std::logic_error("backward of a micro-batch whose forward did not run last");
+  pending_backward_ = -1;
+  const std::int64_t T = batch_.tokens();
+  const bool tied = config_.tied_embeddings;
+  const ParameterEntry& out_entry =
+      layout_.find(tied ? "embedding.word_embeddings.weight" : "output_layer.weight");
+  const Tensor out_w = view(model_params_, out_entry);
+  // LM head: logits_ now holds d(loss)/d(logits).
+  GemmArgs data;
+  data.a = logits_;
+  data.b = out_w;
+  data.c = d_hidden_;
+  data.m = T;
+  data.n = out_w.cols;
+  data.k = out_w.rows;
+  backend_.gemm(data, {"logits", -1, kB});
+  GemmArgs wgrad;
+  wgrad.a = logits_;
+  wgrad.transpose_a = true;
+  wgrad.b = final_norm_;
+  wgrad.c = view(grads_, out_entry);
+  wgrad.m = out_w.rows;
+  wgrad.n = out_w.cols;
+  wgrad.k = T;
+  wgrad.accumulate = true;
+  backend_.gemm(wgrad, {"logits", -1, kB});
+  Tensor fn_b, d_fn_b;
+  if (config_.norm == NormKind::kLayerNorm) {
+    fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
+    d_fn_b = view(grads_, layout_.find("decoder.final_layernorm.bias"));
+  }
+  const ParameterEntry& fn_w = layout_.find("decoder.final_layernorm.weight");
+  backend_.norm_backward(norm_args(residual_[config_.num_layers], {}, {}, view(model_params_, fn_w), fn_b,
+                                   final_norm_, final_mean_, final_rstd_),
+                         d_hidden_, {}, d_res_, view(grads_, fn_w), d_fn_b, {"final_norm", -1, kB});
+  for (int l = config_.num_layers - 1; l >= 0; --l) {
+    LayerActivations& acts = activations_for(l);
+    if (recompute_ == RecomputeGranularity::kFull)
+      layer_forward(l, acts, residual_[l], {}, OpPhase::kRecompute);
+    layer_backward(l, acts, residual_[l]);
+  }
+  Tensor d_position;
+  if (config_.position == PositionEmbedding::kLearned)
+    d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));
+  backend_.embedding_backward(tokens_, d_res_, batch_.seq,
+                              view(grads_, layout_.find("embedding.word_embeddings.weight")), d_position,
+                              {"embedding", -1, kB});
+}
+
+std::vector<double> GPTModel::microbatch_losses() {
+  std::vector<float> host(losses_.numel());
+  backend_.download(losses_, host.data());
+  std::vector<double> out(batch_.num_microbatches, 0.0);
+  const std::int64_t T = batch_.tokens();
+  for (int i = 0; i < batch_.num_microbatches; ++i) {
+    double sum = 0.0;
+    for (std::int64_t t = 0; t < T; ++t) sum += host[i * T + t];
+    out[i] = counted_tokens_[i] > 0 ? sum / counted_tokens_[i] : 0.0;
+  }
+  return out;
+}
+
+double GPTModel::evaluate(const MicroBatch& mb) {
+  forward(mb, 0);
+  pending_backward_ = -1;
+  return microbatch_losses()[0];
+}
+
+}  // namespace megatune::executor

@@ -1,0 +1,116 @@
+// GPTModel: the decoder LM (embedding, N transformer layers, final norm, LM head, cross-entropy) on one
+// Backend: parameter and gradient buffers, activation buffers sized up front, forward and backward of one
+// micro-batch, and the Megatron communication call sites (tensor-parallel regions) through a Communicator.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "executor/backend/backend.h"
+#include "executor/data/data_loader.h"
+#include "executor/model/parameter_layout.h"
+#include "executor/model/transformer_config.h"
+#include "executor/runtime/communicator.h"
+#include "layouts/parallel_config.h"
+
+namespace megatune::executor {
+
+using layouts::RecomputeGranularity;
+
+// One micro-batch on the host (tokens, labels, loss mask; token-major (micro_batch * seq)).
+using MicroBatch = data::MicroBatch;
+
+struct BatchShape {
+  std::int64_t micro_batch = 1;
+  std::int64_t seq = 64;
+  int num_microbatches = 1;  // per iteration (gradient accumulation)
+  std::int64_t tokens() const { return micro_batch * seq; }
+};
+
+class GPTModel {
+ public:
+  // Allocates every buffer from the backend arena (in sizing mode, only counts). compute_dtype is the dtype
+  // of model weights and activations (bf16 in training; fp32 for gradient checks on the CPU).
+  GPTModel(const TransformerConfig& config, const BatchShape& batch, RecomputeGranularity recompute,
+           DType compute_dtype, Backend& backend, Communicator& communicator);
+
+  // Megatron's initialization (normal(0, std), output layers std / sqrt(2L), norms 1, biases 0) from `seed`,
+  // deterministic and independent of the backend.
+  void initialize_parameters(std::uint64_t seed);
+  // Host copies of the fp32 main parameters / gradients (layout().total_elements() floats, buffer order).
+  std::vector<float> main_parameters() const;
+  void set_main_parameters(const std::vector<float>& values);  // also refreshes the model copy
+  std::vector<float> gradients() const;
+
+  void zero_gradients();
+  // Forward of micro-batch `index` of the iteration (keeps what its backward needs), then its backward.
+  // Under no pipelining the backward of a micro-batch follows its forward before the next forward.
+  void forward(const MicroBatch& batch, int index);
+  void backward(int index);
+  // Forward only (evaluation): mean loss over the counted tokens of `batch`.
+  double evaluate(const MicroBatch& batch);
+  // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
+  std::vector<double> microbatch_losses();
+
+  const TransformerConfig& config() const { return config_; }
+  const BatchShape& batch() const { return batch_; }
+  const ParameterLayout& layout() const { return layout_; }
+  DType compute_dtype() const { return compute_dtype_; }
+  Tensor main_params() const { return main_params_; }
+  Tensor model_params() const { return model_params_; }
+  Tensor grads() const { return grads_; }
+  // View of one parameter inside a flat buffer (main, model or gradient).
+  Tensor view(Tensor buffer, const ParameterEntry& entry) const;
+
+ private:
+  struct LayerWeights {
+    Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  };
+  struct LayerActivations {
+    Tensor ln1;                 // (T, h) input norm output
+    Tensor ln1_mean, ln1_rstd;  // (T, 1) fp32
+    Tensor qkv;                 // (T, qkv_width) after RoPE
+    Tensor attn;                // (T, heads * d) attention output
+    Tensor lse;                 // (b * heads, s) fp32
+    Tensor mid;                 // (T, h) residual after attention (= input + proj)
+    Tensor ln2;                 // (T, h)
+    Tensor ln2_mean, ln2_rstd;  // (T, 1) fp32
+    Tensor fc1;                 // (T, fc1_width) pre-activation
+    Tensor act;                 // (T, ffn) activation output
+  };
+  LayerWeights layer_weights(Tensor buffer, int layer) const;
+  LayerActivations allocate_layer_activations(bool with_attention, const char* what);
+  void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
+  void layer_backward(int layer, LayerActivations& acts, Tensor input);
+  LayerActivations& activations_for(int layer);
+  void tensor_parallel_reduce(Tensor t);
+  NormArgs norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
+                     Tensor mean, Tensor rstd) const;
+  AttentionArgs attention_args(const LayerActivations& acts) const;
+
+  TransformerConfig config_;
+  BatchShape batch_;
+  RecomputeGranularity recompute_;
+  DType compute_dtype_;
+  Backend& backend_;
+  Communicator& communicator_;
+  ParameterLayout layout_;
+
+  Tensor model_params_;  // (1, total) compute dtype; aliases main_params_ when compute is fp32
+  Tensor main_params_;   // (1, total) fp32
+  Tensor grads_;         // (1, total) fp32
+
+  std::vector<Tensor> residual_;                 // L + 1 of (T, h): layer inputs and the last output
+  std::vector<LayerActivations> saved_;          // per layer (none/selective) or one shared (full)
+  Tensor shared_attn_, shared_lse_;              // selective recompute: recomputed attention output
+  Tensor fc2_out_;                               // (T, h)
+  Tensor final_norm_, final_mean_, final_rstd_;  // (T, h), (T, 1), (T, 1)
+  Tensor logits_;                                // (T, V) overwritten by its gradient
+  Tensor tokens_, targets_;                      // (T, 1) int32
+  Tensor losses_;                                // (num_microbatches, T) fp32
+  // Backward scratch.
+  Tensor d_res_, d_mid_, d_hidden_, d_ffn_, d_fc1_, d_attn_, d_qkv_;
+  std::vector<double> counted_tokens_;  // per micro-batch of the iteration
+  int pending_backward_ = -1;           // micro-batch whose forward ran and backward has not
+};
+
+}  // namespace megatune::executor

@@ -1,0 +1,46 @@
+// TransformerConfig: the model shape the executor builds (a GPT/Llama family member on one TP shard).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "executor/backend/backend.h"
+
+namespace megatune::executor {
+
+enum class PositionEmbedding { kLearned, kRope };
+
+struct TransformerConfig {
+  int num_layers = 2;
+  std::int64_t hidden = 64;
+  std::int64_t heads = 4;
+  std::int64_t kv_heads = 4;  // query groups (GQA); == heads for MHA
+  std::int64_t head_dim = 16;
+  std::int64_t ffn_hidden = 256;
+  std::int64_t vocab_size = 256;  // padded vocabulary (Megatron pads to a multiple of 128 * tp)
+  std::int64_t max_seq = 64;      // positions of the learned position table
+  NormKind norm = NormKind::kLayerNorm;
+  ActivationKind activation = ActivationKind::kGelu;
+  PositionEmbedding position = PositionEmbedding::kLearned;
+  float rope_theta = 10000.0f;
+  bool tied_embeddings = true;
+  bool bias = true;  // biases on the linear layers
+  float norm_eps = 1e-5f;
+  float init_std = 0.02f;
+  int tensor_parallel_size = 1;  // shapes below are per TP rank when > 1
+
+  // Per-TP-rank sizes.
+  std::int64_t heads_per_rank() const { return heads / tensor_parallel_size; }
+  std::int64_t kv_heads_per_rank() const { return kv_heads / tensor_parallel_size; }
+  std::int64_t qkv_width() const { return (heads_per_rank() + 2 * kv_heads_per_rank()) * head_dim; }
+  std::int64_t attention_width() const { return heads_per_rank() * head_dim; }
+  std::int64_t ffn_per_rank() const { return ffn_hidden / tensor_parallel_size; }
+  std::int64_t fc1_width() const {
+    return activation == ActivationKind::kSwiglu ? 2 * ffn_per_rank() : ffn_per_rank();
+  }
+  std::int64_t vocab_per_rank() const { return vocab_size / tensor_parallel_size; }
+  // Throws UserError naming the bad field.
+  void validate() const;
+  std::string describe() const;
+};
+
+}  // namespace megatune::executor
