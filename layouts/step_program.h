@@ -1,0 +1,131 @@
+// Step program, kernel level: every Op (GEMM, attention, memory-bound kernel, collective, p2p) a rank
+// issues in one training iteration, expanded from its schedule (layouts/schedule.h).
+//
+// Conventions (the executor records its ops in the same form so the two lists can be compared):
+// - Tokens on a rank per microbatch: T = (s / cp) * b. With sequence parallelism the norms, residual adds
+//   and the p2p tensors hold T / tp rows; GEMMs always see the gathered T rows.
+// - Linear layers store weights (out, in). Forward: m = T, n = out / (tp split), k = in.
+//   Backward dgrad: m = T, n = in, k = out. Backward wgrad: m = out, n = in, k = T, accumulate = true
+//   (fp32 main-grad accumulation). Labels: "qkv", "proj", "fc1", "fc2", "logits", "router",
+//   "expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2", MLA: "q_down", "q_up", "kv_down", "kv_up";
+//   backward GEMMs append "_dgrad" / "_wgrad" to the label. Column-parallel out-features are split
+//   by tp (qkv, fc1, q_up, kv_up, logits), row-parallel in-features (proj, fc2).
+// - SwiGLU fc1 produces 2 * ffn columns. Attention: heads / tp query heads, groups / tp kv heads,
+//   seq_q = s / cp, seq_kv = s (context parallelism rings the keys of the whole sequence; each rank does
+//   1/cp of the causal work), causal.
+// - Memory-bound bytes = bytes read + bytes written, bf16 activations (fp32 for the loss).
+// - Communication bytes follow nccl-tests (layouts/op.h): for all-gather and reduce-scatter the full
+//   (gathered) tensor. TP/SP collectives per megatron.md §4: without SP an all-reduce after proj and
+//   fc2 (forward) and after the qkv and fc1 dgrads (backward); with SP an all-gather before qkv/fc1, a
+//   reduce-scatter after proj/fc2, and in backward an all-gather of the output grad, an all-gather of
+//   the saved input for wgrad and a reduce-scatter of the input grad. Vocab-parallel cross entropy: 3
+//   all-reduces of T fp32 values over tp.
+// - Context parallelism (cp_comm_type p2p): cp - 1 ring steps of the local K,V chunk (kSend to the next cp
+//   rank, kRecv from the previous) in forward; 2x the volume (K,V and dK,dV) in backward. all_gather:
+//   one all-gather of K,V before attention, a reduce-scatter of dK,dV after its backward.
+// - MoE (alltoall dispatcher): router GEMM on T / tp rows, permute, all-to-all over ep of T/tp * topk
+//   rows, all-gather over etp, expert GEMMs over all local rows (topk * T/tp * etp, uniform routing) as one
+//   grouped GEMM, reduce-scatter over etp, all-to-all back, unpermute. allgather dispatcher: all-gather
+//   over tp-ep of T/tp rows, experts over their share of the gathered rows, reduce-scatter back.
+// - Recomputation: selective re-runs the core attention forward before its backward (Megatron's default
+//   "core_attn" module); full (uniform) re-runs the whole layer forward, its TP collectives included,
+//   before the layer's backward. Recomputed ops carry OpPhase::kRecompute.
+// - Pipeline: one kSend / kRecv per transfer of the schedule's p2p groups, group kPipeline, peer_rank =
+//   the peer's global rank, bytes = (s/cp)(/tp with SP) * b * h * 2.
+// - Gradient reduction (OpPhase::kGradSync): Megatron's buckets (max(40M, 1M * dp) elements with
+//   overlap_grad_reduce, else one bucket per chunk), filled in reverse layer order; with overlap each
+//   bucket's all-reduce (or reduce-scatter with the distributed optimizer) is issued right after the
+//   backward op that completes it in the chunk's last microbatch, else after the whole schedule.
+//   Dense grads over dp-cp, expert grads over expert-dp; fp32 (bf16 with grad_reduce_in_bf16).
+//   Then: tied-embedding all-reduce between first and last stage (pp > 1, tied), all-reduce over tp of
+//   the sequence-parallel norm grads, grad norm, AdamW (bytes per local param: 16 fp32 read+write of
+//   param/m/v, 4 grad read, 2 bf16 param write), and with the distributed optimizer an all-gather of the
+//   bf16 params per bucket.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "layouts/model_spec.h"
+#include "layouts/op.h"
+#include "layouts/parallel_config.h"
+#include "layouts/pipeline_layout.h"
+#include "layouts/rank_grid.h"
+#include "layouts/schedule.h"
+
+namespace megatune::layouts {
+
+enum class MoeDispatcher { kAllToAll, kAllGather };
+enum class ContextParallelComm { kP2p, kAllGather };
+
+struct StepProgramOptions {
+  MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;
+  ContextParallelComm cp_comm = ContextParallelComm::kP2p;
+  bool grad_reduce_in_bf16 = false;
+  std::int64_t bucket_size_elements = 0;  // 0: Megatron's default
+};
+
+// Where a rank's op comes from in its schedule.
+struct StepProgram {
+  int rank = 0;
+  DenseCoordinates coordinates;
+  std::vector<Op> ops;             // in issue order
+  std::vector<int> schedule_item;  // per op: index into the rank's RankSchedule::items; -1 after it
+};
+
+// The shape facts every expansion needs, resolved once for (model, config).
+struct StepShape {
+  std::int64_t seq = 0, seq_local = 0, micro_batch = 0, tokens = 0, tokens_sp = 0;  // T, T/tp (SP)
+  std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0, moe_ffn = 0, shared_ffn = 0;
+  std::int64_t vocab_padded = 0, experts = 0, topk = 0;
+  int tp = 1, cp = 1, ep = 1, etp = 1, dp = 1, edp = 1, pp = 1;
+  bool sp = false, swiglu = false, rms = false, rope = false, tied = true, mla = false;
+  RecomputeGranularity recompute = RecomputeGranularity::kNone;
+  std::int64_t p2p_bytes = 0;  // one pipeline activation (or gradient) tensor
+};
+StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config);
+
+// Ops of one pass of `stage` (forward, or backward with its recomputation), for one microbatch. Layer,
+// microbatch and chunk fields are filled; communication ops carry group and group size, no peers.
+std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
+                                  int microbatch, const StepProgramOptions& options = {});
+std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
+                                   int microbatch, const StepProgramOptions& options = {});
+// The backward ops split by parameter entry, in StageParameters' reverse order (loss, layers last..first,
+// embedding); stage_backward_ops is their concatenation.
+std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const StepShape& shape,
+                                                         const PipelineStage& stage, int microbatch,
+                                                         const StepProgramOptions& options = {});
+
+// Parameter elements a stage holds on one rank, dense (reduced over dp-cp) and expert (over expert-dp).
+struct StageParameters {
+  std::int64_t dense = 0;
+  std::int64_t expert = 0;
+  std::vector<std::int64_t>
+      dense_per_layer_reverse;  // backward order: loss/output, layers last..first, embedding
+  std::vector<std::int64_t> expert_per_layer_reverse;  // same order
+  std::vector<int> layer_reverse;                      // the layer index of each entry (-1 E, -2 L, -3 m)
+};
+StageParameters stage_parameters(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage);
+
+// Gradient-reduction ops of one chunk (bucketed) and the index into StageParameters' reverse order after
+// which each becomes ready.
+struct GradBucket {
+  Op op;
+  int ready_after_entry = 0;  // index into StageParameters::layer_reverse
+};
+std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
+                                          const StageParameters& parameters, int chunk,
+                                          const StepProgramOptions& options = {});
+
+// Ops after the schedule (tied embedding, SP norm grads, grad norm, optimizer, param all-gather) of a rank
+// holding `stages` (all its chunks). Grad-sync ops are not included (see grad_sync_buckets).
+std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
+                                   const ParallelConfig& config,
+                                   const std::vector<const PipelineStage*>& stages,
+                                   const StepProgramOptions& options = {});
+
+// The whole iteration of one global rank, for a validated (model, config).
+StepProgram build_step_program(const ModelSpec& model, const ParallelConfig& config, int rank,
+                               const StepProgramOptions& options = {});
+
+}  // namespace megatune::layouts
