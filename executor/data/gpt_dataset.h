@@ -17,7 +17,7 @@ struct GPTDatasetConfig {
   uint32_t random_seed = 1234;  // --seed
   bool add_extra_token_to_sequence = true;
   bool drop_last_partial_sequence = true;
-  bool eod_mask_loss = false;  // --eod-mask-loss: labels equal to eod_token get loss mask 0
+  bool eod_mask_loss = false;  // --eod-mask-loss: positions whose input token is eod_token get mask 0
   int32_t eod_token = -1;
   // Padding (a short last sample when the partial sequence is kept) is written as token 0 and masked,
   // as Megatron does for a tokenizer without a pad id.

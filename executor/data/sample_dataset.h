@@ -12,7 +12,7 @@ class SampleDataset {
   virtual int64_t num_samples() const = 0;
   virtual int64_t sequence_length() const = 0;  // s
   // Fills sample `index` (0 <= index < num_samples()): tokens[s], labels[s] (next tokens) and
-  // loss_mask[s] (1 for a real label, 0 for padding and, with eod_mask_loss, for EOD labels).
+  // loss_mask[s] (1 for a real label; 0 for padding and, with eod_mask_loss, where the input token is EOD).
   virtual void get_sample(int64_t index, int32_t* tokens, int32_t* labels, float* loss_mask) const = 0;
   virtual std::string description() const = 0;
 };
