@@ -6,11 +6,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <tuple>
 
 namespace megatune::executor::cuda {
 
@@ -20,10 +20,12 @@ enum class GemmDType { kBF16, kFP32 };
 
 enum class GemmEpilogue {
   kNone,
-  kBias,         // D = A.B + bias[n]                                (bias: type of D)
-  kGeluAuxBias,  // aux = A.B + bias[n] (bias may be null), D = gelu_tanh(aux)   (aux: type of D)
-  kDGeluBGrad,   // D = (A.B) * gelu'(aux); bias_grad[n] = column sums of D      (bias_grad: type of D)
-  kBGradB,       // D = A.B; bias_grad[n] = sum over k of op(B)[:, n]              (bias_grad: type of D)
+  kBias,         // D = A.B + bias[n]                                           (bias: type of D)
+  kGeluAux,      // aux = A.B, D = gelu_tanh(aux)                                  (aux: type of D)
+  kGeluAuxBias,  // aux = A.B + bias[n], D = gelu_tanh(aux)                        (aux: type of D)
+  kDGeluBGrad,   // D = (A.B) * gelu'(aux); bias_grad[n] = column sums of D       (bias_grad: type of D)
+  kBGradA,       // D = A.B; bias_grad[m] = sum over k of op(A)[m, :]: the bias gradient of a weight-gradient
+                 // GEMM dw = dy^T . x (cuBLASLt's BGRADB, B being cuBLAS's name for our A)  (type of D)
 };
 
 // Row-major description: D[m, n] = alpha * op(A)[m, k] . op(B)[k, n] + beta * C, C == D in memory.
@@ -54,9 +56,9 @@ struct GemmArgs {
   void* d = nullptr;  // also read as C when beta != 0
   float alpha = 1.0f;
   float beta = 0.0f;
-  const void* bias = nullptr;  // kBias / kGeluAuxBias
-  void* aux = nullptr;         // kGeluAuxBias (written) / kDGeluBGrad (read): [m, n], row stride ld_aux
-  void* bias_grad = nullptr;   // kDGeluBGrad / kBGradB: [n], overwritten
+  const void* bias = nullptr;  // kBias / kGeluAuxBias: [n]
+  void* aux = nullptr;         // kGeluAux(Bias) (written) / kDGeluBGrad (read): [m, n], row stride ld_aux
+  void* bias_grad = nullptr;   // kDGeluBGrad: [n], kBGradA: [m]; overwritten
 };
 
 class GemmRunner {
@@ -70,14 +72,15 @@ class GemmRunner {
   GemmRunner& operator=(const GemmRunner&) = delete;
 
   // Runs one GEMM on stream. The first call for a (spec) builds and caches the descriptors and picks the
-  // heuristic's best algorithm; later calls only launch. When cuBLASLt offers no algorithm for a fused
-  // epilogue, the runner falls back to the plain GEMM followed by its own epilogue kernel (same results;
-  // uses_fallback() says so). Never allocates after the first call of a spec. Throws on any error.
+  // heuristic's best algorithm; later calls only launch. The plan is keyed by the spec and by the pointer
+  // alignment (cuBLASLt picks kernels by it). Never allocates after the first call of a spec. Throws
+  // std::runtime_error (with file:line) on any cuBLASLt error, and when cuBLASLt offers no algorithm for
+  // the spec (e.g. a fused epilogue it does not support for these types): use the unfused path then.
   void run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
 
   // Builds the plan for spec without running (so a profiler or the engine can warm the cache up front).
-  void prepare(const GemmSpec& spec);
-  bool uses_fallback(const GemmSpec& spec);  // prepares when needed
+  // alignment_bytes: the alignment the pointers of later run() calls will have (power of two <= 256).
+  void prepare(const GemmSpec& spec, int alignment_bytes = 256);
   size_t cached_plans() const { return plans_.size(); }
   size_t workspace_bytes() const { return workspace_bytes_; }
   cublasLtHandle_t handle() const { return handle_; }
@@ -85,10 +88,9 @@ class GemmRunner {
   struct Plan;  // descriptors + algorithm (defined in gemm_runner.cpp)
 
  private:
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, int64_t, int, int,
-                         int, int, int64_t, int64_t, int64_t>;
-  static Key key_of(const GemmSpec& spec);
-  Plan& plan_for(const GemmSpec& spec);
+  using Key = std::array<int64_t, 17>;
+  static Key key_of(const GemmSpec& spec, int alignment_bytes);
+  Plan& plan_for(const GemmSpec& spec, int alignment_bytes);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
@@ -106,7 +108,7 @@ void linear_forward_gelu(GemmRunner& runner, const bf16* x, const bf16* w, const
 // dx [m, k] = dy . w; with beta_accumulate, dx += (bf16 accumulate).
 void linear_backward_data(GemmRunner& runner, const bf16* dy, const bf16* w, bf16* dx, int64_t m, int64_t n,
                           int64_t k, cudaStream_t stream, bool accumulate = false);
-// dx_pre [m, k] = (dy . w) * gelu'(pre_gelu [m, k]); dbias [k] = column sums of dx_pre (bf16, overwritten;
+// dx_pre [m, k] = (dy . w) * gelu'(pre_gelu [m, k]); dbias [k] = column sums of dx_pre (bf16, overwritten,
 // may be null: then no bias gradient). The backward of linear_forward_gelu's activation fused into the
 // next layer's data gradient.
 void linear_backward_data_dgelu(GemmRunner& runner, const bf16* dy, const bf16* w, const bf16* pre_gelu,

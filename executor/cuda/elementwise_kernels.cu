@@ -1,0 +1,160 @@
+// Element-wise and small reduction kernels (casts, add/axpby/scale, column sums, sums, NaN/inf count).
+#include <stdexcept>
+
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/elementwise_kernels.h"
+#include "executor/cuda/kernel_utils.cuh"
+
+namespace megatune::executor::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kColumnSumRowsPerChunk = 64;
+
+__global__ void cast_fp32_to_bf16_kernel(const float* x, bf16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void cast_bf16_to_fp32_kernel(const bf16* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
+}
+
+__global__ void add_bf16_kernel(const bf16* a, const bf16* b, bf16* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+
+__global__ void axpby_kernel(float alpha, const float* x, float beta, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = beta == 0.0f ? alpha * x[i] : alpha * x[i] + beta * out[i];
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= scale;
+}
+
+// Stage 1: partial[chunk, col] = sum of x over the chunk's rows (one thread per column, rows in order).
+__global__ void column_sum_partial_kernel(const bf16* x, float* partial, int64_t rows, int64_t cols) {
+  const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (col >= cols) return;
+  const int64_t row_end = min(rows, (chunk + 1) * kColumnSumRowsPerChunk);
+  float sum = 0.0f;
+  for (int64_t r = chunk * kColumnSumRowsPerChunk; r < row_end; ++r)
+    sum += __bfloat162float(x[r * cols + col]);
+  partial[chunk * cols + col] = sum;
+}
+
+// Stage 2: sums[col] (+)= partials over chunks in order.
+__global__ void column_sum_final_kernel(const float* partial, float* sums, int64_t chunks, int64_t cols,
+                                        bool accumulate) {
+  const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (col >= cols) return;
+  float sum = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) sum += partial[c * cols + col];
+  sums[col] = accumulate ? sums[col] + sum : sum;
+}
+
+__global__ void sum_kernel(const float* x, int64_t n, float* out) {
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
+  sum = detail::block_sum(sum);
+  if (threadIdx.x == 0) *out = sum;
+}
+
+template <typename T>
+__global__ void count_nonfinite_kernel(const T* x, int64_t n, int* count) {
+  int local = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float v;
+    if constexpr (sizeof(T) == 4) {
+      v = x[i];
+    } else {
+      v = __bfloat162float(x[i]);
+    }
+    local += isfinite(v) ? 0 : 1;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) local += __shfl_xor_sync(0xffffffffu, local, offset);
+  if ((threadIdx.x & 31) == 0 && local != 0) atomicAdd(count, local);
+}
+
+}  // namespace
+
+void cast_fp32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  cast_fp32_to_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void cast_bf16_to_fp32(const bf16* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  cast_bf16_to_fp32_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void add_bf16(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(a, b, out, n);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void axpby_fp32(float alpha, const float* x, float beta, float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  axpby_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(alpha, x, beta, out, n);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void scale_fp32_inplace(float* x, int64_t n, float scale, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, scale);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+size_t column_sum_workspace_bytes(int64_t rows, int64_t cols) {
+  return size_t((rows + kColumnSumRowsPerChunk - 1) / kColumnSumRowsPerChunk) * size_t(cols) * sizeof(float);
+}
+
+void column_sum_bf16(const bf16* x, float* sums, int64_t rows, int64_t cols, bool accumulate, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream) {
+  if (cols <= 0) return;
+  if (workspace_bytes < column_sum_workspace_bytes(rows, cols))
+    throw std::invalid_argument("column_sum_bf16: workspace smaller than column_sum_workspace_bytes()");
+  const int64_t chunks = (rows + kColumnSumRowsPerChunk - 1) / kColumnSumRowsPerChunk;
+  const unsigned col_blocks = unsigned((cols + kThreads - 1) / kThreads);
+  auto* partial = static_cast<float*>(workspace);
+  if (chunks > 0) {
+    column_sum_partial_kernel<<<dim3(col_blocks, unsigned(chunks)), kThreads, 0, stream>>>(x, partial, rows,
+                                                                                           cols);
+    MEGATUNE_CUDA_CHECK_LAUNCH();
+  }
+  column_sum_final_kernel<<<col_blocks, kThreads, 0, stream>>>(partial, sums, chunks, cols, accumulate);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void sum_fp32(const float* x, int64_t n, float* sum_device, cudaStream_t stream) {
+  sum_kernel<<<1, 1024, 0, stream>>>(x, n, sum_device);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void count_nonfinite_fp32(const float* x, int64_t n, int* count_device, cudaStream_t stream) {
+  if (n <= 0) return;
+  count_nonfinite_kernel<float><<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, count_device);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void count_nonfinite_bf16(const bf16* x, int64_t n, int* count_device, cudaStream_t stream) {
+  if (n <= 0) return;
+  count_nonfinite_kernel<bf16><<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, count_device);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megatune::executor::cuda

@@ -1,0 +1,306 @@
+// GemmRunner: row-major GEMMs mapped onto column-major cuBLASLt, with a plan cache per spec and alignment.
+//
+// Row-major D[m, n] = op(A) . op(B) is column-major D^T[n, m] = op(B)^T . op(A)^T, so cuBLASLt sees
+// "A" = our B (transa = our trans_b), "B" = our A (transb = our trans_a), m' = n, n' = m, k' = k. A
+// row-major matrix stored [r, c] with row stride ld is a column-major [c, r] matrix with the same ld.
+#include "executor/cuda/gemm_runner.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "executor/cuda/cuda_check.h"
+
+namespace megatune::executor::cuda {
+
+struct GemmRunner::Plan {
+  GemmSpec spec;
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr;  // cuBLAS "A" = our B
+  cublasLtMatrixLayout_t layout_b = nullptr;  // cuBLAS "B" = our A
+  cublasLtMatrixLayout_t layout_d = nullptr;
+  cublasLtMatmulAlgo_t algorithm{};
+
+  ~Plan() {
+    if (layout_d) cublasLtMatrixLayoutDestroy(layout_d);
+    if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
+    if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
+    if (operation) cublasLtMatmulDescDestroy(operation);
+  }
+};
+
+namespace {
+
+cudaDataType_t data_type(GemmDType type) { return type == GemmDType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+cublasLtEpilogue_t epilogue_of(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kNone:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAux:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::kGeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGeluBGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kBGradA:
+      return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+const char* epilogue_name(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kNone:
+      return "none";
+    case GemmEpilogue::kBias:
+      return "bias";
+    case GemmEpilogue::kGeluAux:
+      return "gelu_aux";
+    case GemmEpilogue::kGeluAuxBias:
+      return "gelu_aux_bias";
+    case GemmEpilogue::kDGeluBGrad:
+      return "dgelu_bgrad";
+    case GemmEpilogue::kBGradA:
+      return "bgrad_a";
+  }
+  return "?";
+}
+
+// Fills packed leading dimensions and strides; validates.
+GemmSpec resolved(GemmSpec spec) {
+  if (spec.m <= 0 || spec.n <= 0 || spec.k <= 0 || spec.batch_count <= 0)
+    throw std::invalid_argument("GemmSpec: m, n, k and batch_count must be positive");
+  const int64_t a_cols = spec.trans_a ? spec.m : spec.k, a_rows = spec.trans_a ? spec.k : spec.m;
+  const int64_t b_cols = spec.trans_b ? spec.k : spec.n, b_rows = spec.trans_b ? spec.n : spec.k;
+  if (spec.lda == 0) spec.lda = a_cols;
+  if (spec.ldb == 0) spec.ldb = b_cols;
+  if (spec.ldd == 0) spec.ldd = spec.n;
+  if (spec.ld_aux == 0) spec.ld_aux = spec.n;
+  if (spec.lda < a_cols || spec.ldb < b_cols || spec.ldd < spec.n || spec.ld_aux < spec.n)
+    throw std::invalid_argument("GemmSpec: a leading dimension is smaller than its row length");
+  if (spec.batch_count > 1) {
+    if (spec.stride_a == 0) spec.stride_a = a_rows * spec.lda;
+    if (spec.stride_b == 0) spec.stride_b = b_rows * spec.ldb;
+    if (spec.stride_d == 0) spec.stride_d = spec.m * spec.ldd;
+  }
+  return spec;
+}
+
+int pointer_alignment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  int alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const void* value,
+                   size_t bytes) {
+  MEGATUNE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes));
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int batch,
+                                   int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  MEGATUNE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(cols), ld));
+  if (batch > 1) {
+    MEGATUNE_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+    MEGATUNE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return layout;
+}
+
+}  // namespace
+
+GemmSpec GemmSpec::linear_forward(int64_t m, int64_t n, int64_t k) {
+  GemmSpec spec;
+  spec.m = m, spec.n = n, spec.k = k, spec.trans_b = true;
+  return spec;
+}
+
+GemmSpec GemmSpec::linear_backward_data(int64_t m, int64_t n, int64_t k) {
+  GemmSpec spec;  // dx [m, k] = dy [m, n] . w [n, k]: GEMM (m, k, n)
+  spec.m = m, spec.n = k, spec.k = n;
+  return spec;
+}
+
+GemmSpec GemmSpec::linear_backward_weight(int64_t m, int64_t n, int64_t k, GemmDType dw_type) {
+  GemmSpec spec;  // dw [n, k] = dy^T [n, m] . x [m, k]: GEMM (n, k, m), A = dy stored [m, n]
+  spec.m = n, spec.n = k, spec.k = m, spec.trans_a = true, spec.d_type = dw_type;
+  return spec;
+}
+
+GemmRunner::GemmRunner(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+  MEGATUNE_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  if (workspace_bytes_ > 0) MEGATUNE_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+}
+
+GemmRunner::~GemmRunner() {
+  plans_.clear();
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+GemmRunner::Key GemmRunner::key_of(const GemmSpec& s, int alignment_bytes) {
+  return Key{s.m,
+             s.n,
+             s.k,
+             (int64_t(s.trans_a) << 1) | int64_t(s.trans_b),
+             s.lda,
+             s.ldb,
+             s.ldd,
+             s.ld_aux,
+             int64_t(s.ab_type),
+             int64_t(s.d_type),
+             int64_t(s.epilogue),
+             s.batch_count,
+             s.stride_a,
+             s.stride_b,
+             s.stride_d,
+             alignment_bytes,
+             0};
+}
+
+GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_bytes) {
+  const GemmSpec spec = resolved(raw_spec);
+  const Key key = key_of(spec, alignment_bytes);
+  auto found = plans_.find(key);
+  if (found != plans_.end()) return *found->second;
+
+  auto plan = std::make_unique<Plan>();
+  plan->spec = spec;
+  MEGATUNE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t trans_a = spec.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS A = our B
+  const cublasOperation_t trans_b = spec.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS B = our A
+  set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a);
+  set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b);
+  const cublasLtEpilogue_t epilogue = epilogue_of(spec.epilogue);
+  set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+  if (spec.epilogue == GemmEpilogue::kGeluAux || spec.epilogue == GemmEpilogue::kGeluAuxBias ||
+      spec.epilogue == GemmEpilogue::kDGeluBGrad) {
+    const int64_t ld_aux = spec.ld_aux;
+    set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux);
+    if (spec.batch_count > 1) {
+      const int64_t aux_stride = spec.m * spec.ld_aux;
+      set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &aux_stride,
+                    sizeof aux_stride);
+    }
+  }
+
+  const cudaDataType_t ab = data_type(spec.ab_type), d = data_type(spec.d_type);
+  // Our B stored [k, n] (or [n, k] transposed) = column-major [n, k] (or [k, n]).
+  plan->layout_a = spec.trans_b ? make_layout(ab, spec.k, spec.n, spec.ldb, spec.batch_count, spec.stride_b)
+                                : make_layout(ab, spec.n, spec.k, spec.ldb, spec.batch_count, spec.stride_b);
+  plan->layout_b = spec.trans_a ? make_layout(ab, spec.m, spec.k, spec.lda, spec.batch_count, spec.stride_a)
+                                : make_layout(ab, spec.k, spec.m, spec.lda, spec.batch_count, spec.stride_a);
+  plan->layout_d = make_layout(d, spec.n, spec.m, spec.ldd, spec.batch_count, spec.stride_d);
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  MEGATUNE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const uint64_t workspace = workspace_bytes_;
+  const uint32_t alignment = uint32_t(alignment_bytes);
+  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
+  for (auto attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof alignment);
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found_count = 0;
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    status =
+        cublasLtMatmulAlgoGetHeuristic(handle_, plan->operation, plan->layout_a, plan->layout_b,
+                                       plan->layout_d, plan->layout_d, preference, 1, &result, &found_count);
+  }
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+    check_cublas(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || found_count == 0) {
+    throw std::runtime_error(
+        std::string(__FILE__) + ":" + std::to_string(__LINE__) +
+        ": cuBLASLt has no algorithm for GEMM m=" + std::to_string(spec.m) + " n=" + std::to_string(spec.n) +
+        " k=" + std::to_string(spec.k) + " epilogue=" + epilogue_name(spec.epilogue) +
+        " alignment=" + std::to_string(alignment_bytes) + ": run it without the fused epilogue");
+  }
+  plan->algorithm = result.algo;
+  return *plans_.emplace(key, std::move(plan)).first->second;
+}
+
+void GemmRunner::prepare(const GemmSpec& spec, int alignment_bytes) { plan_for(spec, alignment_bytes); }
+
+void GemmRunner::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
+  int alignment = std::min({pointer_alignment(args.a), pointer_alignment(args.b), pointer_alignment(args.d)});
+  Plan& plan = plan_for(spec, alignment);
+  const GemmEpilogue epilogue = plan.spec.epilogue;
+  if (epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAuxBias) {
+    if (args.bias == nullptr) throw std::invalid_argument("GemmRunner::run: bias epilogues need args.bias");
+    set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias, sizeof args.bias);
+  }
+  if (epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias ||
+      epilogue == GemmEpilogue::kDGeluBGrad) {
+    if (args.aux == nullptr) throw std::invalid_argument("GemmRunner::run: GELU epilogues need args.aux");
+    set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &args.aux, sizeof args.aux);
+  }
+  if (epilogue == GemmEpilogue::kDGeluBGrad || epilogue == GemmEpilogue::kBGradA) {
+    if (args.bias_grad == nullptr)
+      throw std::invalid_argument("GemmRunner::run: bias-gradient epilogues need args.bias_grad");
+    set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias_grad, sizeof args.bias_grad);
+  }
+  MEGATUNE_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.operation, &args.alpha, args.b, plan.layout_a, args.a,
+                                       plan.layout_b, &args.beta, args.d, plan.layout_d, args.d,
+                                       plan.layout_d, &plan.algorithm, workspace_, workspace_bytes_, stream));
+}
+
+void linear_forward(GemmRunner& runner, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                    int64_t n, int64_t k, cudaStream_t stream) {
+  GemmSpec spec = GemmSpec::linear_forward(m, n, k);
+  if (bias != nullptr) spec.epilogue = GemmEpilogue::kBias;
+  GemmArgs args;
+  args.a = x, args.b = w, args.d = y, args.bias = bias;
+  runner.run(spec, args, stream);
+}
+
+void linear_forward_gelu(GemmRunner& runner, const bf16* x, const bf16* w, const bf16* bias, bf16* pre_gelu,
+                         bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  GemmSpec spec = GemmSpec::linear_forward(m, n, k);
+  spec.epilogue = bias != nullptr ? GemmEpilogue::kGeluAuxBias : GemmEpilogue::kGeluAux;
+  GemmArgs args;
+  args.a = x, args.b = w, args.d = y, args.bias = bias, args.aux = pre_gelu;
+  runner.run(spec, args, stream);
+}
+
+void linear_backward_data(GemmRunner& runner, const bf16* dy, const bf16* w, bf16* dx, int64_t m, int64_t n,
+                          int64_t k, cudaStream_t stream, bool accumulate) {
+  GemmSpec spec = GemmSpec::linear_backward_data(m, n, k);
+  GemmArgs args;
+  args.a = dy, args.b = w, args.d = dx, args.beta = accumulate ? 1.0f : 0.0f;
+  runner.run(spec, args, stream);
+}
+
+void linear_backward_data_dgelu(GemmRunner& runner, const bf16* dy, const bf16* w, const bf16* pre_gelu,
+                                bf16* dx_pre, bf16* dbias, int64_t m, int64_t n, int64_t k,
+                                cudaStream_t stream) {
+  GemmSpec spec = GemmSpec::linear_backward_data(m, n, k);
+  spec.epilogue = GemmEpilogue::kDGeluBGrad;
+  GemmArgs args;
+  args.a = dy, args.b = w, args.d = dx_pre, args.aux = const_cast<bf16*>(pre_gelu), args.bias_grad = dbias;
+  if (dbias == nullptr)
+    throw std::invalid_argument("linear_backward_data_dgelu: dbias is required (cuBLASLt's DGELU_BGRAD)");
+  runner.run(spec, args, stream);
+}
+
+void linear_backward_weight(GemmRunner& runner, const bf16* dy, const bf16* x, float* main_grad, int64_t m,
+                            int64_t n, int64_t k, bool accumulate, cudaStream_t stream) {
+  GemmSpec spec = GemmSpec::linear_backward_weight(m, n, k, GemmDType::kFP32);
+  GemmArgs args;
+  args.a = dy, args.b = x, args.d = main_grad, args.beta = accumulate ? 1.0f : 0.0f;
+  runner.run(spec, args, stream);
+}
+
+}  // namespace megatune::executor::cuda

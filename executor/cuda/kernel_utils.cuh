@@ -1,0 +1,87 @@
+// Device helpers shared by the fused kernels: 16-byte bf16 vectors, warp/block reductions, grid sizing.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megatune::executor::cuda::detail {
+
+// Eight bf16 values moved as one 16-byte access.
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 pair[4];
+};
+
+__device__ __forceinline__ void unpack(const Bf16x8& v, float (&out)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(v.pair[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ Bf16x8 pack(const float (&in)[8]) {
+  Bf16x8 v;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v.pair[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// Deterministic: fixed shuffle tree, then warp partials summed in warp order. Uses 33 floats of shared
+// memory.
+__device__ __forceinline__ float block_sum(float x) {
+  __shared__ float partial[33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  x = warp_sum(x);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    float y = lane < warps ? partial[lane] : 0.0f;
+    y = warp_sum(y);
+    if (lane == 0) partial[32] = y;
+  }
+  __syncthreads();
+  return partial[32];
+}
+
+__device__ __forceinline__ float block_max(float x) {
+  __shared__ float partial[33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  x = warp_max(x);
+  __syncthreads();
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    float y = lane < warps ? partial[lane] : -INFINITY;
+    y = warp_max(y);
+    if (lane == 0) partial[32] = y;
+  }
+  __syncthreads();
+  return partial[32];
+}
+
+inline unsigned grid_for(int64_t work_items, int threads, int64_t max_blocks = 132 * 32) {
+  int64_t blocks = (work_items + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > max_blocks) blocks = max_blocks;
+  return unsigned(blocks);
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace megatune::executor::cuda::detail

@@ -1,0 +1,226 @@
+// LayerNorm / RMSNorm kernels: one block per row for forward and for dx (statistics by block reductions,
+// rows re-read through L1/L2), and a two-stage column reduction for dgamma/dbeta (fixed chunks of rows,
+// then chunks summed in order: deterministic).
+#include <stdexcept>
+
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/kernel_utils.cuh"
+#include "executor/cuda/norm_kernels.h"
+
+namespace megatune::executor::cuda {
+namespace {
+
+using detail::Bf16x8;
+constexpr int64_t kRowsPerChunk = 32;
+
+int threads_for(int64_t hidden) {
+  const int64_t vectors = hidden / 8;
+  if (vectors >= 1024) return 512;
+  if (vectors >= 256) return 256;
+  return 128;
+}
+
+__global__ void norm_forward_kernel(bool layer_norm, const bf16* x, const bf16* residual, const bf16* gamma,
+                                    const bf16* beta, bf16* y, bf16* sum_out, float* mean_out,
+                                    float* rstd_out, int64_t hidden, float eps) {
+  const int64_t row = blockIdx.x;
+  const int64_t vectors = hidden / 8;
+  const auto* x_row = reinterpret_cast<const Bf16x8*>(x + row * hidden);
+  const auto* res_row = residual ? reinterpret_cast<const Bf16x8*>(residual + row * hidden) : nullptr;
+  auto* sum_row = (residual && sum_out) ? reinterpret_cast<Bf16x8*>(sum_out + row * hidden) : nullptr;
+  // Pass 1: input (x + residual, rounded to bf16 as stored) and its sum.
+  float total = 0.0f;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    float a[8];
+    detail::unpack(x_row[v], a);
+    if (res_row) {
+      float b[8];
+      detail::unpack(res_row[v], b);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] += b[i];
+      const Bf16x8 packed = detail::pack(a);
+      detail::unpack(packed, a);
+      if (sum_row) sum_row[v] = packed;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) total += a[i];
+  }
+  // Every thread re-reads exactly the vectors it wrote, so no barrier is needed before re-reading sum_row.
+  const auto* in_row = sum_row ? sum_row : x_row;
+  float mean = 0.0f;
+  if (layer_norm) mean = detail::block_sum(total) / float(hidden);
+  auto load_input = [&](int64_t v, float(&a)[8]) {
+    if (sum_row || !res_row) {
+      detail::unpack(in_row[v], a);
+    } else {  // residual fused but the sum is not stored: recompute it
+      float b[8];
+      detail::unpack(x_row[v], a);
+      detail::unpack(res_row[v], b);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] = __bfloat162float(__float2bfloat16_rn(a[i] + b[i]));
+    }
+  };
+  float square = 0.0f;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    float a[8];
+    load_input(v, a);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) square += (a[i] - mean) * (a[i] - mean);
+  }
+  const float rstd = rsqrtf(detail::block_sum(square) / float(hidden) + eps);
+  if (threadIdx.x == 0) {
+    if (mean_out) mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+  const auto* gamma_v = reinterpret_cast<const Bf16x8*>(gamma);
+  const auto* beta_v = (layer_norm && beta) ? reinterpret_cast<const Bf16x8*>(beta) : nullptr;
+  auto* y_row = reinterpret_cast<Bf16x8*>(y + row * hidden);
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    float a[8], g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    load_input(v, a);
+    detail::unpack(gamma_v[v], g);
+    if (beta_v) detail::unpack(beta_v[v], b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = (a[i] - mean) * rstd * g[i] + b[i];
+    y_row[v] = detail::pack(a);
+  }
+}
+
+__global__ void norm_backward_dx_kernel(bool layer_norm, const bf16* dy, const bf16* input, const bf16* gamma,
+                                        const float* mean_in, const float* rstd_in, const bf16* d_residual,
+                                        bf16* dx, int64_t hidden) {
+  const int64_t row = blockIdx.x;
+  const int64_t vectors = hidden / 8;
+  const auto* dy_row = reinterpret_cast<const Bf16x8*>(dy + row * hidden);
+  const auto* in_row = reinterpret_cast<const Bf16x8*>(input + row * hidden);
+  const auto* gamma_v = reinterpret_cast<const Bf16x8*>(gamma);
+  const float mean = layer_norm ? mean_in[row] : 0.0f, rstd = rstd_in[row];
+  float sum_g = 0.0f, sum_g_xhat = 0.0f;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    float d[8], a[8], g[8];
+    detail::unpack(dy_row[v], d);
+    detail::unpack(in_row[v], a);
+    detail::unpack(gamma_v[v], g);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float gi = d[i] * g[i];
+      sum_g += gi;
+      sum_g_xhat += gi * (a[i] - mean) * rstd;
+    }
+  }
+  const float mean_g = layer_norm ? detail::block_sum(sum_g) / float(hidden) : 0.0f;
+  const float mean_g_xhat = detail::block_sum(sum_g_xhat) / float(hidden);
+  const auto* res_row = d_residual ? reinterpret_cast<const Bf16x8*>(d_residual + row * hidden) : nullptr;
+  auto* dx_row = reinterpret_cast<Bf16x8*>(dx + row * hidden);
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    float d[8], a[8], g[8], r[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    detail::unpack(dy_row[v], d);
+    detail::unpack(in_row[v], a);
+    detail::unpack(gamma_v[v], g);
+    if (res_row) detail::unpack(res_row[v], r);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float xhat = (a[i] - mean) * rstd;
+      a[i] = rstd * (d[i] * g[i] - mean_g - xhat * mean_g_xhat) + r[i];
+    }
+    dx_row[v] = detail::pack(a);
+  }
+}
+
+// Stage 1: partial sums over a chunk of kRowsPerChunk rows of dy * xhat and dy, 8 columns per thread.
+__global__ void norm_backward_partial_kernel(bool layer_norm, const bf16* dy, const bf16* input,
+                                             const float* mean_in, const float* rstd_in, float* partial_gamma,
+                                             float* partial_beta, int64_t rows, int64_t hidden) {
+  const int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // vector (8 columns) index
+  if (v >= hidden / 8) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t row_end = min(rows, (chunk + 1) * kRowsPerChunk);
+  float acc_gamma[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc_beta[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t r = chunk * kRowsPerChunk; r < row_end; ++r) {
+    float d[8], a[8];
+    detail::unpack(reinterpret_cast<const Bf16x8*>(dy + r * hidden)[v], d);
+    detail::unpack(reinterpret_cast<const Bf16x8*>(input + r * hidden)[v], a);
+    const float mean = layer_norm ? mean_in[r] : 0.0f, rstd = rstd_in[r];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      acc_gamma[i] += d[i] * (a[i] - mean) * rstd;
+      acc_beta[i] += d[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    partial_gamma[chunk * hidden + v * 8 + i] = acc_gamma[i];
+    partial_beta[chunk * hidden + v * 8 + i] = acc_beta[i];
+  }
+}
+
+__global__ void norm_backward_final_kernel(const float* partial_gamma, const float* partial_beta,
+                                           float* dgamma, float* dbeta, int64_t chunks, int64_t hidden,
+                                           bool accumulate) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= hidden) return;
+  float g = 0.0f, b = 0.0f;
+  for (int64_t k = 0; k < chunks; ++k) {
+    g += partial_gamma[k * hidden + c];
+    b += partial_beta[k * hidden + c];
+  }
+  dgamma[c] = accumulate ? dgamma[c] + g : g;
+  if (dbeta) dbeta[c] = accumulate ? dbeta[c] + b : b;
+}
+
+void check_pointers(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (p != nullptr && !detail::aligned16(p))
+      throw std::invalid_argument("norm kernels: pointers must be 16-byte aligned");
+}
+
+}  // namespace
+
+bool norm_supports(int64_t hidden) { return hidden > 0 && hidden % 8 == 0 && hidden <= 32768; }
+
+void norm_forward(NormKind kind, const bf16* x, const bf16* residual, const bf16* gamma, const bf16* beta,
+                  bf16* y, bf16* sum_out, float* mean, float* rstd, int64_t rows, int64_t hidden, float eps,
+                  cudaStream_t stream) {
+  if (!norm_supports(hidden))
+    throw std::invalid_argument("norm_forward: hidden must be a multiple of 8, <= 32768");
+  if (rows <= 0) return;
+  const bool layer_norm = kind == NormKind::kLayerNorm;
+  if (layer_norm && mean == nullptr) throw std::invalid_argument("norm_forward: LayerNorm needs mean");
+  check_pointers({x, residual, gamma, beta, y, sum_out});
+  norm_forward_kernel<<<unsigned(rows), threads_for(hidden), 0, stream>>>(
+      layer_norm, x, residual, gamma, beta, y, sum_out, mean, rstd, hidden, eps);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+size_t norm_backward_workspace_bytes(int64_t rows, int64_t hidden) {
+  return 2 * size_t((rows + kRowsPerChunk - 1) / kRowsPerChunk) * size_t(hidden) * sizeof(float);
+}
+
+void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16* gamma, const float* mean,
+                   const float* rstd, const bf16* d_residual, bf16* dx, float* dgamma, float* dbeta,
+                   int64_t rows, int64_t hidden, bool accumulate, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream) {
+  if (!norm_supports(hidden))
+    throw std::invalid_argument("norm_backward: hidden must be a multiple of 8, <= 32768");
+  if (workspace_bytes < norm_backward_workspace_bytes(rows, hidden))
+    throw std::invalid_argument("norm_backward: workspace smaller than norm_backward_workspace_bytes()");
+  if (rows <= 0) return;
+  const bool layer_norm = kind == NormKind::kLayerNorm;
+  check_pointers({dy, input, gamma, d_residual, dx});
+  const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  auto* partial_gamma = static_cast<float*>(workspace);
+  float* partial_beta = partial_gamma + chunks * hidden;
+  // The partial sums read dy before dx overwrites it (dx may alias d_residual, never dy).
+  const unsigned vector_blocks = unsigned((hidden / 8 + 127) / 128);
+  norm_backward_partial_kernel<<<dim3(vector_blocks, unsigned(chunks)), 128, 0, stream>>>(
+      layer_norm, dy, input, mean, rstd, partial_gamma, partial_beta, rows, hidden);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+  norm_backward_final_kernel<<<unsigned((hidden + 255) / 256), 256, 0, stream>>>(
+      partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+  norm_backward_dx_kernel<<<unsigned(rows), threads_for(hidden), 0, stream>>>(
+      layer_norm, dy, input, gamma, mean, rstd, d_residual, dx, hidden);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megatune::executor::cuda
