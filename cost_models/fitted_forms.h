@@ -21,8 +21,10 @@ class EfficiencySurface {
   EfficiencySurface() = default;
   // One sample: shape dimensions (>= 1) and the efficiency measured there (0 < e <= 1).
   struct Sample {
-    std::array<double, 4> shape;
+    std::array<double, 4> shape;  // unused trailing dimensions 1
     double efficiency;
+    double ideal_time_s =
+        1;  // time at 100% efficiency (FLOPs / peak); the fit quality is on ideal / efficiency
   };
   // Fits `dimensions` (1..4) leading dims of the samples (at least as many samples as terms); throws
   // std::invalid_argument when there are too few. The quality is that of the time each sample implies

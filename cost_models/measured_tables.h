@@ -28,9 +28,12 @@ class MeasuredShapeTable {
   std::optional<double> interpolate(const ShapeKey& shape, double max_ratio) const;
   std::size_t size() const { return points_.size(); }
   bool empty() const { return points_.empty(); }
+  // Every (shape, efficiency), in insertion order.
+  std::vector<std::pair<ShapeKey, double>> entries() const;
 
  private:
   struct Point {
+    ShapeKey shape;
     std::array<double, 4> log_shape;
     double efficiency;
   };

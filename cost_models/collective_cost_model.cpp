@@ -1,0 +1,106 @@
+// CollectiveCostModel: measured/interpolated/fitted per configuration, else flat (one node) or hierarchical
+// (across nodes) latency-bandwidth forms from the catalog.
+#include "cost_models/collective_cost_model.h"
+
+#include <algorithm>
+
+namespace megatune::cost_models {
+
+CollectiveCostModel::CollectiveCostModel(const ClusterSpec& cluster, const AnalyticDefaults& defaults)
+    : cluster_(cluster), defaults_(defaults) {}
+
+void CollectiveCostModel::add_measurement(const CollectiveTiming& timing) {
+  if (timing.bytes <= 0 || timing.median_s <= 0 || timing.group_size < 1) return;
+  const CollectiveOp op = parse_collective_op(timing.op);
+  const int nodes = std::clamp(timing.nodes, 1, timing.group_size);
+  measured_[{op, timing.group_size, nodes}].add(timing.bytes, timing.median_s);
+}
+
+void CollectiveCostModel::set_fit(CollectiveOp op, int group_size, int nodes, LinearTimeModel model) {
+  fitted_[{op, group_size, nodes}] = model;
+}
+
+bool CollectiveCostModel::has_fit(CollectiveOp op, int group_size, int nodes) const {
+  return fitted_.count({op, group_size, nodes}) > 0;
+}
+
+double CollectiveCostModel::intra_node_bus_bandwidth_bytes_per_s() const {
+  return cluster_.intra_node.bandwidth_per_direction_bytes_per_s * defaults_.intra_node_bandwidth_efficiency;
+}
+
+double CollectiveCostModel::inter_node_bus_bandwidth_bytes_per_s() const {
+  return cluster_.inter_node.bandwidth_per_direction_bytes_per_s * defaults_.inter_node_bandwidth_efficiency;
+}
+
+double CollectiveCostModel::latency_bandwidth_time_s(CollectiveOp op, double bytes, int group_size,
+                                                     double latency_s, double bus_bandwidth_bytes_per_s) {
+  if (group_size <= 1 || bytes <= 0) return 0.0;
+  return latency_s + bytes * bus_factor(op, group_size) / bus_bandwidth_bytes_per_s;
+}
+
+OpCost CollectiveCostModel::level_cost(CollectiveOp op, double bytes, int group_size, int nodes) const {
+  if (group_size <= 1 || bytes <= 0) return {0.0, Provenance::kAnalytic};
+  const Config config{op, group_size, nodes};
+  if (const auto series = measured_.find(config); series != measured_.end()) {
+    if (const auto time_s = series->second.interpolate(bytes)) {
+      const bool exact = series->second.exact(static_cast<std::int64_t>(bytes)).has_value() &&
+                         static_cast<double>(static_cast<std::int64_t>(bytes)) == bytes;
+      return {*time_s, exact ? Provenance::kMeasured : Provenance::kInterpolated};
+    }
+  }
+  if (const auto fit = fitted_.find(config); fit != fitted_.end())
+    return {fit->second.time_s(bytes), Provenance::kFitted};
+  const bool inter = nodes > 1;
+  return {latency_bandwidth_time_s(
+              op, bytes, group_size, inter ? inter_node_latency_s() : intra_node_latency_s(),
+              inter ? inter_node_bus_bandwidth_bytes_per_s() : intra_node_bus_bandwidth_bytes_per_s()),
+          Provenance::kAnalytic};
+}
+
+OpCost CollectiveCostModel::cost(CollectiveOp op, double bytes, const CollectiveGroup& group) const {
+  if (group.size <= 1 || bytes <= 0) return {0.0, Provenance::kAnalytic};
+  const int nodes = std::clamp(group.nodes, 1, group.size);
+  if (nodes == 1) return level_cost(op, bytes, group.size, 1);
+  // A configuration measured or fitted as a whole prices itself.
+  const Config config{op, group.size, nodes};
+  if (measured_.count(config) > 0 || fitted_.count(config) > 0) {
+    const OpCost whole = level_cost(op, bytes, group.size, nodes);
+    if (whole.provenance != Provenance::kAnalytic) return whole;
+  }
+  const int per_node = std::max(1, group.size / nodes);
+  if (per_node == 1) return level_cost(op, bytes, group.size, nodes);
+  auto sum = [](OpCost a, OpCost b) {
+    return OpCost{a.time_s + b.time_s, weaker(a.provenance, b.provenance)};
+  };
+  const double shard = bytes / per_node;
+  switch (op) {
+    case CollectiveOp::kAllReduce:
+      // Reduce-scatter inside each node, all-reduce of the 1/g shard across nodes, all-gather inside each
+      // node.
+      return sum(sum(level_cost(CollectiveOp::kReduceScatter, bytes, per_node, 1),
+                     level_cost(CollectiveOp::kAllReduce, shard, nodes, nodes)),
+                 level_cost(CollectiveOp::kAllGather, bytes, per_node, 1));
+    case CollectiveOp::kAllGather:
+      // Across nodes among ranks of one local index (gathering S/g), then inside each node (gathering S).
+      return sum(level_cost(CollectiveOp::kAllGather, shard, nodes, nodes),
+                 level_cost(CollectiveOp::kAllGather, bytes, per_node, 1));
+    case CollectiveOp::kReduceScatter:
+      return sum(level_cost(CollectiveOp::kReduceScatter, bytes, per_node, 1),
+                 level_cost(CollectiveOp::kReduceScatter, shard, nodes, nodes));
+    case CollectiveOp::kAllToAll: {
+      // (n - g)/n of each rank's buffer leaves the node over its NIC while (g - 1)/n moves over NVLink.
+      const double n = group.size;
+      const double network_s = bytes * (n - per_node) / n / inter_node_bus_bandwidth_bytes_per_s();
+      const double nvlink_s = bytes * (per_node - 1) / n / intra_node_bus_bandwidth_bytes_per_s();
+      return {inter_node_latency_s() + std::max(network_s, nvlink_s), Provenance::kAnalytic};
+    }
+    case CollectiveOp::kSendRecv:
+      return level_cost(CollectiveOp::kSendRecv, bytes, 2, 2);
+    case CollectiveOp::kBroadcast:
+      return sum(level_cost(CollectiveOp::kBroadcast, bytes, nodes, nodes),
+                 level_cost(CollectiveOp::kBroadcast, bytes, per_node, 1));
+  }
+  return level_cost(op, bytes, group.size, nodes);
+}
+
+}  // namespace megatune::cost_models

@@ -1,0 +1,47 @@
+// MemoryBoundCostModel: bytes over bandwidth plus launch latency, measured -> interpolated -> fitted ->
+// analytic.
+#include "cost_models/memory_bound_cost_model.h"
+
+namespace megatune::cost_models {
+
+MemoryBoundCostModel::MemoryBoundCostModel(const GpuModel& gpu, const AnalyticDefaults& defaults)
+    : gpu_(gpu), defaults_(defaults) {}
+
+void MemoryBoundCostModel::add_measurement(const KernelTiming& timing) {
+  if (timing.bytes <= 0 || timing.median_s <= 0) return;
+  measured_[timing.op_kind].add(timing.bytes, timing.median_s);
+}
+
+void MemoryBoundCostModel::set_fit(const std::string& op_kind, LinearTimeModel model) {
+  fitted_[op_kind] = model;
+}
+
+bool MemoryBoundCostModel::has_fit(const std::string& op_kind) const { return fitted_.count(op_kind) > 0; }
+
+double MemoryBoundCostModel::analytic_time_s(double bytes) const {
+  return defaults_.kernel_launch_latency_s +
+         bytes / (gpu_.hbm_bandwidth_bytes_per_s * defaults_.memory_bandwidth_efficiency);
+}
+
+OpCost MemoryBoundCostModel::cost(layouts::OpKind kind, double bytes) const {
+  return cost(std::string(layouts::op_kind_name(kind)), bytes);
+}
+
+OpCost MemoryBoundCostModel::cost(const std::string& op_kind, double bytes) const {
+  if (bytes <= 0) return {0.0, Provenance::kAnalytic};
+  if (const auto series = measured_.find(op_kind); series != measured_.end()) {
+    const double whole = static_cast<double>(static_cast<std::int64_t>(bytes));
+    if (whole == bytes) {
+      if (const auto time_s = series->second.exact(static_cast<std::int64_t>(bytes))) {
+        return {*time_s, Provenance::kMeasured};
+      }
+    }
+    if (const auto time_s = series->second.interpolate(bytes)) return {*time_s, Provenance::kInterpolated};
+  }
+  if (const auto fit = fitted_.find(op_kind); fit != fitted_.end()) {
+    return {fit->second.time_s(bytes), Provenance::kFitted};
+  }
+  return {analytic_time_s(bytes), Provenance::kAnalytic};
+}
+
+}  // namespace megatune::cost_models
