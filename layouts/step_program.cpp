@@ -150,17 +150,16 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
   if (s.sp) o.comm(OpKind::kAllGather, "proj_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("proj", s.tokens, s.hidden, proj_in);
-  o.attention(OpKind::kAttentionBackward, "attn", a);
-  if (s.cp > 1) {
-    const std::int64_t kv_bytes = 2 * s.tokens * a.kv_heads * s.head_dim * kAct;
-    if (options.cp_comm == ContextParallelComm::kAllGather) {
-      o.comm(OpKind::kReduceScatter, "cp_dkv_rs", kv_bytes * s.cp, CommGroup::kContext, s.cp);
-    } else {
-      for (int step = 0; step + 1 < s.cp; ++step) {
-        o.comm(OpKind::kSend, "cp_kv_dkv_send", 2 * kv_bytes, CommGroup::kContext, s.cp);
-        o.comm(OpKind::kRecv, "cp_kv_dkv_recv", 2 * kv_bytes, CommGroup::kContext, s.cp);
-      }
+  const std::int64_t kv_bytes = 2 * s.tokens * a.kv_heads * s.head_dim * kAct;
+  if (s.cp > 1 && options.cp_comm == ContextParallelComm::kP2p) {
+    for (int step = 0; step + 1 < s.cp; ++step) {
+      o.comm(OpKind::kSend, "cp_kv_dkv_send", 2 * kv_bytes, CommGroup::kContext, s.cp);
+      o.comm(OpKind::kRecv, "cp_kv_dkv_recv", 2 * kv_bytes, CommGroup::kContext, s.cp);
     }
+  }
+  o.attention(OpKind::kAttentionBackward, "attn", a);
+  if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
+    o.comm(OpKind::kReduceScatter, "cp_dkv_rs", kv_bytes * s.cp, CommGroup::kContext, s.cp);
   }
   if (s.rope)
     o.memory(OpKind::kRopeBackward, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);

@@ -21,7 +21,8 @@
 //   the saved input for wgrad and a reduce-scatter of the input grad. Vocab-parallel cross entropy: 3
 //   all-reduces of T fp32 values over tp.
 // - Context parallelism (cp_comm_type p2p): cp - 1 ring steps of the local K,V chunk (kSend to the next cp
-//   rank, kRecv from the previous) in forward; 2x the volume (K,V and dK,dV) in backward. all_gather:
+//   rank, kRecv from the previous) before the attention forward they overlap; 2x the volume (K,V and
+//   dK,dV) before the attention backward. all_gather:
 //   one all-gather of K,V before attention, a reduce-scatter of dK,dV after its backward.
 // - MoE (alltoall dispatcher): router GEMM on T / tp rows, permute, all-to-all over ep of T/tp * topk
 //   rows, all-gather over etp, expert GEMMs over all local rows (topk * T/tp * etp, uniform routing) as one

@@ -1,0 +1,252 @@
+// Memory model: parameters from the step program's stage parameters, activations from the saved tensors
+// of each layer kind times the microbatches in flight under the schedule.
+#include "planner/memory_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "layouts/schedule.h"
+
+namespace megatune::planner {
+
+using layouts::LayerSymbol;
+using layouts::PipelineStage;
+using layouts::RecomputeGranularity;
+using layouts::StepShape;
+
+namespace {
+
+bool dropout_on(const layouts::ModelSpec& model, const MemoryOptions& options) {
+  if (options.hidden_dropout >= 0) return options.hidden_dropout > 0;
+  return model.normalization == layouts::Normalization::kLayerNorm;
+}
+
+// Saved by the attention block of one layer (input norm included), bytes.
+std::int64_t attention_block_bytes(const StepShape& s, bool dropout, const MemoryOptions& options) {
+  const std::int64_t sb = s.tokens;  // (s/cp) * b
+  const std::int64_t sp_div = s.sp ? s.tp : 1;
+  const std::int64_t h = s.hidden;
+  std::int64_t bytes = 2 * sb * h / sp_div    // norm input
+                       + 2 * sb * h / sp_div  // QKV GEMM input (sharded under SP, re-gathered)
+                       + 2 * sb * (s.heads + 2 * s.groups) * s.head_dim / s.tp  // Q, K, V
+                       + 2 * sb * s.heads * s.head_dim / s.tp;                  // attention output
+  if (options.flash_attention) {
+    bytes += 4 * sb * s.heads / s.tp;  // log-sum-exp
+  } else if (s.recompute == RecomputeGranularity::kNone) {
+    // Scores, softmax (2 bytes each) and attention-dropout mask (1 byte): 5 a s^2 b / t (per CP chunk).
+    bytes += 5 * s.heads / s.tp * s.seq_local * s.seq * s.micro_batch;
+  }
+  if (dropout) bytes += sb * h / sp_div;
+  return bytes;
+}
+
+std::int64_t dense_mlp_bytes(const StepShape& s, std::int64_t ffn, bool dropout, bool with_norm) {
+  const std::int64_t sb = s.tokens;
+  const std::int64_t sp_div = s.sp ? s.tp : 1;
+  const std::int64_t glu = s.swiglu ? 2 : 1;
+  std::int64_t bytes = 2 * sb * glu * ffn / s.tp  // fc1 output = activation input
+                       + 2 * sb * ffn / s.tp;     // activation output = fc2 input
+  if (with_norm) bytes += 2 * sb * s.hidden / sp_div + 2 * sb * s.hidden / sp_div;  // norm input, fc1 input
+  if (dropout) bytes += sb * s.hidden / sp_div;
+  return bytes;
+}
+
+std::int64_t moe_mlp_bytes(const StepShape& s, const MemoryOptions& options, bool dropout) {
+  const std::int64_t sp_div = s.sp ? s.tp : 1;
+  const std::int64_t local_tokens = s.tokens / s.tp;
+  const std::int64_t glu = s.swiglu ? 2 : 1;
+  std::int64_t rows = local_tokens * s.topk * s.etp;
+  if (options.step.moe_dispatcher == layouts::MoeDispatcher::kAllGather) rows = local_tokens * s.etp * s.topk;
+  std::int64_t bytes = 2 * s.tokens * s.hidden / sp_div         // norm input
+                       + 2 * local_tokens * s.hidden            // router input
+                       + 4 * local_tokens * s.experts           // router probs (fp32)
+                       + 2 * local_tokens * s.topk * s.hidden   // permuted tokens
+                       + 2 * rows * s.hidden                    // expert fc1 input
+                       + 2 * rows * glu * s.moe_ffn / s.etp     // expert activation input
+                       + 2 * rows * s.moe_ffn / s.etp           // expert fc2 input
+                       + 2 * local_tokens * s.topk * s.hidden;  // expert output before unpermute
+  if (s.shared_ffn > 0)
+    bytes += dense_mlp_bytes(s, s.shared_ffn, false, false) + 2 * s.tokens * s.hidden / sp_div;
+  if (dropout) bytes += s.tokens * s.hidden / sp_div;
+  return bytes;
+}
+
+std::int64_t layer_full_bytes(const layouts::ModelSpec& model, const StepShape& s, bool moe,
+                              const MemoryOptions& options) {
+  const bool dropout = dropout_on(model, options);
+  return attention_block_bytes(s, dropout, options) +
+         (moe ? moe_mlp_bytes(s, options, dropout) : dense_mlp_bytes(s, s.ffn, dropout, true));
+}
+
+// Logits of one microbatch on the loss stage: bf16 logits (+ fp32 copy), bytes.
+std::int64_t logits_bytes_per_microbatch(const StepShape& s, const MemoryOptions& options) {
+  const std::int64_t per = s.tokens * (s.vocab_padded / s.tp);
+  return per * (2 + (options.fp32_logits_copy ? 4 : 0));
+}
+
+bool mtp_moe(const layouts::ModelSpec& model) {
+  return model.is_moe() && model.is_moe_layer(model.num_layers - 1);
+}
+
+}  // namespace
+
+std::int64_t layer_activation_bytes(const layouts::ModelSpec& model, const StepShape& s, bool moe,
+                                    const MemoryOptions& options) {
+  if (s.recompute == RecomputeGranularity::kFull) {
+    return 2 * s.tokens * s.hidden / (s.sp ? s.tp : 1);  // only the layer input
+  }
+  return layer_full_bytes(model, s, moe, options);
+}
+
+std::vector<int> in_flight_microbatches_per_chunk(const layouts::ParallelConfig& config, int vpp,
+                                                  int pp_rank) {
+  const int m = config.num_microbatches();
+  const int p = config.pp();
+  const int g = config.micro_batch_group_size();
+  std::vector<int> counts(vpp, 0);
+  const int warmup = layouts::warmup_forward_count(p, pp_rank, vpp, m, g);
+  const int live = std::min(warmup + 1, m * vpp);
+  if (vpp == 1) {
+    counts[0] = live;
+    return counts;
+  }
+  const auto table = layouts::interleaved_schedule_table(m, vpp, g);
+  for (int k = 0; k < live && k < static_cast<int>(table.size()); ++k) ++counts[table[k].chunk];
+  return counts;
+}
+
+MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                               int pp_rank, const MemoryOptions& options) {
+  MemoryEstimate e;
+  e.pp_rank = pp_rank;
+  const StepShape s = layouts::resolve_step_shape(model, config);
+  const layouts::PipelineLayout layout = config.resolved_pipeline_layout(model);
+  const auto stages = layout.stages_of_rank(pp_rank);
+  const int vpp = static_cast<int>(stages.size());
+
+  // Parameters, gradients, optimizer state.
+  std::int64_t dense = 0, expert = 0;
+  for (const PipelineStage* stage : stages) {
+    layouts::StageParameters p = layouts::stage_parameters(model, s, *stage);
+    dense += p.dense;
+    expert += p.expert;
+  }
+  e.parameters = dense + expert;
+  e.weight_bytes = 2 * e.parameters;
+  e.gradient_bytes = (options.grad_reduce_in_bf16 ? 2 : 4) * e.parameters;
+  const std::int64_t dense_shards = config.use_distributed_optimizer ? s.dp * s.cp : 1;
+  const std::int64_t expert_shards = config.use_distributed_optimizer ? s.edp : 1;
+  e.optimizer_bytes =
+      12 * ((dense + dense_shards - 1) / dense_shards + (expert + expert_shards - 1) / expert_shards);
+  const char* opt_detail = config.use_distributed_optimizer ? "12 B/param sharded over dp*cp (experts: edp)"
+                                                            : "12 B/param: fp32 master + Adam m, v";
+  e.items.push_back({"weights (bf16)", e.weight_bytes, std::to_string(e.parameters) + " params x 2 B"});
+  e.items.push_back({"gradients", e.gradient_bytes,
+                     options.grad_reduce_in_bf16 ? "bf16 grad buffer" : "fp32 main-grad buffer, 4 B/param"});
+  e.items.push_back({"optimizer state", e.optimizer_bytes, opt_detail});
+
+  // Activations of the in-flight microbatches of each chunk.
+  e.in_flight_per_chunk = in_flight_microbatches_per_chunk(config, vpp, pp_rank);
+  const bool dropout = dropout_on(model, options);
+  std::int64_t largest_layer_full = 0;
+  for (int c = 0; c < vpp; ++c) {
+    const PipelineStage& stage = *stages[c];
+    std::int64_t per_microbatch = 0, logits = 0;
+    int next_layer = stage.first_decoder_layer;
+    for (LayerSymbol sym : stage.symbols) {
+      switch (sym) {
+        case LayerSymbol::kEmbedding:
+          per_microbatch += 8 * s.tokens + (dropout ? s.tokens * s.hidden / (s.sp ? s.tp : 1) : 0);
+          break;
+        case LayerSymbol::kDecoder: {
+          const bool moe = model.is_moe_layer(next_layer++);
+          per_microbatch += layer_activation_bytes(model, s, moe, options);
+          largest_layer_full = std::max(largest_layer_full, layer_full_bytes(model, s, moe, options));
+          break;
+        }
+        case LayerSymbol::kMtp:
+          per_microbatch += layer_activation_bytes(model, s, mtp_moe(model), options) +
+                            6 * s.tokens * s.hidden / (s.sp ? s.tp : 1);
+          logits += logits_bytes_per_microbatch(s, options);
+          break;
+        case LayerSymbol::kLoss:
+          per_microbatch += 2 * s.tokens * s.hidden / (s.sp ? s.tp : 1) + 2 * s.tokens * s.hidden;
+          logits += logits_bytes_per_microbatch(s, options);
+          break;
+      }
+    }
+    e.activation_bytes += per_microbatch * e.in_flight_per_chunk[c];
+    e.logits_bytes += logits * e.in_flight_per_chunk[c];
+  }
+  std::ostringstream flight;
+  for (int c = 0; c < vpp; ++c) flight << (c ? "," : "") << e.in_flight_per_chunk[c];
+  e.items.push_back({"activations", e.activation_bytes,
+                     "in-flight microbatches per chunk: " + flight.str() + "; recompute " +
+                         std::string(layouts::to_string(config.recompute_granularity))});
+  if (e.logits_bytes > 0) {
+    e.items.push_back(
+        {"logits + loss", e.logits_bytes,
+         options.fp32_logits_copy ? "bf16 logits + fp32 copy for cross entropy" : "bf16 logits"});
+  }
+
+  // Working set at the peak: the layer being recomputed (full) or a gathered SP input, plus the
+  // gradient of the activations flowing back.
+  e.transient_bytes = 2 * s.tokens * s.hidden * 2;
+  if (s.recompute == RecomputeGranularity::kFull) e.transient_bytes += largest_layer_full;
+  e.items.push_back({"transient working set", e.transient_bytes,
+                     s.recompute == RecomputeGranularity::kFull ? "one recomputed layer + activation grads"
+                                                                : "activation grads + gathered input"});
+
+  // Buffers.
+  int groups = 0;
+  for (int size : {s.tp, s.cp, s.dp * s.cp, s.pp, s.ep, s.etp, s.edp}) groups += size > 1 ? 1 : 0;
+  e.buffer_bytes = options.cuda_context_bytes + options.cublas_workspace_bytes +
+                   groups * options.nccl_buffer_bytes_per_group + (s.pp > 1 ? 4 * s.p2p_bytes : 0);
+  e.items.push_back({"buffers", e.buffer_bytes,
+                     "CUDA context, cuBLAS workspace, NCCL (" + std::to_string(groups) + " groups), p2p"});
+  const std::int64_t allocated = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.activation_bytes +
+                                 e.logits_bytes + e.transient_bytes;
+  e.fragmentation_bytes = static_cast<std::int64_t>(options.fragmentation_fraction * allocated);
+  e.items.push_back({"allocator fragmentation", e.fragmentation_bytes,
+                     std::to_string(static_cast<int>(options.fragmentation_fraction * 100)) + "% margin"});
+  e.total_bytes = allocated + e.buffer_bytes + e.fragmentation_bytes;
+  return e;
+}
+
+MemoryEstimate peak_memory(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                           const MemoryOptions& options) {
+  MemoryEstimate best;
+  for (int r = 0; r < config.pp(); ++r) {
+    MemoryEstimate e = estimate_memory(model, config, r, options);
+    if (r == 0 || e.total_bytes > best.total_bytes) best = std::move(e);
+  }
+  return best;
+}
+
+std::string format_bytes(double bytes) {
+  char buf[32];
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  if (bytes >= gib)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / gib);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string MemoryEstimate::itemize() const {
+  std::ostringstream out;
+  out << "memory of pp rank " << pp_rank << ":\n";
+  for (const MemoryItem& item : items) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-26s %12s  %s\n", item.name.c_str(),
+                  format_bytes(item.bytes).c_str(), item.detail.c_str());
+    out << line;
+  }
+  char line[128];
+  std::snprintf(line, sizeof line, "  %-26s %12s\n", "total", format_bytes(total_bytes).c_str());
+  out << line;
+  return out.str();
+}
+
+}  // namespace megatune::planner

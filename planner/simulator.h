@@ -1,0 +1,76 @@
+// Step simulator: prices the step program of a (model, parallel config) with an OpPricer and replays it
+// with the event engine; reports step time, MFU, bubble, exposed communication, per-kind times and a trace.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layouts/model_spec.h"
+#include "layouts/parallel_config.h"
+#include "layouts/step_program.h"
+#include "planner/chrome_trace.h"
+#include "planner/op_pricer.h"
+
+namespace megatune::planner {
+
+enum class SimulationGranularity {
+  kPass,    // one task per forward/backward pass (ops priced once per layer kind): the planner's fast path
+  kKernel,  // one task per op of the step program: traces, op-level comparisons
+};
+
+struct SimulationOptions {
+  SimulationGranularity granularity = SimulationGranularity::kPass;
+  // false: one representative rank per pipeline stage (ranks differing only in tp/cp/dp/ep coordinates
+  // behave identically; their collectives are priced for the full group). true: every rank of the world.
+  bool all_ranks = false;
+  bool record_trace = false;
+  layouts::StepProgramOptions step;
+};
+
+inline constexpr int kOpKindCount = static_cast<int>(layouts::OpKind::kBroadcast) + 1;
+inline constexpr int kProvenanceCount = 4;
+
+struct KindTime {
+  double total_s = 0.0;
+  std::int64_t count = 0;
+};
+
+struct StageReport {
+  int pp_rank = 0;
+  int rank = 0;  // the global rank simulated for this stage
+  double finish_s = 0.0;
+  double compute_s = 0.0;
+  double exposed_comm_s = 0.0;
+  double pipeline_wait_s = 0.0;
+  double async_comm_s = 0.0;
+};
+
+struct SimulationResult {
+  double step_time_s = 0.0;
+  double model_flops = 0.0;  // per iteration, Megatron's formula (recompute not counted)
+  double mfu = 0.0;
+  double tflops_per_gpu = 0.0;
+  double tokens_per_s = 0.0;
+  // Mean over stages of (time waiting on other stages) / (compute + exposed communication): 1F1B with
+  // equal stages and free communication gives (p - 1) / m.
+  double bubble_fraction = 0.0;
+  double exposed_comm_s = 0.0;  // on the stage with the largest finish time
+  double compute_s = 0.0;       // same stage
+  std::vector<StageReport> stages;
+  int critical_stage = 0;                           // pp rank whose kinds are tabulated
+  std::array<KindTime, kOpKindCount> kind_times{};  // per op kind on the critical stage, one iteration
+  std::array<std::int64_t, kProvenanceCount> provenance_counts{};  // ops priced, by provenance
+  int simulated_ranks = 0;
+  std::vector<TraceProcess> trace_processes;
+  std::vector<TraceEvent> trace_events;
+
+  // Per-kind table, aligned text, sorted by time.
+  std::string kind_table() const;
+};
+
+// Simulates one iteration. The config must be valid for the model (ParallelConfig::validate).
+SimulationResult simulate(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                          const OpPricer& pricer, const SimulationOptions& options = {});
+
+}  // namespace megatune::planner

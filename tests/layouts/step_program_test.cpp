@@ -1,0 +1,185 @@
+// Tests of the kernel-level step program: op counts and shapes for known configs, p2p pairing, buckets.
+#include "layouts/step_program.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "layouts/flops.h"
+
+namespace megatune::layouts {
+namespace {
+
+ParallelConfig config_for(int world, int tp, int pp, int gbs, int mbs = 1) {
+  ParallelConfig c;
+  c.world_size = world;
+  c.tensor_model_parallel_size = tp;
+  c.pipeline_model_parallel_size = pp;
+  c.micro_batch_size = mbs;
+  c.global_batch_size = gbs;
+  return c;
+}
+
+int count(const std::vector<Op>& ops, OpKind kind, OpPhase phase) {
+  return static_cast<int>(
+      std::count_if(ops.begin(), ops.end(), [&](const Op& o) { return o.kind == kind && o.phase == phase; }));
+}
+
+const Op* find(const std::vector<Op>& ops, const std::string& label, int layer = 0) {
+  for (const Op& o : ops)
+    if (o.label == label && o.layer == layer) return &o;
+  return nullptr;
+}
+
+TEST(StepProgram, Llama8bTp2GemmShapesAndCounts) {
+  ModelSpec model = model_preset("llama3-8b");
+  ParallelConfig config = config_for(2, 2, 1, 1);
+  config.validate(model);
+  StepProgram program = build_step_program(model, config, 1);
+  const std::int64_t s = model.seq_length;
+  const Op* qkv = find(program.ops, "qkv");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->m, s);
+  EXPECT_EQ(qkv->n, (32 + 2 * 8) * 128 / 2);
+  EXPECT_EQ(qkv->k, 4096);
+  const Op* fc1 = find(program.ops, "fc1");
+  ASSERT_NE(fc1, nullptr);
+  EXPECT_EQ(fc1->n, 2 * 14336 / 2);  // SwiGLU: gate and up
+  const Op* fc2_wgrad = find(program.ops, "fc2_wgrad");
+  ASSERT_NE(fc2_wgrad, nullptr);
+  EXPECT_EQ(fc2_wgrad->m, 4096);
+  EXPECT_EQ(fc2_wgrad->n, 14336 / 2);
+  EXPECT_EQ(fc2_wgrad->k, s);
+  EXPECT_TRUE(fc2_wgrad->accumulate);
+  const Op* logits = find(program.ops, "logits", -1);
+  ASSERT_NE(logits, nullptr);
+  EXPECT_EQ(logits->n, model.padded_vocab_size(2) / 2);
+  // 4 GEMMs per layer forward + logits; dgrad + wgrad of each in backward.
+  EXPECT_EQ(count(program.ops, OpKind::kGemm, OpPhase::kForward), 32 * 4 + 1);
+  EXPECT_EQ(count(program.ops, OpKind::kGemm, OpPhase::kBackward), 2 * (32 * 4 + 1));
+  EXPECT_EQ(count(program.ops, OpKind::kAttentionForward, OpPhase::kForward), 32);
+  EXPECT_EQ(count(program.ops, OpKind::kAttentionBackward, OpPhase::kBackward), 32);
+  // No SP: all-reduce after proj and fc2 (forward) and after the qkv and fc1 dgrads (backward), plus
+  // the embedding all-reduce and 3 cross-entropy all-reduces.
+  EXPECT_EQ(count(program.ops, OpKind::kAllReduce, OpPhase::kForward), 32 * 2 + 1 + 3);
+  EXPECT_EQ(count(program.ops, OpKind::kAllReduce, OpPhase::kBackward), 32 * 2 + 1);
+  const Op* attn = find(program.ops, "attn");
+  ASSERT_NE(attn, nullptr);
+  EXPECT_EQ(attn->attention.heads, 16);
+  EXPECT_EQ(attn->attention.kv_heads, 4);
+  // GEMM FLOPs + attention counted as Megatron does (backward = 2x forward) equal this rank's share of
+  // Megatron's per-iteration formula: FLOPs / tp.
+  double flops = 0;
+  for (const Op& o : program.ops)
+    flops += o.gemm_flops() + (o.kind == OpKind::kAttentionForward ? 3.0 * o.attention_flops() : 0.0);
+  EXPECT_NEAR(flops / (model_flops_per_iteration(model, 1, 2) / 2), 1.0, 1e-6);
+}
+
+TEST(StepProgram, SequenceParallelSwapsAllReducesForGatherAndScatter) {
+  ModelSpec model = model_preset("llama3-8b");
+  ParallelConfig config = config_for(4, 4, 1, 1);
+  config.sequence_parallel = true;
+  config.validate(model);
+  StepProgram program = build_step_program(model, config, 0);
+  const std::int64_t x = static_cast<std::int64_t>(model.seq_length) * 4096 * 2;
+  const Op* ag = find(program.ops, "qkv_input_ag");
+  ASSERT_NE(ag, nullptr);
+  EXPECT_EQ(ag->bytes, x);
+  EXPECT_EQ(ag->group, CommGroup::kTensor);
+  EXPECT_EQ(ag->group_size, 4);
+  EXPECT_EQ(find(program.ops, "proj_ar"), nullptr);
+  EXPECT_NE(find(program.ops, "proj_rs"), nullptr);
+  // Backward per layer: grad AG (2), input AG for wgrad (2), dgrad RS (2).
+  int layer0_bwd_ag = 0;
+  for (const Op& o : program.ops)
+    if (o.layer == 0 && o.phase == OpPhase::kBackward && o.kind == OpKind::kAllGather) ++layer0_bwd_ag;
+  EXPECT_EQ(layer0_bwd_ag, 4);
+}
+
+TEST(StepProgram, PipelineSendsPairWithReceivesAcrossRanks) {
+  ModelSpec model = model_preset("tiny");
+  model.num_layers = 8;
+  ParallelConfig config = config_for(4, 1, 4, 8);
+  config.validate(model);
+  std::map<std::tuple<int, int, int, int, int>, int> balance;  // (src, dst, mb, label) -> sends - recvs
+  for (int rank = 0; rank < 4; ++rank) {
+    StepProgram p = build_step_program(model, config, rank);
+    for (const Op& o : p.ops) {
+      if (o.kind == OpKind::kSend) {
+        EXPECT_EQ(o.bytes, static_cast<std::int64_t>(model.seq_length) * model.hidden_size * 2);
+        ++balance[{rank, o.peer_rank, o.microbatch, o.label == "p2p_activation", 0}];
+      } else if (o.kind == OpKind::kRecv) {
+        --balance[{o.peer_rank, rank, o.microbatch, o.label == "p2p_activation", 0}];
+      }
+    }
+  }
+  EXPECT_FALSE(balance.empty());
+  for (const auto& [key, value] : balance) EXPECT_EQ(value, 0);
+  // 8 microbatches x 3 stage boundaries x (activation + gradient).
+  EXPECT_EQ(balance.size(), 8u * 3 * 2);
+}
+
+TEST(StepProgram, FullRecomputeRepeatsTheForwardAndSelectiveOnlyAttention) {
+  ModelSpec model = model_preset("llama3-8b");
+  ParallelConfig config = config_for(1, 1, 1, 1);
+  config.recompute_granularity = RecomputeGranularity::kFull;
+  config.recompute_method = RecomputeMethod::kUniform;
+  config.recompute_num_layers = 1;
+  config.validate(model);
+  StepProgram full = build_step_program(model, config, 0);
+  EXPECT_EQ(count(full.ops, OpKind::kGemm, OpPhase::kRecompute), 32 * 4);
+  config.recompute_granularity = RecomputeGranularity::kSelective;
+  config.recompute_method = RecomputeMethod::kNone;
+  config.recompute_num_layers = 0;
+  config.validate(model);
+  StepProgram selective = build_step_program(model, config, 0);
+  EXPECT_EQ(count(selective.ops, OpKind::kGemm, OpPhase::kRecompute), 0);
+  EXPECT_EQ(count(selective.ops, OpKind::kAttentionForward, OpPhase::kRecompute), 32);
+}
+
+TEST(StepProgram, GradientBucketsCoverEveryParameterOnce) {
+  ModelSpec model = model_preset("llama3-8b");
+  ParallelConfig config = config_for(8, 1, 1, 8);
+  config.overlap_grad_reduce = true;
+  config.validate(model);
+  StepProgram p = build_step_program(model, config, 0);
+  std::int64_t reduced = 0;
+  int buckets = 0;
+  for (const Op& o : p.ops) {
+    if (o.phase == OpPhase::kGradSync) {
+      EXPECT_EQ(o.kind, OpKind::kAllReduce);
+      EXPECT_EQ(o.group, CommGroup::kDataContext);
+      EXPECT_EQ(o.group_size, 8);
+      reduced += o.bytes / 4;
+      ++buckets;
+    }
+  }
+  // Every parameter (tied embedding counted once; biases and none here) is reduced once.
+  EXPECT_EQ(reduced, model.parameter_counts(1).total);
+  EXPECT_GE(buckets, 32);  // buckets close at layer boundaries; every layer holds > 40M params
+  // The first bucket is issued during the last microbatch's backward, before the optimizer.
+  auto first_sync =
+      std::find_if(p.ops.begin(), p.ops.end(), [](const Op& o) { return o.phase == OpPhase::kGradSync; });
+  auto last_backward =
+      std::find_if(p.ops.rbegin(), p.ops.rend(), [](const Op& o) { return o.phase == OpPhase::kBackward; });
+  EXPECT_LT(first_sync - p.ops.begin(), p.ops.rend() - last_backward - 1);
+}
+
+TEST(StepProgram, DistributedOptimizerReduceScattersAndGathersParams) {
+  ModelSpec model = model_preset("llama3-8b");
+  ParallelConfig config = config_for(8, 2, 1, 8);
+  config.use_distributed_optimizer = true;
+  config.validate(model);
+  StepProgram p = build_step_program(model, config, 0);
+  std::int64_t rs = 0, ag = 0;
+  for (const Op& o : p.ops) {
+    if (o.phase == OpPhase::kGradSync) rs += o.bytes;
+    if (o.label == "param_ag") ag += o.bytes;
+  }
+  EXPECT_GT(rs, 0);
+  EXPECT_EQ(ag * 2, rs);  // bf16 params vs fp32 grads
+}
+
+}  // namespace
+}  // namespace megatune::layouts
