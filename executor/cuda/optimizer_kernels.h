@@ -27,7 +27,7 @@ struct AdamWTensor {
 };
 
 // The tensors cut into fixed chunks of kChunkElements; built once at setup (allocates its device copy
-// there), then used by every step. Pointers must be 16-byte aligned for the vectorized paths (checked).
+// there), then used by every step.
 class MultiTensorTable {
  public:
   static constexpr int64_t kChunkElements = 65536;
