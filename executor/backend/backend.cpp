@@ -1,4 +1,5 @@
-// Backend: op recording around each kernel (kind, shape and bytes in the logical dtype), then dispatch.
+// Backend: op recording around each kernel (kind, shape, and bytes counted in the logical dtype as
+// layouts/step_program.h counts them), the arena, then dispatch to the implementation.
 #include "executor/backend/backend.h"
 
 #include <stdexcept>
@@ -95,34 +96,28 @@ void Backend::bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag) {
 
 void Backend::embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
                                 Tensor out, const OpTag& tag) {
-  const std::int64_t e = element_bytes(out);
-  const std::int64_t reads = position_table.empty() ? 1 : 2;
+  // Bytes as the step program counts them: the rows written plus the ids read (int64 in Megatron).
   recorder_.record(
-      memory_op(OpKind::kEmbedding, out.dtype, (reads + 1) * out.numel() * e + tokens.numel() * 4), tag);
+      memory_op(OpKind::kEmbedding, out.dtype, out.numel() * element_bytes(out) + tokens.numel() * 8), tag);
   do_embedding_forward(tokens, table, position_table, seq, out);
 }
 
 void Backend::embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
                                  Tensor d_position_table, const OpTag& tag) {
-  const std::int64_t tables = d_position_table.empty() ? 1 : 2;
   recorder_.record(memory_op(OpKind::kEmbeddingBackward, d_out.dtype,
-                             d_out.numel() * (element_bytes(d_out) + tables * 8) + tokens.numel() * 4),
+                             d_out.numel() * (element_bytes(d_out) + 4) + tokens.numel() * 8),
                    tag);
   do_embedding_backward(tokens, d_out, seq, d_table, d_position_table);
 }
 
 void Backend::norm_forward(const NormArgs& args, const OpTag& tag) {
-  recorder_.record(
-      memory_op(OpKind::kNorm, args.x.dtype, 2 * args.x.numel() * element_bytes(args.x) + args.x.rows * 8),
-      tag);
+  recorder_.record(memory_op(OpKind::kNorm, args.x.dtype, 2 * args.x.numel() * element_bytes(args.x)), tag);
   do_norm_forward(args);
 }
 
 void Backend::norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
                             Tensor d_beta, const OpTag& tag) {
-  const std::int64_t passes = d_residual.empty() ? 3 : 4;
-  recorder_.record(memory_op(OpKind::kNormBackward, args.x.dtype,
-                             passes * args.x.numel() * element_bytes(args.x) + args.x.rows * 8),
+  recorder_.record(memory_op(OpKind::kNormBackward, args.x.dtype, 3 * args.x.numel() * element_bytes(args.x)),
                    tag);
   do_norm_backward(args, d_out, d_residual, d_x, d_gamma, d_beta);
 }
@@ -177,8 +172,7 @@ void Backend::activation_backward(ActivationKind kind, Tensor in, Tensor d_out, 
 
 void Backend::cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale,
                             const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kCrossEntropy, logits.dtype,
-                             2 * logits.numel() * element_bytes(logits) + logits.rows * 12),
+  recorder_.record(memory_op(OpKind::kCrossEntropy, logits.dtype, 2 * logits.numel() * element_bytes(logits)),
                    tag);
   do_cross_entropy(logits, targets, losses, grad_scale);
 }
@@ -194,7 +188,7 @@ float Backend::grad_norm(const OpTag& tag) {
 }
 
 void Backend::adamw_step(const AdamWHyper& hyper, const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kOptimizer, DType::kFP32, 28 * optimizer_elements_), tag);
+  recorder_.record(memory_op(OpKind::kOptimizer, DType::kFP32, 30 * optimizer_elements_), tag);
   do_adamw_step(hyper);
 }
 

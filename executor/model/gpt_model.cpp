@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "layouts/user_error.h"
@@ -247,7 +248,7 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
     backend_.gemm(g, {label, l, phase});
   };
   backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
-                        {"norm1", l, phase});
+                        {"input_norm", l, phase});
   gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
@@ -255,15 +256,15 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   backend_.attention_forward(attention_args(a), {"attn", l, phase});
   gemm_linear(a.attn, w.proj_w, w.proj_b, fc2_out_, "proj");
   tensor_parallel_reduce(fc2_out_);
-  backend_.norm_forward(
-      norm_args(fc2_out_, input, a.mid, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
-      {"norm2", l, phase});
+  backend_.add(input, fc2_out_, a.mid, {"residual1", l, phase});
+  backend_.norm_forward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
+                        {"pre_mlp_norm", l, phase});
   gemm_linear(a.ln2, w.fc1_w, w.fc1_b, a.fc1, "fc1");
   backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, phase});
   if (phase == OpPhase::kRecompute) return;  // the layer output is kept from the forward pass
   gemm_linear(a.act, w.fc2_w, w.fc2_b, fc2_out_, "fc2");
   tensor_parallel_reduce(fc2_out_);
-  backend_.add(a.mid, fc2_out_, output, {"residual", l, phase});
+  backend_.add(a.mid, fc2_out_, output, {"residual2", l, phase});
 }
 
 void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
@@ -273,7 +274,9 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   // dx = dy . W (data gradient); dW += dy^T . x (weight gradient into the fp32 grad buffer).
   auto linear_backward = [&](Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor dx,
                              const char* label) {
-    if (!d_bias.empty()) backend_.bias_grad(dy, d_bias, {label, l, kB});
+    const std::string dgrad_label = std::string(label) + "_dgrad",
+                      wgrad_label = std::string(label) + "_wgrad",
+                      bgrad_label = std::string(label) + "_bgrad";
     GemmArgs data;
     data.a = dy;
     data.b = weight;
@@ -281,7 +284,7 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
     data.m = T;
     data.n = weight.cols;
     data.k = weight.rows;
-    backend_.gemm(data, {label, l, kB});
+    backend_.gemm(data, {dgrad_label.c_str(), l, kB});
     GemmArgs wgrad;
     wgrad.a = dy;
     wgrad.transpose_a = true;
@@ -291,16 +294,16 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
     wgrad.n = weight.cols;
     wgrad.k = T;
     wgrad.accumulate = true;
-    backend_.gemm(wgrad, {label, l, kB});
+    backend_.gemm(wgrad, {wgrad_label.c_str(), l, kB});
+    if (!d_bias.empty()) backend_.bias_grad(dy, d_bias, {bgrad_label.c_str(), l, kB});
   };
   // MLP. d_res_ holds the gradient of the layer output.
   linear_backward(d_res_, a.act, w.fc2_w, g.fc2_w, g.fc2_b, d_ffn_, "fc2");
   backend_.activation_backward(config_.activation, a.fc1, d_ffn_, d_fc1_, {"act", l, kB});
   linear_backward(d_fc1_, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, d_hidden_, "fc1");
   tensor_parallel_reduce(d_hidden_);
-  backend_.norm_backward(
-      norm_args(fc2_out_, input, a.mid, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd), d_hidden_,
-      d_res_, d_mid_, g.norm2_w, g.norm2_b, {"norm2", l, kB});
+  backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
+                         d_hidden_, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.
   if (recompute_ == RecomputeGranularity::kSelective)
     backend_.attention_forward(attention_args(a), {"attn", l, OpPhase::kRecompute});
@@ -312,7 +315,7 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   linear_backward(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, d_hidden_, "qkv");
   tensor_parallel_reduce(d_hidden_);
   backend_.norm_backward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
-                         d_hidden_, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"norm1", l, kB});
+                         d_hidden_, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"input_norm", l, kB});
 }
 
 void GPTModel::forward(const MicroBatch& mb, int index) {
@@ -387,7 +390,7 @@ void GPTModel::backward(int index) {
   data.m = T;
   data.n = out_w.cols;
   data.k = out_w.rows;
-  backend_.gemm(data, {"logits", -1, kB});
+  backend_.gemm(data, {"logits_dgrad", -1, kB});
   GemmArgs wgrad;
   wgrad.a = logits_;
   wgrad.transpose_a = true;
@@ -397,7 +400,7 @@ void GPTModel::backward(int index) {
   wgrad.n = out_w.cols;
   wgrad.k = T;
   wgrad.accumulate = true;
-  backend_.gemm(wgrad, {"logits", -1, kB});
+  backend_.gemm(wgrad, {"logits_wgrad", -1, kB});
   Tensor fn_b, d_fn_b;
   if (config_.norm == NormKind::kLayerNorm) {
     fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
