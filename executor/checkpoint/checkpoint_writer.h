@@ -25,7 +25,8 @@ class CheckpointWriter {
   // Creates <save_root> if needed and the staging directory (a stale shard left there by a crashed save is
   // removed). Throws UserError if save_root cannot be created or written.
   CheckpointWriter(std::string save_root, int64_t iteration, CheckpointWriteOptions options = {});
-  ~CheckpointWriter();  // an uncommitted writer leaves only the staging directory (ignored by readers)
+  ~CheckpointWriter();  // an uncommitted writer removes its partial shard; the checkpoint in place is
+                        // untouched
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 

@@ -1,0 +1,189 @@
+// `megatune data`: preprocess text/JSONL into Megatron indexed datasets, inspect a dataset, and print the
+// samples GPTDataset draws (to compare with Megatron-LM).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include "executor/data/byte_tokenizer.h"
+#include "executor/data/dataset_builder.h"
+#include "executor/data/indexed_dataset.h"
+#include "executor/data/preprocess.h"
+#include "layouts/user_error.h"
+#include "tools/command_registry.h"
+
+namespace megatune::tools {
+namespace {
+
+using namespace megatune::executor::data;
+
+struct PreprocessArgs {
+  PreprocessConfig config;
+  std::string tokenizer_type = "byte";
+  std::string text_document = "paragraph";
+  int workers = 1;
+};
+
+struct SampleArgs {
+  std::vector<std::string> data_path;
+  bool mock_data = false;
+  std::string split = "969,30,1";
+  int64_t seq_length = 0;
+  int64_t num_samples = 0;
+  uint32_t seed = 1234;
+  int64_t vocab_size = ByteTokenizer::kVocabSize;
+  int64_t first = 0;
+  int64_t count = 1;
+  bool text = false;
+};
+
+int run_preprocess(PreprocessArgs& args) {
+  args.config.tokenizer_type = args.tokenizer_type == "ids" ? TokenizerType::ids : TokenizerType::byte;
+  args.config.text_document_mode = args.text_document == "line"   ? TextDocumentMode::line
+                                   : args.text_document == "file" ? TextDocumentMode::file
+                                                                  : TextDocumentMode::paragraph;
+  std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
+               args.config.input_path.c_str(), args.config.output_prefix.c_str(),
+               args.config.json_keys.front().c_str(), args.tokenizer_type.c_str());
+  const auto result = preprocess_data(args.config, [](const PreprocessProgress& progress) {
+    const double mb = static_cast<double>(progress.input_bytes_read) / 1e6;
+    const double percent = progress.input_bytes_total > 0
+                               ? 100.0 * static_cast<double>(progress.input_bytes_read) /
+                                     static_cast<double>(progress.input_bytes_total)
+                               : 100.0;
+    std::fprintf(stderr, "  processed %lld documents, %lld tokens, %.1f MB (%.1f%%), %.1f MB/s\n",
+                 static_cast<long long>(progress.documents), static_cast<long long>(progress.tokens), mb,
+                 percent, progress.elapsed_s > 0 ? mb / progress.elapsed_s : 0.0);
+  });
+  for (const auto& output : result.outputs) {
+    std::printf("%s.bin/.idx: %lld documents, %lld tokens, dtype %s\n", output.path_prefix.c_str(),
+                static_cast<long long>(output.documents), static_cast<long long>(output.tokens),
+                index_dtype_name(output.dtype).c_str());
+  }
+  if (result.skipped_empty_documents > 0) {
+    std::printf("%lld empty documents were kept as documents without sequences (as Megatron does)\n",
+                static_cast<long long>(result.skipped_empty_documents));
+  }
+  std::printf("done in %.2f s\n", result.elapsed_s);
+  return 0;
+}
+
+int run_info(const std::string& prefix) {
+  const IndexedDataset dataset(prefix);
+  const auto& lengths = dataset.sequence_lengths();
+  int64_t shortest = 0, longest = 0;
+  if (!lengths.empty()) {
+    shortest = *std::min_element(lengths.begin(), lengths.end());
+    longest = *std::max_element(lengths.begin(), lengths.end());
+  }
+  const double mean =
+      lengths.empty() ? 0.0 : static_cast<double>(dataset.num_tokens()) / static_cast<double>(lengths.size());
+  std::printf("dataset     %s (.bin/.idx valid)\n", prefix.c_str());
+  std::printf("dtype       %s\n", index_dtype_name(dataset.dtype()).c_str());
+  std::printf("documents   %lld\n", static_cast<long long>(dataset.num_documents()));
+  std::printf("sequences   %lld\n", static_cast<long long>(dataset.num_sequences()));
+  std::printf("tokens      %lld\n", static_cast<long long>(dataset.num_tokens()));
+  std::printf("seq length  min %lld  mean %.1f  max %lld\n", static_cast<long long>(shortest), mean,
+              static_cast<long long>(longest));
+  std::printf("idx bytes   %llu\n",
+              static_cast<unsigned long long>(std::filesystem::file_size(index_file_path(prefix))));
+  std::printf("bin bytes   %llu\n",
+              static_cast<unsigned long long>(std::filesystem::file_size(data_file_path(prefix))));
+  return 0;
+}
+
+int run_sample(const SampleArgs& args) {
+  if (args.seq_length < 1) throw UserError("--seq-length is required and must be positive");
+  DataConfig config;
+  config.data_path = args.data_path;
+  config.mock_data = args.mock_data;
+  config.split = args.split;
+  config.gpt.sequence_length = args.seq_length;
+  config.gpt.random_seed = args.seed;
+  config.gpt.vocab_size = args.vocab_size;
+  config.gpt.eod_token = args.vocab_size > ByteTokenizer::kEodToken ? ByteTokenizer::kEodToken : 0;
+  if (!args.mock_data && args.data_path.empty()) throw UserError("give --data-path PREFIX or --mock-data");
+  const auto datasets = build_train_valid_test_datasets(config, {args.num_samples, 0, 0});
+  if (!datasets.train) throw UserError("--split " + args.split + " leaves no train split");
+  const auto& train = *datasets.train;
+  std::printf("%s: %lld samples\n", train.description().c_str(), static_cast<long long>(train.num_samples()));
+  std::vector<int32_t> tokens(static_cast<size_t>(args.seq_length)), labels(tokens.size());
+  std::vector<float> mask(tokens.size());
+  for (int64_t k = args.first; k < std::min(args.first + args.count, train.num_samples()); ++k) {
+    train.get_sample(k, tokens.data(), labels.data(), mask.data());
+    std::printf("sample %lld:", static_cast<long long>(k));
+    if (args.text) {
+      std::printf(" %s\n", ByteTokenizer::detokenize(tokens).c_str());
+      continue;
+    }
+    for (const int32_t token : tokens) std::printf(" %d", token);
+    const auto masked = std::count(mask.begin(), mask.end(), 0.0f);
+    std::printf("  (+ label %d, %lld masked)\n", labels.back(), static_cast<long long>(masked));
+  }
+  return 0;
+}
+
+const Registrar registrar{Command{
+    "data", "Megatron indexed datasets: preprocess text/JSONL, inspect, print samples", 40,
+    [](CLI::App& app) -> std::function<int()> {
+      app.require_subcommand(1);
+      auto preprocess_args = std::make_shared<PreprocessArgs>();
+      CLI::App* preprocess = app.add_subcommand(
+          "preprocess",
+          "tokenize .txt/.jsonl into {output-prefix}_{key}_document.bin/.idx (Megatron format)");
+      auto& c = preprocess_args->config;
+      preprocess
+          ->add_option("--input", c.input_path, "input file: .jsonl/.json (one JSON object per line) or text")
+          ->required();
+      preprocess->add_option("--output-prefix", c.output_prefix, "output path prefix")->required();
+      preprocess->add_option("--json-keys", c.json_keys, "JSON keys to extract (one output each)")
+          ->default_val(std::vector<std::string>{"text"});
+      preprocess
+          ->add_option("--tokenizer-type", preprocess_args->tokenizer_type,
+                       "byte: one token per byte, EOD 256, vocab 257 (padded to 384 by Megatron's rule); "
+                       "ids: the key holds token id arrays")
+          ->check(CLI::IsMember({"byte", "ids"}));
+      preprocess->add_flag("--append-eod", c.append_eod, "append the EOD token to each document");
+      preprocess->add_option(
+          "--vocab-size", c.vocab_size,
+          "ids tokenizer: vocabulary size (uint16 below 65500, else int32); default max id + 1");
+      preprocess->add_option("--eod-token", c.eod_token, "ids tokenizer: EOD id for --append-eod");
+      preprocess
+          ->add_option("--text-document", preprocess_args->text_document,
+                       "plain text: a document is a paragraph (default), a line or the whole file")
+          ->check(CLI::IsMember({"paragraph", "line", "file"}));
+      preprocess->add_flag("--overwrite", c.overwrite, "replace existing outputs (refused otherwise)");
+      preprocess->add_option("--log-interval", c.log_interval_documents, "progress line every N documents");
+      preprocess->add_option(
+          "--workers", preprocess_args->workers,
+          "accepted for Megatron compatibility; tokenization runs in one thread (I/O bound)");
+
+      auto info_prefix = std::make_shared<std::string>();
+      CLI::App* info = app.add_subcommand("info", "validate a dataset prefix and print its statistics");
+      info->add_option("prefix", *info_prefix, "dataset path prefix (without .bin/.idx)")->required();
+
+      auto sample_args = std::make_shared<SampleArgs>();
+      CLI::App* sample =
+          app.add_subcommand("sample", "print the train samples GPTDataset draws (Megatron order)");
+      sample->add_option("--data-path", sample_args->data_path, "PREFIX or W1 PREFIX1 W2 PREFIX2 ...");
+      sample->add_flag("--mock-data", sample_args->mock_data, "Megatron-style synthetic data");
+      sample->add_option("--split", sample_args->split, "train,valid,test weights");
+      sample->add_option("--seq-length", sample_args->seq_length, "tokens per sample")->required();
+      sample->add_option("--num-samples", sample_args->num_samples, "train samples requested (0: one epoch)");
+      sample->add_option("--seed", sample_args->seed, "numpy RandomState seed (Megatron default 1234)");
+      sample->add_option("--vocab-size", sample_args->vocab_size, "token ids must lie below it");
+      sample->add_option("--first", sample_args->first, "first sample to print");
+      sample->add_option("--count", sample_args->count, "samples to print");
+      sample->add_flag("--text", sample_args->text, "print samples as text (byte tokenizer)");
+
+      return [preprocess, preprocess_args, info, info_prefix, sample, sample_args]() -> int {
+        if (preprocess->parsed()) return run_preprocess(*preprocess_args);
+        if (info->parsed()) return run_info(*info_prefix);
+        if (sample->parsed()) return run_sample(*sample_args);
+        return 1;
+      };
+    }}};
+
+}  // namespace
+}  // namespace megatune::tools
