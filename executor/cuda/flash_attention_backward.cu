@@ -1,0 +1,346 @@
+// Flash attention backward (FlashAttention-2): delta = rowsum(dO o O) first; then a block owns 64 key rows of
+// one (batch, kv head), 4 warps of 16 rows, and walks the query tiles of every head in its group: it
+// recomputes P^T = exp(S^T - lse) from K Q^T, forms dS^T = P^T o (V dO^T - delta), accumulates dV += P^T dO
+// and dK += dS^T Q in registers (GQA sums over the group for free), and adds dQ += dS K into an fp32 buffer
+// with atomics; a last pass scales and converts dQ to bf16.
+#include <algorithm>
+#include <stdexcept>
+
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/flash_attention.h"
+#include "executor/cuda/flash_attention_common.cuh"
+
+namespace megatune::executor::cuda {
+namespace {
+
+using namespace flash;
+
+constexpr int kBlockN = 64;  // key rows per block
+constexpr int kBlockM = 64;  // query rows per step
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+struct BackwardParams {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  const bf16* d_o;
+  const float* lse;    // [b, n_q, s]
+  const float* delta;  // [b, n_q, s]
+  float* dq_accum;     // [b, s, n_q, d]
+  bf16* dk;
+  bf16* dv;
+  int64_t q_stride, kv_stride, o_stride;
+  int seq_len, num_heads, heads_per_group;
+  float scale, scale_log2;
+  bool causal;
+};
+
+template <int D>
+constexpr int backward_smem_bytes() {
+  return (2 * kBlockN * D + 4 * kBlockM * D + kBlockM * kBlockN) * int(sizeof(bf16));
+}
+
+// delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; one warp per (token, head).
+template <int D>
+__global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o, float* delta,
+                                                 int64_t o_stride, int seq_len, int num_heads, int64_t rows) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int64_t token = row / num_heads;
+  const int head = int(row % num_heads);
+  const bf16* o_row = o + token * o_stride + int64_t(head) * D;
+  const bf16* do_row = d_o + token * o_stride + int64_t(head) * D;
+  float sum = 0.0f;
+#pragma unroll
+  for (int x = lane * 2; x < D; x += 64) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o_row + x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(do_row + x));
+    sum += a.x * b.x + a.y * b.y;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) {
+    const int64_t batch = token / seq_len, position = token % seq_len;
+    delta[(batch * num_heads + head) * seq_len + position] = sum;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const BackwardParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* k_tile = reinterpret_cast<bf16*>(smem_raw);  // [kBlockN][D]
+  bf16* v_tile = k_tile + kBlockN * D;               // [kBlockN][D]
+  bf16* q_tiles = v_tile + kBlockN * D;              // [2][kBlockM][D]
+  bf16* do_tiles = q_tiles + 2 * kBlockM * D;        // [2][kBlockM][D]
+  bf16* ds_tile = do_tiles + 2 * kBlockM * D;        // [kBlockM (q)][kBlockN (kv)], swizzled rows of 64
+
+  const int n_block = blockIdx.x, group = blockIdx.y, batch = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int kv0 = n_block * kBlockN;
+  const int64_t batch_token0 = int64_t(batch) * p.seq_len;
+
+  const bf16* k_base = p.k + batch_token0 * p.kv_stride + int64_t(group) * D;
+  const bf16* v_base = p.v + batch_token0 * p.kv_stride + int64_t(group) * D;
+  load_tile<kBlockN, D, kThreads>(k_tile, k_base, p.kv_stride, kv0, p.seq_len);
+  load_tile<kBlockN, D, kThreads>(v_tile, v_base, p.kv_stride, kv0, p.seq_len);
+
+  const int m_tiles = (p.seq_len + kBlockM - 1) / kBlockM;
+  const int m_first = p.causal ? kv0 / kBlockM : 0;
+  const int per_head = m_tiles - m_first;
+  const int iterations = per_head * p.heads_per_group;
+
+  auto issue_loads = [&](int it, int buffer) {
+    const int head = group * p.heads_per_group + it / per_head;
+    const int q0 = (m_first + it % per_head) * kBlockM;
+    load_tile<kBlockM, D, kThreads>(q_tiles + buffer * kBlockM * D,
+                                    p.q + batch_token0 * p.q_stride + int64_t(head) * D, p.q_stride, q0,
+                                    p.seq_len);
+    load_tile<kBlockM, D, kThreads>(do_tiles + buffer * kBlockM * D,
+                                    p.d_o + batch_token0 * p.o_stride + int64_t(head) * D, p.o_stride, q0,
+                                    p.seq_len);
+  };
+  if (iterations > 0) issue_loads(0, 0);
+  cp_async_commit();
+
+  float dv_acc[D / 8][4], dk_acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv_acc[i][e] = dk_acc[i][e] = 0.0f;
+  }
+  const int my_kv[2] = {kv0 + warp * 16 + (lane >> 2), kv0 + warp * 16 + (lane >> 2) + 8};
+
+  for (int it = 0; it < iterations; ++it) {
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < iterations) issue_loads(it + 1, (it + 1) & 1);
+    cp_async_commit();
+    const int head = group * p.heads_per_group + it / per_head;
+    const int q0 = (m_first + it % per_head) * kBlockM;
+    const bf16* q_tile = q_tiles + (it & 1) * kBlockM * D;
+    const bf16* do_tile = do_tiles + (it & 1) * kBlockM * D;
+    const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_len;
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T (16 key rows x 64 query columns per warp).
+    float s[kBlockM / 8][4], dp[kBlockM / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a_k[4], a_v[4];
+      load_a<D>(a_k, k_tile, warp * 16, kk * 16);
+      load_a<D>(a_v, v_tile, warp * 16, kk * 16);
+#pragma unroll
+      for (int np = 0; np < kBlockM / 16; ++np) {
+        uint32_t b[4];
+        load_b_nk<D>(b, q_tile, np * 16, kk * 16);
+        mma(s[2 * np], a_k, b[0], b[1]);
+        mma(s[2 * np + 1], a_k, b[2], b[3]);
+        load_b_nk<D>(b, do_tile, np * 16, kk * 16);
+        mma(dp[2 * np], a_v, b[0], b[1]);
+        mma(dp[2 * np + 1], a_v, b[2], b[3]);
+      }
+    }
+    // P^T and dS^T in place (s <- P^T, dp <- dS^T).
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int q = q0 + n * 8 + 2 * (lane & 3) + c;
+        const bool q_valid = q < p.seq_len;
+        const float lse_log2 = q_valid ? __ldg(p.lse + stats0 + q) * kLog2e : 0.0f;
+        const float delta = q_valid ? __ldg(p.delta + stats0 + q) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 2 * r + c;
+          const bool visible = q_valid && !(p.causal && q < my_kv[r]);
+          const float prob = visible ? exp2f(s[n][e] * p.scale_log2 - lse_log2) : 0.0f;
+          s[n][e] = prob;
+          dp[n][e] = prob * (dp[n][e] - delta);
+        }
+      }
+    }
+    // dV += P^T dO and dK += dS^T Q (k = query rows).
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      uint32_t a_p[4], a_ds[4];
+      a_p[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      a_p[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      a_p[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a_p[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      a_ds[0] = pack_bf16(dp[2 * kk][0], dp[2 * kk][1]);
+      a_ds[1] = pack_bf16(dp[2 * kk][2], dp[2 * kk][3]);
+      a_ds[2] = pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      a_ds[3] = pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+      for (int dpair = 0; dpair < D / 16; ++dpair) {
+        uint32_t b[4];
+        load_b_kn<D>(b, do_tile, kk * 16, dpair * 16);
+        mma(dv_acc[2 * dpair], a_p, b[0], b[1]);
+        mma(dv_acc[2 * dpair + 1], a_p, b[2], b[3]);
+        load_b_kn<D>(b, q_tile, kk * 16, dpair * 16);
+        mma(dk_acc[2 * dpair], a_ds, b[0], b[1]);
+        mma(dk_acc[2 * dpair + 1], a_ds, b[2], b[3]);
+      }
+    }
+    // dS (query-major) to shared memory for dQ = dS K.
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q_local = n * 8 + 2 * (lane & 3) + (e & 1);
+        const int kv_local = warp * 16 + (lane >> 2) + 8 * (e >> 1);
+        ds_tile[swizzled<kBlockN>(q_local, kv_local >> 3) + (kv_local & 7)] = __float2bfloat16_rn(dp[n][e]);
+      }
+    }
+    __syncthreads();
+    uint32_t a_ds[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) load_a<kBlockN>(a_ds[kk], ds_tile, warp * 16, kk * 16);
+    const int q_row[2] = {q0 + warp * 16 + (lane >> 2), q0 + warp * 16 + (lane >> 2) + 8};
+#pragma unroll
+    for (int dpair = 0; dpair < D / 16; ++dpair) {
+      float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t b[4];
+        load_b_kn<D>(b, k_tile, kk * 16, dpair * 16);
+        mma(acc[0], a_ds[kk], b[0], b[1]);
+        mma(acc[1], a_ds[kk], b[2], b[3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (q_row[r] >= p.seq_len) continue;
+          float* dst = p.dq_accum + ((batch_token0 + q_row[r]) * p.num_heads + head) * D + dpair * 16 +
+                       h * 8 + 2 * (lane & 3);
+          atomicAdd(dst, acc[h][2 * r]);
+          atomicAdd(dst + 1, acc[h][2 * r + 1]);
+        }
+      }
+    }
+  }
+
+  // Store dK (scaled) and dV for this block's key rows.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kv = my_kv[r];
+    if (kv >= p.seq_len) continue;
+    bf16* dk_row = p.dk + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
+    bf16* dv_row = p.dv + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int col = i * 8 + 2 * (lane & 3);
+      *reinterpret_cast<__nv_bfloat162*>(dk_row + col) =
+          __floats2bfloat162_rn(dk_acc[i][2 * r] * p.scale, dk_acc[i][2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv_row + col) =
+          __floats2bfloat162_rn(dv_acc[i][2 * r], dv_acc[i][2 * r + 1]);
+    }
+  }
+}
+
+// dq[b, i, h, :] = bf16(scale * dq_accum[b, i, h, :]).
+__global__ void flash_backward_convert_dq_kernel(const float* dq_accum, bf16* dq, int64_t q_stride,
+                                                 int num_heads, int head_dim, int64_t total, float scale) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t token = idx / (int64_t(num_heads) * head_dim);
+    const int64_t within = idx % (int64_t(num_heads) * head_dim);
+    dq[token * q_stride + within] = __float2bfloat16_rn(dq_accum[idx] * scale);
+  }
+}
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape) {
+  const size_t tokens = size_t(shape.batch) * size_t(shape.seq_len);
+  return align256(tokens * size_t(shape.num_heads) * size_t(shape.head_dim) * sizeof(float)) +
+         align256(tokens * size_t(shape.num_heads) * sizeof(float));
+}
+
+void flash_attention_backward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
+                              const bf16* o, const float* lse, const bf16* d_o, bf16* dq, bf16* dk, bf16* dv,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  validate_attention_shape(shape);
+  if (!flash_attention_supports(shape))
+    throw std::invalid_argument(
+        "flash_attention_backward: needs head_dim 64 or 128 and token strides % 8 == 0");
+  for (const void* ptr :
+       {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v),
+        static_cast<const void*>(o), static_cast<const void*>(d_o), static_cast<const void*>(dq),
+        static_cast<const void*>(dk), static_cast<const void*>(dv)}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      throw std::invalid_argument("flash_attention_backward: tensors must be 16-byte aligned");
+  }
+  if (workspace_bytes < flash_attention_backward_workspace_bytes(shape))
+    throw std::invalid_argument("flash_attention_backward: workspace smaller than the queried size");
+  const int64_t tokens = shape.batch * shape.seq_len;
+  const size_t dq_bytes = size_t(tokens) * size_t(shape.num_heads) * size_t(shape.head_dim) * sizeof(float);
+  auto* dq_accum = static_cast<float*>(workspace);
+  auto* delta = reinterpret_cast<float*>(static_cast<char*>(workspace) + align256(dq_bytes));
+  MEGATUNE_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_bytes, stream));
+
+  BackwardParams params{q,
+                        k,
+                        v,
+                        d_o,
+                        lse,
+                        delta,
+                        dq_accum,
+                        dk,
+                        dv,
+                        shape.q_stride(),
+                        shape.kv_stride(),
+                        shape.o_stride(),
+                        int(shape.seq_len),
+                        int(shape.num_heads),
+                        int(shape.num_heads / shape.num_kv_heads),
+                        shape.scale(),
+                        shape.scale() * kLog2e,
+                        shape.causal};
+  const int64_t rows = tokens * shape.num_heads;
+  const unsigned preprocess_blocks = unsigned((rows * 32 + 255) / 256);
+  const dim3 grid(unsigned((shape.seq_len + kBlockN - 1) / kBlockN), unsigned(shape.num_kv_heads),
+                  unsigned(shape.batch));
+  if (shape.head_dim == 64) {
+    flash_backward_preprocess_kernel<64><<<preprocess_blocks, 256, 0, stream>>>(
+        o, d_o, delta, shape.o_stride(), int(shape.seq_len), int(shape.num_heads), rows);
+    MEGATUNE_CUDA_CHECK_LAUNCH();
+    constexpr int smem = backward_smem_bytes<64>();
+    static bool configured = false;
+    if (!configured) {
+      MEGATUNE_CUDA_CHECK(
+          cudaFuncSetAttribute(flash_backward_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      configured = true;
+    }
+    flash_backward_kernel<64><<<grid, kThreads, smem, stream>>>(params);
+  } else {
+    flash_backward_preprocess_kernel<128><<<preprocess_blocks, 256, 0, stream>>>(
+        o, d_o, delta, shape.o_stride(), int(shape.seq_len), int(shape.num_heads), rows);
+    MEGATUNE_CUDA_CHECK_LAUNCH();
+    constexpr int smem = backward_smem_bytes<128>();
+    static bool configured = false;
+    if (!configured) {
+      MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<128>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      configured = true;
+    }
+    flash_backward_kernel<128><<<grid, kThreads, smem, stream>>>(params);
+  }
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+  const int64_t total = rows * shape.head_dim;
+  const unsigned convert_blocks = unsigned(std::min<int64_t>((total + 255) / 256, 132 * 64));
+  flash_backward_convert_dq_kernel<<<convert_blocks, 256, 0, stream>>>(
+      dq_accum, dq, shape.q_stride(), int(shape.num_heads), int(shape.head_dim), total, shape.scale());
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megatune::executor::cuda

@@ -1,0 +1,109 @@
+// Device building blocks of the flash-attention kernels: cp.async tile loads into XOR-swizzled shared
+// memory, ldmatrix, mma.sync m16n8k16 (bf16 in, fp32 accumulate), and fragment conversions.
+//
+// Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4):
+//   A 16x16: r0 = (g, 2t..2t+1), r1 = (g+8, 2t..), r2 = (g, 2t+8..), r3 = (g+8, 2t+8..)
+//   B 16x8 : r0 = (k 2t..2t+1, n g), r1 = (k 2t+8.., n g)
+//   C 16x8 : c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// Shared-memory tiles hold rows of D bf16 as D/8 16-byte chunks; chunk c of row r lives at chunk slot
+// c ^ (r & 7), so the 8 rows an ldmatrix reads hit 8 different bank groups.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megatune::executor::cuda::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; zero-fills when !valid.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Loads a ROWS x D tile (rows row0.. of a strided global tensor) into swizzled shared memory; rows at or
+// beyond row_limit are zero-filled. All THREADS threads of the block take part.
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile(__nv_bfloat16* smem, const __nv_bfloat16* gmem, int64_t row_stride,
+                                          int row0, int row_limit) {
+  constexpr int kChunks = ROWS * D / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < kChunks; i += THREADS) {
+    const int row = i / (D / 8), chunk = i % (D / 8);
+    const bool valid = row0 + row < row_limit;
+    const __nv_bfloat16* src = gmem + int64_t(valid ? row0 + row : 0) * row_stride + chunk * 8;
+    cp_async_16(smem + swizzled<D>(row, chunk), src, valid);
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+// c += a . b  (m16n8k16, bf16 inputs, fp32 accumulators)
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// A fragment (16 rows x 16 k) of a row-major [row][k] swizzled tile: rows row0.., k columns k0.. (k0 % 16 ==
+// 0).
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int row0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int row = row0 + (lane & 15), chunk = (k0 >> 3) + (lane >> 4);
+  ldmatrix_x4(a, tile + swizzled<D>(row, chunk));
+}
+
+// B fragments of two n-tiles (n0.., n0+8..) for k columns k0.. from a tile stored [n][k] (B = tile^T):
+// b[0], b[1] for n-tile 0, b[2], b[3] for n-tile 1.
+template <int D>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const __nv_bfloat16* tile, int n0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int row = n0 + (lane & 7) + ((lane >> 4) << 3), chunk = (k0 >> 3) + ((lane >> 3) & 1);
+  ldmatrix_x4(b, tile + swizzled<D>(row, chunk));
+}
+
+// B fragments of two n-tiles (n0.., n0+8..) for k rows k0.. from a tile stored [k][n] (B = tile):
+// b[0], b[1] for n-tile 0, b[2], b[3] for n-tile 1.
+template <int D>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16* tile, int k0, int n0) {
+  const int lane = threadIdx.x & 31;
+  const int row = k0 + (lane & 7) + (((lane >> 3) & 1) << 3), chunk = (n0 >> 3) + (lane >> 4);
+  ldmatrix_x4_trans(b, tile + swizzled<D>(row, chunk));
+}
+
+}  // namespace megatune::executor::cuda::flash
