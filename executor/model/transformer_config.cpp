@@ -3,6 +3,7 @@
 
 #include <sstream>
 
+#include "layouts/model_spec.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -36,6 +37,42 @@ std::string TransformerConfig::describe() const {
       << (position == PositionEmbedding::kRope ? " RoPE" : " learned-pos")
       << (tied_embeddings ? " tied" : " untied") << (bias ? " bias" : " no-bias");
   return out.str();
+}
+
+}  // namespace megatune::executor
+
+namespace megatune::executor {
+
+TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp, float rope_theta,
+                                          float norm_eps, float init_std) {
+  if (spec.is_moe())
+    throw UserError("--num-experts: the executor does not run MoE models yet; drop --num-experts");
+  if (spec.multi_latent_attention)
+    throw UserError("--multi-latent-attention: the executor does not run MLA yet; use standard attention");
+  if (spec.mtp_num_layers > 0)
+    throw UserError("--mtp-num-layers: the executor does not run MTP yet; set it to 0");
+  TransformerConfig c;
+  c.num_layers = spec.num_layers;
+  c.hidden = spec.hidden_size;
+  c.heads = spec.num_attention_heads;
+  c.kv_heads = spec.query_groups();
+  c.head_dim = spec.head_dim();
+  c.ffn_hidden = spec.ffn_size();
+  c.vocab_size = spec.padded_vocab_size(tp) / tp * tp;
+  c.max_seq = spec.max_positions();
+  c.norm = spec.normalization == layouts::Normalization::kRMSNorm ? NormKind::kRMSNorm : NormKind::kLayerNorm;
+  c.activation =
+      spec.activation == layouts::Activation::kSwiglu ? ActivationKind::kSwiglu : ActivationKind::kGelu;
+  c.position = spec.position_embedding == layouts::PositionEmbedding::kRope ? PositionEmbedding::kRope
+                                                                            : PositionEmbedding::kLearned;
+  c.rope_theta = rope_theta;
+  c.tied_embeddings = !spec.untie_embeddings_and_output_weights;
+  c.bias = spec.add_bias_linear;
+  c.norm_eps = norm_eps;
+  c.init_std = init_std;
+  c.tensor_parallel_size = tp;
+  c.validate();
+  return c;
 }
 
 }  // namespace megatune::executor

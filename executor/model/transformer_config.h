@@ -44,3 +44,16 @@ struct TransformerConfig {
 };
 
 }  // namespace megatune::executor
+
+namespace megatune::layouts {
+struct ModelSpec;
+}
+
+namespace megatune::executor {
+
+// The executor's shape of a layouts::ModelSpec on one TP rank (vocabulary padded like Megatron).
+// UserError for features the executor does not run yet (MoE, MLA, MTP).
+TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tensor_parallel_size,
+                                          float rope_theta, float norm_eps, float init_std);
+
+}  // namespace megatune::executor

@@ -151,3 +151,10 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
 }
 
 }  // namespace megatune::executor
+
+namespace megatune::executor {
+layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches) {
+  return layouts::build_rank_schedule(layouts::PipelineLayout::uniform(num_layers, 1), num_microbatches, 1,
+                                      0);
+}
+}  // namespace megatune::executor

@@ -91,3 +91,8 @@ class Trainer {
 };
 
 }  // namespace megatune::executor
+
+namespace megatune::executor {
+// The no-pipelining schedule (layouts::build_rank_schedule over one uniform stage) of m micro-batches.
+layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches);
+}  // namespace megatune::executor

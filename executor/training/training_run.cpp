@@ -1,0 +1,139 @@
+// TrainingRun: data, iterations, Megatron-style logging and checkpoints of a `megatune train` run.
+#include "executor/training/training_run.h"
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "executor/checkpoint/checkpoint_reader.h"
+#include "executor/checkpoint/checkpoint_writer.h"
+#include "layouts/user_error.h"
+
+namespace megatune::executor {
+namespace {
+
+std::string timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y-%m-%d %H:%M:%S", &local);
+  return buffer;
+}
+
+bool has_checkpoint(const std::string& root) {
+  return !root.empty() &&
+         std::filesystem::exists(std::filesystem::path(root) / "latest_checkpointed_iteration.txt");
+}
+
+}  // namespace
+
+std::string format_log_line(const LogInterval& v) {
+  std::ostringstream out;
+  out << " [" << timestamp() << "] iteration " << std::setw(8) << v.iteration << "/" << std::setw(8)
+      << v.train_iters << " | consumed samples: " << std::setw(12) << v.consumed_samples
+      << " | elapsed time per iteration (ms): " << std::fixed << std::setprecision(1)
+      << v.elapsed_ms_per_iteration << " | throughput per GPU (TFLOP/s/GPU): " << std::setprecision(1)
+      << v.tflops_per_gpu << " | MFU: ";
+  if (v.mfu_percent >= 0) {
+    out << std::setprecision(1) << v.mfu_percent << "%";
+  } else {
+    out << "n/a";
+  }
+  out << " | learning rate: " << std::scientific << std::uppercase << std::setprecision(6) << v.learning_rate
+      << " | global batch size: " << std::setw(5) << v.global_batch_size
+      << " | lm loss: " << std::setprecision(6) << v.loss << std::nouppercase << std::fixed
+      << " | grad norm: " << std::setprecision(3) << v.grad_norm
+      << " | number of skipped iterations: " << std::setw(3) << v.skipped_iterations << " |";
+  return out.str();
+}
+
+TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& communicator, std::ostream& log)
+    : config_(std::move(config)), backend_(backend), log_(log) {
+  if (config_.train_iters <= 0) throw UserError("--train-iters must be >= 1");
+  if (config_.log_interval <= 0) throw UserError("--log-interval must be >= 1");
+  if (config_.save_interval < 0) throw UserError("--save-interval must be >= 0");
+  const TrainerConfig& t = config_.trainer;
+  trainer_ = std::make_unique<Trainer>(t, single_stage_schedule(t.model.num_layers, t.batch.num_microbatches),
+                                       backend, communicator);
+  if (has_checkpoint(config_.load)) {
+    const checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open_latest(config_.load);
+    trainer_->load(reader);
+    log_ << "loaded checkpoint " << reader.directory() << " at iteration " << trainer_->iteration()
+         << " (consumed samples " << trainer_->consumed_samples() << ")\n";
+  } else if (!config_.load.empty()) {
+    log_ << "no checkpoint under --load " << config_.load << "; starting from iteration 0\n";
+  }
+  data::DataConfig data = config_.data;
+  data.gpt.sequence_length = t.batch.seq;
+  const std::int64_t train_samples = config_.train_iters * t.global_batch_size();
+  train_dataset_ = data::build_train_valid_test_datasets(data, {train_samples, 0, 0}).train;
+  if (!train_dataset_) throw UserError("--split gives the training split no data; give it a non-zero weight");
+}
+
+TrainingRun::~TrainingRun() = default;
+
+void TrainingRun::save_checkpoint() {
+  checkpoint::CheckpointWriter writer(config_.save, trainer_->iteration());
+  trainer_->save(writer);
+  writer.commit();
+  log_ << "saved checkpoint at iteration " << std::setw(8) << trainer_->iteration() << " to " << config_.save
+       << "\n";
+}
+
+std::vector<IterationRecord> TrainingRun::run() {
+  const TrainerConfig& t = config_.trainer;
+  data::DataLoaderConfig loader_config;
+  loader_config.global_batch_size = t.global_batch_size();
+  loader_config.micro_batch_size = t.batch.micro_batch;
+  loader_config.consumed_samples = trainer_->consumed_samples();
+  data::PretrainingDataLoader loader(train_dataset_, loader_config);
+  std::vector<MicroBatch> microbatches(t.batch.num_microbatches);
+  std::vector<IterationRecord> records;
+
+  double interval_time_s = 0, interval_loss = 0;
+  std::int64_t interval_iters = 0, interval_skipped = 0;
+  while (trainer_->iteration() < config_.train_iters) {
+    for (MicroBatch& mb : microbatches)
+      if (!loader.next(mb))
+        throw UserError("the training data ran out before --train-iters; lower --train-iters");
+    IterationRecord record;
+    record.step = trainer_->train_step(microbatches);
+    record.iteration = trainer_->iteration();
+    records.push_back(record);
+    interval_time_s += record.step.elapsed_s;
+    interval_loss += record.step.skipped ? 0.0 : record.step.loss;
+    interval_skipped += record.step.skipped ? 1 : 0;
+    ++interval_iters;
+    if (record.iteration % config_.log_interval == 0 || record.iteration == config_.train_iters) {
+      LogInterval v;
+      v.iteration = record.iteration;
+      v.train_iters = config_.train_iters;
+      v.consumed_samples = trainer_->consumed_samples();
+      v.global_batch_size = t.global_batch_size();
+      const double seconds = interval_time_s / static_cast<double>(interval_iters);
+      v.elapsed_ms_per_iteration = seconds * 1e3;
+      v.tflops_per_gpu = config_.flops_per_iteration / (seconds * 1e12 * config_.gpus);
+      v.mfu_percent = config_.peak_tflops > 0 ? 100.0 * v.tflops_per_gpu / config_.peak_tflops : -1.0;
+      v.learning_rate = trainer_->current_learning_rate();
+      const std::int64_t counted = interval_iters - interval_skipped;
+      v.loss = counted > 0 ? interval_loss / static_cast<double>(counted) : std::nan("");
+      v.grad_norm = record.step.grad_norm;
+      v.skipped_iterations = interval_skipped;
+      log_ << format_log_line(v) << std::endl;
+      interval_time_s = interval_loss = 0;
+      interval_iters = interval_skipped = 0;
+    }
+    if (!config_.save.empty() && config_.save_interval > 0 && record.iteration % config_.save_interval == 0)
+      save_checkpoint();
+  }
+  const bool saved_last = config_.save_interval > 0 && trainer_->iteration() % config_.save_interval == 0;
+  if (!config_.save.empty() && !records.empty() && !saved_last) save_checkpoint();
+  return records;
+}
+
+}  // namespace megatune::executor

@@ -1,0 +1,62 @@
+// TrainingRun: a whole `megatune train` run: datasets and loader, the Trainer, Megatron-style log lines,
+// periodic and final checkpoints, and resuming from --load.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "executor/data/dataset_builder.h"
+#include "executor/training/trainer.h"
+
+namespace megatune::executor {
+
+struct RunConfig {
+  TrainerConfig trainer;
+  std::int64_t train_iters = 0;    // --train-iters
+  data::DataConfig data;           // --data-path / --mock-data, --split, sequence length, seed
+  std::string save;                // --save: checkpoint root ("" = none)
+  std::string load;                // --load: resume from its latest checkpoint when one exists
+  std::int64_t save_interval = 0;  // --save-interval (0: only at the end when --save is given)
+  std::int64_t log_interval = 10;  // --log-interval
+  double flops_per_iteration = 0;  // Megatron's model FLOPs of one iteration (recompute not counted)
+  double peak_tflops = 0;          // per GPU; 0: MFU is not printed (CPU)
+  int gpus = 1;
+};
+
+struct IterationRecord {
+  std::int64_t iteration = 0;  // 1-based
+  StepResult step;
+};
+
+class TrainingRun {
+ public:
+  // `log` receives the run's lines (Megatron format); `ops` (optional) is called after each iteration with
+  // the backend, for callers that inspect the recorded ops.
+  TrainingRun(RunConfig config, Backend& backend, Communicator& communicator, std::ostream& log);
+  ~TrainingRun();
+  // Runs from the current iteration to train_iters; returns every iteration's result.
+  std::vector<IterationRecord> run();
+  Trainer& trainer() { return *trainer_; }
+  // Writes a checkpoint of the current state under config.save.
+  void save_checkpoint();
+
+ private:
+  RunConfig config_;
+  Backend& backend_;
+  std::ostream& log_;
+  std::unique_ptr<Trainer> trainer_;
+  std::shared_ptr<const data::SampleDataset> train_dataset_;
+};
+
+// The Megatron log line of one interval (exposed for tests).
+struct LogInterval {
+  std::int64_t iteration = 0, train_iters = 0, consumed_samples = 0, global_batch_size = 0;
+  double elapsed_ms_per_iteration = 0, tflops_per_gpu = 0, mfu_percent = -1, learning_rate = 0, loss = 0;
+  double grad_norm = 0;
+  std::int64_t skipped_iterations = 0;
+};
+std::string format_log_line(const LogInterval& interval);
+
+}  // namespace megatune::executor
