@@ -190,9 +190,12 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
   int version = 0;
   std::int64_t objects = 0;
   try {
+    // One read transaction, so that the header and the table list come from the same snapshot even while
+    // another process creates the schema.
+    Transaction snapshot(database, Transaction::Mode::kDeferred);
+    objects = database.query_int64("SELECT count(*) FROM sqlite_master");
     application_id = database.query_int64("PRAGMA application_id");
     version = schema_version(database);
-    objects = database.query_int64("SELECT count(*) FROM sqlite_master");
     if (existed && objects > 0) {
       Statement check(database, "PRAGMA quick_check");
       if (check.step()) {
@@ -200,6 +203,7 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
         if (verdict != "ok") throw_damaged(path, "integrity check: " + verdict);
       }
     }
+    snapshot.commit();
   } catch (const SqliteError& error) {
     if (is_damage(error)) throw_damaged(path, error.what());
     throw;
