@@ -12,9 +12,9 @@ void check_sqlite(int result_code, sqlite3* connection, const char* call_text, c
   if (result_code == SQLITE_OK || result_code == SQLITE_ROW || result_code == SQLITE_DONE) return;
   std::string message = std::string(file) + ":" + std::to_string(line) + ": " + call_text + ": ";
   const char* detail = connection != nullptr ? sqlite3_errmsg(connection) : sqlite3_errstr(result_code);
-  message += detail != nullptr ? detail : sqlite3_errstr(result_code);
-  message += " (code " + std::to_string(result_code) + ")";
-  throw SqliteError(message, result_code & 0xff);
+  const std::string sqlite_message = detail != nullptr ? detail : sqlite3_errstr(result_code);
+  message += sqlite_message + " (code " + std::to_string(result_code) + ")";
+  throw SqliteError(message, result_code & 0xff, sqlite_message);
 }
 
 // ---- Statement ----
@@ -163,7 +163,7 @@ void Database::execute(std::string_view sql) {
     throw SqliteError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": sqlite3_exec(" +
                           std::string(sql.substr(0, 80)) + "): " + detail + " (code " +
                           std::to_string(result) + ")",
-                      result & 0xff);
+                      result & 0xff, detail);
   }
 }
 

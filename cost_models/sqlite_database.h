@@ -17,12 +17,15 @@ namespace megatune::cost_models {
 // A failed SQLite call: what(): "<file>:<line>: <call>: <sqlite message> (code N)".
 class SqliteError : public std::runtime_error {
  public:
-  SqliteError(const std::string& message, int sqlite_code)
-      : std::runtime_error(message), sqlite_code_(sqlite_code) {}
+  SqliteError(const std::string& message, int sqlite_code, std::string sqlite_message = "")
+      : std::runtime_error(message), sqlite_code_(sqlite_code), sqlite_message_(std::move(sqlite_message)) {}
   int sqlite_code() const { return sqlite_code_; }  // primary result code (SQLITE_BUSY, SQLITE_CORRUPT, ...)
+  // SQLite's own message alone ("CHECK constraint failed: median_s > 0"), for messages about user input.
+  const std::string& sqlite_message() const { return sqlite_message_; }
 
  private:
   int sqlite_code_;
+  std::string sqlite_message_;
 };
 
 // Throws SqliteError when `result_code` is not SQLITE_OK/ROW/DONE. Use through MEGATUNE_SQLITE_CHECK.

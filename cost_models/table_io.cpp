@@ -339,9 +339,7 @@ std::int64_t import_table_text(Database& database, const std::string& table_name
     try {
       statement.run();
     } catch (const SqliteError& error) {
-      std::string detail = error.what();
-      const auto colon = detail.rfind(": ");
-      if (colon != std::string::npos) detail = detail.substr(colon + 2);
+      const std::string detail = error.sqlite_message().empty() ? error.what() : error.sqlite_message();
       bad(source_name, rows[r].line, "rejected by table " + table.name + ": " + detail);
     }
   }
