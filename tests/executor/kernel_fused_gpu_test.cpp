@@ -1,0 +1,275 @@
+// The fused CUDA kernels (norms, RoPE, activations, embedding, cross-entropy, optimizer, element-wise)
+// against the CPU reference kernels on random inputs, within bf16 tolerance.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "executor/cuda/activation_kernels.h"
+#include "executor/cuda/cross_entropy_kernels.h"
+#include "executor/cuda/elementwise_kernels.h"
+#include "executor/cuda/embedding_kernels.h"
+#include "executor/cuda/norm_kernels.h"
+#include "executor/cuda/optimizer_kernels.h"
+#include "executor/cuda/rope_kernels.h"
+#include "executor/kernels/reference_activation.h"
+#include "executor/kernels/reference_cross_entropy.h"
+#include "executor/kernels/reference_embedding.h"
+#include "executor/kernels/reference_norm.h"
+#include "executor/kernels/reference_optimizer.h"
+#include "executor/kernels/reference_rope.h"
+#include "tests/executor/kernel_gpu_test_util.h"
+
+namespace megatune::executor {
+namespace {
+
+using cuda::bf16;
+using test::DeviceBuffer;
+
+class NormGpu : public ::testing::TestWithParam<NormKind> {};
+
+TEST_P(NormGpu, ForwardAndBackwardMatchReference) {
+  MEGATUNE_REQUIRE_GPU();
+  const NormKind kind = GetParam();
+  const int64_t rows = 300, hidden = 1032;
+  const auto x = test::random_bf16_values(rows * hidden, 1), res = test::random_bf16_values(rows * hidden, 2);
+  const auto gamma = test::random_bf16_values(hidden, 3), beta = test::random_bf16_values(hidden, 4);
+  const auto dy = test::random_bf16_values(rows * hidden, 5),
+             d_res = test::random_bf16_values(rows * hidden, 6);
+  DeviceBuffer<bf16> x_d(rows * hidden), res_d(rows * hidden), g_d(hidden), b_d(hidden), y_d(rows * hidden),
+      sum_d(rows * hidden), dy_d(rows * hidden), dres_d(rows * hidden), dx_d(rows * hidden);
+  DeviceBuffer<float> mean_d(rows), rstd_d(rows), dg_d(hidden), db_d(hidden);
+  test::upload_bf16(x_d, x), test::upload_bf16(res_d, res), test::upload_bf16(g_d, gamma),
+      test::upload_bf16(b_d, beta);
+  test::upload_bf16(dy_d, dy), test::upload_bf16(dres_d, d_res);
+  y_d.poison(), sum_d.poison(), dx_d.poison();
+  cuda::norm_forward(kind, x_d.get(), res_d.get(), g_d.get(), b_d.get(), y_d.get(), sum_d.get(), mean_d.get(),
+                     rstd_d.get(), rows, hidden, 1e-5f, nullptr);
+  std::vector<float> y(rows * hidden), sum(rows * hidden), mean(rows), rstd(rows);
+  reference::norm_forward(kind, x.data(), res.data(), gamma.data(), beta.data(), y.data(), sum.data(),
+                          mean.data(), rstd.data(), rows, hidden, 1e-5f);
+  EXPECT_LT(test::relative_error(test::download_bf16(sum_d), sum), 4e-3);
+  EXPECT_LT(test::relative_error(test::download_bf16(y_d), y), 1e-2);
+  EXPECT_LT(test::relative_error(test::download(rstd_d), rstd), 1e-3);
+  // Backward on the GPU's stored sum; accumulate into preset dgamma to test accumulate.
+  const auto sum_gpu = test::download_bf16(sum_d);
+  std::vector<float> ones(hidden, 1.0f);
+  test::upload(dg_d, ones), test::upload(db_d, ones);
+  DeviceBuffer<unsigned char> ws(cuda::norm_backward_workspace_bytes(rows, hidden));
+  cuda::norm_backward(kind, dy_d.get(), sum_d.get(), g_d.get(), mean_d.get(), rstd_d.get(), dres_d.get(),
+                      dx_d.get(), dg_d.get(), db_d.get(), rows, hidden, true, ws.get(), ws.size(), nullptr);
+  std::vector<float> dx(rows * hidden), dg(hidden, 1.0f), db(hidden, 1.0f);
+  reference::norm_backward(kind, dy.data(), sum_gpu.data(), gamma.data(), test::download(mean_d).data(),
+                           test::download(rstd_d).data(), d_res.data(), dx.data(), dg.data(),
+                           kind == NormKind::kLayerNorm ? db.data() : nullptr, rows, hidden, true);
+  EXPECT_LT(test::relative_error(test::download_bf16(dx_d), dx), 1e-2);
+  EXPECT_LT(test::relative_error(test::download(dg_d), dg), 1e-4);
+  if (kind == NormKind::kLayerNorm) {
+    EXPECT_LT(test::relative_error(test::download(db_d), db), 1e-4);
+  }
+  // Deterministic: a second run gives identical bits.
+  const auto dg_first = test::download(dg_d);
+  test::upload(dg_d, ones);
+  cuda::norm_backward(kind, dy_d.get(), sum_d.get(), g_d.get(), mean_d.get(), rstd_d.get(), dres_d.get(),
+                      dx_d.get(), dg_d.get(), db_d.get(), rows, hidden, true, ws.get(), ws.size(), nullptr);
+  EXPECT_EQ(test::download(dg_d), dg_first);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, NormGpu, ::testing::Values(NormKind::kLayerNorm, NormKind::kRMSNorm));
+
+TEST(RopeGpu, MatchesReferenceOnPackedQkv) {
+  MEGATUNE_REQUIRE_GPU();
+  AttentionShape shape{.batch = 2, .seq_len = 1000, .num_heads = 4, .num_kv_heads = 2, .head_dim = 128};
+  const int64_t n = shape.batch * shape.seq_len * shape.packed_token_stride();
+  auto qkv = test::random_bf16_values(n, 7);
+  DeviceBuffer<bf16> qkv_d(n);
+  test::upload_bf16(qkv_d, qkv);
+  cuda::rope_forward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 500000.0f, 0,
+                             nullptr);
+  auto want = qkv;
+  reference::rope_forward_inplace(shape, want.data(), want.data() + shape.packed_k_offset(), 500000.0f);
+  EXPECT_LT(test::relative_error(test::download_bf16(qkv_d), want), 5e-3);
+  cuda::rope_backward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 500000.0f, 0,
+                              nullptr);
+  EXPECT_LT(test::relative_error(test::download_bf16(qkv_d), qkv), 8e-3);
+}
+
+TEST(ActivationGpu, GeluAndSwigluMatchReference) {
+  MEGATUNE_REQUIRE_GPU();
+  const int64_t rows = 64, cols = 520;
+  const auto x = test::random_bf16_values(rows * cols, 8, 2.0f), bias = test::random_bf16_values(cols, 9);
+  const auto dy = test::random_bf16_values(rows * cols, 10);
+  DeviceBuffer<bf16> x_d(rows * cols), b_d(cols), pre_d(rows * cols), y_d(rows * cols), dy_d(rows * cols),
+      dx_d(rows * cols);
+  test::upload_bf16(x_d, x), test::upload_bf16(b_d, bias), test::upload_bf16(dy_d, dy);
+  cuda::bias_gelu_forward(x_d.get(), b_d.get(), pre_d.get(), y_d.get(), rows, cols, nullptr);
+  std::vector<float> pre(rows * cols), y(rows * cols), dx(rows * cols);
+  reference::bias_gelu_forward(x.data(), bias.data(), pre.data(), y.data(), rows, cols);
+  EXPECT_LT(test::relative_error(test::download_bf16(pre_d), pre), 5e-3);
+  EXPECT_LT(test::relative_error(test::download_bf16(y_d), y), 1e-2);
+  const auto pre_gpu = test::download_bf16(pre_d);
+  cuda::gelu_backward(dy_d.get(), pre_d.get(), dx_d.get(), rows, cols, nullptr);
+  reference::gelu_backward(dy.data(), pre_gpu.data(), dx.data(), nullptr, rows, cols, false);
+  EXPECT_LT(test::relative_error(test::download_bf16(dx_d), dx), 1e-2);
+  // SwiGLU: x [rows, 2f] with f = cols / 2.
+  const int64_t f = cols / 2;
+  DeviceBuffer<bf16> s_d(rows * f), ds_d(rows * f), dxs_d(rows * cols);
+  cuda::swiglu_forward(x_d.get(), s_d.get(), rows, f, nullptr);
+  std::vector<float> s(rows * f), dxs(rows * cols);
+  reference::swiglu_forward(x.data(), s.data(), rows, f);
+  EXPECT_LT(test::relative_error(test::download_bf16(s_d), s), 1e-2);
+  std::vector<float> ds(dy.begin(), dy.begin() + rows * f);
+  test::upload_bf16(ds_d, ds);
+  cuda::swiglu_backward(ds_d.get(), x_d.get(), dxs_d.get(), rows, f, nullptr);
+  reference::swiglu_backward(ds.data(), x.data(), dxs.data(), rows, f);
+  EXPECT_LT(test::relative_error(test::download_bf16(dxs_d), dxs), 1e-2);
+}
+
+TEST(EmbeddingGpu, ForwardAndDeterministicBackward) {
+  MEGATUNE_REQUIRE_GPU();
+  const int64_t vocab = 50, hidden = 64, seq = 40, tokens = 3 * seq;
+  std::mt19937 rng(11);
+  std::vector<int32_t> ids(tokens);
+  for (auto& id : ids) id = int32_t(rng() % 7);  // many repeats
+  const auto word = test::random_bf16_values(vocab * hidden, 12),
+             pos = test::random_bf16_values(seq * hidden, 13);
+  const auto d_out = test::random_bf16_values(tokens * hidden, 14);
+  DeviceBuffer<int32_t> ids_d(tokens);
+  DeviceBuffer<bf16> word_d(vocab * hidden), pos_d(seq * hidden), out_d(tokens * hidden),
+      dout_d(tokens * hidden);
+  DeviceBuffer<float> dword_d(vocab * hidden), dpos_d(seq * hidden);
+  test::upload(ids_d, ids), test::upload_bf16(word_d, word), test::upload_bf16(pos_d, pos);
+  test::upload_bf16(dout_d, d_out);
+  cuda::embedding_forward(ids_d.get(), word_d.get(), pos_d.get(), out_d.get(), tokens, seq, vocab, hidden,
+                          nullptr);
+  std::vector<float> out(tokens * hidden), dword(vocab * hidden, 0.0f), dpos(seq * hidden, 0.0f);
+  reference::embedding_forward(ids.data(), word.data(), pos.data(), out.data(), tokens, seq, vocab, hidden);
+  EXPECT_LT(test::relative_error(test::download_bf16(out_d), out), 4e-3);
+  dword_d.zero(), dpos_d.zero();
+  DeviceBuffer<unsigned char> ws(cuda::embedding_backward_workspace_bytes(tokens, vocab));
+  cuda::embedding_backward(ids_d.get(), dout_d.get(), dword_d.get(), dpos_d.get(), tokens, seq, vocab, hidden,
+                           ws.get(), ws.size(), nullptr);
+  reference::embedding_backward(ids.data(), d_out.data(), dword.data(), dpos.data(), tokens, seq, vocab,
+                                hidden);
+  const auto first = test::download(dword_d);
+  EXPECT_LT(test::relative_error(first, dword), 1e-6);
+  EXPECT_LT(test::relative_error(test::download(dpos_d), dpos), 1e-6);
+  dword_d.zero();
+  cuda::embedding_backward(ids_d.get(), dout_d.get(), dword_d.get(), nullptr, tokens, seq, vocab, hidden,
+                           ws.get(), ws.size(), nullptr);
+  EXPECT_EQ(test::download(dword_d), first);
+}
+
+TEST(CrossEntropyGpu, LossAndInPlaceGradientMatchReference) {
+  MEGATUNE_REQUIRE_GPU();
+  const int64_t tokens = 37, vocab = 50304;
+  auto logits = test::random_bf16_values(tokens * vocab, 15, 3.0f);
+  std::vector<int32_t> targets(tokens);
+  std::mt19937 rng(16);
+  for (auto& t : targets) t = int32_t(rng() % vocab);
+  targets[5] = -1;
+  DeviceBuffer<bf16> logits_d(tokens * vocab);
+  DeviceBuffer<int32_t> targets_d(tokens);
+  DeviceBuffer<float> loss_d(tokens);
+  test::upload_bf16(logits_d, logits), test::upload(targets_d, targets);
+  const float scale = 1.0f / 36;
+  cuda::cross_entropy_forward_backward(logits_d.get(), targets_d.get(), loss_d.get(), tokens, vocab, true,
+                                       scale, nullptr);
+  std::vector<float> loss(tokens);
+  reference::cross_entropy(logits.data(), targets.data(), loss.data(), tokens, vocab, true, scale);
+  const auto loss_gpu = test::download(loss_d);
+  for (int64_t t = 0; t < tokens; ++t) EXPECT_NEAR(loss_gpu[t], loss[t], 2e-3 * std::max(1.0f, loss[t])) << t;
+  EXPECT_LT(test::relative_error(test::download_bf16(logits_d), logits), 1e-2);
+}
+
+TEST(OptimizerGpu, GradNormAndAdamWMatchReference) {
+  MEGATUNE_REQUIRE_GPU();
+  const std::vector<int64_t> sizes = {100000, 7, 65536 * 2 + 3};
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> buffers;
+  std::vector<std::unique_ptr<DeviceBuffer<bf16>>> model;
+  std::vector<cuda::AdamWTensor> tensors;
+  std::vector<std::vector<float>> p, g, m, v;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    p.push_back(test::random_bf16_values(n, 20 + i));
+    g.push_back(test::random_bf16_values(n, 30 + i, 0.01f));
+    m.push_back(test::random_bf16_values(n, 40 + i, 0.001f));
+    std::vector<float> vv = test::random_bf16_values(n, 50 + i, 0.001f);
+    for (float& x : vv) x = x * x;
+    v.push_back(vv);
+    cuda::AdamWTensor t;
+    for (auto* host : {&p.back(), &g.back(), &m.back(), &v.back()}) {
+      buffers.push_back(std::make_unique<DeviceBuffer<float>>(n));
+      test::upload(*buffers.back(), *host);
+    }
+    const size_t b = buffers.size();
+    t.main_param = buffers[b - 4]->get(), t.main_grad = buffers[b - 3]->get();
+    t.exp_avg = buffers[b - 2]->get(), t.exp_avg_sq = buffers[b - 1]->get();
+    model.push_back(std::make_unique<DeviceBuffer<bf16>>(n));
+    t.model_param = model.back()->get();
+    t.numel = n;
+    t.apply_weight_decay = i != 1;
+    tensors.push_back(t);
+  }
+  cuda::MultiTensorTable table(tensors);
+  EXPECT_EQ(table.num_chunks(), 2 + 1 + 3);
+  DeviceBuffer<float> norm_d(1);
+  DeviceBuffer<unsigned char> ws(cuda::grad_norm_workspace_bytes(table));
+  cuda::global_grad_norm(table, norm_d.get(), ws.get(), ws.size(), nullptr);
+  std::vector<reference::GradTensor> grads;
+  for (size_t i = 0; i < sizes.size(); ++i) grads.push_back({g[i].data(), sizes[i]});
+  const float norm = reference::global_grad_norm(grads);
+  const float norm_gpu = test::download(norm_d)[0];
+  EXPECT_NEAR(norm_gpu, norm, 1e-5 * norm);
+  AdamWHyper hyper{.lr = 1e-3f, .weight_decay = 0.1f, .step = 3, .max_grad_norm = norm / 2};
+  cuda::adamw_step(table, hyper, norm_d.get(), nullptr);
+  const float clip = adamw_clip_coefficient(norm_gpu, hyper.max_grad_norm);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<float> model_ref(sizes[i]);
+    reference::adamw_step(p[i].data(), g[i].data(), m[i].data(), v[i].data(), model_ref.data(), sizes[i],
+                          hyper, i != 1, clip);
+    EXPECT_LT(test::relative_error(test::download(*buffers[4 * i]), p[i]), 1e-6) << i;
+    EXPECT_LT(test::relative_error(test::download(*buffers[4 * i + 2]), m[i]), 1e-5) << i;
+    EXPECT_LT(test::relative_error(test::download(*buffers[4 * i + 3]), v[i]), 1e-5) << i;
+    EXPECT_LT(test::relative_error(test::download_bf16(*model[i]), model_ref), 1e-2) << i;
+  }
+  // A non-finite norm skips the step entirely.
+  const auto before = test::download(*buffers[0]);
+  std::vector<float> nan_norm = {NAN};
+  test::upload(norm_d, nan_norm);
+  cuda::adamw_step(table, hyper, norm_d.get(), nullptr);
+  EXPECT_EQ(test::download(*buffers[0]), before);
+}
+
+TEST(ElementwiseGpu, CastsSumsColumnSumsAndNonfinite) {
+  MEGATUNE_REQUIRE_GPU();
+  const int64_t rows = 130, cols = 300, n = rows * cols;
+  auto x = test::random_bf16_values(n, 60);
+  DeviceBuffer<bf16> x_d(n), back_d(n);
+  DeviceBuffer<float> f_d(n), sums_d(cols), total_d(1);
+  test::upload_bf16(x_d, x);
+  cuda::cast_bf16_to_fp32(x_d.get(), f_d.get(), n, nullptr);
+  EXPECT_EQ(test::download(f_d), x);
+  cuda::cast_fp32_to_bf16(f_d.get(), back_d.get(), n, nullptr);
+  EXPECT_EQ(test::download_bf16(back_d), x);
+  DeviceBuffer<unsigned char> ws(cuda::column_sum_workspace_bytes(rows, cols));
+  sums_d.zero();
+  cuda::column_sum_bf16(x_d.get(), sums_d.get(), rows, cols, true, ws.get(), ws.size(), nullptr);
+  std::vector<float> sums(cols, 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) sums[c] += x[r * cols + c];
+  EXPECT_LT(test::relative_error(test::download(sums_d), sums), 1e-5);
+  cuda::sum_fp32(f_d.get(), n, total_d.get(), nullptr);
+  const double total = std::accumulate(x.begin(), x.end(), 0.0);
+  EXPECT_NEAR(test::download(total_d)[0], total, 1e-2);
+  DeviceBuffer<int> count_d(1);
+  count_d.zero();
+  cuda::count_nonfinite_fp32(f_d.get(), n, count_d.get(), nullptr);
+  EXPECT_EQ(test::download(count_d)[0], 0);
+  x[17] = NAN, x[n - 1] = INFINITY;
+  test::upload_bf16(x_d, x);
+  cuda::count_nonfinite_bf16(x_d.get(), n, count_d.get(), nullptr);
+  EXPECT_EQ(test::download(count_d)[0], 2);
+}
+
+}  // namespace
+}  // namespace megatune::executor
