@@ -154,7 +154,10 @@ double peak_dense_tflops(std::string_view gpu_name, PeakPrecision precision) {
   const GpuPeak* gpu = find_gpu(gpu_name);
   if (!gpu) {
     std::string known;
-    for (const auto& name : known_gpu_names()) known += (known.empty() ? "" : ", ") + name;
+    for (const auto& name : known_gpu_names()) {
+      known += known.empty() ? "" : ", ";
+      known += name;
+    }
     throw UserError("GPU '" + std::string(gpu_name) + "' has no peak FLOP/s entry: use one of " + known +
                     " (or give the peak explicitly)");
   }

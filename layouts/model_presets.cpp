@@ -100,7 +100,10 @@ ModelSpec make_preset(std::string_view name) {
     return m;
   }
   std::string known;
-  for (const auto& preset : model_preset_names()) known += (known.empty() ? "" : ", ") + preset;
+  for (const auto& preset : model_preset_names()) {
+    known += known.empty() ? "" : ", ";
+    known += preset;
+  }
   throw UserError("--model '" + std::string(name) + "' is not a known preset: use one of " + known +
                   " (or give the shape with --num-layers, --hidden-size, ...)");
 }
@@ -159,7 +162,10 @@ ModelSpec torch_anchor_model(std::string_view name) {
     return m;
   }
   std::string known;
-  for (const auto& anchor : torch_anchor_model_names()) known += (known.empty() ? "" : ", ") + anchor;
+  for (const auto& anchor : torch_anchor_model_names()) {
+    known += known.empty() ? "" : ", ";
+    known += anchor;
+  }
   throw UserError("anchor model '" + std::string(name) + "' is not in torch_gpt.py's CONFIGS: use one of " +
                   known);
 }
