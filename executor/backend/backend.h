@@ -94,6 +94,22 @@ class Backend {
   virtual void fill_zero(Tensor t) = 0;
   virtual void copy(Tensor src, Tensor dst) = 0;  // same shape; converts dtype
 
+  // ---- scratch: one workspace shared by the kernels that need one (they run in order on the compute
+  // stream). The model states its largest shapes; the backend answers the bytes; the model allocates them
+  // from the arena and hands them over with set_scratch().
+  struct ScratchNeeds {
+    std::int64_t tokens = 0;         // rows of the activations
+    std::int64_t hidden = 0;         // norm width
+    std::int64_t max_bias_cols = 0;  // widest bias-gradient column sum
+    std::int64_t vocab = 0;          // embedding rows
+    AttentionArgs attention;         // shape of the attention calls
+  };
+  virtual std::int64_t scratch_bytes(const ScratchNeeds& needs) const {
+    (void)needs;
+    return 0;
+  }
+  void set_scratch(Tensor scratch) { scratch_ = scratch; }
+
   // ---- streams and events (overlap of compute and communication).
   enum class Stream { kCompute, kCommunication };
   using Event = int;
@@ -163,6 +179,7 @@ class Backend {
   virtual float do_grad_norm() = 0;
   virtual void do_adamw_step(const AdamWHyper& hyper) = 0;
   std::int64_t optimizer_elements_ = 0;  // set by prepare_optimizer implementations
+  Tensor scratch_;                       // see set_scratch()
 
  private:
   Tensor bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, const char* what);

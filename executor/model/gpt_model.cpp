@@ -87,6 +87,16 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   d_attn_ = backend_.allocate(compute_dtype_, T, config_.attention_width(), "attention output gradient");
   d_qkv_ = backend_.allocate(compute_dtype_, T, config_.qkv_width(), "qkv gradient");
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
+
+  Backend::ScratchNeeds needs;
+  needs.tokens = T;
+  needs.hidden = h;
+  needs.max_bias_cols = std::max({h, config_.qkv_width(), config_.fc1_width()});
+  needs.vocab = config_.vocab_per_rank();
+  needs.attention = attention_args(saved_[0]);
+  const std::int64_t scratch_bytes = backend_.scratch_bytes(needs);
+  if (scratch_bytes > 0)
+    backend_.set_scratch(backend_.allocate(DType::kFP32, 1, (scratch_bytes + 3) / 4, "kernel scratch"));
 }
 
 GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention, const char* what) {

@@ -102,7 +102,10 @@ std::vector<IterationRecord> TrainingRun::run() {
       if (!loader.next(mb))
         throw UserError("the training data ran out before --train-iters; lower --train-iters");
     IterationRecord record;
+    const bool recording = config_.record_first_iteration && records.empty();
+    backend_.recorder().set_enabled(recording);
     record.step = trainer_->train_step(microbatches);
+    if (recording) backend_.recorder().set_enabled(false);
     record.iteration = trainer_->iteration();
     records.push_back(record);
     interval_time_s += record.step.elapsed_s;

@@ -23,6 +23,7 @@ struct RunConfig {
   double flops_per_iteration = 0;  // Megatron's model FLOPs of one iteration (recompute not counted)
   double peak_tflops = 0;          // per GPU; 0: MFU is not printed (CPU)
   int gpus = 1;
+  bool record_first_iteration = false;  // the backend records the ops of the first iteration run
 };
 
 struct IterationRecord {

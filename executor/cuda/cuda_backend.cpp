@@ -1,0 +1,372 @@
+// CudaBackend: device arena, streams/events, and the dispatch of every Backend kernel to executor/cuda.
+#include "executor/cuda/cuda_backend.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "executor/cuda/activation_kernels.h"
+#include "executor/cuda/cross_entropy_kernels.h"
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/elementwise_kernels.h"
+#include "executor/cuda/embedding_kernels.h"
+#include "executor/cuda/flash_attention.h"
+#include "executor/cuda/gemm_runner.h"
+#include "executor/cuda/norm_kernels.h"
+#include "executor/cuda/optimizer_kernels.h"
+#include "executor/cuda/rope_kernels.h"
+
+namespace megatune::executor {
+namespace {
+
+using cuda::bf16;
+
+bf16* b16(Tensor t) { return static_cast<bf16*>(t.data); }
+float* f32(Tensor t) { return static_cast<float*>(t.data); }
+
+void require_bf16(const Tensor& t, const char* what) {
+  if (t.dtype != DType::kBF16 || t.is_int32)
+    throw std::logic_error(std::string("cuda backend: ") + what + " must be bf16 (train with --bf16)");
+}
+void require_fp32(const Tensor& t, const char* what) {
+  if (t.dtype != DType::kFP32 || t.is_int32)
+    throw std::logic_error(std::string("cuda backend: ") + what + " must be fp32");
+}
+void require_contiguous(const Tensor& t, const char* what) {
+  if (!t.contiguous()) throw std::logic_error(std::string("cuda backend: ") + what + " must be contiguous");
+}
+
+cuda::GemmDType gemm_dtype(const Tensor& t) {
+  return t.dtype == DType::kFP32 ? cuda::GemmDType::kFP32 : cuda::GemmDType::kBF16;
+}
+
+AttentionShape attention_shape(const AttentionArgs& a) {
+  AttentionShape s;
+  s.batch = a.batch;
+  s.seq_len = a.seq;
+  s.num_heads = a.heads;
+  s.num_kv_heads = a.kv_heads;
+  s.head_dim = a.head_dim;
+  s.causal = true;
+  s.softmax_scale = a.softmax_scale;
+  s.q_token_stride = a.qkv.row_stride;
+  s.kv_token_stride = a.qkv.row_stride;
+  s.o_token_stride = a.out.row_stride;
+  return s;
+}
+
+}  // namespace
+
+int CudaBackend::device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  MEGATUNE_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  MEGATUNE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  device_name_ = prop.name;
+  MEGATUNE_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  MEGATUNE_CUDA_CHECK(cudaStreamCreateWithFlags(&communication_, cudaStreamNonBlocking));
+  events_.resize(kEventPoolSize);
+  for (cudaEvent_t& e : events_) MEGATUNE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  gemm_ = std::make_unique<cuda::GemmRunner>();
+  MEGATUNE_CUDA_CHECK(cudaMalloc(&grad_norm_device_, sizeof(float)));
+}
+
+CudaBackend::~CudaBackend() {
+  // Destructors must not throw: release what we hold and ignore errors of a broken context.
+  cudaStreamSynchronize(compute_);
+  cudaStreamSynchronize(communication_);
+  optimizer_table_.reset();
+  gemm_.reset();
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  cudaFree(grad_norm_workspace_);
+  cudaFree(grad_norm_device_);
+  cudaFree(arena_);
+  cudaStreamDestroy(compute_);
+  cudaStreamDestroy(communication_);
+}
+
+std::string CudaBackend::name() const {
+  return "cuda:" + std::to_string(device_) + " (" + device_name_ + ")";
+}
+
+std::int64_t CudaBackend::storage_bytes(DType dtype) const { return layouts::dtype_bytes(dtype); }
+
+std::int64_t CudaBackend::device_bytes() const {
+  return arena_capacity_bytes() + static_cast<std::int64_t>(gemm_->workspace_bytes()) +
+         static_cast<std::int64_t>(grad_norm_workspace_bytes_);
+}
+
+void* CudaBackend::reserve_memory(std::int64_t bytes) {
+  MEGATUNE_CUDA_CHECK(cudaMalloc(&arena_, static_cast<std::size_t>(std::max<std::int64_t>(bytes, 256))));
+  return arena_;
+}
+
+void CudaBackend::upload(Tensor dst, const float* host) {
+  const std::int64_t e = storage_bytes(dst.dtype);
+  if (dst.dtype == DType::kBF16) {
+    std::vector<bf16> staged(static_cast<std::size_t>(dst.numel()));
+    for (std::int64_t i = 0; i < dst.numel(); ++i) staged[i] = __float2bfloat16(host[i]);
+    MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst.row_stride * e, staged.data(), dst.cols * e,
+                                          dst.cols * e, dst.rows, cudaMemcpyHostToDevice, compute_));
+  } else {
+    require_fp32(dst, "upload target");
+    MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst.row_stride * e, host, dst.cols * e, dst.cols * e,
+                                          dst.rows, cudaMemcpyHostToDevice, compute_));
+  }
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+void CudaBackend::download(Tensor src, float* host) {
+  const std::int64_t e = storage_bytes(src.dtype);
+  if (src.dtype == DType::kBF16) {
+    std::vector<bf16> staged(static_cast<std::size_t>(src.numel()));
+    MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(staged.data(), src.cols * e, src.data, src.row_stride * e,
+                                          src.cols * e, src.rows, cudaMemcpyDeviceToHost, compute_));
+    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    for (std::int64_t i = 0; i < src.numel(); ++i) host[i] = __bfloat162float(staged[i]);
+  } else {
+    require_fp32(src, "download source");
+    MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(host, src.cols * e, src.data, src.row_stride * e, src.cols * e,
+                                          src.rows, cudaMemcpyDeviceToHost, compute_));
+    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  }
+}
+
+void CudaBackend::upload_int32(Tensor dst, const std::int32_t* host) {
+  require_contiguous(dst, "token tensor");
+  // Pageable source: the copy is staged by the driver before the call returns, so `host` may be reused.
+  MEGATUNE_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data, host, sizeof(std::int32_t) * dst.numel(), cudaMemcpyHostToDevice, compute_));
+}
+
+void CudaBackend::fill_zero(Tensor t) {
+  const std::int64_t e = t.is_int32 ? 4 : storage_bytes(t.dtype);
+  MEGATUNE_CUDA_CHECK(cudaMemset2DAsync(t.data, t.row_stride * e, 0, t.cols * e, t.rows, compute_));
+}
+
+void CudaBackend::copy(Tensor src, Tensor dst) {
+  if (src.rows != dst.rows || src.cols != dst.cols)
+    throw std::logic_error("cuda backend: copy shape mismatch");
+  if (src.dtype == dst.dtype) {
+    const std::int64_t e = storage_bytes(src.dtype);
+    MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst.row_stride * e, src.data, src.row_stride * e,
+                                          src.cols * e, src.rows, cudaMemcpyDeviceToDevice, compute_));
+    return;
+  }
+  require_contiguous(src, "cast source");
+  require_contiguous(dst, "cast target");
+  if (src.dtype == DType::kFP32 && dst.dtype == DType::kBF16) {
+    cuda::cast_fp32_to_bf16(f32(src), b16(dst), src.numel(), compute_);
+  } else if (src.dtype == DType::kBF16 && dst.dtype == DType::kFP32) {
+    cuda::cast_bf16_to_fp32(b16(src), f32(dst), src.numel(), compute_);
+  } else {
+    throw std::logic_error("cuda backend: unsupported cast");
+  }
+}
+
+Backend::Event CudaBackend::record_event(Stream stream) {
+  const int id = next_event_;
+  next_event_ = (next_event_ + 1) % kEventPoolSize;
+  MEGATUNE_CUDA_CHECK(cudaEventRecord(events_[id], stream == Stream::kCompute ? compute_ : communication_));
+  return id;
+}
+
+void CudaBackend::wait_event(Stream waiting, Event event) {
+  MEGATUNE_CUDA_CHECK(
+      cudaStreamWaitEvent(waiting == Stream::kCompute ? compute_ : communication_, events_.at(event), 0));
+}
+
+void CudaBackend::synchronize() {
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(communication_));
+}
+
+std::int64_t CudaBackend::scratch_bytes(const ScratchNeeds& n) const {
+  std::size_t bytes = cuda::column_sum_workspace_bytes(n.tokens, n.max_bias_cols);
+  bytes = std::max(bytes, cuda::norm_backward_workspace_bytes(n.tokens, n.hidden));
+  bytes = std::max(bytes, cuda::embedding_backward_workspace_bytes(n.tokens, n.vocab));
+  bytes = std::max(bytes, cuda::flash_attention_backward_workspace_bytes(attention_shape(n.attention)));
+  return static_cast<std::int64_t>(bytes);
+}
+
+void CudaBackend::do_gemm(const GemmArgs& g) {
+  require_bf16(g.a, "GEMM A");
+  require_bf16(g.b, "GEMM B");
+  cuda::GemmSpec spec;
+  spec.m = g.m;
+  spec.n = g.n;
+  spec.k = g.k;
+  spec.trans_a = g.transpose_a;
+  spec.trans_b = g.transpose_b;
+  spec.lda = g.a.row_stride;
+  spec.ldb = g.b.row_stride;
+  spec.ldd = g.c.row_stride;
+  spec.ab_type = cuda::GemmDType::kBF16;
+  spec.d_type = gemm_dtype(g.c);
+  spec.epilogue = g.bias.empty() ? cuda::GemmEpilogue::kNone : cuda::GemmEpilogue::kBias;
+  cuda::GemmArgs args;
+  args.a = g.a.data;
+  args.b = g.b.data;
+  args.d = g.c.data;
+  args.alpha = 1.0f;
+  args.beta = g.accumulate ? 1.0f : 0.0f;
+  args.bias = g.bias.empty() ? nullptr : g.bias.data;
+  gemm_->run(spec, args, compute_);
+}
+
+void CudaBackend::do_bias_grad(Tensor d_out, Tensor d_bias) {
+  require_bf16(d_out, "bias gradient input");
+  require_contiguous(d_out, "bias gradient input");
+  cuda::column_sum_bf16(b16(d_out), f32(d_bias), d_out.rows, d_out.cols, /*accumulate=*/true, scratch_.data,
+                        static_cast<std::size_t>(scratch_.numel() * 4), compute_);
+}
+
+void CudaBackend::do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
+                                       Tensor out) {
+  cuda::embedding_forward(static_cast<const std::int32_t*>(tokens.data), b16(table),
+                          position_table.empty() ? nullptr : b16(position_table), b16(out), out.rows, seq,
+                          table.rows, table.cols, compute_);
+}
+
+void CudaBackend::do_embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
+                                        Tensor d_position_table) {
+  cuda::embedding_backward(static_cast<const std::int32_t*>(tokens.data), b16(d_out), f32(d_table),
+                           d_position_table.empty() ? nullptr : f32(d_position_table), d_out.rows, seq,
+                           d_table.rows, d_table.cols, scratch_.data,
+                           static_cast<std::size_t>(scratch_.numel() * 4), compute_);
+}
+
+void CudaBackend::do_norm_forward(const NormArgs& a) {
+  const bool residual = !a.residual.empty();
+  cuda::norm_forward(a.kind, b16(a.x), residual ? b16(a.residual) : nullptr, b16(a.gamma),
+                     a.beta.empty() ? nullptr : b16(a.beta), b16(a.out), residual ? b16(a.sum_out) : nullptr,
+                     a.mean.empty() ? nullptr : f32(a.mean), f32(a.rstd), a.x.rows, a.x.cols, a.eps,
+                     compute_);
+}
+
+void CudaBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_residual, Tensor d_x,
+                                   Tensor d_gamma, Tensor d_beta) {
+  const Tensor input = a.residual.empty() ? a.x : a.sum_out;
+  cuda::norm_backward(a.kind, b16(d_out), b16(input), b16(a.gamma), a.mean.empty() ? nullptr : f32(a.mean),
+                      f32(a.rstd), d_residual.empty() ? nullptr : b16(d_residual), b16(d_x), f32(d_gamma),
+                      d_beta.empty() ? nullptr : f32(d_beta), input.rows, input.cols, /*accumulate=*/true,
+                      scratch_.data, static_cast<std::size_t>(scratch_.numel() * 4), compute_);
+}
+
+void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                          std::int64_t head_dim, float theta, bool inverse) {
+  AttentionShape s;
+  s.batch = qkv.rows / seq;
+  s.seq_len = seq;
+  s.num_heads = heads;
+  s.num_kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.q_token_stride = qkv.row_stride;
+  s.kv_token_stride = qkv.row_stride;
+  bf16* q = b16(qkv);
+  bf16* k = q + s.packed_k_offset();
+  if (inverse) {
+    cuda::rope_backward_inplace(s, q, k, theta, 0, compute_);
+  } else {
+    cuda::rope_forward_inplace(s, q, k, theta, 0, compute_);
+  }
+}
+
+void CudaBackend::do_attention_forward(const AttentionArgs& a) {
+  const AttentionShape s = attention_shape(a);
+  const bf16* qkv = b16(a.qkv);
+  cuda::flash_attention_forward(s, qkv, qkv + s.packed_k_offset(), qkv + s.packed_v_offset(), b16(a.out),
+                                f32(a.lse), compute_);
+}
+
+void CudaBackend::do_attention_backward(const AttentionArgs& a, Tensor d_out, Tensor d_qkv) {
+  AttentionShape s = attention_shape(a);
+  if (d_out.row_stride != a.out.row_stride || d_qkv.row_stride != a.qkv.row_stride)
+    throw std::logic_error("cuda backend: attention gradients must share the forward strides");
+  const bf16* qkv = b16(a.qkv);
+  bf16* dqkv = b16(d_qkv);
+  cuda::flash_attention_backward(s, qkv, qkv + s.packed_k_offset(), qkv + s.packed_v_offset(), b16(a.out),
+                                 f32(a.lse), b16(d_out), dqkv, dqkv + s.packed_k_offset(),
+                                 dqkv + s.packed_v_offset(), scratch_.data,
+                                 static_cast<std::size_t>(scratch_.numel() * 4), compute_);
+}
+
+void CudaBackend::do_activation_forward(ActivationKind kind, Tensor in, Tensor out) {
+  require_contiguous(in, "activation input");
+  require_contiguous(out, "activation output");
+  if (kind == ActivationKind::kGelu) {
+    cuda::bias_gelu_forward(b16(in), nullptr, nullptr, b16(out), in.rows, in.cols, compute_);
+  } else {
+    cuda::swiglu_forward(b16(in), b16(out), in.rows, out.cols, compute_);
+  }
+}
+
+void CudaBackend::do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) {
+  if (kind == ActivationKind::kGelu) {
+    cuda::gelu_backward(b16(d_out), b16(in), b16(d_in), in.rows, in.cols, compute_);
+  } else {
+    cuda::swiglu_backward(b16(d_out), b16(in), b16(d_in), in.rows, d_out.cols, compute_);
+  }
+}
+
+void CudaBackend::do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) {
+  require_contiguous(logits, "logits");
+  cuda::cross_entropy_forward_backward(b16(logits), static_cast<const std::int32_t*>(targets.data),
+                                       f32(losses), logits.rows, logits.cols, /*write_gradient=*/true,
+                                       grad_scale, compute_);
+}
+
+void CudaBackend::do_add(Tensor a, Tensor b, Tensor out) {
+  require_contiguous(out, "add output");
+  cuda::add_bf16(b16(a), b16(b), b16(out), out.numel(), compute_);
+}
+
+void CudaBackend::do_cast(Tensor src, Tensor dst) { copy(src, dst); }
+
+void CudaBackend::prepare_optimizer(std::vector<OptimizerTensor> tensors) {
+  std::vector<cuda::AdamWTensor> table;
+  optimizer_elements_ = 0;
+  for (const OptimizerTensor& t : tensors) {
+    cuda::AdamWTensor a;
+    a.main_param = f32(t.main_param);
+    a.main_grad = f32(t.main_grad);
+    a.exp_avg = f32(t.exp_avg);
+    a.exp_avg_sq = f32(t.exp_avg_sq);
+    a.model_param = t.model_param.dtype == DType::kBF16 ? b16(t.model_param) : nullptr;
+    a.numel = t.main_param.numel();
+    a.apply_weight_decay = t.apply_weight_decay ? 1 : 0;
+    optimizer_elements_ += a.numel;
+    table.push_back(a);
+  }
+  optimizer_table_ = std::make_unique<cuda::MultiTensorTable>(std::move(table));
+  cudaFree(grad_norm_workspace_);
+  grad_norm_workspace_bytes_ = cuda::grad_norm_workspace_bytes(*optimizer_table_);
+  MEGATUNE_CUDA_CHECK(
+      cudaMalloc(&grad_norm_workspace_, std::max<std::size_t>(grad_norm_workspace_bytes_, 256)));
+}
+
+float CudaBackend::do_grad_norm() {
+  cuda::global_grad_norm(*optimizer_table_, grad_norm_device_, grad_norm_workspace_,
+                         grad_norm_workspace_bytes_, compute_);
+  float norm = 0.0f;
+  MEGATUNE_CUDA_CHECK(
+      cudaMemcpyAsync(&norm, grad_norm_device_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  return norm;
+}
+
+void CudaBackend::do_adamw_step(const AdamWHyper& hyper) {
+  cuda::adamw_step(*optimizer_table_, hyper, grad_norm_device_, compute_);
+}
+
+}  // namespace megatune::executor

@@ -1,0 +1,87 @@
+// CudaBackend: the Backend on one GPU: bf16 weights and activations with fp32 statistics, gradients and
+// optimizer state; cuBLASLt GEMMs, flash attention and the fused kernels of executor/cuda; one device arena
+// reserved up front; a compute and a communication stream with events for overlap.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "executor/backend/backend.h"
+
+namespace megatune::executor {
+
+namespace cuda {
+class GemmRunner;
+class MultiTensorTable;
+}  // namespace cuda
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  static int device_count();  // 0 when no GPU or no driver
+  std::string name() const override;
+  std::string device_name() const { return device_name_; }
+  std::int64_t storage_bytes(DType dtype) const override;
+  // Device memory this backend holds: the arena plus the fixed workspaces (GEMM, optimizer table).
+  std::int64_t device_bytes() const;
+  cudaStream_t compute_stream() const { return compute_; }
+
+  void upload(Tensor dst, const float* host) override;
+  void download(Tensor src, float* host) override;
+  void upload_int32(Tensor dst, const std::int32_t* host) override;
+  void fill_zero(Tensor t) override;
+  void copy(Tensor src, Tensor dst) override;
+
+  Event record_event(Stream stream) override;
+  void wait_event(Stream waiting, Event event) override;
+  void synchronize() override;
+
+  std::int64_t scratch_bytes(const ScratchNeeds& needs) const override;
+  void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
+
+ protected:
+  void* reserve_memory(std::int64_t bytes) override;
+  void do_gemm(const GemmArgs& args) override;
+  void do_bias_grad(Tensor d_out, Tensor d_bias) override;
+  void do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
+                            Tensor out) override;
+  void do_embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
+                             Tensor d_position_table) override;
+  void do_norm_forward(const NormArgs& args) override;
+  void do_norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
+                        Tensor d_beta) override;
+  void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+               float theta, bool inverse) override;
+  void do_attention_forward(const AttentionArgs& args) override;
+  void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) override;
+  void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) override;
+  void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) override;
+  void do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) override;
+  void do_add(Tensor a, Tensor b, Tensor out) override;
+  void do_cast(Tensor src, Tensor dst) override;
+  float do_grad_norm() override;
+  void do_adamw_step(const AdamWHyper& hyper) override;
+
+ private:
+  static constexpr int kEventPoolSize = 256;
+  int device_ = 0;
+  std::string device_name_;
+  cudaStream_t compute_ = nullptr;
+  cudaStream_t communication_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+  int next_event_ = 0;
+  void* arena_ = nullptr;
+  std::unique_ptr<cuda::GemmRunner> gemm_;
+  std::unique_ptr<cuda::MultiTensorTable> optimizer_table_;
+  void* grad_norm_workspace_ = nullptr;
+  std::size_t grad_norm_workspace_bytes_ = 0;
+  float* grad_norm_device_ = nullptr;
+};
+
+}  // namespace megatune::executor
