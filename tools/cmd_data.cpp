@@ -104,7 +104,8 @@ int run_sample(const SampleArgs& args) {
   config.gpt.vocab_size = args.vocab_size;
   config.gpt.eod_token = args.vocab_size > ByteTokenizer::kEodToken ? ByteTokenizer::kEodToken : 0;
   if (!args.mock_data && args.data_path.empty()) throw UserError("give --data-path PREFIX or --mock-data");
-  const auto datasets = build_train_valid_test_datasets(config, {args.num_samples, 0, 0});
+  const auto datasets =
+      build_train_valid_test_datasets(config, {args.num_samples > 0 ? args.num_samples : -1, 0, 0});
   if (!datasets.train) throw UserError("--split " + args.split + " leaves no train split");
   const auto& train = *datasets.train;
   std::printf("%s: %lld samples\n", train.description().c_str(), static_cast<long long>(train.num_samples()));

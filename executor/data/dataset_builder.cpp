@@ -78,7 +78,14 @@ TrainValidTestDatasets build_train_valid_test_datasets(const DataConfig& config,
   TrainValidTestDatasets result;
   std::shared_ptr<const SampleDataset>* outputs[3] = {&result.train, &result.valid, &result.test};
   for (size_t part = 0; part < 3; ++part) {
-    if (num_samples[part] <= 0 && normalized_split[part] == 0) continue;
+    if (num_samples[part] == 0 || normalized_split[part] == 0) {
+      if (num_samples[part] > 0) {
+        throw UserError("--split " + config.split + " gives the " + kSplitNames[part] +
+                        " split no share but " + std::to_string(num_samples[part]) + " " + kSplitNames[part] +
+                        " samples are needed; give that split a non-zero weight");
+      }
+      continue;
+    }
     std::vector<int64_t> per_dataset_samples(sources.size(), num_samples[part]);
     if (sources.size() > 1) per_dataset_samples = blend_per_dataset_num_samples(weights, num_samples[part]);
     std::vector<std::shared_ptr<const SampleDataset>> datasets;
@@ -107,13 +114,14 @@ TrainValidTestDatasets build_train_valid_test_datasets(const DataConfig& config,
       if (size <= 0) {
         size = 0;
         for (const auto& dataset : datasets) size += dataset->num_samples();
-        // Without a requested size, draw as many as the blend can give without running out.
+        // Without a requested size, draw as many as the blend can give without running out: the blending
+        // rule keeps each count within 1 of weight * samples.
         int64_t limit = size;
         for (size_t d = 0; d < datasets.size(); ++d) {
           if (weights[d] > 0) {
             limit = std::min<int64_t>(
                 limit,
-                static_cast<int64_t>(static_cast<double>(datasets[d]->num_samples()) / weights[d] / 1.005));
+                static_cast<int64_t>(static_cast<double>(datasets[d]->num_samples() - 1) / weights[d]));
           }
         }
         size = limit;

@@ -37,8 +37,9 @@ struct TrainValidTestDatasets {
 };
 
 // num_samples = {train, valid, test} samples the run will draw (Megatron: train_iters * global batch,
-// (train_iters / eval_interval + 1) * eval_iters * global batch, eval_iters * global batch). A split that
-// is empty while samples are requested from it is a UserError. One prefix -> a GPTDataset per split;
+// (train_iters / eval_interval + 1) * eval_iters * global batch, eval_iters * global batch); 0 = that split
+// is not built (null), < 0 = one epoch of it. A split that is empty (or too small for one sample) while
+// samples are requested from it is a UserError. One prefix -> a GPTDataset per split;
 // several -> per split a BlendedDataset of GPTDatasets asked for blend_per_dataset_num_samples each.
 TrainValidTestDatasets build_train_valid_test_datasets(const DataConfig& config,
                                                        const std::array<int64_t, 3>& num_samples);

@@ -322,8 +322,21 @@ TEST(DatasetBuilder, BuildsSplitsFromMockAndIndexedData) {
     from_second += tokens[0] >= 100 ? 1 : 0;
   }
   EXPECT_EQ(from_second, 48);  // exactly 3/4 of 64 by the blending rule
+  // No size requested: one epoch of each dataset, blended as far as the weights allow.
+  const auto one_epoch = build_train_valid_test_datasets(config, {-1, 0, 0});
+  ASSERT_TRUE(one_epoch.train);
+  EXPECT_GT(one_epoch.train->num_samples(), 0);
+  for (int64_t i = 0; i < one_epoch.train->num_samples(); ++i)
+    one_epoch.train->get_sample(i, tokens, labels, mask);
   config.split = "1,0,0";
   EXPECT_THROW(build_train_valid_test_datasets(config, {64, 8, 0}), UserError);
+  // A split too small for one sample is fine as long as no samples are asked of it.
+  config.split = "90,5,5";
+  config.data_path = {prefixes[0]};
+  config.gpt.sequence_length = 100;  // the 5% splits hold 2 or 3 documents of 40 tokens
+  const auto train_only = build_train_valid_test_datasets(config, {64, 0, 0});
+  EXPECT_TRUE(train_only.train && !train_only.valid && !train_only.test);
+  EXPECT_THROW(build_train_valid_test_datasets(config, {64, 1, 0}), UserError);
   std::filesystem::remove_all(directory);
 }
 
