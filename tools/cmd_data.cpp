@@ -1,10 +1,13 @@
 // `megatune data`: preprocess text/JSONL into Megatron indexed datasets, inspect a dataset, and print the
 // samples GPTDataset draws (to compare with Megatron-LM).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "executor/data/byte_tokenizer.h"
 #include "executor/data/dataset_builder.h"
@@ -46,16 +49,31 @@ int run_preprocess(PreprocessArgs& args) {
   std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
                args.config.input_path.c_str(), args.config.output_prefix.c_str(),
                args.config.json_keys.front().c_str(), args.tokenizer_type.c_str());
-  const auto result = preprocess_data(args.config, [](const PreprocessProgress& progress) {
+  // A redrawn bar on a terminal; one line per report when stderr is a file or a pipe.
+  const bool terminal = ::isatty(::fileno(stderr)) != 0;
+  bool drew_bar = false;
+  const auto result = preprocess_data(args.config, [&](const PreprocessProgress& progress) {
     const double mb = static_cast<double>(progress.input_bytes_read) / 1e6;
-    const double percent = progress.input_bytes_total > 0
-                               ? 100.0 * static_cast<double>(progress.input_bytes_read) /
-                                     static_cast<double>(progress.input_bytes_total)
-                               : 100.0;
-    std::fprintf(stderr, "  processed %lld documents, %lld tokens, %.1f MB (%.1f%%), %.1f MB/s\n",
-                 static_cast<long long>(progress.documents), static_cast<long long>(progress.tokens), mb,
-                 percent, progress.elapsed_s > 0 ? mb / progress.elapsed_s : 0.0);
+    const double fraction =
+        progress.input_bytes_total > 0
+            ? static_cast<double>(progress.input_bytes_read) / static_cast<double>(progress.input_bytes_total)
+            : 1.0;
+    const double rate = progress.elapsed_s > 0 ? mb / progress.elapsed_s : 0.0;
+    if (terminal) {
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(fraction * kWidth);
+      std::fprintf(stderr, "\r  [%s%s] %5.1f%%  %lld docs  %lld tokens  %.1f MB/s ",
+                   std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
+                   100.0 * fraction, static_cast<long long>(progress.documents),
+                   static_cast<long long>(progress.tokens), rate);
+      drew_bar = true;
+    } else {
+      std::fprintf(stderr, "  processed %lld documents, %lld tokens, %.1f MB (%.1f%%), %.1f MB/s\n",
+                   static_cast<long long>(progress.documents), static_cast<long long>(progress.tokens), mb,
+                   100.0 * fraction, rate);
+    }
   });
+  if (drew_bar) std::fprintf(stderr, "\n");
   for (const auto& output : result.outputs) {
     std::printf("%s.bin/.idx: %lld documents, %lld tokens, dtype %s\n", output.path_prefix.c_str(),
                 static_cast<long long>(output.documents), static_cast<long long>(output.tokens),
