@@ -128,6 +128,11 @@ CREATE TABLE run_ops (
   throw std::logic_error("no cost-database migration from schema version " + std::to_string(from_version));
 }
 
+// SQLite's own message, without the call site: for one-line errors about a user's file.
+std::string brief(const SqliteError& error) {
+  return error.sqlite_message().empty() ? error.what() : error.sqlite_message();
+}
+
 bool is_damage(const SqliteError& error) {
   return error.sqlite_code() == SQLITE_NOTADB || error.sqlite_code() == SQLITE_CORRUPT;
 }
@@ -181,7 +186,7 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
   try {
     opened.emplace(in_memory ? std::string(":memory:") : path, open_options);
   } catch (const SqliteError& error) {
-    throw UserError("cannot open cost database " + path + " (" + error.what() +
+    throw UserError("cannot open cost database " + path + " (" + brief(error) +
                     "); check the path and its permissions, or pass another with --db");
   }
   Database& database = *opened;
@@ -205,7 +210,7 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
     }
     snapshot.commit();
   } catch (const SqliteError& error) {
-    if (is_damage(error)) throw_damaged(path, error.what());
+    if (is_damage(error)) throw_damaged(path, brief(error));
     throw;
   }
   if (application_id != 0 && application_id != kCostDatabaseApplicationId) {
@@ -249,10 +254,10 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
       transaction.commit();
     }
   } catch (const SqliteError& error) {
-    if (is_damage(error)) throw_damaged(path, error.what());
+    if (is_damage(error)) throw_damaged(path, brief(error));
     if (error.sqlite_code() == SQLITE_READONLY || error.sqlite_code() == SQLITE_CANTOPEN ||
         error.sqlite_code() == SQLITE_PERM) {
-      throw UserError("cost database " + path + " is not writable (" + error.what() +
+      throw UserError("cost database " + path + " is not writable (" + brief(error) +
                       "); fix its permissions or pass another path with --db");
     }
     throw;

@@ -127,12 +127,12 @@ Database::Database(const std::string& path, const DatabaseOpenOptions& options) 
   }
   const int result = sqlite3_open_v2(path.c_str(), &connection_, flags, nullptr);
   if (result != SQLITE_OK) {
-    std::string message =
-        std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": sqlite3_open_v2(" + path +
-        "): " + (connection_ != nullptr ? sqlite3_errmsg(connection_) : sqlite3_errstr(result));
+    const std::string detail = connection_ != nullptr ? sqlite3_errmsg(connection_) : sqlite3_errstr(result);
+    const std::string message =
+        std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": sqlite3_open_v2(" + path + "): " + detail;
     if (connection_ != nullptr) sqlite3_close_v2(connection_);
     connection_ = nullptr;
-    throw SqliteError(message, result & 0xff);
+    throw SqliteError(message, result & 0xff, detail);
   }
   MEGATUNE_SQLITE_CHECK(connection_, sqlite3_extended_result_codes(connection_, 0));
   MEGATUNE_SQLITE_CHECK(connection_, sqlite3_busy_timeout(connection_, options.busy_timeout_ms));

@@ -1,0 +1,338 @@
+// `megatune db`: the cost database: info (schema, row counts, GPUs and software versions), import and export
+// of tables as CSV/JSON, fitting cost models from measurements, and pricing single ops with provenance.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "cost_models/cluster_spec.h"
+#include "cost_models/cost_database.h"
+#include "cost_models/cost_model.h"
+#include "cost_models/fitting.h"
+#include "cost_models/hardware_catalog.h"
+#include "cost_models/record_store.h"
+#include "cost_models/table_io.h"
+#include "layouts/user_error.h"
+#include "tools/command_registry.h"
+
+namespace megatune::tools {
+namespace {
+
+using namespace megatune::cost_models;
+
+struct DbCommandOptions {
+  std::string database_path;
+  // import / export
+  std::string file;
+  std::string table;
+  std::string format;
+  std::string output;
+  // fit
+  std::string gpu;
+  // price
+  std::string cluster = "1x8xH100";
+  std::string op;
+  std::vector<std::int64_t> shape;
+  std::string dtype = "bf16";
+  int group_size = 8;
+  int group_nodes = 1;
+  bool causal = true;
+};
+
+std::string resolved_path(const DbCommandOptions& options) {
+  return options.database_path.empty() ? default_cost_database_path() : options.database_path;
+}
+
+// Opens (creating when missing) and makes sure the hardware catalog is present.
+Database open_for_cli(const std::string& path, bool* created = nullptr) {
+  const bool existed = std::ifstream(path).good();
+  Database database = open_cost_database(path);
+  if (database.query_int64("SELECT count(*) FROM gpu_models") == 0)
+    HardwareCatalog::embedded().install_into(database);
+  if (created != nullptr) *created = !existed;
+  return database;
+}
+
+std::string fixed(double value, int decimals) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, value);
+  return text;
+}
+
+// Prints rows as left-aligned columns separated by two spaces.
+void print_table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()), 0);
+    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(widths[c] - row[c].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+int run_info(const DbCommandOptions& options) {
+  const std::string path = resolved_path(options);
+  bool created = false;
+  Database database = open_for_cli(path, &created);
+  std::printf("cost database   %s%s\n", path.c_str(),
+              created ? " (created now, with the embedded catalog)" : "");
+  std::printf("schema version  %d (this megatune writes %d)\n\n", schema_version(database),
+              kCostDatabaseSchemaVersion);
+  std::vector<std::vector<std::string>> counts{{"table", "rows"}};
+  for (const auto& [table, count] : table_row_counts(database))
+    counts.push_back({table, std::to_string(count)});
+  print_table(counts);
+
+  std::map<std::string, std::int64_t> kernels_per_gpu, collectives_per_gpu, fits_per_gpu;
+  {
+    Statement statement(database, "SELECT gpu, count(*) FROM kernel_timings GROUP BY gpu");
+    while (statement.step()) kernels_per_gpu[statement.column_text(0)] = statement.column_int64(1);
+  }
+  {
+    Statement statement(database, "SELECT gpu, count(*) FROM collective_timings GROUP BY gpu");
+    while (statement.step()) collectives_per_gpu[statement.column_text(0)] = statement.column_int64(1);
+  }
+  {
+    Statement statement(database, "SELECT gpu, count(*) FROM fitted_models GROUP BY gpu");
+    while (statement.step()) fits_per_gpu[statement.column_text(0)] = statement.column_int64(1);
+  }
+  std::printf("\n");
+  std::vector<std::vector<std::string>> gpus{{"GPU", "bf16 TFLOP/s", "memory GiB", "HBM TB/s", "intra-node",
+                                              "inter-node", "source", "kernels", "collectives", "fits"}};
+  std::set<std::string> listed;
+  for (const GpuModel& gpu : load_gpu_models(database)) {
+    listed.insert(gpu.name);
+    gpus.push_back({gpu.name, fixed(gpu.peak_bf16_tflops, 1),
+                    fixed(static_cast<double>(gpu.memory_bytes) / (1LL << 30), 1),
+                    fixed(gpu.hbm_bandwidth_bytes_per_s / 1e12, 3), gpu.default_intra_node_interconnect,
+                    gpu.default_inter_node_interconnect, gpu.source,
+                    std::to_string(kernels_per_gpu[gpu.name]), std::to_string(collectives_per_gpu[gpu.name]),
+                    std::to_string(fits_per_gpu[gpu.name])});
+  }
+  for (const auto& [name, count] : kernels_per_gpu) {
+    if (listed.insert(name).second) {
+      gpus.push_back({name + " (not in gpu_models)", "-", "-", "-", "-", "-", "-", std::to_string(count),
+                      std::to_string(collectives_per_gpu[name]), std::to_string(fits_per_gpu[name])});
+    }
+  }
+  print_table(gpus);
+
+  std::vector<std::vector<std::string>> versions{
+      {"measured on", "driver", "CUDA", "cuBLAS", "NCCL", "commit", "rows", "newest"}};
+  Statement statement(
+      database,
+      "SELECT gpu, driver_version, cuda_version, cublas_version, nccl_version, commit_hash, count(*), "
+      "max(measured_at) FROM (SELECT gpu, driver_version, cuda_version, cublas_version, nccl_version, "
+      "commit_hash, measured_at FROM kernel_timings UNION ALL SELECT gpu, driver_version, "
+      "cuda_version, cublas_version, nccl_version, commit_hash, measured_at FROM collective_timings) "
+      "GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 8");
+  while (statement.step()) {
+    std::vector<std::string> row;
+    for (int c = 0; c < 8; ++c) {
+      const std::string text = statement.column_text(c);
+      row.push_back(text.empty() ? "-" : text);
+    }
+    versions.push_back(row);
+  }
+  std::printf("\n");
+  if (versions.size() == 1) {
+    std::printf(
+        "no measurements yet: ops are priced from the catalog (analytic); `megatune profile` measures "
+        "them\n");
+  } else {
+    print_table(versions);
+  }
+  return 0;
+}
+
+int run_import(const DbCommandOptions& options) {
+  const std::string path = resolved_path(options);
+  Database database = open_for_cli(path);
+  const std::int64_t rows = import_table_file(database, options.table, options.file);
+  std::printf("imported %lld rows from %s into %s (%s)\n", static_cast<long long>(rows), options.file.c_str(),
+              options.table.c_str(), path.c_str());
+  return 0;
+}
+
+int run_export(const DbCommandOptions& options) {
+  Database database = open_for_cli(resolved_path(options));
+  cost_database_table(options.table);  // a clear error before any output
+  TableFormat format = TableFormat::kCsv;
+  if (!options.format.empty()) {
+    format = table_format_from_name(options.format);
+  } else if (!options.output.empty() && options.output != "-") {
+    format = table_format_from_path(options.output);
+  }
+  if (options.output.empty() || options.output == "-") {
+    export_table(database, options.table, format, std::cout);
+    std::cout.flush();
+    return 0;
+  }
+  const std::string temporary = options.output + ".partial";
+  std::int64_t rows = 0;
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    if (!file) throw UserError("cannot write " + options.output + "; check the path passed to -o");
+    rows = export_table(database, options.table, format, file);
+    file.flush();
+    if (!file) throw UserError("writing " + options.output + " failed (disk full?); nothing was replaced");
+  }
+  if (std::rename(temporary.c_str(), options.output.c_str()) != 0) {
+    std::remove(temporary.c_str());
+    throw UserError("cannot write " + options.output + "; check the path passed to -o");
+  }
+  std::fprintf(stderr, "exported %lld rows of %s to %s\n", static_cast<long long>(rows),
+               options.table.c_str(), options.output.c_str());
+  return 0;
+}
+
+int run_fit(const DbCommandOptions& options) {
+  Database database = open_for_cli(resolved_path(options));
+  std::vector<std::string> gpus;
+  if (!options.gpu.empty()) {
+    const HardwareCatalog catalog = HardwareCatalog::load(database);
+    const GpuModel* gpu = catalog.find_gpu(options.gpu);
+    gpus.push_back(gpu != nullptr ? gpu->name : options.gpu);
+  } else {
+    Statement statement(database,
+                        "SELECT DISTINCT gpu FROM (SELECT gpu FROM kernel_timings UNION SELECT gpu FROM "
+                        "collective_timings) ORDER BY gpu");
+    while (statement.step()) gpus.push_back(statement.column_text(0));
+  }
+  if (gpus.empty()) {
+    std::printf("nothing to fit: the database holds no measurements (run `megatune profile` first)\n");
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows{{"GPU", "model", "variant", "points", "r2 (log time)", "MAPE"}};
+  for (const std::string& gpu : gpus) {
+    for (const FittedModel& fit : fit_and_store(database, gpu)) {
+      rows.push_back({fit.gpu, fit.model_kind, fit.variant, std::to_string(fit.n_points), fixed(fit.r2, 4),
+                      fixed(fit.mape * 100, 2) + "%"});
+    }
+  }
+  if (rows.size() == 1) {
+    std::printf("no variant has enough measurements to fit yet\n");
+  } else {
+    print_table(rows);
+  }
+  return 0;
+}
+
+int run_price(const DbCommandOptions& options) {
+  const ClusterSpec cluster = parse_cluster_spec(options.cluster);
+  Database database = open_for_cli(resolved_path(options));
+  CostModel model(database, cluster);
+  const layouts::DType dtype = parse_dtype(options.dtype);
+  const auto& s = options.shape;
+  auto need = [&](std::size_t count, const char* what) {
+    if (s.size() != count) {
+      throw UserError("--shape for " + options.op + " takes " + std::to_string(count) + " numbers: " + what);
+    }
+  };
+  OpCost cost;
+  std::string detail;
+  if (options.op == "gemm") {
+    need(3, "M N K");
+    cost = model.gemm(s[0], s[1], s[2], dtype);
+    detail = fixed(2.0 * s[0] * s[1] * s[2] / cost.time_s / 1e12, 1) + " TFLOP/s";
+  } else if (options.op == "attention_fwd" || options.op == "attention_bwd") {
+    need(5, "BATCH HEADS KV_HEADS SEQ HEAD_DIM");
+    layouts::AttentionShape shape;
+    shape.batch = s[0];
+    shape.heads = s[1];
+    shape.kv_heads = s[2];
+    shape.seq_q = shape.seq_kv = s[3];
+    shape.head_dim = s[4];
+    shape.causal = options.causal;
+    const bool forward = options.op == "attention_fwd";
+    cost = forward ? model.attention_forward(shape, dtype) : model.attention_backward(shape, dtype);
+    const double flops = AttentionCostModel::flops(
+        forward ? AttentionDirection::kForward : AttentionDirection::kBackward, shape);
+    detail = fixed(flops / cost.time_s / 1e12, 1) + " TFLOP/s";
+  } else if (options.op == "all_reduce" || options.op == "all_gather" || options.op == "reduce_scatter" ||
+             options.op == "all_to_all" || options.op == "send_recv" || options.op == "broadcast") {
+    need(1, "BYTES");
+    const CollectiveOp op = parse_collective_op(options.op);
+    const CollectiveGroup group{op == CollectiveOp::kSendRecv ? 2 : options.group_size, options.group_nodes};
+    cost = model.collective(op, static_cast<double>(s[0]), group);
+    if (cost.time_s > 0) {
+      detail = "busbw " +
+               fixed(static_cast<double>(s[0]) * bus_factor(op, group.size) / cost.time_s / 1e9, 1) +
+               " GB/s over " + std::to_string(group.size) + " ranks on " + std::to_string(group.nodes) +
+               " node(s)";
+    }
+  } else {
+    need(1, "BYTES");
+    cost = model.memory_bound_model().cost(options.op, static_cast<double>(s[0]));
+    detail = fixed(static_cast<double>(s[0]) / cost.time_s / 1e9, 1) + " GB/s";
+  }
+  std::printf("%s on %s: %s us (%s), %s\n", options.op.c_str(), cluster.describe().c_str(),
+              fixed(cost.time_s * 1e6, 2).c_str(), provenance_name(cost.provenance), detail.c_str());
+  return 0;
+}
+
+const Registrar kDbCommand{Command{
+    "db", "The cost database: info, import/export (CSV/JSON), fit cost models, price an op", 60,
+    [](CLI::App& sub) -> std::function<int()> {
+      auto options = std::make_shared<DbCommandOptions>();
+      sub.require_subcommand(1);
+      sub.add_option("--db", options->database_path,
+                     "Cost database file (default: $MEGATUNE_DB, else ~/.cache/megatune/costs.db)")
+          ->expected(1);
+      sub.fallthrough();
+      CLI::App* info =
+          sub.add_subcommand("info", "Schema version, rows per table, GPUs and software versions");
+      CLI::App* import =
+          sub.add_subcommand("import", "Import a CSV or JSON file into a table (all or nothing)");
+      import->add_option("file", options->file, "FILE.csv or FILE.json")->required();
+      import->add_option("--table", options->table, "Target table")->required();
+      CLI::App* exporter = sub.add_subcommand("export", "Export a table as CSV or JSON");
+      exporter->add_option("--table", options->table, "Table to export")->required();
+      exporter->add_option("--format", options->format,
+                           "csv or json (default: from -o's extension, else csv)");
+      exporter->add_option("-o,--output", options->output, "Output file (default: standard output)");
+      CLI::App* fit = sub.add_subcommand("fit", "Fit cost models from the measurements and store them");
+      fit->add_option("--gpu", options->gpu, "Only this GPU (default: every GPU with measurements)");
+      CLI::App* price =
+          sub.add_subcommand("price", "Price one op on a cluster and say where the price comes from");
+      price
+          ->add_option(
+              "op", options->op,
+              "gemm | attention_fwd | attention_bwd | all_reduce | all_gather | reduce_scatter | "
+              "all_to_all | send_recv | broadcast | a memory-bound kind (norm, rope, optimizer, ...)")
+          ->required();
+      price
+          ->add_option("--shape", options->shape,
+                       "gemm: M N K; attention: BATCH HEADS KV_HEADS SEQ HEAD_DIM; others: BYTES")
+          ->required();
+      price->add_option("--cluster", options->cluster, "NODESxGPUSxTYPE or a cluster JSON file")
+          ->default_val("1x8xH100");
+      price->add_option("--dtype", options->dtype, "bf16 | fp16 | fp8 | fp32")->default_val("bf16");
+      price->add_option("--group-size", options->group_size, "Collective group size")->default_val(8);
+      price->add_option("--group-nodes", options->group_nodes, "Nodes the collective group spans")
+          ->default_val(1);
+      price->add_flag("!--no-causal", options->causal, "Attention without the causal mask");
+      sub.footer(
+          "Examples:\n  megatune db info\n  megatune db export --table gpu_models --format json\n"
+          "  megatune db import timings.csv --table kernel_timings\n  megatune db fit --gpu H200\n"
+          "  megatune db price gemm --shape 8192 8192 8192 --cluster 1x8xH200");
+      return [options, info, import, exporter, fit, price]() {
+        if (info->parsed()) return run_info(*options);
+        if (import->parsed()) return run_import(*options);
+        if (exporter->parsed()) return run_export(*options);
+        if (fit->parsed()) return run_fit(*options);
+        if (price->parsed()) return run_price(*options);
+        return 1;
+      };
+    }}};
+
+}  // namespace
+}  // namespace megatune::tools
