@@ -148,6 +148,11 @@ RankGrid::RankGrid(int world_size, int tp, int cp, int ep, int etp, int pp, Rank
   }
   dp_ = static_cast<int>(world_size / dense);
   edp_ = static_cast<int>(world_size / expert);
+  if (order == RankOrder::kTpCpEpPpDp && edp_ != dp_) {
+    throw UserError("rank order tp-cp-ep-pp-dp needs the expert data-parallel size (" + std::to_string(edp_) +
+                    ") to equal the data-parallel size (" + std::to_string(dp_) +
+                    "): make etp x ep equal tp x cp, or use the default order tp-cp-ep-dp-pp");
+  }
 }
 
 RankGrid RankGrid::from_config(const ParallelConfig& config) {
