@@ -23,6 +23,13 @@ bool flash_attention_supports(const AttentionShape& shape);
 void flash_attention_forward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                              bf16* o, float* lse, cudaStream_t stream);
 
+// The same with the forward kernel's variant chosen explicitly (benchmarks and tests): rows_per_warp 16
+// (8 warps, Q fragments in registers) or 32 (4 warps, Q re-read from shared memory, FlashAttention-2's
+// shape).
+constexpr int kDefaultForwardRowsPerWarp = 32;
+void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
+                                     bf16* o, float* lse, cudaStream_t stream, int rows_per_warp);
+
 // Workspace of the backward pass: fp32 dq accumulator [b, s, n_q, d] + delta = rowsum(dO o o) [b, n_q, s].
 size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
 

@@ -1,6 +1,7 @@
-// Flash attention forward (FlashAttention-2): a block owns 128 query rows of one (batch, head), 8 warps of 16
-// rows each; it streams 64-row K/V tiles through double-buffered shared memory (cp.async), computes
-// S = Q K^T and O += P V with mma.sync, and keeps the softmax online in fp32 registers (base-2 exponent).
+// Flash attention forward (FlashAttention-2): a block owns 128 query rows of one (batch, head), split over
+// warps of 16 or 32 rows; it streams 64-row K/V tiles through double-buffered shared memory (cp.async),
+// computes S = Q K^T and O += P V with mma.sync, and keeps the softmax online in fp32 registers (base-2
+// exponent).
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
@@ -14,8 +15,6 @@ using namespace flash;
 
 constexpr int kBlockM = 128;
 constexpr int kBlockN = 64;
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
 
 struct ForwardParams {
   const bf16* q;
@@ -34,8 +33,13 @@ constexpr int forward_smem_bytes() {
   return (kBlockM * D + 4 * kBlockN * D) * int(sizeof(bf16));
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const ForwardParams p) {
+// M_TILES = 16-row tiles per warp: 1 (8 warps, Q fragments kept in registers) or 2 (4 warps, Q fragments
+// re-read from shared memory; each K/V fragment then feeds twice the MMAs).
+template <int D, int M_TILES>
+__global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 1 : 2)
+    flash_forward_kernel(const ForwardParams p) {
+  constexpr int kThreads = 32 * kBlockM / (16 * M_TILES);
+  constexpr int kRowsPerWarp = 16 * M_TILES;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* q_tile = reinterpret_cast<bf16*>(smem_raw);
   bf16* k_tiles = q_tile + kBlockM * D;       // [2][kBlockN][D]
@@ -60,14 +64,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const Forwar
   load_tile<kBlockN, D, kThreads>(v_tiles, v_base, p.kv_stride, 0, p.seq_len);
   cp_async_commit();
 
-  float o_acc[D / 8][4];
+  float o_acc[M_TILES][D / 8][4];
+  float row_max[M_TILES][2], row_sum[M_TILES][2];
+  const int warp_row0 = q0 + warp * kRowsPerWarp;  // first query row of this warp
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  uint32_t q_frag[D / 16][4];
-
-  const int warp_row0 = q0 + warp * 16;  // first query row of this warp
-  const int my_row[2] = {warp_row0 + (lane >> 2), warp_row0 + (lane >> 2) + 8};
+  for (int m = 0; m < M_TILES; ++m) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o_acc[m][i][0] = o_acc[m][i][1] = o_acc[m][i][2] = o_acc[m][i][3] = 0.0f;
+    row_max[m][0] = row_max[m][1] = -INFINITY;
+    row_sum[m][0] = row_sum[m][1] = 0.0f;
+  }
+  uint32_t q_frag[M_TILES == 1 ? D / 16 : 1][4];
 
   for (int j = 0; j < n_blocks; ++j) {
     cp_async_wait<0>();
@@ -80,122 +87,157 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const Forwar
                                       p.seq_len);
       cp_async_commit();
     }
-    if (j == 0) {
+    if constexpr (M_TILES == 1) {
+      if (j == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) load_a<D>(q_frag[kk], q_tile, warp * 16, kk * 16);
+        for (int kk = 0; kk < D / 16; ++kk) load_a<D>(q_frag[kk], q_tile, warp * 16, kk * 16);
+      }
     }
     const int kv0 = j * kBlockN;
     // Causal: this warp's rows see none of this tile -> nothing to do (still joins the barriers).
-    if (p.causal && kv0 > warp_row0 + 15) continue;
+    if (p.causal && kv0 > warp_row0 + kRowsPerWarp - 1) continue;
     const bf16* k_tile = k_tiles + (j & 1) * kBlockN * D;
     const bf16* v_tile = v_tiles + (j & 1) * kBlockN * D;
 
-    float s[kBlockN / 8][4];
+    float s[M_TILES][kBlockN / 8][4];
 #pragma unroll
-    for (int n = 0; n < kBlockN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int m = 0; m < M_TILES; ++m) {
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+    }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[M_TILES][4];
+#pragma unroll
+      for (int m = 0; m < M_TILES; ++m) {
+        if constexpr (M_TILES == 1) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[m][e] = q_frag[kk][e];
+        } else {
+          load_a<D>(a[m], q_tile, warp * kRowsPerWarp + m * 16, kk * 16);
+        }
+      }
 #pragma unroll
       for (int np = 0; np < kBlockN / 16; ++np) {
         uint32_t b[4];
         load_b_nk<D>(b, k_tile, np * 16, kk * 16);
-        mma(s[2 * np], q_frag[kk], b[0], b[1]);
-        mma(s[2 * np + 1], q_frag[kk], b[2], b[3]);
+#pragma unroll
+        for (int m = 0; m < M_TILES; ++m) {
+          mma(s[m][2 * np], a[m], b[0], b[1]);
+          mma(s[m][2 * np + 1], a[m], b[2], b[3]);
+        }
       }
     }
     // Mask (sequence end; causal diagonal) and scale to base-2 logits.
     const bool needs_mask = kv0 + kBlockN > p.seq_len || (p.causal && kv0 + kBlockN - 1 > warp_row0);
 #pragma unroll
-    for (int n = 0; n < kBlockN / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[n][e] * p.scale_log2;
-        if (needs_mask) {
-          const int col = kv0 + n * 8 + 2 * (lane & 3) + (e & 1);
-          const int row = my_row[e >> 1];
-          if (col >= p.seq_len || (p.causal && col > row)) x = -INFINITY;
-        }
-        s[n][e] = x;
-      }
-    }
-    // Online softmax for the thread's two rows (a quad of 4 lanes shares a row).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max);
-      const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
-      const float correction = exp2f(row_max[r] - safe_max);
-      row_max[r] = new_max;
-      row_sum[r] *= correction;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o_acc[i][2 * r] *= correction;
-        o_acc[i][2 * r + 1] *= correction;
-      }
+    for (int m = 0; m < M_TILES; ++m) {
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n) {
-        s[n][2 * r] = exp2f(s[n][2 * r] - safe_max);
-        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - safe_max);
-        row_sum[r] += s[n][2 * r] + s[n][2 * r + 1];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[m][n][e] * p.scale_log2;
+          if (needs_mask) {
+            const int col = kv0 + n * 8 + 2 * (lane & 3) + (e & 1);
+            if (col >= p.seq_len || (p.causal && col > warp_row0 + m * 16 + (lane >> 2) + 8 * (e >> 1)))
+              x = -INFINITY;
+          }
+          s[m][n][e] = x;
+        }
+      }
+    }
+    // Online softmax for the thread's rows (a quad of 4 lanes shares a row).
+#pragma unroll
+    for (int m = 0; m < M_TILES; ++m) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kBlockN / 8; ++n)
+          tile_max = fmaxf(tile_max, fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[m][r], tile_max);
+        const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
+        const float correction = exp2f(row_max[m][r] - safe_max);
+        row_max[m][r] = new_max;
+        row_sum[m][r] *= correction;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          o_acc[m][i][2 * r] *= correction;
+          o_acc[m][i][2 * r + 1] *= correction;
+        }
+#pragma unroll
+        for (int n = 0; n < kBlockN / 8; ++n) {
+          s[m][n][2 * r] = exp2f(s[m][n][2 * r] - safe_max);
+          s[m][n][2 * r + 1] = exp2f(s[m][n][2 * r + 1] - safe_max);
+          row_sum[m][r] += s[m][n][2 * r] + s[m][n][2 * r + 1];
+        }
       }
     }
     // O += P V: P's accumulators become A fragments (16 rows x 16 kv per k-step).
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t a[M_TILES][4];
+#pragma unroll
+      for (int m = 0; m < M_TILES; ++m) {
+        a[m][0] = pack_bf16(s[m][2 * kk][0], s[m][2 * kk][1]);
+        a[m][1] = pack_bf16(s[m][2 * kk][2], s[m][2 * kk][3]);
+        a[m][2] = pack_bf16(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+        a[m][3] = pack_bf16(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t b[4];
         load_b_kn<D>(b, v_tile, kk * 16, dp * 16);
-        mma(o_acc[2 * dp], a, b[0], b[1]);
-        mma(o_acc[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int m = 0; m < M_TILES; ++m) {
+          mma(o_acc[m][2 * dp], a[m], b[0], b[1]);
+          mma(o_acc[m][2 * dp + 1], a[m], b[2], b[3]);
+        }
       }
     }
   }
 
   // Finish: full row sums across the quad, normalize, store O and the log-sum-exp.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int row = my_row[r];
-    if (row < p.seq_len) {
-      bf16* o_row = p.o + (batch_token0 + row) * p.o_stride + int64_t(head) * D;
+  for (int m = 0; m < M_TILES; ++m) {
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        const int col = i * 8 + 2 * (lane & 3);
-        *reinterpret_cast<__nv_bfloat162*>(o_row + col) =
-            __floats2bfloat162_rn(o_acc[i][2 * r] * inverse, o_acc[i][2 * r + 1] * inverse);
-      }
-      if ((lane & 3) == 0) {
-        p.lse[(int64_t(batch) * p.num_heads + head) * p.seq_len + row] = row_max[r] * kLn2 + logf(sum);
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[m][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int row = warp_row0 + m * 16 + (lane >> 2) + 8 * r;
+      if (row < p.seq_len) {
+        bf16* o_row = p.o + (batch_token0 + row) * p.o_stride + int64_t(head) * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          const int col = i * 8 + 2 * (lane & 3);
+          *reinterpret_cast<__nv_bfloat162*>(o_row + col) =
+              __floats2bfloat162_rn(o_acc[m][i][2 * r] * inverse, o_acc[m][i][2 * r + 1] * inverse);
+        }
+        if ((lane & 3) == 0) {
+          p.lse[(int64_t(batch) * p.num_heads + head) * p.seq_len + row] = row_max[m][r] * kLn2 + logf(sum);
+        }
       }
     }
   }
 }
 
-template <int D>
+template <int D, int M_TILES>
 void launch_forward(const ForwardParams& params, const AttentionShape& shape, cudaStream_t stream) {
   constexpr int smem = forward_smem_bytes<D>();
+  constexpr int threads = 32 * kBlockM / (16 * M_TILES);
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(
-        cudaFuncSetAttribute(flash_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<D, M_TILES>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
   const dim3 grid(unsigned((shape.seq_len + kBlockM - 1) / kBlockM), unsigned(shape.num_heads),
                   unsigned(shape.batch));
-  flash_forward_kernel<D><<<grid, kThreads, smem, stream>>>(params);
+  flash_forward_kernel<D, M_TILES><<<grid, threads, smem, stream>>>(params);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 
@@ -211,6 +253,11 @@ bool flash_attention_supports(const AttentionShape& shape) {
 
 void flash_attention_forward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                              bf16* o, float* lse, cudaStream_t stream) {
+  flash_attention_forward_variant(shape, q, k, v, o, lse, stream, kDefaultForwardRowsPerWarp);
+}
+
+void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
+                                     bf16* o, float* lse, cudaStream_t stream, int rows_per_warp) {
   validate_attention_shape(shape);
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
@@ -230,10 +277,20 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
                        int(shape.num_heads / shape.num_kv_heads),
                        shape.scale() * kLog2e,
                        shape.causal};
+  if (rows_per_warp != 16 && rows_per_warp != 32)
+    throw std::invalid_argument("flash_attention_forward_variant: rows_per_warp must be 16 or 32");
   if (shape.head_dim == 64) {
-    launch_forward<64>(params, shape, stream);
+    if (rows_per_warp == 16) {
+      launch_forward<64, 1>(params, shape, stream);
+    } else {
+      launch_forward<64, 2>(params, shape, stream);
+    }
   } else {
-    launch_forward<128>(params, shape, stream);
+    if (rows_per_warp == 16) {
+      launch_forward<128, 1>(params, shape, stream);
+    } else {
+      launch_forward<128, 2>(params, shape, stream);
+    }
   }
 }
 

@@ -74,6 +74,16 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
   EXPECT_LT(max_lse_error, 2e-2) << "lse";
   EXPECT_FALSE(std::isnan(max_lse_error));
 
+  // The other forward variant (16 rows per warp) computes the same function.
+  {
+    DeviceBuffer<bf16> o16(o_elems);
+    DeviceBuffer<float> lse16(lse_elems);
+    o16.poison();
+    cuda::flash_attention_forward_variant(shape, q_d, k_d, v_d, o16.get(), lse16.get(), nullptr, 16);
+    EXPECT_LT(test::relative_error(test::download_bf16(o16), o_ref), 1e-2) << "rows_per_warp 16";
+    EXPECT_LT(test::relative_error(test::download(lse16), lse_ref), 1e-3) << "rows_per_warp 16";
+  }
+
   // Backward from the GPU's own o and lse (as the engine will run it), against the reference backward.
   const auto d_o = test::random_bf16_values(o_elems, 3);
   test::upload_bf16(do_dev, d_o);
