@@ -12,6 +12,7 @@
 #include "executor/data/byte_tokenizer.h"
 #include "executor/data/dataset_builder.h"
 #include "executor/data/indexed_dataset.h"
+#include "executor/data/npy_file.h"
 #include "executor/data/preprocess.h"
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
@@ -39,6 +40,7 @@ struct SampleArgs {
   int64_t first = 0;
   int64_t count = 1;
   bool text = false;
+  std::string dump_indices;
 };
 
 int run_preprocess(PreprocessArgs& args) {
@@ -126,6 +128,15 @@ int run_sample(const SampleArgs& args) {
       build_train_valid_test_datasets(config, {args.num_samples > 0 ? args.num_samples : -1, 0, 0});
   if (!datasets.train) throw UserError("--split " + args.split + " leaves no train split");
   const auto& train = *datasets.train;
+  if (!args.dump_indices.empty()) {
+    const auto* gpt = dynamic_cast<const GPTDataset*>(&train);
+    if (gpt == nullptr)
+      throw UserError("--dump-indices needs a single --data-path (a blend has one set per dataset)");
+    write_gpt_dataset_indices(args.dump_indices, gpt->indices());
+    std::printf("wrote %s-{document,sample,shuffle}_index.npy (%lld epochs%s)\n", args.dump_indices.c_str(),
+                static_cast<long long>(gpt->indices().num_epochs),
+                gpt->indices().separate_final_epoch ? ", separate final epoch" : "");
+  }
   std::printf("%s: %lld samples\n", train.description().c_str(), static_cast<long long>(train.num_samples()));
   std::vector<int32_t> tokens(static_cast<size_t>(args.seq_length)), labels(tokens.size());
   std::vector<float> mask(tokens.size());
@@ -195,6 +206,9 @@ const Registrar registrar{Command{
       sample->add_option("--first", sample_args->first, "first sample to print");
       sample->add_option("--count", sample_args->count, "samples to print");
       sample->add_flag("--text", sample_args->text, "print samples as text (byte tokenizer)");
+      sample->add_option(
+          "--dump-indices", sample_args->dump_indices,
+          "write PREFIX-{document,sample,shuffle}_index.npy to compare with Megatron's index cache");
 
       return [preprocess, preprocess_args, info, info_prefix, sample, sample_args]() -> int {
         if (preprocess->parsed()) return run_preprocess(*preprocess_args);
