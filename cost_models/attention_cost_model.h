@@ -23,6 +23,7 @@ class AttentionCostModel {
   void set_fitted_surface(AttentionDirection direction, layouts::DType dtype, bool causal,
                           EfficiencySurface surface);
   bool has_fitted_surface(AttentionDirection direction, layouts::DType dtype, bool causal) const;
+  bool has_measurements() const { return !measured_.empty(); }
   std::vector<EfficiencySurface::Sample> samples(AttentionDirection direction, layouts::DType dtype,
                                                  bool causal) const;
 

@@ -41,6 +41,13 @@ double CollectiveCostModel::latency_bandwidth_time_s(CollectiveOp op, double byt
 OpCost CollectiveCostModel::level_cost(CollectiveOp op, double bytes, int group_size, int nodes) const {
   if (group_size <= 1 || bytes <= 0) return {0.0, Provenance::kAnalytic};
   const Config config{op, group_size, nodes};
+  if (measured_.empty() && fitted_.empty()) {
+    const bool inter = nodes > 1;
+    return {latency_bandwidth_time_s(
+                op, bytes, group_size, inter ? inter_node_latency_s() : intra_node_latency_s(),
+                inter ? inter_node_bus_bandwidth_bytes_per_s() : intra_node_bus_bandwidth_bytes_per_s()),
+            Provenance::kAnalytic};
+  }
   if (const auto series = measured_.find(config); series != measured_.end()) {
     if (const auto time_s = series->second.interpolate(bytes)) {
       const bool exact = series->second.exact(static_cast<std::int64_t>(bytes)).has_value() &&

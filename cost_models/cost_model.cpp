@@ -42,11 +42,23 @@ struct PricedKeyHash {
 
 }  // namespace
 
-// Prices of shapes that needed an interpolation scan, by shape (exact, fitted and analytic prices are cheap).
+// Prices of GEMM and attention shapes of GPUs with measurements (finding that a shape has no measured
+// neighbour scans the table, so every answer is kept). Bounded: cleared when it reaches kMaxCachedPrices.
+constexpr std::size_t kMaxCachedPrices = 1 << 20;
+
 struct CostModel::Cache {
   std::mutex mutex;
   std::unordered_map<PricedKey, OpCost, PricedKeyHash> prices;
 };
+
+namespace {
+void remember(std::mutex& mutex, std::unordered_map<PricedKey, OpCost, PricedKeyHash>& prices,
+              const PricedKey& key, const OpCost& cost) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (prices.size() >= kMaxCachedPrices) prices.clear();
+  prices.emplace(key, cost);
+}
+}  // namespace
 
 CostModel::CostModel(Database& database, const ClusterSpec& cluster, const AnalyticDefaults& defaults)
     : cluster_(cluster),
@@ -171,16 +183,15 @@ double CostModel::peak_flops_per_s(layouts::DType dtype) const {
 }
 
 OpCost CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, layouts::DType dtype) const {
+  // Only an interpolation scans the measured table; every other price is cheaper than the cache lookup.
+  if (!gemm_.has_measurements(dtype)) return gemm_.cost(m, n, k, dtype);
   const PricedKey key{{m, n, k, 0}, static_cast<int>(dtype)};
   {
     std::lock_guard<std::mutex> lock(cache_->mutex);
     if (const auto found = cache_->prices.find(key); found != cache_->prices.end()) return found->second;
   }
   const OpCost cost = gemm_.cost(m, n, k, dtype);
-  if (cost.provenance == Provenance::kInterpolated) {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    cache_->prices.emplace(key, cost);
-  }
+  remember(cache_->mutex, cache_->prices, key, cost);
   return cost;
 }
 
@@ -188,6 +199,7 @@ namespace {
 OpCost cached_attention(std::mutex& mutex, std::unordered_map<PricedKey, OpCost, PricedKeyHash>& prices,
                         const AttentionCostModel& model, AttentionDirection direction,
                         const layouts::AttentionShape& shape, layouts::DType dtype) {
+  if (!model.has_measurements()) return model.cost(direction, shape, dtype);
   const int variant = 1000 + static_cast<int>(dtype) * 4 +
                       (direction == AttentionDirection::kBackward ? 2 : 0) + (shape.causal ? 1 : 0);
   const PricedKey key{AttentionCostModel::shape_key(shape), variant};
@@ -197,10 +209,7 @@ OpCost cached_attention(std::mutex& mutex, std::unordered_map<PricedKey, OpCost,
     if (const auto found = prices.find(key); found != prices.end()) return found->second;
   }
   const OpCost cost = model.cost(direction, shape, dtype);
-  if (cost.provenance == Provenance::kInterpolated) {
-    std::lock_guard<std::mutex> lock(mutex);
-    prices.emplace(key, cost);
-  }
+  remember(mutex, prices, key, cost);
   return cost;
 }
 }  // namespace

@@ -19,6 +19,7 @@ class GemmCostModel {
   void add_measurement(const KernelTiming& timing);
   void set_fitted_surface(layouts::DType dtype, EfficiencySurface surface);
   bool has_fitted_surface(layouts::DType dtype) const;
+  bool has_measurements(layouts::DType dtype) const { return measured_.count(dtype) > 0; }
   // Training samples for a fit: the measured efficiencies of `dtype`.
   std::vector<EfficiencySurface::Sample> samples(layouts::DType dtype) const;
 

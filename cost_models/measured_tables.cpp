@@ -21,19 +21,24 @@ void MeasuredShapeTable::add(const ShapeKey& shape, double efficiency) {
     point.log_shape[i] = std::log(static_cast<double>(std::max<std::int64_t>(shape[i], 1)));
   }
   point.efficiency = efficiency;
-  const auto found = index_.find(shape);
-  if (found != index_.end()) {
-    points_[found->second] = point;
-    return;
+  const auto by_first = [](const Point& a, double first) { return a.log_shape[0] < first; };
+  if (index_.count(shape) > 0) {
+    for (auto it = std::lower_bound(points_.begin(), points_.end(), point.log_shape[0], by_first);
+         it != points_.end() && it->log_shape[0] == point.log_shape[0]; ++it) {
+      if (it->shape == shape) it->efficiency = efficiency;
+    }
+  } else {
+    points_.insert(std::upper_bound(points_.begin(), points_.end(), point.log_shape[0],
+                                    [](double first, const Point& a) { return first < a.log_shape[0]; }),
+                   point);
   }
-  index_.emplace(shape, points_.size());
-  points_.push_back(point);
+  index_[shape] = efficiency;
 }
 
 std::optional<double> MeasuredShapeTable::exact(const ShapeKey& shape) const {
   const auto found = index_.find(shape);
   if (found == index_.end()) return std::nullopt;
-  return points_[found->second].efficiency;
+  return found->second;
 }
 
 std::optional<double> MeasuredShapeTable::interpolate(const ShapeKey& shape, double max_ratio) const {
@@ -44,7 +49,10 @@ std::optional<double> MeasuredShapeTable::interpolate(const ShapeKey& shape, dou
   const double radius = std::log(std::max(max_ratio, 1.0)) + 1e-12;
   double weight_sum = 0;
   double weighted_efficiency = 0;
-  for (const Point& point : points_) {
+  auto it = std::lower_bound(points_.begin(), points_.end(), query[0] - radius,
+                             [](const Point& a, double first) { return a.log_shape[0] < first; });
+  for (; it != points_.end() && it->log_shape[0] <= query[0] + radius; ++it) {
+    const Point& point = *it;
     double distance_squared = 0;
     bool inside = true;
     for (std::size_t i = 0; i < query.size(); ++i) {

@@ -28,7 +28,7 @@ class MeasuredShapeTable {
   std::optional<double> interpolate(const ShapeKey& shape, double max_ratio) const;
   std::size_t size() const { return points_.size(); }
   bool empty() const { return points_.empty(); }
-  // Every (shape, efficiency), in insertion order.
+  // Every (shape, efficiency), ordered by the first dimension.
   std::vector<std::pair<ShapeKey, double>> entries() const;
 
  private:
@@ -37,8 +37,9 @@ class MeasuredShapeTable {
     std::array<double, 4> log_shape;
     double efficiency;
   };
-  std::vector<Point> points_;
-  std::unordered_map<ShapeKey, std::size_t, ShapeKeyHash> index_;  // shape -> points_ position
+  std::vector<Point>
+      points_;  // sorted by log_shape[0], so a query scans only its window of the first dimension
+  std::unordered_map<ShapeKey, double, ShapeKeyHash> index_;  // shape -> efficiency
 };
 
 // Measured times by size in bytes (one kernel kind or one collective configuration).

@@ -24,6 +24,8 @@ double MemoryBoundCostModel::analytic_time_s(double bytes) const {
 }
 
 OpCost MemoryBoundCostModel::cost(layouts::OpKind kind, double bytes) const {
+  if (measured_.empty() && fitted_.empty())
+    return {bytes > 0 ? analytic_time_s(bytes) : 0.0, Provenance::kAnalytic};
   return cost(std::string(layouts::op_kind_name(kind)), bytes);
 }
 
