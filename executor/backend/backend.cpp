@@ -23,6 +23,17 @@ Op memory_op(OpKind kind, DType dtype, std::int64_t bytes) {
 
 }  // namespace
 
+void Backend::begin_op(layouts::Op op, const OpTag& tag) {
+  if (!recorder_.enabled() && !op_timing_) return;
+  recorder_.stamp(op, tag);
+  if (op_timing_) on_op_begin(op);
+  if (recorder_.enabled()) recorder_.append(std::move(op));
+}
+
+void Backend::end_op() {
+  if (op_timing_) on_op_end();
+}
+
 void Backend::begin_sizing() {
   sizing_ = true;
   sized_bytes_ = 0;
@@ -83,51 +94,57 @@ void Backend::gemm(const GemmArgs& args, const OpTag& tag) {
   op.n = args.n;
   op.k = args.k;
   op.accumulate = args.accumulate;
-  recorder_.record(std::move(op), tag);
+  begin_op(std::move(op), tag);
   do_gemm(args);
+  end_op();
 }
 
 void Backend::bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kElementwise, d_out.dtype,
-                             d_out.numel() * element_bytes(d_out) + 2 * d_bias.numel() * 4),
-                   tag);
+  begin_op(memory_op(OpKind::kElementwise, d_out.dtype,
+                     d_out.numel() * element_bytes(d_out) + 2 * d_bias.numel() * 4),
+           tag);
   do_bias_grad(d_out, d_bias);
+  end_op();
 }
 
 void Backend::embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
                                 Tensor out, const OpTag& tag) {
   // Bytes as the step program counts them: the rows written plus the ids read (int64 in Megatron).
-  recorder_.record(
-      memory_op(OpKind::kEmbedding, out.dtype, out.numel() * element_bytes(out) + tokens.numel() * 8), tag);
+  begin_op(memory_op(OpKind::kEmbedding, out.dtype, out.numel() * element_bytes(out) + tokens.numel() * 8),
+           tag);
   do_embedding_forward(tokens, table, position_table, seq, out);
+  end_op();
 }
 
 void Backend::embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
                                  Tensor d_position_table, const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kEmbeddingBackward, d_out.dtype,
-                             d_out.numel() * (element_bytes(d_out) + 4) + tokens.numel() * 8),
-                   tag);
+  begin_op(memory_op(OpKind::kEmbeddingBackward, d_out.dtype,
+                     d_out.numel() * (element_bytes(d_out) + 4) + tokens.numel() * 8),
+           tag);
   do_embedding_backward(tokens, d_out, seq, d_table, d_position_table);
+  end_op();
 }
 
 void Backend::norm_forward(const NormArgs& args, const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kNorm, args.x.dtype, 2 * args.x.numel() * element_bytes(args.x)), tag);
+  begin_op(memory_op(OpKind::kNorm, args.x.dtype, 2 * args.x.numel() * element_bytes(args.x)), tag);
   do_norm_forward(args);
+  end_op();
 }
 
 void Backend::norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
                             Tensor d_beta, const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kNormBackward, args.x.dtype, 3 * args.x.numel() * element_bytes(args.x)),
-                   tag);
+  begin_op(memory_op(OpKind::kNormBackward, args.x.dtype, 3 * args.x.numel() * element_bytes(args.x)), tag);
   do_norm_backward(args, d_out, d_residual, d_x, d_gamma, d_beta);
+  end_op();
 }
 
 void Backend::rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                    std::int64_t head_dim, float theta, bool inverse, const OpTag& tag) {
-  recorder_.record(memory_op(inverse ? OpKind::kRopeBackward : OpKind::kRope, qkv.dtype,
-                             2 * qkv.rows * (heads + kv_heads) * head_dim * element_bytes(qkv)),
-                   tag);
+  begin_op(memory_op(inverse ? OpKind::kRopeBackward : OpKind::kRope, qkv.dtype,
+                     2 * qkv.rows * (heads + kv_heads) * head_dim * element_bytes(qkv)),
+           tag);
   do_rope(qkv, seq, heads, kv_heads, head_dim, theta, inverse);
+  end_op();
 }
 
 namespace {
@@ -147,56 +164,64 @@ Op attention_op(OpKind kind, const AttentionArgs& a) {
 }  // namespace
 
 void Backend::attention_forward(const AttentionArgs& args, const OpTag& tag) {
-  recorder_.record(attention_op(OpKind::kAttentionForward, args), tag);
+  begin_op(attention_op(OpKind::kAttentionForward, args), tag);
   do_attention_forward(args);
+  end_op();
 }
 
 void Backend::attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv, const OpTag& tag) {
-  recorder_.record(attention_op(OpKind::kAttentionBackward, args), tag);
+  begin_op(attention_op(OpKind::kAttentionBackward, args), tag);
   do_attention_backward(args, d_out, d_qkv);
+  end_op();
 }
 
 void Backend::activation_forward(ActivationKind kind, Tensor in, Tensor out, const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kActivation, in.dtype, (in.numel() + out.numel()) * element_bytes(in)),
-                   tag);
+  begin_op(memory_op(OpKind::kActivation, in.dtype, (in.numel() + out.numel()) * element_bytes(in)), tag);
   do_activation_forward(kind, in, out);
+  end_op();
 }
 
 void Backend::activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
                                   const OpTag& tag) {
-  recorder_.record(
+  begin_op(
       memory_op(OpKind::kActivationBackward, in.dtype, (2 * in.numel() + d_out.numel()) * element_bytes(in)),
       tag);
   do_activation_backward(kind, in, d_out, d_in);
+  end_op();
 }
 
 void Backend::cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale,
                             const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kCrossEntropy, logits.dtype, 2 * logits.numel() * element_bytes(logits)),
-                   tag);
+  begin_op(memory_op(OpKind::kCrossEntropy, logits.dtype, 2 * logits.numel() * element_bytes(logits)), tag);
   do_cross_entropy(logits, targets, losses, grad_scale);
+  end_op();
 }
 
 void Backend::add(Tensor a, Tensor b, Tensor out, const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kElementwise, out.dtype, 3 * out.numel() * element_bytes(out)), tag);
+  begin_op(memory_op(OpKind::kElementwise, out.dtype, 3 * out.numel() * element_bytes(out)), tag);
   do_add(a, b, out);
+  end_op();
 }
 
 float Backend::grad_norm(const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kGradNorm, DType::kFP32, 4 * optimizer_elements_), tag);
-  return do_grad_norm();
+  begin_op(memory_op(OpKind::kGradNorm, DType::kFP32, 4 * optimizer_elements_), tag);
+  const auto result = do_grad_norm();
+  end_op();
+  return result;
 }
 
 void Backend::adamw_step(const AdamWHyper& hyper, const OpTag& tag) {
-  recorder_.record(memory_op(OpKind::kOptimizer, DType::kFP32, 30 * optimizer_elements_), tag);
+  begin_op(memory_op(OpKind::kOptimizer, DType::kFP32, 30 * optimizer_elements_), tag);
   do_adamw_step(hyper);
+  end_op();
 }
 
 void Backend::cast(Tensor src, Tensor dst, const OpTag& tag) {
-  recorder_.record(
+  begin_op(
       memory_op(OpKind::kElementwise, dst.dtype, src.numel() * (element_bytes(src) + element_bytes(dst))),
       tag);
   do_cast(src, dst);
+  end_op();
 }
 
 }  // namespace megatune::executor

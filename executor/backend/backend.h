@@ -154,8 +154,19 @@ class Backend {
   void adamw_step(const AdamWHyper& hyper, const OpTag& tag);
 
   OpRecorder& recorder() { return recorder_; }
+  // Per-op device timing (CUDA backend): when on, every kernel is bracketed by timing events and
+  // timed_ops() returns (op, milliseconds) of everything issued since the last call (synchronizes).
+  void set_op_timing(bool on) { op_timing_ = on; }
+  struct TimedOp {
+    layouts::Op op;
+    double ms = 0.0;
+  };
+  virtual std::vector<TimedOp> timed_ops() { return {}; }
 
  protected:
+  // Timing hooks around each kernel (only called while set_op_timing(true)).
+  virtual void on_op_begin(const layouts::Op& op) { (void)op; }
+  virtual void on_op_end() {}
   // Reserves `bytes` of backend memory for the arena (called once); returns its base.
   virtual void* reserve_memory(std::int64_t bytes) = 0;
   virtual void do_gemm(const GemmArgs& args) = 0;
@@ -182,6 +193,9 @@ class Backend {
   Tensor scratch_;                       // see set_scratch()
 
  private:
+  void begin_op(layouts::Op op, const OpTag& tag);
+  void end_op();
+  bool op_timing_ = false;
   Tensor bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, const char* what);
   OpRecorder recorder_;
   char* arena_base_ = nullptr;

@@ -22,14 +22,16 @@ class OpRecorder {
     microbatch_ = microbatch;
     chunk_ = chunk;
   }
-  void record(layouts::Op op, const OpTag& tag) {
-    if (!enabled_) return;
+  // Fills the op's bookkeeping fields from the tag and the current schedule position.
+  void stamp(layouts::Op& op, const OpTag& tag) const {
     op.label = tag.label;
     op.layer = tag.layer;
     op.phase = tag.phase;
     op.microbatch = microbatch_;
     op.chunk = chunk_;
-    ops_.push_back(std::move(op));
+  }
+  void append(layouts::Op op) {
+    if (enabled_) ops_.push_back(std::move(op));
   }
   const std::vector<layouts::Op>& ops() const { return ops_; }
   void clear() { ops_.clear(); }

@@ -88,6 +88,10 @@ CudaBackend::~CudaBackend() {
   optimizer_table_.reset();
   gemm_.reset();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  for (auto& [start, stop] : timing_events_) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
   cudaFree(grad_norm_workspace_);
   cudaFree(grad_norm_device_);
   cudaFree(arena_);
@@ -363,6 +367,34 @@ float CudaBackend::do_grad_norm() {
       cudaMemcpyAsync(&norm, grad_norm_device_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
   MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
   return norm;
+}
+
+void CudaBackend::on_op_begin(const layouts::Op& op) {
+  if (timed_.size() == timing_events_.size()) {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    MEGATUNE_CUDA_CHECK(cudaEventCreate(&start));
+    MEGATUNE_CUDA_CHECK(cudaEventCreate(&stop));
+    timing_events_.emplace_back(start, stop);
+  }
+  MEGATUNE_CUDA_CHECK(cudaEventRecord(timing_events_[timed_.size()].first, compute_));
+  timed_.push_back(op);
+}
+
+void CudaBackend::on_op_end() {
+  MEGATUNE_CUDA_CHECK(cudaEventRecord(timing_events_[timed_.size() - 1].second, compute_));
+}
+
+std::vector<Backend::TimedOp> CudaBackend::timed_ops() {
+  synchronize();
+  std::vector<TimedOp> out;
+  out.reserve(timed_.size());
+  for (std::size_t i = 0; i < timed_.size(); ++i) {
+    float ms = 0.0f;
+    MEGATUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, timing_events_[i].first, timing_events_[i].second));
+    out.push_back({std::move(timed_[i]), ms});
+  }
+  timed_.clear();
+  return out;
 }
 
 void CudaBackend::do_adamw_step(const AdamWHyper& hyper) {

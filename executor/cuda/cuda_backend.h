@@ -44,8 +44,11 @@ class CudaBackend final : public Backend {
 
   std::int64_t scratch_bytes(const ScratchNeeds& needs) const override;
   void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
+  std::vector<TimedOp> timed_ops() override;
 
  protected:
+  void on_op_begin(const layouts::Op& op) override;
+  void on_op_end() override;
   void* reserve_memory(std::int64_t bytes) override;
   void do_gemm(const GemmArgs& args) override;
   void do_bias_grad(Tensor d_out, Tensor d_bias) override;
@@ -82,6 +85,9 @@ class CudaBackend final : public Backend {
   void* grad_norm_workspace_ = nullptr;
   std::size_t grad_norm_workspace_bytes_ = 0;
   float* grad_norm_device_ = nullptr;
+  // Op timing: event pairs (created on first use, reused) and the ops they bracket.
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timing_events_;
+  std::vector<layouts::Op> timed_;
 };
 
 }  // namespace megatune::executor

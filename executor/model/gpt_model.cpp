@@ -271,7 +271,6 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
                         {"pre_mlp_norm", l, phase});
   gemm_linear(a.ln2, w.fc1_w, w.fc1_b, a.fc1, "fc1");
   backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, phase});
-  if (phase == OpPhase::kRecompute) return;  // the layer output is kept from the forward pass
   gemm_linear(a.act, w.fc2_w, w.fc2_b, fc2_out_, "fc2");
   tensor_parallel_reduce(fc2_out_);
   backend_.add(a.mid, fc2_out_, output, {"residual2", l, phase});
@@ -423,7 +422,8 @@ void GPTModel::backward(int index) {
   for (int l = config_.num_layers - 1; l >= 0; --l) {
     LayerActivations& acts = activations_for(l);
     if (recompute_ == RecomputeGranularity::kFull)
-      layer_forward(l, acts, residual_[l], {}, OpPhase::kRecompute);
+      layer_forward(l, acts, residual_[l], residual_[l + 1],
+                    OpPhase::kRecompute);  // as Megatron: the whole layer
     layer_backward(l, acts, residual_[l]);
   }
   Tensor d_position;
