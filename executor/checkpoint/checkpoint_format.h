@@ -12,8 +12,8 @@
 //   iteration <n>
 //   tensors_bin_bytes <size of tensors.bin>
 //   meta <key> <value percent-encoded>           (any number)
-//   tensor <name> <dtype> <d0,d1,...|scalar> <offset_bytes> <size_bytes> <crc32 hex>
-//   end <crc32 hex of every byte above this line>
+//   tensor <name> <dtype> <d0,d1,...|scalar> <offset_bytes> <size_bytes> <crc32c hex>
+//   end <crc32c hex of every byte above this line>
 #pragma once
 #include <cstdint>
 #include <optional>

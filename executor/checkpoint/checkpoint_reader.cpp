@@ -1,4 +1,4 @@
-// CheckpointReader: manifest parsing with its own checksum, tensor reads checked by shape, dtype and CRC-32.
+// CheckpointReader: manifest parsing with its own checksum, tensor reads checked by shape, dtype and CRC-32C.
 #include "executor/checkpoint/checkpoint_reader.h"
 
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "executor/checkpoint/crc32.h"
+#include "executor/checkpoint/crc32c.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
@@ -97,13 +97,13 @@ void CheckpointReader::load_manifest() {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw corrupt("is missing");
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  // The last line is "end <crc32 of everything before it>".
+  // The last line is "end <crc32c of everything before it>".
   if (text.empty() || text.back() != '\n') throw corrupt("is truncated (no final line)");
   const size_t last_start = text.rfind('\n', text.size() - 2);
   const size_t body_size = last_start == std::string::npos ? 0 : last_start + 1;
   const std::string last_line = text.substr(body_size, text.size() - body_size - 1);
   char expected_hex[9] = {};
-  std::snprintf(expected_hex, sizeof(expected_hex), "%08x", crc32_update(0, text.data(), body_size));
+  std::snprintf(expected_hex, sizeof(expected_hex), "%08x", crc32c_update(0, text.data(), body_size));
   if (last_line.rfind("end ", 0) != 0) throw corrupt("is truncated (no end line)");
   if (last_line.substr(4) != expected_hex) throw corrupt("fails its checksum");
 
@@ -161,7 +161,7 @@ void CheckpointReader::load_manifest() {
       if (!parse_int64(offset, info.offset_bytes) || !parse_int64(size, info.size_bytes) || crc.size() != 8) {
         throw corrupt("has a bad line for tensor " + info.name);
       }
-      info.crc32 = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
+      info.crc32c = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
       if (info.size_bytes != info.num_elements() * tensor_dtype_size_bytes(info.dtype)) {
         throw corrupt("gives tensor " + info.name + " a size that does not match its shape");
       }
@@ -227,11 +227,11 @@ void CheckpointReader::read_tensor(const std::string& name, TensorDType expected
     done += got;
   }
   ::close(fd);
-  const uint32_t crc = crc32_update(0, out, static_cast<size_t>(tensor->size_bytes));
-  if (crc != tensor->crc32) {
+  const uint32_t crc = crc32c_update(0, out, static_cast<size_t>(tensor->size_bytes));
+  if (crc != tensor->crc32c) {
     char text[64];
-    std::snprintf(text, sizeof(text), " (stored %08x, read %08x)", tensor->crc32, crc);
-    throw UserError("tensor " + name + " in " + bin + " fails its CRC-32 check" + text +
+    std::snprintf(text, sizeof(text), " (stored %08x, read %08x)", tensor->crc32c, crc);
+    throw UserError("tensor " + name + " in " + bin + " fails its CRC-32C check" + text +
                     "; the checkpoint is corrupt: load an earlier iteration (--ckpt-step)");
   }
 }

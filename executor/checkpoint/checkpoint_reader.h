@@ -1,5 +1,5 @@
 // CheckpointReader: opens one shard of a saved iteration, lists its tensors and metadata, and reads
-// tensors into caller buffers after checking name, dtype, shape, size and CRC-32.
+// tensors into caller buffers after checking name, dtype, shape, size and CRC-32C.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -18,7 +18,7 @@ struct TensorInfo {
   std::vector<int64_t> shape;  // empty = scalar
   int64_t offset_bytes = 0;    // in tensors.bin
   int64_t size_bytes = 0;
-  uint32_t crc32 = 0;
+  uint32_t crc32c = 0;
   int64_t num_elements() const;
 };
 
@@ -42,7 +42,7 @@ class CheckpointReader {
   bool has_tensor(const std::string& name) const { return find_tensor(name) != nullptr; }
 
   // Reads tensor `name` into `out` (size_bytes bytes). Throws UserError if the tensor is missing, its dtype
-  // or shape differs from the expected ones (naming both), or its bytes fail the CRC-32 check.
+  // or shape differs from the expected ones (naming both), or its bytes fail the CRC-32C check.
   void read_tensor(const std::string& name, TensorDType expected_dtype,
                    const std::vector<int64_t>& expected_shape, void* out) const;
   // Reads and CRC-checks every tensor (used by `megatune` to verify a checkpoint). Throws on the first bad.

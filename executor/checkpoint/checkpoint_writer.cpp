@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "executor/checkpoint/crc32.h"
+#include "executor/checkpoint/crc32c.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
@@ -89,7 +89,7 @@ void CheckpointWriter::add_tensor(const std::string& name, TensorDType dtype, st
   tensors_file_->write_zeros(static_cast<size_t>(aligned - offset));
   tensors_file_->write(data, static_cast<size_t>(size_bytes));
   tensors_.push_back(TensorEntry{name, dtype, std::move(shape), aligned, size_bytes,
-                                 crc32_update(0, data, static_cast<size_t>(size_bytes))});
+                                 crc32c_update(0, data, static_cast<size_t>(size_bytes))});
 }
 
 void CheckpointWriter::add_metadata(const std::string& key, const std::string& value) {
@@ -121,10 +121,10 @@ void CheckpointWriter::commit_shard() {
     manifest << "tensor " << tensor.name << " " << tensor_dtype_name(tensor.dtype) << " ";
     if (tensor.shape.empty()) manifest << "scalar";
     for (size_t d = 0; d < tensor.shape.size(); ++d) manifest << (d ? "," : "") << tensor.shape[d];
-    manifest << " " << tensor.offset_bytes << " " << tensor.size_bytes << " " << hex32(tensor.crc32) << "\n";
+    manifest << " " << tensor.offset_bytes << " " << tensor.size_bytes << " " << hex32(tensor.crc32c) << "\n";
   }
   std::string text = manifest.str();
-  text += "end " + hex32(crc32_update(0, text.data(), text.size())) + "\n";
+  text += "end " + hex32(crc32c_update(0, text.data(), text.size())) + "\n";
   DurableFile file((fs::path(shard) / kManifestFileName).string());
   file.write(text.data(), text.size());
   file.close();

@@ -61,7 +61,7 @@ class CheckpointWriter {
     std::vector<int64_t> shape;
     int64_t offset_bytes;
     int64_t size_bytes;
-    uint32_t crc32;
+    uint32_t crc32c;
   };
   std::string shard_directory() const;
 

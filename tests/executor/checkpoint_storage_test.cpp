@@ -1,5 +1,5 @@
 // Tests checkpoint storage: round trip, Megatron-style layout, atomicity under an interrupted save,
-// corruption and mismatch detection, keep-last-N, and the CRC-32.
+// corruption and mismatch detection, keep-last-N, and the CRC-32C.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
-#include "executor/checkpoint/crc32.h"
+#include "executor/checkpoint/crc32c.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
@@ -56,17 +56,31 @@ class CheckpointTest : public ::testing::Test {
   std::string root_;
 };
 
-TEST(Crc32, MatchesTheStandardCheckValue) {
+TEST(Crc32c, MatchesTheStandardCheckValue) {
   const char* text = "123456789";
-  EXPECT_EQ(crc32_update(0, text, 9), 0xCBF43926u);
-  EXPECT_EQ(crc32_update(crc32_update(0, text, 4), text + 4, 5), 0xCBF43926u);
-  EXPECT_EQ(crc32_update(0, "", 0), 0u);
+  EXPECT_EQ(crc32c_update(0, text, 9), 0xE3069283u);
+  EXPECT_EQ(crc32c_update_portable(0, text, 9), 0xE3069283u);
+  EXPECT_EQ(crc32c_update(crc32c_update(0, text, 4), text + 4, 5), 0xE3069283u);
+  EXPECT_EQ(crc32c_update(0, "", 0), 0u);
+  // RFC 3720 B.4: 32 bytes of zeros -> 0x8A9136AA, 32 bytes of 0xFF -> 0x62A8AB43.
+  const std::vector<unsigned char> zeros(32, 0), ones(32, 0xFF);
+  EXPECT_EQ(crc32c_update(0, zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(crc32c_update(0, ones.data(), 32), 0x62A8AB43u);
+}
+
+TEST(Crc32c, HardwareAndTablePathsAgreeAtEveryLengthAndAlignment) {
   std::vector<unsigned char> bytes(1000);
-  std::iota(bytes.begin(), bytes.end(), 0);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t start = 0; start < 9; ++start) {
+    for (size_t length = 0; length + start <= 200; length += 7) {
+      ASSERT_EQ(crc32c_update(0, &bytes[start], length), crc32c_update_portable(0, &bytes[start], length));
+    }
+  }
   uint32_t piecewise = 0;
-  for (size_t i = 0; i < bytes.size(); i += 7)
-    piecewise = crc32_update(piecewise, &bytes[i], std::min<size_t>(7, 1000 - i));
-  EXPECT_EQ(piecewise, crc32_update(0, bytes.data(), bytes.size()));
+  for (size_t i = 0; i < bytes.size(); i += 7) {
+    piecewise = crc32c_update(piecewise, &bytes[i], std::min<size_t>(7, bytes.size() - i));
+  }
+  EXPECT_EQ(piecewise, crc32c_update_portable(0, bytes.data(), bytes.size()));
 }
 
 TEST_F(CheckpointTest, RoundTripsTensorsAndMetadata) {
@@ -195,7 +209,7 @@ TEST_F(CheckpointTest, CorruptedTensorBytesFailTheCrc) {
   }
   const CheckpointReader reader = CheckpointReader::open_latest(root_);
   const std::string message = error_of([&] { weight_of(reader); });
-  EXPECT_NE(message.find("fails its CRC-32 check"), std::string::npos) << message;
+  EXPECT_NE(message.find("fails its CRC-32C check"), std::string::npos) << message;
   EXPECT_NE(message.find(shard_file(7, kTensorsFileName)), std::string::npos) << message;
   EXPECT_THROW(reader.verify_all(), UserError);
 }
