@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "executor/cuda/cuda_check.h"
@@ -57,7 +58,9 @@ T* device_alloc(size_t n) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // --once: one forward and one backward launch of B=2 H=16 T=4096 D=128 (for ncu), then exit.
+  const bool once = argc > 1 && std::string(argv[1]) == "--once";
   cudaDeviceProp prop{};
   MEGATUNE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0, runtime = 0;
@@ -96,6 +99,14 @@ int main() {
     const cuda::bf16* q = qkv;
     const cuda::bf16* k = qkv + shape.packed_k_offset();
     const cuda::bf16* v = qkv + shape.packed_v_offset();
+    if (once) {
+      if (c.s != 4096 || c.d != 128) continue;
+      cuda::flash_attention_forward(shape, q, k, v, o, lse, nullptr);
+      cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
+                                     dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr);
+      MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
+      return 0;
+    }
     const double fwd16 =
         median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 16); });
     const double fwd32 =

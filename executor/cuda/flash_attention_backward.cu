@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Backw
         for (int r = 0; r < 2; ++r) {
           const int e = 2 * r + c;
           const bool visible = q_valid && !(p.causal && q < my_kv[r]);
-          const float prob = visible ? exp2f(s[n][e] * p.scale_log2 - lse_log2) : 0.0f;
+          const float prob = visible ? fast_exp2(fmaf(s[n][e], p.scale_log2, -lse_log2)) : 0.0f;
           s[n][e] = prob;
           dp[n][e] = prob * (dp[n][e] - delta);
         }
@@ -220,8 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Backw
           if (q_row[r] >= p.seq_len) continue;
           float* dst = p.dq_accum + ((batch_token0 + q_row[r]) * p.num_heads + head) * D + dpair * 16 +
                        h * 8 + 2 * (lane & 3);
-          atomicAdd(dst, acc[h][2 * r]);
-          atomicAdd(dst + 1, acc[h][2 * r + 1]);
+          atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc[h][2 * r], acc[h][2 * r + 1]));
         }
       }
     }

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float new_max = fmaxf(row_max[m][r], tile_max);
         const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
-        const float correction = exp2f(row_max[m][r] - safe_max);
+        const float correction = fast_exp2(row_max[m][r] - safe_max);
         row_max[m][r] = new_max;
         row_sum[m][r] *= correction;
 #pragma unroll
@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
         }
 #pragma unroll
         for (int n = 0; n < kBlockN / 8; ++n) {
-          s[m][n][2 * r] = exp2f(s[m][n][2 * r] - safe_max);
-          s[m][n][2 * r + 1] = exp2f(s[m][n][2 * r + 1] - safe_max);
+          s[m][n][2 * r] = fast_exp2(s[m][n][2 * r] - safe_max);
+          s[m][n][2 * r + 1] = fast_exp2(s[m][n][2 * r + 1] - safe_max);
           row_sum[m][r] += s[m][n][2 * r] + s[m][n][2 * r + 1];
         }
       }
