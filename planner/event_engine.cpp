@@ -36,7 +36,7 @@ struct RankState {
   long blocked_group = -1, blocked_seq = -1;
   std::int64_t blocked_key_hash = 0;
   std::deque<std::pair<int, int>> async_queue;  // unresolved async collectives (group, seq), in issue order
-  std::unordered_map<int, int> next_seq;        // per group: sequence number of the next collective
+  std::vector<int> next_seq;                    // per group: sequence number of the next collective
 };
 
 struct ChannelKey {
@@ -60,6 +60,7 @@ struct SendRecord {
 class Replayer {
  public:
   explicit Replayer(const EngineInput& input) : in_(input), states_(input.programs.size()) {
+    for (RankState& s : states_) s.next_seq.assign(input.group_member_count.size(), 0);
     result_.ranks.resize(input.programs.size());
     groups_.resize(input.group_member_count.size());
     if (input.record_timeline) {
@@ -147,6 +148,18 @@ class Replayer {
         case TaskKind::kCollective:
         case TaskKind::kAsyncCollective: {
           const bool async = t.kind == TaskKind::kAsyncCollective;
+          if (!async && t.group >= 0 && t.group < static_cast<int>(in_.group_member_count.size()) &&
+              in_.group_member_count[t.group] == 1) {
+            // A group of one simulated rank: no one to wait for.
+            record(r, s.pc, s.now_s, s.now_s + t.duration_s);
+            s.now_s += t.duration_s;
+            rr.exposed_comm_s += t.duration_s;
+            break;
+          }
+          if (t.group < 0 || t.group >= static_cast<int>(s.next_seq.size())) {
+            throw std::runtime_error("simulation: task names group " + std::to_string(t.group) +
+                                     " outside 0.." + std::to_string(s.next_seq.size()));
+          }
           int seq = s.next_seq[t.group]++;
           Instance& inst = instance(t.group, seq);
           inst.async = async;

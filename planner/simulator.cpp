@@ -335,19 +335,36 @@ class Builder {
     }
   }
 
+  // Compute + blocking communication of every pass a stage runs, summed: no schedule can beat it.
+  double stage_work_lower_bound(int sim) {
+    const layouts::DenseCoordinates coords = grid_.dense_coordinates(sim_ranks_[sim]);
+    const auto stages = layout_.stages_of_rank(coords.pp);
+    double total = 0.0;
+    for (const PipelineStage* stage : stages) {
+      int next_layer = stage->first_decoder_layer;
+      for (LayerSymbol sym : stage->symbols) {
+        const bool moe = sym == LayerSymbol::kDecoder && model_.is_moe_layer(next_layer);
+        if (sym == LayerSymbol::kDecoder) ++next_layer;
+        const SymbolCosts& sc = symbol_costs(sim, sym, moe);
+        total += sc.forward.compute_s + sc.forward.comm_s + sc.backward.compute_s + sc.backward.comm_s;
+      }
+    }
+    return total * config_.num_microbatches();
+  }
+
   RankBuild build_pass_level(int sim) {
     RankBuild b;
     const layouts::DenseCoordinates coords = grid_.dense_coordinates(sim_ranks_[sim]);
     const layouts::RankSchedule schedule = layouts::build_schedule(model_, config_, coords.pp);
     const auto stages = layout_.stages_of_rank(coords.pp);
     const int local = groups_->local_group(sim);
-    symbol_cache_.clear();
 
     // Per chunk: per-entry backward costs (reverse symbol order) and the pass totals.
     struct ChunkCosts {
       PassCost forward, backward;
       std::vector<PassCost> backward_entries;
       std::vector<layouts::GradBucket> buckets;
+      std::int64_t forward_count = 0, backward_count = 0;
     };
     std::vector<ChunkCosts> chunks(stages.size());
     for (std::size_t c = 0; c < stages.size(); ++c) {
@@ -377,20 +394,23 @@ class Builder {
       if (schedule.items[i].kind == layouts::ScheduleItemKind::kBackward)
         last_backward[schedule.items[i].chunk] = i;
 
-    auto add = [&](SimTask t, const std::string& name, const char* category) {
+    const bool tracing = options_.record_trace;
+    auto add = [&](SimTask t, const char* name, const char* category) {
       if (t.kind == TaskKind::kCollective && t.duration_s <= 0.0 && t.group == local) return;
       b.tasks.push_back(t);
-      if (options_.record_trace) {
+      if (tracing) {
         b.names.push_back(name);
         b.categories.push_back(category);
         b.details.push_back(name);
       }
     };
-    auto add_pass = [&](const PassCost& cost, const std::string& name) {
+    auto add_pass = [&](const PassCost& cost, const char* name) {
       add(SimTask{TaskKind::kCompute, cost.compute_s}, name, "pass");
-      SimTask comm{TaskKind::kCollective, cost.comm_s};
-      comm.group = local;
-      add(comm, name + " comm", "comm");
+      if (cost.comm_s > 0.0) {
+        SimTask comm{TaskKind::kCollective, cost.comm_s};
+        comm.group = local;
+        add(comm, tracing ? (std::string(name) + " comm").c_str() : name, "comm");
+      }
     };
     // Param all-gathers hoisted to the start with overlap_param_gather.
     std::vector<Op> optimizer_ops =
@@ -406,7 +426,7 @@ class Builder {
     if (config_.overlap_param_gather) {
       for (const Op& op : optimizer_ops)
         if (op.label == "param_ag" || op.label == "expert_param_ag")
-          add(collective_task(op, TaskKind::kAsyncCollective), op.label, "all_gather");
+          add(collective_task(op, TaskKind::kAsyncCollective), op.label.c_str(), "all_gather");
     }
     Op p2p_op;
     p2p_op.kind = OpKind::kSend;
@@ -414,7 +434,7 @@ class Builder {
     p2p_op.group = CommGroup::kPipeline;
     p2p_op.group_size = grid_.pp();
     std::unordered_map<int, double> p2p_time;  // by peer pp rank
-    char name[64];
+    char name[64] = "";
     for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
       const layouts::ScheduleItem& item = schedule.items[i];
       if (item.kind == layouts::ScheduleItemKind::kP2p) {
@@ -441,8 +461,9 @@ class Builder {
               b.kinds[static_cast<int>(OpKind::kSend)].total_s += task.duration_s;
               b.kinds[static_cast<int>(OpKind::kSend)].count += 1;
             }
-            std::snprintf(name, sizeof name, "%s %s mb%d c%d", is_send ? "send" : "recv",
-                          gradient ? "grad" : "act", t.microbatch, t.chunk);
+            if (tracing)
+              std::snprintf(name, sizeof name, "%s %s mb%d c%d", is_send ? "send" : "recv",
+                            gradient ? "grad" : "act", t.microbatch, t.chunk);
             add(task, name, is_send ? "send" : "recv");
           }
         }
@@ -450,13 +471,13 @@ class Builder {
       }
       ChunkCosts& cc = chunks.at(item.chunk);
       if (item.kind == layouts::ScheduleItemKind::kForward) {
-        std::snprintf(name, sizeof name, "F%d.%d", item.microbatch, item.chunk);
+        if (tracing) std::snprintf(name, sizeof name, "F%d.%d", item.microbatch, item.chunk);
         add_pass(cc.forward, name);
-        add_kinds(b.kinds, cc.forward.kinds);
+        ++cc.forward_count;
         continue;
       }
-      std::snprintf(name, sizeof name, "B%d.%d", item.microbatch, item.chunk);
-      add_kinds(b.kinds, cc.backward.kinds);
+      if (tracing) std::snprintf(name, sizeof name, "B%d.%d", item.microbatch, item.chunk);
+      ++cc.backward_count;
       if (i != last_backward[item.chunk] || cc.buckets.empty()) {
         add_pass(cc.backward, name);
         continue;
@@ -476,7 +497,8 @@ class Builder {
           }
           const Op& op = cc.buckets[next_bucket].op;
           if (config_.overlap_grad_reduce) {
-            add(collective_task(op, TaskKind::kAsyncCollective), op.label, layouts::op_kind_name(op.kind));
+            add(collective_task(op, TaskKind::kAsyncCollective), op.label.c_str(),
+                layouts::op_kind_name(op.kind));
           } else {
             deferred_sync.push_back(collective_task(op, TaskKind::kCollective));
           }
@@ -485,18 +507,26 @@ class Builder {
       }
       if (segment.compute_s > 0 || segment.comm_s > 0) add_pass(segment, name);
     }
+    for (const ChunkCosts& cc : chunks) {
+      for (int k = 0; k < kOpKindCount; ++k) {
+        b.kinds[k].total_s +=
+            cc.forward.kinds[k].total_s * cc.forward_count + cc.backward.kinds[k].total_s * cc.backward_count;
+        b.kinds[k].count +=
+            cc.forward.kinds[k].count * cc.forward_count + cc.backward.kinds[k].count * cc.backward_count;
+      }
+    }
     for (const SimTask& t : deferred_sync) add(t, "grad sync", "grad_sync");
     add(SimTask{TaskKind::kWaitComm}, "wait grad sync", "wait");
     for (const Op& op : optimizer_ops) {
       const bool param_gather = op.label == "param_ag" || op.label == "expert_param_ag";
       if (param_gather && config_.overlap_param_gather) continue;
       if (op.is_communication()) {
-        add(collective_task(op, TaskKind::kCollective), op.label, layouts::op_kind_name(op.kind));
+        add(collective_task(op, TaskKind::kCollective), op.label.c_str(), layouts::op_kind_name(op.kind));
       } else {
         const double t = price(op, sim);
         b.kinds[static_cast<int>(op.kind)].total_s += t;
         b.kinds[static_cast<int>(op.kind)].count += 1;
-        add(SimTask{TaskKind::kCompute, t}, op.label, layouts::op_kind_name(op.kind));
+        add(SimTask{TaskKind::kCompute, t}, op.label.c_str(), layouts::op_kind_name(op.kind));
       }
     }
     return b;
@@ -513,6 +543,7 @@ class Builder {
   layouts::StepShape shape_;
   std::vector<int> sim_ranks_;
   std::unique_ptr<GroupMap> groups_;
+  // Symbol costs are the same for every representative (their groups have the same shape and placement).
   std::unordered_map<int, SymbolCosts> symbol_cache_;
 };
 
@@ -609,6 +640,18 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
     }
   }
   return result;
+}
+
+double step_time_lower_bound(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                             const OpPricer& pricer, const layouts::StepProgramOptions& step) {
+  SimulationResult scratch;
+  SimulationOptions options;
+  options.step = step;
+  Builder builder(model, config, pricer, options, scratch);
+  double bound = 0.0;
+  for (int sim = 0; sim < static_cast<int>(builder.sim_ranks().size()); ++sim)
+    bound = std::max(bound, builder.stage_work_lower_bound(sim));
+  return bound;
 }
 
 std::string SimulationResult::kind_table() const {

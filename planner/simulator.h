@@ -73,4 +73,10 @@ struct SimulationResult {
 SimulationResult simulate(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                           const OpPricer& pricer, const SimulationOptions& options = {});
 
+// A lower bound of the step time, much cheaper than simulate(): the largest per-stage sum of pass times
+// (compute + blocking communication) over all microbatches. The planner skips candidates whose bound
+// exceeds the k-th best simulated step time.
+double step_time_lower_bound(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                             const OpPricer& pricer, const layouts::StepProgramOptions& step = {});
+
 }  // namespace megatune::planner

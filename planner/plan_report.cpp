@@ -1,0 +1,291 @@
+// Plan reports: table, JSON and the two argument lists of a planned layout.
+#include "planner/plan_report.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "cost_models/op_cost.h"
+#include "planner/chrome_trace.h"
+
+namespace megatune::planner {
+
+using layouts::ModelSpec;
+using layouts::ParallelConfig;
+using layouts::RecomputeGranularity;
+
+namespace {
+
+std::string fixed(double value, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
+std::string gib(double bytes) { return fixed(bytes / (1024.0 * 1024.0 * 1024.0), 1); }
+
+void add(std::vector<std::string>& args, const std::string& flag, long long value) {
+  args.push_back(flag);
+  args.push_back(std::to_string(value));
+}
+void add(std::vector<std::string>& args, const std::string& flag, const std::string& value) {
+  args.push_back(flag);
+  args.push_back(value);
+}
+
+}  // namespace
+
+std::string format_plan_table(const PlanResult& result) {
+  const std::vector<std::string> headers = {
+      "#",         "layout", "tp",   "pp",       "vpp", "dp",    "cp",        "ep",     "etp",      "mbs",
+      "recompute", "sp",     "dopt", "step (s)", "MFU", "tok/s", "mem (GiB)", "bubble", "exp. comm"};
+  std::vector<std::vector<std::string>> rows;
+  const std::string capacity = gib(static_cast<double>(result.memory_capacity_bytes));
+  for (std::size_t i = 0; i < result.ranked.size(); ++i) {
+    const PlanCandidate& c = result.ranked[i];
+    const ParallelConfig& cfg = c.config;
+    const SimulationResult& s = c.simulation;
+    std::string layout = c.layout;
+    if (layout.size() > 28) layout = layout.substr(0, 25) + "...";
+    rows.push_back({std::to_string(i + 1), layout, std::to_string(cfg.tp()), std::to_string(cfg.pp()),
+                    std::to_string(c.vpp), std::to_string(cfg.dp()), std::to_string(cfg.cp()),
+                    std::to_string(cfg.ep()), std::to_string(cfg.etp()), std::to_string(cfg.micro_batch_size),
+                    std::string(layouts::to_string(cfg.recompute_granularity)),
+                    cfg.sequence_parallel_enabled() ? "on" : "off",
+                    cfg.use_distributed_optimizer ? "on" : "off", fixed(s.step_time_s, 3),
+                    fixed(100.0 * s.mfu, 1) + "%", fixed(s.tokens_per_s, 0),
+                    gib(static_cast<double>(c.peak_memory_bytes)) + "/" + capacity,
+                    fixed(100.0 * s.bubble_fraction, 1) + "%", fixed(s.exposed_comm_s * 1e3, 0) + " ms"});
+  }
+  std::vector<std::size_t> width(headers.size());
+  for (std::size_t j = 0; j < headers.size(); ++j) {
+    width[j] = headers[j].size();
+    for (const auto& row : rows) width[j] = std::max(width[j], row[j].size());
+  }
+  std::ostringstream out;
+  auto emit = [&](const std::vector<std::string>& row) {
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      const bool left = j == 1;
+      const std::string pad(width[j] - row[j].size(), ' ');
+      out << (j ? "  " : "") << (left ? row[j] + pad : pad + row[j]);
+    }
+    out << '\n';
+  };
+  emit(headers);
+  std::size_t total = 0;
+  for (std::size_t w : width) total += w + 2;
+  out << std::string(total - 2, '-') << '\n';
+  for (const auto& row : rows) emit(row);
+  return out.str();
+}
+
+std::vector<std::string> parallel_arguments(const PlanCandidate& candidate) {
+  const ParallelConfig& c = candidate.config;
+  std::vector<std::string> args;
+  add(args, "--tensor-model-parallel-size", c.tp());
+  add(args, "--pipeline-model-parallel-size", c.pp());
+  if (!c.pipeline_model_parallel_layout.empty()) {
+    add(args, "--pipeline-model-parallel-layout", c.pipeline_model_parallel_layout);
+  } else if (c.num_layers_per_virtual_pipeline_stage > 0) {
+    add(args, "--num-layers-per-virtual-pipeline-stage", c.num_layers_per_virtual_pipeline_stage);
+  }
+  if (c.cp() > 1) add(args, "--context-parallel-size", c.cp());
+  if (c.ep() > 1) add(args, "--expert-model-parallel-size", c.ep());
+  if (c.expert_tensor_parallel_size > 0 && c.expert_tensor_parallel_size != c.tp())
+    add(args, "--expert-tensor-parallel-size", c.expert_tensor_parallel_size);
+  if (c.sequence_parallel_enabled()) args.push_back("--sequence-parallel");
+  add(args, "--micro-batch-size", c.micro_batch_size);
+  add(args, "--global-batch-size", c.resolved_global_batch_size());
+  if (c.recompute_granularity != RecomputeGranularity::kNone) {
+    add(args, "--recompute-granularity", std::string(layouts::to_string(c.recompute_granularity)));
+    if (c.recompute_granularity == RecomputeGranularity::kFull) {
+      add(args, "--recompute-method", std::string(layouts::to_string(c.recompute_method)));
+      add(args, "--recompute-num-layers", c.recompute_num_layers);
+    }
+  }
+  if (c.use_distributed_optimizer) args.push_back("--use-distributed-optimizer");
+  if (c.overlap_grad_reduce) args.push_back("--overlap-grad-reduce");
+  if (c.overlap_param_gather) args.push_back("--overlap-param-gather");
+  if (c.overlap_p2p_comm) args.push_back("--overlap-p2p-comm");
+  return args;
+}
+
+namespace {
+void model_shape_arguments(const ModelSpec& m, std::vector<std::string>& args) {
+  add(args, "--num-layers", m.num_layers);
+  add(args, "--hidden-size", m.hidden_size);
+  add(args, "--ffn-hidden-size", m.ffn_size());
+  add(args, "--num-attention-heads", m.num_attention_heads);
+  if (m.query_groups() != m.num_attention_heads && !m.multi_latent_attention) {
+    args.push_back("--group-query-attention");
+    add(args, "--num-query-groups", m.query_groups());
+  }
+  if (m.kv_channels > 0) add(args, "--kv-channels", m.kv_channels);
+  add(args, "--seq-length", m.seq_length);
+  add(args, "--max-position-embeddings", m.max_positions());
+  add(args, "--vocab-size", m.vocab_size);
+  if (m.make_vocab_size_divisible_by != 128)
+    add(args, "--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by);
+  add(args, "--normalization", std::string(layouts::to_string(m.normalization)));
+  if (m.activation == layouts::Activation::kSwiglu) args.push_back("--swiglu");
+  add(args, "--position-embedding-type", std::string(layouts::to_string(m.position_embedding)));
+  if (m.untie_embeddings_and_output_weights) args.push_back("--untie-embeddings-and-output-weights");
+  if (!m.add_bias_linear) args.push_back("--disable-bias-linear");
+  if (m.multi_latent_attention) {
+    args.push_back("--multi-latent-attention");
+    if (m.q_lora_rank > 0) add(args, "--q-lora-rank", m.q_lora_rank);
+    add(args, "--kv-lora-rank", m.kv_lora_rank);
+    add(args, "--qk-head-dim", m.qk_head_dim);
+    add(args, "--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim);
+    add(args, "--v-head-dim", m.v_head_dim);
+  }
+  if (m.is_moe()) {
+    add(args, "--num-experts", m.num_experts);
+    add(args, "--moe-router-topk", m.moe_router_topk);
+    add(args, "--moe-ffn-hidden-size", m.moe_ffn_size());
+    if (m.moe_shared_expert_intermediate_size > 0)
+      add(args, "--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size);
+    if (!m.moe_layer_pattern.empty()) {
+      std::string pattern = "[";
+      for (std::size_t i = 0; i < m.moe_layer_pattern.size(); ++i)
+        pattern += (i ? "," : "") + std::to_string(m.moe_layer_pattern[i]);
+      add(args, "--moe-layer-freq", pattern + "]");
+    } else if (m.moe_layer_freq != 1) {
+      add(args, "--moe-layer-freq", m.moe_layer_freq);
+    }
+  }
+  if (m.mtp_num_layers > 0) add(args, "--mtp-num-layers", m.mtp_num_layers);
+}
+}  // namespace
+
+std::vector<std::string> megatune_train_arguments(const ModelSpec& model, const PlanCandidate& candidate) {
+  std::vector<std::string> args;
+  bool preset = false;
+  for (const std::string& name : layouts::model_preset_names()) preset |= name == model.name;
+  if (preset) {
+    add(args, "--model", model.name);
+    add(args, "--seq-length", model.seq_length);
+  } else {
+    model_shape_arguments(model, args);
+  }
+  add(args, "--world-size", candidate.config.world_size);
+  for (std::string& a : parallel_arguments(candidate)) args.push_back(std::move(a));
+  return args;
+}
+
+std::vector<std::string> megatron_arguments(const ModelSpec& model, const PlanCandidate& candidate) {
+  std::vector<std::string> args;
+  model_shape_arguments(model, args);
+  for (std::string& a : parallel_arguments(candidate)) args.push_back(std::move(a));
+  args.push_back("--bf16");
+  if (model.is_moe()) {
+    add(args, "--moe-token-dispatcher-type", "alltoall");
+    args.push_back("--moe-grouped-gemm");
+  }
+  add(args, "--tokenizer-type", "NullTokenizer");
+  return args;
+}
+
+std::string shell_join(const std::string& program, const std::vector<std::string>& arguments) {
+  std::string out = program;
+  for (const std::string& a : arguments) {
+    const bool plain = !a.empty() && a.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789-_=./,:+") == std::string::npos;
+    out += ' ';
+    if (plain) {
+      out += a;
+    } else {
+      out += '\'';
+      for (char ch : a) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      out += '\'';
+    }
+  }
+  return out;
+}
+
+namespace {
+std::string num(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string candidate_json(const PlanCandidate& c, const std::string& indent) {
+  const SimulationResult& s = c.simulation;
+  const ParallelConfig& cfg = c.config;
+  std::ostringstream o;
+  o << indent << "{\"tp\": " << cfg.tp() << ", \"pp\": " << cfg.pp() << ", \"vpp\": " << c.vpp
+    << ", \"dp\": " << cfg.dp() << ", \"cp\": " << cfg.cp() << ", \"ep\": " << cfg.ep()
+    << ", \"etp\": " << cfg.etp() << ", \"micro_batch_size\": " << cfg.micro_batch_size
+    << ", \"recompute\": " << json_quote(std::string(layouts::to_string(cfg.recompute_granularity)))
+    << ", \"sequence_parallel\": " << (cfg.sequence_parallel_enabled() ? "true" : "false")
+    << ", \"distributed_optimizer\": " << (cfg.use_distributed_optimizer ? "true" : "false")
+    << ", \"pipeline_layout\": " << json_quote(c.layout) << ", \"step_time_s\": " << num(s.step_time_s)
+    << ", \"mfu\": " << num(s.mfu) << ", \"tokens_per_s\": " << num(s.tokens_per_s)
+    << ", \"peak_memory_bytes\": " << c.peak_memory_bytes
+    << ", \"bubble_fraction\": " << num(s.bubble_fraction)
+    << ", \"exposed_comm_s\": " << num(s.exposed_comm_s) << "}";
+  return o.str();
+}
+
+std::string string_array(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + json_quote(items[i]);
+  return out + "]";
+}
+}  // namespace
+
+std::string plan_json(const ModelSpec& model, const cost_models::ClusterSpec& cluster,
+                      const PlanResult& result, const MemoryEstimate& winner_memory) {
+  const PlanCandidate& w = result.ranked.at(0);
+  const SimulationResult& s = w.simulation;
+  std::ostringstream o;
+  o << "{\n";
+  o << "  \"model\": " << json_quote(model.name) << ",\n";
+  o << "  \"cluster\": " << json_quote(cluster.short_name()) << ",\n";
+  o << "  \"world_size\": " << cluster.world_size() << ",\n";
+  o << "  \"global_batch_size\": " << w.config.resolved_global_batch_size() << ",\n";
+  o << "  \"seq_length\": " << model.seq_length << ",\n";
+  o << "  \"plan\": " << candidate_json(w, "") << ",\n";
+  o << "  \"prediction\": {\"step_time_s\": " << num(s.step_time_s) << ", \"mfu\": " << num(s.mfu)
+    << ", \"tflops_per_gpu\": " << num(s.tflops_per_gpu) << ", \"tokens_per_s\": " << num(s.tokens_per_s)
+    << ", \"bubble_fraction\": " << num(s.bubble_fraction)
+    << ", \"exposed_comm_s\": " << num(s.exposed_comm_s) << ", \"compute_s\": " << num(s.compute_s)
+    << ", \"model_flops\": " << num(s.model_flops) << "},\n";
+  o << "  \"op_kind_times_s\": {";
+  bool first = true;
+  for (int k = 0; k < kOpKindCount; ++k) {
+    if (s.kind_times[k].count == 0) continue;
+    o << (first ? "" : ", ") << json_quote(layouts::op_kind_name(static_cast<layouts::OpKind>(k))) << ": "
+      << num(s.kind_times[k].total_s);
+    first = false;
+  }
+  o << "},\n  \"provenance_counts\": {";
+  for (int p = 0; p < kProvenanceCount; ++p) {
+    o << (p ? ", " : "") << json_quote(cost_models::provenance_name(static_cast<cost_models::Provenance>(p)))
+      << ": " << s.provenance_counts[p];
+  }
+  o << "},\n  \"memory\": {\"pp_rank\": " << winner_memory.pp_rank
+    << ", \"total_bytes\": " << winner_memory.total_bytes
+    << ", \"capacity_bytes\": " << result.memory_capacity_bytes << ", \"items\": [";
+  for (std::size_t i = 0; i < winner_memory.items.size(); ++i) {
+    o << (i ? ", " : "") << "{\"name\": " << json_quote(winner_memory.items[i].name)
+      << ", \"bytes\": " << winner_memory.items[i].bytes
+      << ", \"detail\": " << json_quote(winner_memory.items[i].detail) << "}";
+  }
+  o << "]},\n";
+  o << "  \"megatune_train_args\": " << string_array(megatune_train_arguments(model, w)) << ",\n";
+  o << "  \"megatron_args\": " << string_array(megatron_arguments(model, w)) << ",\n";
+  o << "  \"why\": " << json_quote(result.why_winner) << ",\n";
+  const PlanStatistics& st = result.statistics;
+  o << "  \"search\": {\"enumerated\": " << st.enumerated << ", \"invalid\": " << st.invalid
+    << ", \"out_of_memory\": " << st.out_of_memory << ", \"simulated\": " << st.simulated
+    << ", \"failed\": " << st.failed << ", \"seconds\": " << num(st.seconds) << "},\n";
+  o << "  \"ranked\": [\n";
+  for (std::size_t i = 0; i < result.ranked.size(); ++i)
+    o << candidate_json(result.ranked[i], "    ") << (i + 1 < result.ranked.size() ? ",\n" : "\n");
+  o << "  ]\n}\n";
+  return o.str();
+}
+
+}  // namespace megatune::planner

@@ -1,0 +1,32 @@
+// Plan reports: the ranked table, the plan as JSON, as `megatune train` arguments and as Megatron-LM
+// pretrain_gpt.py arguments.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "cost_models/cluster_spec.h"
+#include "layouts/model_spec.h"
+#include "planner/search.h"
+
+namespace megatune::planner {
+
+// Aligned table of the ranked candidates: rank, layout string and knobs, predicted step time, MFU, tokens/s,
+// peak memory vs capacity, bubble, exposed communication.
+std::string format_plan_table(const PlanResult& result);
+
+// Parallel + batch flags (Megatron names) of a candidate, e.g. "--tensor-model-parallel-size 8 ...".
+std::vector<std::string> parallel_arguments(const PlanCandidate& candidate);
+// `megatune train --model <preset> <parallel flags> --seq-length S` (model flags when not a preset).
+std::vector<std::string> megatune_train_arguments(const layouts::ModelSpec& model,
+                                                  const PlanCandidate& candidate);
+// pretrain_gpt.py flags: the model shape spelled out, parallel and batch flags, bf16 and the overlaps.
+std::vector<std::string> megatron_arguments(const layouts::ModelSpec& model, const PlanCandidate& candidate);
+// One shell line: arguments quoted where needed.
+std::string shell_join(const std::string& program, const std::vector<std::string>& arguments);
+
+// The plan as JSON: model, cluster, the winner (config, layout, prediction, memory items, per-kind
+// times, provenance) and the ranked alternatives.
+std::string plan_json(const layouts::ModelSpec& model, const cost_models::ClusterSpec& cluster,
+                      const PlanResult& result, const MemoryEstimate& winner_memory);
+
+}  // namespace megatune::planner

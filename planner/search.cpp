@@ -1,0 +1,414 @@
+// Planner search: enumeration of the layout space, cheap pruning (validation, memory), threaded
+// simulation of the survivors, ranking and the winner's explanation.
+#include "planner/search.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "layouts/pipeline_layout.h"
+#include "layouts/user_error.h"
+
+namespace megatune::planner {
+
+using layouts::ParallelConfig;
+using layouts::PipelineLayout;
+using layouts::RecomputeGranularity;
+
+namespace {
+
+std::vector<int> powers_of_two_up_to(int limit) {
+  std::vector<int> out;
+  for (int v = 1; v <= limit; v *= 2) out.push_back(v);
+  return out;
+}
+
+std::vector<int> divisors(int n, int limit) {
+  std::vector<int> out;
+  for (int d = 1; d <= n && d <= limit; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// One pipeline arrangement of the layers.
+struct LayoutChoice {
+  int vpp = 1;
+  std::string layout_string;  // "" for Megatron's uniform split (flags only)
+  std::string text;           // always set: the layout string of the stages
+};
+
+std::vector<LayoutChoice> layout_choices(const layouts::ModelSpec& model, int pp, const SearchSpace& space) {
+  std::vector<LayoutChoice> out;
+  const int layers = model.num_layers;
+  std::set<std::string> seen;
+  auto add = [&](const PipelineLayout& layout, bool uniform) {
+    std::string text = layout.to_string();
+    if (!seen.insert(text).second) return;
+    LayoutChoice c;
+    c.vpp = layout.vpp();
+    c.text = text;
+    if (!uniform) c.layout_string = text;
+    out.push_back(std::move(c));
+  };
+  auto try_add = [&](auto&& make, bool uniform) {
+    try {
+      add(make(), uniform);
+    } catch (const std::exception&) {
+      // This split does not exist for the layer count; skip it.
+    }
+  };
+  if (layers % pp == 0)
+    try_add([&] { return PipelineLayout::uniform(layers, pp, 1, model.mtp_num_layers); }, true);
+  if (pp == 1) return out;
+  if (space.virtual_pipeline) {
+    for (int v = 2; v <= space.max_virtual_stages; ++v) {
+      if (layers % (pp * v) != 0) continue;
+      try_add([&] { return PipelineLayout::uniform(layers, pp, v, model.mtp_num_layers); }, true);
+    }
+  }
+  if (space.uneven_layouts) {
+    // Fewer decoder layers on the first stage (embedding) and the last (output layer + loss).
+    const int base = (layers + pp - 1) / pp;
+    for (int first = std::max(1, base - 3); first <= base; ++first) {
+      for (int last = std::max(1, base - 3); last <= base; ++last) {
+        const int middle = layers - first - last;
+        if (middle < 0) continue;
+        if (pp == 2 ? middle != 0 : middle % (pp - 2) != 0) continue;
+        if (pp > 2 && middle / (pp - 2) < std::max(first, last)) continue;  // middle stages carry the most
+        try_add([&] { return PipelineLayout::uneven(layers, pp, first, last, 1, model.mtp_num_layers); },
+                false);
+      }
+    }
+  }
+  return out;
+}
+
+const char* recompute_short(RecomputeGranularity g) {
+  switch (g) {
+    case RecomputeGranularity::kNone:
+      return "none";
+    case RecomputeGranularity::kSelective:
+      return "sel";
+    case RecomputeGranularity::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+std::string format_ms(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  return buf;
+}
+
+// What differs between two configs, e.g. "tp 4 vs 8, sp on vs off".
+std::string config_difference(const PlanCandidate& a, const PlanCandidate& b) {
+  std::vector<std::string> parts;
+  auto cmp = [&](const char* name, int x, int y) {
+    if (x != y) parts.push_back(std::string(name) + " " + std::to_string(x) + " vs " + std::to_string(y));
+  };
+  const ParallelConfig& x = a.config;
+  const ParallelConfig& y = b.config;
+  cmp("tp", x.tp(), y.tp());
+  cmp("pp", x.pp(), y.pp());
+  cmp("vpp", a.vpp, b.vpp);
+  cmp("dp", x.dp(), y.dp());
+  cmp("cp", x.cp(), y.cp());
+  cmp("ep", x.ep(), y.ep());
+  cmp("etp", x.etp(), y.etp());
+  cmp("mbs", x.micro_batch_size, y.micro_batch_size);
+  if (x.recompute_granularity != y.recompute_granularity)
+    parts.push_back(std::string("recompute ") + recompute_short(x.recompute_granularity) + " vs " +
+                    recompute_short(y.recompute_granularity));
+  if (x.use_distributed_optimizer != y.use_distributed_optimizer)
+    parts.push_back(std::string("dist-opt ") + (x.use_distributed_optimizer ? "on" : "off") + " vs " +
+                    (y.use_distributed_optimizer ? "on" : "off"));
+  if (x.sequence_parallel_enabled() != y.sequence_parallel_enabled())
+    parts.push_back(std::string("sp ") + (x.sequence_parallel_enabled() ? "on" : "off") + " vs " +
+                    (y.sequence_parallel_enabled() ? "on" : "off"));
+  if (a.layout != b.layout && x.pp() == y.pp() && a.vpp == b.vpp)
+    parts.push_back("layout " + a.layout + " vs " + b.layout);
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  return out.empty() ? "same knobs" : out;
+}
+
+std::string explain(const PlanCandidate& winner, const PlanCandidate& runner) {
+  const SimulationResult& w = winner.simulation;
+  const SimulationResult& r = runner.simulation;
+  const double w_bubble = w.step_time_s - w.compute_s - w.exposed_comm_s;
+  const double r_bubble = r.step_time_s - r.compute_s - r.exposed_comm_s;
+  struct Term {
+    const char* name;
+    double saved_s;
+  };
+  std::vector<Term> terms = {{"compute (incl. recomputation)", r.compute_s - w.compute_s},
+                             {"exposed communication", r.exposed_comm_s - w.exposed_comm_s},
+                             {"pipeline bubble and waiting", r_bubble - w_bubble}};
+  auto best = std::max_element(terms.begin(), terms.end(),
+                               [](const Term& a, const Term& b) { return a.saved_s < b.saved_s; });
+  const double gap = r.step_time_s - w.step_time_s;
+  std::ostringstream out;
+  out << "#1 beats #2 by " << format_ms(gap) << " per step";
+  if (r.step_time_s > 0) {
+    char pct[32];
+    std::snprintf(pct, sizeof pct, " (%.1f%%)", 100.0 * gap / r.step_time_s);
+    out << pct;
+  }
+  if (best->saved_s > 0) out << ": " << format_ms(best->saved_s) << " less " << best->name;
+  out << " [" << config_difference(winner, runner) << "]";
+  return out.str();
+}
+
+}  // namespace
+
+std::string describe(const PlanCandidate& c) {
+  std::ostringstream out;
+  out << "tp" << c.config.tp() << " pp" << c.config.pp() << " vpp" << c.vpp << " dp" << c.config.dp() << " cp"
+      << c.config.cp() << " ep" << c.config.ep() << " etp" << c.config.etp() << " mbs"
+      << c.config.micro_batch_size << ' ' << recompute_short(c.config.recompute_granularity)
+      << (c.config.sequence_parallel_enabled() ? " sp" : "")
+      << (c.config.use_distributed_optimizer ? " dopt" : "");
+  return out.str();
+}
+
+PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
+  const auto start = std::chrono::steady_clock::now();
+  PlanResult result;
+  PlanStatistics& stats = result.statistics;
+  const layouts::ModelSpec& model = request.model;
+  const SearchSpace& space = request.space;
+  const int world = request.world_size;
+  if (world <= 0) throw UserError("--cluster: the world size must be positive");
+  if (request.global_batch_size <= 0) throw UserError("--global-batch-size must be positive");
+  if (space.distributed_optimizer.empty() || space.sequence_parallel.empty() || space.recompute.empty())
+    throw UserError("planner: the search space needs at least one recompute, dist-opt and SP choice");
+  const int node = pricer.gpus_per_node();
+  result.memory_capacity_bytes = pricer.memory_capacity_bytes();
+  const double capacity = result.memory_capacity_bytes * (1.0 - request.memory_headroom_fraction);
+
+  const std::vector<int> tps =
+      !space.tp.empty() ? space.tp : powers_of_two_up_to(space.allow_tp_across_nodes ? world : node);
+  const std::vector<int> cps = !space.cp.empty() ? space.cp : powers_of_two_up_to(world);
+  const std::vector<int> mbss = !space.micro_batch.empty() ? space.micro_batch : std::vector<int>{1, 2, 4, 8};
+
+  std::vector<PlanCandidate> survivors;
+  std::int64_t smallest_oom = INT64_MAX;
+  std::string smallest_oom_desc;
+  for (int tp : tps) {
+    if (tp > world || world % tp != 0) continue;
+    if (model.num_attention_heads % tp != 0) continue;
+    for (int cp : cps) {
+      if (world % (tp * cp) != 0 || model.seq_length % (2 * cp) != 0) continue;
+      if (cp > 1 && model.seq_length / cp < 512) continue;  // too short a chunk to be worth a ring
+      const std::vector<int> pps =
+          !space.pp.empty() ? space.pp : divisors(world / (tp * cp), model.num_layers);
+      for (int pp : pps) {
+        if (world % (tp * cp * pp) != 0) continue;
+        const int dp = world / (tp * cp * pp);
+        if (request.global_batch_size % dp != 0) continue;
+        const std::vector<LayoutChoice> choices = layout_choices(model, pp, space);
+        // Expert layouts.
+        std::vector<std::pair<int, int>> experts;  // (ep, etp)
+        if (model.is_moe()) {
+          const std::vector<int> eps =
+              !space.ep.empty() ? space.ep : divisors(model.num_experts, model.num_experts);
+          for (int ep : eps) {
+            std::vector<int> etps = !space.etp.empty() ? space.etp : std::vector<int>{1, tp};
+            std::sort(etps.begin(), etps.end());
+            etps.erase(std::unique(etps.begin(), etps.end()), etps.end());
+            for (int etp : etps)
+              if ((world / pp) % (ep * etp) == 0) experts.push_back({ep, etp});
+          }
+        } else {
+          experts.push_back({1, 0});
+        }
+        for (const LayoutChoice& layout : choices) {
+          for (auto [ep, etp] : experts) {
+            for (int mbs : mbss) {
+              if ((request.global_batch_size / dp) % mbs != 0) continue;
+              for (RecomputeGranularity rc : space.recompute) {
+                // Sharding does nothing without data parallelism; SP nothing without TP.
+                const std::vector<bool> dopts = dp * cp == 1
+                                                    ? std::vector<bool>{space.distributed_optimizer.front()}
+                                                    : space.distributed_optimizer;
+                const std::vector<bool> sps = tp == 1 ? std::vector<bool>{false} : space.sequence_parallel;
+                for (bool dopt : dopts) {
+                  for (bool sp : sps) {
+                    ++stats.enumerated;
+                    PlanCandidate c;
+                    ParallelConfig& cfg = c.config;
+                    cfg.world_size = world;
+                    cfg.tensor_model_parallel_size = tp;
+                    cfg.context_parallel_size = cp;
+                    cfg.pipeline_model_parallel_size = pp;
+                    cfg.expert_model_parallel_size = ep;
+                    cfg.expert_tensor_parallel_size = etp;
+                    cfg.micro_batch_size = mbs;
+                    cfg.global_batch_size = request.global_batch_size;
+                    cfg.sequence_parallel = sp;
+                    cfg.recompute_granularity = rc;
+                    if (rc == RecomputeGranularity::kFull) {
+                      cfg.recompute_method = layouts::RecomputeMethod::kUniform;
+                      cfg.recompute_num_layers = 1;
+                    }
+                    cfg.use_distributed_optimizer = dopt;
+                    cfg.overlap_grad_reduce = dp * cp > 1;
+                    cfg.overlap_param_gather = dopt && dp * cp > 1;
+                    if (layout.vpp > 1 && pp == 2) cfg.overlap_p2p_comm = true;
+                    if (!layout.layout_string.empty()) {
+                      cfg.pipeline_model_parallel_layout = layout.layout_string;
+                    } else if (layout.vpp > 1) {
+                      cfg.num_layers_per_virtual_pipeline_stage = model.num_layers / (pp * layout.vpp);
+                    }
+                    c.layout = layout.text;
+                    c.vpp = layout.vpp;
+                    try {
+                      cfg.validate(model);
+                    } catch (const std::exception&) {
+                      ++stats.invalid;
+                      continue;
+                    }
+                    MemoryOptions memory_options = request.memory;
+                    memory_options.step = request.step;
+                    MemoryEstimate peak = peak_memory(model, cfg, memory_options);
+                    c.peak_memory_bytes = peak.total_bytes;
+                    c.peak_memory_pp_rank = peak.pp_rank;
+                    if (peak.total_bytes > capacity) {
+                      ++stats.out_of_memory;
+                      if (peak.total_bytes < smallest_oom) {
+                        smallest_oom = peak.total_bytes;
+                        smallest_oom_desc = describe(c);
+                      }
+                      continue;
+                    }
+                    survivors.push_back(std::move(c));
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  if (survivors.empty()) {
+    std::string why = stats.enumerated == 0 ? "no layout divides the world, batch and model"
+                                            : std::to_string(stats.invalid) + " invalid, " +
+                                                  std::to_string(stats.out_of_memory) + " out of memory";
+    std::string best = smallest_oom != INT64_MAX
+                           ? "; the smallest needs " + format_bytes(smallest_oom) + " (" + smallest_oom_desc +
+                                 ") of " + format_bytes(result.memory_capacity_bytes)
+                           : "";
+    throw UserError("no parallel layout fits (" + why + best +
+                    "): use more GPUs (--cluster), a smaller --global-batch-size or --seq-length, or allow "
+                    "TP across nodes");
+  }
+
+  // Lower bounds first (cheap), then simulate in increasing bound order on `threads` threads, skipping a
+  // candidate whose bound exceeds the k-th best step time found so far. The calling thread works too and
+  // reports progress.
+  const auto sim_start = std::chrono::steady_clock::now();
+  const int threads = std::max(1, request.threads);
+  const std::size_t keep_k = static_cast<std::size_t>(std::max(2, request.top_k));
+  std::vector<double> bounds(survivors.size(), 0.0);
+  {
+    std::atomic<std::size_t> next_bound{0};
+    auto bound_worker = [&] {
+      for (std::size_t i = next_bound.fetch_add(1); i < survivors.size(); i = next_bound.fetch_add(1)) {
+        try {
+          bounds[i] = step_time_lower_bound(model, survivors[i].config, pricer, request.step);
+        } catch (const std::exception&) {
+          bounds[i] = 0.0;  // simulate it; the simulation reports the problem
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(bound_worker);
+    bound_worker();
+    for (auto& t : pool) t.join();
+  }
+  std::vector<std::size_t> by_bound(survivors.size());
+  for (std::size_t i = 0; i < by_bound.size(); ++i) by_bound[i] = i;
+  std::sort(by_bound.begin(), by_bound.end(),
+            [&](std::size_t a, std::size_t b) { return bounds[a] < bounds[b]; });
+
+  SimulationOptions sim_options;
+  sim_options.step = request.step;
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::int64_t> done{0};
+  std::atomic<std::int64_t> pruned{0};
+  std::mutex mutex;                // guards best_times and the failure fields
+  std::vector<double> best_times;  // the keep_k smallest step times so far, sorted
+  std::vector<char> ok(survivors.size(), 0);
+  auto threshold = [&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    return best_times.size() < keep_k ? std::numeric_limits<double>::infinity() : best_times.back();
+  };
+  auto run_one = [&](std::size_t i) {
+    if (bounds[i] > threshold()) {
+      pruned.fetch_add(1);
+      return;
+    }
+    try {
+      survivors[i].simulation = simulate(model, survivors[i].config, pricer, sim_options);
+      ok[i] = 1;
+      std::lock_guard<std::mutex> lock(mutex);
+      const double t = survivors[i].simulation.step_time_s;
+      best_times.insert(std::upper_bound(best_times.begin(), best_times.end(), t), t);
+      if (best_times.size() > keep_k) best_times.pop_back();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++stats.failed;
+      if (stats.first_failure.empty()) stats.first_failure = describe(survivors[i]) + ": " + e.what();
+    }
+  };
+  auto worker = [&] {
+    for (std::size_t k = next.fetch_add(1); k < by_bound.size(); k = next.fetch_add(1)) {
+      run_one(by_bound[k]);
+      done.fetch_add(1);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  for (std::size_t k = next.fetch_add(1); k < by_bound.size(); k = next.fetch_add(1)) {
+    run_one(by_bound[k]);
+    const std::int64_t finished = done.fetch_add(1) + 1;
+    if (request.progress) request.progress(finished, static_cast<std::int64_t>(survivors.size()));
+  }
+  for (auto& t : pool) t.join();
+  if (request.progress)
+    request.progress(static_cast<std::int64_t>(survivors.size()),
+                     static_cast<std::int64_t>(survivors.size()));
+  stats.pruned_by_bound = pruned.load();
+  stats.simulated = static_cast<std::int64_t>(survivors.size()) - stats.failed - stats.pruned_by_bound;
+  stats.simulate_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sim_start).count();
+
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < survivors.size(); ++i)
+    if (ok[i]) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const double ta = survivors[a].simulation.step_time_s, tb = survivors[b].simulation.step_time_s;
+    if (ta != tb) return ta < tb;
+    return survivors[a].peak_memory_bytes < survivors[b].peak_memory_bytes;
+  });
+  const std::size_t keep = std::min<std::size_t>(order.size(), std::max(1, request.top_k));
+  for (std::size_t i = 0; i < keep; ++i) result.ranked.push_back(std::move(survivors[order[i]]));
+  if (result.ranked.empty()) {
+    throw std::runtime_error("every candidate failed to simulate; first: " + stats.first_failure);
+  }
+  if (result.ranked.size() >= 2) result.why_winner = explain(result.ranked[0], result.ranked[1]);
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace megatune::planner

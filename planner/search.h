@@ -1,0 +1,84 @@
+// Planner search: enumerate parallel layouts (TP, PP, VPP, uneven pipeline layouts, DP, CP, EP, expert TP,
+// micro-batch, recomputation, distributed optimizer, SP), prune invalid and out-of-memory ones cheaply,
+// simulate the rest on several threads and rank them by predicted step time.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "layouts/model_spec.h"
+#include "layouts/parallel_config.h"
+#include "planner/memory_model.h"
+#include "planner/op_pricer.h"
+#include "planner/simulator.h"
+
+namespace megatune::planner {
+
+struct SearchSpace {
+  // Empty: every value that can work (TP: powers of two up to the NVLink domain; PP: divisors of the
+  // world up to the layer count; CP: powers of two with 2*cp dividing the sequence; EP: divisors of the
+  // experts; micro-batch: 1, 2, 4, 8).
+  std::vector<int> tp, pp, cp, ep, etp, micro_batch;
+  bool allow_tp_across_nodes = false;  // TP larger than a node's GPUs
+  bool virtual_pipeline = true;        // interleaved 1F1B with uniform chunks
+  bool uneven_layouts = true;          // first/last stages with fewer layers (embedding, loss)
+  std::vector<layouts::RecomputeGranularity> recompute = {layouts::RecomputeGranularity::kNone,
+                                                          layouts::RecomputeGranularity::kSelective,
+                                                          layouts::RecomputeGranularity::kFull};
+  std::vector<bool> distributed_optimizer = {false, true};
+  std::vector<bool> sequence_parallel = {true, false};  // only meaningful with tp > 1
+  int max_virtual_stages = 8;
+};
+
+struct PlanRequest {
+  layouts::ModelSpec model;  // seq_length set
+  int world_size = 0;
+  int global_batch_size = 0;
+  SearchSpace space;
+  MemoryOptions memory;
+  layouts::StepProgramOptions step;
+  double memory_headroom_fraction = 0.0;  // keep this fraction of the GPU's memory free
+  int top_k = 10;
+  int threads = 2;
+  // Called from the calling thread while the search runs: (candidates simulated, candidates to simulate).
+  std::function<void(std::int64_t, std::int64_t)> progress;
+};
+
+struct PlanCandidate {
+  layouts::ParallelConfig config;
+  std::string layout;  // Megatron layout string of the stages (always given, uniform or not)
+  int vpp = 1;
+  std::int64_t peak_memory_bytes = 0;
+  int peak_memory_pp_rank = 0;
+  SimulationResult simulation;  // trace not recorded
+};
+
+struct PlanStatistics {
+  std::int64_t enumerated = 0;
+  std::int64_t invalid = 0;          // rejected by ParallelConfig::validate
+  std::int64_t out_of_memory = 0;    // rejected by the memory model
+  std::int64_t pruned_by_bound = 0;  // lower bound above the k-th best simulated step time
+  std::int64_t simulated = 0;
+  std::int64_t failed = 0;  // simulation errors (reported in first_failure)
+  std::string first_failure;
+  double seconds = 0.0;
+  double simulate_seconds = 0.0;  // wall time of the simulation phase
+};
+
+struct PlanResult {
+  std::vector<PlanCandidate> ranked;  // best first, at most top_k
+  PlanStatistics statistics;
+  std::int64_t memory_capacity_bytes = 0;
+  // Why the winner beats the runner-up: the term (compute, exposed communication, pipeline bubble) that
+  // differs most. Empty with fewer than two candidates.
+  std::string why_winner;
+};
+
+// Runs the search. Throws UserError when no layout fits (naming the smallest memory found and the way out).
+PlanResult plan(const PlanRequest& request, const OpPricer& pricer);
+
+// Compact description: "tp8 pp4 vpp2 dp32 cp1 ep1 etp8 mbs1 sel sp dopt".
+std::string describe(const PlanCandidate& candidate);
+
+}  // namespace megatune::planner
