@@ -95,11 +95,11 @@ ProfileCounts run_kernel_sweep(cost_models::Database& database, KernelRunner& ru
   for (const GemmItem& item : sweep.gemms) {
     if (mine()) handle(item, runner.time_gemm(item, policy));
   }
-  for (const AttentionItem& item : sweep.attention) {
-    if (mine()) handle(item, runner.time_attention(item, policy));
-  }
   for (const MemoryBoundItem& item : sweep.memory_bound) {
     if (mine()) handle(item, runner.time_memory_bound(item, policy));
+  }
+  for (const AttentionItem& item : sweep.attention) {
+    if (mine()) handle(item, runner.time_attention(item, policy));
   }
   return counts;
 }

@@ -40,7 +40,7 @@ struct ProfileCounts {
   }
 };
 
-// Runs the kernel items whose position i in the sweep (gemms, then attention, then memory-bound) has
+// Runs the kernel items whose position i in the sweep (gemms, then memory-bound, then attention) has
 // i % worker_count == worker_index, writing each to `database`.
 ProfileCounts run_kernel_sweep(cost_models::Database& database, KernelRunner& runner, const Sweep& sweep,
                                const DeviceIdentity& identity, const RepeatPolicy& policy,

@@ -1,0 +1,32 @@
+// Progress bar rendering and durations; the log mode prints one line per 10%.
+#include "profiler/progress_bar.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+namespace megatune::profiler {
+namespace {
+
+TEST(ProgressBar, Render) {
+  EXPECT_EQ(ProgressBar::render(0, 10, 0.0, 10), "[          ] 0/10   0%");
+  EXPECT_EQ(ProgressBar::render(4, 10, 8.0, 10), "[####      ] 4/10  40% eta 12s");
+  EXPECT_EQ(ProgressBar::render(10, 10, 65.0, 10), "[##########] 10/10 100% in 1m05s");
+  EXPECT_EQ(format_duration(0.25), "250ms");
+  EXPECT_EQ(format_duration(7300), "2h02m");
+}
+
+TEST(ProgressBar, LogModePrintsEachDecileOnce) {
+  std::ostringstream out;
+  ProgressBar bar(out, "profile", 100, false);
+  for (std::size_t i = 0; i <= 100; ++i) bar.update(i, "item");
+  bar.finish();
+  const std::string text = out.str();
+  int lines = 0;
+  for (const char c : text) lines += c == '\n';
+  EXPECT_EQ(lines, 11);  // 0%, 10%, ..., 100%
+  EXPECT_NE(text.find("100/100 100%"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace megatune::profiler

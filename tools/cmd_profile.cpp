@@ -1,0 +1,218 @@
+// `megatune profile`: microbenchmark sweeps of the executor's kernels and of NCCL collectives on this host's
+// GPUs into the cost database (CUPTI-timed, resumable, one worker process per GPU), then a fit of the
+// planner's cost models. `--dry-run` shows what would be measured, on any machine.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cost_models/cost_database.h"
+#include "cost_models/fitting.h"
+#include "cost_models/hardware_catalog.h"
+#include "cost_models/record_store.h"
+#include "layouts/model_spec.h"
+#include "layouts/user_error.h"
+#include "profiler/profile_session.h"
+#include "profiler/progress_bar.h"
+#include "profiler/sweep_builder.h"
+#include "tools/command_registry.h"
+#ifdef MEGATUNE_HAVE_CUDA
+#include "profiler/cuda/gpu_profile_workers.h"
+#endif
+
+namespace megatune::tools {
+namespace {
+
+using namespace megatune::profiler;
+
+struct ProfileOptions {
+  std::string model;
+  std::string database_path;
+  int gpus = 0;  // 0: every visible GPU
+  bool quick = false;
+  bool dry_run = false;
+  bool no_grid = false;
+  bool no_collectives = false;
+  bool no_kernels = false;
+  bool no_fit = false;
+  std::string gpu_name = "H200 SXM";  // --dry-run without a GPU
+  SweepCandidates candidates;
+  int warmup = 3;
+  int repeats = 10;
+};
+
+Sweep build_sweep(const ProfileOptions& options, int gpus) {
+  Sweep sweep;
+  if (!options.no_kernels) {
+    if (!options.model.empty()) {
+      ModelSweepReport report;
+      sweep = model_sweep(layouts::model_preset(options.model), options.candidates, &report);
+      std::printf("model %s: %d candidate layouts expanded (%d not valid for the model)%s\n",
+                  options.model.c_str(), report.layouts_expanded, report.layouts_invalid,
+                  report.cross_attention_skipped > 0
+                      ? "; context-parallel attention chunks priced from the grid"
+                      : "");
+    }
+    if (!options.no_grid) merge_sweep(sweep, generic_kernel_grid(options.quick));
+  }
+  if (!options.no_collectives) {
+    for (const CollectiveItem& item : collective_sweep(gpus, options.quick))
+      sweep.collectives.push_back(item);
+  }
+  return sweep;
+}
+
+void print_counts(const char* title, const Sweep& sweep) {
+  std::printf("%-9s %6zu GEMMs  %5zu attention  %5zu memory-bound  %5zu collectives\n", title,
+              sweep.gemms.size(), sweep.attention.size(), sweep.memory_bound.size(),
+              sweep.collectives.size());
+}
+
+// A few headline figures from what the database now holds for `identity`.
+void print_headlines(cost_models::Database& database, const DeviceIdentity& identity) {
+  for (const auto& row : cost_models::load_kernel_timings(database, identity.gpu)) {
+    if (row.versions == identity.versions && row.op_kind == "gemm" && row.m == 8192 && row.n == 8192 &&
+        row.k == 8192) {
+      std::printf("gemm 8192^3 bf16: %.3f ms  %.0f TFLOP/s (median of %d, CUPTI)\n", row.median_s * 1e3,
+                  2.0 * 8192.0 * 8192.0 * 8192.0 / row.median_s / 1e12, row.repeats);
+    }
+  }
+  for (const auto& row : cost_models::load_collective_timings(database, identity.gpu)) {
+    if (row.versions != identity.versions || row.bytes != (std::int64_t(1) << 30)) continue;
+    const CollectiveItem item{cost_models::parse_collective_op(row.op), row.group_size, row.bytes};
+    const CollectiveBandwidth bw = collective_bandwidth(item, row.median_s);
+    std::printf("%-14s n=%d 1 GiB: %.3f ms  algbw %.0f GB/s  busbw %.0f GB/s\n", row.op.c_str(),
+                row.group_size, row.median_s * 1e3, bw.algbw_bytes_per_s / 1e9, bw.busbw_bytes_per_s / 1e9);
+  }
+}
+
+int run_profile(const ProfileOptions& options) {
+  const std::string path =
+      options.database_path.empty() ? cost_models::default_cost_database_path() : options.database_path;
+  if (options.warmup < 0 || options.repeats < 1)
+    throw UserError("--warmup must be >= 0 and --repeats >= 1 (e.g. --warmup 3 --repeats 10)");
+
+  DeviceIdentity identity;
+  int visible_gpus = 0;
+#ifdef MEGATUNE_HAVE_CUDA
+  if (!options.dry_run) {
+    try {
+      const cuda::HostGpus host = cuda::probe_host_gpus();
+      identity = host.identity;
+      visible_gpus = host.count;
+    } catch (const std::exception& error) {
+      throw UserError(std::string(error.what()) +
+                      "; run it on a machine with an NVIDIA GPU, or pass --dry-run to see the sweep");
+    }
+  }
+#endif
+  if (options.dry_run) {
+    identity.gpu = cost_models::HardwareCatalog::embedded().gpu(options.gpu_name).name;
+    visible_gpus = options.gpus > 0 ? options.gpus : 1;
+  } else if (visible_gpus == 0) {
+    throw UserError(
+        "this megatune was built without CUDA; rebuild with nvcc, CUPTI and NCCL present "
+        "(-DMEGATUNE_CUDA=ON), or pass --dry-run to see the sweep");
+  }
+  if (options.gpus > visible_gpus)
+    throw UserError("--gpus " + std::to_string(options.gpus) + ": only " + std::to_string(visible_gpus) +
+                    " GPU(s) are visible; pass --gpus " + std::to_string(visible_gpus) + " or fewer");
+  const int gpus = options.gpus > 0 ? options.gpus : visible_gpus;
+
+  const Sweep sweep = build_sweep(options, gpus);
+  Sweep pending;
+  {
+    cost_models::Database database = cost_models::open_cost_database(path);
+    if (database.query_int64("SELECT count(*) FROM gpu_models") == 0)
+      cost_models::HardwareCatalog::embedded().install_into(database);
+    pending = pending_items(database, sweep, identity);
+  }
+  std::printf("database %s\n", path.c_str());
+  std::printf("device   %s x%d  driver %s  CUDA %s  cuBLAS %s  NCCL %s  commit %s\n", identity.gpu.c_str(),
+              gpus, identity.versions.driver.c_str(), identity.versions.cuda.c_str(),
+              identity.versions.cublas.c_str(), identity.versions.nccl.c_str(),
+              identity.versions.commit.c_str());
+  print_counts("sweep", sweep);
+  print_counts("to do", pending);
+  if (options.dry_run) {
+    std::printf("dry run: nothing measured\n");
+    return 0;
+  }
+  if (pending.size() == 0) std::printf("everything is already measured for this GPU and software\n");
+
+#ifdef MEGATUNE_HAVE_CUDA
+  if (pending.size() > 0) {
+    cuda::GpuProfileJob job;
+    job.database_path = path;
+    job.sweep = pending;
+    job.gpus = gpus;
+    job.kernel_policy = {options.warmup, options.repeats};
+    job.collective_policy = {std::max(options.warmup, 5), std::max(options.repeats, 20)};
+    ProgressBar bar(std::cerr, "profile", pending.size(), isatty(fileno(stderr)) != 0);
+    const cuda::GpuProfileOutcome outcome =
+        cuda::run_gpu_profile(job, [&](const ProfileProgress& p) { bar.update(p.done, p.current); });
+    bar.finish();
+    std::printf("measured %d kernels (%d without an executor kernel) and %d collectives in %.1f s\n",
+                outcome.kernels.measured, outcome.kernels.unsupported, outcome.collectives.measured,
+                outcome.wall_s);
+    for (const std::string& error : outcome.errors) std::fprintf(stderr, "error: %s\n", error.c_str());
+    if (!outcome.errors.empty()) {
+      std::fprintf(stderr, "what was measured is kept; run the same command again to resume\n");
+      return 1;
+    }
+  }
+#endif
+  cost_models::Database database = cost_models::open_cost_database(path);
+  print_headlines(database, identity);
+  if (!options.no_fit) {
+    const auto fitted = cost_models::fit_and_store(database, identity.gpu);
+    std::printf("fitted %zu cost models for %s (megatune db info --db %s)\n", fitted.size(),
+                identity.gpu.c_str(), path.c_str());
+  }
+  return 0;
+}
+
+const Registrar kProfileCommand{Command{
+    "profile",
+    "Measure the executor's kernels and NCCL collectives on this host's GPUs into the cost database", 70,
+    [](CLI::App& sub) -> std::function<int()> {
+      auto options = std::make_shared<ProfileOptions>();
+      sub.add_option(
+          "--model", options->model,
+          "Also measure the shapes this model preset issues under the candidate layouts (e.g. llama3-1b)");
+      sub.add_option("--gpus", options->gpus, "GPUs to use, one worker process each (default: all visible)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--db", options->database_path,
+                     "Cost database (default: $MEGATUNE_DB or ~/.cache/megatune/costs.db)");
+      sub.add_flag("--quick", options->quick, "Coarser grids: just enough points for every fit");
+      sub.add_flag("--dry-run", options->dry_run,
+                   "Print the sweep and what the database still lacks; measure nothing");
+      sub.add_option("--gpu", options->gpu_name, "GPU assumed by --dry-run (default: H200 SXM)");
+      sub.add_flag("--no-grid", options->no_grid, "Skip the generic fitting grid (model shapes only)");
+      sub.add_flag("--no-collectives", options->no_collectives, "Skip the NCCL collectives");
+      sub.add_flag("--no-kernels", options->no_kernels, "Skip GEMMs, attention and memory-bound kernels");
+      sub.add_flag("--no-fit", options->no_fit, "Do not fit cost models afterwards (see `megatune db fit`)");
+      sub.add_option("--tp", options->candidates.tensor_parallel, "Candidate tensor-parallel sizes")
+          ->delimiter(',')
+          ->capture_default_str();
+      sub.add_option("--cp", options->candidates.context_parallel, "Candidate context-parallel sizes")
+          ->delimiter(',')
+          ->capture_default_str();
+      sub.add_option("--ep", options->candidates.expert_parallel,
+                     "Candidate expert-parallel sizes (MoE models)")
+          ->delimiter(',')
+          ->capture_default_str();
+      sub.add_option("--mbs", options->candidates.micro_batch, "Candidate micro-batch sizes")
+          ->delimiter(',')
+          ->capture_default_str();
+      sub.add_option("--warmup", options->warmup, "Untimed runs before timing each item")
+          ->capture_default_str();
+      sub.add_option("--repeats", options->repeats, "Timed runs per item (the median is stored)")
+          ->capture_default_str();
+      return [options] { return run_profile(*options); };
+    }}};
+
+}  // namespace
+}  // namespace megatune::tools
