@@ -1,0 +1,201 @@
+// bench_train_gpu: the executor on one GPU.
+//   perf   --model NAME --mbs B --seq S [--iters N] [--recompute none|selective|full]
+//          step time (median), MFU (Megatron FLOPs / 989.4 TFLOP/s), device memory, per-kernel time shares
+//          and attention TFLOP/s, on the shapes of ../shared/anchors/torch_gpt.py
+//          (layouts::torch_anchor_model).
+//   parity --out DIR [--llama]
+//          writes a small model's weights, one batch, and megatune's loss and gradients (CUDA backend) for
+//          bench/peer/parity.py to recompute in PyTorch from the same weights.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "executor/cuda/cuda_backend.h"
+#include "executor/runtime/communicator.h"
+#include "executor/training/trainer.h"
+#include "layouts/flops.h"
+#include "layouts/model_spec.h"
+
+using namespace megatune;
+using namespace megatune::executor;
+
+namespace {
+
+std::string arg(int argc, char** argv, const char* name, const std::string& fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return fallback;
+}
+bool flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+std::vector<MicroBatch> random_batches(const TrainerConfig& c, std::int64_t vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<MicroBatch> out(c.batch.num_microbatches);
+  for (MicroBatch& mb : out)
+    for (std::int64_t t = 0; t < c.batch.tokens(); ++t) {
+      mb.tokens.push_back(static_cast<std::int32_t>(rng() % vocab));
+      mb.labels.push_back(static_cast<std::int32_t>(rng() % vocab));
+      mb.loss_mask.push_back(1.0f);
+    }
+  return out;
+}
+
+int perf(int argc, char** argv) {
+  const std::string name = arg(argc, argv, "--model", "gpt-1.3b");
+  layouts::ModelSpec spec = layouts::torch_anchor_model(name);
+  const int mbs = std::stoi(arg(argc, argv, "--mbs", "4"));
+  const int seq = std::stoi(arg(argc, argv, "--seq", std::to_string(spec.seq_length)));
+  const int iters = std::stoi(arg(argc, argv, "--iters", "10"));
+  spec.seq_length = seq;
+  spec.max_position_embeddings = std::max(spec.max_position_embeddings, seq);
+  TrainerConfig config;
+  config.model = transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
+  config.batch.micro_batch = mbs;
+  config.batch.seq = seq;
+  config.batch.num_microbatches = 1;
+  config.recompute = layouts::parse_recompute_granularity(arg(argc, argv, "--recompute", "none"));
+  config.lr.max_lr = 1e-4;
+  config.lr.style = LrDecayStyle::kConstant;
+  CudaBackend gpu(0);
+  SingleRankCommunicator comm(gpu);
+  Trainer trainer(config, single_stage_schedule(spec.num_layers, 1), gpu, comm);
+  const std::vector<MicroBatch> data = random_batches(config, spec.vocab_size, 1);
+  for (int i = 0; i < 3; ++i) trainer.train_step(data);  // warm-up: GEMM plans, first-touch
+  std::vector<double> times;
+  double loss = 0;
+  for (int i = 0; i < iters; ++i) {
+    const StepResult r = trainer.train_step(data);
+    times.push_back(r.elapsed_s);
+    loss = r.loss;
+  }
+  std::sort(times.begin(), times.end());
+  const double step_s = times[times.size() / 2];
+  const double flops = layouts::model_flops_per_iteration(spec, mbs, 1);
+  const double mfu = flops / (step_s * 989.4e12) * 100.0;
+  // Per-kernel shares from one timed iteration.
+  gpu.set_op_timing(true);
+  trainer.train_step(data);
+  gpu.set_op_timing(false);
+  const std::vector<Backend::TimedOp> timed = gpu.timed_ops();
+  std::map<std::string, double> by_kind;
+  double total_ms = 0, attn_fwd_ms = 0, attn_bwd_ms = 0, attn_fwd_flops = 0, attn_bwd_flops = 0, gemm_ms = 0,
+         gemm_flops = 0;
+  for (const Backend::TimedOp& t : timed) {
+    std::string key = layouts::op_kind_name(t.op.kind);
+    if (t.op.kind == layouts::OpKind::kGemm) {
+      const std::string& l = t.op.label;
+      key = "gemm " + l.substr(0, l.find('_'));
+      gemm_ms += t.ms;
+      gemm_flops += t.op.gemm_flops();
+    }
+    by_kind[key] += t.ms;
+    total_ms += t.ms;
+    if (t.op.kind == layouts::OpKind::kAttentionForward) {
+      attn_fwd_ms += t.ms;
+      attn_fwd_flops += t.op.attention_flops();
+    } else if (t.op.kind == layouts::OpKind::kAttentionBackward) {
+      attn_bwd_ms += t.ms;
+      attn_bwd_flops += t.op.attention_flops();
+    }
+  }
+  std::printf(
+      "MEGATUNE model=%s seq=%d mbs=%d recompute=%s step=%.1fms MFU=%.1f%% TFLOP/s=%.1f mem=%.1fGiB "
+      "loss=%.3f\n",
+      name.c_str(), seq, mbs, arg(argc, argv, "--recompute", "none").c_str(), step_s * 1e3, mfu,
+      flops / step_s / 1e12, gpu.device_bytes() / double(1 << 30), loss);
+  std::printf("  kernels: %.1f ms of %.1f ms step (timed iteration, events around each op)\n", total_ms,
+              step_s * 1e3);
+  std::vector<std::pair<double, std::string>> shares;
+  for (auto& [k, ms] : by_kind) shares.emplace_back(ms, k);
+  std::sort(shares.rbegin(), shares.rend());
+  for (auto& [ms, k] : shares)
+    std::printf("  %-22s %8.2f ms %5.1f%%\n", k.c_str(), ms, 100.0 * ms / total_ms);
+  std::printf("  GEMMs: %.0f TFLOP/s; attention fwd %.0f TFLOP/s, bwd %.0f TFLOP/s (causal FLOPs halved)\n",
+              gemm_flops / gemm_ms / 1e9, attn_fwd_ms > 0 ? attn_fwd_flops / attn_fwd_ms / 1e9 : 0.0,
+              attn_bwd_ms > 0 ? attn_bwd_flops / attn_bwd_ms / 1e9 : 0.0);
+  return 0;
+}
+
+void write_floats(const std::string& path, const std::vector<float>& v) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+int parity(int argc, char** argv) {
+  const std::string dir = arg(argc, argv, "--out", "parity");
+  const bool llama = flag(argc, argv, "--llama");
+  TrainerConfig config;
+  TransformerConfig& m = config.model;
+  m.num_layers = 2;
+  m.hidden = 256;
+  m.heads = 4;
+  m.kv_heads = llama ? 2 : 4;
+  m.head_dim = 64;
+  m.ffn_hidden = 512;
+  m.vocab_size = 1024;
+  m.max_seq = 256;
+  m.tied_embeddings = false;
+  m.init_std = 0.05f;
+  if (llama) {
+    m.norm = NormKind::kRMSNorm;
+    m.activation = ActivationKind::kSwiglu;
+    m.position = PositionEmbedding::kRope;
+    m.bias = false;
+  }
+  config.batch.micro_batch = 2;
+  config.batch.seq = 256;
+  config.batch.num_microbatches = 1;
+  CudaBackend gpu(0);
+  SingleRankCommunicator comm(gpu);
+  Trainer trainer(config, single_stage_schedule(m.num_layers, 1), gpu, comm);
+  GPTModel& model = trainer.model();
+  // Weights as the bf16 model sees them (rounded), so PyTorch starts from exactly the same values.
+  std::vector<float> weights(model.layout().total_elements());
+  gpu.download(model.model_params(), weights.data());
+  const std::vector<MicroBatch> data = random_batches(config, m.vocab_size, 5);
+  model.zero_gradients();
+  model.forward(data[0], 0);
+  model.backward(0);
+  const double loss = model.microbatch_losses()[0];
+  std::ofstream index(dir + "/index.txt");
+  index << "config " << (llama ? "llama" : "gpt") << " layers " << m.num_layers << " hidden " << m.hidden
+        << " heads " << m.heads << " kv_heads " << m.kv_heads << " ffn " << m.ffn_hidden << " vocab "
+        << m.vocab_size << " seq " << config.batch.seq << " mbs " << config.batch.micro_batch << " eps "
+        << m.norm_eps << "\n";
+  index << "loss " << loss << "\n";
+  for (const ParameterEntry& e : model.layout().entries())
+    index << "param " << e.name << " " << e.rows << " " << e.cols << " " << e.offset << "\n";
+  write_floats(dir + "/weights.bin", weights);
+  write_floats(dir + "/grads.bin", model.gradients());
+  std::ofstream tokens(dir + "/tokens.bin", std::ios::binary);
+  tokens.write(reinterpret_cast<const char*>(data[0].tokens.data()), data[0].tokens.size() * 4);
+  tokens.write(reinterpret_cast<const char*>(data[0].labels.data()), data[0].labels.size() * 4);
+  std::printf("parity export (%s): loss %.6f -> %s\n", llama ? "llama" : "gpt", loss, dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string mode = argc > 1 ? argv[1] : "perf";
+    if (mode == "parity") return parity(argc, argv);
+    return perf(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train_gpu: %s\n", e.what());
+    return 1;
+  }
+}
