@@ -48,9 +48,14 @@ int run_preprocess(PreprocessArgs& args) {
   args.config.text_document_mode = args.text_document == "line"   ? TextDocumentMode::line
                                    : args.text_document == "file" ? TextDocumentMode::file
                                                                   : TextDocumentMode::paragraph;
+  std::string keys;
+  for (const auto& key : args.config.json_keys) {
+    if (!keys.empty()) keys.push_back(',');
+    keys += key;
+  }
   std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
-               args.config.input_path.c_str(), args.config.output_prefix.c_str(),
-               args.config.json_keys.front().c_str(), args.tokenizer_type.c_str());
+               args.config.input_path.c_str(), args.config.output_prefix.c_str(), keys.c_str(),
+               args.tokenizer_type.c_str());
   // A redrawn bar on a terminal; one line per report when stderr is a file or a pipe.
   const bool terminal = ::isatty(::fileno(stderr)) != 0;
   bool drew_bar = false;
@@ -171,7 +176,8 @@ const Registrar registrar{Command{
           ->default_val(std::vector<std::string>{"text"});
       preprocess
           ->add_option("--tokenizer-type", preprocess_args->tokenizer_type,
-                       "byte: one token per byte, EOD 256, vocab 257 (padded to 384 by Megatron's rule); "
+                       "byte: one token per byte, EOD 256, vocab 257 (Megatron pads it to a multiple of 128 "
+                       "x TP: 384 at TP 1); "
                        "ids: the key holds token id arrays")
           ->check(CLI::IsMember({"byte", "ids"}));
       preprocess->add_flag("--append-eod", c.append_eod, "append the EOD token to each document");
