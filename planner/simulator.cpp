@@ -137,6 +137,7 @@ struct RankBuild {
   std::vector<std::string> names;       // per task, when tracing
   std::vector<std::string> categories;  // per task, when tracing
   std::vector<std::string> details;     // per task, when tracing
+  std::vector<const char*> provenance;  // per task, when tracing (kernel level)
   std::array<KindTime, kOpKindCount> kinds{};
 };
 
@@ -180,6 +181,7 @@ class Builder {
     }
     cost_models::OpCost cost = pricer_.price(op, placement);
     result_.provenance_counts[static_cast<int>(cost.provenance)] += occurrences;
+    last_provenance_ = cost.provenance;
     return cost.time_s;
   }
 
@@ -198,11 +200,13 @@ class Builder {
         b.names.push_back(name);
         b.categories.push_back(op ? layouts::op_kind_name(op->kind) : "wait");
         b.details.push_back(op ? layouts::to_string(*op) : name);
+        b.provenance.push_back(op ? cost_models::provenance_name(last_provenance_) : "-");
       }
     };
     for (std::size_t i = 0; i < program.ops.size(); ++i) {
       const Op& op = program.ops[i];
-      const double t = price(op, sim);
+      // A CP ring step is one transfer: priced on its send, its recv is free.
+      const double t = op.kind == OpKind::kRecv ? 0.0 : price(op, sim);
       b.kinds[static_cast<int>(op.kind)].total_s += t;
       b.kinds[static_cast<int>(op.kind)].count += 1;
       if (is_cp_ring(op)) {
@@ -261,12 +265,14 @@ class Builder {
           hoisted.names.push_back(program.ops[index].label);
           hoisted.categories.push_back(layouts::op_kind_name(program.ops[index].kind));
           hoisted.details.push_back(layouts::to_string(program.ops[index]));
+          hoisted.provenance.push_back("-");
         }
       }
       b.tasks.insert(b.tasks.begin(), hoisted.tasks.begin(), hoisted.tasks.end());
       b.names.insert(b.names.begin(), hoisted.names.begin(), hoisted.names.end());
       b.categories.insert(b.categories.begin(), hoisted.categories.begin(), hoisted.categories.end());
       b.details.insert(b.details.begin(), hoisted.details.begin(), hoisted.details.end());
+      b.provenance.insert(b.provenance.begin(), hoisted.provenance.begin(), hoisted.provenance.end());
     }
     return b;
   }
@@ -285,7 +291,7 @@ class Builder {
     PassCost c;
     double ring_s = 0.0;
     for (const Op& op : ops) {
-      const double t = price(op, sim);
+      const double t = op.kind == OpKind::kRecv ? 0.0 : price(op, sim);
       c.kinds[static_cast<int>(op.kind)].total_s += t;
       c.kinds[static_cast<int>(op.kind)].count += 1;
       if (is_cp_ring(op)) {
@@ -543,6 +549,7 @@ class Builder {
   layouts::StepShape shape_;
   std::vector<int> sim_ranks_;
   std::unique_ptr<GroupMap> groups_;
+  cost_models::Provenance last_provenance_ = cost_models::Provenance::kAnalytic;
   // Symbol costs are the same for every representative (their groups have the same shape and placement).
   std::unordered_map<int, SymbolCosts> symbol_cache_;
 };
@@ -634,6 +641,7 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
         e.start_s = timeline[i].start_s;
         e.duration_s = duration;
         e.args.push_back({"op", builds[sim].details[i]});
+        if (i < builds[sim].provenance.size()) e.args.push_back({"provenance", builds[sim].provenance[i]});
         if (tasks[i].kind == TaskKind::kRecv) e.args.push_back({"waited", "pipeline or transfer"});
         result.trace_events.push_back(std::move(e));
       }

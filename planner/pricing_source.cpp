@@ -1,0 +1,47 @@
+// PricingSource: opens the cost database the user named (or the default one) or falls back to the
+// embedded catalog.
+#include "planner/pricing_source.h"
+
+#include <filesystem>
+
+#include "cost_models/cost_database.h"
+#include "layouts/user_error.h"
+
+namespace megatune::planner {
+
+PricingSource open_pricing_source(const std::string& database_path, const cost_models::ClusterSpec& cluster) {
+  PricingSource source;
+  std::string path = database_path;
+  if (path.empty()) {
+    const std::string fallback = cost_models::default_cost_database_path();
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(fallback, ec)) path = fallback;
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) {
+      throw UserError("--db " + path +
+                      ": no such file; create it with `megatune db import` or `megatune profile`, "
+                      "or leave --db out to price from the embedded catalog");
+    }
+  }
+  if (path.empty()) {
+    source.cost_model = cost_models::CostModel::from_embedded(cluster);
+    source.description =
+        "embedded catalog (" + cluster.gpu.name + " " + cluster.gpu.source + " figures; analytic prices)";
+    return source;
+  }
+  cost_models::CostDatabaseOpenOptions options;
+  options.create_if_missing = false;
+  options.read_only = true;
+  source.database.emplace(cost_models::open_cost_database(path, options));
+  source.cost_model = std::make_unique<cost_models::CostModel>(*source.database, cluster);
+  const cost_models::CostModelSources& s = source.cost_model->sources();
+  source.description = path + " (" + cluster.gpu.name + ": " + std::to_string(s.gemm_measurements) +
+                       " GEMM, " + std::to_string(s.attention_measurements) + " attention, " +
+                       std::to_string(s.memory_bound_measurements) + " memory-bound, " +
+                       std::to_string(s.collective_measurements) + " collective measurements; " +
+                       std::to_string(s.stored_fits + s.in_memory_fits) + " fits)";
+  return source;
+}
+
+}  // namespace megatune::planner

@@ -1,0 +1,25 @@
+// PricingSource: the cost model the CLI prices with: a cost database (--db, or the default database when
+// it exists) or the data compiled into the binary, with a one-line description of where prices come from.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cost_models/cluster_spec.h"
+#include "cost_models/cost_model.h"
+#include "cost_models/sqlite_database.h"
+
+namespace megatune::planner {
+
+struct PricingSource {
+  std::optional<cost_models::Database> database;
+  std::unique_ptr<cost_models::CostModel> cost_model;
+  std::string
+      description;  // "embedded catalog (datasheet figures, analytic prices)" or "<path>: 412 GEMM ..."
+};
+
+// `database_path` empty: the default database (cost_models::default_cost_database_path) when that file
+// exists, else the embedded data. A given path must exist (UserError naming it otherwise).
+PricingSource open_pricing_source(const std::string& database_path, const cost_models::ClusterSpec& cluster);
+
+}  // namespace megatune::planner

@@ -1,0 +1,196 @@
+// `megatune plan`: search the parallel layouts of a model on a cluster, print the ranked table and why the
+// winner wins, and write the plan as JSON, as `megatune train` arguments and as Megatron-LM arguments.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "cost_models/cluster_spec.h"
+#include "layouts/user_error.h"
+#include "planner/memory_model.h"
+#include "planner/plan_report.h"
+#include "planner/pricing_source.h"
+#include "planner/search.h"
+#include "tools/command_registry.h"
+#include "tools/megatron_args.h"
+
+namespace megatune::tools {
+namespace {
+
+struct PlanCommandOptions {
+  MegatronArgs args;
+  std::string cluster = "1x8xH100";
+  std::string db;
+  std::string output;
+  int top_k = 10;
+  int threads = 0;
+  bool progress = false;
+  bool allow_tp_across_nodes = false;
+  bool no_uneven = false;
+  bool no_vpp = false;
+  double headroom = 0.05;
+};
+
+void write_file(const std::string& path, const std::string& text) {
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw UserError("--output: cannot write " + path + "; choose a writable directory");
+  out << text;
+  if (!out.flush()) throw UserError("--output: writing " + path + " failed; check free space");
+}
+
+// "plan.json" -> "plan" + suffix, next to it.
+std::string sibling(const std::string& output, const std::string& suffix) {
+  std::filesystem::path p(output);
+  return (p.parent_path() / (p.stem().string() + suffix)).string();
+}
+
+void draw_progress(std::int64_t done, std::int64_t total) {
+  const int width = 30;
+  const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\rsimulating [%s%s] %lld/%lld", std::string(filled, '#').c_str(),
+               std::string(width - filled, '.').c_str(), static_cast<long long>(done),
+               static_cast<long long>(total));
+  if (done >= total) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+int run_plan(const PlanCommandOptions& o) {
+  const MegatronArgs& a = o.args;
+  if (a.model_preset.empty() && !a.num_layers) {
+    throw UserError(
+        "--model: name a preset (e.g. --model llama3-70b) or give the shape flags (--num-layers ...)");
+  }
+  layouts::ModelSpec model = resolve_model(a);
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(o.cluster);
+  if (a.world_size && *a.world_size != cluster.world_size()) {
+    throw UserError("--world-size " + std::to_string(*a.world_size) + " differs from --cluster " + o.cluster +
+                    " (" + std::to_string(cluster.world_size()) + " GPUs): drop --world-size");
+  }
+  if (!a.global_batch_size) throw UserError("--global-batch-size is required (e.g. --global-batch-size 512)");
+  if (o.top_k < 1) throw UserError("--top-k must be at least 1");
+  if (o.headroom < 0.0 || o.headroom >= 1.0) throw UserError("--memory-headroom must be in [0, 1)");
+
+  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster);
+  planner::CostModelPricer pricer(*pricing.cost_model);
+
+  planner::PlanRequest request;
+  request.model = model;
+  request.world_size = cluster.world_size();
+  request.global_batch_size = *a.global_batch_size;
+  request.top_k = o.top_k;
+  request.memory_headroom_fraction = o.headroom;
+  request.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  planner::SearchSpace& space = request.space;
+  space.allow_tp_across_nodes = o.allow_tp_across_nodes;
+  space.uneven_layouts = !o.no_uneven;
+  space.virtual_pipeline = !o.no_vpp;
+  // Megatron flags the user gives pin that knob of the search.
+  if (a.tensor_model_parallel_size) space.tp = {*a.tensor_model_parallel_size};
+  if (a.pipeline_model_parallel_size) space.pp = {*a.pipeline_model_parallel_size};
+  if (a.context_parallel_size) space.cp = {*a.context_parallel_size};
+  if (a.expert_model_parallel_size) space.ep = {*a.expert_model_parallel_size};
+  if (a.expert_tensor_parallel_size) space.etp = {*a.expert_tensor_parallel_size};
+  if (a.micro_batch_size) space.micro_batch = {*a.micro_batch_size};
+  if (a.recompute_granularity)
+    space.recompute = {layouts::parse_recompute_granularity(*a.recompute_granularity)};
+  if (a.use_distributed_optimizer) space.distributed_optimizer = {true};
+  if (a.sequence_parallel) space.sequence_parallel = {true};
+  if (a.tensor_model_parallel_size && *a.tensor_model_parallel_size > cluster.gpus_per_node)
+    space.allow_tp_across_nodes = true;
+  const bool show_progress = o.progress || isatty(STDERR_FILENO);
+  if (show_progress) request.progress = draw_progress;
+
+  std::printf("planning %s (seq %d, global batch %d) on %s\npriced from: %s\n", model.name.c_str(),
+              model.seq_length, *a.global_batch_size, cluster.describe().c_str(),
+              pricing.description.c_str());
+  std::fflush(stdout);
+  const planner::PlanResult result = planner::plan(request, pricer);
+  const planner::PlanStatistics& st = result.statistics;
+
+  std::printf("\n%s", planner::format_plan_table(result).c_str());
+  if (!result.why_winner.empty()) std::printf("\nwhy: %s\n", result.why_winner.c_str());
+  std::printf(
+      "search: %lld layouts enumerated, %lld invalid, %lld out of memory, %lld beaten by their lower bound, "
+      "%lld "
+      "simulated in %.2f s\n",
+      static_cast<long long>(st.enumerated), static_cast<long long>(st.invalid),
+      static_cast<long long>(st.out_of_memory), static_cast<long long>(st.pruned_by_bound),
+      static_cast<long long>(st.simulated), st.seconds);
+  if (st.failed > 0) {
+    std::printf("warning: %lld candidates failed to simulate; first: %s\n", static_cast<long long>(st.failed),
+                st.first_failure.c_str());
+  }
+
+  const planner::PlanCandidate& winner = result.ranked.front();
+  planner::MemoryOptions memory_options = request.memory;
+  const planner::MemoryEstimate memory = planner::peak_memory(model, winner.config, memory_options);
+  std::printf("\nwinner: %s, layout %s\n%s", planner::describe(winner).c_str(), winner.layout.c_str(),
+              memory.itemize().c_str());
+  std::printf("time per op kind on pp rank %d (one iteration):\n%s", winner.simulation.critical_stage,
+              winner.simulation.kind_table().c_str());
+
+  const std::string train =
+      planner::shell_join("megatune train", planner::megatune_train_arguments(model, winner));
+  const std::string megatron =
+      planner::shell_join("python pretrain_gpt.py", planner::megatron_arguments(model, winner));
+  if (o.output.empty()) {
+    std::printf("\nmegatune train:\n  %s\nMegatron-LM:\n  %s\n", train.c_str(), megatron.c_str());
+  } else {
+    const std::string train_path = sibling(o.output, ".megatune.args");
+    const std::string megatron_path = sibling(o.output, ".megatron.args");
+    write_file(o.output, planner::plan_json(model, cluster, result, memory));
+    write_file(train_path, train + "\n");
+    write_file(megatron_path, megatron + "\n");
+    std::printf("\nwrote %s, %s, %s\n", o.output.c_str(), train_path.c_str(), megatron_path.c_str());
+  }
+  return 0;
+}
+
+const Registrar kPlanCommand{Command{
+    "plan",
+    "Search TP/PP/VPP/DP/CP/EP layouts, micro-batch, recomputation and optimizer sharding for a model", 30,
+    [](CLI::App& sub) -> std::function<int()> {
+      auto o = std::make_shared<PlanCommandOptions>();
+      add_model_flags(sub, o->args);
+      add_parallel_flags(sub, o->args);
+      add_batch_flags(sub, o->args);
+      sub.add_option("--cluster", o->cluster, "NODESxGPUSxTYPE (e.g. 8x8xH100) or a cluster JSON file")
+          ->capture_default_str()
+          ->group("Planner");
+      sub.add_option("--db", o->db,
+                     "Cost database (default: the default database if it exists, else the embedded catalog)")
+          ->group("Planner");
+      sub.add_option("--top-k", o->top_k, "Rows of the ranked table")
+          ->capture_default_str()
+          ->group("Planner");
+      sub.add_option(
+             "--output,-o", o->output,
+             "Write the plan JSON here, with <stem>.megatune.args and <stem>.megatron.args next to it")
+          ->group("Planner");
+      sub.add_option("--threads", o->threads, "Simulation threads (default: all cores)")->group("Planner");
+      sub.add_flag("--progress", o->progress, "Progress bar even when stderr is not a terminal")
+          ->group("Planner");
+      sub.add_flag("--allow-tp-across-nodes", o->allow_tp_across_nodes, "Search TP sizes larger than a node")
+          ->group("Planner");
+      sub.add_flag("--no-uneven-layouts", o->no_uneven, "Only uniform pipeline splits")->group("Planner");
+      sub.add_flag("--no-virtual-pipeline", o->no_vpp, "No interleaved (VPP) schedules")->group("Planner");
+      sub.add_option("--memory-headroom", o->headroom, "Fraction of GPU memory to keep free (0..1)")
+          ->capture_default_str()
+          ->group("Planner");
+      sub.footer(
+          "Parallel flags given (--tp, --pp, --cp, --ep, --mbs, --recompute-granularity, "
+          "--sequence-parallel, "
+          "--use-distributed-optimizer) pin that knob.\nExample:\n  megatune plan --model llama3-70b "
+          "--cluster "
+          "8x8xH100 --global-batch-size 512 --seq-length 4096 -o plan.json");
+      return [o]() { return run_plan(*o); };
+    }}};
+
+}  // namespace
+}  // namespace megatune::tools

@@ -1,0 +1,141 @@
+// `megatune simulate`: predict one training iteration of a given layout (step time, MFU, tokens/s, bubble,
+// exposed communication, per-stage and per-op-kind times, memory) and write a Perfetto trace.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "cost_models/cluster_spec.h"
+#include "layouts/user_error.h"
+#include "planner/chrome_trace.h"
+#include "planner/memory_model.h"
+#include "planner/pricing_source.h"
+#include "planner/simulator.h"
+#include "tools/command_registry.h"
+#include "tools/megatron_args.h"
+
+namespace megatune::tools {
+namespace {
+
+struct SimulateCommandOptions {
+  MegatronArgs args;
+  std::string cluster = "1x8xH100";
+  std::string db;
+  std::string trace;
+  bool all_ranks = false;
+  std::string granularity;  // "pass" | "kernel"; default: kernel with --trace, else pass
+};
+
+int run_simulate(const SimulateCommandOptions& o) {
+  const MegatronArgs& a = o.args;
+  if (a.model_preset.empty() && !a.num_layers) {
+    throw UserError(
+        "--model: name a preset (e.g. --model llama3-8b) or give the shape flags (--num-layers ...)");
+  }
+  const layouts::ModelSpec model = resolve_model(a);
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(o.cluster);
+  MegatronArgs with_world = a;
+  if (!with_world.world_size) with_world.world_size = cluster.world_size();
+  layouts::ParallelConfig config = resolve_parallel(with_world);
+  if (config.world_size != cluster.world_size()) {
+    throw UserError("--world-size " + std::to_string(config.world_size) + " differs from --cluster " +
+                    o.cluster + " (" + std::to_string(cluster.world_size()) +
+                    " GPUs): drop --world-size or change --cluster");
+  }
+  config.validate(model);
+
+  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster);
+  planner::CostModelPricer pricer(*pricing.cost_model);
+  planner::SimulationOptions options;
+  options.all_ranks = o.all_ranks;
+  options.record_trace = !o.trace.empty();
+  if (o.granularity.empty()) {
+    options.granularity = options.record_trace ? planner::SimulationGranularity::kKernel
+                                               : planner::SimulationGranularity::kPass;
+  } else if (o.granularity == "pass") {
+    options.granularity = planner::SimulationGranularity::kPass;
+  } else if (o.granularity == "kernel") {
+    options.granularity = planner::SimulationGranularity::kKernel;
+  } else {
+    throw UserError("--granularity " + o.granularity + ": use pass or kernel");
+  }
+  const planner::SimulationResult r = planner::simulate(model, config, pricer, options);
+
+  std::printf(
+      "simulated %s (seq %d) on %s: tp%d pp%d vpp%d dp%d cp%d ep%d, mbs %d, gbs %d, %d microbatches\n",
+      model.name.c_str(), model.seq_length, cluster.describe().c_str(), config.tp(), config.pp(),
+      config.vpp(model), config.dp(), config.cp(), config.ep(), config.micro_batch_size,
+      config.resolved_global_batch_size(), config.num_microbatches());
+  std::printf("priced from: %s\n", pricing.description.c_str());
+  std::printf("  step time        %10.3f s\n", r.step_time_s);
+  std::printf("  MFU              %10.1f %%   (%.1f TFLOP/s per GPU of %.1f peak)\n", 100.0 * r.mfu,
+              r.tflops_per_gpu, pricer.peak_bf16_tflops());
+  std::printf("  tokens/s         %10.0f\n", r.tokens_per_s);
+  std::printf("  pipeline bubble  %10.1f %%\n", 100.0 * r.bubble_fraction);
+  std::printf("  exposed comm     %10.3f s   (critical stage pp%d)\n", r.exposed_comm_s, r.critical_stage);
+  std::printf("  ranks replayed   %10d   (%s, %s level)\n", r.simulated_ranks,
+              o.all_ranks ? "all ranks" : "one per pipeline stage",
+              options.granularity == planner::SimulationGranularity::kKernel ? "kernel" : "pass");
+  std::printf("  ops priced       measured %lld, interpolated %lld, fitted %lld, analytic %lld\n",
+              static_cast<long long>(r.provenance_counts[0]), static_cast<long long>(r.provenance_counts[1]),
+              static_cast<long long>(r.provenance_counts[2]), static_cast<long long>(r.provenance_counts[3]));
+  std::printf("\n  %-4s %-6s %11s %11s %11s %11s %11s\n", "pp", "rank", "finish (s)", "compute", "exp. comm",
+              "waiting", "async comm");
+  for (const planner::StageReport& s : r.stages) {
+    std::printf("  %-4d %-6d %11.3f %11.3f %11.3f %11.3f %11.3f\n", s.pp_rank, s.rank, s.finish_s,
+                s.compute_s, s.exposed_comm_s, s.pipeline_wait_s, s.async_comm_s);
+  }
+  std::printf("\ntime per op kind on pp rank %d (one iteration):\n%s", r.critical_stage,
+              r.kind_table().c_str());
+  const planner::MemoryEstimate memory = planner::peak_memory(model, config);
+  std::printf("\n%s  capacity %26s\n", memory.itemize().c_str(),
+              planner::format_bytes(static_cast<double>(pricer.memory_capacity_bytes())).c_str());
+  if (memory.total_bytes > pricer.memory_capacity_bytes()) {
+    std::printf(
+        "warning: the predicted peak memory exceeds the GPU's capacity: this layout would run out of "
+        "memory\n");
+  }
+
+  if (!o.trace.empty()) {
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(o.trace).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    std::ofstream out(o.trace, std::ios::binary | std::ios::trunc);
+    if (!out) throw UserError("--trace: cannot write " + o.trace + "; choose a writable path");
+    planner::write_chrome_trace(out, r.trace_processes, r.trace_events);
+    if (!out.flush()) throw UserError("--trace: writing " + o.trace + " failed; check free space");
+    std::printf("\nwrote %s (%zu events, %zu ranks): open it in https://ui.perfetto.dev\n", o.trace.c_str(),
+                r.trace_events.size(), r.trace_processes.size());
+  }
+  return 0;
+}
+
+const Registrar kSimulateCommand{Command{
+    "simulate",
+    "Predict one iteration of a layout: step time, MFU, bubble, exposed comm, memory, Perfetto trace", 31,
+    [](CLI::App& sub) -> std::function<int()> {
+      auto o = std::make_shared<SimulateCommandOptions>();
+      add_model_flags(sub, o->args);
+      add_parallel_flags(sub, o->args);
+      add_batch_flags(sub, o->args);
+      sub.add_option("--cluster", o->cluster, "NODESxGPUSxTYPE (e.g. 2x8xH100) or a cluster JSON file")
+          ->capture_default_str()
+          ->group("Simulator");
+      sub.add_option("--db", o->db,
+                     "Cost database (default: the default database if it exists, else the embedded catalog)")
+          ->group("Simulator");
+      sub.add_option("--trace", o->trace, "Write a Chrome-trace/Perfetto JSON timeline here")
+          ->group("Simulator");
+      sub.add_flag("--all-ranks", o->all_ranks,
+                   "Replay every rank (default: one representative per pipeline stage)")
+          ->group("Simulator");
+      sub.add_option("--granularity", o->granularity,
+                     "pass or kernel (default: kernel with --trace, else pass)")
+          ->group("Simulator");
+      sub.footer(
+          "Example:\n  megatune simulate --model llama3-8b --cluster 1x8xH100 --tp 2 --pp 2 --gbs 64 "
+          "--sequence-parallel --trace t.json");
+      return [o]() { return run_simulate(*o); };
+    }}};
+
+}  // namespace
+}  // namespace megatune::tools
