@@ -1,0 +1,117 @@
+// Planner search on constructed cases with a known better layout, priced from the embedded catalog.
+#include "planner/search.h"
+
+#include <gtest/gtest.h>
+
+#include "cost_models/cluster_spec.h"
+#include "cost_models/cost_model.h"
+#include "layouts/user_error.h"
+#include "planner/plan_report.h"
+
+namespace megatune::planner {
+namespace {
+
+struct Fixture {
+  cost_models::ClusterSpec cluster;
+  std::unique_ptr<cost_models::CostModel> cost_model;
+  std::unique_ptr<CostModelPricer> pricer;
+  explicit Fixture(const std::string& spec) : cluster(cost_models::parse_cluster_spec(spec)) {
+    cost_model = cost_models::CostModel::from_embedded(cluster);
+    pricer = std::make_unique<CostModelPricer>(*cost_model);
+  }
+};
+
+TEST(Search, KeepsTensorParallelismInsideTheNvlinkDomain) {
+  Fixture f("2x4xH100");
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-8b");
+  request.model.seq_length = 4096;
+  request.world_size = 8;
+  request.global_batch_size = 16;
+  request.space.allow_tp_across_nodes = true;
+  request.space.tp = {4, 8};
+  request.space.pp = {1};
+  request.space.cp = {1};
+  request.space.micro_batch = {1};
+  request.top_k = 5;
+  PlanResult result = plan(request, *f.pricer);
+  ASSERT_FALSE(result.ranked.empty());
+  EXPECT_EQ(result.ranked[0].config.tp(), 4) << describe(result.ranked[0]);
+  // Every tp 8 candidate (spanning two nodes) ranks below every tp 4 one.
+  bool seen_tp8 = false;
+  for (const PlanCandidate& c : result.ranked) {
+    if (c.config.tp() == 8) seen_tp8 = true;
+    if (seen_tp8) EXPECT_EQ(c.config.tp(), 8);
+  }
+  EXPECT_FALSE(result.why_winner.empty());
+}
+
+TEST(Search, NoPipelineWhenTheModelFits) {
+  Fixture f("1x8xH100");
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-1b");
+  request.model.seq_length = 2048;
+  request.world_size = 8;
+  request.global_batch_size = 64;
+  PlanResult result = plan(request, *f.pricer);
+  ASSERT_FALSE(result.ranked.empty());
+  EXPECT_EQ(result.ranked[0].config.pp(), 1) << describe(result.ranked[0]);
+  EXPECT_GT(result.statistics.simulated, 0);
+  EXPECT_GT(result.ranked[0].simulation.mfu, 0.2);
+  EXPECT_LT(result.ranked[0].simulation.mfu, 0.8);
+  for (std::size_t i = 1; i < result.ranked.size(); ++i)
+    EXPECT_LE(result.ranked[i - 1].simulation.step_time_s, result.ranked[i].simulation.step_time_s);
+}
+
+TEST(Search, PrunesLayoutsThatDoNotFitAndSaysSoWhenNothingFits) {
+  Fixture f("1x8xH100");
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-70b");
+  request.model.seq_length = 4096;
+  request.world_size = 8;
+  request.global_batch_size = 8;
+  try {
+    plan(request, *f.pricer);
+    FAIL() << "70B does not fit 8 GPUs with Adam";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Search, EmitsLayoutStringsAndArgumentLists) {
+  Fixture f("4x8xH100");
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-8b");
+  request.model.seq_length = 4096;
+  request.world_size = 32;
+  request.global_batch_size = 64;
+  request.space.tp = {8};
+  request.space.pp = {4};
+  request.space.cp = {1};
+  request.space.micro_batch = {1};
+  request.space.recompute = {layouts::RecomputeGranularity::kNone};
+  request.space.distributed_optimizer = {true};
+  request.space.sequence_parallel = {true};
+  request.top_k = 50;
+  PlanResult result = plan(request, *f.pricer);
+  bool uneven = false, interleaved = false;
+  for (const PlanCandidate& c : result.ranked) {
+    EXPECT_EQ(c.config.pp(), 4);
+    if (!c.config.pipeline_model_parallel_layout.empty()) uneven = true;
+    if (c.vpp > 1) interleaved = true;
+  }
+  EXPECT_TRUE(uneven);
+  EXPECT_TRUE(interleaved);
+  const PlanCandidate& w = result.ranked[0];
+  const std::string megatron = shell_join("python pretrain_gpt.py", megatron_arguments(request.model, w));
+  EXPECT_NE(megatron.find("--tensor-model-parallel-size 8"), std::string::npos);
+  EXPECT_NE(megatron.find("--pipeline-model-parallel-size 4"), std::string::npos);
+  EXPECT_NE(megatron.find("--num-query-groups 8"), std::string::npos);
+  EXPECT_NE(megatron.find("--use-distributed-optimizer"), std::string::npos);
+  const std::string train = shell_join("megatune train", megatune_train_arguments(request.model, w));
+  EXPECT_NE(train.find("--model llama3-8b"), std::string::npos);
+  EXPECT_NE(format_plan_table(result).find("step (s)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace megatune::planner
