@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "cost_models/cost_database.h"
+#include "cost_models/embedded_data.h"
 #include "cost_models/fitted_forms.h"
 #include "cost_models/fitting.h"
 #include "cost_models/record_store.h"
@@ -173,8 +174,7 @@ CostModel::~CostModel() = default;
 
 std::unique_ptr<CostModel> CostModel::from_embedded(const ClusterSpec& cluster,
                                                     const AnalyticDefaults& defaults) {
-  Database database = open_in_memory_cost_database();
-  HardwareCatalog::embedded().install_into(database);
+  Database database = open_embedded_cost_database();
   return std::make_unique<CostModel>(database, cluster, defaults);
 }
 

@@ -31,7 +31,7 @@ class CostModel {
   // Reads what `database` holds for `cluster.gpu.name` (when a shape was measured with several software
   // versions, the newest measurement wins). The cluster's GPU and fabric figures come from `cluster`.
   CostModel(Database& database, const ClusterSpec& cluster, const AnalyticDefaults& defaults = {});
-  // From the data compiled into the binary only (catalog: analytic prices).
+  // From the data compiled into the binary only: the catalog and any shipped measurements (embedded_data.h).
   static std::unique_ptr<CostModel> from_embedded(const ClusterSpec& cluster,
                                                   const AnalyticDefaults& defaults = {});
   ~CostModel();

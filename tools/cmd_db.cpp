@@ -10,6 +10,7 @@
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/cost_model.h"
+#include "cost_models/embedded_data.h"
 #include "cost_models/fitting.h"
 #include "cost_models/hardware_catalog.h"
 #include "cost_models/record_store.h"
@@ -24,6 +25,7 @@ using namespace megatune::cost_models;
 
 struct DbCommandOptions {
   std::string database_path;
+  bool embedded = false;
   // import / export
   std::string file;
   std::string table;
@@ -45,12 +47,14 @@ std::string resolved_path(const DbCommandOptions& options) {
   return options.database_path.empty() ? default_cost_database_path() : options.database_path;
 }
 
-// Opens (creating when missing) and makes sure the hardware catalog is present.
-Database open_for_cli(const std::string& path, bool* created = nullptr) {
+// Opens the database (creating it when missing; a new one starts with the shipped catalog and measurements),
+// or with --embedded the data compiled into the binary.
+Database open_for_cli(const DbCommandOptions& options, bool* created = nullptr) {
+  if (options.embedded) return open_embedded_cost_database();
+  const std::string path = resolved_path(options);
   const bool existed = std::ifstream(path).good();
   Database database = open_cost_database(path);
-  if (database.query_int64("SELECT count(*) FROM gpu_models") == 0)
-    HardwareCatalog::embedded().install_into(database);
+  if (database.query_int64("SELECT count(*) FROM gpu_models") == 0) install_embedded_data(database);
   if (created != nullptr) *created = !existed;
   return database;
 }
@@ -79,11 +83,11 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
 }
 
 int run_info(const DbCommandOptions& options) {
-  const std::string path = resolved_path(options);
+  const std::string path = options.embedded ? "(embedded in the binary)" : resolved_path(options);
   bool created = false;
-  Database database = open_for_cli(path, &created);
+  Database database = open_for_cli(options, &created);
   std::printf("cost database   %s%s\n", path.c_str(),
-              created ? " (created now, with the embedded catalog)" : "");
+              created ? " (created now, with the embedded data)" : "");
   std::printf("schema version  %d (this megatune writes %d)\n\n", schema_version(database),
               kCostDatabaseSchemaVersion);
   std::vector<std::vector<std::string>> counts{{"table", "rows"}};
@@ -154,8 +158,10 @@ int run_info(const DbCommandOptions& options) {
 }
 
 int run_import(const DbCommandOptions& options) {
+  if (options.embedded)
+    throw UserError("--embedded is read-only; import into a database file with --db FILE");
   const std::string path = resolved_path(options);
-  Database database = open_for_cli(path);
+  Database database = open_for_cli(options);
   const std::int64_t rows = import_table_file(database, options.table, options.file);
   std::printf("imported %lld rows from %s into %s (%s)\n", static_cast<long long>(rows), options.file.c_str(),
               options.table.c_str(), path.c_str());
@@ -163,7 +169,7 @@ int run_import(const DbCommandOptions& options) {
 }
 
 int run_export(const DbCommandOptions& options) {
-  Database database = open_for_cli(resolved_path(options));
+  Database database = open_for_cli(options);
   cost_database_table(options.table);  // a clear error before any output
   TableFormat format = TableFormat::kCsv;
   if (!options.format.empty()) {
@@ -195,7 +201,7 @@ int run_export(const DbCommandOptions& options) {
 }
 
 int run_fit(const DbCommandOptions& options) {
-  Database database = open_for_cli(resolved_path(options));
+  Database database = open_for_cli(options);
   std::vector<std::string> gpus;
   if (!options.gpu.empty()) {
     const HardwareCatalog catalog = HardwareCatalog::load(database);
@@ -228,7 +234,7 @@ int run_fit(const DbCommandOptions& options) {
 
 int run_price(const DbCommandOptions& options) {
   const ClusterSpec cluster = parse_cluster_spec(options.cluster);
-  Database database = open_for_cli(resolved_path(options));
+  Database database = open_for_cli(options);
   CostModel model(database, cluster);
   const layouts::DType dtype = parse_dtype(options.dtype);
   const auto& s = options.shape;
@@ -287,6 +293,9 @@ const Registrar kDbCommand{Command{
       sub.add_option("--db", options->database_path,
                      "Cost database file (default: $MEGATUNE_DB, else ~/.cache/megatune/costs.db)")
           ->expected(1);
+      sub.add_flag(
+          "--embedded", options->embedded,
+          "Use the data compiled into the binary (catalog + shipped measurements) instead of a file");
       sub.fallthrough();
       CLI::App* info =
           sub.add_subcommand("info", "Schema version, rows per table, GPUs and software versions");

@@ -5,6 +5,7 @@
 
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
+#include "cost_models/embedded_data.h"
 #include "cost_models/hardware_catalog.h"
 #include "cost_models/record_store.h"
 #include "layouts/user_error.h"
@@ -158,6 +159,31 @@ TEST(ClusterSpec, ParsesAClusterFile) {
   EXPECT_NE(cluster_error(bad).find("fix the JSON"), std::string::npos);
   EXPECT_NE(cluster_error(directory.file("missing.json")).find("cannot read cluster file"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace megatune::cost_models
+
+namespace megatune::cost_models {
+namespace {
+
+TEST(EmbeddedData, ShippedTablesLoadIntoAFreshDatabase) {
+  for (const EmbeddedTable& table : embedded_tables()) {
+    EXPECT_NO_THROW(cost_database_table(table.table)) << table.source_name;
+    EXPECT_NE(table.csv_text.find('\n'), std::string::npos) << table.source_name;
+  }
+  Database database = open_embedded_cost_database();
+  EXPECT_EQ(load_gpu_models(database).size(), HardwareCatalog::embedded().gpus().size());
+  EXPECT_EQ(load_interconnects(database).size(), HardwareCatalog::embedded().interconnects().size());
+  std::int64_t shipped_rows = 0;
+  for (const auto& [table, count] : table_row_counts(database)) {
+    if (table != "gpu_models" && table != "interconnects") shipped_rows += count;
+  }
+  EXPECT_EQ(shipped_rows > 0, !embedded_tables().empty());
+  // Installing twice is idempotent (upserts).
+  const auto before = table_row_counts(database);
+  install_embedded_data(database);
+  EXPECT_EQ(table_row_counts(database), before);
 }
 
 }  // namespace
