@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "layouts/user_error.h"
 
@@ -49,6 +50,43 @@ BlendingIndices build_blending_indices(std::span<const double> normalized_weight
   return indices;
 }
 
+BlendingIndices build_exhaustive_blending_indices(std::span<const int64_t> sizes) {
+  if (sizes.size() > static_cast<size_t>(std::numeric_limits<int16_t>::max())) {
+    throw UserError("--data-path blends " + std::to_string(sizes.size()) +
+                    " datasets; at most 32767 are supported");
+  }
+  int64_t total = 0;
+  for (const int64_t size : sizes) total += size;
+  std::vector<double> weights;
+  for (const int64_t size : sizes) weights.push_back(static_cast<double>(size) / static_cast<double>(total));
+  std::vector<int64_t> counts(sizes.size(), 0);
+  std::set<size_t> unspent;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] > 0) unspent.insert(d);
+  }
+  BlendingIndices indices;
+  indices.dataset_index.reserve(static_cast<size_t>(total));
+  indices.dataset_sample_index.reserve(static_cast<size_t>(total));
+  int64_t sample = 0;
+  while (!unspent.empty()) {
+    const double sample_double = std::max(static_cast<double>(sample), 1.0);
+    size_t best = *unspent.begin();
+    double best_error = std::numeric_limits<double>::lowest();
+    for (const size_t d : unspent) {
+      const double error = weights[d] * sample_double - static_cast<double>(counts[d]);
+      if (error > best_error) {
+        best_error = error;
+        best = d;
+      }
+    }
+    indices.dataset_index.push_back(static_cast<int16_t>(best));
+    indices.dataset_sample_index.push_back(counts[best]);
+    if (++counts[best] == sizes[best]) unspent.erase(best);
+    ++sample;
+  }
+  return indices;
+}
+
 std::vector<int64_t> blend_per_dataset_num_samples(std::span<const double> normalized_weights, int64_t size,
                                                    double surplus) {
   std::vector<int64_t> sizes;
@@ -67,13 +105,34 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const SampleDataset>>
     throw std::invalid_argument("BlendedDataset needs one weight per dataset");
   }
   weights_ = normalize_blend_weights(weights);
+  indices_ = build_blending_indices(weights_, size);
+  check_datasets();
+}
+
+std::shared_ptr<BlendedDataset> BlendedDataset::exhaustive(
+    std::vector<std::shared_ptr<const SampleDataset>> datasets) {
+  if (datasets.empty()) throw std::invalid_argument("BlendedDataset needs at least one dataset");
+  std::shared_ptr<BlendedDataset> blend(new BlendedDataset());
+  std::vector<int64_t> sizes;
+  std::vector<double> weights;
+  for (const auto& dataset : datasets) {
+    sizes.push_back(dataset->num_samples());
+    weights.push_back(static_cast<double>(dataset->num_samples()));
+  }
+  blend->datasets_ = std::move(datasets);
+  blend->weights_ = normalize_blend_weights(weights);
+  blend->indices_ = build_exhaustive_blending_indices(sizes);
+  blend->check_datasets();
+  return blend;
+}
+
+void BlendedDataset::check_datasets() const {
   for (const auto& dataset : datasets_) {
     if (dataset->sequence_length() != datasets_.front()->sequence_length()) {
       throw UserError("blended datasets differ in sequence length (" + dataset->description() + " vs " +
                       datasets_.front()->description() + ")");
     }
   }
-  indices_ = build_blending_indices(weights_, size);
   std::vector<int64_t> drawn(datasets_.size(), 0);
   for (size_t i = 0; i < indices_.dataset_index.size(); ++i) {
     auto& count = drawn[static_cast<size_t>(indices_.dataset_index[i])];

@@ -21,6 +21,9 @@ std::vector<double> normalize_blend_weights(std::span<const double> weights);
 // helpers.cpp build_blending_indices: for i in [0, size): d = argmax_d (w_d * max(i, 1) - count_d)
 // (first on ties), dataset_index[i] = d, dataset_sample_index[i] = count_d++.
 BlendingIndices build_blending_indices(std::span<const double> normalized_weights, int64_t size);
+// helpers.cpp build_exhaustive_blending_indices: draws exactly sizes[d] samples from each dataset, in
+// proportion w_d = sizes[d] / total, skipping datasets already spent (Megatron's blend without weights).
+BlendingIndices build_exhaustive_blending_indices(std::span<const int64_t> sizes);
 // Samples to request from each dataset of a blend of `size` samples:
 // ceil(ceil(size * w_d) * (1 + surplus)) (BlendedMegatronDatasetBuilder, surplus 0.005).
 std::vector<int64_t> blend_per_dataset_num_samples(std::span<const double> normalized_weights, int64_t size,
@@ -32,6 +35,10 @@ class BlendedDataset final : public SampleDataset {
   // blend draws from it.
   BlendedDataset(std::vector<std::shared_ptr<const SampleDataset>> datasets, std::vector<double> weights,
                  int64_t size);
+  // Megatron's blend without weights and without a size: every sample of every dataset exactly once,
+  // interleaved in proportion to the dataset sizes (build_exhaustive_blending_indices).
+  static std::shared_ptr<BlendedDataset> exhaustive(
+      std::vector<std::shared_ptr<const SampleDataset>> datasets);
 
   int64_t num_samples() const override { return static_cast<int64_t>(indices_.dataset_index.size()); }
   int64_t sequence_length() const override { return datasets_.front()->sequence_length(); }
@@ -40,6 +47,9 @@ class BlendedDataset final : public SampleDataset {
   const BlendingIndices& indices() const { return indices_; }
 
  private:
+  BlendedDataset() = default;
+  void check_datasets() const;
+
   std::vector<std::shared_ptr<const SampleDataset>> datasets_;
   std::vector<double> weights_;  // normalized
   BlendingIndices indices_;

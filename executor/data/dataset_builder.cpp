@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "executor/data/blended_dataset.h"
 #include "executor/data/indexed_dataset.h"
@@ -38,7 +39,7 @@ std::vector<DataBlendEntry> parse_data_path(const std::vector<std::string>& data
         throw UserError("--data-path item '" + data_path[i] + "' should be a weight before prefix '" +
                         data_path[i + 1] + "'");
       }
-      entries.push_back({weight, data_path[i + 1]});
+      entries.push_back({weight, data_path[i + 1], true});
     }
   } else {
     for (const auto& prefix : data_path) entries.push_back({1.0, prefix});
@@ -74,59 +75,78 @@ TrainValidTestDatasets build_train_valid_test_datasets(const DataConfig& config,
   std::vector<double> weights;
   for (const auto& entry : entries) weights.push_back(entry.weight);
   weights = normalize_blend_weights(weights);
+  const bool weighted_blend = sources.size() > 1 && entries.front().weighted;
 
   TrainValidTestDatasets result;
   std::shared_ptr<const SampleDataset>* outputs[3] = {&result.train, &result.valid, &result.test};
   for (size_t part = 0; part < 3; ++part) {
-    if (num_samples[part] == 0 || normalized_split[part] == 0) {
-      if (num_samples[part] > 0) {
-        throw UserError("--split " + config.split + " gives the " + kSplitNames[part] +
-                        " split no share but " + std::to_string(num_samples[part]) + " " + kSplitNames[part] +
+    const int64_t requested = num_samples[part];
+    const std::string split_name = kSplitNames[part];
+    if (requested == 0 || normalized_split[part] == 0) {
+      if (requested > 0) {
+        throw UserError("--split " + config.split + " gives the " + split_name + " split no share but " +
+                        std::to_string(requested) + " " + split_name +
                         " samples are needed; give that split a non-zero weight");
       }
       continue;
     }
-    std::vector<int64_t> per_dataset_samples(sources.size(), num_samples[part]);
-    if (sources.size() > 1) per_dataset_samples = blend_per_dataset_num_samples(weights, num_samples[part]);
+    // Samples asked of each dataset: the split's samples for one dataset, weighted shares (with
+    // Megatron's 0.5% surplus) for a weighted blend, one epoch (-1) for an unweighted blend.
+    std::vector<int64_t> per_dataset(sources.size(), requested);
+    if (weighted_blend && requested > 0) per_dataset = blend_per_dataset_num_samples(weights, requested);
+    if (sources.size() > 1 && !weighted_blend) per_dataset.assign(sources.size(), -1);
     std::vector<std::shared_ptr<const SampleDataset>> datasets;
     for (size_t d = 0; d < sources.size(); ++d) {
       const auto bounds = split_boundaries(normalized_split, sources[d]->num_sequences());
       if (bounds[part + 1] <= bounds[part]) {
-        if (num_samples[part] > 0) {
-          throw UserError("--split " + config.split + " leaves the " + kSplitNames[part] + " split of " +
-                          sources[d]->description() + " without sequences but " +
-                          std::to_string(num_samples[part]) + " " + kSplitNames[part] +
-                          " samples are needed; give that split a share or use more data");
+        if (requested > 0) {
+          throw UserError("--split " + config.split + " leaves the " + split_name + " split of " +
+                          sources[d]->description() + " without sequences but " + std::to_string(requested) +
+                          " " + split_name + " samples are needed; give that split a share or use more data");
         }
         datasets.clear();
         break;
       }
       std::vector<int32_t> ids;
       for (int64_t i = bounds[part]; i < bounds[part + 1]; ++i) ids.push_back(static_cast<int32_t>(i));
-      datasets.push_back(std::make_shared<GPTDataset>(
-          sources[d], std::move(ids), num_samples[part] > 0 ? per_dataset_samples[d] : -1, config.gpt));
+      datasets.push_back(
+          std::make_shared<GPTDataset>(sources[d], std::move(ids), per_dataset[d], config.gpt));
     }
     if (datasets.empty()) continue;
     if (datasets.size() == 1) {
       *outputs[part] = datasets.front();
-    } else {
-      int64_t size = num_samples[part];
-      if (size <= 0) {
-        size = 0;
-        for (const auto& dataset : datasets) size += dataset->num_samples();
-        // Without a requested size, draw as many as the blend can give without running out: the blending
-        // rule keeps each count within 1 of weight * samples.
-        int64_t limit = size;
+    } else if (weighted_blend) {
+      int64_t size = requested;
+      if (size < 0) {
+        // No size requested: as many samples as the one-epoch datasets give without running out (the
+        // blending rule keeps each count within 1 of weight * samples).
+        size = std::numeric_limits<int64_t>::max();
         for (size_t d = 0; d < datasets.size(); ++d) {
           if (weights[d] > 0) {
-            limit = std::min<int64_t>(
-                limit,
-                static_cast<int64_t>(static_cast<double>(datasets[d]->num_samples() - 1) / weights[d]));
+            size = std::min<int64_t>(
+                size, static_cast<int64_t>(static_cast<double>(datasets[d]->num_samples() - 1) / weights[d]));
           }
         }
-        size = limit;
       }
       *outputs[part] = std::make_shared<BlendedDataset>(datasets, weights, size);
+    } else {
+      std::vector<double> lengths;
+      int64_t total = 0;
+      for (const auto& dataset : datasets) {
+        lengths.push_back(static_cast<double>(dataset->num_samples()));
+        total += dataset->num_samples();
+      }
+      if (requested > total) {
+        throw UserError(
+            "--data-path without weights uses one epoch of each dataset: " + std::to_string(total) + " " +
+            split_name + " samples, fewer than the " + std::to_string(requested) +
+            " needed; give weights ('W1 PREFIX1 W2 PREFIX2') so datasets repeat, or lower --train-iters");
+      }
+      if (requested > 0) {
+        *outputs[part] = std::make_shared<BlendedDataset>(datasets, lengths, requested);
+      } else {
+        *outputs[part] = BlendedDataset::exhaustive(datasets);
+      }
     }
   }
   return result;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 
@@ -228,6 +229,17 @@ TEST(Blending, IndicesFollowHelpersCpp) {
   EXPECT_THROW(normalize_blend_weights(std::vector<double>{-1, 2}), UserError);
 }
 
+TEST(Blending, ExhaustiveIndicesDrawEverySampleOnce) {
+  // sizes 3 and 5: weights 0.375 / 0.625; i=0: 0.375 vs 0.625 -> 1; i=1: 0.375 vs -0.375 -> 0; i=2: -0.25 vs
+  // 0.25 -> 1; i=3: 0.125 vs -0.125 -> 0; i=4 -> 1; i=5: -0.125 vs 0.125 -> 1; i=6: 0.25 vs -0.25 -> 0
+  // (spent); i=7: only dataset 1 is left.
+  const auto indices = build_exhaustive_blending_indices(std::vector<int64_t>{3, 5});
+  EXPECT_EQ(indices.dataset_index, (std::vector<int16_t>{1, 0, 1, 0, 1, 1, 0, 1}));
+  EXPECT_EQ(indices.dataset_sample_index, (std::vector<int64_t>{0, 0, 1, 1, 2, 3, 2, 4}));
+  const auto with_empty = build_exhaustive_blending_indices(std::vector<int64_t>{0, 2});
+  EXPECT_EQ(with_empty.dataset_index, (std::vector<int16_t>{1, 1}));
+}
+
 TEST(Blending, BlendedDatasetDrawsFromEachDataset) {
   GPTDatasetConfig config;
   config.sequence_length = 4;
@@ -322,6 +334,21 @@ TEST(DatasetBuilder, BuildsSplitsFromMockAndIndexedData) {
     from_second += tokens[0] >= 100 ? 1 : 0;
   }
   EXPECT_EQ(from_second, 48);  // exactly 3/4 of 64 by the blending rule
+  // Without weights (Megatron): one epoch of each dataset, in proportion to their sizes.
+  config.data_path = {prefixes[0], prefixes[1]};
+  const auto unweighted = build_train_valid_test_datasets(config, {20, 0, 0});
+  ASSERT_TRUE(unweighted.train);
+  EXPECT_EQ(unweighted.train->num_samples(), 20);
+  const auto everything = build_train_valid_test_datasets(config, {-1, 0, 0});
+  const auto* exhaustive = dynamic_cast<const BlendedDataset*>(everything.train.get());
+  ASSERT_NE(exhaustive, nullptr);
+  // each part: 40 train sequences of 40 tokens -> (1600 - 1) // 32 = 49 samples; every one drawn once
+  EXPECT_EQ(exhaustive->num_samples(), 98);
+  EXPECT_EQ(
+      std::count(exhaustive->indices().dataset_index.begin(), exhaustive->indices().dataset_index.end(), 1),
+      49);
+  EXPECT_THROW(build_train_valid_test_datasets(config, {99, 0, 0}), UserError);
+  config.data_path = {"1", prefixes[0], "3", prefixes[1]};
   // No size requested: one epoch of each dataset, blended as far as the weights allow.
   const auto one_epoch = build_train_valid_test_datasets(config, {-1, 0, 0});
   ASSERT_TRUE(one_epoch.train);
