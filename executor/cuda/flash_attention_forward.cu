@@ -128,25 +128,23 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
         }
       }
     }
-    // Mask (sequence end; causal diagonal) and scale to base-2 logits.
-    const bool needs_mask = kv0 + kBlockN > p.seq_len || (p.causal && kv0 + kBlockN - 1 > warp_row0);
+    // Mask (sequence end; causal diagonal): only tiles that cross the diagonal or the end need it.
+    if (kv0 + kBlockN > p.seq_len || (p.causal && kv0 + kBlockN - 1 > warp_row0)) {
 #pragma unroll
-    for (int m = 0; m < M_TILES; ++m) {
+      for (int m = 0; m < M_TILES; ++m) {
 #pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
+        for (int n = 0; n < kBlockN / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[m][n][e] * p.scale_log2;
-          if (needs_mask) {
+          for (int e = 0; e < 4; ++e) {
             const int col = kv0 + n * 8 + 2 * (lane & 3) + (e & 1);
             if (col >= p.seq_len || (p.causal && col > warp_row0 + m * 16 + (lane >> 2) + 8 * (e >> 1)))
-              x = -INFINITY;
+              s[m][n][e] = -INFINITY;
           }
-          s[m][n][e] = x;
         }
       }
     }
-    // Online softmax for the thread's rows (a quad of 4 lanes shares a row).
+    // Online softmax for the thread's rows (a quad of 4 lanes shares a row). The maximum is taken on raw
+    // scores (scale > 0) and the scale folded into one FFMA per element: p = 2^(s * scale_log2 - max).
 #pragma unroll
     for (int m = 0; m < M_TILES; ++m) {
 #pragma unroll
@@ -157,20 +155,23 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
           tile_max = fmaxf(tile_max, fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[m][r], tile_max);
+        const float new_max = fmaxf(row_max[m][r], tile_max * p.scale_log2);
         const float safe_max = new_max == -INFINITY ? 0.0f : new_max;
         const float correction = fast_exp2(row_max[m][r] - safe_max);
         row_max[m][r] = new_max;
         row_sum[m][r] *= correction;
+        // Later tiles rarely raise the maximum: skip the rescale when no row of the warp needs it.
+        if (__any_sync(0xffffffffu, correction != 1.0f)) {
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          o_acc[m][i][2 * r] *= correction;
-          o_acc[m][i][2 * r + 1] *= correction;
+          for (int i = 0; i < D / 8; ++i) {
+            o_acc[m][i][2 * r] *= correction;
+            o_acc[m][i][2 * r + 1] *= correction;
+          }
         }
 #pragma unroll
         for (int n = 0; n < kBlockN / 8; ++n) {
-          s[m][n][2 * r] = fast_exp2(s[m][n][2 * r] - safe_max);
-          s[m][n][2 * r + 1] = fast_exp2(s[m][n][2 * r + 1] - safe_max);
+          s[m][n][2 * r] = fast_exp2(fmaf(s[m][n][2 * r], p.scale_log2, -safe_max));
+          s[m][n][2 * r + 1] = fast_exp2(fmaf(s[m][n][2 * r + 1], p.scale_log2, -safe_max));
           row_sum[m][r] += s[m][n][2 * r] + s[m][n][2 * r + 1];
         }
       }

@@ -220,6 +220,12 @@ TEST(OptimizerGpu, GradNormAndAdamWMatchReference) {
   const float norm = reference::global_grad_norm(grads);
   const float norm_gpu = test::download(norm_d)[0];
   EXPECT_NEAR(norm_gpu, norm, 1e-5 * norm);
+  // Clipping in place by half the norm scales every gradient by ~1/2 (then restore all the gradients).
+  cuda::clip_grads_by_norm(table, norm_d.get(), norm_gpu / 2, nullptr);
+  const auto clipped = test::download(*buffers[1]);
+  const float expected_clip = adamw_clip_coefficient(norm_gpu, norm_gpu / 2);
+  for (size_t i = 0; i < clipped.size(); i += 997) EXPECT_FLOAT_EQ(clipped[i], g[0][i] * expected_clip);
+  for (size_t i = 0; i < sizes.size(); ++i) test::upload(*buffers[4 * i + 1], g[i]);  // clip touched every tensor
   AdamWHyper hyper{.lr = 1e-3f, .weight_decay = 0.1f, .step = 3, .max_grad_norm = norm / 2};
   cuda::adamw_step(table, hyper, norm_d.get(), nullptr);
   const float clip = adamw_clip_coefficient(norm_gpu, hyper.max_grad_norm);
@@ -261,6 +267,17 @@ TEST(ElementwiseGpu, CastsSumsColumnSumsAndNonfinite) {
   cuda::sum_fp32(f_d.get(), n, total_d.get(), nullptr);
   const double total = std::accumulate(x.begin(), x.end(), 0.0);
   EXPECT_NEAR(test::download(total_d)[0], total, 1e-2);
+  // add / axpby / scale.
+  DeviceBuffer<bf16> sum_d(n);
+  cuda::add_bf16(x_d.get(), back_d.get(), sum_d.get(), n, nullptr);
+  const auto doubled = test::download_bf16(sum_d);
+  for (int64_t i = 0; i < n; i += 101) EXPECT_EQ(doubled[i], 2.0f * x[i]);
+  DeviceBuffer<float> out_d(n);
+  test::upload(out_d, std::vector<float>(n, 1.0f));
+  cuda::axpby_fp32(2.0f, f_d.get(), 3.0f, out_d.get(), n, nullptr);
+  cuda::scale_fp32_inplace(out_d.get(), n, 0.5f, nullptr);
+  const auto out = test::download(out_d);
+  for (int64_t i = 0; i < n; i += 101) EXPECT_FLOAT_EQ(out[i], 0.5f * (2.0f * x[i] + 3.0f));
   DeviceBuffer<int> count_d(1);
   count_d.zero();
   cuda::count_nonfinite_fp32(f_d.get(), n, count_d.get(), nullptr);
