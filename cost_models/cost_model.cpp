@@ -69,9 +69,32 @@ CostModel::CostModel(Database& database, const ClusterSpec& cluster, const Analy
       memory_bound_(cluster.gpu, defaults),
       collective_(cluster, defaults),
       cache_(std::make_unique<Cache>()) {
-  const std::string& gpu_name = cluster_.gpu.name;
+  // Rows may name the GPU by an alias ("H200", "NVIDIA H200"): read every spelling that resolves to ours.
+  std::vector<std::string> gpu_names{cluster_.gpu.name};
+  {
+    Statement names(database,
+                    "SELECT gpu FROM kernel_timings UNION SELECT gpu FROM collective_timings UNION "
+                    "SELECT gpu FROM fitted_models");
+    while (names.step()) {
+      std::string name = names.column_text(0);
+      if (name == cluster_.gpu.name) continue;
+      std::string stripped = name.rfind("NVIDIA ", 0) == 0 ? name.substr(7) : name;
+      const GpuModel* known = HardwareCatalog::embedded().find_gpu(stripped);
+      if (known != nullptr && known->name == cluster_.gpu.name) gpu_names.push_back(std::move(name));
+    }
+  }
+  auto rows_of_all_names = [&](auto load) {
+    auto rows = load(gpu_names.front());
+    for (std::size_t i = 1; i < gpu_names.size(); ++i) {
+      auto more = load(gpu_names[i]);
+      for (auto& row : more) row.gpu = cluster_.gpu.name;
+      rows.insert(rows.end(), more.begin(), more.end());
+    }
+    return rows;
+  };
   // Oldest first, so that the newest measurement of a shape replaces older ones.
-  std::vector<KernelTiming> kernels = load_kernel_timings(database, gpu_name);
+  std::vector<KernelTiming> kernels =
+      rows_of_all_names([&](const std::string& name) { return load_kernel_timings(database, name); });
   std::stable_sort(kernels.begin(), kernels.end(), [](const KernelTiming& a, const KernelTiming& b) {
     return a.measured_at < b.measured_at;
   });
@@ -93,7 +116,8 @@ CostModel::CostModel(Database& database, const ClusterSpec& cluster, const Analy
       ++sources_.memory_bound_measurements;
     }
   }
-  std::vector<CollectiveTiming> collectives = load_collective_timings(database, gpu_name);
+  std::vector<CollectiveTiming> collectives =
+      rows_of_all_names([&](const std::string& name) { return load_collective_timings(database, name); });
   std::stable_sort(
       collectives.begin(), collectives.end(),
       [](const CollectiveTiming& a, const CollectiveTiming& b) { return a.measured_at < b.measured_at; });
@@ -105,7 +129,8 @@ CostModel::CostModel(Database& database, const ClusterSpec& cluster, const Analy
     ++sources_.collective_measurements;
   }
 
-  for (const FittedModel& row : load_fitted_models(database, gpu_name)) {
+  for (const FittedModel& row :
+       rows_of_all_names([&](const std::string& name) { return load_fitted_models(database, name); })) {
     try {
       const std::vector<std::string> parts = split_variant(row.variant);
       if (row.model_kind == kFitGemmEfficiency) {

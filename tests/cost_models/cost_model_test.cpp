@@ -442,3 +442,23 @@ TEST(CostModel, SharedByThreadsGivesTheSameAnswers) {
 
 }  // namespace
 }  // namespace megatune::cost_models
+
+namespace megatune::cost_models {
+namespace {
+
+TEST(CostModel, ReadsRowsThatNameTheGpuByAnAlias) {
+  Database database = open_in_memory_cost_database();
+  KernelTiming row = gemm_row(2048, 2048, 2048);
+  row.gpu = "NVIDIA H100 80GB HBM3";
+  upsert_kernel_timing(database, row);
+  KernelTiming other = gemm_row(16384, 16384, 16384);
+  other.gpu = "H200";  // another GPU: not read for an H100 cluster
+  upsert_kernel_timing(database, other);
+  CostModel model(database, h100_cluster());
+  EXPECT_EQ(model.sources().gemm_measurements, 1);
+  EXPECT_EQ(model.gemm(2048, 2048, 2048).provenance, Provenance::kMeasured);
+  EXPECT_EQ(model.gemm(16384, 16384, 16384).provenance, Provenance::kAnalytic);
+}
+
+}  // namespace
+}  // namespace megatune::cost_models
