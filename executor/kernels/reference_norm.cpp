@@ -35,7 +35,8 @@ void norm_forward(NormKind kind, const float* x, const float* residual, const fl
 void norm_backward(NormKind kind, const float* dy, const float* input, const float* gamma, const float* mean,
                    const float* rstd, const float* d_residual, float* dx, float* dgamma, float* dbeta,
                    int64_t rows, int64_t hidden, bool accumulate) {
-  std::vector<double> dgamma_acc(static_cast<size_t>(hidden), 0.0), dbeta_acc(static_cast<size_t>(hidden), 0.0);
+  std::vector<double> dgamma_acc(static_cast<size_t>(hidden), 0.0),
+      dbeta_acc(static_cast<size_t>(hidden), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const double mu = kind == NormKind::kLayerNorm ? mean[r] : 0.0;
     const double rs = rstd[r];

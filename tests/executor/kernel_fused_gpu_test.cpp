@@ -225,7 +225,8 @@ TEST(OptimizerGpu, GradNormAndAdamWMatchReference) {
   const auto clipped = test::download(*buffers[1]);
   const float expected_clip = adamw_clip_coefficient(norm_gpu, norm_gpu / 2);
   for (size_t i = 0; i < clipped.size(); i += 997) EXPECT_FLOAT_EQ(clipped[i], g[0][i] * expected_clip);
-  for (size_t i = 0; i < sizes.size(); ++i) test::upload(*buffers[4 * i + 1], g[i]);  // clip touched every tensor
+  for (size_t i = 0; i < sizes.size(); ++i)
+    test::upload(*buffers[4 * i + 1], g[i]);  // clip touched every tensor
   AdamWHyper hyper{.lr = 1e-3f, .weight_decay = 0.1f, .step = 3, .max_grad_norm = norm / 2};
   cuda::adamw_step(table, hyper, norm_d.get(), nullptr);
   const float clip = adamw_clip_coefficient(norm_gpu, hyper.max_grad_norm);
