@@ -90,6 +90,30 @@ AttentionShape attention_shape(const StepShape& s) {
   return a;
 }
 
+// Core attention of one layer. cp == 1 or all-gathered K,V: one kernel over (s/cp, s). Ring (p2p): step 0
+// over the rank's own two chunks (s/cp x s/cp, causal), then cp - 1 steps each over half the keys of a peer
+// (s/cp x s/(2cp), no mask), each preceded by the ring transfer it overlaps (K,V forward; K,V + dK,dV
+// backward). The causal work adds up to 1/cp of the full sequence's.
+void attention_with_context(OpSink& o, const StepShape& s, const StepProgramOptions& options, OpKind kind) {
+  AttentionShape a = attention_shape(s);
+  if (s.cp == 1 || options.cp_comm == ContextParallelComm::kAllGather) {
+    o.attention(kind, "attn", a);
+    return;
+  }
+  const bool backward = kind == OpKind::kAttentionBackward;
+  const std::int64_t kv_bytes = 2 * s.tokens * a.kv_heads * s.head_dim * kAct * (backward ? 2 : 1);
+  a.seq_kv = s.seq_local;
+  o.attention(kind, "attn", a);
+  AttentionShape half = a;
+  half.seq_kv = s.seq_local / 2;
+  half.causal = false;
+  for (int step = 1; step < s.cp; ++step) {
+    o.comm(OpKind::kSend, backward ? "cp_kv_dkv_send" : "cp_kv_send", kv_bytes, CommGroup::kContext, s.cp);
+    o.comm(OpKind::kRecv, backward ? "cp_kv_dkv_recv" : "cp_kv_recv", kv_bytes, CommGroup::kContext, s.cp);
+    o.attention(kind, "attn", half);
+  }
+}
+
 std::int64_t norm_bytes(const StepShape& s) { return 2 * s.tokens_sp * s.hidden * kAct; }
 
 // Out-features of the fused QKV projection on one rank (MHA/GQA).
@@ -128,15 +152,10 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
       const std::int64_t kv_bytes = 2 * s.tokens * a.kv_heads * s.head_dim * kAct;
       if (options.cp_comm == ContextParallelComm::kAllGather) {
         o.comm(OpKind::kAllGather, "cp_kv_ag", kv_bytes * s.cp, CommGroup::kContext, s.cp);
-      } else {
-        for (int step = 0; step + 1 < s.cp; ++step) {
-          o.comm(OpKind::kSend, "cp_kv_send", kv_bytes, CommGroup::kContext, s.cp);
-          o.comm(OpKind::kRecv, "cp_kv_recv", kv_bytes, CommGroup::kContext, s.cp);
-        }
       }
     }
   }
-  o.attention(OpKind::kAttentionForward, "attn", a);
+  attention_with_context(o, s, options, OpKind::kAttentionForward);
   if (recompute_core_only) return;
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
   o.gemm("proj", s.tokens, s.hidden, proj_in);
@@ -151,13 +170,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   if (s.sp) o.comm(OpKind::kAllGather, "proj_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("proj", s.tokens, s.hidden, proj_in);
   const std::int64_t kv_bytes = 2 * s.tokens * a.kv_heads * s.head_dim * kAct;
-  if (s.cp > 1 && options.cp_comm == ContextParallelComm::kP2p) {
-    for (int step = 0; step + 1 < s.cp; ++step) {
-      o.comm(OpKind::kSend, "cp_kv_dkv_send", 2 * kv_bytes, CommGroup::kContext, s.cp);
-      o.comm(OpKind::kRecv, "cp_kv_dkv_recv", 2 * kv_bytes, CommGroup::kContext, s.cp);
-    }
-  }
-  o.attention(OpKind::kAttentionBackward, "attn", a);
+  attention_with_context(o, s, options, OpKind::kAttentionBackward);
   if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
     o.comm(OpKind::kReduceScatter, "cp_dkv_rs", kv_bytes * s.cp, CommGroup::kContext, s.cp);
   }

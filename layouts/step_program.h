@@ -10,9 +10,12 @@
 //   "expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2", MLA: "q_down", "q_up", "kv_down", "kv_up";
 //   backward GEMMs append "_dgrad" / "_wgrad" to the label. Column-parallel out-features are split
 //   by tp (qkv, fc1, q_up, kv_up, logits), row-parallel in-features (proj, fc2).
-// - SwiGLU fc1 produces 2 * ffn columns. Attention: heads / tp query heads, groups / tp kv heads,
-//   seq_q = s / cp, seq_kv = s (context parallelism rings the keys of the whole sequence; each rank does
-//   1/cp of the causal work), causal.
+// - SwiGLU fc1 produces 2 * ffn columns. Attention: heads / tp query heads, groups / tp kv heads, causal.
+//   Without context parallelism one kernel over (s, s). Context parallelism (cp_comm_type p2p, the
+//   load-balanced ring): a first kernel over the rank's own chunks (s/cp x s/cp, causal), then cp - 1 ring
+//   steps, each a kSend + kRecv of the K,V chunk (K,V + dK,dV in backward: twice the bytes) followed by the
+//   kernel it overlaps, over (s/cp x s/(2 cp)) without mask. all_gather: one all-gather of K,V, one kernel
+//   over (s/cp, s), a reduce-scatter of dK,dV after its backward.
 // - Memory-bound bytes = bytes read + bytes written, bf16 activations (fp32 for the loss).
 // - Communication bytes follow nccl-tests (layouts/op.h): for all-gather and reduce-scatter the full
 //   (gathered) tensor. TP/SP collectives per megatron.md §4: without SP an all-reduce after proj and
@@ -20,10 +23,6 @@
 //   reduce-scatter after proj/fc2, and in backward an all-gather of the output grad, an all-gather of
 //   the saved input for wgrad and a reduce-scatter of the input grad. Vocab-parallel cross entropy: 3
 //   all-reduces of T fp32 values over tp.
-// - Context parallelism (cp_comm_type p2p): cp - 1 ring steps of the local K,V chunk (kSend to the next cp
-//   rank, kRecv from the previous) before the attention forward they overlap; 2x the volume (K,V and
-//   dK,dV) before the attention backward. all_gather:
-//   one all-gather of K,V before attention, a reduce-scatter of dK,dV after its backward.
 // - MoE (alltoall dispatcher): router GEMM on T / tp rows, permute, all-to-all over ep of T/tp * topk
 //   rows, all-gather over etp, expert GEMMs over all local rows (topk * T/tp * etp, uniform routing) as one
 //   grouped GEMM, reduce-scatter over etp, all-to-all back, unpermute. allgather dispatcher: all-gather

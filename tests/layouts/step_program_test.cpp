@@ -183,3 +183,35 @@ TEST(StepProgram, DistributedOptimizerReduceScattersAndGathersParams) {
 
 }  // namespace
 }  // namespace megatune::layouts
+
+namespace megatune::layouts {
+namespace {
+
+TEST(StepProgram, ContextParallelRingSplitsTheCausalWork) {
+  ModelSpec model = model_preset("llama3-8b");
+  auto attention_flops = [&](int cp) {
+    ParallelConfig config = config_for(cp, 1, 1, 1);
+    config.context_parallel_size = cp;
+    config.validate(model);
+    StepProgram p = build_step_program(model, config, 0);
+    double flops = 0;
+    int kernels = 0, sends = 0;
+    for (const Op& o : p.ops) {
+      if (o.layer != 0 || o.phase != OpPhase::kForward) continue;
+      if (o.kind == OpKind::kAttentionForward) {
+        flops += o.attention_flops();
+        ++kernels;
+      }
+      if (o.kind == OpKind::kSend && o.group == CommGroup::kContext) ++sends;
+    }
+    EXPECT_EQ(kernels, cp);
+    EXPECT_EQ(sends, cp - 1);
+    return flops;
+  };
+  const double full = attention_flops(1);
+  EXPECT_NEAR(attention_flops(2) / full, 0.5, 1e-12);
+  EXPECT_NEAR(attention_flops(4) / full, 0.25, 1e-12);
+}
+
+}  // namespace
+}  // namespace megatune::layouts

@@ -41,7 +41,9 @@ TEST(Search, KeepsTensorParallelismInsideTheNvlinkDomain) {
   bool seen_tp8 = false;
   for (const PlanCandidate& c : result.ranked) {
     if (c.config.tp() == 8) seen_tp8 = true;
-    if (seen_tp8) EXPECT_EQ(c.config.tp(), 8);
+    if (seen_tp8) {
+      EXPECT_EQ(c.config.tp(), 8);
+    }
   }
   EXPECT_FALSE(result.why_winner.empty());
 }
