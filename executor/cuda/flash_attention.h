@@ -37,7 +37,9 @@ size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
 // (o_stride), and q, k, v, o, lse of the forward. Overwrites dq, dk, dv (in a packed dqkv buffer pass
 // dq = dqkv, dk = dqkv + packed_k_offset(), dv = dqkv + packed_v_offset()). Three launches: delta
 // (preprocess), the main kv-block-parallel pass (dk, dv in registers, dq by fp32 atomics into the
-// workspace), and the dq conversion to bf16. workspace: flash_attention_backward_workspace_bytes(shape).
+// workspace), and the dq conversion to bf16. dk and dv are bitwise deterministic; dq is not (the order of the
+// fp32 atomic adds varies between runs; differences are at fp32 rounding level before the bf16 cast).
+// workspace: flash_attention_backward_workspace_bytes(shape).
 void flash_attention_backward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                               const bf16* o, const float* lse, const bf16* d_o, bf16* dq, bf16* dk, bf16* dv,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
