@@ -44,5 +44,25 @@ int main(int argc, char** argv) {
         planner::describe(result.ranked[0]).c_str(), result.ranked[0].simulation.step_time_s,
         100.0 * result.ranked[0].simulation.mfu);
   }
+  // Every surviving candidate simulated (no lower-bound pruning): the simulator's own rate.
+  {
+    cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("128x8xH100");
+    auto cost_model = cost_models::CostModel::from_embedded(cluster);
+    planner::CostModelPricer pricer(*cost_model);
+    planner::PlanRequest request;
+    request.model = layouts::model_preset("llama3-70b");
+    request.model.seq_length = 4096;
+    request.world_size = cluster.world_size();
+    request.global_batch_size = 1024;
+    request.threads = threads;
+    request.top_k = 1 << 30;  // keep everything: nothing is pruned by the bound
+    planner::PlanResult result = planner::plan(request, pricer);
+    const auto& st = result.statistics;
+    std::printf(
+        "exhaustive (no bound pruning), 128x8xH100: %lld candidates simulated in %.2f s = %.0f "
+        "simulations/s\n",
+        static_cast<long long>(st.simulated), st.simulate_seconds,
+        st.simulate_seconds > 0 ? st.simulated / st.simulate_seconds : 0.0);
+  }
   return 0;
 }
