@@ -19,7 +19,11 @@
 #include "profiler/sweep_builder.h"
 #include "tools/command_registry.h"
 #ifdef MEGATUNE_HAVE_CUDA
+#include "cost_models/cluster_spec.h"
+#include "cost_models/cost_model.h"
+#include "layouts/parallel_config.h"
 #include "profiler/cuda/gpu_profile_workers.h"
+#include "profiler/cuda/traced_training.h"
 #endif
 
 namespace megatune::tools {
@@ -41,6 +45,10 @@ struct ProfileOptions {
   SweepCandidates candidates;
   int warmup = 3;
   int repeats = 10;
+  // --trace
+  bool trace = false;
+  int train_iters = 3;
+  int num_microbatches = 1;
 };
 
 Sweep build_sweep(const ProfileOptions& options, int gpus) {
@@ -88,6 +96,36 @@ void print_headlines(cost_models::Database& database, const DeviceIdentity& iden
   }
 }
 
+#ifdef MEGATUNE_HAVE_CUDA
+// --trace: a short training run on GPU 0 stored as a run with per-op predicted and measured times.
+int run_trace(const ProfileOptions& options, const std::string& path, const DeviceIdentity& identity) {
+  if (options.model.empty()) throw UserError("--trace needs --model PRESET (e.g. --model gpt-125m)");
+  const layouts::ModelSpec model = layouts::model_preset(options.model);
+  layouts::ParallelConfig config;
+  config.micro_batch_size =
+      options.candidates.micro_batch.empty() ? 1 : options.candidates.micro_batch.front();
+  config.global_batch_size = config.micro_batch_size * options.num_microbatches;
+  cost_models::Database database = cost_models::open_cost_database(path);
+  if (database.query_int64("SELECT count(*) FROM gpu_models") == 0)
+    cost_models::HardwareCatalog::embedded().install_into(database);
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("1x1x" + identity.gpu);
+  const cost_models::CostModel prices(database, cluster);
+  const cuda::TracedTrainingResult result =
+      cuda::trace_training(model, config, options.train_iters, prices, database, identity);
+  std::printf(
+      "traced %s: %d iterations, %d ops per iteration (%d joined to the step program, %d loosely, %d not)\n",
+      options.model.c_str(), result.iterations, result.ops_per_iteration,
+      static_cast<int>(result.joined.ops.size()), result.joined.matched_loosely, result.joined.unmatched);
+  std::printf(
+      "iteration %.2f ms; per-op device times sum %.2f ms; CUPTI kernel time %.2f ms; predicted %.2f ms\n",
+      result.iteration_s * 1e3, result.joined.measured_total_s * 1e3, result.cupti_kernel_s * 1e3,
+      result.joined.predicted_total_s * 1e3);
+  std::printf("MFU measured %.1f%%, predicted %.1f%%; stored as run %lld in %s\n", result.measured_mfu * 100,
+              result.predicted_mfu * 100, static_cast<long long>(result.run_id), path.c_str());
+  return 0;
+}
+#endif
+
 int run_profile(const ProfileOptions& options) {
   const std::string path =
       options.database_path.empty() ? cost_models::default_cost_database_path() : options.database_path;
@@ -116,6 +154,9 @@ int run_profile(const ProfileOptions& options) {
         "this megatune was built without CUDA; rebuild with nvcc, CUPTI and NCCL present "
         "(-DMEGATUNE_CUDA=ON), or pass --dry-run to see the sweep");
   }
+#ifdef MEGATUNE_HAVE_CUDA
+  if (options.trace && !options.dry_run) return run_trace(options, path, identity);
+#endif
   if (options.gpus > visible_gpus)
     throw UserError("--gpus " + std::to_string(options.gpus) + ": only " + std::to_string(visible_gpus) +
                     " GPU(s) are visible; pass --gpus " + std::to_string(visible_gpus) + " or fewer");
@@ -210,6 +251,14 @@ const Registrar kProfileCommand{Command{
       sub.add_option("--warmup", options->warmup, "Untimed runs before timing each item")
           ->capture_default_str();
       sub.add_option("--repeats", options->repeats, "Timed runs per item (the median is stored)")
+          ->capture_default_str();
+      sub.add_flag(
+          "--trace", options->trace,
+          "Instead of sweeps: train --model for --train-iters steps on GPU 0 (mock data) and store the last "
+          "iteration's per-op device times, joined to the step program, as a run");
+      sub.add_option("--train-iters", options->train_iters, "--trace: iterations (the first ones warm up)")
+          ->capture_default_str();
+      sub.add_option("--num-microbatches", options->num_microbatches, "--trace: micro-batches per iteration")
           ->capture_default_str();
       return [options] { return run_profile(*options); };
     }}};
