@@ -125,8 +125,19 @@ std::vector<FittedModel> fit_and_store(Database& database, const std::string& gp
   const HardwareCatalog catalog = HardwareCatalog::load(database);
   const GpuModel* found = catalog.find_gpu(gpu_name);
   const GpuModel& gpu = found != nullptr ? *found : HardwareCatalog::embedded().gpu(gpu_name);
-  const std::vector<KernelTiming> kernels = load_kernel_timings(database, gpu.name);
-  const std::vector<CollectiveTiming> collectives = load_collective_timings(database, gpu.name);
+  // Rows stored under the name as given (an alias such as "H200") count as rows of the catalog GPU.
+  std::vector<KernelTiming> kernels = load_kernel_timings(database, gpu.name);
+  std::vector<CollectiveTiming> collectives = load_collective_timings(database, gpu.name);
+  if (gpu_name != gpu.name) {
+    for (KernelTiming& row : load_kernel_timings(database, gpu_name)) {
+      row.gpu = gpu.name;
+      kernels.push_back(std::move(row));
+    }
+    for (CollectiveTiming& row : load_collective_timings(database, gpu_name)) {
+      row.gpu = gpu.name;
+      collectives.push_back(std::move(row));
+    }
+  }
 
   std::vector<FittedModel> fitted;
   std::set<layouts::DType> gemm_dtypes;

@@ -183,7 +183,9 @@ int HardwareCatalog::install_into(Database& database) const {
 }
 
 const GpuModel* HardwareCatalog::find_gpu(const std::string& name_or_alias) const {
-  const std::string key = normalized(name_or_alias);
+  std::string key = normalized(name_or_alias);
+  if (key.rfind("nvidia", 0) == 0 && key.size() > 6) key = key.substr(6);  // device names: "NVIDIA H200"
+
   for (const GpuModel& gpu : gpus_) {
     if (normalized(gpu.name) == key) return &gpu;
   }

@@ -27,7 +27,8 @@ class HardwareCatalog {
   // "measured" is kept (a datasheet figure never replaces a measurement). Returns rows written.
   int install_into(Database& database) const;
 
-  // Looks a GPU up by name or alias, ignoring case, spaces, '-' and '_' ("h100", "H100-SXM", "H100 SXM").
+  // Looks a GPU up by name or alias, ignoring case, spaces, '-', '_' and a leading "NVIDIA" ("h100",
+  // "H100-SXM", "NVIDIA H100 80GB HBM3").
   // Throws UserError listing the known GPUs when there is none.
   const GpuModel& gpu(const std::string& name_or_alias) const;
   const GpuModel* find_gpu(const std::string& name_or_alias) const;

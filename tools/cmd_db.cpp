@@ -219,7 +219,14 @@ int run_fit(const DbCommandOptions& options) {
   }
   std::vector<std::vector<std::string>> rows{{"GPU", "model", "variant", "points", "r2 (log time)", "MAPE"}};
   for (const std::string& gpu : gpus) {
-    for (const FittedModel& fit : fit_and_store(database, gpu)) {
+    std::vector<FittedModel> fitted;
+    try {
+      fitted = fit_and_store(database, gpu);
+    } catch (const UserError& error) {
+      if (!options.gpu.empty()) throw;
+      std::fprintf(stderr, "skipped measurements of \"%s\": %s\n", gpu.c_str(), error.what());
+    }
+    for (const FittedModel& fit : fitted) {
       rows.push_back({fit.gpu, fit.model_kind, fit.variant, std::to_string(fit.n_points), fixed(fit.r2, 4),
                       fixed(fit.mape * 100, 2) + "%"});
     }

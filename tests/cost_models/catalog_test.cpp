@@ -39,6 +39,9 @@ TEST(HardwareCatalog, EmbeddedCatalogHasTheDatasheetFigures) {
   EXPECT_DOUBLE_EQ(catalog.gpu("A100 80GB").hbm_bandwidth_bytes_per_s, 2.039e12);
   EXPECT_DOUBLE_EQ(catalog.gpu("A100").peak_bf16_tflops, 312);
   EXPECT_DOUBLE_EQ(catalog.gpu("b200").peak_bf16_tflops, 2250);
+  EXPECT_EQ(catalog.gpu("NVIDIA H100 80GB HBM3").name, "H100 SXM");  // CUDA device names
+  EXPECT_EQ(catalog.gpu("NVIDIA H200").name, "H200 SXM");
+  EXPECT_EQ(catalog.gpu("NVIDIA A100-SXM4-40GB").name, "A100 SXM 40GB");
   EXPECT_DOUBLE_EQ(catalog.gpu("B200").hbm_bandwidth_bytes_per_s, 8e12);
   EXPECT_DOUBLE_EQ(catalog.interconnect("NVLink4").bandwidth_per_direction_bytes_per_s, 450e9);
   EXPECT_EQ(catalog.interconnect("nvlink 4").domain_size, 8);

@@ -11,6 +11,7 @@
 #include "cost_models/fitted_forms.h"
 #include "cost_models/fitting.h"
 #include "cost_models/record_store.h"
+#include "layouts/user_error.h"
 
 namespace megatune::cost_models {
 namespace {
@@ -458,6 +459,29 @@ TEST(CostModel, ReadsRowsThatNameTheGpuByAnAlias) {
   EXPECT_EQ(model.sources().gemm_measurements, 1);
   EXPECT_EQ(model.gemm(2048, 2048, 2048).provenance, Provenance::kMeasured);
   EXPECT_EQ(model.gemm(16384, 16384, 16384).provenance, Provenance::kAnalytic);
+}
+
+}  // namespace
+}  // namespace megatune::cost_models
+
+namespace megatune::cost_models {
+namespace {
+
+TEST(Fitting, RowsStoredUnderAnAliasAreFittedForTheCatalogGpu) {
+  Database database = open_in_memory_cost_database();
+  for (std::int64_t bytes = 1 << 12; bytes <= (1 << 24); bytes *= 4) {
+    KernelTiming row;
+    row.op_kind = "rope";
+    row.bytes = bytes;
+    row.gpu = "NVIDIA H100 80GB HBM3";
+    row.median_s = 3e-6 + static_cast<double>(bytes) / 2e12;
+    upsert_kernel_timing(database, row);
+  }
+  const auto fitted = fit_and_store(database, "NVIDIA H100 80GB HBM3");
+  ASSERT_EQ(fitted.size(), 1u);
+  EXPECT_EQ(fitted[0].gpu, "H100 SXM");
+  EXPECT_EQ(fitted[0].variant, "rope");
+  EXPECT_THROW(fit_and_store(database, "Quantum GPU"), UserError);
 }
 
 }  // namespace
