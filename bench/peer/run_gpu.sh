@@ -20,16 +20,16 @@ step() {  # step NAME SECONDS COMMAND...
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >>"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
-step gpu_test 120 $G/executor_engine_cuda_backend_gpu_test
+step gpu_test 90 $G/executor_engine_cuda_backend_gpu_test
 mkdir -p "$OUT/parity_gpt" "$OUT/parity_llama"
-step parity_export_gpt 60 $G/bench_train_gpu parity --out "$OUT/parity_gpt"
-step parity_gpt 90 python3 bench/peer/parity.py "$OUT/parity_gpt"
-step parity_export_llama 60 $G/bench_train_gpu parity --llama --out "$OUT/parity_llama"
-step parity_llama 90 python3 bench/peer/parity.py "$OUT/parity_llama"
-step train_gpt125m 120 $G/megatune train --model gpt-125m --mock-data --train-iters 50 --log-interval 10 --device cuda
-step perf_gpt13b 120 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10
-step perf_llama1b 120 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10
-step peer_gpt13b_compiled 240 python3 bench/peer/torch_gpt.py --model gpt-1.3b --mbs 4 --steps 12 --compile
-step peer_llama1b_compiled 240 python3 bench/peer/torch_gpt.py --model llama-1b --mbs 2 --steps 12 --compile
-step peer_gpt13b_eager 90 python3 bench/peer/torch_gpt.py --model gpt-1.3b --mbs 4 --steps 12
-step peer_llama1b_eager 90 python3 bench/peer/torch_gpt.py --model llama-1b --mbs 2 --steps 12
+step parity_export_gpt 45 $G/bench_train_gpu parity --out "$OUT/parity_gpt"
+step parity_gpt 60 python3 bench/peer/parity.py "$OUT/parity_gpt"
+step parity_export_llama 45 $G/bench_train_gpu parity --llama --out "$OUT/parity_llama"
+step parity_llama 60 python3 bench/peer/parity.py "$OUT/parity_llama"
+step train_gpt125m 90 $G/megatune train --model gpt-125m --mock-data --train-iters 50 --log-interval 10 --device cuda
+step perf_gpt13b 75 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10
+step perf_llama1b 75 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10
+step peer_gpt13b_compiled 150 python3 bench/peer/torch_gpt.py --model gpt-1.3b --mbs 4 --steps 12 --compile
+step peer_llama1b_compiled 150 python3 bench/peer/torch_gpt.py --model llama-1b --mbs 2 --steps 12 --compile
+step peer_gpt13b_eager 60 python3 bench/peer/torch_gpt.py --model gpt-1.3b --mbs 4 --steps 12
+step peer_llama1b_eager 60 python3 bench/peer/torch_gpt.py --model llama-1b --mbs 2 --steps 12
