@@ -75,6 +75,34 @@ std::vector<std::vector<int>> masked_groups(const GridShape& g, const std::array
   return groups;
 }
 
+// The one group of masked_groups(g, varying) that holds `rank`, in the same member order.
+std::vector<int> masked_group_of(const GridShape& g, const std::array<bool, kNumDims>& varying, int rank) {
+  const auto stride = strides(g);
+  int base = 0, rest = rank, group_size = 1;
+  std::vector<Dim> masked;
+  for (Dim d : g.order) {
+    const int index = rest % g.size_by_dim[d];
+    rest /= g.size_by_dim[d];
+    if (varying[d]) {
+      masked.push_back(d);
+      group_size *= g.size_by_dim[d];
+    } else {
+      base += index * stride[d];
+    }
+  }
+  std::vector<int> group;
+  group.reserve(group_size);
+  for (int rank_in_group = 0; rank_in_group < group_size; ++rank_in_group) {
+    int member = base, r = rank_in_group;
+    for (Dim d : masked) {
+      member += (r % g.size_by_dim[d]) * stride[d];
+      r /= g.size_by_dim[d];
+    }
+    group.push_back(member);
+  }
+  return group;
+}
+
 std::array<int, kNumDims> decompose(const GridShape& g, int rank) {
   std::array<int, kNumDims> index{};
   for (Dim d : g.order) {
@@ -233,9 +261,46 @@ std::vector<std::vector<int>> RankGrid::groups(GroupKind kind) const {
 }
 
 std::vector<int> RankGrid::group_of(int rank, GroupKind kind) const {
-  for (auto& group : groups(kind)) {
-    for (int member : group) {
-      if (member == rank) return group;
+  if (rank < 0 || rank >= world_)
+    throw std::out_of_range("rank " + std::to_string(rank) + " outside the world");
+  const GridShape dense = dense_shape(tp_, cp_, dp_, pp_, order_);
+  const GridShape expert = expert_shape(etp_, ep_, edp_, pp_, order_);
+  switch (kind) {
+    case GroupKind::kTp:
+      return masked_group_of(dense, mask({kDimTp}), rank);
+    case GroupKind::kCp:
+      return masked_group_of(dense, mask({kDimCp}), rank);
+    case GroupKind::kDp:
+      return masked_group_of(dense, mask({kDimDp}), rank);
+    case GroupKind::kDpCp:
+      return masked_group_of(dense, mask({kDimDp, kDimCp}), rank);
+    case GroupKind::kPp:
+      return masked_group_of(dense, mask({kDimPp}), rank);
+    case GroupKind::kMp:
+      return masked_group_of(dense, mask({kDimTp, kDimPp}), rank);
+    case GroupKind::kTpCp:
+      return masked_group_of(dense, mask({kDimTp, kDimCp}), rank);
+    case GroupKind::kTpDpCp:
+      return masked_group_of(dense, mask({kDimTp, kDimDp, kDimCp}), rank);
+    case GroupKind::kEp:
+      return masked_group_of(expert, mask({kDimEp}), rank);
+    case GroupKind::kExpertTp:
+      return masked_group_of(expert, mask({kDimTp}), rank);
+    case GroupKind::kTpEp:
+      return masked_group_of(expert, mask({kDimTp, kDimEp}), rank);
+    case GroupKind::kTpEpPp:
+      return masked_group_of(expert, mask({kDimTp, kDimEp, kDimPp}), rank);
+    case GroupKind::kExpertDp:
+      return masked_group_of(expert, mask({kDimDp}), rank);
+    case GroupKind::kEmbedding:
+    case GroupKind::kPositionEmbedding: {
+      const std::vector<int> pp_group = masked_group_of(dense, mask({kDimPp}), rank);
+      std::vector<int> group = {pp_group.front()};
+      if (kind == GroupKind::kEmbedding && pp_group.size() > 1) group.push_back(pp_group.back());
+      for (int member : group) {
+        if (member == rank) return group;
+      }
+      return {};
     }
   }
   return {};

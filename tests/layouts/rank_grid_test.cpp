@@ -104,6 +104,16 @@ TEST(RankGrid, RandomGridsPartitionTheWorld) {
         ASSERT_TRUE(a.cp == b.cp && a.dp == b.dp && a.pp == b.pp);
       }
     }
+    // group_of agrees with the enumeration (same members, same order), embedding groups included.
+    for (GroupKind kind : all_group_kinds()) {
+      for (int rank = 0; rank < world; ++rank) {
+        std::vector<int> expected;
+        for (const auto& group : grid.groups(kind)) {
+          if (std::find(group.begin(), group.end(), rank) != group.end()) expected = group;
+        }
+        ASSERT_EQ(grid.group_of(rank, kind), expected) << to_string(kind) << " rank " << rank;
+      }
+    }
     ASSERT_EQ(grid.groups(GroupKind::kTp).size(), static_cast<size_t>(world / tp));
     ASSERT_EQ(grid.groups(GroupKind::kEp).size(), static_cast<size_t>(world / ep));
   }
