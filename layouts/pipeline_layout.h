@@ -66,7 +66,9 @@ class PipelineLayout {
 
   // Megatron's validate_layer_layout: first symbol E, last L, exactly one E and one L, #t == num_layers,
   // #m == mtp_num_layers, no t after the first m, all m in one stage, m only in the last chunk of a rank,
-  // never on pp rank 0. Throws UserError naming --pipeline-model-parallel-layout and the fix.
+  // never on pp rank 0 (Megatron's docs). Stricter than Megatron's check, as its schedules need it: E sits in
+  // the first stage and L in the last one (empty stages before E or after L are refused).
+  // Throws UserError naming --pipeline-model-parallel-layout and the fix.
   void validate(int num_layers, int mtp_num_layers) const;
 
   int pp() const { return pp_; }

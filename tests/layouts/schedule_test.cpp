@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "layouts/parallel_config.h"
 #include "layouts/schedule_replay.h"
 #include "layouts/user_error.h"
 
@@ -188,6 +189,58 @@ TEST(Schedule, RandomLayoutsReplayCleanly) {
     ++checked;
   }
   EXPECT_EQ(checked, 600);
+}
+
+// Random full configurations (model layers, pp, vpp or uneven splits, dp, mbs, gbs) that pass validation:
+// their schedules replay cleanly and carry num_microbatches() microbatches.
+TEST(Schedule, RandomValidConfigurations) {
+  std::mt19937 rng(42);
+  int valid = 0;
+  for (int trial = 0; trial < 3000 && valid < 300; ++trial) {
+    ModelSpec model = model_preset("tiny");
+    model.num_layers = 1 + static_cast<int>(rng() % 24);
+    model.mtp_num_layers = static_cast<int>(rng() % 2);
+    ParallelConfig c;
+    c.pipeline_model_parallel_size = 1 + static_cast<int>(rng() % 6);
+    c.tensor_model_parallel_size = 1 << (rng() % 2);
+    const int dp = 1 + static_cast<int>(rng() % 3);
+    c.world_size = c.pp() * c.tp() * dp;
+    c.micro_batch_size = 1 + static_cast<int>(rng() % 3);
+    c.global_batch_size = c.micro_batch_size * dp * (1 + static_cast<int>(rng() % 12));
+    c.overlap_p2p_comm = rng() % 2;
+    switch (rng() % 4) {
+      case 0:
+        c.num_virtual_stages_per_pipeline_rank = 1 + static_cast<int>(rng() % 3);
+        break;
+      case 1:
+        c.decoder_first_pipeline_num_layers = static_cast<int>(rng() % 4);
+        c.decoder_last_pipeline_num_layers = static_cast<int>(rng() % 4);
+        break;
+      case 2:
+        c.account_for_embedding_in_pipeline_split = true;
+        c.account_for_loss_in_pipeline_split = rng() % 2;
+        break;
+      default:
+        break;
+    }
+    if (rng() % 2) c.microbatch_group_size_per_vp_stage = c.pp() + static_cast<int>(rng() % 4);
+    try {
+      c.validate(model);
+    } catch (const UserError&) {
+      continue;
+    }
+    ++valid;
+    const PipelineLayout layout = c.resolved_pipeline_layout(model);
+    SCOPED_TRACE(layout.to_string() + " m=" + std::to_string(c.num_microbatches()));
+    EXPECT_EQ(layout.num_decoder_layers(), model.num_layers);
+    EXPECT_EQ(layout.num_mtp_layers(), model.mtp_num_layers);
+    const auto schedules = build_all_schedules(model, c);
+    ASSERT_EQ(static_cast<int>(schedules.size()), c.pp());
+    EXPECT_EQ(schedules.front().num_microbatches, c.num_microbatches());
+    const auto replay = replay_schedules(schedules, layout);
+    ASSERT_TRUE(replay.ok) << replay.error;
+  }
+  EXPECT_GE(valid, 300);
 }
 
 }  // namespace
