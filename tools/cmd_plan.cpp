@@ -2,6 +2,7 @@
 // winner wins, and write the plan as JSON, as `megatune train` arguments and as Megatron-LM arguments.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -50,10 +51,17 @@ std::string sibling(const std::string& output, const std::string& suffix) {
   return (p.parent_path() / (p.stem().string() + suffix)).string();
 }
 
+// Redraws at most every 100 ms (and at the end) on stderr.
 void draw_progress(std::int64_t done, std::int64_t total) {
+  static auto last = std::chrono::steady_clock::time_point{};
+  static std::int64_t last_done = -1;
+  const auto now = std::chrono::steady_clock::now();
+  if (done == last_done || (done < total && now - last < std::chrono::milliseconds(100))) return;
+  last = now;
+  last_done = done;
   const int width = 30;
   const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-  std::fprintf(stderr, "\rsimulating [%s%s] %lld/%lld", std::string(filled, '#').c_str(),
+  std::fprintf(stderr, "\rsearching [%s%s] %lld/%lld candidates", std::string(filled, '#').c_str(),
                std::string(width - filled, '.').c_str(), static_cast<long long>(done),
                static_cast<long long>(total));
   if (done >= total) std::fputc('\n', stderr);
