@@ -210,7 +210,7 @@ std::string num(double v) {
   return buf;
 }
 
-std::string candidate_json(const PlanCandidate& c, const std::string& indent) {
+std::string candidate_json_indented(const PlanCandidate& c, const std::string& indent) {
   const SimulationResult& s = c.simulation;
   const ParallelConfig& cfg = c.config;
   std::ostringstream o;
@@ -235,6 +235,8 @@ std::string string_array(const std::vector<std::string>& items) {
 }
 }  // namespace
 
+std::string candidate_json(const PlanCandidate& candidate) { return candidate_json_indented(candidate, ""); }
+
 std::string plan_json(const ModelSpec& model, const cost_models::ClusterSpec& cluster,
                       const PlanResult& result, const MemoryEstimate& winner_memory) {
   const PlanCandidate& w = result.ranked.at(0);
@@ -246,7 +248,7 @@ std::string plan_json(const ModelSpec& model, const cost_models::ClusterSpec& cl
   o << "  \"world_size\": " << cluster.world_size() << ",\n";
   o << "  \"global_batch_size\": " << w.config.resolved_global_batch_size() << ",\n";
   o << "  \"seq_length\": " << model.seq_length << ",\n";
-  o << "  \"plan\": " << candidate_json(w, "") << ",\n";
+  o << "  \"plan\": " << candidate_json_indented(w, "") << ",\n";
   o << "  \"prediction\": {\"step_time_s\": " << num(s.step_time_s) << ", \"mfu\": " << num(s.mfu)
     << ", \"tflops_per_gpu\": " << num(s.tflops_per_gpu) << ", \"tokens_per_s\": " << num(s.tokens_per_s)
     << ", \"bubble_fraction\": " << num(s.bubble_fraction)
@@ -283,7 +285,7 @@ std::string plan_json(const ModelSpec& model, const cost_models::ClusterSpec& cl
     << ", \"failed\": " << st.failed << ", \"seconds\": " << num(st.seconds) << "},\n";
   o << "  \"ranked\": [\n";
   for (std::size_t i = 0; i < result.ranked.size(); ++i)
-    o << candidate_json(result.ranked[i], "    ") << (i + 1 < result.ranked.size() ? ",\n" : "\n");
+    o << candidate_json_indented(result.ranked[i], "    ") << (i + 1 < result.ranked.size() ? ",\n" : "\n");
   o << "  ]\n}\n";
   return o.str();
 }

@@ -24,6 +24,9 @@ std::vector<std::string> megatron_arguments(const layouts::ModelSpec& model, con
 // One shell line: arguments quoted where needed.
 std::string shell_join(const std::string& program, const std::vector<std::string>& arguments);
 
+// One candidate's knobs and prediction as a one-line JSON object.
+std::string candidate_json(const PlanCandidate& candidate);
+
 // The plan as JSON: model, cluster, the winner (config, layout, prediction, memory items, per-kind
 // times, provenance) and the ranked alternatives.
 std::string plan_json(const layouts::ModelSpec& model, const cost_models::ClusterSpec& cluster,

@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "cost_models/cluster_spec.h"
+#include "cost_models/cost_database.h"
+#include "cost_models/record_store.h"
 #include "layouts/user_error.h"
 #include "planner/memory_model.h"
 #include "planner/plan_report.h"
@@ -33,6 +35,7 @@ struct PlanCommandOptions {
   bool no_uneven = false;
   bool no_vpp = false;
   double headroom = 0.05;
+  bool save = false;
 };
 
 void write_file(const std::string& path, const std::string& text) {
@@ -157,6 +160,23 @@ int run_plan(const PlanCommandOptions& o) {
     write_file(megatron_path, megatron + "\n");
     std::printf("\nwrote %s, %s, %s\n", o.output.c_str(), train_path.c_str(), megatron_path.c_str());
   }
+  if (o.save) {
+    const std::string path = o.db.empty() ? cost_models::default_cost_database_path() : o.db;
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    cost_models::Database database = cost_models::open_cost_database(path);
+    cost_models::PlanRecord record;
+    record.model = model.name;
+    record.cluster = cluster.short_name();
+    record.config_json = planner::candidate_json(winner);
+    record.predicted_step_time_s = winner.simulation.step_time_s;
+    record.predicted_mfu = winner.simulation.mfu;
+    record.peak_memory_bytes = winner.peak_memory_bytes;
+    record.created_at = cost_models::utc_now_iso8601();
+    const std::int64_t id = cost_models::upsert_plan(database, record);
+    std::printf("recorded the plan as plan %lld in %s\n", static_cast<long long>(id), path.c_str());
+  }
   return 0;
 }
 
@@ -188,6 +208,10 @@ const Registrar kPlanCommand{Command{
           ->group("Planner");
       sub.add_flag("--no-uneven-layouts", o->no_uneven, "Only uniform pipeline splits")->group("Planner");
       sub.add_flag("--no-virtual-pipeline", o->no_vpp, "No interleaved (VPP) schedules")->group("Planner");
+      sub.add_flag("--save", o->save,
+                   "Record the winning plan in the cost database (--db, else the default database) for later "
+                   "predicted-vs-measured comparison")
+          ->group("Planner");
       sub.add_option("--memory-headroom", o->headroom, "Fraction of GPU memory to keep free (0..1)")
           ->capture_default_str()
           ->group("Planner");
