@@ -1,10 +1,10 @@
 #!/bin/bash
 # The profiler's one GPU-machine call (2x H200): GPU tests, the issue's checks, `megatune profile` of
-# llama3-1b on 2 GPUs, a traced training run, and the exported tables. Executables come prebuilt in .gpu/
+# llama3-1b on 2 GPUs, a traced training run, and the exported tables. Executables come prebuilt in .gpu-profiler/
 # (see profiler/scripts/stage_gpu.sh); everything lands in $OUT (log.txt, h200.db, CSVs).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-G=.gpu
+G=.gpu-profiler
 LOG=$OUT/log.txt
 step() { echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; }
 step "machine"
