@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "executor/cpu/cpu_backend.h"
+#include "executor/data/preprocess.h"
 #include "executor/runtime/communicator.h"
 #include "executor/training/training_run.h"
 #include "layouts/model_spec.h"
@@ -65,6 +67,40 @@ TEST(TrainTiny, LossFallsOnMockData) {
       << log;
   EXPECT_NE(log.find("| global batch size:     4 | lm loss: "), std::string::npos) << log;
   EXPECT_NE(log.find("| number of skipped iterations:   0 |"), std::string::npos) << log;
+}
+
+TEST(TrainTiny, LossFallsOnByteLevelTextFromAnIndexedDataset) {
+  // Real text: this repository's engine sources, byte-tokenized into Megatron's .bin/.idx.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "megatune_train_text";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream text(dir / "corpus.txt");
+    for (const char* file : {"executor/model/gpt_model.cpp", "executor/training/trainer.cpp",
+                             "executor/backend/backend.h", "executor/training/lr_schedule.cpp"}) {
+      std::ifstream in(std::string(MEGATUNE_SOURCE_DIR) + "/" + file);
+      text << in.rdbuf() << "\n\n";
+    }
+  }
+  data::PreprocessConfig pre;
+  pre.input_path = (dir / "corpus.txt").string();
+  pre.output_prefix = (dir / "corpus").string();
+  const data::PreprocessResult result = data::preprocess_data(pre);
+  ASSERT_EQ(result.outputs.size(), 1u);
+  ASSERT_GT(result.outputs[0].tokens, 20000);
+
+  RunConfig run = tiny_run(50);
+  run.data.mock_data = false;
+  run.data.data_path = {result.outputs[0].path_prefix};
+  run.data.split = "1,0,0";
+  const std::vector<IterationRecord> records = train(run);
+  ASSERT_EQ(records.size(), 50u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) first += records[i].step.loss / 5;
+  for (int i = 45; i < 50; ++i) last += records[i].step.loss / 5;
+  EXPECT_GT(first, 5.0);
+  EXPECT_LT(last, 3.6);  // bytes of source code: well below log(256) = 5.55 after 50 small steps
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainTiny, ResumeReproducesTheLossTrajectoryExactly) {
