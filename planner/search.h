@@ -18,7 +18,7 @@ namespace megatune::planner {
 struct SearchSpace {
   // Empty: every value that can work (TP: powers of two up to the NVLink domain; PP: divisors of the
   // world up to the layer count; CP: powers of two with 2*cp dividing the sequence; EP: divisors of the
-  // experts; micro-batch: 1, 2, 4, 8).
+  // experts; micro-batch: 1, 2, 4, 8). CP only with at least 512 tokens per rank.
   std::vector<int> tp, pp, cp, ep, etp, micro_batch;
   bool allow_tp_across_nodes = false;  // TP larger than a node's GPUs
   bool virtual_pipeline = true;        // interleaved 1F1B with uniform chunks
