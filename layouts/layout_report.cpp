@@ -15,7 +15,11 @@ namespace {
 
 std::string billions(int64_t count) {
   char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.2fB", static_cast<double>(count) / 1e9);
+  if (count >= 1'000'000'000) {
+    std::snprintf(buffer, sizeof buffer, "%.2fB", static_cast<double>(count) / 1e9);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.2fM", static_cast<double>(count) / 1e6);
+  }
   return buffer;
 }
 
