@@ -5,7 +5,7 @@
 #include "layouts/layout_report.h"
 #include "layouts/user_error.h"
 // tools/ sources are compiled only into the megatune executable; this test compiles the flag set itself.
-#include "tools/megatron_args.cpp"
+#include "tools/megatron_args.h"
 
 namespace megatune::tools {
 namespace {
