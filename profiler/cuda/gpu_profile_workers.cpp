@@ -9,6 +9,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -122,6 +123,8 @@ int worker_main(const GpuProfileJob& job, int rank, int progress_fd, const std::
 HostGpus probe_host_gpus() {
   int fds[2];
   if (::pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  std::fflush(nullptr);  // a child must not inherit (and print again) the parent's buffered output
+  std::cout.flush();
   const pid_t child = ::fork();
   if (child < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (child == 0) {
@@ -171,6 +174,8 @@ GpuProfileOutcome run_gpu_profile(const GpuProfileJob& job, const ProgressCallba
     if (::pipe(fds.data()) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   }
   std::vector<pid_t> children;
+  std::fflush(nullptr);  // children must not inherit (and print again) the parent's buffered output
+  std::cout.flush();
   for (int rank = 0; rank < job.gpus; ++rank) {
     const pid_t child = ::fork();
     if (child < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));

@@ -14,7 +14,7 @@ timeout 60 $G/profiler_cupti_tracer_gpu_test 2>&1 | tail -25 | tee -a "$LOG"
 step "checks (bench_profiler_gpu)"
 timeout 90 $G/bench_profiler_gpu 2>&1 | tee -a "$LOG"
 step "megatune profile --model llama3-1b --gpus 2"
-timeout 240 $G/megatune profile --model llama3-1b --gpus 2 --db "$OUT/h200.db" 2>&1 | tee -a "$LOG"
+timeout 230 $G/megatune profile --model llama3-1b --gpus 2 --db "$OUT/h200.db" 2>&1 | tee -a "$LOG"
 step "megatune profile --trace"
 timeout 50 $G/megatune profile --trace --model gpt-125m --mbs 4 --train-iters 3 --db "$OUT/h200.db" 2>&1 |
   tee -a "$LOG"
