@@ -33,7 +33,7 @@ case "$mode" in
     configure_and_build build
     shift || true
     if ./build/bin/megatune plan --help > /dev/null 2>&1; then
-      ./build/bin/megatune plan --model llama3-70b --cluster 8x8xH100 --global-batch-size 512 --seq-length 4096 "$@"
+      ./build/bin/megatune plan --model llama3-70b --cluster 8x8xH200 --global-batch-size 512 --seq-length 4096 -o plan.json "$@"
     else
       ./build/bin/megatune layout --model llama3-8b --tp 2 --pp 4 --world-size 16 --global-batch-size 64 "$@"
     fi
