@@ -112,6 +112,15 @@ int main(int argc, char** argv) {
     const double fwd32 =
         median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 32); });
     const double fwd = median_ms([&] { cuda::flash_attention_forward(shape, q, k, v, o, lse, nullptr); });
+    auto backward_variant = [&](int key_rows, bool longest_first) {
+      return median_ms([&] {
+        cuda::flash_attention_backward_variant(
+            shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(), dqkv + shape.packed_v_offset(),
+            ws, ws_bytes, nullptr, cuda::BackwardVariant{key_rows, longest_first});
+      });
+    };
+    const double bwd64 = backward_variant(64, false), bwd64_longest = backward_variant(64, true);
+    const double bwd128 = backward_variant(128, false), bwd128_longest = backward_variant(128, true);
     const double bwd = median_ms([&] {
       cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
                                      dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr);
@@ -123,6 +132,11 @@ int main(int argc, char** argv) {
                 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9);
     std::printf("VARIANT forward %s rows_per_warp16=%.1f rows_per_warp32=%.1f TFLOP/s\n", name,
                 shape.forward_flops() / fwd16 / 1e9, shape.forward_flops() / fwd32 / 1e9);
+    std::printf(
+        "VARIANT backward %s key_rows64=%.1f key_rows64_longest_first=%.1f key_rows128=%.1f "
+        "key_rows128_longest_first=%.1f TFLOP/s\n",
+        name, 2.5 * flops / bwd64 / 1e9, 2.5 * flops / bwd64_longest / 1e9, 2.5 * flops / bwd128 / 1e9,
+        2.5 * flops / bwd128_longest / 1e9);
     std::printf("RESULT attention %s fwd_tflops=%.1f bwd_tflops=%.1f fwdbwd_tflops=%.1f\n", name,
                 flops / fwd / 1e9, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9);
     cudaFree(qkv), cudaFree(dqkv), cudaFree(o), cudaFree(d_o), cudaFree(lse), cudaFree(ws);

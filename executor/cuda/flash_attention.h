@@ -44,4 +44,19 @@ void flash_attention_backward(const AttentionShape& shape, const bf16* q, const 
                               const bf16* o, const float* lse, const bf16* d_o, bf16* dq, bf16* dk, bf16* dv,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// The same with the main pass's variant chosen explicitly (benchmarks and tests); the defaults are
+// flash_attention_backward's.
+struct BackwardVariant {
+  // 64 (4 warps, 2 blocks per SM) or 128 (8 warps, 1 block per SM: half the Q/dO loads and dq atomics per
+  // key row, but 1-4% slower on H200: bench/RESULTS.md "attention").
+  int key_rows_per_block = 64;
+  // Launch order: every head's first key block (the longest under a causal mask) before any second one,
+  // so the short blocks fill the tail (+1-20% on H200); false: the key blocks of one head consecutively.
+  bool longest_first = true;
+};
+void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
+                                      const bf16* v, const bf16* o, const float* lse, const bf16* d_o,
+                                      bf16* dq, bf16* dk, bf16* dv, void* workspace, size_t workspace_bytes,
+                                      cudaStream_t stream, BackwardVariant variant);
+
 }  // namespace megatune::executor::cuda

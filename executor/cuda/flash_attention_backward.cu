@@ -1,8 +1,11 @@
-// Flash attention backward (FlashAttention-2): delta = rowsum(dO o O) first; then a block owns 64 key rows of
-// one (batch, kv head), 4 warps of 16 rows, and walks the query tiles of every head in its group: it
-// recomputes P^T = exp(S^T - lse) from K Q^T, forms dS^T = P^T o (V dO^T - delta), accumulates dV += P^T dO
-// and dK += dS^T Q in registers (GQA sums over the group for free), and adds dQ += dS K into an fp32 buffer
-// with atomics; a last pass scales and converts dQ to bf16.
+// Flash attention backward (FlashAttention-2): delta = rowsum(dO o O) first; then a block owns 64 or 128 key
+// rows of one (batch, kv head), one warp per 16 rows, and walks the query tiles of every head in its group:
+// it recomputes P^T = exp(S^T - lse) from K Q^T, forms dS^T = P^T o (V dO^T - delta), accumulates
+// dV += P^T dO and dK += dS^T Q in registers (GQA sums over the group for free), and adds dQ += dS K into an
+// fp32 buffer with atomics (warps split dQ's query rows x head-dim columns); a last pass scales and converts
+// dQ to bf16. 128 key rows per block halve the Q/dO tile loads and the dQ atomics per key row; warps whose
+// key rows all lie above a causal query tile skip its matrix products. Blocks launch longest first under a
+// causal mask (every head's key block 0 before any key block 1), which shortens the tail.
 #include <algorithm>
 #include <stdexcept>
 
@@ -15,10 +18,7 @@ namespace {
 
 using namespace flash;
 
-constexpr int kBlockN = 64;  // key rows per block
 constexpr int kBlockM = 64;  // query rows per step
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 
 struct BackwardParams {
   const bf16* q;
@@ -34,11 +34,12 @@ struct BackwardParams {
   int seq_len, num_heads, heads_per_group;
   float scale, scale_log2;
   bool causal;
+  bool longest_first;  // grid (kv heads, batch, key blocks): key block 0 (the most causal work) first
 };
 
-template <int D>
+template <int D, int BLOCK_N>
 constexpr int backward_smem_bytes() {
-  return (2 * kBlockN * D + 4 * kBlockM * D + kBlockM * kBlockN) * int(sizeof(bf16));
+  return (2 * BLOCK_N * D + 4 * kBlockM * D + kBlockM * BLOCK_N) * int(sizeof(bf16));
 }
 
 // delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; one warp per (token, head).
@@ -67,16 +68,26 @@ __global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o,
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const BackwardParams p) {
+// BLOCK_N key rows per block (64: 4 warps, 2 blocks per SM; 128: 8 warps, 1 block per SM).
+template <int D, int BLOCK_N>
+__global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
+    flash_backward_kernel(const BackwardParams p) {
+  constexpr int kBlockN = BLOCK_N;
+  constexpr int kWarps = BLOCK_N / 16;
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kQueryGroups = kBlockM / 16;            // dQ phase: warps per 16-row query slab ...
+  constexpr int kColumnSplits = kWarps / kQueryGroups;  // ... times head-dim column splits
+  constexpr int kDpairsPerWarp = D / 16 / kColumnSplits;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* k_tile = reinterpret_cast<bf16*>(smem_raw);  // [kBlockN][D]
   bf16* v_tile = k_tile + kBlockN * D;               // [kBlockN][D]
   bf16* q_tiles = v_tile + kBlockN * D;              // [2][kBlockM][D]
   bf16* do_tiles = q_tiles + 2 * kBlockM * D;        // [2][kBlockM][D]
-  bf16* ds_tile = do_tiles + 2 * kBlockM * D;        // [kBlockM (q)][kBlockN (kv)], swizzled rows of 64
+  bf16* ds_tile = do_tiles + 2 * kBlockM * D;        // [kBlockM (q)][kBlockN (kv)], swizzled rows
 
-  const int n_block = blockIdx.x, group = blockIdx.y, batch = blockIdx.z;
+  const int n_block = p.longest_first ? blockIdx.z : blockIdx.x;
+  const int group = p.longest_first ? blockIdx.x : blockIdx.y;
+  const int batch = p.longest_first ? blockIdx.y : blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kv0 = n_block * kBlockN;
   const int64_t batch_token0 = int64_t(batch) * p.seq_len;
@@ -123,6 +134,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Backw
     const bf16* do_tile = do_tiles + (it & 1) * kBlockM * D;
     const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_len;
 
+    // A warp whose 16 key rows all lie after the tile's last query sees only masked entries: P = dS = 0.
+    const bool warp_masked = p.causal && kv0 + warp * 16 > q0 + kBlockM - 1;
+
     // S^T = K_w Q^T and dP^T = V_w dO^T (16 key rows x 64 query columns per warp).
     float s[kBlockM / 8][4], dp[kBlockM / 8][4];
 #pragma unroll
@@ -132,6 +146,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Backw
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      if (warp_masked) break;
       uint32_t a_k[4], a_v[4];
       load_a<D>(a_k, k_tile, warp * 16, kk * 16);
       load_a<D>(a_v, v_tile, warp * 16, kk * 16);
@@ -168,6 +183,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Backw
     // dV += P^T dO and dK += dS^T Q (k = query rows).
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      if (warp_masked) break;
       uint32_t a_p[4], a_ds[4];
       a_p[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
       a_p[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
@@ -199,12 +215,14 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Backw
       }
     }
     __syncthreads();
+    // dQ = dS K: this warp's 16 query rows x kDpairsPerWarp * 16 head-dim columns.
+    const int query_group = warp % kQueryGroups, dpair0 = (warp / kQueryGroups) * kDpairsPerWarp;
     uint32_t a_ds[kBlockN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) load_a<kBlockN>(a_ds[kk], ds_tile, warp * 16, kk * 16);
-    const int q_row[2] = {q0 + warp * 16 + (lane >> 2), q0 + warp * 16 + (lane >> 2) + 8};
+    for (int kk = 0; kk < kBlockN / 16; ++kk) load_a<kBlockN>(a_ds[kk], ds_tile, query_group * 16, kk * 16);
+    const int q_row[2] = {q0 + query_group * 16 + (lane >> 2), q0 + query_group * 16 + (lane >> 2) + 8};
 #pragma unroll
-    for (int dpair = 0; dpair < D / 16; ++dpair) {
+    for (int dpair = dpair0; dpair < dpair0 + kDpairsPerWarp; ++dpair) {
       float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -257,6 +275,24 @@ __global__ void flash_backward_convert_dq_kernel(const float* dq_accum, bf16* dq
 
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// The main pass for one (head_dim, key rows per block); sets the shared-memory limit on first use.
+template <int D, int BLOCK_N>
+void launch_backward_main(const AttentionShape& shape, const BackwardParams& params, cudaStream_t stream) {
+  constexpr int smem = backward_smem_bytes<D, BLOCK_N>();
+  static bool configured = false;
+  if (!configured) {
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<D, BLOCK_N>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  const unsigned key_blocks = unsigned((shape.seq_len + BLOCK_N - 1) / BLOCK_N);
+  const dim3 grid = params.longest_first
+                        ? dim3(unsigned(shape.num_kv_heads), unsigned(shape.batch), key_blocks)
+                        : dim3(key_blocks, unsigned(shape.num_kv_heads), unsigned(shape.batch));
+  flash_backward_kernel<D, BLOCK_N><<<grid, BLOCK_N * 2, smem, stream>>>(params);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape) {
@@ -268,7 +304,18 @@ size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape) {
 void flash_attention_backward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                               const bf16* o, const float* lse, const bf16* d_o, bf16* dq, bf16* dk, bf16* dv,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  flash_attention_backward_variant(shape, q, k, v, o, lse, d_o, dq, dk, dv, workspace, workspace_bytes,
+                                   stream, BackwardVariant{});
+}
+
+void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
+                                      const bf16* v, const bf16* o, const float* lse, const bf16* d_o,
+                                      bf16* dq, bf16* dk, bf16* dv, void* workspace, size_t workspace_bytes,
+                                      cudaStream_t stream, BackwardVariant variant) {
   validate_attention_shape(shape);
+  const int key_rows_per_block = variant.key_rows_per_block;
+  if (key_rows_per_block != 64 && key_rows_per_block != 128)
+    throw std::invalid_argument("flash_attention_backward_variant: key_rows_per_block must be 64 or 128");
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
         "flash_attention_backward: needs head_dim 64 or 128 and token strides % 8 == 0");
@@ -304,37 +351,25 @@ void flash_attention_backward(const AttentionShape& shape, const bf16* q, const 
                         int(shape.num_heads / shape.num_kv_heads),
                         shape.scale(),
                         shape.scale() * kLog2e,
-                        shape.causal};
+                        shape.causal,
+                        variant.longest_first};
   const int64_t rows = tokens * shape.num_heads;
   const unsigned preprocess_blocks = unsigned((rows * 32 + 255) / 256);
-  const dim3 grid(unsigned((shape.seq_len + kBlockN - 1) / kBlockN), unsigned(shape.num_kv_heads),
-                  unsigned(shape.batch));
-  if (shape.head_dim == 64) {
+  if (shape.head_dim == 64)
     flash_backward_preprocess_kernel<64><<<preprocess_blocks, 256, 0, stream>>>(
         o, d_o, delta, shape.o_stride(), int(shape.seq_len), int(shape.num_heads), rows);
-    MEGATUNE_CUDA_CHECK_LAUNCH();
-    constexpr int smem = backward_smem_bytes<64>();
-    static bool configured = false;
-    if (!configured) {
-      MEGATUNE_CUDA_CHECK(
-          cudaFuncSetAttribute(flash_backward_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      configured = true;
-    }
-    flash_backward_kernel<64><<<grid, kThreads, smem, stream>>>(params);
-  } else {
+  else
     flash_backward_preprocess_kernel<128><<<preprocess_blocks, 256, 0, stream>>>(
         o, d_o, delta, shape.o_stride(), int(shape.seq_len), int(shape.num_heads), rows);
-    MEGATUNE_CUDA_CHECK_LAUNCH();
-    constexpr int smem = backward_smem_bytes<128>();
-    static bool configured = false;
-    if (!configured) {
-      MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<128>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      configured = true;
-    }
-    flash_backward_kernel<128><<<grid, kThreads, smem, stream>>>(params);
-  }
   MEGATUNE_CUDA_CHECK_LAUNCH();
+  if (shape.head_dim == 64 && key_rows_per_block == 64)
+    launch_backward_main<64, 64>(shape, params, stream);
+  else if (shape.head_dim == 64)
+    launch_backward_main<64, 128>(shape, params, stream);
+  else if (key_rows_per_block == 64)
+    launch_backward_main<128, 64>(shape, params, stream);
+  else
+    launch_backward_main<128, 128>(shape, params, stream);
   const int64_t total = rows * shape.head_dim;
   const unsigned convert_blocks = unsigned(std::min<int64_t>((total + 255) / 256, 132 * 64));
   flash_backward_convert_dq_kernel<<<convert_blocks, 256, 0, stream>>>(

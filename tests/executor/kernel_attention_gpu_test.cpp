@@ -2,6 +2,7 @@
 // that are not multiples of the tiles, packed qkv and separate layouts, forward (o, lse) and backward.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <tuple>
 
 #include "executor/cuda/flash_attention.h"
@@ -93,41 +94,49 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
   float* dv_r = c.packed ? dq_ref.data() + shape.packed_v_offset() : dkv_ref.data() + c.kv_heads * d;
   reference::attention_backward(shape, q_ptr, k_ptr, v_ptr, o_ref.data(), lse_ref.data(), d_o.data(), dq_r,
                                 dk_r, dv_r);
-  DeviceBuffer<bf16> dq_dev(q_elems), dkv_dev(c.packed ? 1 : kv_elems);
-  dq_dev.poison();
-  dkv_dev.poison();
-  bf16* dq_d = dq_dev.get();
-  bf16* dk_d = c.packed ? dq_dev.get() + shape.packed_k_offset() : dkv_dev.get();
-  bf16* dv_d = c.packed ? dq_dev.get() + shape.packed_v_offset() : dkv_dev.get() + c.kv_heads * d;
-  DeviceBuffer<unsigned char> workspace(cuda::flash_attention_backward_workspace_bytes(shape));
-  cuda::flash_attention_backward(shape, q_d, k_d, v_d, o_dev.get(), lse_dev.get(), do_dev.get(), dq_d, dk_d,
-                                 dv_d, workspace.get(), workspace.size(), nullptr);
-  MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto dq_got = test::download_bf16(dq_dev);
-  // Compare each of dq, dk, dv on its own slice of the strided buffers.
-  auto slice = [&](const std::vector<float>& buffer, int64_t stride, int64_t offset, int64_t width) {
-    std::vector<float> out;
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t x = 0; x < width; ++x) out.push_back(buffer[t * stride + offset + x]);
-    return out;
-  };
-  const int64_t q_width = c.heads * d, kv_width = c.kv_heads * d;
-  EXPECT_LT(test::relative_error(slice(dq_got, shape.q_stride(), 0, q_width),
-                                 slice(dq_ref, shape.q_stride(), 0, q_width)),
-            2e-2)
-      << "dq";
-  const auto dkv_got = c.packed ? dq_got : test::download_bf16(dkv_dev);
-  const auto& dkv_want = c.packed ? dq_ref : dkv_ref;
-  const int64_t k_off = c.packed ? shape.packed_k_offset() : 0;
-  const int64_t v_off = c.packed ? shape.packed_v_offset() : kv_width;
-  EXPECT_LT(test::relative_error(slice(dkv_got, shape.kv_stride(), k_off, kv_width),
-                                 slice(dkv_want, shape.kv_stride(), k_off, kv_width)),
-            2e-2)
-      << "dk";
-  EXPECT_LT(test::relative_error(slice(dkv_got, shape.kv_stride(), v_off, kv_width),
-                                 slice(dkv_want, shape.kv_stride(), v_off, kv_width)),
-            2e-2)
-      << "dv";
+  // Every variant of the main pass (the default is one of them).
+  for (const cuda::BackwardVariant variant :
+       {cuda::BackwardVariant{64, false}, cuda::BackwardVariant{64, true}, cuda::BackwardVariant{128, false},
+        cuda::BackwardVariant{128, true}}) {
+    const std::string name = std::to_string(variant.key_rows_per_block) + " key rows per block" +
+                             (variant.longest_first ? ", longest first" : "");
+    DeviceBuffer<bf16> dq_dev(q_elems), dkv_dev(c.packed ? 1 : kv_elems);
+    dq_dev.poison();
+    dkv_dev.poison();
+    bf16* dq_d = dq_dev.get();
+    bf16* dk_d = c.packed ? dq_dev.get() + shape.packed_k_offset() : dkv_dev.get();
+    bf16* dv_d = c.packed ? dq_dev.get() + shape.packed_v_offset() : dkv_dev.get() + c.kv_heads * d;
+    DeviceBuffer<unsigned char> workspace(cuda::flash_attention_backward_workspace_bytes(shape));
+    cuda::flash_attention_backward_variant(shape, q_d, k_d, v_d, o_dev.get(), lse_dev.get(), do_dev.get(),
+                                           dq_d, dk_d, dv_d, workspace.get(), workspace.size(), nullptr,
+                                           variant);
+    MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto dq_got = test::download_bf16(dq_dev);
+    // Compare each of dq, dk, dv on its own slice of the strided buffers.
+    auto slice = [&](const std::vector<float>& buffer, int64_t stride, int64_t offset, int64_t width) {
+      std::vector<float> out;
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t x = 0; x < width; ++x) out.push_back(buffer[t * stride + offset + x]);
+      return out;
+    };
+    const int64_t q_width = c.heads * d, kv_width = c.kv_heads * d;
+    EXPECT_LT(test::relative_error(slice(dq_got, shape.q_stride(), 0, q_width),
+                                   slice(dq_ref, shape.q_stride(), 0, q_width)),
+              2e-2)
+        << "dq, " << name;
+    const auto dkv_got = c.packed ? dq_got : test::download_bf16(dkv_dev);
+    const auto& dkv_want = c.packed ? dq_ref : dkv_ref;
+    const int64_t k_off = c.packed ? shape.packed_k_offset() : 0;
+    const int64_t v_off = c.packed ? shape.packed_v_offset() : kv_width;
+    EXPECT_LT(test::relative_error(slice(dkv_got, shape.kv_stride(), k_off, kv_width),
+                                   slice(dkv_want, shape.kv_stride(), k_off, kv_width)),
+              2e-2)
+        << "dk, " << name;
+    EXPECT_LT(test::relative_error(slice(dkv_got, shape.kv_stride(), v_off, kv_width),
+                                   slice(dkv_want, shape.kv_stride(), v_off, kv_width)),
+              2e-2)
+        << "dv, " << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
