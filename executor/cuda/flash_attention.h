@@ -48,7 +48,7 @@ void flash_attention_backward(const AttentionShape& shape, const bf16* q, const 
 // flash_attention_backward's.
 struct BackwardVariant {
   // 64 (4 warps, 2 blocks per SM) or 128 (8 warps, 1 block per SM: half the Q/dO loads and dq atomics per
-  // key row, but 1-4% slower on H200: bench/RESULTS.md "attention").
+  // key row, but 0-9% slower on H200: bench/RESULTS.md "attention").
   int key_rows_per_block = 64;
   // Launch order: every head's first key block (the longest under a causal mask) before any second one,
   // so the short blocks fill the tail (+1-20% on H200); false: the key blocks of one head consecutively.
