@@ -117,9 +117,16 @@ int run_trace(const ProfileOptions& options, const std::string& path, const Devi
       options.model.c_str(), result.iterations, result.ops_per_iteration,
       static_cast<int>(result.joined.ops.size()), result.joined.matched_loosely, result.joined.unmatched);
   std::printf(
-      "iteration %.2f ms; per-op device times sum %.2f ms; CUPTI kernel time %.2f ms; predicted %.2f ms\n",
-      result.iteration_s * 1e3, result.joined.measured_total_s * 1e3, result.cupti_kernel_s * 1e3,
-      result.joined.predicted_total_s * 1e3);
+      "iteration %.2f ms; CUPTI per-op busy time sum %.2f ms (joined ops %.2f ms); all CUPTI kernels %.2f "
+      "ms; "
+      "outside op ranges %.2f ms; predicted %.2f ms\n",
+      result.iteration_s * 1e3, result.attributed_s * 1e3, result.joined.measured_total_s * 1e3,
+      result.cupti_kernel_s * 1e3, result.unattributed_s * 1e3, result.joined.predicted_total_s * 1e3);
+  if (result.ops_without_activity > 0)
+    std::printf("%d ops launched no device work CUPTI saw (stored as 0 ms)\n", result.ops_without_activity);
+  std::printf("longest ops (CUPTI):\n");
+  for (const MeasuredOp& op : result.slowest_ops)
+    std::printf("  %8.3f ms  %s\n", op.measured_s * 1e3, layouts::to_string(op.op).c_str());
   std::printf("MFU measured %.1f%%, predicted %.1f%%; stored as run %lld in %s\n", result.measured_mfu * 100,
               result.predicted_mfu * 100, static_cast<long long>(result.run_id), path.c_str());
   return 0;

@@ -24,14 +24,16 @@ Op memory_op(OpKind kind, DType dtype, std::int64_t bytes) {
 }  // namespace
 
 void Backend::begin_op(layouts::Op op, const OpTag& tag) {
-  if (!recorder_.enabled() && !op_timing_) return;
+  if (!recorder_.enabled() && !op_timing_ && op_observer_ == nullptr) return;
   recorder_.stamp(op, tag);
+  if (op_observer_ != nullptr) op_observer_->op_begin(observed_ops_++, op);
   if (op_timing_) on_op_begin(op);
   if (recorder_.enabled()) recorder_.append(std::move(op));
 }
 
 void Backend::end_op() {
   if (op_timing_) on_op_end();
+  if (op_observer_ != nullptr) op_observer_->op_end();
 }
 
 void Backend::begin_sizing() {

@@ -1,6 +1,7 @@
 // Backend: device memory (one arena sized up front), streams/events, the kernel set, and op recording.
 // Model and training code are written once against this interface; the CPU and CUDA backends implement it.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -163,6 +164,20 @@ class Backend {
   };
   virtual std::vector<TimedOp> timed_ops() { return {}; }
 
+  // Per-op observation (e.g. the profiler's CUPTI op ranges): op_begin(i, op) is called before the kernels
+  // of the i-th op issued since set_op_observer(), with the op stamped as the recorder stamps it, and
+  // op_end() after them; calls are balanced and never nest. Independent of recording and op timing; no
+  // cost when no observer is set. The observer must outlive its registration (pass nullptr to detach).
+  struct OpObserver {
+    virtual ~OpObserver() = default;
+    virtual void op_begin(std::size_t op_index, const layouts::Op& op) = 0;
+    virtual void op_end() = 0;
+  };
+  void set_op_observer(OpObserver* observer) {
+    op_observer_ = observer;
+    observed_ops_ = 0;
+  }
+
  protected:
   // Timing hooks around each kernel (only called while set_op_timing(true)).
   virtual void on_op_begin(const layouts::Op& op) { (void)op; }
@@ -196,6 +211,8 @@ class Backend {
   void begin_op(layouts::Op op, const OpTag& tag);
   void end_op();
   bool op_timing_ = false;
+  OpObserver* op_observer_ = nullptr;
+  std::size_t observed_ops_ = 0;
   Tensor bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, const char* what);
   OpRecorder recorder_;
   char* arena_base_ = nullptr;

@@ -1,6 +1,7 @@
-// Traced training run: per-op device times of a real iteration joined to the step program and stored.
+// Traced training run: per-op CUPTI device times of a real iteration joined to the step program and stored.
 #include "profiler/cuda/traced_training.h"
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -12,6 +13,7 @@
 #include "layouts/step_program.h"
 #include "layouts/user_error.h"
 #include "profiler/cuda/cupti_tracer.h"
+#include "profiler/op_range_observer.h"
 #include "profiler/trace_timing.h"
 
 namespace megatune::profiler::cuda {
@@ -50,28 +52,45 @@ TracedTrainingResult trace_training(const layouts::ModelSpec& model, const layou
   std::ostringstream log;
   executor::TrainingRun training(run, backend, communicator, log);
   tracer.flush();  // set-up work (initialization kernels) is not part of any iteration
-  backend.set_op_timing(true);
-  const std::vector<executor::IterationRecord> records = training.run();
-  const std::vector<executor::Backend::TimedOp> timed = backend.timed_ops();
-  backend.set_op_timing(false);
+  OpRangeObserver observer(tracer);
+  backend.set_op_observer(&observer);
+  std::vector<executor::IterationRecord> records;
+  try {
+    records = training.run();
+  } catch (...) {
+    backend.set_op_observer(nullptr);
+    if (observer.op_open()) tracer.end_range();
+    throw;
+  }
+  backend.set_op_observer(nullptr);
   const std::vector<TraceRecord> trace = tracer.flush();
+  if (tracer.dropped_records() != 0)
+    throw std::runtime_error("traced run: CUPTI dropped " + std::to_string(tracer.dropped_records()) +
+                             " records (buffers overflowed); use fewer --train-iters or a smaller model");
 
   TracedTrainingResult result;
   result.iterations = iterations;
-  if (timed.empty() || timed.size() % static_cast<std::size_t>(iterations) != 0)
-    throw std::runtime_error("traced run: " + std::to_string(timed.size()) + " timed ops over " +
-                             std::to_string(iterations) + " iterations is not a whole number per iteration");
-  result.ops_per_iteration = static_cast<int>(timed.size() / iterations);
-  std::vector<MeasuredOp> last;
-  for (std::size_t i = timed.size() - result.ops_per_iteration; i < timed.size(); ++i)
-    last.push_back({timed[i].op, timed[i].ms * 1e-3});
+  const OpSlice last_ops = last_iteration(observer.ops());
+  if (last_ops.count == 0 || last_ops.first == 0)
+    throw std::runtime_error("traced run: " + std::to_string(observer.ops().size()) +
+                             " ops observed, but no complete last iteration (grad-norm op) among them");
+  result.ops_per_iteration = static_cast<int>(last_ops.count);
+  // The last iteration, timed from its CUPTI records (device busy time of each op's range).
+  const AttributedOps last = attribute_records(observer, trace, last_ops.first, last_ops.count);
+  result.ops_without_activity = last.ops_without_activity;
+  result.attributed_s = last.attributed_s;
+  result.unattributed_s = last.unattributed_s / iterations;
   double busy_ns = 0;
   for (const TraceRecord& record : trace)
     if (record.kind == ActivityKind::kKernel) busy_ns += static_cast<double>(record.duration_ns());
   result.cupti_kernel_s = busy_ns * 1e-9 / iterations;
+  result.slowest_ops = last.ops;
+  std::stable_sort(result.slowest_ops.begin(), result.slowest_ops.end(),
+                   [](const MeasuredOp& a, const MeasuredOp& b) { return a.measured_s > b.measured_s; });
+  if (result.slowest_ops.size() > 5) result.slowest_ops.resize(5);
 
   const layouts::StepProgram program = layouts::build_step_program(model, config, 0);
-  result.joined = join_to_step_program(last, program, prices);
+  result.joined = join_to_step_program(last.ops, program, prices);
   result.iteration_s = records.back().step.elapsed_s;
   const double peak = prices.peak_flops_per_s(layouts::DType::kBF16);
   result.measured_mfu = run.flops_per_iteration / (result.iteration_s * peak);

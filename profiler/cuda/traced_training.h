@@ -1,10 +1,11 @@
 // `megatune profile --trace`: a short `megatune train` run of a model on GPU 0 (mock data, one GPU), whose
-// last iteration's ops are timed on the device (the CUDA backend's per-op event timing), joined to the step
-// program's op ids with the planner's price of each, and stored as a run in the cost database. CUPTI traces
-// the same run; its total kernel time per iteration is reported next to the per-op sum as a cross-check.
+// last iteration's ops are timed from CUPTI records (each op issued inside its own external-correlation
+// range through Backend::set_op_observer; an op's time is the device busy time of its kernels), joined to
+// the step program's op ids with the planner's price of each, and stored as a run in the cost database.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cost_models/cost_model.h"
 #include "cost_models/sqlite_database.h"
@@ -20,8 +21,12 @@ struct TracedTrainingResult {
   int iterations = 0;
   int ops_per_iteration = 0;
   JoinedRun joined;
-  double iteration_s = 0;     // wall time of the last iteration (backend synchronized)
-  double cupti_kernel_s = 0;  // CUPTI kernel busy time per iteration (mean over the traced run)
+  double iteration_s = 0;               // wall time of the last iteration (backend synchronized)
+  double cupti_kernel_s = 0;            // CUPTI kernel busy time per iteration (mean over the traced run)
+  double attributed_s = 0;              // sum of the last iteration's per-op CUPTI busy times
+  double unattributed_s = 0;            // per iteration: device busy time issued outside every op range
+  int ops_without_activity = 0;         // last-iteration ops with no CUPTI record (stored as 0 s)
+  std::vector<MeasuredOp> slowest_ops;  // the last iteration's five longest ops
   double measured_mfu = 0, predicted_mfu = 0;
 };
 
