@@ -1,7 +1,7 @@
-// Measurement data shipped in the binary (e.g. the H200 profile): every cost_models/data/<name>.<table>.csv or
-// <name>_<table>.csv (e.g. h200_profile_kernel_timings.csv, as `megatune db export` writes it) is compiled in at
-// build time and loaded, after the hardware catalog, into each embedded database, so
-// `megatune plan` prices ops from real measurements on a machine with no GPU and no user database.
+// Measurement data shipped in the binary (e.g. the H200 profile): every cost_models/data/<name>.<table>.csv
+// or <name>_<table>.csv (e.g. h200_profile_kernel_timings.csv, as `megatune db export` writes it) is compiled
+// in at build time and loaded, after the hardware catalog, into each embedded database, so `megatune plan`
+// prices ops from real measurements on a machine with no GPU and no user database.
 #pragma once
 #include <string>
 #include <vector>
