@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "layouts/json_quote.h"
+
 namespace megatune::cost_models {
 namespace {
 
@@ -253,38 +255,7 @@ class Parser {
   std::size_t position_ = 0;
 };
 
-void write_string(std::string& out, const std::string& text) {
-  out += '"';
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escape[8];
-          std::snprintf(escape, sizeof escape, "\\u%04x",
-                        static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += escape;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
+void write_string(std::string& out, const std::string& text) { out += layouts::json_quote(text); }
 
 void write_number(std::string& out, double value) {
   if (!std::isfinite(value)) {

@@ -134,35 +134,6 @@ std::vector<std::string> stage_assignment_lines(const PipelineLayout& layout) {
   return lines;
 }
 
-std::string json_quote(const std::string& text) {
-  std::string out = "\"";
-  for (char ch : text) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          char buffer[8];
-          std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned char>(ch));
-          out += buffer;
-        } else {
-          out += ch;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 std::string layout_report_text(const ModelSpec& model, const ParallelConfig& config,
                                const LayoutReportOptions& options) {
   const Prepared p = prepare(model, config, options);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "layouts/json_quote.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 
@@ -26,8 +27,5 @@ std::vector<std::string> stage_assignment_lines(const PipelineLayout& layout);
 
 // Layers held by a stage as text: "E t0-2", "t59-60 m0", "L", "(empty)".
 std::string stage_contents(const PipelineStage& stage);
-
-// JSON string escaping (quotes included).
-std::string json_quote(const std::string& text);
 
 }  // namespace megatune::layouts

@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "layouts/json_quote.h"
+
 namespace megatune::planner {
 
 enum class TraceThread : int { kCompute = 0, kComm = 1, kP2p = 2 };
@@ -28,7 +30,6 @@ struct TraceProcess {
 void write_chrome_trace(std::ostream& out, const std::vector<TraceProcess>& processes,
                         const std::vector<TraceEvent>& events);
 
-// JSON string literal for `text` (quotes included), escaping control characters.
-std::string json_quote(const std::string& text);
+using layouts::json_quote;
 
 }  // namespace megatune::planner

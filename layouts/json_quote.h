@@ -1,0 +1,11 @@
+// json_quote: a JSON string literal for any text (quotes included, control characters escaped). Shared by
+// every room that writes JSON (layout reports, Chrome traces, plans, database exports).
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace megatune::layouts {
+
+std::string json_quote(std::string_view text);
+
+}  // namespace megatune::layouts
