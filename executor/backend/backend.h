@@ -10,6 +10,7 @@
 #include "executor/backend/op_recorder.h"
 #include "executor/backend/tensor.h"
 #include "executor/kernels/adamw_hyper.h"
+#include "executor/kernels/attention_shape.h"
 #include "executor/kernels/norm_kind.h"
 
 namespace megatune::executor {
@@ -42,6 +43,9 @@ struct AttentionArgs {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float softmax_scale = 0.0f;
 };
+
+// The kernels' view of a causal self-attention call on packed qkv (both backends launch through it).
+AttentionShape attention_shape(const AttentionArgs& args);
 
 // y = norm(x [+ residual]) * gamma [+ beta]; with a residual, sum_out receives x + residual (the norm's
 // input, which the backward reads).

@@ -27,21 +27,6 @@ void require_contiguous(const Tensor& t, const char* what) {
   if (!t.contiguous()) throw std::logic_error(std::string("cpu backend: ") + what + " must be contiguous");
 }
 
-AttentionShape attention_shape(const AttentionArgs& a) {
-  AttentionShape s;
-  s.batch = a.batch;
-  s.seq_len = a.seq;
-  s.num_heads = a.heads;
-  s.num_kv_heads = a.kv_heads;
-  s.head_dim = a.head_dim;
-  s.causal = true;
-  s.softmax_scale = a.softmax_scale;
-  s.q_token_stride = a.qkv.row_stride;
-  s.kv_token_stride = a.qkv.row_stride;
-  s.o_token_stride = a.out.row_stride;
-  return s;
-}
-
 }  // namespace
 
 void* CpuBackend::reserve_memory(std::int64_t bytes) {

@@ -42,21 +42,6 @@ cuda::GemmDType gemm_dtype(const Tensor& t) {
   return t.dtype == DType::kFP32 ? cuda::GemmDType::kFP32 : cuda::GemmDType::kBF16;
 }
 
-AttentionShape attention_shape(const AttentionArgs& a) {
-  AttentionShape s;
-  s.batch = a.batch;
-  s.seq_len = a.seq;
-  s.num_heads = a.heads;
-  s.num_kv_heads = a.kv_heads;
-  s.head_dim = a.head_dim;
-  s.causal = true;
-  s.softmax_scale = a.softmax_scale;
-  s.q_token_stride = a.qkv.row_stride;
-  s.kv_token_stride = a.qkv.row_stride;
-  s.o_token_stride = a.out.row_stride;
-  return s;
-}
-
 }  // namespace
 
 int CudaBackend::device_count() {
