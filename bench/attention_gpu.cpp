@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
       return median_ms([&] {
         cuda::flash_attention_backward_variant(
             shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(), dqkv + shape.packed_v_offset(),
-            ws, ws_bytes, nullptr, cuda::BackwardVariant{key_rows, longest_first});
+            ws, ws_bytes, nullptr, cuda::BackwardVariant{key_rows, longest_first, false});
       });
     };
     const double bwd64 = backward_variant(64, false), bwd64_longest = backward_variant(64, true);
@@ -130,13 +130,16 @@ int main(int argc, char** argv) {
     std::snprintf(name, sizeof name, "B=%d H=%d KV=%d T=%d D=%d", c.b, c.h, c.kv, c.s, c.d);
     std::printf("%-28s %10.3f %10.3f %10.1f %12.1f %12.1f\n", name, fwd, bwd, flops / fwd / 1e9,
                 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9);
-    std::printf("VARIANT forward %s rows_per_warp16=%.1f rows_per_warp32=%.1f TFLOP/s\n", name,
-                shape.forward_flops() / fwd16 / 1e9, shape.forward_flops() / fwd32 / 1e9);
     std::printf(
-        "VARIANT backward %s key_rows64=%.1f key_rows64_longest_first=%.1f key_rows128=%.1f "
-        "key_rows128_longest_first=%.1f TFLOP/s\n",
+        "VARIANT forward %s mma.sync rows_per_warp16=%.1f rows_per_warp32=%.1f wgmma (default)=%.1f "
+        "TFLOP/s\n",
+        name, shape.forward_flops() / fwd16 / 1e9, shape.forward_flops() / fwd32 / 1e9,
+        shape.forward_flops() / fwd / 1e9);
+    std::printf(
+        "VARIANT backward %s mma.sync key_rows64=%.1f key_rows64_longest_first=%.1f key_rows128=%.1f "
+        "key_rows128_longest_first=%.1f wgmma (default)=%.1f TFLOP/s\n",
         name, 2.5 * flops / bwd64 / 1e9, 2.5 * flops / bwd64_longest / 1e9, 2.5 * flops / bwd128 / 1e9,
-        2.5 * flops / bwd128_longest / 1e9);
+        2.5 * flops / bwd128_longest / 1e9, 2.5 * flops / bwd / 1e9);
     std::printf("RESULT attention %s fwd_tflops=%.1f bwd_tflops=%.1f fwdbwd_tflops=%.1f\n", name,
                 flops / fwd / 1e9, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9);
     cudaFree(qkv), cudaFree(dqkv), cudaFree(o), cudaFree(d_o), cudaFree(lse), cudaFree(ws);

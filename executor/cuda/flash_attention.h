@@ -24,9 +24,9 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
                              bf16* o, float* lse, cudaStream_t stream);
 
 // The same with the forward kernel's variant chosen explicitly (benchmarks and tests): rows_per_warp 16
-// (8 warps, Q fragments in registers) or 32 (4 warps, Q re-read from shared memory, FlashAttention-2's
-// shape).
-constexpr int kDefaultForwardRowsPerWarp = 32;
+// (mma.sync, 8 warps, Q fragments in registers), 32 (mma.sync, 4 warps, Q re-read from shared memory,
+// FlashAttention-2's shape) or 64 (the default: Hopper wgmma, one warpgroup per 64 query rows).
+constexpr int kDefaultForwardRowsPerWarp = 64;
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                                      bf16* o, float* lse, cudaStream_t stream, int rows_per_warp);
 
@@ -53,6 +53,9 @@ struct BackwardVariant {
   // Launch order: every head's first key block (the longest under a causal mask) before any second one,
   // so the short blocks fill the tail (+1-20% on H200); false: the key blocks of one head consecutively.
   bool longest_first = true;
+  // The Hopper wgmma kernel (the default: 128 key rows per block in two warpgroups, always longest first);
+  // false: the mma.sync kernel shaped by the two fields above.
+  bool wgmma = true;
 };
 void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
                                       const bf16* v, const bf16* o, const float* lse, const bf16* d_o,

@@ -12,6 +12,7 @@
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention.h"
 #include "executor/cuda/flash_attention_common.cuh"
+#include "executor/cuda/flash_attention_hopper.h"
 
 namespace megatune::executor::cuda {
 namespace {
@@ -362,7 +363,29 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
     flash_backward_preprocess_kernel<128><<<preprocess_blocks, 256, 0, stream>>>(
         o, d_o, delta, shape.o_stride(), int(shape.seq_len), int(shape.num_heads), rows);
   MEGATUNE_CUDA_CHECK_LAUNCH();
-  if (shape.head_dim == 64 && key_rows_per_block == 64)
+  if (variant.wgmma)
+    hopper::launch_backward({q,
+                             k,
+                             v,
+                             d_o,
+                             lse,
+                             delta,
+                             dq_accum,
+                             dk,
+                             dv,
+                             shape.q_stride(),
+                             shape.kv_stride(),
+                             shape.o_stride(),
+                             int(shape.batch),
+                             int(shape.seq_len),
+                             int(shape.num_heads),
+                             int(shape.num_kv_heads),
+                             int(shape.head_dim),
+                             shape.scale(),
+                             shape.scale() * kLog2e,
+                             shape.causal},
+                            stream);
+  else if (shape.head_dim == 64 && key_rows_per_block == 64)
     launch_backward_main<64, 64>(shape, params, stream);
   else if (shape.head_dim == 64)
     launch_backward_main<64, 128>(shape, params, stream);

@@ -7,6 +7,7 @@
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention.h"
 #include "executor/cuda/flash_attention_common.cuh"
+#include "executor/cuda/flash_attention_hopper.h"
 
 namespace megatune::executor::cuda {
 namespace {
@@ -278,8 +279,16 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
                        int(shape.num_heads / shape.num_kv_heads),
                        shape.scale() * kLog2e,
                        shape.causal};
-  if (rows_per_warp != 16 && rows_per_warp != 32)
-    throw std::invalid_argument("flash_attention_forward_variant: rows_per_warp must be 16 or 32");
+  if (rows_per_warp != 16 && rows_per_warp != 32 && rows_per_warp != 64)
+    throw std::invalid_argument("flash_attention_forward_variant: rows_per_warp must be 16, 32 or 64");
+  if (rows_per_warp == 64) {
+    hopper::launch_forward(
+        {q, k, v, o, lse, shape.q_stride(), shape.kv_stride(), shape.o_stride(), int(shape.batch),
+         int(shape.seq_len), int(shape.num_heads), int(shape.num_heads / shape.num_kv_heads),
+         int(shape.head_dim), shape.scale() * kLog2e, shape.causal},
+        stream);
+    return;
+  }
   if (shape.head_dim == 64) {
     if (rows_per_warp == 16) {
       launch_forward<64, 1>(params, shape, stream);

@@ -75,14 +75,19 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
   EXPECT_LT(max_lse_error, 2e-2) << "lse";
   EXPECT_FALSE(std::isnan(max_lse_error));
 
-  // The other forward variant (16 rows per warp) computes the same function.
-  {
-    DeviceBuffer<bf16> o16(o_elems);
-    DeviceBuffer<float> lse16(lse_elems);
-    o16.poison();
-    cuda::flash_attention_forward_variant(shape, q_d, k_d, v_d, o16.get(), lse16.get(), nullptr, 16);
-    EXPECT_LT(test::relative_error(test::download_bf16(o16), o_ref), 1e-2) << "rows_per_warp 16";
-    EXPECT_LT(test::relative_error(test::download(lse16), lse_ref), 1e-3) << "rows_per_warp 16";
+  // The other forward variants (mma.sync, 16 and 32 rows per warp) compute the same function.
+  for (const int rows_per_warp : {16, 32}) {
+    DeviceBuffer<bf16> o_variant(o_elems);
+    DeviceBuffer<float> lse_variant(lse_elems);
+    o_variant.poison();
+    lse_variant.poison();
+    cuda::flash_attention_forward_variant(shape, q_d, k_d, v_d, o_variant.get(), lse_variant.get(), nullptr,
+                                          rows_per_warp);
+    MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(test::relative_error(test::download_bf16(o_variant), o_ref), 1e-2)
+        << "rows_per_warp " << rows_per_warp;
+    EXPECT_LT(test::relative_error(test::download(lse_variant), lse_ref), 1e-3)
+        << "rows_per_warp " << rows_per_warp;
   }
 
   // Backward from the GPU's own o and lse (as the engine will run it), against the reference backward.
@@ -96,10 +101,13 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
                                 dk_r, dv_r);
   // Every variant of the main pass (the default is one of them).
   for (const cuda::BackwardVariant variant :
-       {cuda::BackwardVariant{64, false}, cuda::BackwardVariant{64, true}, cuda::BackwardVariant{128, false},
-        cuda::BackwardVariant{128, true}}) {
-    const std::string name = std::to_string(variant.key_rows_per_block) + " key rows per block" +
-                             (variant.longest_first ? ", longest first" : "");
+       {cuda::BackwardVariant{}, cuda::BackwardVariant{64, false, false},
+        cuda::BackwardVariant{64, true, false}, cuda::BackwardVariant{128, false, false},
+        cuda::BackwardVariant{128, true, false}}) {
+    const std::string name = variant.wgmma
+                                 ? std::string("wgmma")
+                                 : std::to_string(variant.key_rows_per_block) + " key rows per block" +
+                                       (variant.longest_first ? ", longest first" : "");
     DeviceBuffer<bf16> dq_dev(q_elems), dkv_dev(c.packed ? 1 : kv_elems);
     dq_dev.poison();
     dkv_dev.poison();
@@ -145,7 +153,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 77, 4, 2, 64, true, true}, Case{1, 77, 4, 1, 128, true, false},
                       Case{2, 200, 4, 2, 128, true, true}, Case{1, 200, 4, 4, 64, false, false},
                       Case{1, 1, 2, 1, 128, true, true}, Case{1, 300, 8, 2, 128, false, true},
-                      Case{1, 257, 2, 1, 64, true, false}));
+                      Case{1, 257, 2, 1, 64, true, false}, Case{2, 640, 4, 1, 128, true, true},
+                      Case{1, 1000, 2, 2, 64, true, false}, Case{1, 384, 2, 2, 64, false, true}));
 
 TEST(FlashAttentionGpuApi, RejectsUnsupportedShapes) {
   AttentionShape shape{.batch = 1, .seq_len = 16, .num_heads = 2, .num_kv_heads = 1, .head_dim = 96};

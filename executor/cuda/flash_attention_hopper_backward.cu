@@ -1,0 +1,283 @@
+// Flash attention backward on Hopper tensor cores (wgmma, sm_90a). A block of two warpgroups owns 128 key
+// rows of one (batch, kv head), 64 per warpgroup, and walks the query tiles of every head in its group
+// (64 query rows for head dim 128, 128 for head dim 64). Per tile, each warpgroup computes S^T = K Q^T and
+// dP^T = V dO^T from shared memory, forms P^T = exp2(S^T - lse) and dS^T = P^T o (dP^T - delta) on the
+// accumulators, adds dV += P^T dO and dK += dS^T Q with P^T / dS^T straight from registers, and stores dS^T
+// to shared memory; then dQ = dS K (64 x 64 per warpgroup, both operands MN-major) goes to the fp32
+// accumulator with atomics. Q, dO, lse and delta are double-buffered (cp.async).
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/flash_attention_common.cuh"
+#include "executor/cuda/flash_attention_hopper.h"
+#include "executor/cuda/wgmma.cuh"
+
+namespace megatune::executor::cuda::hopper {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using flash::fast_exp2;
+using flash::kLog2e;
+using flash::pack_bf16;
+
+constexpr int kBlockN = 128;  // key rows per block
+constexpr int kThreads = 256;
+
+template <int D>
+struct Tile {
+  static constexpr int kBlockM = D == 64 ? 128 : 64;  // query rows per step
+  static constexpr int kSmemBytes =
+      (2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * int(sizeof(bf16)) + 4 * kBlockM * 4 + 1024;
+};
+
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  const uint32_t address = shared_address(p);
+  return p + ((1024 - (address & 1023)) & 1023);
+}
+
+// acc (64 x N) = sum_kk A(kk) B(kk): A rows = this warpgroup's 64 rows of a K-major tile (row stride 128 B
+// per panel), B = all N rows of a K-major tile; K = D in 16-wide steps (4 per 64-wide panel).
+template <int D, int N>
+__device__ __forceinline__ void gemm_k_major(float (&acc)[N / 2], uint32_t a_address, int a_rows,
+                                             uint32_t b_address) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t panel = kk >> 2, within = (kk & 3) * 32;
+    const uint64_t a = k_major_descriptor(a_address + panel * a_rows * 128 + within);
+    const uint64_t b = k_major_descriptor(b_address + panel * N * 128 + within);
+    if constexpr (N == 128)
+      wgmma_ss_m64n128<0, 0>(acc, a, b, kk > 0 ? 1 : 0);
+    else
+      wgmma_ss_m64n64<0, 0>(acc, a, b, kk > 0 ? 1 : 0);
+  }
+}
+
+// acc (64 x D) += A B over K = M_ROWS: A (64 x M_ROWS) in registers, B an MN-major M_ROWS x D tile.
+template <int D, int M_ROWS>
+__device__ __forceinline__ void gemm_registers(float (&acc)[D / 2], uint32_t (&a)[M_ROWS / 16][4],
+                                               uint32_t b_address) {
+#pragma unroll
+  for (int kk = 0; kk < M_ROWS / 16; ++kk) {
+    const uint64_t b = mn_major_descriptor(b_address + kk * 16 * 128, M_ROWS * 128);
+    if constexpr (D == 128)
+      wgmma_rs_m64n128<1>(acc, a[kk], b, 1);
+    else
+      wgmma_rs_m64n64<1>(acc, a[kk], b, 1);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void pack_fragments(uint32_t (&a)[N / 16][4], const float (&x)[N / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = pack_bf16(x[8 * kk + 0], x[8 * kk + 1]);
+    a[kk][1] = pack_bf16(x[8 * kk + 2], x[8 * kk + 3]);
+    a[kk][2] = pack_bf16(x[8 * kk + 4], x[8 * kk + 5]);
+    a[kk][3] = pack_bf16(x[8 * kk + 6], x[8 * kk + 7]);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(const BackwardArgs p) {
+  constexpr int kBlockM = Tile<D>::kBlockM;
+  extern __shared__ unsigned char smem_raw[];
+  bf16* k_tile = reinterpret_cast<bf16*>(align_1024(smem_raw));          // sw128 [kBlockN][D]
+  bf16* v_tile = k_tile + kBlockN * D;                                   // sw128 [kBlockN][D]
+  bf16* q_tiles = v_tile + kBlockN * D;                                  // [2] sw128 [kBlockM][D]
+  bf16* do_tiles = q_tiles + 2 * kBlockM * D;                            // [2] sw128 [kBlockM][D]
+  bf16* ds_tile = do_tiles + 2 * kBlockM * D;                            // sw128 [kBlockN (kv)][kBlockM (q)]
+  float* stats = reinterpret_cast<float*>(ds_tile + kBlockN * kBlockM);  // [2][lse, delta][kBlockM]
+
+  // Longest first: grid (kv heads, batch, key blocks), so every head's key block 0 starts before block 1.
+  const int group = blockIdx.x, batch = blockIdx.y, n_block = blockIdx.z;
+  const int heads_per_group = p.num_heads / p.num_kv_heads;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int kv0 = n_block * kBlockN;
+  const int64_t batch_token0 = int64_t(batch) * p.seq_len;
+
+  load_tile_sw128<kBlockN, D, kThreads>(k_tile, p.k + batch_token0 * p.kv_stride + int64_t(group) * D,
+                                        p.kv_stride, kv0, p.seq_len);
+  load_tile_sw128<kBlockN, D, kThreads>(v_tile, p.v + batch_token0 * p.kv_stride + int64_t(group) * D,
+                                        p.kv_stride, kv0, p.seq_len);
+
+  const int m_tiles = (p.seq_len + kBlockM - 1) / kBlockM;
+  const int m_first = p.causal ? kv0 / kBlockM : 0;
+  const int per_head = m_tiles - m_first;
+  const int iterations = per_head * heads_per_group;
+
+  auto issue_loads = [&](int it, int buffer) {
+    const int head = group * heads_per_group + it / per_head;
+    const int q0 = (m_first + it % per_head) * kBlockM;
+    load_tile_sw128<kBlockM, D, kThreads>(q_tiles + buffer * kBlockM * D,
+                                          p.q + batch_token0 * p.q_stride + int64_t(head) * D, p.q_stride, q0,
+                                          p.seq_len);
+    load_tile_sw128<kBlockM, D, kThreads>(do_tiles + buffer * kBlockM * D,
+                                          p.d_o + batch_token0 * p.o_stride + int64_t(head) * D, p.o_stride,
+                                          q0, p.seq_len);
+    const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_len;
+    for (int i = threadIdx.x; i < 2 * kBlockM; i += kThreads) {
+      const int q = q0 + (i % kBlockM);
+      const float* src = (i < kBlockM ? p.lse : p.delta) + stats0 + (q < p.seq_len ? q : 0);
+      const uint32_t dst = shared_address(stats + buffer * 2 * kBlockM + i);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                   "r"(q < p.seq_len ? 4 : 0));
+    }
+  };
+  if (iterations > 0) issue_loads(0, 0);
+  flash::cp_async_commit();
+
+  float dv[D / 2], dk[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.0f;
+  const int kv_local[2] = {64 * wg + 16 * warp + g, 64 * wg + 16 * warp + g + 8};
+  const int kv_row[2] = {kv0 + kv_local[0], kv0 + kv_local[1]};
+  const uint32_t k_address = shared_address(k_tile), v_address = shared_address(v_tile);
+  const uint32_t ds_address = shared_address(ds_tile);
+  // dQ split: head dim 64 -> each warpgroup takes 64 of the 128 query rows; 128 -> 64 of the head-dim
+  // columns.
+  const int q_panel = kBlockM == 128 ? wg : 0, d_panel = kBlockM == 64 ? wg : 0;
+
+  for (int it = 0; it < iterations; ++it) {
+    flash::cp_async_wait<0>();
+    fence_async_shared();
+    __syncthreads();
+    if (it + 1 < iterations) issue_loads(it + 1, (it + 1) & 1);
+    flash::cp_async_commit();
+    const int head = group * heads_per_group + it / per_head;
+    const int q0 = (m_first + it % per_head) * kBlockM;
+    const uint32_t q_address = shared_address(q_tiles + (it & 1) * kBlockM * D);
+    const uint32_t do_address = shared_address(do_tiles + (it & 1) * kBlockM * D);
+    const float* lse = stats + (it & 1) * 2 * kBlockM;
+    const float* delta = lse + kBlockM;
+
+    // A warpgroup whose 64 key rows all lie after the tile's last query sees only masked entries.
+    const bool wg_masked = p.causal && kv0 + 64 * wg > q0 + kBlockM - 1;
+    float s[kBlockM / 2], dp[kBlockM / 2];
+#pragma unroll
+    for (int i = 0; i < kBlockM / 2; ++i) s[i] = dp[i] = 0.0f;
+    if (!wg_masked) {
+      wgmma_fence();
+      gemm_k_major<D, kBlockM>(s, k_address + 64 * wg * 128, kBlockN, q_address);
+      gemm_k_major<D, kBlockM>(dp, v_address + 64 * wg * 128, kBlockN, do_address);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(s);
+      fence_registers(dp);
+    }
+    // P^T and dS^T in place (s <- P^T, dp <- dS^T); columns are query rows q0 + 8i + 2t + c.
+#pragma unroll
+    for (int i = 0; i < kBlockM / 8; ++i) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+      const float2 delta2 = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int q = q0 + 8 * i + 2 * t + c;
+        const float lse_log2 = (c == 0 ? lse2.x : lse2.y) * kLog2e;
+        const float d = c == 0 ? delta2.x : delta2.y;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 4 * i + 2 * r + c;
+          const bool visible =
+              !wg_masked && q < p.seq_len && kv_row[r] < p.seq_len && !(p.causal && q < kv_row[r]);
+          const float prob = visible ? fast_exp2(fmaf(s[e], p.scale_log2, -lse_log2)) : 0.0f;
+          s[e] = prob;
+          dp[e] = visible ? prob * (dp[e] - d) : 0.0f;
+        }
+      }
+    }
+    uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+    pack_fragments<kBlockM>(pa, s);
+    pack_fragments<kBlockM>(dsa, dp);
+    // dS^T (bf16) to shared memory for dQ: row kv_local, columns q.
+#pragma unroll
+    for (int i = 0; i < kBlockM / 8; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        *reinterpret_cast<uint32_t*>(ds_tile + sw128_offset<kBlockN>(kv_local[r], 8 * i + 2 * t)) =
+            pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
+      }
+    }
+    // dV += P^T dO, dK += dS^T Q.
+    if (!wg_masked) {
+      wgmma_fence();
+      gemm_registers<D, kBlockM>(dv, pa, do_address);
+      gemm_registers<D, kBlockM>(dk, dsa, q_address);
+      wgmma_commit();
+    }
+    fence_async_shared();
+    __syncthreads();
+    // dQ (64 x 64 per warpgroup) = dS K: A = dS^T tile read M-major, B = K tile read MN-major.
+    float dq[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t a =
+          mn_major_descriptor(ds_address + q_panel * kBlockN * 128 + kk * 16 * 128, kBlockN * 128);
+      const uint64_t b =
+          mn_major_descriptor(k_address + d_panel * kBlockN * 128 + kk * 16 * 128, kBlockN * 128);
+      wgmma_ss_m64n64<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(dq);
+    fence_registers(dv);
+    fence_registers(dk);
+    fence_registers(pa);
+    fence_registers(dsa);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = q0 + q_panel * 64 + 16 * warp + g + 8 * r;
+      if (q >= p.seq_len) continue;
+      float* dst = p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 2 * t;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        atomicAdd(reinterpret_cast<float2*>(dst + 8 * i),
+                  make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]));
+      }
+    }
+  }
+
+  // dK (scaled) and dV for this warpgroup's key rows.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kv = kv_row[r];
+    if (kv >= p.seq_len) continue;
+    bf16* dk_row = p.dk + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
+    bf16* dv_row = p.dv + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int col = 8 * i + 2 * t;
+      *reinterpret_cast<__nv_bfloat162*>(dk_row + col) =
+          __floats2bfloat162_rn(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv_row + col) =
+          __floats2bfloat162_rn(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
+    }
+  }
+}
+
+template <int D>
+void launch(const BackwardArgs& args, cudaStream_t stream) {
+  constexpr int smem = Tile<D>::kSmemBytes;
+  static bool configured = false;
+  if (!configured) {
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_hopper_kernel<D>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
+                  unsigned((args.seq_len + kBlockN - 1) / kBlockN));
+  flash_backward_hopper_kernel<D><<<grid, kThreads, smem, stream>>>(args);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_backward(const BackwardArgs& args, cudaStream_t stream) {
+  if (args.head_dim == 64)
+    launch<64>(args, stream);
+  else
+    launch<128>(args, stream);
+}
+
+}  // namespace megatune::executor::cuda::hopper
