@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -60,7 +61,10 @@ T* device_alloc(size_t n) {
 
 int main(int argc, char** argv) {
   // --once: one forward and one backward launch of B=2 H=16 T=4096 D=128 (for ncu), then exit.
+  // --once [D]: one forward and one backward launch of T=4096 with head dim D (128: B=2 H=16; 64: B=2 H=32
+  // KV=8, the llama-1b shape), for ncu; then exit.
   const bool once = argc > 1 && std::string(argv[1]) == "--once";
+  const int once_head_dim = argc > 2 ? std::atoi(argv[2]) : 128;
   cudaDeviceProp prop{};
   MEGATUNE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0, runtime = 0;
@@ -100,7 +104,7 @@ int main(int argc, char** argv) {
     const cuda::bf16* k = qkv + shape.packed_k_offset();
     const cuda::bf16* v = qkv + shape.packed_v_offset();
     if (once) {
-      if (c.s != 4096 || c.d != 128) continue;
+      if (c.s != 4096 || c.d != once_head_dim || (c.d == 64 && c.kv != 8)) continue;
       cuda::flash_attention_forward(shape, q, k, v, o, lse, nullptr);
       cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
                                      dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr);

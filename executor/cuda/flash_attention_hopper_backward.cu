@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(cons
       gemm_k_major<D, kBlockM>(s, k_address + 64 * wg * 128, kBlockN, q_address);
       gemm_k_major<D, kBlockM>(dp, v_address + 64 * wg * 128, kBlockN, do_address);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<0>();  // (waiting for S^T alone makes ptxas serialize every wgmma: C7514)
       fence_registers(s);
       fence_registers(dp);
     }
@@ -225,16 +225,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(cons
     fence_registers(dk);
     fence_registers(pa);
     fence_registers(dsa);
+    // 16-byte atomics: lanes t and t^1 swap halves so that each holds 4 consecutive columns of one row
+    // (even t: row g, odd t: row g + 8).
+    const bool odd = (t & 1) != 0;
+    const int q = q0 + q_panel * 64 + 16 * warp + g + (odd ? 8 : 0);
+    float* dst = p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int q = q0 + q_panel * 64 + 16 * warp + g + 8 * r;
-      if (q >= p.seq_len) continue;
-      float* dst = p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 2 * t;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        atomicAdd(reinterpret_cast<float2*>(dst + 8 * i),
-                  make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]));
-      }
+    for (int i = 0; i < 8; ++i) {
+      const float send0 = odd ? dq[4 * i + 0] : dq[4 * i + 2];
+      const float send1 = odd ? dq[4 * i + 1] : dq[4 * i + 3];
+      const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+      const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+      const float4 v = odd ? make_float4(recv0, recv1, dq[4 * i + 2], dq[4 * i + 3])
+                           : make_float4(dq[4 * i + 0], dq[4 * i + 1], recv0, recv1);
+      if (q < p.seq_len) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
     }
   }
 
