@@ -3,6 +3,9 @@
 //          step time (median), MFU (Megatron FLOPs / 989.4 TFLOP/s), device memory, per-kernel time shares
 //          and attention TFLOP/s, on the shapes of ../shared/anchors/torch_gpt.py
 //          (layouts::torch_anchor_model).
+//   memory --model NAME --mbs B --seq S [--recompute ...]
+//          the arena breakdown (weights, optimizer state, saved activations, shared buffers, logits) from
+//          sizing alone: needs no GPU.
 //   parity --out DIR [--llama]
 //          writes a small model's weights, one batch, and megatune's loss and gradients (CUDA backend) for
 //          bench/peer/parity.py to recompute in PyTorch from the same weights.
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "executor/backend/sizing_backend.h"
 #include "executor/cuda/cuda_backend.h"
 #include "executor/runtime/communicator.h"
 #include "executor/training/trainer.h"
@@ -52,12 +56,10 @@ std::vector<MicroBatch> random_batches(const TrainerConfig& c, std::int64_t voca
   return out;
 }
 
-int perf(int argc, char** argv) {
-  const std::string name = arg(argc, argv, "--model", "gpt-1.3b");
-  layouts::ModelSpec spec = layouts::torch_anchor_model(name);
+TrainerConfig perf_config(int argc, char** argv, layouts::ModelSpec& spec) {
+  spec = layouts::torch_anchor_model(arg(argc, argv, "--model", "gpt-1.3b"));
   const int mbs = std::stoi(arg(argc, argv, "--mbs", "4"));
   const int seq = std::stoi(arg(argc, argv, "--seq", std::to_string(spec.seq_length)));
-  const int iters = std::stoi(arg(argc, argv, "--iters", "10"));
   spec.seq_length = seq;
   spec.max_position_embeddings = std::max(spec.max_position_embeddings, seq);
   TrainerConfig config;
@@ -68,9 +70,33 @@ int perf(int argc, char** argv) {
   config.recompute = layouts::parse_recompute_granularity(arg(argc, argv, "--recompute", "none"));
   config.lr.max_lr = 1e-4;
   config.lr.style = LrDecayStyle::kConstant;
+  return config;
+}
+
+int memory(int argc, char** argv) {
+  layouts::ModelSpec spec;
+  const TrainerConfig config = perf_config(argc, argv, spec);
+  SizingBackend sizing;
+  const std::vector<ArenaUse> breakdown = size_training_arena(config, sizing);
+  std::printf(
+      "MEGATUNE arena model=%s seq=%lld mbs=%lld recompute=%s (kernel scratch and the GEMM / grad-norm "
+      "workspaces not included)\n%s",
+      spec.name.c_str(), static_cast<long long>(config.batch.seq),
+      static_cast<long long>(config.batch.micro_batch), arg(argc, argv, "--recompute", "none").c_str(),
+      format_arena_breakdown(breakdown).c_str());
+  return 0;
+}
+
+int perf(int argc, char** argv) {
+  layouts::ModelSpec spec;
+  const TrainerConfig config = perf_config(argc, argv, spec);
+  const std::string name = arg(argc, argv, "--model", "gpt-1.3b");
+  const int mbs = static_cast<int>(config.batch.micro_batch), seq = static_cast<int>(config.batch.seq);
+  const int iters = std::stoi(arg(argc, argv, "--iters", "10"));
   CudaBackend gpu(0);
   SingleRankCommunicator comm(gpu);
   Trainer trainer(config, single_stage_schedule(spec.num_layers, 1), gpu, comm);
+  const std::vector<ArenaUse> arena = gpu.arena_breakdown();
   const std::vector<MicroBatch> data = random_batches(config, spec.vocab_size, 1);
   for (int i = 0; i < 3; ++i) trainer.train_step(data);  // warm-up: GEMM plans, first-touch
   std::vector<double> times;
@@ -122,6 +148,9 @@ int perf(int argc, char** argv) {
   std::sort(shares.rbegin(), shares.rend());
   for (auto& [ms, k] : shares)
     std::printf("  %-22s %8.2f ms %5.1f%%\n", k.c_str(), ms, 100.0 * ms / total_ms);
+  std::printf("  device memory: arena (below) + %.3f GiB of GEMM / grad-norm workspaces\n%s",
+              double(gpu.device_bytes() - gpu.arena_capacity_bytes()) / double(1 << 30),
+              format_arena_breakdown(arena).c_str());
   std::printf("  GEMMs: %.0f TFLOP/s; attention fwd %.0f TFLOP/s, bwd %.0f TFLOP/s (causal FLOPs halved)\n",
               gemm_flops / gemm_ms / 1e9, attn_fwd_ms > 0 ? attn_fwd_flops / attn_fwd_ms / 1e9 : 0.0,
               attn_bwd_ms > 0 ? attn_bwd_flops / attn_bwd_ms / 1e9 : 0.0);
@@ -193,6 +222,7 @@ int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "perf";
     if (mode == "parity") return parity(argc, argv);
+    if (mode == "memory") return memory(argc, argv);
     return perf(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train_gpu: %s\n", e.what());

@@ -35,9 +35,19 @@ class OpSink {
     op.k = k;
     op.accumulate = accumulate;
   }
-  // Backward of a forward GEMM (T, out) = (T, in) x (in, out): dgrad and wgrad.
+  // Backward of a forward GEMM (T, out) = (T, in) x (in, out): dgrad and wgrad (wgrad first when
+  // weight_first).
   void gemm_backward(const std::string& label, std::int64_t tokens, std::int64_t out, std::int64_t in,
-                     bool need_dgrad = true) {
+                     bool need_dgrad = true, bool weight_first = false) {
+    auto wgrad = [&] {
+      Op& w = add(OpKind::kGemm, "");
+      w.label = label + "_wgrad";
+      w.m = out;
+      w.n = in;
+      w.k = tokens;
+      w.accumulate = true;
+    };
+    if (weight_first) wgrad();
     if (need_dgrad) {
       Op& d = add(OpKind::kGemm, "");
       d.label = label + "_dgrad";
@@ -45,12 +55,7 @@ class OpSink {
       d.n = in;
       d.k = out;
     }
-    Op& w = add(OpKind::kGemm, "");
-    w.label = label + "_wgrad";
-    w.m = out;
-    w.n = in;
-    w.k = tokens;
-    w.accumulate = true;
+    if (!weight_first) wgrad();
   }
   void memory(OpKind kind, const char* label, std::int64_t bytes, DType dtype = DType::kBF16) {
     Op& op = add(kind, label);
@@ -71,6 +76,8 @@ class OpSink {
     op.attention = shape;
   }
   OpPhase phase() const { return phase_; }
+  // A sink appending to the same list with the same bookkeeping but another phase.
+  OpSink with_phase(OpPhase phase) const { return OpSink(ops_, phase, layer_, microbatch_, chunk_); }
 
  private:
   std::vector<Op>& ops_;
@@ -176,6 +183,10 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   }
   if (s.rope)
     o.memory(OpKind::kRopeBackward, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
+  // The input norm's output is not saved: recomputed (from the layer input and its statistics) for the
+  // weight gradients, unless a full-recompute re-run just produced it.
+  if (s.recompute != RecomputeGranularity::kFull)
+    o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
   if (s.sp) o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   if (s.mla) {
     const std::int64_t qk = model.qk_head_dim + model.qk_pos_emb_head_dim;
@@ -200,6 +211,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
 
 std::int64_t glu(const StepShape& s) { return s.swiglu ? 2 : 1; }
 
+// GELU runs in fc1's GEMM epilogue (cuBLASLt GELU_AUX_BIAS), so only SwiGLU issues an activation kernel.
 void dense_mlp_forward(OpSink& o, const StepShape& s, std::int64_t ffn, const char* fc1, const char* fc2,
                        bool with_norm) {
   if (with_norm) {
@@ -208,14 +220,24 @@ void dense_mlp_forward(OpSink& o, const StepShape& s, std::int64_t ffn, const ch
       o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   }
   o.gemm(fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
-  o.memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * ffn / s.tp * kAct);
+  if (s.swiglu) o.memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * ffn / s.tp * kAct);
   o.gemm(fc2, s.tokens, s.hidden, ffn / s.tp);
 }
 
+// The activation output is not saved: it is recomputed from the saved fc1 output for fc2's weight gradient
+// (unless a full-recompute re-run just produced it), which runs before fc2's data gradient; with GELU that
+// data gradient carries GELU's backward and fc1's bias gradient in its epilogue (cuBLASLt DGELU_BGRAD).
+// recompute_norm: the pre-MLP norm output is recomputed before fc1's backward (not saved either).
 void dense_mlp_backward(OpSink& o, const StepShape& s, std::int64_t ffn, const std::string& fc1,
-                        const std::string& fc2) {
-  o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp);
-  o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 1) * ffn / s.tp * kAct);
+                        const std::string& fc2, bool recompute_norm) {
+  const bool recompute_shared = s.recompute != RecomputeGranularity::kFull;
+  if (recompute_shared)
+    o.with_phase(OpPhase::kRecompute)
+        .memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * ffn / s.tp * kAct);
+  o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, true, /*weight_first=*/true);
+  if (s.swiglu) o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 1) * ffn / s.tp * kAct);
+  if (recompute_shared && recompute_norm)
+    o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
   o.gemm_backward(fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
 }
 
@@ -271,7 +293,7 @@ void moe_mlp_backward(OpSink& o, const StepShape& s, const StepProgramOptions& o
   if (s.shared_ffn > 0) {
     if (s.sp)
       o.comm(OpKind::kAllGather, "shared_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-    dense_mlp_backward(o, s, s.shared_ffn, "shared_fc1", "shared_fc2");
+    dense_mlp_backward(o, s, s.shared_ffn, "shared_fc1", "shared_fc2", false);
     if (s.sp)
       o.comm(OpKind::kReduceScatter, "shared_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     else
@@ -326,7 +348,7 @@ void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShap
     moe_mlp_backward(o, s, options);
   } else {
     if (s.sp) o.comm(OpKind::kAllGather, "fc2_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-    dense_mlp_backward(o, s, s.ffn, "fc1", "fc2");
+    dense_mlp_backward(o, s, s.ffn, "fc1", "fc2", true);
     if (s.sp)
       o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     if (s.sp)
@@ -412,6 +434,11 @@ std::int64_t layer_dense_params(const ModelSpec& model, const StepShape& s, bool
     mlp = s.hidden * s.experts + (glu(s) + 1) * s.hidden * s.shared_ffn / s.tp;
   } else {
     mlp = (glu(s) + 1) * s.hidden * s.ffn / s.tp;
+  }
+  // Linear biases (add_bias_linear): column-parallel ones split by tp, row-parallel ones (proj, fc2) whole.
+  if (model.add_bias_linear && !s.mla) {
+    attn += qkv_out(s) + s.hidden;
+    if (!moe) mlp += glu(s) * s.ffn / s.tp + s.hidden;
   }
   return attn + norms + mlp;
 }

@@ -27,6 +27,12 @@
 //   rows, all-gather over etp, expert GEMMs over all local rows (topk * T/tp * etp, uniform routing) as one
 //   grouped GEMM, reduce-scatter over etp, all-to-all back, unpermute. allgather dispatcher: all-gather
 //   over tp-ep of T/tp rows, experts over their share of the gathered rows, reduce-scatter back.
+// - Fusion and memory (as the executor runs it): GELU runs in fc1's GEMM epilogue and its backward in fc2's
+//   data-gradient epilogue (no activation kernels); bias gradients are part of the weight-gradient GEMMs.
+//   Norm and activation outputs are not saved: each layer's backward recomputes (OpPhase::kRecompute) the
+//   activation output (kActivation) before fc2's weight gradient, which precedes fc2's data gradient, the
+//   pre-MLP norm (kNorm) before fc1's backward GEMMs and the input norm before qkv's; not under full
+//   recomputation, whose layer re-run produces them.
 // - Recomputation: selective re-runs the core attention forward before its backward (Megatron's default
 //   "core_attn" module); full (uniform) re-runs the whole layer forward, its TP collectives included,
 //   before the layer's backward. Recomputed ops carry OpPhase::kRecompute.

@@ -2,6 +2,7 @@
 // layouts/step_program.h counts them), the arena, then dispatch to the implementation.
 #include "executor/backend/backend.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -55,6 +56,7 @@ void Backend::end_op() {
 void Backend::begin_sizing() {
   sizing_ = true;
   sized_bytes_ = 0;
+  breakdown_.clear();
 }
 
 std::int64_t Backend::end_sizing() {
@@ -67,6 +69,7 @@ void Backend::reserve_arena(std::int64_t bytes) {
   arena_base_ = static_cast<char*>(reserve_memory(bytes));
   arena_capacity_ = bytes;
   arena_used_ = 0;
+  breakdown_.clear();
 }
 
 Tensor Backend::bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, const char* what) {
@@ -75,6 +78,11 @@ Tensor Backend::bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, c
   t.rows = rows;
   t.cols = cols;
   t.row_stride = cols;
+  auto use =
+      std::find_if(breakdown_.begin(), breakdown_.end(), [&](const ArenaUse& u) { return u.what == what; });
+  if (use == breakdown_.end()) use = breakdown_.insert(breakdown_.end(), ArenaUse{what, 0, 0});
+  use->bytes += aligned;
+  use->allocations += 1;
   if (sizing_) {
     sized_bytes_ += aligned;
     return t;
@@ -105,6 +113,8 @@ Tensor Backend::allocate_int32(std::int64_t rows, std::int64_t cols, const char*
 }
 
 void Backend::gemm(const GemmArgs& args, const OpTag& tag) {
+  if (!args.bias_grad.empty() && (!args.transpose_a || args.bias_grad.numel() != args.m))
+    throw std::logic_error("gemm: bias_grad needs transpose_a (dW = dY^T . X) and m elements");
   Op op;
   op.kind = OpKind::kGemm;
   op.dtype = args.a.dtype;
@@ -115,6 +125,46 @@ void Backend::gemm(const GemmArgs& args, const OpTag& tag) {
   begin_op(std::move(op), tag);
   do_gemm(args);
   end_op();
+}
+
+void Backend::linear_gelu_forward(const GemmArgs& args, Tensor out, const OpTag& tag) {
+  if (!args.bias_grad.empty() || args.accumulate || out.rows != args.m || out.cols != args.n)
+    throw std::logic_error("linear_gelu_forward: out must be (m, n); no accumulate or bias gradient");
+  Op op;
+  op.kind = OpKind::kGemm;
+  op.dtype = args.a.dtype;
+  op.m = args.m;
+  op.n = args.n;
+  op.k = args.k;
+  begin_op(std::move(op), tag);
+  do_linear_gelu_forward(args, out);
+  end_op();
+}
+
+void Backend::linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias, const OpTag& tag) {
+  if (!args.bias.empty() || !args.bias_grad.empty() || args.accumulate || pre.rows != args.m ||
+      pre.cols != args.n)
+    throw std::logic_error("linear_dgelu_backward: pre must be (m, n); no bias, accumulate or bias_grad");
+  Op op;
+  op.kind = OpKind::kGemm;
+  op.dtype = args.a.dtype;
+  op.m = args.m;
+  op.n = args.n;
+  op.k = args.k;
+  begin_op(std::move(op), tag);
+  do_linear_dgelu_backward(args, pre, d_bias);
+  end_op();
+}
+
+void Backend::do_linear_gelu_forward(const GemmArgs& args, Tensor out) {
+  do_gemm(args);
+  do_activation_forward(ActivationKind::kGelu, args.c, out);
+}
+
+void Backend::do_linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias) {
+  do_gemm(args);                                                       // c = d(gelu output)
+  do_activation_backward(ActivationKind::kGelu, pre, args.c, args.c);  // in place: c = d_pre
+  if (!d_bias.empty()) do_bias_grad(args.c, d_bias);
 }
 
 void Backend::bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag) {

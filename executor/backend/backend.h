@@ -23,15 +23,25 @@ enum class ActivationKind {
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) [+ bias (n)] [+ C if accumulate].
 // A is stored (m, k), or (k, m) when transpose_a; B is stored (k, n), or (n, k) when transpose_b.
 // C may be fp32 (weight gradients accumulated into the fp32 grad buffer) or the compute dtype.
+// bias_grad (weight-gradient GEMMs dW = dY^T . X, transpose_a): the layer's bias gradient, fp32 (1, m) +=
+// row sums of op(A) = column sums of dY, fused into the GEMM's epilogue where the backend can.
 struct GemmArgs {
   Tensor a;
   bool transpose_a = false;
   Tensor b;
   bool transpose_b = false;
   Tensor c;
-  Tensor bias;  // optional (1, n), forward epilogue
+  Tensor bias;       // optional (1, n), forward epilogue
+  Tensor bias_grad;  // optional (1, m) fp32, accumulated; requires transpose_a
   std::int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;
+};
+
+// Bytes one arena allocation label holds (labels in first-allocation order); see Backend::arena_breakdown.
+struct ArenaUse {
+  std::string what;
+  std::int64_t bytes = 0;
+  int allocations = 0;
 };
 
 // Causal self-attention over a packed QKV activation: row t = b * seq + s holds
@@ -89,6 +99,9 @@ class Backend {
   Tensor allocate(DType dtype, std::int64_t rows, std::int64_t cols, const char* what);
   Tensor allocate_int32(std::int64_t rows, std::int64_t cols, const char* what);
   std::int64_t arena_used_bytes() const { return arena_used_; }
+  // Where the arena's bytes go: the allocations since the last begin_sizing() / reserve_arena(), summed
+  // per `what` label (as aligned in the arena).
+  const std::vector<ArenaUse>& arena_breakdown() const { return breakdown_; }
   std::int64_t arena_capacity_bytes() const { return arena_capacity_; }
   static constexpr std::int64_t kArenaAlignBytes = 256;
 
@@ -142,6 +155,13 @@ class Backend {
   void attention_forward(const AttentionArgs& args, const OpTag& tag);
   // d_qkv (same layout as qkv) from d_out; uses args.out and args.lse from the forward.
   void attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv, const OpTag& tag);
+  // Linear layer with a fused GELU (cuBLASLt GELU_AUX_BIAS where it can): args.c = pre (T, n) =
+  // x . w^T [+ bias], kept for the backward; out (T, n) = gelu(pre). Records one GEMM op (args' shape).
+  void linear_gelu_forward(const GemmArgs& args, Tensor out, const OpTag& tag);
+  // Data gradient of the layer after a GELU, fused with the GELU's backward (cuBLASLt DGELU_BGRAD where it
+  // can): args.c = d_pre (T, n) = (args.a . op(args.b)) * gelu'(pre); d_bias (1, n) fp32 (the bias of the
+  // layer that produced pre; may be empty) += column sums of d_pre. Records one GEMM op (args' shape).
+  void linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias, const OpTag& tag);
   void activation_forward(ActivationKind kind, Tensor in, Tensor out, const OpTag& tag);
   void activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in, const OpTag& tag);
   // Fused cross-entropy over logits (T, V) with int32 targets (T, 1) (negative = masked): losses (T, 1)
@@ -201,6 +221,9 @@ class Backend {
                        std::int64_t head_dim, float theta, bool inverse) = 0;
   virtual void do_attention_forward(const AttentionArgs& args) = 0;
   virtual void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) = 0;
+  // Defaults: the unfused composition (GEMM, then the activation kernel, then the bias-gradient sums).
+  virtual void do_linear_gelu_forward(const GemmArgs& args, Tensor out);
+  virtual void do_linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias);
   virtual void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) = 0;
   virtual void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) = 0;
   virtual void do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) = 0;
@@ -224,6 +247,7 @@ class Backend {
   std::int64_t arena_used_ = 0;
   bool sizing_ = false;
   std::int64_t sized_bytes_ = 0;
+  std::vector<ArenaUse> breakdown_;
 };
 
 }  // namespace megatune::executor

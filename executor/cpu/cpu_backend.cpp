@@ -80,6 +80,10 @@ void CpuBackend::do_gemm(const GemmArgs& g) {
     }
   }
   round_if_bf16(g.c);
+  if (!g.bias_grad.empty()) {  // column sums of dY stored (k, m)
+    require_contiguous(g.a, "GEMM A with a bias gradient");
+    reference::column_sum(f32(g.a), f32(g.bias_grad), g.k, g.m, /*accumulate=*/true);
+  }
 }
 
 void CpuBackend::do_bias_grad(Tensor d_out, Tensor d_bias) {

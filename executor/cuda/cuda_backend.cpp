@@ -185,10 +185,15 @@ std::int64_t CudaBackend::scratch_bytes(const ScratchNeeds& n) const {
   bytes = std::max(bytes, cuda::norm_backward_workspace_bytes(n.tokens, n.hidden));
   bytes = std::max(bytes, cuda::embedding_backward_workspace_bytes(n.tokens, n.vocab));
   bytes = std::max(bytes, cuda::flash_attention_backward_workspace_bytes(attention_shape(n.attention)));
+  // Fused bias gradients: one fp32 (BGRADB) or bf16 (DGELU_BGRAD) vector of the widest bias.
+  bytes = std::max(bytes, static_cast<std::size_t>(4 * n.max_bias_cols));
   return static_cast<std::int64_t>(bytes);
 }
 
-void CudaBackend::do_gemm(const GemmArgs& g) {
+namespace {
+
+// The cuBLASLt description of a Backend GEMM (row-major, strides from the tensors), without epilogue.
+cuda::GemmSpec gemm_spec(const GemmArgs& g) {
   require_bf16(g.a, "GEMM A");
   require_bf16(g.b, "GEMM B");
   cuda::GemmSpec spec;
@@ -203,6 +208,10 @@ void CudaBackend::do_gemm(const GemmArgs& g) {
   spec.ab_type = cuda::GemmDType::kBF16;
   spec.d_type = gemm_dtype(g.c);
   spec.epilogue = g.bias.empty() ? cuda::GemmEpilogue::kNone : cuda::GemmEpilogue::kBias;
+  return spec;
+}
+
+cuda::GemmArgs gemm_pointers(const GemmArgs& g) {
   cuda::GemmArgs args;
   args.a = g.a.data;
   args.b = g.b.data;
@@ -210,7 +219,75 @@ void CudaBackend::do_gemm(const GemmArgs& g) {
   args.alpha = 1.0f;
   args.beta = g.accumulate ? 1.0f : 0.0f;
   args.bias = g.bias.empty() ? nullptr : g.bias.data;
+  return args;
+}
+
+}  // namespace
+
+void CudaBackend::do_gemm(const GemmArgs& g) {
+  cuda::GemmSpec spec = gemm_spec(g);
+  cuda::GemmArgs args = gemm_pointers(g);
+  if (g.bias_grad.empty()) {
+    gemm_->run(spec, args, compute_);
+    return;
+  }
+  // Weight gradient with the layer's bias gradient: cuBLASLt's BGRADB (our A = dY^T is cuBLAS's B) writes
+  // the row sums of op(A) (type of D: fp32) into the scratch vector, which is then added to the gradient.
+  require_fp32(g.bias_grad, "bias gradient");
+  require_contiguous(g.bias_grad, "bias gradient");
+  if (g.bias.empty() && scratch_.numel() >= g.m) {
+    cuda::GemmSpec fused = spec;
+    fused.epilogue = cuda::GemmEpilogue::kBGradA;
+    args.bias_grad = scratch_.data;
+    if (gemm_->supports(fused, args)) {
+      gemm_->run(fused, args, compute_);
+      cuda::axpby_fp32(1.0f, f32(scratch_), 1.0f, f32(g.bias_grad), g.m, compute_);
+      return;
+    }
+    args.bias_grad = nullptr;
+  }
   gemm_->run(spec, args, compute_);
+  do_bias_grad(g.a, g.bias_grad);  // column sums of dY stored (k, m)
+}
+
+void CudaBackend::do_linear_gelu_forward(const GemmArgs& g, Tensor out) {
+  cuda::GemmSpec spec = gemm_spec(g);
+  spec.epilogue = g.bias.empty() ? cuda::GemmEpilogue::kGeluAux : cuda::GemmEpilogue::kGeluAuxBias;
+  // cuBLASLt's GELU epilogues: D = gelu(A.B + bias) with the leading dimension of D, aux = A.B + bias.
+  spec.ldd = out.row_stride;
+  spec.ld_aux = g.c.row_stride;
+  require_bf16(out, "GELU output");
+  cuda::GemmArgs args = gemm_pointers(g);
+  args.d = out.data;
+  args.aux = g.c.data;
+  if (g.c.dtype == DType::kBF16 && gemm_->supports(spec, args)) {
+    gemm_->run(spec, args, compute_);
+    return;
+  }
+  Backend::do_linear_gelu_forward(g, out);
+}
+
+void CudaBackend::do_linear_dgelu_backward(const GemmArgs& g, Tensor pre, Tensor d_bias) {
+  // cuBLASLt's DGELU_BGRAD: D = (A.B) * gelu'(aux); the bias gradient (type of D: bf16, overwritten) goes to
+  // the scratch, then is accumulated into the fp32 gradient. Without a bias: DGELU.
+  const bool with_bias = !d_bias.empty();
+  cuda::GemmSpec spec = gemm_spec(g);
+  spec.epilogue = with_bias ? cuda::GemmEpilogue::kDGeluBGrad : cuda::GemmEpilogue::kDGelu;
+  spec.ld_aux = pre.row_stride;
+  cuda::GemmArgs args = gemm_pointers(g);
+  args.aux = pre.data;
+  if (with_bias) args.bias_grad = scratch_.data;
+  const bool fits = (!with_bias || scratch_.numel() * 4 >= g.n * 2) && g.c.dtype == DType::kBF16 &&
+                    pre.dtype == DType::kBF16 && g.c.contiguous() && pre.contiguous();
+  if (fits && gemm_->supports(spec, args)) {
+    gemm_->run(spec, args, compute_);
+    if (with_bias) {
+      require_fp32(d_bias, "bias gradient");
+      cuda::accumulate_bf16_into_fp32(static_cast<const bf16*>(scratch_.data), f32(d_bias), g.n, compute_);
+    }
+    return;
+  }
+  Backend::do_linear_dgelu_backward(g, pre, d_bias);
 }
 
 void CudaBackend::do_bias_grad(Tensor d_out, Tensor d_bias) {

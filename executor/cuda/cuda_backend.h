@@ -52,6 +52,8 @@ class CudaBackend final : public Backend {
   void* reserve_memory(std::int64_t bytes) override;
   void do_gemm(const GemmArgs& args) override;
   void do_bias_grad(Tensor d_out, Tensor d_bias) override;
+  void do_linear_gelu_forward(const GemmArgs& args, Tensor out) override;
+  void do_linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias) override;
   void do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
                             Tensor out) override;
   void do_embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,

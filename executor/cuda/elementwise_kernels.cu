@@ -29,6 +29,25 @@ __global__ void add_bf16_kernel(const bf16* a, const bf16* b, bf16* out, int64_t
     out[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
 }
 
+__global__ void add_bf16_vec_kernel(const detail::Bf16x8* a, const detail::Bf16x8* b, detail::Bf16x8* out,
+                                    int64_t n8) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float x[8], y[8];
+    detail::unpack(a[i], x);
+    detail::unpack(b[i], y);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] += y[j];
+    out[i] = detail::pack(x);
+  }
+}
+
+__global__ void accumulate_bf16_kernel(const bf16* x, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] += __bfloat162float(x[i]);
+}
+
 __global__ void axpby_kernel(float alpha, const float* x, float beta, float* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -103,7 +122,20 @@ void cast_bf16_to_fp32(const bf16* x, float* y, int64_t n, cudaStream_t stream) 
 
 void add_bf16(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (n % 8 == 0 && detail::aligned16(a) && detail::aligned16(b) && detail::aligned16(out)) {
+    add_bf16_vec_kernel<<<detail::grid_for(n / 8, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const detail::Bf16x8*>(a), reinterpret_cast<const detail::Bf16x8*>(b),
+        reinterpret_cast<detail::Bf16x8*>(out), n / 8);
+    MEGATUNE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   add_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(a, b, out, n);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void accumulate_bf16_into_fp32(const bf16* x, float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  accumulate_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, out, n);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 

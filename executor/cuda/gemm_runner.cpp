@@ -45,6 +45,8 @@ cublasLtEpilogue_t epilogue_of(GemmEpilogue epilogue) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case GemmEpilogue::kDGeluBGrad:
       return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kDGelu:
+      return CUBLASLT_EPILOGUE_DGELU;
     case GemmEpilogue::kBGradA:
       return CUBLASLT_EPILOGUE_BGRADB;
   }
@@ -63,6 +65,8 @@ const char* epilogue_name(GemmEpilogue epilogue) {
       return "gelu_aux_bias";
     case GemmEpilogue::kDGeluBGrad:
       return "dgelu_bgrad";
+    case GemmEpilogue::kDGelu:
+      return "dgelu";
     case GemmEpilogue::kBGradA:
       return "bgrad_a";
   }
@@ -181,7 +185,7 @@ GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_b
   const cublasLtEpilogue_t epilogue = epilogue_of(spec.epilogue);
   set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
   if (spec.epilogue == GemmEpilogue::kGeluAux || spec.epilogue == GemmEpilogue::kGeluAuxBias ||
-      spec.epilogue == GemmEpilogue::kDGeluBGrad) {
+      spec.epilogue == GemmEpilogue::kDGeluBGrad || spec.epilogue == GemmEpilogue::kDGelu) {
     const int64_t ld_aux = spec.ld_aux;
     set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof ld_aux);
     if (spec.batch_count > 1) {
@@ -234,6 +238,31 @@ GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_b
 
 void GemmRunner::prepare(const GemmSpec& spec, int alignment_bytes) { plan_for(spec, alignment_bytes); }
 
+bool GemmRunner::supports(const GemmSpec& raw_spec, const GemmArgs& args) {
+  const GemmSpec spec = resolved(raw_spec);
+  const GemmEpilogue e = spec.epilogue;
+  const bool uses_aux = e == GemmEpilogue::kGeluAux || e == GemmEpilogue::kGeluAuxBias ||
+                        e == GemmEpilogue::kDGeluBGrad || e == GemmEpilogue::kDGelu;
+  const bool uses_bias = e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias;
+  const bool uses_bias_grad = e == GemmEpilogue::kDGeluBGrad || e == GemmEpilogue::kBGradA;
+  if (uses_aux && (args.aux == nullptr || spec.ld_aux % 8 != 0 || pointer_alignment(args.aux) < 16))
+    return false;
+  if (uses_bias && (args.bias == nullptr || pointer_alignment(args.bias) < 16)) return false;
+  if (uses_bias_grad && (args.bias_grad == nullptr || pointer_alignment(args.bias_grad) < 16)) return false;
+  const int alignment =
+      std::min({pointer_alignment(args.a), pointer_alignment(args.b), pointer_alignment(args.d)});
+  const Key key = key_of(spec, alignment);
+  if (unsupported_.count(key) != 0) return false;
+  if (plans_.count(key) != 0) return true;
+  try {
+    plan_for(spec, alignment);
+    return true;
+  } catch (const std::runtime_error&) {
+    unsupported_.emplace(key, true);
+    return false;
+  }
+}
+
 void GemmRunner::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
   int alignment = std::min({pointer_alignment(args.a), pointer_alignment(args.b), pointer_alignment(args.d)});
   Plan& plan = plan_for(spec, alignment);
@@ -243,7 +272,7 @@ void GemmRunner::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t st
     set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias, sizeof args.bias);
   }
   if (epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias ||
-      epilogue == GemmEpilogue::kDGeluBGrad) {
+      epilogue == GemmEpilogue::kDGeluBGrad || epilogue == GemmEpilogue::kDGelu) {
     if (args.aux == nullptr) throw std::invalid_argument("GemmRunner::run: GELU epilogues need args.aux");
     set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &args.aux, sizeof args.aux);
   }

@@ -24,6 +24,7 @@ enum class GemmEpilogue {
   kGeluAux,      // aux = A.B, D = gelu_tanh(aux)                                  (aux: type of D)
   kGeluAuxBias,  // aux = A.B + bias[n], D = gelu_tanh(aux)                        (aux: type of D)
   kDGeluBGrad,   // D = (A.B) * gelu'(aux); bias_grad[n] = column sums of D       (bias_grad: type of D)
+  kDGelu,        // D = (A.B) * gelu'(aux)
   kBGradA,       // D = A.B; bias_grad[m] = sum over k of op(A)[m, :]: the bias gradient of a weight-gradient
                  // GEMM dw = dy^T . x (cuBLASLt's BGRADB, B being cuBLAS's name for our A)  (type of D)
 };
@@ -57,7 +58,7 @@ struct GemmArgs {
   float alpha = 1.0f;
   float beta = 0.0f;
   const void* bias = nullptr;  // kBias / kGeluAuxBias: [n]
-  void* aux = nullptr;         // kGeluAux(Bias) (written) / kDGeluBGrad (read): [m, n], row stride ld_aux
+  void* aux = nullptr;         // kGeluAux(Bias) (written) / kDGelu(BGrad) (read): [m, n], row stride ld_aux
   void* bias_grad = nullptr;   // kDGeluBGrad: [n], kBGradA: [m]; overwritten
 };
 
@@ -81,6 +82,11 @@ class GemmRunner {
   // Builds the plan for spec without running (so a profiler or the engine can warm the cache up front).
   // alignment_bytes: the alignment the pointers of later run() calls will have (power of two <= 256).
   void prepare(const GemmSpec& spec, int alignment_bytes = 256);
+  // Whether run(spec, args) can run: builds (and caches) the plan for the alignment of args' pointers and
+  // returns false, remembering the answer, when cuBLASLt offers no algorithm or rejects the epilogue's
+  // requirements (aux leading dimension a multiple of 8, bias / aux / bias-gradient pointers 16-byte
+  // aligned). Callers fall back to the unfused kernels then.
+  bool supports(const GemmSpec& spec, const GemmArgs& args);
   size_t cached_plans() const { return plans_.size(); }
   size_t workspace_bytes() const { return workspace_bytes_; }
   cublasLtHandle_t handle() const { return handle_; }
@@ -96,6 +102,7 @@ class GemmRunner {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, bool> unsupported_;  // specs the heuristic refused (value unused)
 };
 
 // Linear-layer helpers (row-major, bf16 activations/weights, x [m, k], w [n, k], y/dy [m, n]).

@@ -24,6 +24,18 @@ Tensor rows_of(Tensor t, std::int64_t first_row, std::int64_t rows, std::int64_t
   return v;
 }
 
+// A (rows, cols) contiguous view `offset` elements into a flat buffer (null data stays null: sizing mode).
+Tensor carve(Tensor buffer, std::int64_t offset, std::int64_t rows, std::int64_t cols,
+             std::int64_t storage_bytes) {
+  if (offset + rows * cols > buffer.numel()) throw std::logic_error("carve: view exceeds its buffer");
+  Tensor v = buffer;
+  if (buffer.data != nullptr) v.data = static_cast<char*>(buffer.data) + offset * storage_bytes;
+  v.rows = rows;
+  v.cols = cols;
+  v.row_stride = cols;
+  return v;
+}
+
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -53,39 +65,51 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
   model_params_ = compute_dtype_ == DType::kFP32
                       ? main_params_
-                      : backend_.allocate(compute_dtype_, 1, total, "model parameters");
-  grads_ = backend_.allocate(DType::kFP32, 1, total, "fp32 gradient buffer");
+                      : backend_.allocate(compute_dtype_, 1, total, "model parameters (compute dtype)");
+  grads_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main gradients");
 
   for (int l = 0; l <= config_.num_layers; ++l)
-    residual_.push_back(backend_.allocate(compute_dtype_, T, h, "residual"));
+    residual_.push_back(backend_.allocate(compute_dtype_, T, h, "residual stream (layer inputs)"));
+  // Buffers shared by every layer. mlp_scratch_ holds, in turn: the activation output (forward; in backward
+  // recomputed for fc2's weight gradient), then the fc1 output gradient (GELU) or the activation output
+  // gradient (SwiGLU), then the attention output gradient and the qkv gradient side by side.
+  const std::int64_t ffn = config_.ffn_per_rank(), attn_w = config_.attention_width(),
+                     qkv_w = config_.qkv_width(), storage = backend_.storage_bytes(compute_dtype_);
+  norm1_out_ = backend_.allocate(compute_dtype_, T, h, "norm outputs (shared, recomputed)");
+  norm2_out_ = backend_.allocate(compute_dtype_, T, h, "norm outputs (shared, recomputed)");
+  mlp_scratch_ = backend_.allocate(compute_dtype_, 1, T * std::max(ffn, attn_w + qkv_w),
+                                   "activation output / gradient scratch (shared)");
   const int saved_sets = recompute_ == RecomputeGranularity::kFull ? 1 : config_.num_layers;
   const bool keep_attention = recompute_ == RecomputeGranularity::kNone;
-  for (int l = 0; l < saved_sets; ++l)
-    saved_.push_back(allocate_layer_activations(keep_attention, "layer activations"));
+  for (int l = 0; l < saved_sets; ++l) saved_.push_back(allocate_layer_activations(keep_attention));
   if (!keep_attention) {
-    shared_attn_ = backend_.allocate(compute_dtype_, T, config_.attention_width(), "recomputed attention");
+    shared_attn_ = backend_.allocate(compute_dtype_, T, attn_w, "recomputed attention (shared)");
     shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
-                                    "recomputed lse");
+                                    "recomputed attention (shared)");
     for (LayerActivations& acts : saved_) {
       acts.attn = shared_attn_;
       acts.lse = shared_lse_;
     }
   }
-  fc2_out_ = backend_.allocate(compute_dtype_, T, h, "fc2 output");
   final_norm_ = backend_.allocate(compute_dtype_, T, h, "final norm");
-  final_mean_ = backend_.allocate(DType::kFP32, T, 1, "final norm mean");
-  final_rstd_ = backend_.allocate(DType::kFP32, T, 1, "final norm rstd");
-  logits_ = backend_.allocate(compute_dtype_, T, config_.vocab_per_rank(), "logits");
-  tokens_ = backend_.allocate_int32(T, 1, "tokens");
-  targets_ = backend_.allocate_int32(T, 1, "targets");
-  losses_ = backend_.allocate(DType::kFP32, batch_.num_microbatches, T, "per-token losses");
-  d_res_ = backend_.allocate(compute_dtype_, T, h, "residual gradient");
-  d_mid_ = backend_.allocate(compute_dtype_, T, h, "mid residual gradient");
-  d_hidden_ = backend_.allocate(compute_dtype_, T, h, "norm output gradient");
-  d_ffn_ = backend_.allocate(compute_dtype_, T, config_.ffn_per_rank(), "activation gradient");
-  d_fc1_ = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "fc1 gradient");
-  d_attn_ = backend_.allocate(compute_dtype_, T, config_.attention_width(), "attention output gradient");
-  d_qkv_ = backend_.allocate(compute_dtype_, T, config_.qkv_width(), "qkv gradient");
+  final_mean_ = backend_.allocate(DType::kFP32, T, 1, "final norm");
+  final_rstd_ = backend_.allocate(DType::kFP32, T, 1, "final norm");
+  logits_ = backend_.allocate(compute_dtype_, T, config_.vocab_per_rank(), "logits (and their gradient)");
+  tokens_ = backend_.allocate_int32(T, 1, "tokens, targets, losses");
+  targets_ = backend_.allocate_int32(T, 1, "tokens, targets, losses");
+  losses_ = backend_.allocate(DType::kFP32, batch_.num_microbatches, T, "tokens, targets, losses");
+  d_res_ = backend_.allocate(compute_dtype_, T, h, "backward scratch (T, h)");
+  d_mid_ = backend_.allocate(compute_dtype_, T, h, "backward scratch (T, h)");
+  d_hidden_ = backend_.allocate(compute_dtype_, T, h, "backward scratch (T, h)");
+  fc2_out_ = d_hidden_;  // forward only; d_hidden_ is dead between layers' backwards
+  if (config_.activation == ActivationKind::kGelu) {
+    d_fc1_ = carve(mlp_scratch_, 0, T, ffn, storage);
+  } else {
+    d_ffn_ = carve(mlp_scratch_, 0, T, ffn, storage);
+    d_fc1_ = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "fc1 gradient (SwiGLU)");
+  }
+  d_attn_ = carve(mlp_scratch_, 0, T, attn_w, storage);
+  d_qkv_ = carve(mlp_scratch_, T * attn_w, T, qkv_w, storage);
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
 
   Backend::ScratchNeeds needs;
@@ -99,23 +123,24 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     backend_.set_scratch(backend_.allocate(DType::kFP32, 1, (scratch_bytes + 3) / 4, "kernel scratch"));
 }
 
-GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention, const char* what) {
+GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention) {
   const std::int64_t T = batch_.tokens(), h = config_.hidden;
   LayerActivations a;
-  a.ln1 = backend_.allocate(compute_dtype_, T, h, what);
-  a.ln1_mean = backend_.allocate(DType::kFP32, T, 1, what);
-  a.ln1_rstd = backend_.allocate(DType::kFP32, T, 1, what);
-  a.qkv = backend_.allocate(compute_dtype_, T, config_.qkv_width(), what);
+  a.ln1 = norm1_out_;
+  a.ln1_mean = backend_.allocate(DType::kFP32, T, 1, "saved: norm statistics");
+  a.ln1_rstd = backend_.allocate(DType::kFP32, T, 1, "saved: norm statistics");
+  a.qkv = backend_.allocate(compute_dtype_, T, config_.qkv_width(), "saved: qkv");
   if (with_attention) {
-    a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), what);
-    a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq, what);
+    a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), "saved: attention output");
+    a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
+                              "saved: attention output");
   }
-  a.mid = backend_.allocate(compute_dtype_, T, h, what);
-  a.ln2 = backend_.allocate(compute_dtype_, T, h, what);
-  a.ln2_mean = backend_.allocate(DType::kFP32, T, 1, what);
-  a.ln2_rstd = backend_.allocate(DType::kFP32, T, 1, what);
-  a.fc1 = backend_.allocate(compute_dtype_, T, config_.fc1_width(), what);
-  a.act = backend_.allocate(compute_dtype_, T, config_.ffn_per_rank(), what);
+  a.mid = backend_.allocate(compute_dtype_, T, h, "saved: mid residual");
+  a.ln2 = norm2_out_;
+  a.ln2_mean = backend_.allocate(DType::kFP32, T, 1, "saved: norm statistics");
+  a.ln2_rstd = backend_.allocate(DType::kFP32, T, 1, "saved: norm statistics");
+  a.fc1 = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "saved: fc1 output (pre-activation)");
+  a.act = carve(mlp_scratch_, 0, T, config_.ffn_per_rank(), backend_.storage_bytes(compute_dtype_));
   return a;
 }
 
@@ -269,8 +294,22 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   backend_.add(input, fc2_out_, a.mid, {"residual1", l, phase});
   backend_.norm_forward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
                         {"pre_mlp_norm", l, phase});
-  gemm_linear(a.ln2, w.fc1_w, w.fc1_b, a.fc1, "fc1");
-  backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, phase});
+  if (config_.activation == ActivationKind::kGelu) {
+    // fc1 with bias and GELU fused in the GEMM's epilogue; a.fc1 keeps the pre-activation for the backward.
+    GemmArgs g;
+    g.a = a.ln2;
+    g.b = w.fc1_w;
+    g.transpose_b = true;
+    g.c = a.fc1;
+    g.bias = w.fc1_b;
+    g.m = T;
+    g.n = w.fc1_w.rows;
+    g.k = w.fc1_w.cols;
+    backend_.linear_gelu_forward(g, a.act, {"fc1", l, phase});
+  } else {
+    gemm_linear(a.ln2, w.fc1_w, w.fc1_b, a.fc1, "fc1");
+    backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, phase});
+  }
   gemm_linear(a.act, w.fc2_w, w.fc2_b, fc2_out_, "fc2");
   tensor_parallel_reduce(fc2_out_);
   backend_.add(a.mid, fc2_out_, output, {"residual2", l, phase});
@@ -280,12 +319,12 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   const LayerWeights w = layer_weights(model_params_, l);
   const LayerWeights g = layer_weights(grads_, l);
   const std::int64_t T = batch_.tokens();
-  // dx = dy . W (data gradient); dW += dy^T . x (weight gradient into the fp32 grad buffer).
-  auto linear_backward = [&](Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias, Tensor dx,
-                             const char* label) {
-    const std::string dgrad_label = std::string(label) + "_dgrad",
-                      wgrad_label = std::string(label) + "_wgrad",
-                      bgrad_label = std::string(label) + "_bgrad";
+  // The shared norm and activation outputs hold another layer's values unless a full-recompute forward re-run
+  // of this layer has just written them.
+  const bool recompute_shared = recompute_ != RecomputeGranularity::kFull;
+  const OpPhase kR = OpPhase::kRecompute;
+  // dx = dy . W (data gradient).
+  auto data_grad = [&](Tensor dy, Tensor weight, Tensor dx) {
     GemmArgs data;
     data.a = dy;
     data.b = weight;
@@ -293,35 +332,60 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
     data.m = T;
     data.n = weight.cols;
     data.k = weight.rows;
-    backend_.gemm(data, {dgrad_label.c_str(), l, kB});
-    GemmArgs wgrad;
-    wgrad.a = dy;
-    wgrad.transpose_a = true;
-    wgrad.b = x;
-    wgrad.c = d_weight;
-    wgrad.m = weight.rows;
-    wgrad.n = weight.cols;
-    wgrad.k = T;
-    wgrad.accumulate = true;
-    backend_.gemm(wgrad, {wgrad_label.c_str(), l, kB});
-    if (!d_bias.empty()) backend_.bias_grad(dy, d_bias, {bgrad_label.c_str(), l, kB});
+    return data;
   };
-  // MLP. d_res_ holds the gradient of the layer output.
-  linear_backward(d_res_, a.act, w.fc2_w, g.fc2_w, g.fc2_b, d_ffn_, "fc2");
-  backend_.activation_backward(config_.activation, a.fc1, d_ffn_, d_fc1_, {"act", l, kB});
-  linear_backward(d_fc1_, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, d_hidden_, "fc1");
+  auto dgrad = [&](Tensor dy, Tensor weight, Tensor dx, const char* label) {
+    backend_.gemm(data_grad(dy, weight, dx), {label, l, kB});
+  };
+  // dW += dy^T . x into the fp32 grad buffer, the bias gradient (column sums of dy) fused in.
+  auto wgrad = [&](Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias, const char* label) {
+    GemmArgs wg;
+    wg.a = dy;
+    wg.transpose_a = true;
+    wg.b = x;
+    wg.c = d_weight;
+    wg.bias_grad = d_bias;
+    wg.m = weight.rows;
+    wg.n = weight.cols;
+    wg.k = T;
+    wg.accumulate = true;
+    backend_.gemm(wg, {label, l, kB});
+  };
+  // MLP. d_res_ holds the gradient of the layer output. fc2's weight gradient runs first so that the
+  // recomputed activation output can then be overwritten by the gradient (they share mlp_scratch_).
+  if (recompute_shared) backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, kR});
+  wgrad(d_res_, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
+  Tensor d_fc1_bias = g.fc1_b;
+  if (config_.activation == ActivationKind::kGelu) {
+    // fc2's data gradient with GELU's backward and fc1's bias gradient fused in the epilogue.
+    backend_.linear_dgelu_backward(data_grad(d_res_, w.fc2_w, d_fc1_), a.fc1, g.fc1_b, {"fc2_dgrad", l, kB});
+    d_fc1_bias = Tensor{};
+  } else {
+    dgrad(d_res_, w.fc2_w, d_ffn_, "fc2_dgrad");
+    backend_.activation_backward(config_.activation, a.fc1, d_ffn_, d_fc1_, {"act", l, kB});
+  }
+  if (recompute_shared)
+    backend_.norm_forward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
+                          {"pre_mlp_norm", l, kR});
+  dgrad(d_fc1_, w.fc1_w, d_hidden_, "fc1_dgrad");
+  wgrad(d_fc1_, a.ln2, w.fc1_w, g.fc1_w, d_fc1_bias, "fc1_wgrad");
   tensor_parallel_reduce(d_hidden_);
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
                          d_hidden_, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.
   if (recompute_ == RecomputeGranularity::kSelective)
-    backend_.attention_forward(attention_args(a), {"attn", l, OpPhase::kRecompute});
-  linear_backward(d_mid_, a.attn, w.proj_w, g.proj_w, g.proj_b, d_attn_, "proj");
+    backend_.attention_forward(attention_args(a), {"attn", l, kR});
+  dgrad(d_mid_, w.proj_w, d_attn_, "proj_dgrad");
+  wgrad(d_mid_, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
   backend_.attention_backward(attention_args(a), d_attn_, d_qkv_, {"attn", l, kB});
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
                   config_.rope_theta, true, {"rope", l, kB});
-  linear_backward(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, d_hidden_, "qkv");
+  if (recompute_shared)
+    backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
+                          {"input_norm", l, kR});
+  dgrad(d_qkv_, w.qkv_w, d_hidden_, "qkv_dgrad");
+  wgrad(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, "qkv_wgrad");
   tensor_parallel_reduce(d_hidden_);
   backend_.norm_backward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
                          d_hidden_, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"input_norm", l, kB});

@@ -65,20 +65,24 @@ class GPTModel {
   struct LayerWeights {
     Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
+  // What one layer's backward reads. "saved" tensors are per layer (one shared set under full
+  // recomputation); the norm outputs and the activation output are views of buffers shared by all layers:
+  // the backward recomputes them (a norm forward from the saved input and statistics, the activation from the
+  // saved pre-activation) unless a full-recompute forward re-run has just written them.
   struct LayerActivations {
-    Tensor ln1;                 // (T, h) input norm output
-    Tensor ln1_mean, ln1_rstd;  // (T, 1) fp32
-    Tensor qkv;                 // (T, qkv_width) after RoPE
-    Tensor attn;                // (T, heads * d) attention output
-    Tensor lse;                 // (b * heads, s) fp32
-    Tensor mid;                 // (T, h) residual after attention (= input + proj)
-    Tensor ln2;                 // (T, h)
-    Tensor ln2_mean, ln2_rstd;  // (T, 1) fp32
-    Tensor fc1;                 // (T, fc1_width) pre-activation
-    Tensor act;                 // (T, ffn) activation output
+    Tensor ln1;                 // (T, h) input norm output (shared)
+    Tensor ln1_mean, ln1_rstd;  // (T, 1) fp32 (saved)
+    Tensor qkv;                 // (T, qkv_width) after RoPE (saved)
+    Tensor attn;                // (T, heads * d) attention output (saved; shared under recomputation)
+    Tensor lse;                 // (b * heads, s) fp32 (saved; shared under recomputation)
+    Tensor mid;                 // (T, h) residual after attention (= input + proj) (saved)
+    Tensor ln2;                 // (T, h) pre-MLP norm output (shared)
+    Tensor ln2_mean, ln2_rstd;  // (T, 1) fp32 (saved)
+    Tensor fc1;                 // (T, fc1_width) pre-activation (saved)
+    Tensor act;                 // (T, ffn) activation output (shared)
   };
   LayerWeights layer_weights(Tensor buffer, int layer) const;
-  LayerActivations allocate_layer_activations(bool with_attention, const char* what);
+  LayerActivations allocate_layer_activations(bool with_attention);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
   void layer_backward(int layer, LayerActivations& acts, Tensor input);
   LayerActivations& activations_for(int layer);
@@ -102,12 +106,14 @@ class GPTModel {
   std::vector<Tensor> residual_;                 // L + 1 of (T, h): layer inputs and the last output
   std::vector<LayerActivations> saved_;          // per layer (none/selective) or one shared (full)
   Tensor shared_attn_, shared_lse_;              // selective recompute: recomputed attention output
-  Tensor fc2_out_;                               // (T, h)
+  Tensor norm1_out_, norm2_out_;                 // (T, h) shared norm outputs
+  Tensor mlp_scratch_;                           // (1, T * max(ffn, attn + qkv widths)): see the constructor
+  Tensor fc2_out_;                               // (T, h) forward GEMM output (aliases d_hidden_)
   Tensor final_norm_, final_mean_, final_rstd_;  // (T, h), (T, 1), (T, 1)
   Tensor logits_;                                // (T, V) overwritten by its gradient
   Tensor tokens_, targets_;                      // (T, 1) int32
   Tensor losses_;                                // (num_microbatches, T) fp32
-  // Backward scratch.
+  // Backward scratch (views into mlp_scratch_ where their lifetimes allow; see the constructor).
   Tensor d_res_, d_mid_, d_hidden_, d_ffn_, d_fc1_, d_attn_, d_qkv_;
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
   int pending_backward_ = -1;           // micro-batch whose forward ran and backward has not

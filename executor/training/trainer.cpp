@@ -14,6 +14,27 @@ namespace megatune::executor {
 using layouts::OpPhase;
 using layouts::ScheduleItemKind;
 
+namespace {
+struct OptimizerState {
+  Tensor exp_avg, exp_avg_sq;  // (1, total) fp32
+};
+OptimizerState allocate_optimizer_state(Backend& backend, std::int64_t total) {
+  OptimizerState state;
+  state.exp_avg = backend.allocate(DType::kFP32, 1, total, "AdamW exp_avg, exp_avg_sq (fp32)");
+  state.exp_avg_sq = backend.allocate(DType::kFP32, 1, total, "AdamW exp_avg, exp_avg_sq (fp32)");
+  return state;
+}
+}  // namespace
+
+std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& backend) {
+  SingleRankCommunicator communicator(backend);
+  backend.begin_sizing();
+  GPTModel model(config.model, config.batch, config.recompute, config.compute_dtype, backend, communicator);
+  allocate_optimizer_state(backend, model.layout().total_elements());
+  backend.end_sizing();
+  return backend.arena_breakdown();
+}
+
 Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& schedule, Backend& backend,
                  Communicator& communicator)
     : config_(config),
@@ -42,8 +63,9 @@ void Trainer::build(bool sizing) {
   model_ = std::make_unique<GPTModel>(config_.model, config_.batch, config_.recompute, config_.compute_dtype,
                                       backend_, communicator_);
   const std::int64_t total = model_->layout().total_elements();
-  exp_avg_ = backend_.allocate(DType::kFP32, 1, total, "AdamW exp_avg");
-  exp_avg_sq_ = backend_.allocate(DType::kFP32, 1, total, "AdamW exp_avg_sq");
+  const OptimizerState state = allocate_optimizer_state(backend_, total);
+  exp_avg_ = state.exp_avg;
+  exp_avg_sq_ = state.exp_avg_sq;
   if (sizing) return;
   std::vector<OptimizerTensor> tensors;
   for (const ParameterEntry& e : model_->layout().entries()) {

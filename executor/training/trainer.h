@@ -93,6 +93,10 @@ class Trainer {
 }  // namespace megatune::executor
 
 namespace megatune::executor {
+// The arena a Trainer with `config` reserves on `backend`, per allocation label (Backend::arena_breakdown),
+// computed in sizing mode: nothing is allocated and no kernel runs, so a SizingBackend gives the CUDA
+// backend's figures on any machine. The backend must not have reserved its arena.
+std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& backend);
 // The no-pipelining schedule (layouts::build_rank_schedule over one uniform stage) of m micro-batches.
 layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches);
 }  // namespace megatune::executor

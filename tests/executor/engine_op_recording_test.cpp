@@ -70,8 +70,9 @@ void expect_same_program(const Recorded& r) {
 
 TEST(EngineOpRecording, TinyMatchesTheStepProgram) {
   const Recorded r = record(layouts::model_preset("tiny"), 2, 2, RecomputeGranularity::kNone);
-  // Per micro-batch: 4 + 11 per layer forward, 4 + 13 per layer backward (no biases, RoPE); then 2.
-  EXPECT_EQ(r.executor.size(), static_cast<std::size_t>(2 * (4 + 2 * 11 + 4 + 2 * 13) + 2));
+  // Per micro-batch: 4 + 11 per layer forward, 4 + 16 per layer backward (no biases, RoPE, SwiGLU; the
+  // backward recomputes the activation output and both norm outputs); then 2.
+  EXPECT_EQ(r.executor.size(), static_cast<std::size_t>(2 * (4 + 2 * 11 + 4 + 2 * 16) + 2));
   expect_same_program(r);
 }
 
@@ -80,27 +81,49 @@ TEST(EngineOpRecording, RecomputationMatchesTheStepProgram) {
     const Recorded r = record(layouts::model_preset("tiny"), 1, 2, recompute);
     std::map<layouts::OpPhase, int> phases;
     for (const layouts::Op& op : r.executor) phases[op.phase]++;
-    // Selective: one attention forward re-run per layer and micro-batch; full: the whole layer (11 ops).
+    // Selective: one attention forward re-run per layer and micro-batch, plus the activation and two norm
+    // outputs every backward recomputes; full: the whole layer (11 ops), which also produces those.
     EXPECT_EQ(phases[layouts::OpPhase::kRecompute],
-              recompute == RecomputeGranularity::kSelective ? 2 * 2 : 2 * 2 * 11);
+              recompute == RecomputeGranularity::kSelective ? 2 * 2 * (1 + 3) : 2 * 2 * 11);
     expect_same_program(r);
   }
 }
 
-TEST(EngineOpRecording, GptWithBiasesRecordsBiasGradients) {
+layouts::ModelSpec small_gpt() {
   layouts::ModelSpec spec = layouts::model_preset("gpt-125m");
-  spec.num_layers = 1;
+  spec.num_layers = 2;
   spec.hidden_size = 64;
   spec.num_attention_heads = 4;
   spec.ffn_hidden_size = 128;
   spec.seq_length = 16;
   spec.max_position_embeddings = 16;
   spec.vocab_size = 128;
-  const Recorded r = record(spec, 1, 1, RecomputeGranularity::kNone);
-  int bias_grads = 0;
-  for (const layouts::Op& op : r.executor)
-    if (op.label.size() > 6 && op.label.substr(op.label.size() - 6) == "_bgrad") ++bias_grads;
-  EXPECT_EQ(bias_grads, 4);  // qkv, proj, fc1, fc2
+  return spec;
+}
+
+TEST(EngineOpRecording, GptFusesGeluAndBiasGradientsIntoGemms) {
+  for (RecomputeGranularity recompute :
+       {RecomputeGranularity::kNone, RecomputeGranularity::kSelective, RecomputeGranularity::kFull}) {
+    const Recorded r = record(small_gpt(), 1, 2, recompute);
+    int bias_grads = 0, activations = 0, recomputed = 0;
+    for (const layouts::Op& op : r.executor) {
+      if (op.label.size() > 6 && op.label.substr(op.label.size() - 6) == "_bgrad") ++bias_grads;
+      if (op.kind == layouts::OpKind::kActivation || op.kind == layouts::OpKind::kActivationBackward) {
+        ++activations;
+        EXPECT_EQ(op.phase, layouts::OpPhase::kRecompute) << layouts::to_string(op);
+      }
+      if (op.phase == layouts::OpPhase::kRecompute) ++recomputed;
+    }
+    EXPECT_EQ(bias_grads, 0);  // in the weight-gradient and dGELU GEMM epilogues
+    // GELU runs in fc1's epilogue: the only activation kernels recompute the output for fc2's wgrad (2
+    // layers x 2 micro-batches), except under full recompute, whose forward re-run (9 ops: no RoPE, GELU
+    // fused) produces it.
+    EXPECT_EQ(activations, recompute == RecomputeGranularity::kFull ? 0 : 2 * 2);
+    EXPECT_EQ(recomputed, recompute == RecomputeGranularity::kFull        ? 2 * 2 * 9
+                          : recompute == RecomputeGranularity::kSelective ? 2 * 2 * 4
+                                                                          : 2 * 2 * 3);
+    expect_same_program(r);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,64 @@
+// SizingBackend: a Backend that only counts: it stores each dtype in its logical size (as the CUDA backend
+// does) and runs no kernel, so a model's arena and its breakdown can be computed anywhere, GPU or not.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "executor/backend/backend.h"
+
+namespace megatune::executor {
+
+class SizingBackend final : public Backend {
+ public:
+  // scratch_bytes answers Backend::scratch_bytes (the kernel workspace the model allocates from the arena);
+  // none by default.
+  explicit SizingBackend(std::function<std::int64_t(const ScratchNeeds&)> scratch_bytes = {})
+      : scratch_bytes_(std::move(scratch_bytes)) {}
+  std::string name() const override { return "sizing"; }
+  std::int64_t storage_bytes(DType dtype) const override { return layouts::dtype_bytes(dtype); }
+  std::int64_t scratch_bytes(const ScratchNeeds& needs) const override {
+    return scratch_bytes_ ? scratch_bytes_(needs) : 0;
+  }
+
+  void upload(Tensor, const float*) override { refuse(); }
+  void download(Tensor, float*) override { refuse(); }
+  void upload_int32(Tensor, const std::int32_t*) override { refuse(); }
+  void fill_zero(Tensor) override { refuse(); }
+  void copy(Tensor, Tensor) override { refuse(); }
+  Event record_event(Stream) override { return 0; }
+  void wait_event(Stream, Event) override {}
+  void synchronize() override {}
+  void prepare_optimizer(std::vector<OptimizerTensor>) override { refuse(); }
+
+ protected:
+  void* reserve_memory(std::int64_t) override { refuse(); }
+  void do_gemm(const GemmArgs&) override { refuse(); }
+  void do_bias_grad(Tensor, Tensor) override { refuse(); }
+  void do_embedding_forward(Tensor, Tensor, Tensor, std::int64_t, Tensor) override { refuse(); }
+  void do_embedding_backward(Tensor, Tensor, std::int64_t, Tensor, Tensor) override { refuse(); }
+  void do_norm_forward(const NormArgs&) override { refuse(); }
+  void do_norm_backward(const NormArgs&, Tensor, Tensor, Tensor, Tensor, Tensor) override { refuse(); }
+  void do_rope(Tensor, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, bool) override {
+    refuse();
+  }
+  void do_attention_forward(const AttentionArgs&) override { refuse(); }
+  void do_attention_backward(const AttentionArgs&, Tensor, Tensor) override { refuse(); }
+  void do_activation_forward(ActivationKind, Tensor, Tensor) override { refuse(); }
+  void do_activation_backward(ActivationKind, Tensor, Tensor, Tensor) override { refuse(); }
+  void do_cross_entropy(Tensor, Tensor, Tensor, float) override { refuse(); }
+  void do_add(Tensor, Tensor, Tensor) override { refuse(); }
+  void do_cast(Tensor, Tensor) override { refuse(); }
+  float do_grad_norm() override { refuse(); }
+  void do_adamw_step(const AdamWHyper&) override { refuse(); }
+
+ private:
+  [[noreturn]] static void refuse();
+  std::function<std::int64_t(const ScratchNeeds&)> scratch_bytes_;
+};
+
+// One line per arena label with GiB and share, then the total; for logs and benchmark output.
+std::string format_arena_breakdown(const std::vector<ArenaUse>& breakdown);
+
+}  // namespace megatune::executor

@@ -1,0 +1,129 @@
+// Where the engine's device memory goes: the arena a Trainer reserves, per allocation, computed with the
+// SizingBackend (the CUDA backend's dtype sizes, no GPU) for the benchmark shapes of bench/RESULTS.md, held
+// against compiled PyTorch's peak on the same runs; and what the shared / recomputed buffers save.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "executor/backend/sizing_backend.h"
+#include "executor/training/trainer.h"
+#include "layouts/model_spec.h"
+
+namespace megatune::executor {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+TrainerConfig perf_config(const std::string& model, int micro_batch, int seq,
+                          RecomputeGranularity recompute) {
+  layouts::ModelSpec spec = layouts::torch_anchor_model(model);
+  spec.seq_length = seq;
+  TrainerConfig config;
+  config.model = transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
+  config.batch.micro_batch = micro_batch;
+  config.batch.seq = seq;
+  config.batch.num_microbatches = 1;
+  config.recompute = recompute;
+  config.compute_dtype = DType::kBF16;
+  return config;
+}
+
+std::int64_t bytes_of(const std::vector<ArenaUse>& breakdown, const std::string& what) {
+  for (const ArenaUse& u : breakdown)
+    if (u.what == what) return u.bytes;
+  return 0;
+}
+
+std::int64_t total_of(const std::vector<ArenaUse>& breakdown) {
+  std::int64_t total = 0;
+  for (const ArenaUse& u : breakdown) total += u.bytes;
+  return total;
+}
+
+// The CUDA backend's memory beyond the arena: the GEMM workspace (32 MiB) and the grad-norm workspace (a
+// few MiB), plus the kernel scratch it asks the model to allocate (attention backward's fp32 dQ
+// accumulator, at most T * heads * head_dim * 4 bytes, or a column-sum workspace of similar size):
+// 0.25 GiB covers them with room.
+constexpr double kOutsideArenaGiB = 0.25;
+
+struct PerfShape {
+  const char* model;
+  int micro_batch, seq;
+  double torch_compiled_peak_gib;  // bench/RESULTS.md, section "executor" (torch.cuda.max_memory_allocated)
+  double budget_gib;               // what the arena + workspaces must stay under
+};
+
+class PerfShapeMemory : public ::testing::TestWithParam<PerfShape> {};
+
+TEST_P(PerfShapeMemory, ArenaStaysBelowCompiledPyTorch) {
+  const PerfShape shape = GetParam();
+  const TrainerConfig config =
+      perf_config(shape.model, shape.micro_batch, shape.seq, RecomputeGranularity::kNone);
+  SizingBackend sizing;
+  const std::vector<ArenaUse> breakdown = size_training_arena(config, sizing);
+  std::printf("%s seq %d mbs %d:\n%s", shape.model, shape.seq, shape.micro_batch,
+              format_arena_breakdown(breakdown).c_str());
+  const double total_gib = double(total_of(breakdown)) / kGiB;
+  EXPECT_LT(total_gib + kOutsideArenaGiB, shape.budget_gib);
+
+  // Per-parameter state: bf16 weights (2 bytes), fp32 main weights and gradients (4 + 4), Adam m and v (8).
+  const layouts::ModelSpec spec = layouts::torch_anchor_model(shape.model);
+  const ParameterLayout layout(config.model);
+  const std::int64_t params = layout.total_elements();
+  EXPECT_NEAR(double(params), double(spec.total_parameters()), 0.01 * double(params));
+  EXPECT_GE(bytes_of(breakdown, "model parameters (compute dtype)"), 2 * params);
+  EXPECT_LT(bytes_of(breakdown, "model parameters (compute dtype)"), 2 * params + (1 << 20));
+  EXPECT_GE(bytes_of(breakdown, "AdamW exp_avg, exp_avg_sq (fp32)"), 8 * params);
+
+  // Nothing of the norm or activation outputs is kept per layer: two (T, h) norm buffers and one scratch.
+  const std::int64_t T = config.batch.tokens(), h = config.model.hidden;
+  EXPECT_EQ(bytes_of(breakdown, "norm outputs (shared, recomputed)"), 2 * T * h * 2);
+  EXPECT_EQ(
+      bytes_of(breakdown, "activation output / gradient scratch (shared)"),
+      T * std::max(config.model.ffn_per_rank(), config.model.attention_width() + config.model.qkv_width()) *
+          2);
+  // Per layer: the qkv, the attention output and its LSE, the mid residual, the fc1 output, the stats.
+  const std::int64_t L = config.model.num_layers;
+  EXPECT_EQ(bytes_of(breakdown, "saved: fc1 output (pre-activation)"), L * T * config.model.fc1_width() * 2);
+  EXPECT_EQ(bytes_of(breakdown, "saved: qkv"), L * T * config.model.qkv_width() * 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(BenchShapes, PerfShapeMemory,
+                         ::testing::Values(PerfShape{"gpt-1.3b", 4, 2048, 33.0, 33.0},
+                                           // llama-1b: 37.1 GiB measured before the shared buffers.
+                                           PerfShape{"llama-1b", 2, 4096, 31.9, 34.5}),
+                         [](const ::testing::TestParamInfo<PerfShape>& info) {
+                           return std::string(info.param.model[0] == 'g' ? "Gpt1p3b" : "Llama1b");
+                         });
+
+TEST(ArenaBreakdown, SizingCountsEveryAllocationOncePerLabel) {
+  SizingBackend sizing;
+  sizing.begin_sizing();
+  sizing.allocate(DType::kBF16, 3, 5, "a");      // 30 bytes -> 256
+  sizing.allocate(DType::kFP32, 100, 100, "b");  // 40000 -> 40192
+  sizing.allocate(DType::kBF16, 1, 128, "a");    // 256
+  EXPECT_EQ(sizing.end_sizing(), 256 + 40192 + 256);
+  ASSERT_EQ(sizing.arena_breakdown().size(), 2u);
+  EXPECT_EQ(sizing.arena_breakdown()[0].what, "a");
+  EXPECT_EQ(sizing.arena_breakdown()[0].bytes, 512);
+  EXPECT_EQ(sizing.arena_breakdown()[0].allocations, 2);
+  EXPECT_EQ(sizing.arena_breakdown()[1].bytes, 40192);
+  EXPECT_THROW(sizing.reserve_arena(1024), std::logic_error);
+  const std::string text = format_arena_breakdown(sizing.arena_breakdown());
+  EXPECT_NE(text.find("total"), std::string::npos);
+}
+
+TEST(ArenaBreakdown, FullRecomputeKeepsOneLayerSet) {
+  const TrainerConfig none = perf_config("gpt-1.3b", 4, 2048, RecomputeGranularity::kNone);
+  TrainerConfig full = none;
+  full.recompute = RecomputeGranularity::kFull;
+  SizingBackend a, b;
+  const auto with_none = size_training_arena(none, a), with_full = size_training_arena(full, b);
+  EXPECT_EQ(bytes_of(with_full, "saved: qkv") * none.model.num_layers, bytes_of(with_none, "saved: qkv"));
+  EXPECT_LT(total_of(with_full), total_of(with_none));
+}
+
+}  // namespace
+}  // namespace megatune::executor
