@@ -1,7 +1,8 @@
 // Multi-tensor optimizer kernels over a table of parameter tensors: deterministic global gradient L2 norm
 // (two stages), gradient clipping, and AdamW on fp32 main params/grads/moments writing the bf16 model copy.
 // Same math as reference_optimizer.h / adamw_hyper.h. The norm stays on the device (no host sync):
-// adamw_step reads it to clip and to skip the whole step when it is not finite.
+// adamw_step reads it to clip and to skip the whole step when it is not finite. The default kernels move
+// eight elements per thread access (16-byte loads and stores) and are bound by memory bandwidth.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -50,16 +51,32 @@ class MultiTensorTable {
   int64_t* device_chunks_ = nullptr;
 };
 
+// How the kernels walk a chunk.
+//  kVectorized (default): thread t owns groups of 8 consecutive elements (t, t + threads, ... in group
+//    units); a group moves with 16-byte accesses when every buffer of its tensor is 16-byte aligned, else
+//    element by element (also the last, partial group of a tensor). The per-element arithmetic and each
+//    thread's summation order do not depend on which of the two paths ran.
+//  kScalar: one element per thread per pass (element t, t + threads, ...), 4-byte accesses. The former
+//    kernels, kept as the baseline of bench_optimizer_gpu and the bitwise reference of the AdamW update.
+// AdamW and clipping give bitwise the same results under both; the gradient norm sums in another order
+// (each is deterministic on its own).
+enum class OptimizerKernelVariant { kVectorized, kScalar };
+
 size_t grad_norm_workspace_bytes(const MultiTensorTable& table);
 // *norm_device = sqrt(sum of squares of every main_grad), deterministic (fixed chunking and order).
 void global_grad_norm(const MultiTensorTable& table, float* norm_device, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream);
+                      size_t workspace_bytes, cudaStream_t stream,
+                      OptimizerKernelVariant variant = OptimizerKernelVariant::kVectorized);
 // main_grad *= adamw_clip_coefficient(*norm_device, max_grad_norm) (no-op when the norm is not finite).
 void clip_grads_by_norm(const MultiTensorTable& table, const float* norm_device, float max_grad_norm,
-                        cudaStream_t stream);
+                        cudaStream_t stream,
+                        OptimizerKernelVariant variant = OptimizerKernelVariant::kVectorized);
 // One AdamW step over every tensor. grad_norm_device: the global norm (clip by hyper.max_grad_norm when > 0;
 // a non-finite norm skips the step entirely); may be null when hyper.max_grad_norm == 0 (no skip check).
 void adamw_step(const MultiTensorTable& table, const AdamWHyper& hyper, const float* grad_norm_device,
-                cudaStream_t stream);
+                cudaStream_t stream, OptimizerKernelVariant variant = OptimizerKernelVariant::kVectorized);
+// Bytes one AdamW step moves per element: fp32 param, grad, m, v read; param, m, v written; bf16 copy written
+// (30 with a model copy, 28 without). The gradient norm reads 4 bytes per element.
+constexpr int64_t kAdamWBytesPerElement = 7 * 4 + 2;
 
 }  // namespace megatune::executor::cuda
