@@ -6,7 +6,8 @@
 # window to the next, the last window ends below FINAL_MAX (ln 257 = 5.55 is a uniform guess) at least
 # MIN_DROP below the first, every loss is finite and no iteration was skipped. Exit 0 only if all hold.
 #
-#   bash bench/peer/real_text_gpu.sh          # CUDA (default): about 30-60 s of training on an H200
+#   bash bench/peer/real_text_gpu.sh          # CUDA (default): 400 iterations, ~13 M tokens; an estimated
+#                                             # 25-60 s of training on an H200 (time limit 240 s)
 #   bash bench/peer/real_text_gpu.sh --cpu    # CPU backend, `tiny` model, 120 short iterations (~20 s)
 #   bash bench/peer/real_text_gpu.sh --check LOG [--cpu]   # only the check, on an existing log
 #
@@ -52,7 +53,7 @@ if [ "$mode" = cuda ]; then
   TRAIN_ITERS=${TRAIN_ITERS:-400}
   WINDOWS=${WINDOWS:-6}
   FINAL_MAX=${FINAL_MAX:-2.5}
-  MIN_DROP=${MIN_DROP:-2.0}
+  MIN_DROP=${MIN_DROP:-1.0}
   args=(--model gpt-125m --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8
     --global-batch-size 32 --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 40 --device cuda)
   limit=240

@@ -25,8 +25,7 @@ __device__ __forceinline__ float clip_coefficient(const float* norm, float max_n
   return c < 1.0f ? c : 1.0f;
 }
 
-// ---- The per-element AdamW update of the vectorized kernel (adamw_hyper.h's formula, same operation order).
-// ----
+// ---- The vectorized kernel's per-element AdamW update (adamw_hyper.h's formula and operation order). ----
 
 __device__ __forceinline__ void adamw_element(const AdamWStep& step, float clip, float decay, float grad,
                                               float& m, float& v, float& p) {
