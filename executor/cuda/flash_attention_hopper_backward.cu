@@ -50,31 +50,6 @@ __device__ __forceinline__ void gemm_k_major(float (&acc)[N / 2], uint32_t a_add
   }
 }
 
-// acc (64 x D) += A B over K = M_ROWS: A (64 x M_ROWS) in registers, B an MN-major M_ROWS x D tile.
-template <int D, int M_ROWS>
-__device__ __forceinline__ void gemm_registers(float (&acc)[D / 2], uint32_t (&a)[M_ROWS / 16][4],
-                                               uint32_t b_address) {
-#pragma unroll
-  for (int kk = 0; kk < M_ROWS / 16; ++kk) {
-    const uint64_t b = mn_major_descriptor(b_address + kk * 16 * 128, M_ROWS * 128);
-    if constexpr (D == 128)
-      wgmma_rs_m64n128<1>(acc, a[kk], b, 1);
-    else
-      wgmma_rs_m64n64<1>(acc, a[kk], b, 1);
-  }
-}
-
-template <int N>
-__device__ __forceinline__ void pack_fragments(uint32_t (&a)[N / 16][4], const float (&x)[N / 2]) {
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    a[kk][0] = pack_bf16(x[8 * kk + 0], x[8 * kk + 1]);
-    a[kk][1] = pack_bf16(x[8 * kk + 2], x[8 * kk + 3]);
-    a[kk][2] = pack_bf16(x[8 * kk + 4], x[8 * kk + 5]);
-    a[kk][3] = pack_bf16(x[8 * kk + 6], x[8 * kk + 7]);
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(const BackwardArgs p) {
   constexpr int kBlockM = Tile<D>::kBlockM;
@@ -149,66 +124,79 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(cons
     const float* lse = stats + (it & 1) * 2 * kBlockM;
     const float* delta = lse + kBlockM;
 
-    // A warpgroup whose 64 key rows all lie after the tile's last query sees only masked entries.
-    const bool wg_masked = p.causal && kv0 + 64 * wg > q0 + kBlockM - 1;
+    // S^T and dP^T as two commit groups, so that P^T = exp2(S^T - lse) overlaps dP^T's matrix product.
     float s[kBlockM / 2], dp[kBlockM / 2];
-#pragma unroll
-    for (int i = 0; i < kBlockM / 2; ++i) s[i] = dp[i] = 0.0f;
-    if (!wg_masked) {
-      wgmma_fence();
-      gemm_k_major<D, kBlockM>(s, k_address + 64 * wg * 128, kBlockN, q_address);
-      gemm_k_major<D, kBlockM>(dp, v_address + 64 * wg * 128, kBlockN, do_address);
-      wgmma_commit();
-      wgmma_wait<0>();  // (waiting for S^T alone makes ptxas serialize every wgmma: C7514)
-      fence_registers(s);
-      fence_registers(dp);
-    }
-    // P^T and dS^T in place (s <- P^T, dp <- dS^T); columns are query rows q0 + 8i + 2t + c.
+    wgmma_fence();
+    gemm_k_major<D, kBlockM>(s, k_address + 64 * wg * 128, kBlockN, q_address);
+    wgmma_commit();
+    gemm_k_major<D, kBlockM>(dp, v_address + 64 * wg * 128, kBlockN, do_address);
+    wgmma_commit();
+    // Masks only where the tile crosses the causal diagonal or the end of the sequence.
+    const bool needs_mask =
+        (p.causal && kv0 + 64 * wg + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
+    wgmma_wait<1>();
+    fence_registers(s);
 #pragma unroll
     for (int i = 0; i < kBlockM / 8; ++i) {
       const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
-      const float2 delta2 = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int q = q0 + 8 * i + 2 * t + c;
         const float lse_log2 = (c == 0 ? lse2.x : lse2.y) * kLog2e;
-        const float d = c == 0 ? delta2.x : delta2.y;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = 4 * i + 2 * r + c;
           const bool visible =
-              !wg_masked && q < p.seq_len && kv_row[r] < p.seq_len && !(p.causal && q < kv_row[r]);
-          const float prob = visible ? fast_exp2(fmaf(s[e], p.scale_log2, -lse_log2)) : 0.0f;
-          s[e] = prob;
-          dp[e] = visible ? prob * (dp[e] - d) : 0.0f;
+              !needs_mask || (q < p.seq_len && kv_row[r] < p.seq_len && !(p.causal && q < kv_row[r]));
+          s[e] = visible ? fast_exp2(fmaf(s[e], p.scale_log2, -lse_log2)) : 0.0f;
         }
       }
     }
+    wgmma_wait<0>();
+    fence_registers(dp);
+    // Per 16 query columns: dS^T = P^T o (dP^T - delta), its bf16 copy to shared memory (row kv_local,
+    // columns q) for dQ, and the chunk's dV += P^T dO and dK += dS^T Q issued at once, so the tensor cores
+    // work on chunk kk while the next chunk is formed.
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-    pack_fragments<kBlockM>(pa, s);
-    pack_fragments<kBlockM>(dsa, dp);
-    // dS^T (bf16) to shared memory for dQ: row kv_local, columns q.
 #pragma unroll
-    for (int i = 0; i < kBlockM / 8; ++i) {
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        *reinterpret_cast<uint32_t*>(ds_tile + sw128_offset<kBlockN>(kv_local[r], 8 * i + 2 * t)) =
-            pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
+      for (int h = 0; h < 2; ++h) {
+        const int i = 2 * kk + h;
+        const float2 delta2 = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? delta2.y : delta2.x));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          *reinterpret_cast<uint32_t*>(ds_tile + sw128_offset<kBlockN>(kv_local[r], 8 * i + 2 * t)) =
+              pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
+        }
+      }
+      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+      dsa[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
+      dsa[kk][1] = pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
+      dsa[kk][2] = pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
+      dsa[kk][3] = pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
+      wgmma_fence();
+      const uint64_t b_do = mn_major_descriptor(do_address + kk * 16 * 128, kBlockM * 128);
+      const uint64_t b_q = mn_major_descriptor(q_address + kk * 16 * 128, kBlockM * 128);
+      if constexpr (D == 128) {
+        wgmma_rs_m64n128<1>(dv, pa[kk], b_do, 1);
+        wgmma_rs_m64n128<1>(dk, dsa[kk], b_q, 1);
+      } else {
+        wgmma_rs_m64n64<1>(dv, pa[kk], b_do, 1);
+        wgmma_rs_m64n64<1>(dk, dsa[kk], b_q, 1);
       }
     }
-    // dV += P^T dO, dK += dS^T Q.
-    if (!wg_masked) {
-      wgmma_fence();
-      gemm_registers<D, kBlockM>(dv, pa, do_address);
-      gemm_registers<D, kBlockM>(dk, dsa, q_address);
-      wgmma_commit();
-    }
+    wgmma_commit();
     fence_async_shared();
     __syncthreads();
     // dQ (64 x 64 per warpgroup) = dS K: A = dS^T tile read M-major, B = K tile read MN-major.
     float dq[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {

@@ -31,20 +31,6 @@ __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
   return p + ((1024 - (address & 1023)) & 1023);
 }
 
-// O += P V for one warpgroup: P (64 x 128) in A fragments, V tile (128 x D) MN-major.
-template <int D>
-__device__ __forceinline__ void accumulate_pv(float (&o)[D / 2], uint32_t (&pa)[kBlockN / 16][4],
-                                              uint32_t v_address) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint64_t b = mn_major_descriptor(v_address + kk * 16 * 128, kBlockN * 128);
-    if constexpr (D == 128)
-      wgmma_rs_m64n128<1>(o, pa[kk], b, 1);
-    else
-      wgmma_rs_m64n64<1>(o, pa[kk], b, 1);
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const ForwardArgs p) {
   extern __shared__ unsigned char smem_raw[];
@@ -126,8 +112,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const
         }
       }
     }
-    // Online softmax per row (each row's 128 columns live on the 4 lanes of one quad).
-    uint32_t pa[kBlockN / 16][4];
+    // Online softmax per row (each row's 128 columns live on the 4 lanes of one quad): the row maxima and
+    // the O rescale first, then per 16 key columns P = exp2(S - m) and that chunk's O += P V issued at once,
+    // so the tensor cores work on chunk kk while the next chunk's exponentials run.
+    float m_new[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
@@ -135,36 +123,37 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const
       for (int i = 0; i < kBlockN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[r], mx * p.scale_log2);
-      const float alpha = fast_exp2(row_max[r] - m_new);
-      row_max[r] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float prob = fast_exp2(fmaf(s[4 * i + 2 * r + c], p.scale_log2, -m_new));
-          s[4 * i + 2 * r + c] = prob;
-          sum += prob;
-        }
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;
+      m_new[r] = fmaxf(row_max[r], mx * p.scale_log2);
+      const float alpha = fast_exp2(row_max[r] - m_new[r]);
+      row_max[r] = m_new[r];
+      row_sum[r] *= alpha;
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
         o[4 * i + 2 * r] *= alpha;
         o[4 * i + 2 * r + 1] *= alpha;
       }
     }
+    uint32_t pa[kBlockN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int r = (e >> 1) & 1;
+        const float prob = fast_exp2(fmaf(s[8 * kk + e], p.scale_log2, -m_new[r]));
+        s[8 * kk + e] = prob;
+        row_sum[r] += prob;
+      }
       pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
       pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
       pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+      wgmma_fence();
+      const uint64_t b = mn_major_descriptor(v_address + kk * 16 * 128, kBlockN * 128);
+      if constexpr (D == 128)
+        wgmma_rs_m64n128<1>(o, pa[kk], b, 1);
+      else
+        wgmma_rs_m64n64<1>(o, pa[kk], b, 1);
     }
-    // O += P V.
-    wgmma_fence();
-    accumulate_pv<D>(o, pa, v_address);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
