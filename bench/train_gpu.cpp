@@ -23,6 +23,7 @@
 
 #include "executor/backend/sizing_backend.h"
 #include "executor/cuda/cuda_backend.h"
+#include "executor/kernels/reference_elementwise.h"
 #include "executor/runtime/communicator.h"
 #include "executor/training/trainer.h"
 #include "layouts/flops.h"
@@ -191,9 +192,11 @@ int parity(int argc, char** argv) {
   SingleRankCommunicator comm(gpu);
   Trainer trainer(config, single_stage_schedule(m.num_layers, 1), gpu, comm);
   GPTModel& model = trainer.model();
-  // Weights as the bf16 model sees them (rounded), so PyTorch starts from exactly the same values.
-  std::vector<float> weights(model.layout().total_elements());
-  gpu.download(model.model_params(), weights.data());
+  // Weights rounded to bf16 as the model's GEMMs see them, so PyTorch starts from the same values (the untied
+  // embedding lookup reads the fp32 main parameters, which are bf16-exact after this round trip).
+  std::vector<float> weights = model.main_parameters();
+  reference::round_to_bf16_inplace(weights.data(), static_cast<std::int64_t>(weights.size()));
+  model.set_main_parameters(weights);
   const std::vector<MicroBatch> data = random_batches(config, m.vocab_size, 5);
   model.zero_gradients();
   model.forward(data[0], 0);

@@ -379,20 +379,30 @@ void embedding_backward(OpSink& o, const StepShape& s) {
            s.tokens * s.hidden * kAct + s.tokens * 8 + s.tokens * s.hidden * 4);
 }
 
+// The LM head and the loss run over chunks of loss_chunk_rows() tokens, so that one chunk of logits exists
+// at a time: per chunk the logits GEMM, the fused vocab-parallel cross entropy (reads the bf16 logits, writes
+// their gradient in place) and the head's data and weight gradients (OpPhase::kBackward, issued during the
+// forward pass, as the gradient is known there).
 void loss_forward(OpSink& o, const StepShape& s, const char* label) {
   o.memory(OpKind::kNorm, "final_norm", norm_bytes(s));
   if (s.sp)
     o.comm(OpKind::kAllGather, "logits_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  o.gemm(label, s.tokens, s.vocab_padded / s.tp, s.hidden);
-  // Fused vocab-parallel cross entropy: reads the bf16 logits, writes their gradient in place.
-  o.memory(OpKind::kCrossEntropy, "cross_entropy", 2 * s.tokens * (s.vocab_padded / s.tp) * kAct,
-           DType::kBF16);
-  for (const char* l : {"ce_max_ar", "ce_target_ar", "ce_sum_exp_ar"})
-    o.comm(OpKind::kAllReduce, l, s.tokens * 4, CommGroup::kTensor, s.tp, DType::kFP32);
+  const std::int64_t vocab = s.vocab_padded / s.tp, chunk = loss_chunk_rows(s.tokens, vocab);
+  OpSink backward = o.with_phase(OpPhase::kBackward);
+  for (std::int64_t first = 0; first < s.tokens; first += chunk) {
+    const std::int64_t rows = std::min(chunk, s.tokens - first);
+    o.gemm(label, rows, vocab, s.hidden);
+    o.memory(OpKind::kCrossEntropy, "cross_entropy", 2 * rows * vocab * kAct, DType::kBF16);
+    for (const char* l : {"ce_max_ar", "ce_target_ar", "ce_sum_exp_ar"})
+      o.comm(OpKind::kAllReduce, l, rows * 4, CommGroup::kTensor, s.tp, DType::kFP32);
+    backward.gemm_backward(label, rows, vocab, s.hidden);
+  }
 }
 
+// The head's GEMMs ran in loss_forward; what is left: the tensor-parallel reduction of the final norm's
+// output gradient and the final norm's backward.
 void loss_backward(OpSink& o, const StepShape& s, const std::string& label) {
-  o.gemm_backward(label, s.tokens, s.vocab_padded / s.tp, s.hidden);
+  (void)label;
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "logits_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
@@ -449,6 +459,14 @@ std::int64_t layer_expert_params(const StepShape& s, bool moe) {
 }
 
 }  // namespace
+
+std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank) {
+  constexpr std::int64_t kChunkLogitsBytes = std::int64_t(256) << 20;
+  const std::int64_t logits_bytes = tokens * vocab_per_rank * kAct;
+  const std::int64_t chunks =
+      std::max<std::int64_t>(1, (logits_bytes + kChunkLogitsBytes - 1) / kChunkLogitsBytes);
+  return (tokens + chunks - 1) / chunks;
+}
 
 StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config) {
   StepShape s;

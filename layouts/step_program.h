@@ -33,6 +33,9 @@
 //   activation output (kActivation) before fc2's weight gradient, which precedes fc2's data gradient, the
 //   pre-MLP norm (kNorm) before fc1's backward GEMMs and the input norm before qkv's; not under full
 //   recomputation, whose layer re-run produces them.
+// - Loss: the LM head, cross entropy and the head's dgrad/wgrad run per token chunk (loss_chunk_rows) in the
+//   forward pass (the dgrad/wgrad ops carry OpPhase::kBackward); the backward pass starts with the final
+//   norm's backward.
 // - Recomputation: selective re-runs the core attention forward before its backward (Megatron's default
 //   "core_attn" module); full (uniform) re-runs the whole layer forward, its TP collectives included,
 //   before the layer's backward. Recomputed ops carry OpPhase::kRecompute.
@@ -89,6 +92,11 @@ struct StepShape {
   std::int64_t p2p_bytes = 0;  // one pipeline activation (or gradient) tensor
 };
 StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config);
+
+// Tokens per chunk of the LM head + cross entropy: the fewest equal chunks (the last may be shorter) whose
+// bf16 logits (rows x vocab_per_rank) stay within 256 MiB. The head's backward GEMMs run per chunk in the
+// forward pass, so only one chunk of logits is ever held.
+std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank);
 
 // Ops of one pass of `stage` (forward, or backward with its recomputation), for one microbatch. Layer,
 // microbatch and chunk fields are filled; communication ops carry group and group size, no peers.

@@ -163,6 +163,7 @@ class Backend {
   // layer that produced pre; may be empty) += column sums of d_pre. Records one GEMM op (args' shape).
   void linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias, const OpTag& tag);
   void activation_forward(ActivationKind kind, Tensor in, Tensor out, const OpTag& tag);
+  // d_in (shape of in) from d_out; element-wise, so d_in may alias in (or, for GELU, d_out).
   void activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in, const OpTag& tag);
   // Fused cross-entropy over logits (T, V) with int32 targets (T, 1) (negative = masked): losses (T, 1)
   // fp32, and the logits are overwritten by grad_scale * (softmax - onehot). No second copy of the logits.

@@ -299,6 +299,14 @@ void CudaBackend::do_bias_grad(Tensor d_out, Tensor d_bias) {
 
 void CudaBackend::do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
                                        Tensor out) {
+  if (!position_table.empty() && position_table.dtype != table.dtype)
+    throw std::logic_error("cuda backend: word and position tables must share a dtype");
+  if (table.dtype == DType::kFP32) {  // the fp32 main parameters (no bf16 copy of the tables)
+    cuda::embedding_forward(static_cast<const std::int32_t*>(tokens.data), f32(table),
+                            position_table.empty() ? nullptr : f32(position_table), b16(out), out.rows, seq,
+                            table.rows, table.cols, compute_);
+    return;
+  }
   cuda::embedding_forward(static_cast<const std::int32_t*>(tokens.data), b16(table),
                           position_table.empty() ? nullptr : b16(position_table), b16(out), out.rows, seq,
                           table.rows, table.cols, compute_);

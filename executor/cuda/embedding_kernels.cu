@@ -14,19 +14,31 @@ using detail::Bf16x8;
 
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-__global__ void embedding_forward_kernel(const int32_t* ids, const bf16* word, const bf16* position,
+__device__ __forceinline__ void load8(const bf16* p, float (&out)[8]) {
+  detail::unpack(*reinterpret_cast<const Bf16x8*>(p), out);
+}
+
+__device__ __forceinline__ void load8(const float* p, float (&out)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z,
+  out[7] = b.w;
+}
+
+// One block per token; 8 columns (16 or 32 bytes of the table) per access. Table: bf16 or fp32.
+template <typename Table>
+__global__ void embedding_forward_kernel(const int32_t* ids, const Table* word, const Table* position,
                                          bf16* out, int64_t seq_len, int64_t vocab, int64_t hidden) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool valid = id >= 0 && id < vocab;
-  const auto* w = reinterpret_cast<const Bf16x8*>(word + int64_t(valid ? id : 0) * hidden);
-  const auto* p = position ? reinterpret_cast<const Bf16x8*>(position + (t % seq_len) * hidden) : nullptr;
+  const Table* w = word + int64_t(valid ? id : 0) * hidden;
+  const Table* p = position ? position + (t % seq_len) * hidden : nullptr;
   auto* o = reinterpret_cast<Bf16x8*>(out + t * hidden);
   for (int64_t v = threadIdx.x; v < hidden / 8; v += blockDim.x) {
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8];
-    if (valid) detail::unpack(w[v], a);
+    if (valid) load8(w + 8 * v, a);
     if (p) {
-      detail::unpack(p[v], b);
+      load8(p + 8 * v, b);
 #pragma unroll
       for (int i = 0; i < 8; ++i) a[i] += b[i];
     }
@@ -82,6 +94,16 @@ size_t cub_temp_bytes(int64_t tokens) {
 void embedding_forward(const int32_t* ids, const bf16* word, const bf16* position, bf16* out, int64_t tokens,
                        int64_t seq_len, int64_t vocab, int64_t hidden, cudaStream_t stream) {
   if (hidden % 8 != 0) throw std::invalid_argument("embedding_forward: hidden must be a multiple of 8");
+  if (tokens <= 0) return;
+  embedding_forward_kernel<<<unsigned(tokens), 128, 0, stream>>>(ids, word, position, out, seq_len, vocab,
+                                                                 hidden);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void embedding_forward(const int32_t* ids, const float* word, const float* position, bf16* out,
+                       int64_t tokens, int64_t seq_len, int64_t vocab, int64_t hidden, cudaStream_t stream) {
+  if (hidden % 8 != 0 || !detail::aligned16(word) || (position != nullptr && !detail::aligned16(position)))
+    throw std::invalid_argument("embedding_forward: hidden must be a multiple of 8, tables 16-byte aligned");
   if (tokens <= 0) return;
   embedding_forward_kernel<<<unsigned(tokens), 128, 0, stream>>>(ids, word, position, out, seq_len, vocab,
                                                                  hidden);

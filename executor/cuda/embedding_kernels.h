@@ -17,6 +17,10 @@ using bf16 = __nv_bfloat16;
 void embedding_forward(const int32_t* ids, const bf16* word, const bf16* position, bf16* out, int64_t tokens,
                        int64_t seq_len, int64_t vocab, int64_t hidden, cudaStream_t stream);
 
+// The same from fp32 tables (the fp32 main parameters, when the model keeps no bf16 copy of them).
+void embedding_forward(const int32_t* ids, const float* word, const float* position, bf16* out,
+                       int64_t tokens, int64_t seq_len, int64_t vocab, int64_t hidden, cudaStream_t stream);
+
 size_t embedding_backward_workspace_bytes(int64_t tokens, int64_t vocab);
 
 // d_word [vocab, hidden] fp32 += per-id sums of d_out [tokens, hidden]; d_position [seq_len, hidden] fp32 +=

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "layouts/step_program.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -63,9 +64,18 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
                     std::to_string(config_.max_seq));
   const std::int64_t T = batch_.tokens(), h = config_.hidden, total = layout_.total_elements();
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
-  model_params_ = compute_dtype_ == DType::kFP32
-                      ? main_params_
-                      : backend_.allocate(compute_dtype_, 1, total, "model parameters (compute dtype)");
+  // The compute-dtype copy covers every parameter a GEMM or norm reads. An untied word embedding (and the
+  // learned positions) is only gathered: the lookup reads the fp32 main parameters and no copy is kept. The
+  // buffer order is Megatron's (reversed): the embedding tables are the last elements, so the copy is the
+  // buffer's first model_copy_elements_.
+  model_copy_elements_ = total;
+  if (compute_dtype_ != DType::kFP32 && !config_.tied_embeddings) {
+    const bool learned = config_.position == PositionEmbedding::kLearned;
+    model_copy_elements_ = layout_.entries()[learned ? 1 : 0].offset;
+  }
+  model_params_ = compute_dtype_ == DType::kFP32 ? main_params_
+                                                 : backend_.allocate(compute_dtype_, 1, model_copy_elements_,
+                                                                     "model parameters (compute dtype)");
   grads_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main gradients");
 
   for (int l = 0; l <= config_.num_layers; ++l)
@@ -94,7 +104,9 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   final_norm_ = backend_.allocate(compute_dtype_, T, h, "final norm");
   final_mean_ = backend_.allocate(DType::kFP32, T, 1, "final norm");
   final_rstd_ = backend_.allocate(DType::kFP32, T, 1, "final norm");
-  logits_ = backend_.allocate(compute_dtype_, T, config_.vocab_per_rank(), "logits (and their gradient)");
+  loss_chunk_rows_ = layouts::loss_chunk_rows(T, config_.vocab_per_rank());
+  logits_ = backend_.allocate(compute_dtype_, loss_chunk_rows_, config_.vocab_per_rank(),
+                              "logits (and their gradient), one token chunk");
   tokens_ = backend_.allocate_int32(T, 1, "tokens, targets, losses");
   targets_ = backend_.allocate_int32(T, 1, "tokens, targets, losses");
   losses_ = backend_.allocate(DType::kFP32, batch_.num_microbatches, T, "tokens, targets, losses");
@@ -105,8 +117,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   if (config_.activation == ActivationKind::kGelu) {
     d_fc1_ = carve(mlp_scratch_, 0, T, ffn, storage);
   } else {
-    d_ffn_ = carve(mlp_scratch_, 0, T, ffn, storage);
-    d_fc1_ = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "fc1 gradient (SwiGLU)");
+    d_ffn_ = carve(mlp_scratch_, 0, T, ffn, storage);  // d_fc1 (SwiGLU): in place over the layer's fc1 output
   }
   d_attn_ = carve(mlp_scratch_, 0, T, attn_w, storage);
   d_qkv_ = carve(mlp_scratch_, T * attn_w, T, qkv_w, storage);
@@ -145,11 +156,15 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
 }
 
 Tensor GPTModel::view(Tensor buffer, const ParameterEntry& entry) const {
+  const std::int64_t offset = entry.offset;
+  if (buffer.data == model_params_.data && buffer.numel() == model_params_.numel() &&
+      buffer.dtype == model_params_.dtype && offset >= model_params_.numel())
+    buffer = main_params_;  // not in the compute-dtype copy: the fp32 main parameter
   Tensor v;
   v.dtype = buffer.dtype;
   v.data = buffer.data == nullptr
                ? nullptr
-               : static_cast<char*>(buffer.data) + entry.offset * backend_.storage_bytes(buffer.dtype);
+               : static_cast<char*>(buffer.data) + offset * backend_.storage_bytes(buffer.dtype);
   v.rows = entry.rows;
   v.cols = entry.cols;
   v.row_stride = entry.cols;
@@ -215,7 +230,12 @@ void GPTModel::set_main_parameters(const std::vector<float>& values) {
   if (static_cast<std::int64_t>(values.size()) != layout_.total_elements())
     throw std::invalid_argument("set_main_parameters: wrong element count");
   backend_.upload(main_params_, values.data());
-  if (model_params_.data != main_params_.data) backend_.copy(main_params_, model_params_);
+  if (model_params_.data != main_params_.data) {
+    Tensor copied = main_params_;  // the copy holds the first model_copy_elements_
+    copied.cols = model_copy_elements_;
+    copied.row_stride = copied.cols;
+    backend_.copy(copied, model_params_);
+  }
 }
 
 std::vector<float> GPTModel::gradients() const {
@@ -361,14 +381,16 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
     backend_.linear_dgelu_backward(data_grad(d_res_, w.fc2_w, d_fc1_), a.fc1, g.fc1_b, {"fc2_dgrad", l, kB});
     d_fc1_bias = Tensor{};
   } else {
+    // SwiGLU's backward writes d_fc1 over the saved fc1 output, which nothing reads afterwards.
     dgrad(d_res_, w.fc2_w, d_ffn_, "fc2_dgrad");
-    backend_.activation_backward(config_.activation, a.fc1, d_ffn_, d_fc1_, {"act", l, kB});
+    backend_.activation_backward(config_.activation, a.fc1, d_ffn_, a.fc1, {"act", l, kB});
   }
+  const Tensor d_fc1 = config_.activation == ActivationKind::kGelu ? d_fc1_ : a.fc1;
   if (recompute_shared)
     backend_.norm_forward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
                           {"pre_mlp_norm", l, kR});
-  dgrad(d_fc1_, w.fc1_w, d_hidden_, "fc1_dgrad");
-  wgrad(d_fc1_, a.ln2, w.fc1_w, g.fc1_w, d_fc1_bias, "fc1_wgrad");
+  dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
+  wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, d_fc1_bias, "fc1_wgrad");
   tensor_parallel_reduce(d_hidden_);
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
                          d_hidden_, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
@@ -391,7 +413,9 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
                          d_hidden_, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"input_norm", l, kB});
 }
 
-void GPTModel::forward(const MicroBatch& mb, int index) {
+void GPTModel::forward(const MicroBatch& mb, int index) { run_forward(mb, index, true); }
+
+void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients) {
   const std::int64_t T = batch_.tokens();
   if (index < 0 || index >= batch_.num_microbatches)
     throw std::out_of_range("micro-batch index out of range");
@@ -427,53 +451,62 @@ void GPTModel::forward(const MicroBatch& mb, int index) {
   backend_.norm_forward(
       norm_args(residual_[config_.num_layers], {}, {}, fn_w, fn_b, final_norm_, final_mean_, final_rstd_),
       {"final_norm", -1, kF});
-  const Tensor out_w = view(
-      model_params_,
-      layout_.find(config_.tied_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight"));
-  GemmArgs g;
-  g.a = final_norm_;
-  g.b = out_w;
-  g.transpose_b = true;
-  g.c = logits_;
-  g.m = T;
-  g.n = out_w.rows;
-  g.k = out_w.cols;
-  backend_.gemm(g, {"logits", -1, kF});
+  // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
+  // logits' gradient in place), then the head's data gradient (into d_hidden_, read by the backward's final
+  // norm) and weight gradient, so one chunk of logits is held at a time.
+  const ParameterEntry& out_entry =
+      layout_.find(config_.tied_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight");
+  const Tensor out_w = view(model_params_, out_entry);
   // Mean over the counted tokens of the micro-batch, averaged over the iteration's micro-batches.
   const float grad_scale = counted > 0 ? static_cast<float>(1.0 / (counted * batch_.num_microbatches)) : 0.0f;
-  backend_.cross_entropy(logits_, targets_, rows_of(losses_, index, 1, 4), grad_scale,
-                         {"cross_entropy", -1, kF});
-  pending_backward_ = index;
+  const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
+  for (std::int64_t first = 0; first < T; first += loss_chunk_rows_) {
+    const std::int64_t rows = std::min(loss_chunk_rows_, T - first);
+    const Tensor logits = carve(logits_, 0, rows, logits_.cols, storage);
+    const Tensor hidden = rows_of(final_norm_, first, rows, storage);
+    GemmArgs g;
+    g.a = hidden;
+    g.b = out_w;
+    g.transpose_b = true;
+    g.c = logits;
+    g.m = rows;
+    g.n = out_w.rows;
+    g.k = out_w.cols;
+    backend_.gemm(g, {"logits", -1, kF});
+    Tensor losses = rows_of(losses_, index, 1, 4);
+    losses.data = losses.data == nullptr ? nullptr : static_cast<float*>(losses.data) + first;
+    losses.cols = rows;
+    backend_.cross_entropy(logits, rows_of(targets_, first, rows, 4), losses, grad_scale,
+                           {"cross_entropy", -1, kF});
+    if (!with_gradients) continue;
+    GemmArgs data;
+    data.a = logits;
+    data.b = out_w;
+    data.c = rows_of(d_hidden_, first, rows, storage);
+    data.m = rows;
+    data.n = out_w.cols;
+    data.k = out_w.rows;
+    backend_.gemm(data, {"logits_dgrad", -1, kB});
+    GemmArgs wgrad;
+    wgrad.a = logits;
+    wgrad.transpose_a = true;
+    wgrad.b = hidden;
+    wgrad.c = view(grads_, out_entry);
+    wgrad.m = out_w.rows;
+    wgrad.n = out_w.cols;
+    wgrad.k = rows;
+    wgrad.accumulate = true;
+    backend_.gemm(wgrad, {"logits_wgrad", -1, kB});
+  }
+  if (with_gradients) pending_backward_ = index;
 }
 
 void GPTModel::backward(int index) {
   if (pending_backward_ != index)
     throw std::logic_error("backward of a micro-batch whose forward did not run last");
   pending_backward_ = -1;
-  const std::int64_t T = batch_.tokens();
-  const bool tied = config_.tied_embeddings;
-  const ParameterEntry& out_entry =
-      layout_.find(tied ? "embedding.word_embeddings.weight" : "output_layer.weight");
-  const Tensor out_w = view(model_params_, out_entry);
-  // LM head: logits_ now holds d(loss)/d(logits).
-  GemmArgs data;
-  data.a = logits_;
-  data.b = out_w;
-  data.c = d_hidden_;
-  data.m = T;
-  data.n = out_w.cols;
-  data.k = out_w.rows;
-  backend_.gemm(data, {"logits_dgrad", -1, kB});
-  GemmArgs wgrad;
-  wgrad.a = logits_;
-  wgrad.transpose_a = true;
-  wgrad.b = final_norm_;
-  wgrad.c = view(grads_, out_entry);
-  wgrad.m = out_w.rows;
-  wgrad.n = out_w.cols;
-  wgrad.k = T;
-  wgrad.accumulate = true;
-  backend_.gemm(wgrad, {"logits_wgrad", -1, kB});
+  // d_hidden_ holds the gradient of the final norm's output (the LM head's data gradient, from forward()).
+  tensor_parallel_reduce(d_hidden_);
   Tensor fn_b, d_fn_b;
   if (config_.norm == NormKind::kLayerNorm) {
     fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
@@ -512,8 +545,7 @@ std::vector<double> GPTModel::microbatch_losses() {
 }
 
 double GPTModel::evaluate(const MicroBatch& mb) {
-  forward(mb, 0);
-  pending_backward_ = -1;
+  run_forward(mb, 0, false);
   return microbatch_losses()[0];
 }
 

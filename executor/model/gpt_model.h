@@ -42,7 +42,8 @@ class GPTModel {
   std::vector<float> gradients() const;
 
   void zero_gradients();
-  // Forward of micro-batch `index` of the iteration (keeps what its backward needs), then its backward.
+  // Forward of micro-batch `index` of the iteration (keeps what its backward needs; the LM head's backward
+  // GEMMs run here, per loss chunk, see layouts::loss_chunk_rows), then its backward.
   // Under no pipelining the backward of a micro-batch follows its forward before the next forward.
   void forward(const MicroBatch& batch, int index);
   void backward(int index);
@@ -58,7 +59,8 @@ class GPTModel {
   Tensor main_params() const { return main_params_; }
   Tensor model_params() const { return model_params_; }
   Tensor grads() const { return grads_; }
-  // View of one parameter inside a flat buffer (main, model or gradient).
+  // View of one parameter inside a flat buffer (main, model or gradient). The model buffer holds no copy of
+  // an untied embedding: its view is then the fp32 main parameter.
   Tensor view(Tensor buffer, const ParameterEntry& entry) const;
 
  private:
@@ -78,9 +80,12 @@ class GPTModel {
     Tensor mid;                 // (T, h) residual after attention (= input + proj) (saved)
     Tensor ln2;                 // (T, h) pre-MLP norm output (shared)
     Tensor ln2_mean, ln2_rstd;  // (T, 1) fp32 (saved)
-    Tensor fc1;                 // (T, fc1_width) pre-activation (saved)
+    Tensor fc1;                 // (T, fc1_width) pre-activation (saved; SwiGLU's backward overwrites it)
     Tensor act;                 // (T, ffn) activation output (shared)
   };
+  // Forward of one micro-batch; with_gradients: also the LM head's backward GEMMs (per loss chunk) and the
+  // bookkeeping for backward(); without (evaluation): the losses only.
+  void run_forward(const MicroBatch& batch, int index, bool with_gradients);
   LayerWeights layer_weights(Tensor buffer, int layer) const;
   LayerActivations allocate_layer_activations(bool with_attention);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
@@ -99,9 +104,10 @@ class GPTModel {
   Communicator& communicator_;
   ParameterLayout layout_;
 
-  Tensor model_params_;  // (1, total) compute dtype; aliases main_params_ when compute is fp32
-  Tensor main_params_;   // (1, total) fp32
-  Tensor grads_;         // (1, total) fp32
+  Tensor model_params_;  // (1, model_copy_elements_) compute dtype; aliases main_params_ when fp32
+  std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)
+  Tensor main_params_;                    // (1, total) fp32
+  Tensor grads_;                          // (1, total) fp32
 
   std::vector<Tensor> residual_;                 // L + 1 of (T, h): layer inputs and the last output
   std::vector<LayerActivations> saved_;          // per layer (none/selective) or one shared (full)
@@ -110,7 +116,8 @@ class GPTModel {
   Tensor mlp_scratch_;                           // (1, T * max(ffn, attn + qkv widths)): see the constructor
   Tensor fc2_out_;                               // (T, h) forward GEMM output (aliases d_hidden_)
   Tensor final_norm_, final_mean_, final_rstd_;  // (T, h), (T, 1), (T, 1)
-  Tensor logits_;                                // (T, V) overwritten by its gradient
+  Tensor logits_;                                // (chunk, V) one token chunk, overwritten by its gradient
+  std::int64_t loss_chunk_rows_ = 0;             // tokens per LM-head / loss chunk
   Tensor tokens_, targets_;                      // (T, 1) int32
   Tensor losses_;                                // (num_microbatches, T) fp32
   // Backward scratch (views into mlp_scratch_ where their lifetimes allow; see the constructor).

@@ -55,14 +55,19 @@ TEST(StepProgram, Llama8bTp2GemmShapesAndCounts) {
   const Op* logits = find(program.ops, "logits", -1);
   ASSERT_NE(logits, nullptr);
   EXPECT_EQ(logits->n, model.padded_vocab_size(2) / 2);
+  // The LM head runs per token chunk (bf16 logits within 256 MiB: 4 chunks of 2048 tokens here).
+  const std::int64_t chunk = loss_chunk_rows(s, model.padded_vocab_size(2) / 2),
+                     chunks = (s + chunk - 1) / chunk;
+  EXPECT_EQ(chunks, 4);
+  EXPECT_EQ(logits->m, chunk);
   // 4 GEMMs per layer forward + logits; dgrad + wgrad of each in backward.
-  EXPECT_EQ(count(program.ops, OpKind::kGemm, OpPhase::kForward), 32 * 4 + 1);
-  EXPECT_EQ(count(program.ops, OpKind::kGemm, OpPhase::kBackward), 2 * (32 * 4 + 1));
+  EXPECT_EQ(count(program.ops, OpKind::kGemm, OpPhase::kForward), 32 * 4 + chunks);
+  EXPECT_EQ(count(program.ops, OpKind::kGemm, OpPhase::kBackward), 2 * (32 * 4 + chunks));
   EXPECT_EQ(count(program.ops, OpKind::kAttentionForward, OpPhase::kForward), 32);
   EXPECT_EQ(count(program.ops, OpKind::kAttentionBackward, OpPhase::kBackward), 32);
   // No SP: all-reduce after proj and fc2 (forward) and after the qkv and fc1 dgrads (backward), plus
-  // the embedding all-reduce and 3 cross-entropy all-reduces.
-  EXPECT_EQ(count(program.ops, OpKind::kAllReduce, OpPhase::kForward), 32 * 2 + 1 + 3);
+  // the embedding all-reduce and 3 cross-entropy all-reduces per loss chunk.
+  EXPECT_EQ(count(program.ops, OpKind::kAllReduce, OpPhase::kForward), 32 * 2 + 1 + 3 * chunks);
   EXPECT_EQ(count(program.ops, OpKind::kAllReduce, OpPhase::kBackward), 32 * 2 + 1);
   const Op* attn = find(program.ops, "attn");
   ASSERT_NE(attn, nullptr);
