@@ -465,7 +465,9 @@ std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank) {
   const std::int64_t logits_bytes = tokens * vocab_per_rank * kAct;
   const std::int64_t chunks =
       std::max<std::int64_t>(1, (logits_bytes + kChunkLogitsBytes - 1) / kChunkLogitsBytes);
-  return (tokens + chunks - 1) / chunks;
+  // A multiple of 64 rows (aligned chunk starts, GEMM-friendly m) unless one chunk holds everything.
+  const std::int64_t rows = ((tokens + chunks - 1) / chunks + 63) / 64 * 64;
+  return std::min(rows, tokens);
 }
 
 StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config) {

@@ -93,8 +93,9 @@ struct StepShape {
 };
 StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config);
 
-// Tokens per chunk of the LM head + cross entropy: the fewest equal chunks (the last may be shorter) whose
-// bf16 logits (rows x vocab_per_rank) stay within 256 MiB. The head's backward GEMMs run per chunk in the
+// Tokens per chunk of the LM head + cross entropy: for the fewest equal chunks whose bf16 logits (rows x
+// vocab_per_rank) stay within 256 MiB, their rows rounded up to a multiple of 64 (the last chunk may be
+// shorter). The head's backward GEMMs run per chunk in the
 // forward pass, so only one chunk of logits is ever held.
 std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank);
 
