@@ -383,11 +383,12 @@ void embedding_backward(OpSink& o, const StepShape& s) {
 // at a time: per chunk the logits GEMM, the fused vocab-parallel cross entropy (reads the bf16 logits, writes
 // their gradient in place) and the head's data and weight gradients (OpPhase::kBackward, issued during the
 // forward pass, as the gradient is known there).
-void loss_forward(OpSink& o, const StepShape& s, const char* label) {
+void loss_forward(OpSink& o, const StepShape& s, const char* label, const StepProgramOptions& options) {
   o.memory(OpKind::kNorm, "final_norm", norm_bytes(s));
   if (s.sp)
     o.comm(OpKind::kAllGather, "logits_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  const std::int64_t vocab = s.vocab_padded / s.tp, chunk = loss_chunk_rows(s.tokens, vocab);
+  const std::int64_t vocab = s.vocab_padded / s.tp,
+                     chunk = loss_chunk_rows(s.tokens, vocab, options.loss_chunk_logits_bytes);
   OpSink backward = o.with_phase(OpPhase::kBackward);
   for (std::int64_t first = 0; first < s.tokens; first += chunk) {
     const std::int64_t rows = std::min(chunk, s.tokens - first);
@@ -460,14 +461,14 @@ std::int64_t layer_expert_params(const StepShape& s, bool moe) {
 
 }  // namespace
 
-std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank) {
-  constexpr std::int64_t kChunkLogitsBytes = std::int64_t(256) << 20;
+std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank,
+                             std::int64_t max_logits_bytes) {
   const std::int64_t logits_bytes = tokens * vocab_per_rank * kAct;
-  const std::int64_t chunks =
-      std::max<std::int64_t>(1, (logits_bytes + kChunkLogitsBytes - 1) / kChunkLogitsBytes);
-  // A multiple of 64 rows (aligned chunk starts, GEMM-friendly m) unless one chunk holds everything.
-  const std::int64_t rows = ((tokens + chunks - 1) / chunks + 63) / 64 * 64;
-  return std::min(rows, tokens);
+  const std::int64_t budget = std::max<std::int64_t>(1, max_logits_bytes);
+  const std::int64_t chunks = std::max<std::int64_t>(1, (logits_bytes + budget - 1) / budget);
+  std::int64_t rows = (tokens + chunks - 1) / chunks;
+  if (rows > 64) rows = (rows + 63) / 64 * 64;  // aligned chunk starts, GEMM-friendly m
+  return std::max<std::int64_t>(1, std::min(rows, tokens));
 }
 
 StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config) {
@@ -524,10 +525,10 @@ std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape
         o.memory(OpKind::kNorm, "mtp_norms", 2 * norm_bytes(shape));
         o.gemm("mtp_eh_proj", shape.tokens, shape.hidden / shape.tp, 2 * shape.hidden);
         layer_forward(o, model, shape, mtp_is_moe(model), options);
-        loss_forward(o, shape, "mtp_logits");
+        loss_forward(o, shape, "mtp_logits", options);
         break;
       case LayerSymbol::kLoss:
-        loss_forward(o, shape, "logits");
+        loss_forward(o, shape, "logits", options);
         break;
     }
   }

@@ -66,11 +66,15 @@ namespace megatune::layouts {
 enum class MoeDispatcher { kAllToAll, kAllGather };
 enum class ContextParallelComm { kP2p, kAllGather };
 
+// Default bytes of one chunk of logits (see loss_chunk_rows).
+constexpr std::int64_t kLossChunkLogitsBytes = std::int64_t(256) << 20;
+
 struct StepProgramOptions {
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;
   ContextParallelComm cp_comm = ContextParallelComm::kP2p;
   bool grad_reduce_in_bf16 = false;
-  std::int64_t bucket_size_elements = 0;  // 0: Megatron's default
+  std::int64_t bucket_size_elements = 0;                         // 0: Megatron's default
+  std::int64_t loss_chunk_logits_bytes = kLossChunkLogitsBytes;  // see loss_chunk_rows
 };
 
 // Where a rank's op comes from in its schedule.
@@ -94,10 +98,11 @@ struct StepShape {
 StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config);
 
 // Tokens per chunk of the LM head + cross entropy: for the fewest equal chunks whose bf16 logits (rows x
-// vocab_per_rank) stay within 256 MiB, their rows rounded up to a multiple of 64 (the last chunk may be
-// shorter). The head's backward GEMMs run per chunk in the
-// forward pass, so only one chunk of logits is ever held.
-std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank);
+// vocab_per_rank) stay within max_logits_bytes, their rows (rounded up to a multiple of 64 when above 64; the
+// last chunk may be shorter). The head's backward GEMMs run per chunk in the forward pass, so only one chunk
+// of logits is ever held.
+std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank,
+                             std::int64_t max_logits_bytes = kLossChunkLogitsBytes);
 
 // Ops of one pass of `stage` (forward, or backward with its recomputation), for one microbatch. Layer,
 // microbatch and chunk fields are filled; communication ops carry group and group size, no peers.

@@ -104,7 +104,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   final_norm_ = backend_.allocate(compute_dtype_, T, h, "final norm");
   final_mean_ = backend_.allocate(DType::kFP32, T, 1, "final norm");
   final_rstd_ = backend_.allocate(DType::kFP32, T, 1, "final norm");
-  loss_chunk_rows_ = layouts::loss_chunk_rows(T, config_.vocab_per_rank());
+  loss_chunk_rows_ = layouts::loss_chunk_rows(T, config_.vocab_per_rank(), batch_.loss_chunk_logits_bytes);
   logits_ = backend_.allocate(compute_dtype_, loss_chunk_rows_, config_.vocab_per_rank(),
                               "logits (and their gradient), one token chunk");
   tokens_ = backend_.allocate_int32(T, 1, "tokens, targets, losses");

@@ -11,6 +11,7 @@
 #include "executor/model/transformer_config.h"
 #include "executor/runtime/communicator.h"
 #include "layouts/parallel_config.h"
+#include "layouts/step_program.h"
 
 namespace megatune::executor {
 
@@ -23,6 +24,9 @@ struct BatchShape {
   std::int64_t micro_batch = 1;
   std::int64_t seq = 64;
   int num_microbatches = 1;  // per iteration (gradient accumulation)
+  // Largest chunk of logits the LM head + loss hold at once (layouts::loss_chunk_rows; the step program's
+  // StepProgramOptions::loss_chunk_logits_bytes must agree).
+  std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes;
   std::int64_t tokens() const { return micro_batch * seq; }
 };
 

@@ -54,9 +54,10 @@ std::vector<MicroBatch> batches(const TrainerConfig& c, unsigned seed) {
   return out;
 }
 
-void compare(bool llama) {
+void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes) {
   if (CudaBackend::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const TrainerConfig config = config_for(llama);
+  TrainerConfig config = config_for(llama);
+  config.batch.loss_chunk_logits_bytes = loss_chunk_logits_bytes;
   CpuBackend cpu(/*emulate_bf16=*/true);
   CudaBackend gpu(0);
   SingleRankCommunicator cpu_comm(cpu), gpu_comm(gpu);
@@ -99,6 +100,11 @@ void compare(bool llama) {
 
 TEST(EngineCudaBackend, GptShapeMatchesCpuBackend) { compare(false); }
 TEST(EngineCudaBackend, LlamaShapeMatchesCpuBackend) { compare(true); }
+// 256 tokens x 512 vocab of bf16 logits = 256 KiB; a 64 KiB budget runs the head and loss in 4 chunks.
+TEST(EngineCudaBackend, ChunkedLossMatchesCpuBackend) {
+  compare(false, 64 << 10);
+  compare(true, 64 << 10);
+}
 
 TEST(EngineCudaBackend, SelectiveAndFullRecomputeGiveTheSameGradients) {
   if (CudaBackend::device_count() == 0) GTEST_SKIP() << "no CUDA device";

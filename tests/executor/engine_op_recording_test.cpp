@@ -21,7 +21,8 @@ struct Recorded {
 };
 
 Recorded record(const layouts::ModelSpec& spec, int micro_batch, int num_microbatches,
-                RecomputeGranularity recompute) {
+                RecomputeGranularity recompute,
+                std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes) {
   layouts::ParallelConfig parallel;
   parallel.micro_batch_size = micro_batch;
   parallel.global_batch_size = micro_batch * num_microbatches;
@@ -36,6 +37,7 @@ Recorded record(const layouts::ModelSpec& spec, int micro_batch, int num_microba
   config.batch.micro_batch = micro_batch;
   config.batch.seq = spec.seq_length;
   config.batch.num_microbatches = num_microbatches;
+  config.batch.loss_chunk_logits_bytes = loss_chunk_logits_bytes;
   config.recompute = recompute;
   config.compute_dtype = DType::kBF16;
   CpuBackend backend(true);
@@ -53,7 +55,9 @@ Recorded record(const layouts::ModelSpec& spec, int micro_batch, int num_microba
   trainer.train_step(batches);
   Recorded r;
   r.executor = backend.recorder().ops();
-  r.planner = layouts::build_step_program(spec, parallel, 0).ops;
+  layouts::StepProgramOptions options;
+  options.loss_chunk_logits_bytes = loss_chunk_logits_bytes;
+  r.planner = layouts::build_step_program(spec, parallel, 0, options).ops;
   return r;
 }
 
@@ -124,6 +128,26 @@ TEST(EngineOpRecording, GptFusesGeluAndBiasGradientsIntoGemms) {
                                                                           : 2 * 2 * 3);
     expect_same_program(r);
   }
+}
+
+TEST(EngineOpRecording, ChunkedLossMatchesTheStepProgram) {
+  // tiny: 64 tokens x 256 vocab x 2 bytes = 32 KiB of logits; an 8 KiB budget gives 4 chunks of 16 tokens,
+  // each with its logits GEMM, cross entropy, dgrad and wgrad in the forward pass.
+  const Recorded r = record(layouts::model_preset("tiny"), 2, 2, RecomputeGranularity::kNone, 8 << 10);
+  int heads = 0, head_backward_in_forward = 0;
+  for (std::size_t i = 0; i < r.executor.size(); ++i) {
+    const layouts::Op& op = r.executor[i];
+    if (op.label == "logits") {
+      ++heads;
+      EXPECT_EQ(op.m, 16);
+    }
+    if (op.label == "logits_wgrad" && i + 1 < r.executor.size() && r.executor[i + 1].label == "logits") {
+      ++head_backward_in_forward;
+    }
+  }
+  EXPECT_EQ(heads, 2 * 4);
+  EXPECT_EQ(head_backward_in_forward, 2 * 3);  // per micro-batch, chunks 1..3 follow a wgrad
+  expect_same_program(r);
 }
 
 }  // namespace

@@ -74,11 +74,13 @@ double iteration_loss(GPTModel& model, const std::vector<MicroBatch>& batches) {
   return total / static_cast<double>(batches.size());
 }
 
-void check_gradients(const TransformerConfig& config, RecomputeGranularity recompute) {
+void check_gradients(const TransformerConfig& config, RecomputeGranularity recompute,
+                     std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes) {
   BatchShape shape;
   shape.micro_batch = 2;
   shape.seq = 6;
   shape.num_microbatches = 2;
+  shape.loss_chunk_logits_bytes = loss_chunk_logits_bytes;
   Harness h(config, shape, recompute);
   GPTModel& model = *h.model;
   std::vector<MicroBatch> batches = {random_batch(shape, config.vocab_size, 1),
@@ -121,6 +123,41 @@ TEST(ModelGradient, GptShapeMatchesFiniteDifferences) {
 
 TEST(ModelGradient, LlamaShapeMatchesFiniteDifferences) {
   check_gradients(llama_like(), RecomputeGranularity::kNone);
+}
+
+// 12 tokens x 32 vocab x 2 bytes = 768 bytes of logits: a 200-byte budget runs the LM head and the loss in 4
+// chunks of 3 tokens (its backward GEMMs accumulate per chunk).
+TEST(ModelGradient, ChunkedLossMatchesFiniteDifferences) {
+  check_gradients(gpt_like(), RecomputeGranularity::kNone, 200);
+  TransformerConfig untied = llama_like();
+  check_gradients(untied, RecomputeGranularity::kSelective, 200);
+}
+
+TEST(ModelGradient, ChunkedLossGivesTheSameLossAndGradients) {
+  BatchShape shape;
+  shape.micro_batch = 2;
+  shape.seq = 6;
+  std::vector<float> reference;
+  double reference_loss = 0;
+  for (std::int64_t chunk_bytes : {layouts::kLossChunkLogitsBytes, std::int64_t(200), std::int64_t(64)}) {
+    shape.loss_chunk_logits_bytes = chunk_bytes;
+    Harness h(gpt_like(), shape, RecomputeGranularity::kNone);
+    const MicroBatch mb = random_batch(shape, 32, 9);
+    h.model->zero_gradients();
+    h.model->forward(mb, 0);
+    h.model->backward(0);
+    const double loss = h.model->microbatch_losses()[0];
+    const std::vector<float> grads = h.model->gradients();
+    if (reference.empty()) {
+      reference = grads;
+      reference_loss = loss;
+      continue;
+    }
+    EXPECT_NEAR(loss, reference_loss, 1e-6 * reference_loss) << chunk_bytes;  // GEMM kernels vary with m
+    ASSERT_EQ(grads.size(), reference.size());
+    for (std::size_t i = 0; i < grads.size(); ++i)  // only the head's wgrad summation order differs
+      ASSERT_NEAR(grads[i], reference[i], 1e-6f + 1e-5f * std::fabs(reference[i])) << "element " << i;
+  }
 }
 
 TEST(ModelGradient, RecomputationGivesTheSameGradients) {
