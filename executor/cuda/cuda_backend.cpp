@@ -242,10 +242,12 @@ void CudaBackend::do_gemm(const GemmArgs& g) {
     if (gemm_->supports(fused, args)) {
       gemm_->run(fused, args, compute_);
       cuda::axpby_fp32(1.0f, f32(scratch_), 1.0f, f32(g.bias_grad), g.m, compute_);
+      ++wgrad_bias_use_.fused;
       return;
     }
     args.bias_grad = nullptr;
   }
+  ++wgrad_bias_use_.unfused;
   gemm_->run(spec, args, compute_);
   do_bias_grad(g.a, g.bias_grad);  // column sums of dY stored (k, m)
 }
@@ -262,8 +264,10 @@ void CudaBackend::do_linear_gelu_forward(const GemmArgs& g, Tensor out) {
   args.aux = g.c.data;
   if (g.c.dtype == DType::kBF16 && gemm_->supports(spec, args)) {
     gemm_->run(spec, args, compute_);
+    ++gelu_forward_use_.fused;
     return;
   }
+  ++gelu_forward_use_.unfused;
   Backend::do_linear_gelu_forward(g, out);
 }
 
@@ -285,8 +289,10 @@ void CudaBackend::do_linear_dgelu_backward(const GemmArgs& g, Tensor pre, Tensor
       require_fp32(d_bias, "bias gradient");
       cuda::accumulate_bf16_into_fp32(static_cast<const bf16*>(scratch_.data), f32(d_bias), g.n, compute_);
     }
+    ++dgelu_backward_use_.fused;
     return;
   }
+  ++dgelu_backward_use_.unfused;
   Backend::do_linear_dgelu_backward(g, pre, d_bias);
 }
 

@@ -31,6 +31,14 @@ class CudaBackend final : public Backend {
   // Device memory this backend holds: the arena plus the fixed workspaces (GEMM, optimizer table).
   std::int64_t device_bytes() const;
   cudaStream_t compute_stream() const { return compute_; }
+  // How often each fused GEMM epilogue ran fused, and how often it fell back to the unfused kernels
+  // (cuBLASLt offered no algorithm, or the widths / pointers are outside its rules).
+  struct EpilogueUse {
+    std::int64_t fused = 0, unfused = 0;
+  };
+  EpilogueUse gelu_forward_use() const { return gelu_forward_use_; }      // GELU_AUX(_BIAS)
+  EpilogueUse dgelu_backward_use() const { return dgelu_backward_use_; }  // DGELU(_BGRAD)
+  EpilogueUse wgrad_bias_use() const { return wgrad_bias_use_; }          // BGRADB
 
   void upload(Tensor dst, const float* host) override;
   void download(Tensor src, float* host) override;
@@ -90,6 +98,7 @@ class CudaBackend final : public Backend {
   // Op timing: event pairs (created on first use, reused) and the ops they bracket.
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timing_events_;
   std::vector<layouts::Op> timed_;
+  EpilogueUse gelu_forward_use_, dgelu_backward_use_, wgrad_bias_use_;
 };
 
 }  // namespace megatune::executor

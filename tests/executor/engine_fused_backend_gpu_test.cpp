@@ -5,6 +5,7 @@
 // backward in place over its input.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,15 @@ void check_linear_gelu(std::int64_t T, std::int64_t n, std::int64_t k, bool bias
     ++i;
   }
   EXPECT_LT(test::relative_error(pre[1], pre[0]), 1e-2) << "n " << n;
+  // Widths that are multiples of 8 run in cuBLASLt's GELU_AUX_BIAS epilogue (as GemmRunnerGpu tests),
+  // others fall back; without a bias (GELU_AUX) cuBLASLt decides: report which path ran.
+  if (bias) {
+    EXPECT_EQ(p.gpu_backend.gelu_forward_use().fused, n % 8 == 0 ? 1 : 0);
+    EXPECT_EQ(p.gpu_backend.gelu_forward_use().unfused, n % 8 == 0 ? 0 : 1);
+  }
+  std::printf("linear + gelu (n %lld, bias %d): %lld fused, %lld unfused\n", static_cast<long long>(n),
+              int(bias), static_cast<long long>(p.gpu_backend.gelu_forward_use().fused),
+              static_cast<long long>(p.gpu_backend.gelu_forward_use().unfused));
   EXPECT_LT(test::relative_error(out[1], out[0]), 1.5e-2) << "n " << n;
 }
 
@@ -105,6 +115,12 @@ void check_linear_dgelu(std::int64_t T, std::int64_t n, std::int64_t k, bool bia
     ++i;
   }
   EXPECT_LT(test::relative_error(d_pre[1], d_pre[0]), 1.5e-2) << "k " << k;
+  if (bias) {  // DGELU_BGRAD is what GemmRunnerGpu.GeluAuxBiasAndDGeluBGrad runs
+    EXPECT_EQ(p.gpu_backend.dgelu_backward_use().fused, k % 8 == 0 ? 2 : 0);
+  }
+  std::printf("dgelu backward (k %lld, bias %d): %lld fused, %lld unfused\n", static_cast<long long>(k),
+              int(bias), static_cast<long long>(p.gpu_backend.dgelu_backward_use().fused),
+              static_cast<long long>(p.gpu_backend.dgelu_backward_use().unfused));
   if (bias) {
     EXPECT_LT(test::relative_error(d_bias[1], d_bias[0]), 1.5e-2) << "k " << k;
   }
@@ -137,6 +153,11 @@ void check_weight_gradient_with_bias(std::int64_t T, std::int64_t n, std::int64_
     ++i;
   }
   EXPECT_LT(test::relative_error(dw[1], dw[0]), 1e-4) << "n " << n;  // fp32 output of bf16-exact products
+  // Whether cuBLASLt runs BGRADB with an accumulating fp32 output is its choice; report which path ran.
+  EXPECT_EQ(p.gpu_backend.wgrad_bias_use().fused + p.gpu_backend.wgrad_bias_use().unfused, 2);
+  std::printf("wgrad + bias gradient (n %lld): %lld fused (BGRADB), %lld unfused\n",
+              static_cast<long long>(n), static_cast<long long>(p.gpu_backend.wgrad_bias_use().fused),
+              static_cast<long long>(p.gpu_backend.wgrad_bias_use().unfused));
   EXPECT_LT(test::relative_error(db[1], db[0]), 1e-4) << "n " << n;
 }
 
