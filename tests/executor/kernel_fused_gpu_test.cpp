@@ -78,19 +78,28 @@ INSTANTIATE_TEST_SUITE_P(Kinds, NormGpu, ::testing::Values(NormKind::kLayerNorm,
 
 TEST(RopeGpu, MatchesReferenceOnPackedQkv) {
   MEGATUNE_REQUIRE_GPU();
-  AttentionShape shape{.batch = 2, .seq_len = 1000, .num_heads = 4, .num_kv_heads = 2, .head_dim = 128};
-  const int64_t n = shape.batch * shape.seq_len * shape.packed_token_stride();
-  auto qkv = test::random_bf16_values(n, 7);
-  DeviceBuffer<bf16> qkv_d(n);
-  test::upload_bf16(qkv_d, qkv);
-  cuda::rope_forward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 500000.0f, 0,
-                             nullptr);
-  auto want = qkv;
-  reference::rope_forward_inplace(shape, want.data(), want.data() + shape.packed_k_offset(), 500000.0f);
-  EXPECT_LT(test::relative_error(test::download_bf16(qkv_d), want), 5e-3);
-  cuda::rope_backward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 500000.0f, 0,
-                              nullptr);
-  EXPECT_LT(test::relative_error(test::download_bf16(qkv_d), qkv), 8e-3);
+  // Head dims 128 and 64 take the 8-pairs-per-thread kernel; 8 (4 pairs) the one-pair-per-thread kernel.
+  for (const int64_t head_dim : {128, 64, 8}) {
+    AttentionShape shape{
+        .batch = 2, .seq_len = 1000, .num_heads = 4, .num_kv_heads = 2, .head_dim = head_dim};
+    const int64_t n = shape.batch * shape.seq_len * shape.packed_token_stride();
+    auto qkv = test::random_bf16_values(n, 7);
+    DeviceBuffer<bf16> qkv_d(n);
+    test::upload_bf16(qkv_d, qkv);
+    cuda::rope_forward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 500000.0f, 0,
+                               nullptr);
+    auto want = qkv;
+    reference::rope_forward_inplace(shape, want.data(), want.data() + shape.packed_k_offset(), 500000.0f);
+    const auto got = test::download_bf16(qkv_d);
+    EXPECT_LT(test::relative_error(got, want), 5e-3) << "head_dim " << head_dim;
+    // v (the last n_kv * d of each token) is untouched.
+    for (int64_t t = 0; t < shape.batch * shape.seq_len; ++t)
+      for (int64_t x = shape.packed_v_offset(); x < shape.packed_token_stride(); ++x)
+        ASSERT_EQ(got[t * shape.packed_token_stride() + x], qkv[t * shape.packed_token_stride() + x]);
+    cuda::rope_backward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 500000.0f, 0,
+                                nullptr);
+    EXPECT_LT(test::relative_error(test::download_bf16(qkv_d), qkv), 8e-3) << "head_dim " << head_dim;
+  }
 }
 
 TEST(ActivationGpu, GeluAndSwigluMatchReference) {
