@@ -235,7 +235,7 @@ void CudaBackend::do_gemm(const GemmArgs& g) {
   // the row sums of op(A) (type of D: fp32) into the scratch vector, which is then added to the gradient.
   require_fp32(g.bias_grad, "bias gradient");
   require_contiguous(g.bias_grad, "bias gradient");
-  if (g.bias.empty() && scratch_.numel() >= g.m) {
+  if (epilogues_.wgrad_bias && g.bias.empty() && scratch_.numel() >= g.m) {
     cuda::GemmSpec fused = spec;
     fused.epilogue = cuda::GemmEpilogue::kBGradA;
     args.bias_grad = scratch_.data;
@@ -262,7 +262,7 @@ void CudaBackend::do_linear_gelu_forward(const GemmArgs& g, Tensor out) {
   cuda::GemmArgs args = gemm_pointers(g);
   args.d = out.data;
   args.aux = g.c.data;
-  if (g.c.dtype == DType::kBF16 && gemm_->supports(spec, args)) {
+  if (epilogues_.gelu_forward && g.c.dtype == DType::kBF16 && gemm_->supports(spec, args)) {
     gemm_->run(spec, args, compute_);
     ++gelu_forward_use_.fused;
     return;
@@ -281,8 +281,9 @@ void CudaBackend::do_linear_dgelu_backward(const GemmArgs& g, Tensor pre, Tensor
   cuda::GemmArgs args = gemm_pointers(g);
   args.aux = pre.data;
   if (with_bias) args.bias_grad = scratch_.data;
-  const bool fits = (!with_bias || scratch_.numel() * 4 >= g.n * 2) && g.c.dtype == DType::kBF16 &&
-                    pre.dtype == DType::kBF16 && g.c.contiguous() && pre.contiguous();
+  const bool fits = epilogues_.dgelu_backward && (!with_bias || scratch_.numel() * 4 >= g.n * 2) &&
+                    g.c.dtype == DType::kBF16 && pre.dtype == DType::kBF16 && g.c.contiguous() &&
+                    pre.contiguous();
   if (fits && gemm_->supports(spec, args)) {
     gemm_->run(spec, args, compute_);
     if (with_bias) {

@@ -43,7 +43,12 @@ struct Side {
   Backend& backend;
 };
 
+// CPU and CUDA backends side by side; the CUDA one asks for every fused epilogue (the defaults leave
+// DGELU_BGRAD and BGRADB off for speed: the *DefaultEpilogues tests cover that path).
 struct Pair {
+  explicit Pair(bool all_epilogues = true) {
+    if (all_epilogues) gpu_backend.set_gemm_epilogues({true, true, true});
+  }
   CpuBackend cpu_backend{/*emulate_bf16=*/true};
   CudaBackend gpu_backend{0};
   Side cpu{cpu_backend}, gpu{gpu_backend};
@@ -91,9 +96,10 @@ TEST(FusedBackendGpu, LinearGeluForwardWithoutBias) { check_linear_gelu(192, 136
 TEST(FusedBackendGpu, LinearGeluForwardOddWidthFallsBack) { check_linear_gelu(64, 100, 72, true); }
 
 // dy (T, n) . w (n, k) -> d_pre (T, k) = (dy . w) * gelu'(pre); d_bias (k) fp32 += column sums.
-void check_linear_dgelu(std::int64_t T, std::int64_t n, std::int64_t k, bool bias) {
+void check_linear_dgelu(std::int64_t T, std::int64_t n, std::int64_t k, bool bias,
+                        bool all_epilogues = true) {
   MEGATUNE_REQUIRE_GPU();
-  Pair p;
+  Pair p(all_epilogues);
   const auto dy = test::random_bf16_values(T * n, 4, 0.5f), w = test::random_bf16_values(n * k, 5, 0.1f),
              pre = test::random_bf16_values(T * k, 6, 1.0f);
   const std::vector<float> preset(k, 0.25f);
@@ -116,7 +122,7 @@ void check_linear_dgelu(std::int64_t T, std::int64_t n, std::int64_t k, bool bia
   }
   EXPECT_LT(test::relative_error(d_pre[1], d_pre[0]), 1.5e-2) << "k " << k;
   if (bias) {  // DGELU_BGRAD is what GemmRunnerGpu.GeluAuxBiasAndDGeluBGrad runs
-    EXPECT_EQ(p.gpu_backend.dgelu_backward_use().fused, k % 8 == 0 ? 2 : 0);
+    EXPECT_EQ(p.gpu_backend.dgelu_backward_use().fused, all_epilogues && k % 8 == 0 ? 2 : 0);
   }
   std::printf("dgelu backward (k %lld, bias %d): %lld fused, %lld unfused\n", static_cast<long long>(k),
               int(bias), static_cast<long long>(p.gpu_backend.dgelu_backward_use().fused),
@@ -131,9 +137,10 @@ TEST(FusedBackendGpu, DataGradientWithDGeluWithoutBias) { check_linear_dgelu(192
 TEST(FusedBackendGpu, DataGradientWithDGeluOddWidthFallsBack) { check_linear_dgelu(64, 72, 100, true); }
 
 // dW (n, k) fp32 += dy^T (n, T) . x (T, k), d_bias (n) fp32 += column sums of dy.
-void check_weight_gradient_with_bias(std::int64_t T, std::int64_t n, std::int64_t k) {
+void check_weight_gradient_with_bias(std::int64_t T, std::int64_t n, std::int64_t k,
+                                     bool all_epilogues = true) {
   MEGATUNE_REQUIRE_GPU();
-  Pair p;
+  Pair p(all_epilogues);
   const auto dy = test::random_bf16_values(T * n, 7, 0.5f), x = test::random_bf16_values(T * k, 8, 0.5f);
   std::vector<float> dw[2], db[2];
   int i = 0;
@@ -155,6 +162,9 @@ void check_weight_gradient_with_bias(std::int64_t T, std::int64_t n, std::int64_
   EXPECT_LT(test::relative_error(dw[1], dw[0]), 1e-4) << "n " << n;  // fp32 output of bf16-exact products
   // Whether cuBLASLt runs BGRADB with an accumulating fp32 output is its choice; report which path ran.
   EXPECT_EQ(p.gpu_backend.wgrad_bias_use().fused + p.gpu_backend.wgrad_bias_use().unfused, 2);
+  if (!all_epilogues) {
+    EXPECT_EQ(p.gpu_backend.wgrad_bias_use().unfused, 2);
+  }
   std::printf("wgrad + bias gradient (n %lld): %lld fused (BGRADB), %lld unfused\n",
               static_cast<long long>(n), static_cast<long long>(p.gpu_backend.wgrad_bias_use().fused),
               static_cast<long long>(p.gpu_backend.wgrad_bias_use().unfused));
@@ -166,6 +176,15 @@ TEST(FusedBackendGpu, WeightGradientCarriesTheBiasGradient) {
 }
 TEST(FusedBackendGpu, WeightGradientBiasGradientOddWidth) { check_weight_gradient_with_bias(64, 100, 72); }
 
+TEST(FusedBackendGpu, DataGradientWithDGeluDefaultEpilogues) {
+  EXPECT_FALSE(CudaBackend::GemmEpilogues{}.dgelu_backward);
+  check_linear_dgelu(192, 136, 264, true, false);
+}
+TEST(FusedBackendGpu, WeightGradientBiasGradientDefaultEpilogues) {
+  EXPECT_FALSE(CudaBackend::GemmEpilogues{}.wgrad_bias);
+  check_weight_gradient_with_bias(256, 136, 264, false);
+}
+
 TEST(FusedBackendGpu, EmbeddingFromFp32TablesMatchesBf16Tables) {
   MEGATUNE_REQUIRE_GPU();
   Pair p;
@@ -174,7 +193,6 @@ TEST(FusedBackendGpu, EmbeddingFromFp32TablesMatchesBf16Tables) {
              position = test::random_bf16_values(seq * hidden, 10);
   std::vector<std::int32_t> ids(tokens);
   for (std::int64_t t = 0; t < tokens; ++t) ids[t] = static_cast<std::int32_t>((t * 37) % vocab);
-  ids[5] = -1;  // masked id: a zero word row
   std::vector<float> out[3];
   int i = 0;
   for (Side* s : {&p.cpu, &p.gpu, &p.gpu}) {
