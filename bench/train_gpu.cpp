@@ -1,9 +1,9 @@
 // bench_train_gpu: the executor on one GPU.
-//   perf   --model NAME --mbs B --seq S [--iters N] [--recompute none|selective|full]
+//   perf   --model NAME --mbs B --seq S [--iters N] [--recompute none|selective|full] [--loss-chunk-mib M]
 //          step time (median), MFU (Megatron FLOPs / 989.4 TFLOP/s), device memory, per-kernel time shares
 //          and attention TFLOP/s, on the shapes of ../shared/anchors/torch_gpt.py
 //          (layouts::torch_anchor_model).
-//   memory --model NAME --mbs B --seq S [--recompute ...]
+//   memory --model NAME --mbs B --seq S [--recompute ...] [--loss-chunk-mib M]
 //          the arena breakdown (weights, optimizer state, saved activations, shared buffers, logits) from
 //          sizing alone: needs no GPU.
 //   parity --out DIR [--llama]
@@ -68,6 +68,10 @@ TrainerConfig perf_config(int argc, char** argv, layouts::ModelSpec& spec) {
   config.batch.micro_batch = mbs;
   config.batch.seq = seq;
   config.batch.num_microbatches = 1;
+  // --loss-chunk-mib: bf16 logits held per LM-head chunk (default 256; larger = fewer, larger head GEMMs).
+  config.batch.loss_chunk_logits_bytes =
+      std::stoll(arg(argc, argv, "--loss-chunk-mib", std::to_string(layouts::kLossChunkLogitsBytes >> 20)))
+      << 20;
   config.recompute = layouts::parse_recompute_granularity(arg(argc, argv, "--recompute", "none"));
   config.lr.max_lr = 1e-4;
   config.lr.style = LrDecayStyle::kConstant;
