@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <tuple>
 
 #include "executor/cuda/activation_kernels.h"
 #include "executor/cuda/cross_entropy_kernels.h"
@@ -25,12 +26,14 @@ namespace {
 using cuda::bf16;
 using test::DeviceBuffer;
 
-class NormGpu : public ::testing::TestWithParam<NormKind> {};
+// Widths: 1032 and 2048 take the warp-per-row forward (1032: lanes with a partial last vector), 3000 and
+// 5000 the block-per-row forward; dx is block-per-row for all.
+class NormGpu : public ::testing::TestWithParam<std::tuple<NormKind, int64_t>> {};
 
 TEST_P(NormGpu, ForwardAndBackwardMatchReference) {
   MEGATUNE_REQUIRE_GPU();
-  const NormKind kind = GetParam();
-  const int64_t rows = 300, hidden = 1032;
+  const NormKind kind = std::get<0>(GetParam());
+  const int64_t rows = 300, hidden = std::get<1>(GetParam());
   const auto x = test::random_bf16_values(rows * hidden, 1), res = test::random_bf16_values(rows * hidden, 2);
   const auto gamma = test::random_bf16_values(hidden, 3), beta = test::random_bf16_values(hidden, 4);
   const auto dy = test::random_bf16_values(rows * hidden, 5),
@@ -74,7 +77,10 @@ TEST_P(NormGpu, ForwardAndBackwardMatchReference) {
   EXPECT_EQ(test::download(dg_d), dg_first);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, NormGpu, ::testing::Values(NormKind::kLayerNorm, NormKind::kRMSNorm));
+INSTANTIATE_TEST_SUITE_P(KindsAndWidths, NormGpu,
+                         ::testing::Combine(::testing::Values(NormKind::kLayerNorm, NormKind::kRMSNorm),
+                                            ::testing::Values(int64_t(1032), int64_t(2048), int64_t(3000),
+                                                              int64_t(5000))));
 
 TEST(RopeGpu, MatchesReferenceOnPackedQkv) {
   MEGATUNE_REQUIRE_GPU();
@@ -274,6 +280,20 @@ TEST(ElementwiseGpu, CastsSumsColumnSumsAndNonfinite) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) sums[c] += x[r * cols + c];
   EXPECT_LT(test::relative_error(test::download(sums_d), sums), 1e-5);
+  {  // a width that is a multiple of 8 takes the 16-byte-load kernel: same sums, accumulated onto ones
+    const int64_t rows8 = 130, cols8 = 296;
+    const auto x8 = test::random_bf16_values(rows8 * cols8, 61);
+    DeviceBuffer<bf16> x8_d(rows8 * cols8);
+    DeviceBuffer<float> sums8_d(cols8);
+    test::upload_bf16(x8_d, x8);
+    test::upload(sums8_d, std::vector<float>(cols8, 1.0f));
+    DeviceBuffer<unsigned char> ws8(cuda::column_sum_workspace_bytes(rows8, cols8));
+    cuda::column_sum_bf16(x8_d.get(), sums8_d.get(), rows8, cols8, true, ws8.get(), ws8.size(), nullptr);
+    std::vector<float> want(cols8, 1.0f);
+    for (int64_t r = 0; r < rows8; ++r)
+      for (int64_t c = 0; c < cols8; ++c) want[c] += x8[r * cols8 + c];
+    EXPECT_LT(test::relative_error(test::download(sums8_d), want), 1e-5);
+  }
   cuda::sum_fp32(f_d.get(), n, total_d.get(), nullptr);
   const double total = std::accumulate(x.begin(), x.end(), 0.0);
   EXPECT_NEAR(test::download(total_d)[0], total, 1e-2);
