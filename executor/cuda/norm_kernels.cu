@@ -239,7 +239,6 @@ __global__ void norm_backward_partial_kernel(bool layer_norm, const bf16* dy, co
   const int64_t chunk = blockIdx.y;
   const int64_t row_end = min(rows, (chunk + 1) * kRowsPerChunk);
   float acc_gamma[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc_beta[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 4
   for (int64_t r = chunk * kRowsPerChunk; r < row_end; ++r) {
     float d[8], a[8];
     detail::unpack(reinterpret_cast<const Bf16x8*>(dy + r * hidden)[v], d);
