@@ -46,6 +46,7 @@ fi
 if [ "$stage" != checks ]; then
   step perf_gpt13b 75 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10
   step perf_llama1b 75 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10
+  step perf_gpt13b_chunk512 75 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10 --loss-chunk-mib 512
   step perf_llama1b_chunk512 75 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10 --loss-chunk-mib 512
   step peer_gpt13b_compiled 150 python3 bench/peer/torch_gpt.py --model gpt-1.3b --mbs 4 --steps 12 --compile
   step peer_llama1b_compiled 150 python3 bench/peer/torch_gpt.py --model llama-1b --mbs 2 --steps 12 --compile
