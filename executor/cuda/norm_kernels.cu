@@ -1,8 +1,11 @@
 // LayerNorm / RMSNorm kernels. The forward of rows up to 2048 wide (32 lanes x 8 vectors of 8) takes one
 // warp per row, the row held packed in registers between its passes and the statistics reduced by shuffles
-// (one read of each input, no block barriers); wider rows, and dx, take one block per row (statistics by
-// block reductions, rows re-read through L1/L2; a warp-per-row dx measured slower on H200). dgamma/dbeta: a
+// (one read of each input, no block barriers); wider rows take one block per row (statistics by block
+// reductions, rows re-read through L1/L2; a warp-per-row dx measured slower on H200). The backward of rows up
+// to 8192 wide is one kernel per chunk of rows (dx and the dgamma/dbeta partial sums from one read), then
+// the chunks' partials summed in order. dgamma/dbeta: a
 // two-stage column reduction (fixed chunks of rows, then chunks summed in order: deterministic).
+#include <algorithm>
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
@@ -230,6 +233,112 @@ __global__ void norm_backward_dx_kernel(bool layer_norm, const bf16* dy, const b
   }
 }
 
+// Sums of two values over the block (256 threads at most); scratch is shared, 9 entries.
+__device__ __forceinline__ float2 block_sum2(float a, float b, float2* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  a = detail::warp_sum(a);
+  b = detail::warp_sum(b);
+  __syncthreads();  // scratch may still be read by the previous call
+  if (lane == 0) scratch[warp] = make_float2(a, b);
+  __syncthreads();
+  if (warp == 0) {
+    float2 y = lane < warps ? scratch[lane] : make_float2(0.0f, 0.0f);
+    y.x = detail::warp_sum(y.x);
+    y.y = detail::warp_sum(y.y);
+    if (lane == 0) scratch[8] = y;
+  }
+  __syncthreads();
+  return scratch[8];
+}
+
+// The whole backward of one chunk of kRowsPerChunk rows in one block: thread t owns vectors t, t + 256, ...
+// (VPT of them) of every row, keeps gamma and its dgamma/dbeta partial sums in registers, and walks the
+// rows in order (the next row's dy and input load while this row's statistics reduce). Reads dy and input
+// once; dgamma/dbeta partials as the separate partial kernel (same order of additions).
+template <int VPT>
+__global__ void __launch_bounds__(256)
+    norm_backward_fused_kernel(bool layer_norm, const bf16* dy, const bf16* input, const bf16* gamma,
+                               const float* mean_in, const float* rstd_in, const bf16* d_residual, bf16* dx,
+                               float* partial_gamma, float* partial_beta, int64_t rows, int64_t hidden) {
+  __shared__ float2 scratch[9];
+  const int64_t vectors = hidden / 8;
+  const int64_t chunk = blockIdx.x;
+  const int64_t r0 = chunk * kRowsPerChunk, r1 = min(rows, r0 + kRowsPerChunk);
+  float g[VPT][8], acc_gamma[VPT][8], acc_beta[VPT][8];
+  Bf16x8 d_cur[VPT], a_cur[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int64_t v = threadIdx.x + 256 * j;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc_gamma[j][i] = acc_beta[j][i] = g[j][i] = 0.0f;
+    if (v < vectors) {
+      detail::unpack(reinterpret_cast<const Bf16x8*>(gamma)[v], g[j]);
+      d_cur[j] = reinterpret_cast<const Bf16x8*>(dy + r0 * hidden)[v];
+      a_cur[j] = reinterpret_cast<const Bf16x8*>(input + r0 * hidden)[v];
+    }
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    Bf16x8 d_next[VPT], a_next[VPT];
+    if (r + 1 < r1) {
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        const int64_t v = threadIdx.x + 256 * j;
+        if (v < vectors) {
+          d_next[j] = reinterpret_cast<const Bf16x8*>(dy + (r + 1) * hidden)[v];
+          a_next[j] = reinterpret_cast<const Bf16x8*>(input + (r + 1) * hidden)[v];
+        }
+      }
+    }
+    const float mean = layer_norm ? mean_in[r] : 0.0f, rstd = rstd_in[r];
+    float sum_g = 0.0f, sum_g_xhat = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      if (threadIdx.x + 256 * j >= vectors) continue;
+      float d[8], a[8];
+      detail::unpack(d_cur[j], d);
+      detail::unpack(a_cur[j], a);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float gi = d[i] * g[j][i];
+        sum_g += gi;
+        sum_g_xhat += gi * (a[i] - mean) * rstd;
+        acc_gamma[j][i] += d[i] * (a[i] - mean) * rstd;
+        acc_beta[j][i] += d[i];
+      }
+    }
+    const float2 total = block_sum2(sum_g, sum_g_xhat, scratch);
+    const float mean_g = layer_norm ? total.x / float(hidden) : 0.0f;
+    const float mean_g_xhat = total.y / float(hidden);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int64_t v = threadIdx.x + 256 * j;
+      if (v >= vectors) continue;
+      float d[8], a[8], res[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      detail::unpack(d_cur[j], d);
+      detail::unpack(a_cur[j], a);
+      if (d_residual) detail::unpack(reinterpret_cast<const Bf16x8*>(d_residual + r * hidden)[v], res);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float xhat = (a[i] - mean) * rstd;
+        a[i] = rstd * (d[i] * g[j][i] - mean_g - xhat * mean_g_xhat) + res[i];
+      }
+      reinterpret_cast<Bf16x8*>(dx + r * hidden)[v] = detail::pack(a);
+      d_cur[j] = d_next[j];
+      a_cur[j] = a_next[j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int64_t v = threadIdx.x + 256 * j;
+    if (v >= vectors) continue;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      partial_gamma[chunk * hidden + v * 8 + i] = acc_gamma[j][i];
+      partial_beta[chunk * hidden + v * 8 + i] = acc_beta[j][i];
+    }
+  }
+}
+
 // Stage 1: partial sums over a chunk of kRowsPerChunk rows of dy * xhat and dy, 8 columns per thread.
 __global__ void norm_backward_partial_kernel(bool layer_norm, const bf16* dy, const bf16* input,
                                              const float* mean_in, const float* rstd_in, float* partial_gamma,
@@ -308,7 +417,7 @@ size_t norm_backward_workspace_bytes(int64_t rows, int64_t hidden) {
 void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16* gamma, const float* mean,
                    const float* rstd, const bf16* d_residual, bf16* dx, float* dgamma, float* dbeta,
                    int64_t rows, int64_t hidden, bool accumulate, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, NormBackwardKernel kernel) {
   if (!norm_supports(hidden))
     throw std::invalid_argument("norm_backward: hidden must be a multiple of 8, <= 32768");
   if (workspace_bytes < norm_backward_workspace_bytes(rows, hidden))
@@ -319,6 +428,28 @@ void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16*
   const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
   auto* partial_gamma = static_cast<float*>(workspace);
   float* partial_beta = partial_gamma + chunks * hidden;
+  const int64_t vectors = hidden / 8;
+  if (kernel == NormBackwardKernel::kFused && vectors <= 4 * 256) {
+    const int vpt = vectors <= 256 ? 1 : vectors <= 512 ? 2 : 4;
+    const unsigned threads = unsigned(std::min<int64_t>(256, (vectors + 31) / 32 * 32));
+    if (vpt == 1)
+      norm_backward_fused_kernel<1>
+          <<<unsigned(chunks), threads, 0, stream>>>(layer_norm, dy, input, gamma, mean, rstd, d_residual, dx,
+                                                     partial_gamma, partial_beta, rows, hidden);
+    else if (vpt == 2)
+      norm_backward_fused_kernel<2><<<unsigned(chunks), 256, 0, stream>>>(layer_norm, dy, input, gamma, mean,
+                                                                          rstd, d_residual, dx, partial_gamma,
+                                                                          partial_beta, rows, hidden);
+    else
+      norm_backward_fused_kernel<4><<<unsigned(chunks), 256, 0, stream>>>(layer_norm, dy, input, gamma, mean,
+                                                                          rstd, d_residual, dx, partial_gamma,
+                                                                          partial_beta, rows, hidden);
+    MEGATUNE_CUDA_CHECK_LAUNCH();
+    norm_backward_final_kernel<<<unsigned((hidden + 255) / 256), 256, 0, stream>>>(
+        partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
+    MEGATUNE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   // The partial sums read dy before dx overwrites it (dx may alias d_residual, never dy).
   const unsigned vector_blocks = unsigned((hidden / 8 + 127) / 128);
   norm_backward_partial_kernel<<<dim3(vector_blocks, unsigned(chunks)), 128, 0, stream>>>(

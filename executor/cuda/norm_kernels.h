@@ -28,9 +28,13 @@ size_t norm_backward_workspace_bytes(int64_t rows, int64_t hidden);
 // dx [rows, hidden] bf16 = norm backward of dy given the norm's input (the sum when residual was fused)
 // (+ d_residual [rows, hidden] when not null; dx may alias d_residual). dgamma, dbeta [hidden] fp32
 // (main grads): overwritten, or added to with accumulate; dbeta may be null. Deterministic.
+// kernel: kFused (default; rows up to 8192 wide, wider ones use kSeparate) reads dy and input once per
+// chunk of rows for dx and the dgamma/dbeta partials; kSeparate runs the partials and dx as two passes.
+// Both give the same dgamma/dbeta bit for bit.
+enum class NormBackwardKernel { kFused, kSeparate };
 void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16* gamma, const float* mean,
                    const float* rstd, const bf16* d_residual, bf16* dx, float* dgamma, float* dbeta,
                    int64_t rows, int64_t hidden, bool accumulate, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream);
+                   cudaStream_t stream, NormBackwardKernel kernel = NormBackwardKernel::kFused);
 
 }  // namespace megatune::executor::cuda

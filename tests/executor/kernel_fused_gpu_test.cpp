@@ -27,7 +27,8 @@ using cuda::bf16;
 using test::DeviceBuffer;
 
 // Widths: 1032 and 2048 take the warp-per-row forward (1032: lanes with a partial last vector), 3000 and
-// 5000 the block-per-row forward; dx is block-per-row for all.
+// 5000 the block-per-row forward; the fused backward holds 1 (1032, 2048), 2 (3000) or 4 (5000) vectors per
+// thread; each width also runs the two-pass backward.
 class NormGpu : public ::testing::TestWithParam<std::tuple<NormKind, int64_t>> {};
 
 TEST_P(NormGpu, ForwardAndBackwardMatchReference) {
@@ -70,11 +71,26 @@ TEST_P(NormGpu, ForwardAndBackwardMatchReference) {
     EXPECT_LT(test::relative_error(test::download(db_d), db), 1e-4);
   }
   // Deterministic: a second run gives identical bits.
-  const auto dg_first = test::download(dg_d);
-  test::upload(dg_d, ones);
+  const auto dg_first = test::download(dg_d), db_first = test::download(db_d);
+  test::upload(dg_d, ones), test::upload(db_d, ones);
   cuda::norm_backward(kind, dy_d.get(), sum_d.get(), g_d.get(), mean_d.get(), rstd_d.get(), dres_d.get(),
                       dx_d.get(), dg_d.get(), db_d.get(), rows, hidden, true, ws.get(), ws.size(), nullptr);
   EXPECT_EQ(test::download(dg_d), dg_first);
+  if (kind == NormKind::kLayerNorm) {
+    EXPECT_EQ(test::download(db_d), db_first);
+  }
+  // The two-pass backward: the same dgamma/dbeta bits, dx within rounding of the reference.
+  test::upload(dg_d, ones), test::upload(db_d, ones);
+  DeviceBuffer<bf16> dx_separate(rows * hidden);
+  dx_separate.poison();
+  cuda::norm_backward(kind, dy_d.get(), sum_d.get(), g_d.get(), mean_d.get(), rstd_d.get(), dres_d.get(),
+                      dx_separate.get(), dg_d.get(), db_d.get(), rows, hidden, true, ws.get(), ws.size(),
+                      nullptr, cuda::NormBackwardKernel::kSeparate);
+  EXPECT_EQ(test::download(dg_d), dg_first);
+  if (kind == NormKind::kLayerNorm) {
+    EXPECT_EQ(test::download(db_d), db_first);
+  }
+  EXPECT_LT(test::relative_error(test::download_bf16(dx_separate), dx), 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(KindsAndWidths, NormGpu,
