@@ -35,19 +35,9 @@ class OpSink {
     op.k = k;
     op.accumulate = accumulate;
   }
-  // Backward of a forward GEMM (T, out) = (T, in) x (in, out): dgrad and wgrad (wgrad first when
-  // weight_first).
+  // Backward of a forward GEMM (T, out) = (T, in) x (in, out): dgrad then wgrad (either may be left out).
   void gemm_backward(const std::string& label, std::int64_t tokens, std::int64_t out, std::int64_t in,
-                     bool need_dgrad = true, bool weight_first = false) {
-    auto wgrad = [&] {
-      Op& w = add(OpKind::kGemm, "");
-      w.label = label + "_wgrad";
-      w.m = out;
-      w.n = in;
-      w.k = tokens;
-      w.accumulate = true;
-    };
-    if (weight_first) wgrad();
+                     bool need_dgrad = true, bool need_wgrad = true) {
     if (need_dgrad) {
       Op& d = add(OpKind::kGemm, "");
       d.label = label + "_dgrad";
@@ -55,7 +45,13 @@ class OpSink {
       d.n = in;
       d.k = out;
     }
-    if (!weight_first) wgrad();
+    if (!need_wgrad) return;
+    Op& w = add(OpKind::kGemm, "");
+    w.label = label + "_wgrad";
+    w.m = out;
+    w.n = in;
+    w.k = tokens;
+    w.accumulate = true;
   }
   void memory(OpKind kind, const char* label, std::int64_t bytes, DType dtype = DType::kBF16) {
     Op& op = add(kind, label);
@@ -224,19 +220,17 @@ void dense_mlp_forward(OpSink& o, const StepShape& s, std::int64_t ffn, const ch
   o.gemm(fc2, s.tokens, s.hidden, ffn / s.tp);
 }
 
-// The activation output is not saved: it is recomputed from the saved fc1 output for fc2's weight gradient
-// (unless a full-recompute re-run just produced it), which runs before fc2's data gradient; with GELU that
-// data gradient carries GELU's backward and fc1's bias gradient in its epilogue (cuBLASLt DGELU_BGRAD).
-// recompute_norm: the pre-MLP norm output is recomputed before fc1's backward (not saved either).
+// The activation output is not saved: fc2's data gradient comes first, then one activation-backward pass
+// turns it into fc1's output gradient and recomputes the activation output for fc2's weight gradient, which
+// follows (bytes: read fc1 output and its gradient input, write both). recompute_norm: the pre-MLP norm
+// output is not saved either, but recomputed before fc1's backward GEMMs (unless a full-recompute re-run just
+// produced it).
 void dense_mlp_backward(OpSink& o, const StepShape& s, std::int64_t ffn, const std::string& fc1,
                         const std::string& fc2, bool recompute_norm) {
-  const bool recompute_shared = s.recompute != RecomputeGranularity::kFull;
-  if (recompute_shared)
-    o.with_phase(OpPhase::kRecompute)
-        .memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * ffn / s.tp * kAct);
-  o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, true, /*weight_first=*/true);
-  if (s.swiglu) o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 1) * ffn / s.tp * kAct);
-  if (recompute_shared && recompute_norm)
+  o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, true, /*need_wgrad=*/false);
+  o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 2) * ffn / s.tp * kAct);
+  o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, /*need_dgrad=*/false);
+  if (recompute_norm && s.recompute != RecomputeGranularity::kFull)
     o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
   o.gemm_backward(fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
 }

@@ -27,12 +27,12 @@
 //   rows, all-gather over etp, expert GEMMs over all local rows (topk * T/tp * etp, uniform routing) as one
 //   grouped GEMM, reduce-scatter over etp, all-to-all back, unpermute. allgather dispatcher: all-gather
 //   over tp-ep of T/tp rows, experts over their share of the gathered rows, reduce-scatter back.
-// - Fusion and memory (as the executor runs it): GELU runs in fc1's GEMM epilogue and its backward in fc2's
-//   data-gradient epilogue (no activation kernels); bias gradients are part of the weight-gradient GEMMs.
-//   Norm and activation outputs are not saved: each layer's backward recomputes (OpPhase::kRecompute) the
-//   activation output (kActivation) before fc2's weight gradient, which precedes fc2's data gradient, the
-//   pre-MLP norm (kNorm) before fc1's backward GEMMs and the input norm before qkv's; not under full
-//   recomputation, whose layer re-run produces them.
+// - Fusion and memory (as the executor runs it): GELU runs in fc1's GEMM epilogue (no forward activation
+//   kernel for GELU); bias gradients are part of the weight-gradient GEMM ops (epilogue or separate sums,
+//   the backend's choice). Norm and activation outputs are not saved: fc2's dgrad is followed by one
+//   activation-backward pass that also recomputes the activation output, then fc2's wgrad; each layer's
+//   backward recomputes (OpPhase::kRecompute, kNorm) the pre-MLP norm before fc1's backward GEMMs and the
+//   input norm before qkv's, except under full recomputation, whose layer re-run produces them.
 // - Loss: the LM head, cross entropy and the head's dgrad/wgrad run per token chunk (loss_chunk_rows) in the
 //   forward pass (the dgrad/wgrad ops carry OpPhase::kBackward); the backward pass starts with the final
 //   norm's backward.

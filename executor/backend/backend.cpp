@@ -258,6 +258,17 @@ void Backend::activation_backward(ActivationKind kind, Tensor in, Tensor d_out, 
   end_op();
 }
 
+void Backend::activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
+                                            Tensor out, const OpTag& tag) {
+  if (d_in.rows != in.rows || d_in.cols != in.cols || out.rows != d_out.rows || out.cols != d_out.cols)
+    throw std::logic_error("activation_backward_recompute: d_in must be shaped as in, out as d_out");
+  begin_op(memory_op(OpKind::kActivationBackward, in.dtype,
+                     (in.numel() + d_out.numel() + d_in.numel() + out.numel()) * element_bytes(in)),
+           tag);
+  do_activation_backward_recompute(kind, in, d_out, d_in, out);
+  end_op();
+}
+
 void Backend::cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale,
                             const OpTag& tag) {
   begin_op(memory_op(OpKind::kCrossEntropy, logits.dtype, 2 * logits.numel() * element_bytes(logits)), tag);

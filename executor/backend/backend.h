@@ -158,6 +158,8 @@ class Backend {
   // Linear layer with a fused GELU (cuBLASLt GELU_AUX_BIAS where it can): args.c = pre (T, n) =
   // x . w^T [+ bias], kept for the backward; out (T, n) = gelu(pre). Records one GEMM op (args' shape).
   void linear_gelu_forward(const GemmArgs& args, Tensor out, const OpTag& tag);
+  // (GPTModel's backward uses a plain data gradient + activation_backward_recompute instead, which also
+  // recomputes the unsaved activation output; this entry stays for backends and callers that keep it.)
   // Data gradient of the layer after a GELU, fused with the GELU's backward (cuBLASLt DGELU_BGRAD where it
   // can): args.c = d_pre (T, n) = (args.a . op(args.b)) * gelu'(pre); d_bias (1, n) fp32 (the bias of the
   // layer that produced pre; may be empty) += column sums of d_pre. Records one GEMM op (args' shape).
@@ -165,6 +167,11 @@ class Backend {
   void activation_forward(ActivationKind kind, Tensor in, Tensor out, const OpTag& tag);
   // d_in (shape of in) from d_out; element-wise, so d_in may alias in (or, for GELU, d_out).
   void activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in, const OpTag& tag);
+  // The backward that also recomputes the activation output (not saved; the next layer's weight gradient
+  // reads it), in one pass: d_in (shape of in) from d_out, and out = act(in) (shape of d_out). Element-wise:
+  // d_in may alias in and out may alias d_out.
+  void activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in, Tensor out,
+                                     const OpTag& tag);
   // Fused cross-entropy over logits (T, V) with int32 targets (T, 1) (negative = masked): losses (T, 1)
   // fp32, and the logits are overwritten by grad_scale * (softmax - onehot). No second copy of the logits.
   void cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale, const OpTag& tag);
@@ -227,6 +234,8 @@ class Backend {
   virtual void do_linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias);
   virtual void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) = 0;
   virtual void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) = 0;
+  virtual void do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
+                                                Tensor out) = 0;
   virtual void do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) = 0;
   virtual void do_add(Tensor a, Tensor b, Tensor out) = 0;
   virtual void do_cast(Tensor src, Tensor dst) = 0;

@@ -47,6 +47,7 @@ class SizingBackend final : public Backend {
   void do_attention_backward(const AttentionArgs&, Tensor, Tensor) override { refuse(); }
   void do_activation_forward(ActivationKind, Tensor, Tensor) override { refuse(); }
   void do_activation_backward(ActivationKind, Tensor, Tensor, Tensor) override { refuse(); }
+  void do_activation_backward_recompute(ActivationKind, Tensor, Tensor, Tensor, Tensor) override { refuse(); }
   void do_cross_entropy(Tensor, Tensor, Tensor, float) override { refuse(); }
   void do_add(Tensor, Tensor, Tensor) override { refuse(); }
   void do_cast(Tensor, Tensor) override { refuse(); }

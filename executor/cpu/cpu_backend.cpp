@@ -186,6 +186,18 @@ void CpuBackend::do_activation_backward(ActivationKind kind, Tensor in, Tensor d
   round_if_bf16(d_in);
 }
 
+void CpuBackend::do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
+                                                  Tensor out) {
+  for (const Tensor* t : {&in, &d_out, &d_in, &out}) require_contiguous(*t, "activation backward tensor");
+  if (kind == ActivationKind::kGelu) {
+    reference::gelu_backward_recompute(f32(d_out), f32(in), f32(d_in), f32(out), in.rows, in.cols);
+  } else {
+    reference::swiglu_backward_recompute(f32(d_out), f32(in), f32(d_in), f32(out), in.rows, d_out.cols);
+  }
+  round_if_bf16(d_in);
+  round_if_bf16(out);
+}
+
 void CpuBackend::do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) {
   require_contiguous(logits, "logits");
   reference::cross_entropy(f32(logits), i32(targets), f32(losses), logits.rows, logits.cols,

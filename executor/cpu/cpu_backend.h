@@ -43,6 +43,8 @@ class CpuBackend final : public Backend {
   void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) override;
   void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) override;
   void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) override;
+  void do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
+                                        Tensor out) override;
   void do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) override;
   void do_add(Tensor a, Tensor b, Tensor out) override;
   void do_cast(Tensor src, Tensor dst) override;

@@ -125,6 +125,72 @@ __global__ void swiglu_backward_vec_kernel(const Bf16x8* dy, const Bf16x8* x, Bf
   }
 }
 
+// Backward + recomputed output. Each thread reads all its inputs before writing, so outputs may alias inputs
+// element for element (no __restrict__).
+__global__ void gelu_backward_recompute_kernel(const bf16* dy, const bf16* pre, bf16* dx, bf16* y,
+                                               int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float p = __bfloat162float(pre[i]), g = __bfloat162float(dy[i]);
+    dx[i] = __float2bfloat16_rn(g * gelu_derivative(p));
+    y[i] = __float2bfloat16_rn(gelu(p));
+  }
+}
+
+__global__ void gelu_backward_recompute_vec_kernel(const Bf16x8* dy, const Bf16x8* pre, Bf16x8* dx, Bf16x8* y,
+                                                   int64_t n8) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float g[8], p[8];
+    detail::unpack(dy[i], g);
+    detail::unpack(pre[i], p);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      g[j] *= gelu_derivative(p[j]);
+      p[j] = gelu(p[j]);
+    }
+    dx[i] = detail::pack(g);
+    y[i] = detail::pack(p);
+  }
+}
+
+__global__ void swiglu_backward_recompute_kernel(const bf16* dy, const bf16* x, bf16* dx, bf16* y,
+                                                 int64_t rows, int64_t f) {
+  const int64_t n = rows * f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / f, c = i - r * f;
+    const float gate = __bfloat162float(x[r * 2 * f + c]), up = __bfloat162float(x[r * 2 * f + f + c]);
+    const float g = __bfloat162float(dy[i]), s = sigmoid(gate);
+    dx[r * 2 * f + c] = __float2bfloat16_rn(g * up * s * (1.0f + gate * (1.0f - s)));
+    dx[r * 2 * f + f + c] = __float2bfloat16_rn(g * gate * s);
+    y[i] = __float2bfloat16_rn(gate * s * up);
+  }
+}
+
+__global__ void swiglu_backward_recompute_vec_kernel(const Bf16x8* dy, const Bf16x8* x, Bf16x8* dx, Bf16x8* y,
+                                                     int64_t rows, int64_t f8) {
+  const int64_t n8 = rows * f8;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / f8, c = i - r * f8;
+    float gate[8], up[8], g[8], d_gate[8], d_up[8], out[8];
+    detail::unpack(x[r * 2 * f8 + c], gate);
+    detail::unpack(x[r * 2 * f8 + f8 + c], up);
+    detail::unpack(dy[i], g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float s = sigmoid(gate[j]);
+      d_gate[j] = g[j] * up[j] * s * (1.0f + gate[j] * (1.0f - s));
+      d_up[j] = g[j] * gate[j] * s;
+      out[j] = gate[j] * s * up[j];
+    }
+    dx[r * 2 * f8 + c] = detail::pack(d_gate);
+    dx[r * 2 * f8 + f8 + c] = detail::pack(d_up);
+    y[i] = detail::pack(out);
+  }
+}
+
 bool vectorizable(int64_t width, const void* a, const void* b, const void* c = nullptr) {
   return width % 8 == 0 && detail::aligned16(a) && detail::aligned16(b) &&
          (c == nullptr || detail::aligned16(c));
@@ -183,6 +249,34 @@ void swiglu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t rows, int6
     return;
   }
   swiglu_backward_kernel<<<detail::grid_for(rows * f, kThreads), kThreads, 0, stream>>>(dy, x, dx, rows, f);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward_recompute(const bf16* dy, const bf16* pre, bf16* dx, bf16* y, int64_t rows, int64_t cols,
+                             cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return;
+  if (vectorizable(cols, dy, pre, dx) && detail::aligned16(y)) {
+    gelu_backward_recompute_vec_kernel<<<detail::grid_for(n / 8, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const Bf16x8*>(dy), reinterpret_cast<const Bf16x8*>(pre),
+        reinterpret_cast<Bf16x8*>(dx), reinterpret_cast<Bf16x8*>(y), n / 8);
+  } else {
+    gelu_backward_recompute_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(dy, pre, dx, y, n);
+  }
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward_recompute(const bf16* dy, const bf16* x, bf16* dx, bf16* y, int64_t rows, int64_t f,
+                               cudaStream_t stream) {
+  if (rows * f <= 0) return;
+  if (vectorizable(f, dy, x, dx) && detail::aligned16(y)) {
+    swiglu_backward_recompute_vec_kernel<<<detail::grid_for(rows * f / 8, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const Bf16x8*>(dy), reinterpret_cast<const Bf16x8*>(x),
+        reinterpret_cast<Bf16x8*>(dx), reinterpret_cast<Bf16x8*>(y), rows, f / 8);
+  } else {
+    swiglu_backward_recompute_kernel<<<detail::grid_for(rows * f, kThreads), kThreads, 0, stream>>>(
+        dy, x, dx, y, rows, f);
+  }
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 

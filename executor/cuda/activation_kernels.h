@@ -21,4 +21,12 @@ void swiglu_forward(const bf16* x, bf16* y, int64_t rows, int64_t f, cudaStream_
 // dx [rows, 2f] = [dy * up * silu'(gate) | dy * silu(gate)].
 void swiglu_backward(const bf16* dy, const bf16* x, bf16* dx, int64_t rows, int64_t f, cudaStream_t stream);
 
+// Backward passes that also recompute the activation output (one pass; element-wise in place: dx may alias
+// the input, y may alias dy). GELU: dx = dy * gelu'(pre), y = gelu(pre) [rows, cols]. SwiGLU: dx [rows, 2f]
+// as swiglu_backward, y [rows, f] = silu(gate) * up.
+void gelu_backward_recompute(const bf16* dy, const bf16* pre, bf16* dx, bf16* y, int64_t rows, int64_t cols,
+                             cudaStream_t stream);
+void swiglu_backward_recompute(const bf16* dy, const bf16* x, bf16* dx, bf16* y, int64_t rows, int64_t f,
+                               cudaStream_t stream);
+
 }  // namespace megatune::executor::cuda

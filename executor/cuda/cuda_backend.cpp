@@ -400,6 +400,19 @@ void CudaBackend::do_activation_backward(ActivationKind kind, Tensor in, Tensor 
   }
 }
 
+void CudaBackend::do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
+                                                   Tensor out) {
+  for (const Tensor* t : {&in, &d_out, &d_in, &out}) {
+    require_bf16(*t, "activation backward tensor");
+    require_contiguous(*t, "activation backward tensor");
+  }
+  if (kind == ActivationKind::kGelu) {
+    cuda::gelu_backward_recompute(b16(d_out), b16(in), b16(d_in), b16(out), in.rows, in.cols, compute_);
+  } else {
+    cuda::swiglu_backward_recompute(b16(d_out), b16(in), b16(d_in), b16(out), in.rows, d_out.cols, compute_);
+  }
+}
+
 void CudaBackend::do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) {
   require_contiguous(logits, "logits");
   cuda::cross_entropy_forward_backward(b16(logits), static_cast<const std::int32_t*>(targets.data),

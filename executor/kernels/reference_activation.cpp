@@ -67,4 +67,24 @@ void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, i
     }
 }
 
+void gelu_backward_recompute(const float* dy, const float* pre, float* dx, float* y, int64_t rows,
+                             int64_t cols) {
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const float p = pre[i], g = dy[i];
+    dx[i] = g * gelu_tanh_derivative(p);
+    y[i] = gelu_tanh(p);
+  }
+}
+
+void swiglu_backward_recompute(const float* dy, const float* x, float* dx, float* y, int64_t rows,
+                               int64_t f) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < f; ++c) {
+      const float gate = x[r * 2 * f + c], up = x[r * 2 * f + f + c], g = dy[r * f + c];
+      dx[r * 2 * f + c] = g * up * silu_derivative(gate);
+      dx[r * 2 * f + f + c] = g * silu(gate);
+      y[r * f + c] = silu(gate) * up;
+    }
+}
+
 }  // namespace megatune::executor::reference

@@ -25,4 +25,11 @@ void swiglu_forward(const float* x, float* y, int64_t rows, int64_t f);
 // dx [rows, 2f]: d_gate = dy * up * silu'(gate), d_up = dy * silu(gate).
 void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t f);
 
+// Backward passes that also recompute the activation output (for the next layer's weight gradient), element
+// by element, so that dx may alias x and y may alias dy: GELU: dx = dy * gelu'(pre), y = gelu(pre) (all
+// [rows, cols]); SwiGLU: dx [rows, 2f] as swiglu_backward, y [rows, f] = silu(gate) * up.
+void gelu_backward_recompute(const float* dy, const float* pre, float* dx, float* y, int64_t rows,
+                             int64_t cols);
+void swiglu_backward_recompute(const float* dy, const float* x, float* dx, float* y, int64_t rows, int64_t f);
+
 }  // namespace megatune::executor::reference

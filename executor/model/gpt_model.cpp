@@ -80,9 +80,9 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
 
   for (int l = 0; l <= config_.num_layers; ++l)
     residual_.push_back(backend_.allocate(compute_dtype_, T, h, "residual stream (layer inputs)"));
-  // Buffers shared by every layer. mlp_scratch_ holds, in turn: the activation output (forward; in backward
-  // recomputed for fc2's weight gradient), then the fc1 output gradient (GELU) or the activation output
-  // gradient (SwiGLU), then the attention output gradient and the qkv gradient side by side.
+  // Buffers shared by every layer. mlp_scratch_ holds, in turn: the activation output (forward), in backward
+  // fc2's data gradient and then the recomputed activation output, then the attention output gradient and
+  // the qkv gradient side by side.
   const std::int64_t ffn = config_.ffn_per_rank(), attn_w = config_.attention_width(),
                      qkv_w = config_.qkv_width(), storage = backend_.storage_bytes(compute_dtype_);
   norm1_out_ = backend_.allocate(compute_dtype_, T, h, "norm outputs (shared, recomputed)");
@@ -114,11 +114,6 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   d_mid_ = backend_.allocate(compute_dtype_, T, h, "backward scratch (T, h)");
   d_hidden_ = backend_.allocate(compute_dtype_, T, h, "backward scratch (T, h)");
   fc2_out_ = d_hidden_;  // forward only; d_hidden_ is dead between layers' backwards
-  if (config_.activation == ActivationKind::kGelu) {
-    d_fc1_ = carve(mlp_scratch_, 0, T, ffn, storage);
-  } else {
-    d_ffn_ = carve(mlp_scratch_, 0, T, ffn, storage);  // d_fc1 (SwiGLU): in place over the layer's fc1 output
-  }
   d_attn_ = carve(mlp_scratch_, 0, T, attn_w, storage);
   d_qkv_ = carve(mlp_scratch_, T * attn_w, T, qkv_w, storage);
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
@@ -339,8 +334,8 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   const LayerWeights w = layer_weights(model_params_, l);
   const LayerWeights g = layer_weights(grads_, l);
   const std::int64_t T = batch_.tokens();
-  // The shared norm and activation outputs hold another layer's values unless a full-recompute forward re-run
-  // of this layer has just written them.
+  // The shared norm outputs hold another layer's values unless a full-recompute forward re-run of this layer
+  // has just written them.
   const bool recompute_shared = recompute_ != RecomputeGranularity::kFull;
   const OpPhase kR = OpPhase::kRecompute;
   // dx = dy . W (data gradient).
@@ -371,26 +366,19 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
     wg.accumulate = true;
     backend_.gemm(wg, {label, l, kB});
   };
-  // MLP. d_res_ holds the gradient of the layer output. fc2's weight gradient runs first so that the
-  // recomputed activation output can then be overwritten by the gradient (they share mlp_scratch_).
-  if (recompute_shared) backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, kR});
+  // MLP. d_res_ holds the gradient of the layer output. fc2's data gradient goes to the shared activation
+  // buffer; one pass then turns it into fc1's output gradient (in place over the saved fc1 output, which
+  // nothing reads afterwards) and recomputes the activation output (in place over the data gradient) for
+  // fc2's weight gradient.
+  dgrad(d_res_, w.fc2_w, a.act, "fc2_dgrad");
+  backend_.activation_backward_recompute(config_.activation, a.fc1, a.act, a.fc1, a.act, {"act", l, kB});
   wgrad(d_res_, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
-  Tensor d_fc1_bias = g.fc1_b;
-  if (config_.activation == ActivationKind::kGelu) {
-    // fc2's data gradient with GELU's backward and fc1's bias gradient fused in the epilogue.
-    backend_.linear_dgelu_backward(data_grad(d_res_, w.fc2_w, d_fc1_), a.fc1, g.fc1_b, {"fc2_dgrad", l, kB});
-    d_fc1_bias = Tensor{};
-  } else {
-    // SwiGLU's backward writes d_fc1 over the saved fc1 output, which nothing reads afterwards.
-    dgrad(d_res_, w.fc2_w, d_ffn_, "fc2_dgrad");
-    backend_.activation_backward(config_.activation, a.fc1, d_ffn_, a.fc1, {"act", l, kB});
-  }
-  const Tensor d_fc1 = config_.activation == ActivationKind::kGelu ? d_fc1_ : a.fc1;
+  const Tensor d_fc1 = a.fc1;
   if (recompute_shared)
     backend_.norm_forward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
                           {"pre_mlp_norm", l, kR});
   dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
-  wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, d_fc1_bias, "fc1_wgrad");
+  wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
   tensor_parallel_reduce(d_hidden_);
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
                          d_hidden_, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});

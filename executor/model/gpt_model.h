@@ -73,8 +73,8 @@ class GPTModel {
   };
   // What one layer's backward reads. "saved" tensors are per layer (one shared set under full
   // recomputation); the norm outputs and the activation output are views of buffers shared by all layers:
-  // the backward recomputes them (a norm forward from the saved input and statistics, the activation from the
-  // saved pre-activation) unless a full-recompute forward re-run has just written them.
+  // the backward recomputes them (a norm forward from the saved input and statistics unless a full-recompute
+  // re-run has just written it; the activation output in the activation-backward pass).
   struct LayerActivations {
     Tensor ln1;                 // (T, h) input norm output (shared)
     Tensor ln1_mean, ln1_rstd;  // (T, 1) fp32 (saved)
@@ -84,7 +84,8 @@ class GPTModel {
     Tensor mid;                 // (T, h) residual after attention (= input + proj) (saved)
     Tensor ln2;                 // (T, h) pre-MLP norm output (shared)
     Tensor ln2_mean, ln2_rstd;  // (T, 1) fp32 (saved)
-    Tensor fc1;                 // (T, fc1_width) pre-activation (saved; SwiGLU's backward overwrites it)
+    Tensor fc1;                 // (T, fc1_width) pre-activation (saved; the backward overwrites it with its
+                                // gradient)
     Tensor act;                 // (T, ffn) activation output (shared)
   };
   // Forward of one micro-batch; with_gradients: also the LM head's backward GEMMs (per loss chunk) and the
@@ -125,7 +126,7 @@ class GPTModel {
   Tensor tokens_, targets_;                      // (T, 1) int32
   Tensor losses_;                                // (num_microbatches, T) fp32
   // Backward scratch (views into mlp_scratch_ where their lifetimes allow; see the constructor).
-  Tensor d_res_, d_mid_, d_hidden_, d_ffn_, d_fc1_, d_attn_, d_qkv_;
+  Tensor d_res_, d_mid_, d_hidden_, d_attn_, d_qkv_;
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
   int pending_backward_ = -1;           // micro-batch whose forward ran and backward has not
 };

@@ -231,5 +231,31 @@ TEST(FusedBackendGpu, SwigluBackwardInPlaceOverItsInput) {
   }
 }
 
+// The model's MLP backward: one pass turns fc2's data gradient into fc1's output gradient (in place over the
+// fc1 output) and recomputes the activation output (in place over the data gradient).
+TEST(FusedBackendGpu, ActivationBackwardRecomputesTheOutputInPlace) {
+  MEGATUNE_REQUIRE_GPU();
+  for (ActivationKind kind : {ActivationKind::kGelu, ActivationKind::kSwiglu})
+    for (std::int64_t f : {136, 100}) {  // vectorized, and the scalar fallback
+      Pair p;
+      const std::int64_t T = 96, in_cols = kind == ActivationKind::kSwiglu ? 2 * f : f;
+      const auto x = test::random_bf16_values(T * in_cols, 13, 1.5f),
+                 dy = test::random_bf16_values(T * f, 14);
+      std::vector<float> y[2], dx[2];
+      int i = 0;
+      for (Side* s : {&p.cpu, &p.gpu}) {
+        const Tensor in = s->tensor(DType::kBF16, T, in_cols, x);
+        const Tensor d = s->tensor(DType::kBF16, T, f, dy);
+        s->backend.activation_backward_recompute(kind, in, d, in, d, kTag);
+        dx[i] = s->host(in);
+        y[i] = s->host(d);
+        ++i;
+      }
+      const char* name = kind == ActivationKind::kGelu ? "gelu" : "swiglu";
+      EXPECT_LT(test::relative_error(y[1], y[0]), 1e-2) << name << " f " << f;
+      EXPECT_LT(test::relative_error(dx[1], dx[0]), 1e-2) << name << " f " << f;
+    }
+}
+
 }  // namespace
 }  // namespace megatune::executor

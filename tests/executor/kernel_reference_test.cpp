@@ -182,6 +182,35 @@ TEST(ReferenceActivation, GeluAndSwigluMatchNumericGradients) {
   }
 }
 
+TEST(ReferenceActivation, BackwardWithRecomputedOutputInPlace) {
+  const int64_t rows = 3, f = 5;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.0f, 1.5f);
+  std::vector<float> x(rows * 2 * f), dy(rows * f);
+  for (float& v : x) v = dist(rng);
+  for (float& v : dy) v = dist(rng);
+  // SwiGLU: separate outputs equal swiglu_backward + swiglu_forward; then in place (dx over x, y over dy).
+  std::vector<float> dx(x.size()), y(dy.size()), want_dx(x.size()), want_y(dy.size());
+  swiglu_backward(dy.data(), x.data(), want_dx.data(), rows, f);
+  swiglu_forward(x.data(), want_y.data(), rows, f);
+  swiglu_backward_recompute(dy.data(), x.data(), dx.data(), y.data(), rows, f);
+  EXPECT_EQ(dx, want_dx);
+  EXPECT_EQ(y, want_y);
+  std::vector<float> x_inout = x, dy_inout = dy;
+  swiglu_backward_recompute(dy_inout.data(), x_inout.data(), x_inout.data(), dy_inout.data(), rows, f);
+  EXPECT_EQ(x_inout, want_dx);
+  EXPECT_EQ(dy_inout, want_y);
+  // GELU over (rows, 2f): the same.
+  std::vector<float> g_dy(x.size()), g_dx(x.size()), g_y(x.size()), g_want_dx(x.size()), g_want_y(x.size());
+  for (float& v : g_dy) v = dist(rng);
+  gelu_backward(g_dy.data(), x.data(), g_want_dx.data(), nullptr, rows, 2 * f, false);
+  bias_gelu_forward(x.data(), nullptr, nullptr, g_want_y.data(), rows, 2 * f);
+  std::vector<float> pre_inout = x, d_inout = g_dy;
+  gelu_backward_recompute(d_inout.data(), pre_inout.data(), pre_inout.data(), d_inout.data(), rows, 2 * f);
+  EXPECT_EQ(pre_inout, g_want_dx);
+  EXPECT_EQ(d_inout, g_want_y);
+}
+
 TEST(ReferenceEmbedding, LookupAndScatterAdd) {
   const int64_t vocab = 6, hidden = 3, seq = 2, tokens = 4;
   auto word = random_vector(vocab * hidden, 19), pos = random_vector(seq * hidden, 20);
