@@ -6,8 +6,12 @@
 #include "executor/cuda/gemm_runner.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "executor/cuda/cuda_check.h"
 
@@ -20,6 +24,9 @@ struct GemmRunner::Plan {
   cublasLtMatrixLayout_t layout_b = nullptr;  // cuBLAS "B" = our A
   cublasLtMatrixLayout_t layout_d = nullptr;
   cublasLtMatmulAlgo_t algorithm{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's top choices, best first
+  Key key{};
+  bool tuned = false;
 
   ~Plan() {
     if (layout_d) cublasLtMatrixLayoutDestroy(layout_d);
@@ -215,12 +222,12 @@ GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_b
     if (status == CUBLAS_STATUS_SUCCESS)
       status = cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof alignment);
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
   int found_count = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
-    status =
-        cublasLtMatmulAlgoGetHeuristic(handle_, plan->operation, plan->layout_a, plan->layout_b,
-                                       plan->layout_d, plan->layout_d, preference, 1, &result, &found_count);
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->operation, plan->layout_a, plan->layout_b,
+                                            plan->layout_d, plan->layout_d, preference, kTuneCandidates,
+                                            results, &found_count);
   }
   cublasLtMatmulPreferenceDestroy(preference);
   if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
@@ -232,7 +239,9 @@ GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_b
         " k=" + std::to_string(spec.k) + " epilogue=" + epilogue_name(spec.epilogue) +
         " alignment=" + std::to_string(alignment_bytes) + ": run it without the fused epilogue");
   }
-  plan->algorithm = result.algo;
+  plan->algorithm = results[0].algo;
+  for (int i = 0; i < found_count; ++i) plan->candidates.push_back(results[i].algo);
+  plan->key = key;
   return *plans_.emplace(key, std::move(plan)).first->second;
 }
 
@@ -281,9 +290,63 @@ void GemmRunner::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t st
       throw std::invalid_argument("GemmRunner::run: bias-gradient epilogues need args.bias_grad");
     set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias_grad, sizeof args.bias_grad);
   }
+  if (!plan.tuned) tune(plan, args, stream);
   MEGATUNE_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.operation, &args.alpha, args.b, plan.layout_a, args.a,
                                        plan.layout_b, &args.beta, args.d, plan.layout_d, args.d,
                                        plan.layout_d, &plan.algorithm, workspace_, workspace_bytes_, stream));
+}
+
+// Times the heuristic's candidates on this call's own operands (each writes only what the real call then
+// overwrites: D, and the aux / bias-gradient outputs of the epilogue), so an accumulating GEMM (beta != 0)
+// keeps the heuristic's first choice. The choice is process-wide per (device, spec, alignment), so every
+// runner of a process runs a spec with the same algorithm (bitwise-identical results), and only a
+// candidate at least kTuneMinGain faster replaces the first choice (a stable pick, not timing noise).
+void GemmRunner::tune(Plan& plan, const GemmArgs& args, cudaStream_t stream) {
+  plan.tuned = true;
+  if (!tuning_ || plan.candidates.size() < 2 || args.beta != 0.0f) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MEGATUNE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  int device = 0;
+  MEGATUNE_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::pair<int, Key>, std::size_t> chosen;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto found = chosen.find({device, plan.key});
+    if (found != chosen.end()) {
+      if (found->second < plan.candidates.size()) plan.algorithm = plan.candidates[found->second];
+      return;
+    }
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  MEGATUNE_CUDA_CHECK(cudaEventCreate(&start));
+  MEGATUNE_CUDA_CHECK(cudaEventCreate(&stop));
+  auto launch = [&](const cublasLtMatmulAlgo_t& algorithm) {
+    return cublasLtMatmul(handle_, plan.operation, &args.alpha, args.b, plan.layout_a, args.a, plan.layout_b,
+                          &args.beta, args.d, plan.layout_d, args.d, plan.layout_d, &algorithm, workspace_,
+                          workspace_bytes_, stream);
+  };
+  std::vector<float> ms(plan.candidates.size(), -1.0f);
+  for (std::size_t i = 0; i < plan.candidates.size(); ++i) {
+    if (launch(plan.candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops it
+    MEGATUNE_CUDA_CHECK(cudaEventRecord(start, stream));
+    bool ok = true;
+    for (int r = 0; r < kTuneRepeats && ok; ++r) ok = launch(plan.candidates[i]) == CUBLAS_STATUS_SUCCESS;
+    MEGATUNE_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MEGATUNE_CUDA_CHECK(cudaEventSynchronize(stop));
+    if (ok) MEGATUNE_CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::size_t choice = 0;
+  for (std::size_t i = 1; i < ms.size(); ++i) {
+    if (ms[i] > 0.0f && (ms[choice] <= 0.0f || ms[i] < ms[choice])) choice = i;
+  }
+  if (ms[0] > 0.0f && !(ms[choice] < (1.0f - kTuneMinGain) * ms[0])) choice = 0;
+  plan.algorithm = plan.candidates[choice];
+  std::lock_guard<std::mutex> lock(mutex);
+  chosen.emplace(std::make_pair(device, plan.key), choice);
 }
 
 void linear_forward(GemmRunner& runner, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
