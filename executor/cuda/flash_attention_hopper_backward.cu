@@ -28,11 +28,6 @@ struct Tile {
       (2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * int(sizeof(bf16)) + 4 * kBlockM * 4 + 1024;
 };
 
-__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
-  const uint32_t address = shared_address(p);
-  return p + ((1024 - (address & 1023)) & 1023);
-}
-
 // acc (64 x N) = sum_kk A(kk) B(kk): A rows = this warpgroup's 64 rows of a K-major tile (row stride 128 B
 // per panel), B = all N rows of a K-major tile; K = D in 16-wide steps (4 per 64-wide panel).
 template <int D, int N>

@@ -26,11 +26,6 @@ constexpr int forward_smem_bytes() {
   return (kBlockM * D + 4 * kBlockN * D) * int(sizeof(bf16)) + 1024;
 }
 
-__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
-  const uint32_t address = shared_address(p);
-  return p + ((1024 - (address & 1023)) & 1023);
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const ForwardArgs p) {
   extern __shared__ unsigned char smem_raw[];

@@ -23,6 +23,13 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The first 1024-byte-aligned address at or after p in shared memory (128-byte-swizzled tiles start there);
+// dynamic shared memory is sized with 1024 bytes to spare for it.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  const uint32_t address = shared_address(p);
+  return p + ((1024 - (address & 1023)) & 1023);
+}
+
 // Matrix descriptor of a 128-byte-swizzled operand. K-major: rows of 64 K-elements, 8-row groups 1024 bytes
 // apart (lbo unused). MN-major: K rows of 64 MN-elements, 8-K-row groups 1024 bytes apart, the next 64
 // MN-elements (panel) mn_panel_bytes further.
