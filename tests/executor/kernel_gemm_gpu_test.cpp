@@ -1,5 +1,5 @@
 // GemmRunner (cuBLASLt) against the CPU reference GEMM: linear forward/backward, each epilogue, fp32
-// main-grad accumulation, transposes and the plan cache.
+// main-grad accumulation, transposes, the plan cache and the timed algorithm choice.
 #include <gtest/gtest.h>
 
 #include "executor/cuda/gemm_runner.h"
@@ -43,6 +43,28 @@ TEST(GemmRunnerGpu, LinearForwardWithBiasAndCache) {
   EXPECT_EQ(runner.cached_plans(), 2u);  // bias and no-bias plans, reused
   reference::linear_forward(in.x.data(), in.w.data(), nullptr, y.data(), kM, kN, kK);
   EXPECT_LT(test::relative_error(test::download_bf16(y_d), y), 8e-3);
+}
+
+// The timed algorithm choice is one per process and spec: two runners give identical bits; a runner that
+// keeps the heuristic's first choice computes the same function within bf16 rounding.
+TEST(GemmRunnerGpu, TunedAlgorithmIsProcessWide) {
+  MEGATUNE_REQUIRE_GPU();
+  constexpr int64_t m = 1024, n = 768, k = 512;
+  const auto x = test::random_bf16_values(m * k, 21, 0.5f), w = test::random_bf16_values(n * k, 22, 0.5f);
+  DeviceBuffer<bf16> x_d(m * k), w_d(n * k), y1(m * n), y2(m * n), y3(m * n);
+  test::upload_bf16(x_d, x), test::upload_bf16(w_d, w);
+  cuda::GemmRunner first, second, untuned;
+  untuned.set_tuning(false);
+  y1.poison(), y2.poison(), y3.poison();
+  cuda::linear_forward(first, x_d.get(), w_d.get(), nullptr, y1.get(), m, n, k, nullptr);
+  cuda::linear_forward(second, x_d.get(), w_d.get(), nullptr, y2.get(), m, n, k, nullptr);
+  cuda::linear_forward(untuned, x_d.get(), w_d.get(), nullptr, y3.get(), m, n, k, nullptr);
+  const auto a = test::download_bf16(y1), b = test::download_bf16(y2), c = test::download_bf16(y3);
+  EXPECT_EQ(a, b);
+  EXPECT_LT(test::relative_error(c, a), 8e-3);
+  std::vector<float> want(m * n);
+  reference::linear_forward(x.data(), w.data(), nullptr, want.data(), m, n, k);
+  EXPECT_LT(test::relative_error(a, want), 8e-3);
 }
 
 TEST(GemmRunnerGpu, GeluAuxBiasAndDGeluBGrad) {
