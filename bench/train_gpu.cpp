@@ -153,15 +153,11 @@ int perf(int argc, char** argv) {
   std::sort(shares.rbegin(), shares.rend());
   for (auto& [ms, k] : shares)
     std::printf("  %-22s %8.2f ms %5.1f%%\n", k.c_str(), ms, 100.0 * ms / total_ms);
-  std::printf(
-      "  fused GEMM epilogues (fused/unfused calls): GELU_AUX_BIAS %lld/%lld, DGELU_BGRAD %lld/%lld, "
-      "BGRADB %lld/%lld\n",
-      static_cast<long long>(gpu.gelu_forward_use().fused),
-      static_cast<long long>(gpu.gelu_forward_use().unfused),
-      static_cast<long long>(gpu.dgelu_backward_use().fused),
-      static_cast<long long>(gpu.dgelu_backward_use().unfused),
-      static_cast<long long>(gpu.wgrad_bias_use().fused),
-      static_cast<long long>(gpu.wgrad_bias_use().unfused));
+  std::printf("  fused GEMM epilogues (fused/unfused calls): GELU_AUX_BIAS %lld/%lld, BGRADB %lld/%lld\n",
+              static_cast<long long>(gpu.gelu_forward_use().fused),
+              static_cast<long long>(gpu.gelu_forward_use().unfused),
+              static_cast<long long>(gpu.wgrad_bias_use().fused),
+              static_cast<long long>(gpu.wgrad_bias_use().unfused));
   std::printf("  device memory: arena (below) + %.3f GiB of GEMM / grad-norm workspaces\n%s",
               double(gpu.device_bytes() - gpu.arena_capacity_bytes()) / double(1 << 30),
               format_arena_breakdown(arena).c_str());

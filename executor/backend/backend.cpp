@@ -141,30 +141,9 @@ void Backend::linear_gelu_forward(const GemmArgs& args, Tensor out, const OpTag&
   end_op();
 }
 
-void Backend::linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias, const OpTag& tag) {
-  if (!args.bias.empty() || !args.bias_grad.empty() || args.accumulate || pre.rows != args.m ||
-      pre.cols != args.n)
-    throw std::logic_error("linear_dgelu_backward: pre must be (m, n); no bias, accumulate or bias_grad");
-  Op op;
-  op.kind = OpKind::kGemm;
-  op.dtype = args.a.dtype;
-  op.m = args.m;
-  op.n = args.n;
-  op.k = args.k;
-  begin_op(std::move(op), tag);
-  do_linear_dgelu_backward(args, pre, d_bias);
-  end_op();
-}
-
 void Backend::do_linear_gelu_forward(const GemmArgs& args, Tensor out) {
   do_gemm(args);
   do_activation_forward(ActivationKind::kGelu, args.c, out);
-}
-
-void Backend::do_linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias) {
-  do_gemm(args);                                                       // c = d(gelu output)
-  do_activation_backward(ActivationKind::kGelu, pre, args.c, args.c);  // in place: c = d_pre
-  if (!d_bias.empty()) do_bias_grad(args.c, d_bias);
 }
 
 void Backend::bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag) {

@@ -158,12 +158,6 @@ class Backend {
   // Linear layer with a fused GELU (cuBLASLt GELU_AUX_BIAS where it can): args.c = pre (T, n) =
   // x . w^T [+ bias], kept for the backward; out (T, n) = gelu(pre). Records one GEMM op (args' shape).
   void linear_gelu_forward(const GemmArgs& args, Tensor out, const OpTag& tag);
-  // (GPTModel's backward uses a plain data gradient + activation_backward_recompute instead, which also
-  // recomputes the unsaved activation output; this entry stays for backends and callers that keep it.)
-  // Data gradient of the layer after a GELU, fused with the GELU's backward (cuBLASLt DGELU_BGRAD where it
-  // can): args.c = d_pre (T, n) = (args.a . op(args.b)) * gelu'(pre); d_bias (1, n) fp32 (the bias of the
-  // layer that produced pre; may be empty) += column sums of d_pre. Records one GEMM op (args' shape).
-  void linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias, const OpTag& tag);
   void activation_forward(ActivationKind kind, Tensor in, Tensor out, const OpTag& tag);
   // d_in (shape of in) from d_out; element-wise, so d_in may alias in (or, for GELU, d_out).
   void activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in, const OpTag& tag);
@@ -229,9 +223,8 @@ class Backend {
                        std::int64_t head_dim, float theta, bool inverse) = 0;
   virtual void do_attention_forward(const AttentionArgs& args) = 0;
   virtual void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) = 0;
-  // Defaults: the unfused composition (GEMM, then the activation kernel, then the bias-gradient sums).
+  // Default: the unfused composition (GEMM, then the activation kernel).
   virtual void do_linear_gelu_forward(const GemmArgs& args, Tensor out);
-  virtual void do_linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias);
   virtual void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) = 0;
   virtual void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) = 0;
   virtual void do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,

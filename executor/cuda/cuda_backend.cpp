@@ -185,7 +185,7 @@ std::int64_t CudaBackend::scratch_bytes(const ScratchNeeds& n) const {
   bytes = std::max(bytes, cuda::norm_backward_workspace_bytes(n.tokens, n.hidden));
   bytes = std::max(bytes, cuda::embedding_backward_workspace_bytes(n.tokens, n.vocab));
   bytes = std::max(bytes, cuda::flash_attention_backward_workspace_bytes(attention_shape(n.attention)));
-  // Fused bias gradients: one fp32 (BGRADB) or bf16 (DGELU_BGRAD) vector of the widest bias.
+  // Fused bias gradients (BGRADB): one fp32 vector of the widest bias.
   bytes = std::max(bytes, static_cast<std::size_t>(4 * n.max_bias_cols));
   return static_cast<std::int64_t>(bytes);
 }
@@ -269,32 +269,6 @@ void CudaBackend::do_linear_gelu_forward(const GemmArgs& g, Tensor out) {
   }
   ++gelu_forward_use_.unfused;
   Backend::do_linear_gelu_forward(g, out);
-}
-
-void CudaBackend::do_linear_dgelu_backward(const GemmArgs& g, Tensor pre, Tensor d_bias) {
-  // cuBLASLt's DGELU_BGRAD: D = (A.B) * gelu'(aux); the bias gradient (type of D: bf16, overwritten) goes to
-  // the scratch, then is accumulated into the fp32 gradient. Without a bias: DGELU.
-  const bool with_bias = !d_bias.empty();
-  cuda::GemmSpec spec = gemm_spec(g);
-  spec.epilogue = with_bias ? cuda::GemmEpilogue::kDGeluBGrad : cuda::GemmEpilogue::kDGelu;
-  spec.ld_aux = pre.row_stride;
-  cuda::GemmArgs args = gemm_pointers(g);
-  args.aux = pre.data;
-  if (with_bias) args.bias_grad = scratch_.data;
-  const bool fits = epilogues_.dgelu_backward && (!with_bias || scratch_.numel() * 4 >= g.n * 2) &&
-                    g.c.dtype == DType::kBF16 && pre.dtype == DType::kBF16 && g.c.contiguous() &&
-                    pre.contiguous();
-  if (fits && gemm_->supports(spec, args)) {
-    gemm_->run(spec, args, compute_);
-    if (with_bias) {
-      require_fp32(d_bias, "bias gradient");
-      cuda::accumulate_bf16_into_fp32(static_cast<const bf16*>(scratch_.data), f32(d_bias), g.n, compute_);
-    }
-    ++dgelu_backward_use_.fused;
-    return;
-  }
-  ++dgelu_backward_use_.unfused;
-  Backend::do_linear_dgelu_backward(g, pre, d_bias);
 }
 
 void CudaBackend::do_bias_grad(Tensor d_out, Tensor d_bias) {

@@ -36,18 +36,16 @@ class CudaBackend final : public Backend {
   struct EpilogueUse {
     std::int64_t fused = 0, unfused = 0;
   };
-  EpilogueUse gelu_forward_use() const { return gelu_forward_use_; }      // GELU_AUX(_BIAS)
-  EpilogueUse dgelu_backward_use() const { return dgelu_backward_use_; }  // DGELU(_BGRAD)
-  EpilogueUse wgrad_bias_use() const { return wgrad_bias_use_; }          // BGRADB
+  EpilogueUse gelu_forward_use() const { return gelu_forward_use_; }  // GELU_AUX(_BIAS)
+  EpilogueUse wgrad_bias_use() const { return wgrad_bias_use_; }      // BGRADB
   // Which fused cuBLASLt epilogues the backend asks for. Defaults by measurement (H200, cuBLASLt 13.0,
   // gpt-1.3b shapes, m = 8192 tokens): GELU_AUX_BIAS costs +15% over the plain GEMM and saves a separate
-  // GELU pass, so it is on; DGELU_BGRAD ran 2.7x slower than the plain data-gradient GEMM (0.92 vs 0.34 ms
-  // for 8192 x 8192 x 2048) and BGRADB made weight-gradient GEMMs ~15-20% slower, while the separate dGELU
-  // and column-sum kernels cost ~0.1 ms and ~0.01-0.03 ms: both off.
+  // GELU pass, so it is on; BGRADB was no faster than the plain weight-gradient GEMM plus a separate
+  // column sum (~0.01-0.03 ms), so it is off. (DGELU_BGRAD, 2.7x slower than the plain data-gradient GEMM,
+  // is not used: the model's MLP backward runs one activation pass after a plain data gradient.)
   struct GemmEpilogues {
-    bool gelu_forward = true;     // GELU_AUX(_BIAS) in linear + GELU
-    bool dgelu_backward = false;  // DGELU(_BGRAD) in the data gradient of the next layer
-    bool wgrad_bias = false;      // BGRADB: the bias gradient in the weight-gradient GEMM
+    bool gelu_forward = true;  // GELU_AUX(_BIAS) in linear + GELU
+    bool wgrad_bias = false;   // BGRADB: the bias gradient in the weight-gradient GEMM
   };
   void set_gemm_epilogues(GemmEpilogues epilogues) { epilogues_ = epilogues; }
   GemmEpilogues gemm_epilogues() const { return epilogues_; }
@@ -73,7 +71,6 @@ class CudaBackend final : public Backend {
   void do_gemm(const GemmArgs& args) override;
   void do_bias_grad(Tensor d_out, Tensor d_bias) override;
   void do_linear_gelu_forward(const GemmArgs& args, Tensor out) override;
-  void do_linear_dgelu_backward(const GemmArgs& args, Tensor pre, Tensor d_bias) override;
   void do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
                             Tensor out) override;
   void do_embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
@@ -112,7 +109,7 @@ class CudaBackend final : public Backend {
   // Op timing: event pairs (created on first use, reused) and the ops they bracket.
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timing_events_;
   std::vector<layouts::Op> timed_;
-  EpilogueUse gelu_forward_use_, dgelu_backward_use_, wgrad_bias_use_;
+  EpilogueUse gelu_forward_use_, wgrad_bias_use_;
   GemmEpilogues epilogues_;
 };
 

@@ -42,12 +42,6 @@ __global__ void add_bf16_vec_kernel(const detail::Bf16x8* a, const detail::Bf16x
   }
 }
 
-__global__ void accumulate_bf16_kernel(const bf16* x, float* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] += __bfloat162float(x[i]);
-}
-
 __global__ void axpby_kernel(float alpha, const float* x, float beta, float* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -150,12 +144,6 @@ void add_bf16(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t s
     return;
   }
   add_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(a, b, out, n);
-  MEGATUNE_CUDA_CHECK_LAUNCH();
-}
-
-void accumulate_bf16_into_fp32(const bf16* x, float* out, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  accumulate_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, out, n);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 

@@ -15,8 +15,6 @@ void cast_fp32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream);
 void cast_bf16_to_fp32(const bf16* x, float* y, int64_t n, cudaStream_t stream);
 // out = a + b (bf16, fp32 math; out may alias a or b).
 void add_bf16(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
-// out [n] fp32 += x [n] bf16 (e.g. a bias gradient a GEMM epilogue wrote in bf16).
-void accumulate_bf16_into_fp32(const bf16* x, float* out, int64_t n, cudaStream_t stream);
 // out = alpha * x + beta * out (fp32; beta == 0 never reads out).
 void axpby_fp32(float alpha, const float* x, float beta, float* out, int64_t n, cudaStream_t stream);
 void scale_fp32_inplace(float* x, int64_t n, float scale, cudaStream_t stream);

@@ -1,6 +1,6 @@
 // The CUDA backend's fused entries against the CPU backend (bf16 emulated) on the same inputs: linear + GELU
-// (cuBLASLt GELU_AUX_BIAS), data gradient + dGELU + bias gradient (DGELU_BGRAD / DGELU), weight gradients
-// with the bias gradient in the epilogue (BGRADB, fp32 accumulation), each on a width the epilogues take
+// (cuBLASLt GELU_AUX_BIAS), weight gradients with the bias gradient in the epilogue (BGRADB, fp32
+// accumulation), each on a width the epilogues take
 // and on one that falls back to the unfused kernels; the embedding lookup from fp32 tables; SwiGLU's
 // backward in place over its input.
 #include <gtest/gtest.h>
@@ -44,10 +44,10 @@ struct Side {
 };
 
 // CPU and CUDA backends side by side; the CUDA one asks for every fused epilogue (the defaults leave
-// DGELU_BGRAD and BGRADB off for speed: the *DefaultEpilogues tests cover that path).
+// BGRADB off for speed: the *DefaultEpilogues test covers that path).
 struct Pair {
   explicit Pair(bool all_epilogues = true) {
-    if (all_epilogues) gpu_backend.set_gemm_epilogues({true, true, true});
+    if (all_epilogues) gpu_backend.set_gemm_epilogues({true, true});
   }
   CpuBackend cpu_backend{/*emulate_bf16=*/true};
   CudaBackend gpu_backend{0};
@@ -95,47 +95,6 @@ TEST(FusedBackendGpu, LinearGeluForwardWithBias) { check_linear_gelu(192, 136, 2
 TEST(FusedBackendGpu, LinearGeluForwardWithoutBias) { check_linear_gelu(192, 136, 264, false); }
 TEST(FusedBackendGpu, LinearGeluForwardOddWidthFallsBack) { check_linear_gelu(64, 100, 72, true); }
 
-// dy (T, n) . w (n, k) -> d_pre (T, k) = (dy . w) * gelu'(pre); d_bias (k) fp32 += column sums.
-void check_linear_dgelu(std::int64_t T, std::int64_t n, std::int64_t k, bool bias,
-                        bool all_epilogues = true) {
-  MEGATUNE_REQUIRE_GPU();
-  Pair p(all_epilogues);
-  const auto dy = test::random_bf16_values(T * n, 4, 0.5f), w = test::random_bf16_values(n * k, 5, 0.1f),
-             pre = test::random_bf16_values(T * k, 6, 1.0f);
-  const std::vector<float> preset(k, 0.25f);
-  std::vector<float> d_pre[2], d_bias[2];
-  int i = 0;
-  for (Side* s : {&p.cpu, &p.gpu}) {
-    GemmArgs g;
-    g.a = s->tensor(DType::kBF16, T, n, dy);
-    g.b = s->tensor(DType::kBF16, n, k, w);
-    g.c = s->tensor(DType::kBF16, T, k, std::vector<float>(T * k, 0.0f));
-    g.m = T, g.n = k, g.k = n;
-    const Tensor pre_t = s->tensor(DType::kBF16, T, k, pre);
-    Tensor bias_grad;
-    if (bias) bias_grad = s->tensor(DType::kFP32, 1, k, preset);
-    s->backend.linear_dgelu_backward(g, pre_t, bias_grad, kTag);
-    s->backend.linear_dgelu_backward(g, pre_t, bias_grad, kTag);  // the bias gradient accumulates
-    d_pre[i] = s->host(g.c);
-    if (bias) d_bias[i] = s->host(bias_grad);
-    ++i;
-  }
-  EXPECT_LT(test::relative_error(d_pre[1], d_pre[0]), 1.5e-2) << "k " << k;
-  if (bias) {  // DGELU_BGRAD is what GemmRunnerGpu.GeluAuxBiasAndDGeluBGrad runs
-    EXPECT_EQ(p.gpu_backend.dgelu_backward_use().fused, all_epilogues && k % 8 == 0 ? 2 : 0);
-  }
-  std::printf("dgelu backward (k %lld, bias %d): %lld fused, %lld unfused\n", static_cast<long long>(k),
-              int(bias), static_cast<long long>(p.gpu_backend.dgelu_backward_use().fused),
-              static_cast<long long>(p.gpu_backend.dgelu_backward_use().unfused));
-  if (bias) {
-    EXPECT_LT(test::relative_error(d_bias[1], d_bias[0]), 1.5e-2) << "k " << k;
-  }
-}
-
-TEST(FusedBackendGpu, DataGradientWithDGeluAndBiasGradient) { check_linear_dgelu(192, 136, 264, true); }
-TEST(FusedBackendGpu, DataGradientWithDGeluWithoutBias) { check_linear_dgelu(192, 136, 264, false); }
-TEST(FusedBackendGpu, DataGradientWithDGeluOddWidthFallsBack) { check_linear_dgelu(64, 72, 100, true); }
-
 // dW (n, k) fp32 += dy^T (n, T) . x (T, k), d_bias (n) fp32 += column sums of dy.
 void check_weight_gradient_with_bias(std::int64_t T, std::int64_t n, std::int64_t k,
                                      bool all_epilogues = true) {
@@ -176,10 +135,6 @@ TEST(FusedBackendGpu, WeightGradientCarriesTheBiasGradient) {
 }
 TEST(FusedBackendGpu, WeightGradientBiasGradientOddWidth) { check_weight_gradient_with_bias(64, 100, 72); }
 
-TEST(FusedBackendGpu, DataGradientWithDGeluDefaultEpilogues) {
-  EXPECT_FALSE(CudaBackend::GemmEpilogues{}.dgelu_backward);
-  check_linear_dgelu(192, 136, 264, true, false);
-}
 TEST(FusedBackendGpu, WeightGradientBiasGradientDefaultEpilogues) {
   EXPECT_FALSE(CudaBackend::GemmEpilogues{}.wgrad_bias);
   check_weight_gradient_with_bias(256, 136, 264, false);
