@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu_timing.h"
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention.h"
 #include "executor/cuda/gemm_runner.h"
@@ -29,33 +30,8 @@ void fill_random(cuda::bf16* device, size_t n, uint32_t seed) {
   MEGATUNE_CUDA_CHECK(cudaMemcpy(device, host.data(), n * sizeof(cuda::bf16), cudaMemcpyHostToDevice));
 }
 
-double median_ms(const std::function<void()>& body, int warmup = 5, int repeats = 30) {
-  for (int i = 0; i < warmup; ++i) body();
-  cudaEvent_t start, stop;
-  MEGATUNE_CUDA_CHECK(cudaEventCreate(&start));
-  MEGATUNE_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int i = 0; i < repeats; ++i) {
-    MEGATUNE_CUDA_CHECK(cudaEventRecord(start));
-    body();
-    MEGATUNE_CUDA_CHECK(cudaEventRecord(stop));
-    MEGATUNE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    MEGATUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-template <typename T>
-T* device_alloc(size_t n) {
-  T* p = nullptr;
-  MEGATUNE_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
-  return p;
-}
+double median_ms(const std::function<void()>& body) { return megatune::bench::median_ms(body, 5, 30); }
+using megatune::bench::device_alloc;
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu_timing.h"
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/optimizer_kernels.h"
 #include "executor/model/parameter_layout.h"
@@ -23,33 +24,8 @@ using megatune::executor::ParameterLayout;
 
 namespace {
 
-double median_ms(const std::function<void()>& body, int warmup, int repeats) {
-  for (int i = 0; i < warmup; ++i) body();
-  cudaEvent_t start = nullptr, stop = nullptr;
-  MEGATUNE_CUDA_CHECK(cudaEventCreate(&start));
-  MEGATUNE_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int i = 0; i < repeats; ++i) {
-    MEGATUNE_CUDA_CHECK(cudaEventRecord(start));
-    body();
-    MEGATUNE_CUDA_CHECK(cudaEventRecord(stop));
-    MEGATUNE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    MEGATUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  MEGATUNE_CUDA_CHECK(cudaEventDestroy(start));
-  MEGATUNE_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-template <typename T>
-T* device_alloc(size_t n) {
-  T* p = nullptr;
-  MEGATUNE_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
-  return p;
-}
+using megatune::bench::device_alloc;
+using megatune::bench::median_ms;
 
 void usage() {
   std::fprintf(stderr,
