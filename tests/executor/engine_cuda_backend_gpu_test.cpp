@@ -10,27 +10,14 @@
 #include "executor/cuda/cuda_backend.h"
 #include "executor/runtime/communicator.h"
 #include "executor/training/trainer.h"
+#include "tests/executor/small_models.h"
 
 namespace megatune::executor {
 namespace {
 
 TrainerConfig config_for(bool llama) {
   TrainerConfig c;
-  c.model.num_layers = 2;
-  c.model.hidden = 256;
-  c.model.heads = 4;
-  c.model.kv_heads = llama ? 2 : 4;
-  c.model.head_dim = 64;
-  c.model.ffn_hidden = 512;
-  c.model.vocab_size = 512;
-  c.model.max_seq = 128;
-  if (llama) {
-    c.model.norm = NormKind::kRMSNorm;
-    c.model.activation = ActivationKind::kSwiglu;
-    c.model.position = PositionEmbedding::kRope;
-    c.model.tied_embeddings = false;
-    c.model.bias = false;
-  }
+  c.model = test::two_layer_model(llama, 512, 128);
   c.batch.micro_batch = 2;
   c.batch.seq = 128;
   c.batch.num_microbatches = 2;

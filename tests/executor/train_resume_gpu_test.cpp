@@ -18,6 +18,7 @@
 #include "executor/cuda/cuda_backend.h"
 #include "executor/runtime/communicator.h"
 #include "executor/training/training_run.h"
+#include "tests/executor/small_models.h"
 
 namespace megatune::executor {
 namespace {
@@ -30,21 +31,7 @@ constexpr std::int64_t kVocab = 512;
 RunConfig small_run(bool llama, std::int64_t seq, std::int64_t train_iters, std::int64_t schedule_iters) {
   RunConfig run;
   TrainerConfig& c = run.trainer;
-  c.model.num_layers = 2;
-  c.model.hidden = 256;
-  c.model.heads = 4;
-  c.model.kv_heads = llama ? 2 : 4;
-  c.model.head_dim = 64;
-  c.model.ffn_hidden = 512;
-  c.model.vocab_size = kVocab;
-  c.model.max_seq = seq;
-  if (llama) {
-    c.model.norm = NormKind::kRMSNorm;
-    c.model.activation = ActivationKind::kSwiglu;
-    c.model.position = PositionEmbedding::kRope;
-    c.model.tied_embeddings = false;
-    c.model.bias = false;
-  }
+  c.model = test::two_layer_model(llama, kVocab, seq);
   c.batch.micro_batch = 2;
   c.batch.seq = seq;
   c.batch.num_microbatches = 2;
