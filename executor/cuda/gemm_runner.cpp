@@ -291,9 +291,14 @@ void GemmRunner::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t st
     set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias_grad, sizeof args.bias_grad);
   }
   if (!plan.tuned) tune(plan, args, stream);
-  MEGATUNE_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.operation, &args.alpha, args.b, plan.layout_a, args.a,
-                                       plan.layout_b, &args.beta, args.d, plan.layout_d, args.d,
-                                       plan.layout_d, &plan.algorithm, workspace_, workspace_bytes_, stream));
+  MEGATUNE_CUBLAS_CHECK(matmul(plan, args, plan.algorithm, stream));
+}
+
+cublasStatus_t GemmRunner::matmul(const Plan& plan, const GemmArgs& args,
+                                  const cublasLtMatmulAlgo_t& algorithm, cudaStream_t stream) {
+  return cublasLtMatmul(handle_, plan.operation, &args.alpha, args.b, plan.layout_a, args.a, plan.layout_b,
+                        &args.beta, args.d, plan.layout_d, args.d, plan.layout_d, &algorithm, workspace_,
+                        workspace_bytes_, stream);
 }
 
 // Times the heuristic's candidates on this call's own operands (each writes only what the real call then
@@ -322,11 +327,7 @@ void GemmRunner::tune(Plan& plan, const GemmArgs& args, cudaStream_t stream) {
   cudaEvent_t start = nullptr, stop = nullptr;
   MEGATUNE_CUDA_CHECK(cudaEventCreate(&start));
   MEGATUNE_CUDA_CHECK(cudaEventCreate(&stop));
-  auto launch = [&](const cublasLtMatmulAlgo_t& algorithm) {
-    return cublasLtMatmul(handle_, plan.operation, &args.alpha, args.b, plan.layout_a, args.a, plan.layout_b,
-                          &args.beta, args.d, plan.layout_d, args.d, plan.layout_d, &algorithm, workspace_,
-                          workspace_bytes_, stream);
-  };
+  auto launch = [&](const cublasLtMatmulAlgo_t& algorithm) { return matmul(plan, args, algorithm, stream); };
   std::vector<float> ms(plan.candidates.size(), -1.0f);
   for (std::size_t i = 0; i < plan.candidates.size(); ++i) {
     if (launch(plan.candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops it

@@ -105,6 +105,9 @@ class GemmRunner {
   static Key key_of(const GemmSpec& spec, int alignment_bytes);
   Plan& plan_for(const GemmSpec& spec, int alignment_bytes);
   void tune(Plan& plan, const GemmArgs& args, cudaStream_t stream);
+  // One cublasLtMatmul of plan with args' pointers and scalars.
+  cublasStatus_t matmul(const Plan& plan, const GemmArgs& args, const cublasLtMatmulAlgo_t& algorithm,
+                        cudaStream_t stream);
   bool tuning_ = true;
 
   cublasLtHandle_t handle_ = nullptr;
