@@ -28,23 +28,6 @@ struct Tile {
       (2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * int(sizeof(bf16)) + 4 * kBlockM * 4 + 1024;
 };
 
-// acc (64 x N) = sum_kk A(kk) B(kk): A rows = this warpgroup's 64 rows of a K-major tile (row stride 128 B
-// per panel), B = all N rows of a K-major tile; K = D in 16-wide steps (4 per 64-wide panel).
-template <int D, int N>
-__device__ __forceinline__ void gemm_k_major(float (&acc)[N / 2], uint32_t a_address, int a_rows,
-                                             uint32_t b_address) {
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t panel = kk >> 2, within = (kk & 3) * 32;
-    const uint64_t a = k_major_descriptor(a_address + panel * a_rows * 128 + within);
-    const uint64_t b = k_major_descriptor(b_address + panel * N * 128 + within);
-    if constexpr (N == 128)
-      wgmma_ss_m64n128<0, 0>(acc, a, b, kk > 0 ? 1 : 0);
-    else
-      wgmma_ss_m64n64<0, 0>(acc, a, b, kk > 0 ? 1 : 0);
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(const BackwardArgs p) {
   constexpr int kBlockM = Tile<D>::kBlockM;

@@ -82,13 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t panel = kk >> 2, within = (kk & 3) * 32;
-      const uint64_t a = k_major_descriptor(q_address + panel * kBlockM * 128 + within);
-      const uint64_t b = k_major_descriptor(k_address + panel * kBlockN * 128 + within);
-      wgmma_ss_m64n128<0, 0>(s, a, b, kk > 0 ? 1 : 0);
-    }
+    gemm_k_major<D, kBlockN>(s, q_address, kBlockM, k_address);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(s);

@@ -172,4 +172,21 @@ __device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
+// acc (64 x N) = A B^T over K = D (16-wide steps, 4 per 64-wide panel), both operands K-major sw128 tiles:
+// A = the 64 rows at a_address of a tile with a_rows rows per panel, B = an N-row tile at b_address.
+template <int D, int N>
+__device__ __forceinline__ void gemm_k_major(float (&acc)[N / 2], uint32_t a_address, int a_rows,
+                                             uint32_t b_address) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t panel = kk >> 2, within = (kk & 3) * 32;
+    const uint64_t a = k_major_descriptor(a_address + panel * a_rows * 128 + within);
+    const uint64_t b = k_major_descriptor(b_address + panel * N * 128 + within);
+    if constexpr (N == 128)
+      wgmma_ss_m64n128<0, 0>(acc, a, b, kk > 0 ? 1 : 0);
+    else
+      wgmma_ss_m64n64<0, 0>(acc, a, b, kk > 0 ? 1 : 0);
+  }
+}
+
 }  // namespace megatune::executor::cuda::hopper
