@@ -151,14 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(cons
               pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
         }
       }
-      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-      dsa[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
-      dsa[kk][1] = pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
-      dsa[kk][2] = pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
-      dsa[kk][3] = pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
+      pack_a_fragment(pa[kk], s, 8 * kk);
+      pack_a_fragment(dsa[kk], dp, 8 * kk);
       wgmma_fence();
       const uint64_t b_do = mn_major_descriptor(do_address + kk * 16 * 128, kBlockM * 128);
       const uint64_t b_q = mn_major_descriptor(q_address + kk * 16 * 128, kBlockM * 128);

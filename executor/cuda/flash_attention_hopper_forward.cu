@@ -15,7 +15,6 @@ namespace {
 using bf16 = __nv_bfloat16;
 using flash::fast_exp2;
 using flash::kLn2;
-using flash::pack_bf16;
 
 constexpr int kBlockM = 128;  // query rows per block
 constexpr int kBlockN = 128;  // key rows per tile
@@ -132,10 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const
         s[8 * kk + e] = prob;
         row_sum[r] += prob;
       }
-      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+      pack_a_fragment(pa[kk], s, 8 * kk);
       wgmma_fence();
       const uint64_t b = mn_major_descriptor(v_address + kk * 16 * 128, kBlockN * 128);
       if constexpr (D == 128)

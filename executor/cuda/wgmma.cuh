@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "executor/cuda/flash_attention_common.cuh"
+
 namespace megatune::executor::cuda::hopper {
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
@@ -170,6 +172,14 @@ __device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t 
         "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
         "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
+}
+
+// The m64k16 A fragment (bf16) of columns 16 kk.. of an fp32 accumulator whose registers first.. hold
+// them (first = 8 kk): an accumulator becomes the A operand of the next wgmma without shared memory.
+template <int N>
+__device__ __forceinline__ void pack_a_fragment(uint32_t (&a)[4], const float (&acc)[N], int first) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = flash::pack_bf16(acc[first + 2 * i], acc[first + 2 * i + 1]);
 }
 
 // acc (64 x N) = A B^T over K = D (16-wide steps, 4 per 64-wide panel), both operands K-major sw128 tiles:
