@@ -171,27 +171,6 @@ int warp_vectors_per_lane(int64_t hidden) {
   return 0;
 }
 
-template <template <int> class Launch, typename... Args>
-void dispatch_vpl(int vpl, Args&&... args) {
-  if (vpl == 1) {
-    Launch<1>::run(args...);
-  } else if (vpl == 2) {
-    Launch<2>::run(args...);
-  } else if (vpl == 4) {
-    Launch<4>::run(args...);
-  } else {
-    Launch<8>::run(args...);
-  }
-}
-
-template <int VPL>
-struct LaunchForwardWarp {
-  template <typename... Args>
-  static void run(unsigned blocks, cudaStream_t stream, Args... args) {
-    norm_forward_warp_kernel<VPL><<<blocks, 32 * kWarpRowsPerBlock, 0, stream>>>(args...);
-  }
-};
-
 __global__ void norm_backward_dx_kernel(bool layer_norm, const bf16* dy, const bf16* input, const bf16* gamma,
                                         const float* mean_in, const float* rstd_in, const bf16* d_residual,
                                         bf16* dx, int64_t hidden) {
@@ -400,9 +379,12 @@ void norm_forward(NormKind kind, const bf16* x, const bf16* residual, const bf16
   if (layer_norm && mean == nullptr) throw std::invalid_argument("norm_forward: LayerNorm needs mean");
   check_pointers({x, residual, gamma, beta, y, sum_out});
   if (const int vpl = warp_vectors_per_lane(hidden); vpl > 0) {
-    dispatch_vpl<LaunchForwardWarp>(vpl, unsigned((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock), stream,
-                                    layer_norm, x, residual, gamma, beta, y, sum_out, mean, rstd, rows,
-                                    hidden, eps);
+    const auto warp_kernel = vpl == 1   ? norm_forward_warp_kernel<1>
+                             : vpl == 2 ? norm_forward_warp_kernel<2>
+                             : vpl == 4 ? norm_forward_warp_kernel<4>
+                                        : norm_forward_warp_kernel<8>;
+    warp_kernel<<<unsigned((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, 0,
+                  stream>>>(layer_norm, x, residual, gamma, beta, y, sum_out, mean, rstd, rows, hidden, eps);
   } else {
     norm_forward_kernel<<<unsigned(rows), threads_for(hidden), 0, stream>>>(
         layer_norm, x, residual, gamma, beta, y, sum_out, mean, rstd, hidden, eps);
@@ -432,18 +414,11 @@ void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16*
   if (kernel == NormBackwardKernel::kFused && vectors <= 4 * 256) {
     const int vpt = vectors <= 256 ? 1 : vectors <= 512 ? 2 : 4;
     const unsigned threads = unsigned(std::min<int64_t>(256, (vectors + 31) / 32 * 32));
-    if (vpt == 1)
-      norm_backward_fused_kernel<1>
-          <<<unsigned(chunks), threads, 0, stream>>>(layer_norm, dy, input, gamma, mean, rstd, d_residual, dx,
-                                                     partial_gamma, partial_beta, rows, hidden);
-    else if (vpt == 2)
-      norm_backward_fused_kernel<2><<<unsigned(chunks), 256, 0, stream>>>(layer_norm, dy, input, gamma, mean,
-                                                                          rstd, d_residual, dx, partial_gamma,
-                                                                          partial_beta, rows, hidden);
-    else
-      norm_backward_fused_kernel<4><<<unsigned(chunks), 256, 0, stream>>>(layer_norm, dy, input, gamma, mean,
-                                                                          rstd, d_residual, dx, partial_gamma,
-                                                                          partial_beta, rows, hidden);
+    const auto fused_kernel = vpt == 1   ? norm_backward_fused_kernel<1>
+                              : vpt == 2 ? norm_backward_fused_kernel<2>
+                                         : norm_backward_fused_kernel<4>;
+    fused_kernel<<<unsigned(chunks), threads, 0, stream>>>(
+        layer_norm, dy, input, gamma, mean, rstd, d_residual, dx, partial_gamma, partial_beta, rows, hidden);
     MEGATUNE_CUDA_CHECK_LAUNCH();
     norm_backward_final_kernel<<<unsigned((hidden + 255) / 256), 256, 0, stream>>>(
         partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
