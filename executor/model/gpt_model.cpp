@@ -18,6 +18,45 @@ using layouts::OpPhase;
 constexpr OpPhase kF = OpPhase::kForward;
 constexpr OpPhase kB = OpPhase::kBackward;
 
+// The three GEMMs of a linear layer with weight (out, in) over m tokens (layouts/step_program.h's shapes):
+// y = x . W^T (+ bias); dx = dy . W; dW (+)= dy^T . x into the fp32 grad buffer (+ the bias gradient).
+GemmArgs linear_forward_args(Tensor x, Tensor weight, Tensor y, Tensor bias, std::int64_t m) {
+  GemmArgs g;
+  g.a = x;
+  g.b = weight;
+  g.transpose_b = true;
+  g.c = y;
+  g.bias = bias;
+  g.m = m;
+  g.n = weight.rows;
+  g.k = weight.cols;
+  return g;
+}
+GemmArgs linear_data_grad_args(Tensor dy, Tensor weight, Tensor dx, std::int64_t m) {
+  GemmArgs g;
+  g.a = dy;
+  g.b = weight;
+  g.c = dx;
+  g.m = m;
+  g.n = weight.cols;
+  g.k = weight.rows;
+  return g;
+}
+GemmArgs linear_weight_grad_args(Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias,
+                                 std::int64_t tokens) {
+  GemmArgs g;
+  g.a = dy;
+  g.transpose_a = true;
+  g.b = x;
+  g.c = d_weight;
+  g.bias_grad = d_bias;
+  g.m = weight.rows;
+  g.n = weight.cols;
+  g.k = tokens;
+  g.accumulate = true;
+  return g;
+}
+
 Tensor rows_of(Tensor t, std::int64_t first_row, std::int64_t rows, std::int64_t storage_bytes) {
   Tensor v = t;
   v.data = static_cast<char*>(t.data) + first_row * t.row_stride * storage_bytes;
@@ -286,16 +325,7 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   const LayerWeights w = layer_weights(model_params_, l);
   const std::int64_t T = batch_.tokens();
   auto gemm_linear = [&](Tensor x, Tensor weight, Tensor bias, Tensor y, const char* label) {
-    GemmArgs g;
-    g.a = x;
-    g.b = weight;
-    g.transpose_b = true;
-    g.c = y;
-    g.bias = bias;
-    g.m = T;
-    g.n = weight.rows;
-    g.k = weight.cols;
-    backend_.gemm(g, {label, l, phase});
+    backend_.gemm(linear_forward_args(x, weight, y, bias, T), {label, l, phase});
   };
   backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
                         {"input_norm", l, phase});
@@ -311,16 +341,8 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
                         {"pre_mlp_norm", l, phase});
   if (config_.activation == ActivationKind::kGelu) {
     // fc1 with bias and GELU fused in the GEMM's epilogue; a.fc1 keeps the pre-activation for the backward.
-    GemmArgs g;
-    g.a = a.ln2;
-    g.b = w.fc1_w;
-    g.transpose_b = true;
-    g.c = a.fc1;
-    g.bias = w.fc1_b;
-    g.m = T;
-    g.n = w.fc1_w.rows;
-    g.k = w.fc1_w.cols;
-    backend_.linear_gelu_forward(g, a.act, {"fc1", l, phase});
+    backend_.linear_gelu_forward(linear_forward_args(a.ln2, w.fc1_w, a.fc1, w.fc1_b, T), a.act,
+                                 {"fc1", l, phase});
   } else {
     gemm_linear(a.ln2, w.fc1_w, w.fc1_b, a.fc1, "fc1");
     backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, phase});
@@ -338,33 +360,12 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   // has just written them.
   const bool recompute_shared = recompute_ != RecomputeGranularity::kFull;
   const OpPhase kR = OpPhase::kRecompute;
-  // dx = dy . W (data gradient).
-  auto data_grad = [&](Tensor dy, Tensor weight, Tensor dx) {
-    GemmArgs data;
-    data.a = dy;
-    data.b = weight;
-    data.c = dx;
-    data.m = T;
-    data.n = weight.cols;
-    data.k = weight.rows;
-    return data;
-  };
   auto dgrad = [&](Tensor dy, Tensor weight, Tensor dx, const char* label) {
-    backend_.gemm(data_grad(dy, weight, dx), {label, l, kB});
+    backend_.gemm(linear_data_grad_args(dy, weight, dx, T), {label, l, kB});
   };
   // dW += dy^T . x into the fp32 grad buffer, the bias gradient (column sums of dy) fused in.
   auto wgrad = [&](Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias, const char* label) {
-    GemmArgs wg;
-    wg.a = dy;
-    wg.transpose_a = true;
-    wg.b = x;
-    wg.c = d_weight;
-    wg.bias_grad = d_bias;
-    wg.m = weight.rows;
-    wg.n = weight.cols;
-    wg.k = T;
-    wg.accumulate = true;
-    backend_.gemm(wg, {label, l, kB});
+    backend_.gemm(linear_weight_grad_args(dy, x, weight, d_weight, d_bias, T), {label, l, kB});
   };
   // MLP. d_res_ holds the gradient of the layer output. fc2's data gradient goes to the shared activation
   // buffer; one pass then turns it into fc1's output gradient (in place over the saved fc1 output, which
@@ -452,39 +453,17 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
     const std::int64_t rows = std::min(loss_chunk_rows_, T - first);
     const Tensor logits = carve(logits_, 0, rows, logits_.cols, storage);
     const Tensor hidden = rows_of(final_norm_, first, rows, storage);
-    GemmArgs g;
-    g.a = hidden;
-    g.b = out_w;
-    g.transpose_b = true;
-    g.c = logits;
-    g.m = rows;
-    g.n = out_w.rows;
-    g.k = out_w.cols;
-    backend_.gemm(g, {"logits", -1, kF});
+    backend_.gemm(linear_forward_args(hidden, out_w, logits, {}, rows), {"logits", -1, kF});
     Tensor losses = rows_of(losses_, index, 1, 4);
     losses.data = losses.data == nullptr ? nullptr : static_cast<float*>(losses.data) + first;
     losses.cols = rows;
     backend_.cross_entropy(logits, rows_of(targets_, first, rows, 4), losses, grad_scale,
                            {"cross_entropy", -1, kF});
     if (!with_gradients) continue;
-    GemmArgs data;
-    data.a = logits;
-    data.b = out_w;
-    data.c = rows_of(d_hidden_, first, rows, storage);
-    data.m = rows;
-    data.n = out_w.cols;
-    data.k = out_w.rows;
-    backend_.gemm(data, {"logits_dgrad", -1, kB});
-    GemmArgs wgrad;
-    wgrad.a = logits;
-    wgrad.transpose_a = true;
-    wgrad.b = hidden;
-    wgrad.c = view(grads_, out_entry);
-    wgrad.m = out_w.rows;
-    wgrad.n = out_w.cols;
-    wgrad.k = rows;
-    wgrad.accumulate = true;
-    backend_.gemm(wgrad, {"logits_wgrad", -1, kB});
+    backend_.gemm(linear_data_grad_args(logits, out_w, rows_of(d_hidden_, first, rows, storage), rows),
+                  {"logits_dgrad", -1, kB});
+    backend_.gemm(linear_weight_grad_args(logits, hidden, out_w, view(grads_, out_entry), {}, rows),
+                  {"logits_wgrad", -1, kB});
   }
   if (with_gradients) pending_backward_ = index;
 }
