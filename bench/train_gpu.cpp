@@ -121,6 +121,7 @@ int perf(int argc, char** argv) {
   gpu.set_op_timing(false);
   const std::vector<Backend::TimedOp> timed = gpu.timed_ops();
   std::map<std::string, double> by_kind;
+  std::map<std::string, std::pair<double, double>> by_gemm;  // label -> (ms, flops)
   double total_ms = 0, attn_fwd_ms = 0, attn_bwd_ms = 0, attn_fwd_flops = 0, attn_bwd_flops = 0, gemm_ms = 0,
          gemm_flops = 0;
   for (const Backend::TimedOp& t : timed) {
@@ -130,6 +131,8 @@ int perf(int argc, char** argv) {
       key = "gemm " + l.substr(0, l.find('_'));
       gemm_ms += t.ms;
       gemm_flops += t.op.gemm_flops();
+      by_gemm[l].first += t.ms;
+      by_gemm[l].second += t.op.gemm_flops();
     }
     by_kind[key] += t.ms;
     total_ms += t.ms;
@@ -153,6 +156,10 @@ int perf(int argc, char** argv) {
   std::sort(shares.rbegin(), shares.rend());
   for (auto& [ms, k] : shares)
     std::printf("  %-22s %8.2f ms %5.1f%%\n", k.c_str(), ms, 100.0 * ms / total_ms);
+  std::printf("  GEMMs by pass (ms, TFLOP/s):");
+  for (auto& [label, v] : by_gemm)
+    std::printf(" %s %.2f/%.0f", label.c_str(), v.first, v.second / v.first / 1e9);
+  std::printf("\n");
   std::printf("  fused GEMM epilogues (fused/unfused calls): GELU_AUX_BIAS %lld/%lld, BGRADB %lld/%lld\n",
               static_cast<long long>(gpu.gelu_forward_use().fused),
               static_cast<long long>(gpu.gelu_forward_use().unfused),

@@ -6,7 +6,8 @@
 #   checks: every executor GPU test, the attention kernels vs torch SDPA, PyTorch parity (gpt and llama
 #           shapes), `megatune train` gpt-125m for 50 iterations, the real-text run with its loss check, the
 #           optimizer bandwidth bench;
-#   perf:   the engine perf shapes (gpt-1.3b, llama-1b) and the compiled PyTorch peer in the same run.
+#   perf:   the engine perf shapes (gpt-1.3b, llama-1b) and the compiled PyTorch peer in the same run, then
+#           the step's GEMM shapes (bench_gemm_gpu vs torch.matmul) and the peer's kernel-time breakdown.
 # Each step has its own time limit so one slow step cannot eat the others.
 set -u
 stage=${1:-all}
@@ -50,4 +51,8 @@ if [ "$stage" != checks ]; then
   step perf_llama1b_chunk512 75 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10 --loss-chunk-mib 512
   step peer_gpt13b_compiled 150 python3 bench/peer/torch_gpt.py --model gpt-1.3b --mbs 4 --steps 12 --compile
   step peer_llama1b_compiled 150 python3 bench/peer/torch_gpt.py --model llama-1b --mbs 2 --steps 12 --compile
+  step bench_gemm 90 $G/bench_gemm_gpu
+  step peer_gemm 90 python3 bench/peer/gemm_bench.py
+  step peer_kernels_gpt13b 150 python3 bench/peer/torch_kernels.py --model gpt-1.3b --mbs 4 --compile
+  step peer_kernels_llama1b 150 python3 bench/peer/torch_kernels.py --model llama-1b --mbs 2 --compile
 fi
