@@ -36,8 +36,11 @@ class OpSink {
     op.accumulate = accumulate;
   }
   // Backward of a forward GEMM (T, out) = (T, in) x (in, out): dgrad then wgrad (either may be left out).
+  // The wgrad accumulates into the fp32 main gradient, except the first write of the iteration (micro-batch
+  // 0; first_chunk false for the LM head's later token chunks), which overwrites it: the executor does not
+  // zero GEMM weights' gradients, and the GEMM then never reads them.
   void gemm_backward(const std::string& label, std::int64_t tokens, std::int64_t out, std::int64_t in,
-                     bool need_dgrad = true, bool need_wgrad = true) {
+                     bool need_dgrad = true, bool need_wgrad = true, bool first_chunk = true) {
     if (need_dgrad) {
       Op& d = add(OpKind::kGemm, "");
       d.label = label + "_dgrad";
@@ -51,7 +54,7 @@ class OpSink {
     w.m = out;
     w.n = in;
     w.k = tokens;
-    w.accumulate = true;
+    w.accumulate = microbatch_ > 0 || !first_chunk;
   }
   void memory(OpKind kind, const char* label, std::int64_t bytes, DType dtype = DType::kBF16) {
     Op& op = add(kind, label);
@@ -390,7 +393,7 @@ void loss_forward(OpSink& o, const StepShape& s, const char* label, const StepPr
     o.memory(OpKind::kCrossEntropy, "cross_entropy", 2 * rows * vocab * kAct, DType::kBF16);
     for (const char* l : {"ce_max_ar", "ce_target_ar", "ce_sum_exp_ar"})
       o.comm(OpKind::kAllReduce, l, rows * 4, CommGroup::kTensor, s.tp, DType::kFP32);
-    backward.gemm_backward(label, rows, vocab, s.hidden);
+    backward.gemm_backward(label, rows, vocab, s.hidden, true, true, /*first_chunk=*/first == 0);
   }
 }
 

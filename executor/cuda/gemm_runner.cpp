@@ -328,16 +328,27 @@ void GemmRunner::tune(Plan& plan, const GemmArgs& args, cudaStream_t stream) {
   MEGATUNE_CUDA_CHECK(cudaEventCreate(&start));
   MEGATUNE_CUDA_CHECK(cudaEventCreate(&stop));
   auto launch = [&](const cublasLtMatmulAlgo_t& algorithm) { return matmul(plan, args, algorithm, stream); };
+  // Each candidate's time is its best of kTuneRounds rounds that visit every candidate in turn, so that a
+  // clock ramp or a neighbour's burst during one round does not decide the choice.
   std::vector<float> ms(plan.candidates.size(), -1.0f);
-  for (std::size_t i = 0; i < plan.candidates.size(); ++i) {
-    if (launch(plan.candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a refusal drops it
-    MEGATUNE_CUDA_CHECK(cudaEventRecord(start, stream));
-    bool ok = true;
-    for (int r = 0; r < kTuneRepeats && ok; ++r) ok = launch(plan.candidates[i]) == CUBLAS_STATUS_SUCCESS;
-    MEGATUNE_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MEGATUNE_CUDA_CHECK(cudaEventSynchronize(stop));
-    if (ok) MEGATUNE_CUDA_CHECK(cudaEventElapsedTime(&ms[i], start, stop));
+  std::vector<bool> usable(plan.candidates.size(), true);
+  for (std::size_t i = 0; i < plan.candidates.size(); ++i)
+    usable[i] = launch(plan.candidates[i]) == CUBLAS_STATUS_SUCCESS;  // warm-up; a refusal drops it
+  for (int round = 0; round < kTuneRounds; ++round) {
+    for (std::size_t i = 0; i < plan.candidates.size(); ++i) {
+      if (!usable[i]) continue;
+      MEGATUNE_CUDA_CHECK(cudaEventRecord(start, stream));
+      for (int r = 0; r < kTuneRepeats && usable[i]; ++r)
+        usable[i] = launch(plan.candidates[i]) == CUBLAS_STATUS_SUCCESS;
+      MEGATUNE_CUDA_CHECK(cudaEventRecord(stop, stream));
+      MEGATUNE_CUDA_CHECK(cudaEventSynchronize(stop));
+      float elapsed = 0.0f;
+      MEGATUNE_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+      if (usable[i] && (ms[i] <= 0.0f || elapsed < ms[i])) ms[i] = elapsed;
+    }
   }
+  for (std::size_t i = 0; i < ms.size(); ++i)
+    if (!usable[i]) ms[i] = -1.0f;
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   std::size_t choice = 0;

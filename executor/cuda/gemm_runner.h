@@ -74,7 +74,8 @@ class GemmRunner {
 
   // Runs one GEMM on stream. The first call for a (spec) builds and caches the descriptors and picks the
   // algorithm: cuBLASLt's heuristic offers up to kTuneCandidates, and unless the GEMM accumulates into its
-  // output (beta != 0) they are timed once on the call's own operands and the fastest is kept when it
+  // output (beta != 0) they are timed on the call's own operands (best of kTuneRounds rounds of
+  // kTuneRepeats runs, rounds interleaved over the candidates) and the fastest is kept when it
   // beats the heuristic's first choice by kTuneMinGain (H200, engine shapes: up to 8-11% faster GEMMs;
   // one choice per process, device and spec); later calls only launch. The plan is keyed by the spec and by
   // the pointer alignment (cuBLASLt picks kernels by it). Never allocates after the first call of a spec.
@@ -93,7 +94,7 @@ class GemmRunner {
   size_t cached_plans() const { return plans_.size(); }
   // Timing the heuristic's candidates on first use (default on); off: always its first choice.
   void set_tuning(bool on) { tuning_ = on; }
-  static constexpr int kTuneCandidates = 8, kTuneRepeats = 3;
+  static constexpr int kTuneCandidates = 8, kTuneRepeats = 3, kTuneRounds = 3;
   static constexpr float kTuneMinGain = 0.03f;
   size_t workspace_bytes() const { return workspace_bytes_; }
   cublasLtHandle_t handle() const { return handle_; }

@@ -116,6 +116,26 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
                                                  : backend_.allocate(compute_dtype_, 1, model_copy_elements_,
                                                                      "model parameters (compute dtype)");
   grads_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main gradients");
+  // The buffer ranges zero_gradients() clears: everything but the GEMM weights (the LM head's included; a
+  // tied head is the word embedding, which the head's gradient GEMM writes before the embedding's backward
+  // adds to it).
+  std::vector<std::pair<std::int64_t, std::int64_t>> gemm_weights;  // [begin, end) in elements
+  for (const ParameterEntry& e : layout_.entries()) {
+    const bool head =
+        e.name == (config_.tied_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight");
+    const bool linear = e.name.ends_with("linear_qkv.weight") || e.name.ends_with("linear_proj.weight") ||
+                        e.name.ends_with("linear_fc1.weight") || e.name.ends_with("linear_fc2.weight");
+    if (head || linear) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
+  }
+  std::sort(gemm_weights.begin(), gemm_weights.end());
+  std::int64_t next = 0;
+  gemm_weights.emplace_back(total, total);
+  for (const auto& [begin, end] : gemm_weights) {
+    if (begin > next) zeroed_grads_.push_back(carve(grads_, next, 1, begin - next, 4));
+    next = std::max(next, end);
+  }
+  layer_grads_written_.assign(config_.num_layers, false);
+  if (grads_.data != nullptr) backend_.fill_zero(grads_);  // once: the GEMM weights' ranges too
 
   for (int l = 0; l <= config_.num_layers; ++l)
     residual_.push_back(backend_.allocate(compute_dtype_, T, h, "residual stream (layer inputs)"));
@@ -278,7 +298,11 @@ std::vector<float> GPTModel::gradients() const {
   return host;
 }
 
-void GPTModel::zero_gradients() { backend_.fill_zero(grads_); }
+void GPTModel::zero_gradients() {
+  for (const Tensor& t : zeroed_grads_) backend_.fill_zero(t);
+  layer_grads_written_.assign(config_.num_layers, false);
+  head_grad_written_ = false;
+}
 
 void GPTModel::tensor_parallel_reduce(Tensor t) {
   // Megatron's reduce in a row-parallel layer's forward / a column-parallel layer's input-gradient; a
@@ -363,9 +387,14 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   auto dgrad = [&](Tensor dy, Tensor weight, Tensor dx, const char* label) {
     backend_.gemm(linear_data_grad_args(dy, weight, dx, T), {label, l, kB});
   };
-  // dW += dy^T . x into the fp32 grad buffer, the bias gradient (column sums of dy) fused in.
+  // dW (+)= dy^T . x into the fp32 grad buffer (overwriting on the iteration's first write), the bias
+  // gradient (column sums of dy) fused in.
+  const bool accumulate = layer_grads_written_[l];
+  layer_grads_written_[l] = true;
   auto wgrad = [&](Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias, const char* label) {
-    backend_.gemm(linear_weight_grad_args(dy, x, weight, d_weight, d_bias, T), {label, l, kB});
+    GemmArgs args = linear_weight_grad_args(dy, x, weight, d_weight, d_bias, T);
+    args.accumulate = accumulate;
+    backend_.gemm(args, {label, l, kB});
   };
   // MLP. d_res_ holds the gradient of the layer output. fc2's data gradient goes to the shared activation
   // buffer; one pass then turns it into fc1's output gradient (in place over the saved fc1 output, which
@@ -462,8 +491,10 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
     if (!with_gradients) continue;
     backend_.gemm(linear_data_grad_args(logits, out_w, rows_of(d_hidden_, first, rows, storage), rows),
                   {"logits_dgrad", -1, kB});
-    backend_.gemm(linear_weight_grad_args(logits, hidden, out_w, view(grads_, out_entry), {}, rows),
-                  {"logits_wgrad", -1, kB});
+    GemmArgs head_wgrad = linear_weight_grad_args(logits, hidden, out_w, view(grads_, out_entry), {}, rows);
+    head_wgrad.accumulate = head_grad_written_;
+    head_grad_written_ = true;
+    backend_.gemm(head_wgrad, {"logits_wgrad", -1, kB});
   }
   if (with_gradients) pending_backward_ = index;
 }

@@ -113,6 +113,13 @@ class GPTModel {
   std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)
   Tensor main_params_;                    // (1, total) fp32
   Tensor grads_;                          // (1, total) fp32
+  // Gradient bookkeeping of an iteration: the GEMM weights' gradients (linear layers, LM head) are not
+  // zeroed; their first weight-gradient GEMM of the iteration overwrites them (beta = 0: no read of the
+  // fp32 gradient, and the GEMM's algorithm is tuned), later ones accumulate. zeroed_grads_ are the rest of
+  // the buffer (norms, biases, embedding tables, padding), zeroed by zero_gradients().
+  std::vector<Tensor> zeroed_grads_;
+  std::vector<bool> layer_grads_written_;  // per layer: its GEMM weight gradients hold this iteration's sum
+  bool head_grad_written_ = false;         // the LM head's weight gradient likewise
 
   std::vector<Tensor> residual_;                 // L + 1 of (T, h): layer inputs and the last output
   std::vector<LayerActivations> saved_;          // per layer (none/selective) or one shared (full)

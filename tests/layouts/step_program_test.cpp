@@ -51,7 +51,12 @@ TEST(StepProgram, Llama8bTp2GemmShapesAndCounts) {
   EXPECT_EQ(fc2_wgrad->m, 4096);
   EXPECT_EQ(fc2_wgrad->n, 14336 / 2);
   EXPECT_EQ(fc2_wgrad->k, s);
-  EXPECT_TRUE(fc2_wgrad->accumulate);
+  EXPECT_FALSE(fc2_wgrad->accumulate);  // micro-batch 0 overwrites the gradient
+  for (const Op& op : program.ops) {
+    if (op.label == "fc2_wgrad") {
+      EXPECT_EQ(op.accumulate, op.microbatch > 0);
+    }
+  }
   const Op* logits = find(program.ops, "logits", -1);
   ASSERT_NE(logits, nullptr);
   EXPECT_EQ(logits->n, model.padded_vocab_size(2) / 2);
@@ -60,6 +65,10 @@ TEST(StepProgram, Llama8bTp2GemmShapesAndCounts) {
                      chunks = (s + chunk - 1) / chunk;
   EXPECT_EQ(chunks, 4);
   EXPECT_EQ(logits->m, chunk);
+  // Only the iteration's first LM-head chunk overwrites the head's gradient.
+  EXPECT_EQ(std::count_if(program.ops.begin(), program.ops.end(),
+                          [](const Op& o) { return o.label == "logits_wgrad" && !o.accumulate; }),
+            1);
   // 4 GEMMs per layer forward + logits; dgrad + wgrad of each in backward.
   EXPECT_EQ(count(program.ops, OpKind::kGemm, OpPhase::kForward), 32 * 4 + chunks);
   EXPECT_EQ(count(program.ops, OpKind::kGemm, OpPhase::kBackward), 2 * (32 * 4 + chunks));
