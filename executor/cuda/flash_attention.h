@@ -53,9 +53,12 @@ struct BackwardVariant {
   // Launch order: every head's first key block (the longest under a causal mask) before any second one,
   // so the short blocks fill the tail (+1-20% on H200); false: the key blocks of one head consecutively.
   bool longest_first = true;
-  // The Hopper wgmma kernel (the default: 128 key rows per block in two warpgroups, always longest first);
-  // false: the mma.sync kernel shaped by the two fields above.
+  // The Hopper wgmma kernel (the default; always longest first); false: the mma.sync kernel shaped by the
+  // two fields above.
   bool wgmma = true;
+  // wgmma kernel: warpgroups per block, 64 key rows each: 1 (two blocks per SM) or 2 (one block per SM,
+  // shared Q/dO tiles, half the dQ atomics per key row); 0: the default for the head dim.
+  int wgmma_warpgroups = 0;
 };
 void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
                                       const bf16* v, const bf16* o, const float* lse, const bf16* d_o,

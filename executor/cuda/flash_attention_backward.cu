@@ -317,6 +317,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   const int key_rows_per_block = variant.key_rows_per_block;
   if (key_rows_per_block != 64 && key_rows_per_block != 128)
     throw std::invalid_argument("flash_attention_backward_variant: key_rows_per_block must be 64 or 128");
+  if (variant.wgmma_warpgroups < 0 || variant.wgmma_warpgroups > 2)
+    throw std::invalid_argument("flash_attention_backward_variant: wgmma_warpgroups must be 0, 1 or 2");
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
         "flash_attention_backward: needs head_dim 64 or 128 and token strides % 8 == 0");
@@ -384,7 +386,7 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                              shape.scale(),
                              shape.scale() * kLog2e,
                              shape.causal},
-                            stream);
+                            variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2, stream);
   else if (shape.head_dim == 64 && key_rows_per_block == 64)
     launch_backward_main<64, 64>(shape, params, stream);
   else if (shape.head_dim == 64)

@@ -37,8 +37,8 @@ struct BackwardArgs {
   float scale, scale_log2;
   bool causal;
 };
-// The main backward pass: a block owns 128 key rows of one (batch, kv head); dK, dV (scaled) written, dQ
-// accumulated into dq_accum.
-void launch_backward(const BackwardArgs& args, cudaStream_t stream);
+// The main backward pass: a block of warpgroups_per_block (1 or 2) warpgroups owns 64 key rows per
+// warpgroup of one (batch, kv head); dK, dV (scaled) written, dQ accumulated into dq_accum.
+void launch_backward(const BackwardArgs& args, int warpgroups_per_block, cudaStream_t stream);
 
 }  // namespace megatune::executor::cuda::hopper

@@ -1,10 +1,14 @@
-// Flash attention backward on Hopper tensor cores (wgmma, sm_90a). A block of two warpgroups owns 128 key
-// rows of one (batch, kv head), 64 per warpgroup, and walks the query tiles of every head in its group
-// (64 query rows for head dim 128, 128 for head dim 64). Per tile, each warpgroup computes S^T = K Q^T and
-// dP^T = V dO^T from shared memory, forms P^T = exp2(S^T - lse) and dS^T = P^T o (dP^T - delta) on the
-// accumulators, adds dV += P^T dO and dK += dS^T Q with P^T / dS^T straight from registers, and stores dS^T
-// to shared memory; then dQ = dS K (64 x 64 per warpgroup, both operands MN-major) goes to the fp32
-// accumulator with atomics. Q, dO, lse and delta are double-buffered (cp.async).
+// Flash attention backward on Hopper tensor cores (wgmma, sm_90a). A block of one or two warpgroups owns 64
+// key rows per warpgroup of one (batch, kv head) and walks the query tiles of every head in its group
+// (64 query rows for head dim 128, 128 for head dim 64). One warpgroup per block runs two blocks per SM that
+// drift apart, so one block's exponentials and atomics overlap the other's matrix products; two warpgroups
+// per block share the Q/dO tiles and halve dQ's atomics per key row but run in lockstep. Per tile, each
+// warpgroup computes S^T = K Q^T and dP^T = V dO^T from shared memory, forms P^T = exp2(S^T - lse) and dS^T =
+// P^T o (dP^T - delta) on the accumulators, adds dV += P^T dO and dK += dS^T Q with P^T / dS^T straight from
+// registers, and stores dS^T to shared memory; then dQ = dS K (64 x 64 per warpgroup, both operands MN-major)
+// goes to the fp32 accumulator with atomics. Q, dO, lse and delta are double-buffered (cp.async).
+#include <stdexcept>
+
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention_common.cuh"
 #include "executor/cuda/flash_attention_hopper.h"
@@ -18,19 +22,20 @@ using flash::fast_exp2;
 using flash::kLog2e;
 using flash::pack_bf16;
 
-constexpr int kBlockN = 128;  // key rows per block
-constexpr int kThreads = 256;
-
-template <int D>
+template <int D, int kWarpGroups>
 struct Tile {
+  static constexpr int kBlockN = 64 * kWarpGroups;  // key rows per block
+  static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBlockM = D == 64 ? 128 : 64;  // query rows per step
   static constexpr int kSmemBytes =
       (2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * int(sizeof(bf16)) + 4 * kBlockM * 4 + 1024;
 };
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(const BackwardArgs p) {
-  constexpr int kBlockM = Tile<D>::kBlockM;
+template <int D, int kWarpGroups>
+__global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroups)
+    flash_backward_hopper_kernel(const BackwardArgs p) {
+  using T = Tile<D, kWarpGroups>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kThreads = T::kThreads;
   extern __shared__ unsigned char smem_raw[];
   bf16* k_tile = reinterpret_cast<bf16*>(align_1024(smem_raw));          // sw128 [kBlockN][D]
   bf16* v_tile = k_tile + kBlockN * D;                                   // sw128 [kBlockN][D]
@@ -85,9 +90,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(cons
   const int kv_row[2] = {kv0 + kv_local[0], kv0 + kv_local[1]};
   const uint32_t k_address = shared_address(k_tile), v_address = shared_address(v_tile);
   const uint32_t ds_address = shared_address(ds_tile);
-  // dQ split: head dim 64 -> each warpgroup takes 64 of the 128 query rows; 128 -> 64 of the head-dim
-  // columns.
-  const int q_panel = kBlockM == 128 ? wg : 0, d_panel = kBlockM == 64 ? wg : 0;
+  // dQ in 64 x 64 panels: head dim 64 -> panels of 64 of the 128 query rows; 128 -> 64 of the head-dim
+  // columns. Two warpgroups take one panel each, one warpgroup both.
+  constexpr int kPanelsPerWarpGroup = 2 / kWarpGroups;
 
   for (int it = 0; it < iterations; ++it) {
     flash::cp_async_wait<0>();
@@ -165,40 +170,55 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(cons
       }
     }
     wgmma_commit();
+    if constexpr (kWarpGroups == 1) {
+      // The dQ panels need registers: let dV/dK finish with P^T / dS^T first.
+      wgmma_wait<0>();
+      fence_registers(dv);
+      fence_registers(dk);
+      fence_registers(pa);
+      fence_registers(dsa);
+    }
     fence_async_shared();
     __syncthreads();
-    // dQ (64 x 64 per warpgroup) = dS K: A = dS^T tile read M-major, B = K tile read MN-major.
-    float dq[32];
-    wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t a =
-          mn_major_descriptor(ds_address + q_panel * kBlockN * 128 + kk * 16 * 128, kBlockN * 128);
-      const uint64_t b =
-          mn_major_descriptor(k_address + d_panel * kBlockN * 128 + kk * 16 * 128, kBlockN * 128);
-      wgmma_ss_m64n64<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(dq);
-    fence_registers(dv);
-    fence_registers(dk);
-    fence_registers(pa);
-    fence_registers(dsa);
-    // 16-byte atomics: lanes t and t^1 swap halves so that each holds 4 consecutive columns of one row
-    // (even t: row g, odd t: row g + 8).
-    const bool odd = (t & 1) != 0;
-    const int q = q0 + q_panel * 64 + 16 * warp + g + (odd ? 8 : 0);
-    float* dst = p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
+    for (int j = 0; j < kPanelsPerWarpGroup; ++j) {
+      const int panel = wg + j;  // wg is 0 when one warpgroup takes both panels
+      const int q_panel = kBlockM == 128 ? panel : 0, d_panel = kBlockM == 64 ? panel : 0;
+      // dQ panel (64 x 64) = dS K: A = dS^T tile read M-major, B = K tile read MN-major.
+      float dq[32];
+      wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float send0 = odd ? dq[4 * i + 0] : dq[4 * i + 2];
-      const float send1 = odd ? dq[4 * i + 1] : dq[4 * i + 3];
-      const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-      const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-      const float4 v = odd ? make_float4(recv0, recv1, dq[4 * i + 2], dq[4 * i + 3])
-                           : make_float4(dq[4 * i + 0], dq[4 * i + 1], recv0, recv1);
-      if (q < p.seq_len) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const uint64_t a =
+            mn_major_descriptor(ds_address + q_panel * kBlockN * 128 + kk * 16 * 128, kBlockN * 128);
+        const uint64_t b =
+            mn_major_descriptor(k_address + d_panel * kBlockN * 128 + kk * 16 * 128, kBlockN * 128);
+        wgmma_ss_m64n64<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(dq);
+      if constexpr (kWarpGroups == 2) {
+        fence_registers(dv);
+        fence_registers(dk);
+        fence_registers(pa);
+        fence_registers(dsa);
+      }
+      // 16-byte atomics: lanes t and t^1 swap halves so that each holds 4 consecutive columns of one row
+      // (even t: row g, odd t: row g + 8).
+      const bool odd = (t & 1) != 0;
+      const int q = q0 + q_panel * 64 + 16 * warp + g + (odd ? 8 : 0);
+      float* dst = p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float send0 = odd ? dq[4 * i + 0] : dq[4 * i + 2];
+        const float send1 = odd ? dq[4 * i + 1] : dq[4 * i + 3];
+        const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+        const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+        const float4 v = odd ? make_float4(recv0, recv1, dq[4 * i + 2], dq[4 * i + 3])
+                             : make_float4(dq[4 * i + 0], dq[4 * i + 1], recv0, recv1);
+        if (q < p.seq_len) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
+      }
     }
   }
 
@@ -220,28 +240,30 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_hopper_kernel(cons
   }
 }
 
-template <int D>
+template <int D, int kWarpGroups>
 void launch(const BackwardArgs& args, cudaStream_t stream) {
-  constexpr int smem = Tile<D>::kSmemBytes;
+  using T = Tile<D, kWarpGroups>;
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_hopper_kernel<D>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_hopper_kernel<D, kWarpGroups>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     configured = true;
   }
   const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
-                  unsigned((args.seq_len + kBlockN - 1) / kBlockN));
-  flash_backward_hopper_kernel<D><<<grid, kThreads, smem, stream>>>(args);
+                  unsigned((args.seq_len + T::kBlockN - 1) / T::kBlockN));
+  flash_backward_hopper_kernel<D, kWarpGroups><<<grid, T::kThreads, T::kSmemBytes, stream>>>(args);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_backward(const BackwardArgs& args, cudaStream_t stream) {
+void launch_backward(const BackwardArgs& args, int warpgroups_per_block, cudaStream_t stream) {
+  if (warpgroups_per_block != 1 && warpgroups_per_block != 2)
+    throw std::invalid_argument("hopper::launch_backward: warpgroups_per_block must be 1 or 2");
   if (args.head_dim == 64)
-    launch<64>(args, stream);
+    warpgroups_per_block == 1 ? launch<64, 1>(args, stream) : launch<64, 2>(args, stream);
   else
-    launch<128>(args, stream);
+    warpgroups_per_block == 1 ? launch<128, 1>(args, stream) : launch<128, 2>(args, stream);
 }
 
 }  // namespace megatune::executor::cuda::hopper
