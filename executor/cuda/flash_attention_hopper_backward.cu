@@ -90,6 +90,10 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
   const int kv_row[2] = {kv0 + kv_local[0], kv0 + kv_local[1]};
   const uint32_t k_address = shared_address(k_tile), v_address = shared_address(v_tile);
   const uint32_t ds_address = shared_address(ds_tile);
+  // Descriptors of the dQ product's operands (fixed tiles) and this thread's dS^T store rows.
+  const uint64_t ds_desc = mn_major_descriptor(ds_address, kBlockN * 128);
+  const uint64_t k_mn_desc = mn_major_descriptor(k_address, kBlockN * 128);
+  const int ds_row_base[2] = {sw128_row_base(kv_local[0], 2 * t), sw128_row_base(kv_local[1], 2 * t)};
   // dQ in 64 x 64 panels: head dim 64 -> panels of 64 of the 128 query rows; 128 -> 64 of the head-dim
   // columns. Two warpgroups take one panel each, one warpgroup both.
   constexpr int kPanelsPerWarpGroup = 2 / kWarpGroups;
@@ -104,6 +108,8 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
     const int q0 = (m_first + it % per_head) * kBlockM;
     const uint32_t q_address = shared_address(q_tiles + (it & 1) * kBlockM * D);
     const uint32_t do_address = shared_address(do_tiles + (it & 1) * kBlockM * D);
+    const uint64_t q_desc = mn_major_descriptor(q_address, kBlockM * 128);
+    const uint64_t do_desc = mn_major_descriptor(do_address, kBlockM * 128);
     const float* lse = stats + (it & 1) * 2 * kBlockM;
     const float* delta = lse + kBlockM;
 
@@ -119,19 +125,33 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
         (p.causal && kv0 + 64 * wg + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
     wgmma_wait<1>();
     fence_registers(s);
+    // P^T = exp2(S^T * scale - lse) (lse in base 2); the masked form only on tiles that need it, so that
+    // the common tile spends no instructions on masks.
+    if (needs_mask) {
 #pragma unroll
-    for (int i = 0; i < kBlockM / 8; ++i) {
-      const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int q = q0 + 8 * i + 2 * t + c;
-        const float lse_log2 = (c == 0 ? lse2.x : lse2.y) * kLog2e;
+        for (int c = 0; c < 2; ++c) {
+          const int q = q0 + 8 * i + 2 * t + c;
+          const float lse_log2 = (c == 0 ? lse2.x : lse2.y) * kLog2e;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int e = 4 * i + 2 * r + c;
+            const bool visible = q < p.seq_len && kv_row[r] < p.seq_len && !(p.causal && q < kv_row[r]);
+            s[e] = visible ? fast_exp2(fmaf(s[e], p.scale_log2, -lse_log2)) : 0.0f;
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+        const float lse0 = lse2.x * kLog2e, lse1 = lse2.y * kLog2e;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int e = 4 * i + 2 * r + c;
-          const bool visible =
-              !needs_mask || (q < p.seq_len && kv_row[r] < p.seq_len && !(p.causal && q < kv_row[r]));
-          s[e] = visible ? fast_exp2(fmaf(s[e], p.scale_log2, -lse_log2)) : 0.0f;
+          s[4 * i + 2 * r] = fast_exp2(fmaf(s[4 * i + 2 * r], p.scale_log2, -lse0));
+          s[4 * i + 2 * r + 1] = fast_exp2(fmaf(s[4 * i + 2 * r + 1], p.scale_log2, -lse1));
         }
       }
     }
@@ -152,15 +172,14 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
           dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? delta2.y : delta2.x));
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          *reinterpret_cast<uint32_t*>(ds_tile + sw128_offset<kBlockN>(kv_local[r], 8 * i + 2 * t)) =
+          *reinterpret_cast<uint32_t*>(ds_tile + sw128_at<kBlockN>(ds_row_base[r], i)) =
               pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
         }
       }
       pack_a_fragment(pa[kk], s, 8 * kk);
       pack_a_fragment(dsa[kk], dp, 8 * kk);
       wgmma_fence();
-      const uint64_t b_do = mn_major_descriptor(do_address + kk * 16 * 128, kBlockM * 128);
-      const uint64_t b_q = mn_major_descriptor(q_address + kk * 16 * 128, kBlockM * 128);
+      const uint64_t b_do = advance(do_desc, kk * 16 * 128), b_q = advance(q_desc, kk * 16 * 128);
       if constexpr (D == 128) {
         wgmma_rs_m64n128<1>(dv, pa[kk], b_do, 1);
         wgmma_rs_m64n128<1>(dk, dsa[kk], b_q, 1);
@@ -189,10 +208,8 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint64_t a =
-            mn_major_descriptor(ds_address + q_panel * kBlockN * 128 + kk * 16 * 128, kBlockN * 128);
-        const uint64_t b =
-            mn_major_descriptor(k_address + d_panel * kBlockN * 128 + kk * 16 * 128, kBlockN * 128);
+        const uint64_t a = advance(ds_desc, q_panel * kBlockN * 128 + kk * 16 * 128);
+        const uint64_t b = advance(k_mn_desc, d_panel * kBlockN * 128 + kk * 16 * 128);
         wgmma_ss_m64n64<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
@@ -205,10 +222,11 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
         fence_registers(dsa);
       }
       // 16-byte atomics: lanes t and t^1 swap halves so that each holds 4 consecutive columns of one row
-      // (even t: row g, odd t: row g + 8).
+      // (even t: row g, odd t: row g + 8); unguarded when the panel's rows are all inside the sequence.
       const bool odd = (t & 1) != 0;
       const int q = q0 + q_panel * 64 + 16 * warp + g + (odd ? 8 : 0);
       float* dst = p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
+      const bool all_rows = q0 + q_panel * 64 + 64 <= p.seq_len;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float send0 = odd ? dq[4 * i + 0] : dq[4 * i + 2];
@@ -217,7 +235,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
         const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
         const float4 v = odd ? make_float4(recv0, recv1, dq[4 * i + 2], dq[4 * i + 3])
                              : make_float4(dq[4 * i + 0], dq[4 * i + 1], recv0, recv1);
-        if (q < p.seq_len) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
+        if (all_rows || q < p.seq_len) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
       }
     }
   }

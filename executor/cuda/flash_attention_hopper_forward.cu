@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const
     const int kv0 = j * kBlockN;
     const uint32_t k_address = shared_address(k_tiles + (j & 1) * kBlockN * D);
     const uint32_t v_address = shared_address(v_tiles + (j & 1) * kBlockN * D);
+    const uint64_t v_desc = mn_major_descriptor(v_address, kBlockN * 128);
 
     // S = Q K^T (64 x 128 per warpgroup).
     float s[kBlockN / 2];
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const
       }
       pack_a_fragment(pa[kk], s, 8 * kk);
       wgmma_fence();
-      const uint64_t b = mn_major_descriptor(v_address + kk * 16 * 128, kBlockN * 128);
+      const uint64_t b = advance(v_desc, kk * 16 * 128);
       if constexpr (D == 128)
         wgmma_rs_m64n128<1>(o, pa[kk], b, 1);
       else

@@ -48,6 +48,12 @@ __device__ __forceinline__ uint64_t k_major_descriptor(uint32_t address) {
 __device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t address, uint32_t mn_panel_bytes) {
   return descriptor(address, mn_panel_bytes, 1024);
 }
+// The descriptor of the same operand offset_bytes (a multiple of 16) further: the start-address field holds
+// address / 16 in 14 bits, which every shared-memory address fits (< 256 KiB), so the offset is one add
+// (compile-time offsets fold into the instruction) instead of rebuilding the descriptor.
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t offset_bytes) {
+  return desc + (offset_bytes >> 4);
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
@@ -81,19 +87,37 @@ template <int ROWS>
 __device__ __forceinline__ int sw128_offset(int row, int col) {
   return (col >> 6) * ROWS * 64 + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
 }
+// sw128_offset for one row and many compile-time 8-column groups: row_base = sw128_row_base(row, c) once,
+// then sw128_at<ROWS>(row_base, group) = sw128_offset<ROWS>(row, 8 * group + c) (0 <= c < 8) with one xor,
+// as the row's bits never meet the swizzled chunk bits 3-5.
+__device__ __forceinline__ int sw128_row_base(int row, int col_in_group) {
+  return row * 64 + ((row & 7) << 3) + col_in_group;
+}
+template <int ROWS>
+__device__ __forceinline__ int sw128_at(int row_base, int group) {
+  return (row_base ^ ((group & 7) << 3)) + (group >> 3) * ROWS * 64;
+}
 
 // cp.async of a ROWS x D tile (rows row0.. of a strided global tensor) into an sw128 tile; rows at or beyond
 // row_limit are zero-filled. All THREADS threads take part.
 template <int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_tile_sw128(__nv_bfloat16* smem, const __nv_bfloat16* gmem,
                                                 int64_t row_stride, int row0, int row_limit) {
-  constexpr int kChunks = ROWS * D / 8;
+  // Each thread copies the same 16-byte column chunk of rows row, row + kRowsPerPass, ...: with
+  // kRowsPerPass a multiple of 8 those rows share the swizzle phase, so shared and global addresses
+  // advance by constants.
+  constexpr int kChunksPerRow = D / 8, kRowsPerPass = THREADS / kChunksPerRow;
+  static_assert(THREADS % kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0,
+                "load_tile_sw128: tile shape and thread count do not tile evenly");
+  const int tid = threadIdx.x % THREADS;
+  const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+  const uint32_t dst0 = shared_address(smem + sw128_offset<ROWS>(row, col));
+  const __nv_bfloat16* src0 = gmem + int64_t(row0 + row) * row_stride + col;
 #pragma unroll
-  for (int i = threadIdx.x % THREADS; i < kChunks; i += THREADS) {
-    const int row = i / (D / 8), col = (i % (D / 8)) * 8;
-    const bool valid = row0 + row < row_limit;
-    const __nv_bfloat16* src = gmem + int64_t(valid ? row0 + row : 0) * row_stride + col;
-    const uint32_t dst = shared_address(smem + sw128_offset<ROWS>(row, col));
+  for (int j = 0; j < ROWS / kRowsPerPass; ++j) {
+    const bool valid = row0 + row + j * kRowsPerPass < row_limit;
+    const __nv_bfloat16* src = valid ? src0 + int64_t(j * kRowsPerPass) * row_stride : gmem;
+    const uint32_t dst = dst0 + j * kRowsPerPass * 64 * int(sizeof(__nv_bfloat16));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
   }
 }
@@ -187,11 +211,12 @@ __device__ __forceinline__ void pack_a_fragment(uint32_t (&a)[4], const float (&
 template <int D, int N>
 __device__ __forceinline__ void gemm_k_major(float (&acc)[N / 2], uint32_t a_address, int a_rows,
                                              uint32_t b_address) {
+  const uint64_t a0 = k_major_descriptor(a_address), b0 = k_major_descriptor(b_address);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t panel = kk >> 2, within = (kk & 3) * 32;
-    const uint64_t a = k_major_descriptor(a_address + panel * a_rows * 128 + within);
-    const uint64_t b = k_major_descriptor(b_address + panel * N * 128 + within);
+    const uint64_t a = advance(a0, panel * a_rows * 128 + within);
+    const uint64_t b = advance(b0, panel * N * 128 + within);
     if constexpr (N == 128)
       wgmma_ss_m64n128<0, 0>(acc, a, b, kk > 0 ? 1 : 0);
     else
