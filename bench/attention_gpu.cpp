@@ -92,6 +92,10 @@ int main(int argc, char** argv) {
     const double fwd32 =
         median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 32); });
     const double fwd = median_ms([&] { cuda::flash_attention_forward(shape, q, k, v, o, lse, nullptr); });
+    const double fwd_wg1 =
+        median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 64, 1); });
+    const double fwd_wg2 =
+        median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 64, 2); });
     auto backward_variant = [&](int key_rows, bool longest_first) {
       return median_ms([&] {
         cuda::flash_attention_backward_variant(
@@ -119,9 +123,10 @@ int main(int argc, char** argv) {
     std::printf("%-28s %10.3f %10.3f %10.1f %12.1f %12.1f\n", name, fwd, bwd, flops / fwd / 1e9,
                 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9);
     std::printf(
-        "VARIANT forward %s mma.sync rows_per_warp16=%.1f rows_per_warp32=%.1f wgmma (default)=%.1f "
-        "TFLOP/s\n",
+        "VARIANT forward %s mma.sync rows_per_warp16=%.1f rows_per_warp32=%.1f wgmma 1 warpgroup/block=%.1f "
+        "2 warpgroups/block=%.1f (default)=%.1f TFLOP/s\n",
         name, shape.forward_flops() / fwd16 / 1e9, shape.forward_flops() / fwd32 / 1e9,
+        shape.forward_flops() / fwd_wg1 / 1e9, shape.forward_flops() / fwd_wg2 / 1e9,
         shape.forward_flops() / fwd / 1e9);
     std::printf(
         "VARIANT backward %s mma.sync key_rows64=%.1f key_rows64_longest_first=%.1f key_rows128=%.1f "

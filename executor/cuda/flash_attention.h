@@ -25,10 +25,12 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 
 // The same with the forward kernel's variant chosen explicitly (benchmarks and tests): rows_per_warp 16
 // (mma.sync, 8 warps, Q fragments in registers), 32 (mma.sync, 4 warps, Q re-read from shared memory,
-// FlashAttention-2's shape) or 64 (the default: Hopper wgmma, one warpgroup per 64 query rows).
+// FlashAttention-2's shape) or 64 (the default: Hopper wgmma, one warpgroup per 64 query rows, with
+// wgmma_warpgroups 1 or 2 warpgroups per block; 0: the default, 1 for head dim 64 and 2 for 128).
 constexpr int kDefaultForwardRowsPerWarp = 64;
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
-                                     bf16* o, float* lse, cudaStream_t stream, int rows_per_warp);
+                                     bf16* o, float* lse, cudaStream_t stream, int rows_per_warp,
+                                     int wgmma_warpgroups = 0);
 
 // Workspace of the backward pass: fp32 dq accumulator [b, s, n_q, d] + delta = rowsum(dO o o) [b, n_q, s].
 size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);

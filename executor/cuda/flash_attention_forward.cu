@@ -259,7 +259,8 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 }
 
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
-                                     bf16* o, float* lse, cudaStream_t stream, int rows_per_warp) {
+                                     bf16* o, float* lse, cudaStream_t stream, int rows_per_warp,
+                                     int wgmma_warpgroups) {
   validate_attention_shape(shape);
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
@@ -281,12 +282,17 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
                        shape.causal};
   if (rows_per_warp != 16 && rows_per_warp != 32 && rows_per_warp != 64)
     throw std::invalid_argument("flash_attention_forward_variant: rows_per_warp must be 16, 32 or 64");
+  if (wgmma_warpgroups < 0 || wgmma_warpgroups > 2)
+    throw std::invalid_argument("flash_attention_forward_variant: wgmma_warpgroups must be 0, 1 or 2");
+  // One warpgroup per block (three blocks per SM) for head dim 64, two (one block, shared K/V tiles) for
+  // 128: H200, bench_attention_gpu: 365 vs 313 TFLOP/s at 64, 258 vs 337 at 128 (bench/RESULTS.md).
+  const int default_warpgroups = shape.head_dim == 64 ? 1 : 2;
   if (rows_per_warp == 64) {
     hopper::launch_forward(
         {q, k, v, o, lse, shape.q_stride(), shape.kv_stride(), shape.o_stride(), int(shape.batch),
          int(shape.seq_len), int(shape.num_heads), int(shape.num_heads / shape.num_kv_heads),
          int(shape.head_dim), shape.scale() * kLog2e, shape.causal},
-        stream);
+        wgmma_warpgroups != 0 ? wgmma_warpgroups : default_warpgroups, stream);
     return;
   }
   if (shape.head_dim == 64) {

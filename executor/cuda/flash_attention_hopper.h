@@ -19,8 +19,9 @@ struct ForwardArgs {
   float scale_log2;  // softmax scale * log2(e)
   bool causal;
 };
-// O and lse; 128 query rows per block (two warpgroups of 64), 128-row K/V tiles double-buffered.
-void launch_forward(const ForwardArgs& args, cudaStream_t stream);
+// O and lse; 64 query rows per warpgroup, warpgroups_per_block (1 or 2) per block, 128-row K/V tiles
+// double-buffered.
+void launch_forward(const ForwardArgs& args, int warpgroups_per_block, cudaStream_t stream);
 
 struct BackwardArgs {
   const __nv_bfloat16* q;

@@ -1,8 +1,10 @@
-// Flash attention forward on Hopper tensor cores (wgmma, sm_90a): a block of two warpgroups owns 128 query
-// rows of one (batch, head), 64 per warpgroup; 128-row K/V tiles stream through double-buffered, 128-byte-
+// Flash attention forward on Hopper tensor cores (wgmma, sm_90a): a block of one or two warpgroups owns 64
+// query rows per warpgroup of one (batch, head) (one warpgroup: up to three blocks per SM that drift apart,
+// two: one block per SM sharing each K/V tile); 128-row K/V tiles stream through double-buffered, 128-byte-
 // swizzled shared memory (cp.async); S = Q K^T is one m64n128 wgmma chain from shared memory, the online
 // softmax (base 2, fp32) runs on its accumulators, and O += P V takes P straight from registers.
 #include <cfloat>
+#include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention_common.cuh"
@@ -16,17 +18,23 @@ using bf16 = __nv_bfloat16;
 using flash::fast_exp2;
 using flash::kLn2;
 
-constexpr int kBlockM = 128;  // query rows per block
 constexpr int kBlockN = 128;  // key rows per tile
-constexpr int kThreads = 256;
 
-template <int D>
-constexpr int forward_smem_bytes() {
-  return (kBlockM * D + 4 * kBlockN * D) * int(sizeof(bf16)) + 1024;
-}
+template <int D, int kWarpGroups>
+struct ForwardTile {
+  static constexpr int kBlockM = 64 * kWarpGroups;  // query rows per block
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * int(sizeof(bf16)) + 1024;
+  // One warpgroup with head dim 64: registers and shared memory fit three blocks per SM.
+  static constexpr int kMinBlocksPerSm = kWarpGroups == 1 && D == 64 ? 3 : 1;
+};
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const ForwardArgs p) {
+template <int D, int kWarpGroups>
+__global__ void __launch_bounds__(ForwardTile<D, kWarpGroups>::kThreads,
+                                  ForwardTile<D, kWarpGroups>::kMinBlocksPerSm)
+    flash_forward_hopper_kernel(const ForwardArgs p) {
+  constexpr int kBlockM = ForwardTile<D, kWarpGroups>::kBlockM,
+                kThreads = ForwardTile<D, kWarpGroups>::kThreads;
   extern __shared__ unsigned char smem_raw[];
   bf16* q_tile = reinterpret_cast<bf16*>(align_1024(smem_raw));  // sw128 [kBlockM][D]
   bf16* k_tiles = q_tile + kBlockM * D;                          // [2] sw128 [kBlockN][D]
@@ -166,28 +174,30 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_hopper_kernel(const
   }
 }
 
-template <int D>
+template <int D, int kWarpGroups>
 void launch(const ForwardArgs& args, cudaStream_t stream) {
-  constexpr int smem = forward_smem_bytes<D>();
+  using T = ForwardTile<D, kWarpGroups>;
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_hopper_kernel<D>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_hopper_kernel<D, kWarpGroups>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     configured = true;
   }
-  const dim3 grid(unsigned((args.seq_len + kBlockM - 1) / kBlockM), unsigned(args.num_heads),
+  const dim3 grid(unsigned((args.seq_len + T::kBlockM - 1) / T::kBlockM), unsigned(args.num_heads),
                   unsigned(args.batch));
-  flash_forward_hopper_kernel<D><<<grid, kThreads, smem, stream>>>(args);
+  flash_forward_hopper_kernel<D, kWarpGroups><<<grid, T::kThreads, T::kSmemBytes, stream>>>(args);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_forward(const ForwardArgs& args, cudaStream_t stream) {
+void launch_forward(const ForwardArgs& args, int warpgroups_per_block, cudaStream_t stream) {
+  if (warpgroups_per_block != 1 && warpgroups_per_block != 2)
+    throw std::invalid_argument("hopper::launch_forward: warpgroups_per_block must be 1 or 2");
   if (args.head_dim == 64)
-    launch<64>(args, stream);
+    warpgroups_per_block == 1 ? launch<64, 1>(args, stream) : launch<64, 2>(args, stream);
   else
-    launch<128>(args, stream);
+    warpgroups_per_block == 1 ? launch<128, 1>(args, stream) : launch<128, 2>(args, stream);
 }
 
 }  // namespace megatune::executor::cuda::hopper
