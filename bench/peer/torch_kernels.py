@@ -13,7 +13,7 @@ def category(name):
     n = name.lower()
     if "nvjet" in n or "gemm" in n or "xmma" in n or "cutlass" in n or "splitk" in n:
         return "gemm"
-    if "flash" in n or "fmha" in n or "attention" in n or "sdpa" in n:
+    if "flash" in n or "fmha" in n or "attention" in n or "sdpa" in n or n.startswith("void cudnn::"):
         return "attention"
     if "adam" in n or "multi_tensor" in n:
         return "optimizer"
