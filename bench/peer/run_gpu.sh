@@ -8,10 +8,12 @@
 #           optimizer bandwidth bench;
 #   perf:   the engine perf shapes (gpt-1.3b, llama-1b) and the compiled PyTorch peer in the same run, then
 #           the step's GEMM shapes (bench_gemm_gpu vs torch.matmul) and the peer's kernel-time breakdown.
+#   ncu:    Nsight Compute on the Hopper attention kernels (backward, forward; head dim NCU_HEAD_DIM, default
+#           64 = llama-1b's shape): stall reasons, opcode mix and the hottest SASS lines (not part of all).
 # Each step has its own time limit so one slow step cannot eat the others.
 set -u
 stage=${1:-all}
-case "$stage" in checks | perf | all) ;; *) echo "usage: $0 [checks|perf|all]" >&2; exit 2 ;; esac
+case "$stage" in checks | perf | all | ncu) ;; *) echo "usage: $0 [checks|perf|all|ncu]" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/engine_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
@@ -28,6 +30,15 @@ step() {  # step NAME SECONDS COMMAND...
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >>"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
+if [ "$stage" = ncu ]; then
+  for kernel in backward forward; do
+    step "ncu_$kernel" 120 ncu --clock-control none -o "$OUT/ncu_$kernel" --set full --import-source no \
+      -k "regex:flash_${kernel}_hopper_kernel" -c 1 $G/bench_attention_gpu --once "${NCU_HEAD_DIM:-64}"
+    ncu -i "$OUT/ncu_$kernel.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${kernel}_source.csv" 2>&1
+    python3 bench/peer/ncu_source_summary.py "$OUT/ncu_${kernel}_source.csv" | tee "$OUT/ncu_${kernel}_summary.txt"
+  done
+  exit 0
+fi
 if [ "$stage" != perf ]; then
   for t in "$G"/executor_*_gpu_test; do step "$(basename "$t")" 120 "$t"; done
   step bench_attention 90 $G/bench_attention_gpu
