@@ -182,6 +182,47 @@ TEST(ModelGradient, RecomputationGivesTheSameGradients) {
   }
 }
 
+// zero_gradients clears only the non-GEMM ranges; every GEMM weight's first gradient GEMM of the iteration
+// overwrites instead of accumulating. A second iteration on the same micro-batches must therefore give
+// bit-identical gradients, not the first iteration's plus the second's (tied and untied heads, chunked loss).
+TEST(ModelGradient, IterationsDoNotCarryGradientsOver) {
+  BatchShape shape;
+  shape.micro_batch = 2;
+  shape.seq = 6;
+  shape.num_microbatches = 2;
+  shape.loss_chunk_logits_bytes = 200;
+  for (const TransformerConfig& config : {gpt_like(), llama_like()}) {
+    Harness h(config, shape, RecomputeGranularity::kNone);
+    const std::vector<MicroBatch> batches = {random_batch(shape, config.vocab_size, 21),
+                                             random_batch(shape, config.vocab_size, 22)};
+    std::vector<float> first;
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      h.model->zero_gradients();
+      for (int i = 0; i < shape.num_microbatches; ++i) {
+        h.model->forward(batches[i], i);
+        h.model->backward(i);
+      }
+      const std::vector<float> grads = h.model->gradients();
+      if (iteration == 0) {
+        first = grads;
+        continue;
+      }
+      ASSERT_EQ(grads.size(), first.size());
+      for (std::size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], first[i]) << "element " << i;
+    }
+    // And the first micro-batch alone gives a different (its own) gradient: the second one was added.
+    h.model->zero_gradients();
+    h.model->forward(batches[0], 0);
+    h.model->backward(0);
+    const std::vector<float> alone = h.model->gradients();
+    const ParameterEntry& fc1 = h.model->layout().find(layer_parameter(0, "mlp.linear_fc1.weight"));
+    double diff = 0;
+    for (std::int64_t j = 0; j < fc1.numel(); ++j)
+      diff = std::max(diff, std::fabs(double(alone[fc1.offset + j]) - double(first[fc1.offset + j])));
+    EXPECT_GT(diff, 0.0);
+  }
+}
+
 TEST(ModelGradient, ForwardBeforeBackwardIsEnforced) {
   BatchShape shape;
   shape.micro_batch = 1;
