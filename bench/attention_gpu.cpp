@@ -87,32 +87,27 @@ int main(int argc, char** argv) {
       MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
       return 0;
     }
-    const double fwd16 =
-        median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 16); });
-    const double fwd32 =
-        median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 32); });
+    auto forward_variant = [&](int rows_per_warp, int warpgroups) {
+      return median_ms([&] {
+        cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, rows_per_warp, warpgroups);
+      });
+    };
+    const double fwd16 = forward_variant(16, 0), fwd32 = forward_variant(32, 0);
     const double fwd = median_ms([&] { cuda::flash_attention_forward(shape, q, k, v, o, lse, nullptr); });
-    const double fwd_wg1 =
-        median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 64, 1); });
-    const double fwd_wg2 =
-        median_ms([&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, 64, 2); });
-    auto backward_variant = [&](int key_rows, bool longest_first) {
+    const double fwd_wg1 = forward_variant(64, 1), fwd_wg2 = forward_variant(64, 2);
+    auto backward_variant = [&](cuda::BackwardVariant variant) {
       return median_ms([&] {
-        cuda::flash_attention_backward_variant(
-            shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(), dqkv + shape.packed_v_offset(),
-            ws, ws_bytes, nullptr, cuda::BackwardVariant{key_rows, longest_first, false});
+        cuda::flash_attention_backward_variant(shape, q, k, v, o, lse, d_o, dqkv,
+                                               dqkv + shape.packed_k_offset(), dqkv + shape.packed_v_offset(),
+                                               ws, ws_bytes, nullptr, variant);
       });
     };
-    const double bwd64 = backward_variant(64, false), bwd64_longest = backward_variant(64, true);
-    const double bwd128 = backward_variant(128, false), bwd128_longest = backward_variant(128, true);
-    auto wgmma_backward = [&](int warpgroups) {
-      return median_ms([&] {
-        cuda::flash_attention_backward_variant(
-            shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(), dqkv + shape.packed_v_offset(),
-            ws, ws_bytes, nullptr, cuda::BackwardVariant{64, true, true, warpgroups});
-      });
-    };
-    const double bwd_wg1 = wgmma_backward(1), bwd_wg2 = wgmma_backward(2);
+    const double bwd64 = backward_variant({64, false, false}),
+                 bwd64_longest = backward_variant({64, true, false});
+    const double bwd128 = backward_variant({128, false, false}),
+                 bwd128_longest = backward_variant({128, true, false});
+    const double bwd_wg1 = backward_variant({64, true, true, 1}),
+                 bwd_wg2 = backward_variant({64, true, true, 2});
     const double bwd = median_ms([&] {
       cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
                                      dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr);

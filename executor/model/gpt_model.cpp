@@ -120,12 +120,11 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   // tied head is the word embedding, which the head's gradient GEMM writes before the embedding's backward
   // adds to it).
   std::vector<std::pair<std::int64_t, std::int64_t>> gemm_weights;  // [begin, end) in elements
+  const ParameterEntry& head = head_entry();
   for (const ParameterEntry& e : layout_.entries()) {
-    const bool head =
-        e.name == (config_.tied_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight");
     const bool linear = e.name.ends_with("linear_qkv.weight") || e.name.ends_with("linear_proj.weight") ||
                         e.name.ends_with("linear_fc1.weight") || e.name.ends_with("linear_fc2.weight");
-    if (head || linear) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
+    if (&e == &head || linear) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
   }
   std::sort(gemm_weights.begin(), gemm_weights.end());
   std::int64_t next = 0;
@@ -207,6 +206,10 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
   a.fc1 = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "saved: fc1 output (pre-activation)");
   a.act = carve(mlp_scratch_, 0, T, config_.ffn_per_rank(), backend_.storage_bytes(compute_dtype_));
   return a;
+}
+
+const ParameterEntry& GPTModel::head_entry() const {
+  return layout_.find(config_.tied_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight");
 }
 
 Tensor GPTModel::view(Tensor buffer, const ParameterEntry& entry) const {
@@ -472,8 +475,7 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
   // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
   // logits' gradient in place), then the head's data gradient (into d_hidden_, read by the backward's final
   // norm) and weight gradient, so one chunk of logits is held at a time.
-  const ParameterEntry& out_entry =
-      layout_.find(config_.tied_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight");
+  const ParameterEntry& out_entry = head_entry();
   const Tensor out_w = view(model_params_, out_entry);
   // Mean over the counted tokens of the micro-batch, averaged over the iteration's micro-batches.
   const float grad_scale = counted > 0 ? static_cast<float>(1.0 / (counted * batch_.num_microbatches)) : 0.0f;

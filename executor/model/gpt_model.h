@@ -66,6 +66,8 @@ class GPTModel {
   // View of one parameter inside a flat buffer (main, model or gradient). The model buffer holds no copy of
   // an untied embedding: its view is then the fp32 main parameter.
   Tensor view(Tensor buffer, const ParameterEntry& entry) const;
+  // The LM head's weight: the word embedding when tied, else output_layer.weight.
+  const ParameterEntry& head_entry() const;
 
  private:
   struct LayerWeights {
