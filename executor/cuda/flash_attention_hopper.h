@@ -28,7 +28,7 @@ struct BackwardArgs {
   const __nv_bfloat16* k;
   const __nv_bfloat16* v;
   const __nv_bfloat16* d_o;
-  const float* lse;    // [b, n_q, s]
+  const float* lse;    // [b, n_q, s], base 2 (the forward's lse * log2(e))
   const float* delta;  // [b, n_q, s] = rowsum(dO o O)
   float* dq_accum;     // [b, s, n_q, d], fp32, unscaled; added to with atomics
   __nv_bfloat16* dk;

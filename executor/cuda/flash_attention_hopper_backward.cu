@@ -19,7 +19,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using flash::fast_exp2;
-using flash::kLog2e;
 using flash::pack_bf16;
 
 template <int D, int kWarpGroups>
@@ -134,7 +133,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int q = q0 + 8 * i + 2 * t + c;
-          const float lse_log2 = (c == 0 ? lse2.x : lse2.y) * kLog2e;
+          const float lse_log2 = c == 0 ? lse2.x : lse2.y;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int e = 4 * i + 2 * r + c;
@@ -147,11 +146,10 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
 #pragma unroll
       for (int i = 0; i < kBlockM / 8; ++i) {
         const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
-        const float lse0 = lse2.x * kLog2e, lse1 = lse2.y * kLog2e;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          s[4 * i + 2 * r] = fast_exp2(fmaf(s[4 * i + 2 * r], p.scale_log2, -lse0));
-          s[4 * i + 2 * r + 1] = fast_exp2(fmaf(s[4 * i + 2 * r + 1], p.scale_log2, -lse1));
+          s[4 * i + 2 * r] = fast_exp2(fmaf(s[4 * i + 2 * r], p.scale_log2, -lse2.x));
+          s[4 * i + 2 * r + 1] = fast_exp2(fmaf(s[4 * i + 2 * r + 1], p.scale_log2, -lse2.y));
         }
       }
     }
@@ -223,19 +221,23 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
       }
       // 16-byte atomics: lanes t and t^1 swap halves so that each holds 4 consecutive columns of one row
       // (even t: row g, odd t: row g + 8); unguarded when the panel's rows are all inside the sequence.
+      // Scalar selects (not a selected float4) keep the exchange free of lane-divergent branches.
       const bool odd = (t & 1) != 0;
       const int q = q0 + q_panel * 64 + 16 * warp + g + (odd ? 8 : 0);
-      float* dst = p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
-      const bool all_rows = q0 + q_panel * 64 + 64 <= p.seq_len;
+      const bool add = q0 + q_panel * 64 + 64 <= p.seq_len || q < p.seq_len;
+      float* const dst =
+          p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float send0 = odd ? dq[4 * i + 0] : dq[4 * i + 2];
-        const float send1 = odd ? dq[4 * i + 1] : dq[4 * i + 3];
-        const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-        const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-        const float4 v = odd ? make_float4(recv0, recv1, dq[4 * i + 2], dq[4 * i + 3])
-                             : make_float4(dq[4 * i + 0], dq[4 * i + 1], recv0, recv1);
-        if (all_rows || q < p.seq_len) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
+        const float a0 = dq[4 * i], a1 = dq[4 * i + 1], b0 = dq[4 * i + 2], b1 = dq[4 * i + 3];
+        const float recv0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+        const float recv1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+        float4 v;
+        v.x = odd ? recv0 : a0;
+        v.y = odd ? recv1 : a1;
+        v.z = odd ? b0 : recv0;
+        v.w = odd ? b1 : recv1;
+        if (add) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
       }
     }
   }
