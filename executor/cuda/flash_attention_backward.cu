@@ -323,6 +323,9 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
     throw std::invalid_argument("flash_attention_backward_variant: key_rows_per_block must be 64 or 128");
   if (variant.wgmma_warpgroups < 0 || variant.wgmma_warpgroups > 2)
     throw std::invalid_argument("flash_attention_backward_variant: wgmma_warpgroups must be 0, 1 or 2");
+  if (variant.wgmma_deferred_dq && variant.wgmma_warpgroups == 1)
+    throw std::invalid_argument(
+        "flash_attention_backward_variant: deferred dQ needs two warpgroups per block");
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
         "flash_attention_backward: needs head_dim 64 or 128 and token strides % 8 == 0");
@@ -394,7 +397,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                              shape.scale(),
                              shape.scale() * kLog2e,
                              shape.causal},
-                            variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2, stream);
+                            variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2,
+                            variant.wgmma_deferred_dq, stream);
   else if (shape.head_dim == 64 && key_rows_per_block == 64)
     launch_backward_main<64, 64>(shape, params, stream);
   else if (shape.head_dim == 64)

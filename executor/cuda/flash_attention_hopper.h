@@ -40,6 +40,8 @@ struct BackwardArgs {
 };
 // The main backward pass: a block of warpgroups_per_block (1 or 2) warpgroups owns 64 key rows per
 // warpgroup of one (batch, kv head); dK, dV (scaled) written, dQ accumulated into dq_accum.
-void launch_backward(const BackwardArgs& args, int warpgroups_per_block, cudaStream_t stream);
+// deferred_dq (two warpgroups only): a tile's dQ atomics are issued after the next tile's first products.
+void launch_backward(const BackwardArgs& args, int warpgroups_per_block, bool deferred_dq,
+                     cudaStream_t stream);
 
 }  // namespace megatune::executor::cuda::hopper
