@@ -61,6 +61,9 @@ struct BackwardVariant {
   // wgmma kernel: warpgroups per block, 64 key rows each: 1 (two blocks per SM) or 2 (one block per SM,
   // shared Q/dO tiles, half the dQ atomics per key row); 0: the default for the head dim.
   int wgmma_warpgroups = 0;
+  // wgmma kernel with two warpgroups: issue a tile's dQ atomics after the next tile's S^T / dP^T products
+  // (overlapping the L2 reductions with the tensor cores) instead of right after its dQ product.
+  bool wgmma_deferred_dq = false;
 };
 void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
                                       const bf16* v, const bf16* o, const float* lse, const bf16* d_o,

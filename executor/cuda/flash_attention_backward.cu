@@ -45,8 +45,9 @@ constexpr int backward_smem_bytes() {
 
 // delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; one warp per (token, head).
 template <int D>
-__global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o, float* delta,
-                                                 int64_t o_stride, int seq_len, int num_heads, int64_t rows) {
+__global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o, const float* lse,
+                                                 float* delta, float* lse_log2, int64_t o_stride, int seq_len,
+                                                 int num_heads, int64_t rows) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -65,7 +66,9 @@ __global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o,
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (lane == 0) {
     const int64_t batch = token / seq_len, position = token % seq_len;
-    delta[(batch * num_heads + head) * seq_len + position] = sum;
+    const int64_t at = (batch * num_heads + head) * seq_len + position;
+    delta[at] = sum;
+    if (lse_log2 != nullptr) lse_log2[at] = lse[at] * kLog2e;  // the wgmma kernel's exponent offset
   }
 }
 
@@ -298,8 +301,9 @@ void launch_backward_main(const AttentionShape& shape, const BackwardParams& par
 
 size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape) {
   const size_t tokens = size_t(shape.batch) * size_t(shape.seq_len);
+  // dQ's fp32 accumulator, delta = rowsum(dO o O), and lse in base 2.
   return align256(tokens * size_t(shape.num_heads) * size_t(shape.head_dim) * sizeof(float)) +
-         align256(tokens * size_t(shape.num_heads) * sizeof(float));
+         2 * align256(tokens * size_t(shape.num_heads) * sizeof(float));
 }
 
 void flash_attention_backward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
@@ -319,6 +323,9 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
     throw std::invalid_argument("flash_attention_backward_variant: key_rows_per_block must be 64 or 128");
   if (variant.wgmma_warpgroups < 0 || variant.wgmma_warpgroups > 2)
     throw std::invalid_argument("flash_attention_backward_variant: wgmma_warpgroups must be 0, 1 or 2");
+  if (variant.wgmma_deferred_dq && variant.wgmma_warpgroups == 1)
+    throw std::invalid_argument(
+        "flash_attention_backward_variant: deferred dQ needs two warpgroups per block");
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
         "flash_attention_backward: needs head_dim 64 or 128 and token strides % 8 == 0");
@@ -335,6 +342,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   const size_t dq_bytes = size_t(tokens) * size_t(shape.num_heads) * size_t(shape.head_dim) * sizeof(float);
   auto* dq_accum = static_cast<float*>(workspace);
   auto* delta = reinterpret_cast<float*>(static_cast<char*>(workspace) + align256(dq_bytes));
+  auto* lse_log2 = reinterpret_cast<float*>(
+      reinterpret_cast<char*>(delta) + align256(size_t(tokens) * size_t(shape.num_heads) * sizeof(float)));
   MEGATUNE_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_bytes, stream));
 
   BackwardParams params{q,
@@ -360,17 +369,19 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   const unsigned preprocess_blocks = unsigned((rows * 32 + 255) / 256);
   if (shape.head_dim == 64)
     flash_backward_preprocess_kernel<64><<<preprocess_blocks, 256, 0, stream>>>(
-        o, d_o, delta, shape.o_stride(), int(shape.seq_len), int(shape.num_heads), rows);
+        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, shape.o_stride(), int(shape.seq_len),
+        int(shape.num_heads), rows);
   else
     flash_backward_preprocess_kernel<128><<<preprocess_blocks, 256, 0, stream>>>(
-        o, d_o, delta, shape.o_stride(), int(shape.seq_len), int(shape.num_heads), rows);
+        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, shape.o_stride(), int(shape.seq_len),
+        int(shape.num_heads), rows);
   MEGATUNE_CUDA_CHECK_LAUNCH();
   if (variant.wgmma)
     hopper::launch_backward({q,
                              k,
                              v,
                              d_o,
-                             lse,
+                             lse_log2,
                              delta,
                              dq_accum,
                              dk,
@@ -386,7 +397,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                              shape.scale(),
                              shape.scale() * kLog2e,
                              shape.causal},
-                            variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2, stream);
+                            variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2,
+                            variant.wgmma_deferred_dq, stream);
   else if (shape.head_dim == 64 && key_rows_per_block == 64)
     launch_backward_main<64, 64>(shape, params, stream);
   else if (shape.head_dim == 64)

@@ -28,7 +28,7 @@ struct BackwardArgs {
   const __nv_bfloat16* k;
   const __nv_bfloat16* v;
   const __nv_bfloat16* d_o;
-  const float* lse;    // [b, n_q, s]
+  const float* lse;    // [b, n_q, s], base 2 (the forward's lse * log2(e))
   const float* delta;  // [b, n_q, s] = rowsum(dO o O)
   float* dq_accum;     // [b, s, n_q, d], fp32, unscaled; added to with atomics
   __nv_bfloat16* dk;
@@ -40,6 +40,8 @@ struct BackwardArgs {
 };
 // The main backward pass: a block of warpgroups_per_block (1 or 2) warpgroups owns 64 key rows per
 // warpgroup of one (batch, kv head); dK, dV (scaled) written, dQ accumulated into dq_accum.
-void launch_backward(const BackwardArgs& args, int warpgroups_per_block, cudaStream_t stream);
+// deferred_dq (two warpgroups only): a tile's dQ atomics are issued after the next tile's first products.
+void launch_backward(const BackwardArgs& args, int warpgroups_per_block, bool deferred_dq,
+                     cudaStream_t stream);
 
 }  // namespace megatune::executor::cuda::hopper

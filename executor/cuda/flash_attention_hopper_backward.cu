@@ -19,7 +19,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using flash::fast_exp2;
-using flash::kLog2e;
 using flash::pack_bf16;
 
 template <int D, int kWarpGroups>
@@ -31,9 +30,12 @@ struct Tile {
       (2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * int(sizeof(bf16)) + 4 * kBlockM * 4 + 1024;
 };
 
-template <int D, int kWarpGroups>
+// kDeferredDq (two warpgroups only): a tile's dQ atomics are issued in the next iteration, after its S^T /
+// dP^T products, so the L2 reductions overlap the tensor cores instead of following the dQ product.
+template <int D, int kWarpGroups, bool kDeferredDq>
 __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroups)
     flash_backward_hopper_kernel(const BackwardArgs p) {
+  static_assert(!kDeferredDq || kWarpGroups == 2, "deferred dQ atomics need one dQ panel per warpgroup");
   using T = Tile<D, kWarpGroups>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kThreads = T::kThreads;
   extern __shared__ unsigned char smem_raw[];
@@ -97,6 +99,31 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
   // dQ in 64 x 64 panels: head dim 64 -> panels of 64 of the 128 query rows; 128 -> 64 of the head-dim
   // columns. Two warpgroups take one panel each, one warpgroup both.
   constexpr int kPanelsPerWarpGroup = 2 / kWarpGroups;
+  // 16-byte atomics of one dQ panel: lanes t and t^1 swap halves so that each holds 4 consecutive columns of
+  // one row (even t: row g, odd t: row g + 8); unguarded when the panel's rows are all inside the
+  // sequence. Scalar selects (not a selected float4) keep the exchange free of lane-divergent branches.
+  auto add_dq = [&](const float(&dq)[32], int q0, int head, int q_panel, int d_panel) {
+    const bool odd = (t & 1) != 0;
+    const int q = q0 + q_panel * 64 + 16 * warp + g + (odd ? 8 : 0);
+    const bool add = q0 + q_panel * 64 + 64 <= p.seq_len || q < p.seq_len;
+    float* const dst =
+        p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float a0 = dq[4 * i], a1 = dq[4 * i + 1], b0 = dq[4 * i + 2], b1 = dq[4 * i + 3];
+      const float recv0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+      const float recv1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+      float4 v;
+      v.x = odd ? recv0 : a0;
+      v.y = odd ? recv1 : a1;
+      v.z = odd ? b0 : recv0;
+      v.w = odd ? b1 : recv1;
+      if (add) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
+    }
+  };
+  // Deferred dQ: the previous tile's panel, its query tile and head.
+  float dq_prev[32];
+  int prev_q0 = 0, prev_head = 0;
 
   for (int it = 0; it < iterations; ++it) {
     flash::cp_async_wait<0>();
@@ -120,6 +147,9 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
     wgmma_commit();
     gemm_k_major<D, kBlockM>(dp, v_address + 64 * wg * 128, kBlockN, do_address);
     wgmma_commit();
+    if constexpr (kDeferredDq) {
+      if (it > 0) add_dq(dq_prev, prev_q0, prev_head, kBlockM == 128 ? wg : 0, kBlockM == 64 ? wg : 0);
+    }
     // Masks only where the tile crosses the causal diagonal or the end of the sequence.
     const bool needs_mask =
         (p.causal && kv0 + 64 * wg + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
@@ -134,7 +164,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int q = q0 + 8 * i + 2 * t + c;
-          const float lse_log2 = (c == 0 ? lse2.x : lse2.y) * kLog2e;
+          const float lse_log2 = c == 0 ? lse2.x : lse2.y;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int e = 4 * i + 2 * r + c;
@@ -147,11 +177,10 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
 #pragma unroll
       for (int i = 0; i < kBlockM / 8; ++i) {
         const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
-        const float lse0 = lse2.x * kLog2e, lse1 = lse2.y * kLog2e;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          s[4 * i + 2 * r] = fast_exp2(fmaf(s[4 * i + 2 * r], p.scale_log2, -lse0));
-          s[4 * i + 2 * r + 1] = fast_exp2(fmaf(s[4 * i + 2 * r + 1], p.scale_log2, -lse1));
+          s[4 * i + 2 * r] = fast_exp2(fmaf(s[4 * i + 2 * r], p.scale_log2, -lse2.x));
+          s[4 * i + 2 * r + 1] = fast_exp2(fmaf(s[4 * i + 2 * r + 1], p.scale_log2, -lse2.y));
         }
       }
     }
@@ -204,7 +233,8 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
       const int panel = wg + j;  // wg is 0 when one warpgroup takes both panels
       const int q_panel = kBlockM == 128 ? panel : 0, d_panel = kBlockM == 64 ? panel : 0;
       // dQ panel (64 x 64) = dS K: A = dS^T tile read M-major, B = K tile read MN-major.
-      float dq[32];
+      float dq_now[32];
+      float(&dq)[32] = kDeferredDq ? dq_prev : dq_now;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -221,23 +251,17 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
         fence_registers(pa);
         fence_registers(dsa);
       }
-      // 16-byte atomics: lanes t and t^1 swap halves so that each holds 4 consecutive columns of one row
-      // (even t: row g, odd t: row g + 8); unguarded when the panel's rows are all inside the sequence.
-      const bool odd = (t & 1) != 0;
-      const int q = q0 + q_panel * 64 + 16 * warp + g + (odd ? 8 : 0);
-      float* dst = p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
-      const bool all_rows = q0 + q_panel * 64 + 64 <= p.seq_len;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float send0 = odd ? dq[4 * i + 0] : dq[4 * i + 2];
-        const float send1 = odd ? dq[4 * i + 1] : dq[4 * i + 3];
-        const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-        const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-        const float4 v = odd ? make_float4(recv0, recv1, dq[4 * i + 2], dq[4 * i + 3])
-                             : make_float4(dq[4 * i + 0], dq[4 * i + 1], recv0, recv1);
-        if (all_rows || q < p.seq_len) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
+      if constexpr (kDeferredDq) {
+        prev_q0 = q0;
+        prev_head = head;
+      } else {
+        add_dq(dq, q0, head, q_panel, d_panel);
       }
     }
+  }
+
+  if constexpr (kDeferredDq) {
+    if (iterations > 0) add_dq(dq_prev, prev_q0, prev_head, kBlockM == 128 ? wg : 0, kBlockM == 64 ? wg : 0);
   }
 
   // dK (scaled) and dV for this warpgroup's key rows.
@@ -258,30 +282,41 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
   }
 }
 
-template <int D, int kWarpGroups>
+template <int D, int kWarpGroups, bool kDeferredDq>
 void launch(const BackwardArgs& args, cudaStream_t stream) {
   using T = Tile<D, kWarpGroups>;
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_hopper_kernel<D, kWarpGroups>,
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_hopper_kernel<D, kWarpGroups, kDeferredDq>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     configured = true;
   }
   const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
                   unsigned((args.seq_len + T::kBlockN - 1) / T::kBlockN));
-  flash_backward_hopper_kernel<D, kWarpGroups><<<grid, T::kThreads, T::kSmemBytes, stream>>>(args);
+  flash_backward_hopper_kernel<D, kWarpGroups, kDeferredDq>
+      <<<grid, T::kThreads, T::kSmemBytes, stream>>>(args);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_backward(const BackwardArgs& args, int warpgroups_per_block, cudaStream_t stream) {
+void launch_backward(const BackwardArgs& args, int warpgroups_per_block, bool deferred_dq,
+                     cudaStream_t stream) {
   if (warpgroups_per_block != 1 && warpgroups_per_block != 2)
     throw std::invalid_argument("hopper::launch_backward: warpgroups_per_block must be 1 or 2");
-  if (args.head_dim == 64)
-    warpgroups_per_block == 1 ? launch<64, 1>(args, stream) : launch<64, 2>(args, stream);
-  else
-    warpgroups_per_block == 1 ? launch<128, 1>(args, stream) : launch<128, 2>(args, stream);
+  if (deferred_dq && warpgroups_per_block != 2)
+    throw std::invalid_argument("hopper::launch_backward: deferred dQ atomics need two warpgroups per block");
+  if (args.head_dim == 64) {
+    if (warpgroups_per_block == 1)
+      launch<64, 1, false>(args, stream);
+    else
+      deferred_dq ? launch<64, 2, true>(args, stream) : launch<64, 2, false>(args, stream);
+  } else {
+    if (warpgroups_per_block == 1)
+      launch<128, 1, false>(args, stream);
+    else
+      deferred_dq ? launch<128, 2, true>(args, stream) : launch<128, 2, false>(args, stream);
+  }
 }
 
 }  // namespace megatune::executor::cuda::hopper
