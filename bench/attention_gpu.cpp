@@ -22,16 +22,9 @@ namespace cuda = megatune::executor::cuda;
 
 namespace {
 
-void fill_random(cuda::bf16* device, size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<cuda::bf16> host(n);
-  for (auto& x : host) x = __float2bfloat16_rn(dist(rng));
-  MEGATUNE_CUDA_CHECK(cudaMemcpy(device, host.data(), n * sizeof(cuda::bf16), cudaMemcpyHostToDevice));
-}
-
 double median_ms(const std::function<void()>& body) { return megatune::bench::median_ms(body, 5, 30); }
 using megatune::bench::device_alloc;
+using megatune::bench::fill_random;
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 // bench_train_gpu: the executor on one GPU.
 //   perf   --model NAME --mbs B --seq S [--iters N] [--recompute none|selective|full] [--loss-chunk-mib M]
+//          [--no-gelu-epilogue]
 //          step time (median), MFU (Megatron FLOPs / 989.4 TFLOP/s), device memory, per-kernel time shares
 //          and attention TFLOP/s, on the shapes of ../shared/anchors/torch_gpt.py
 //          (layouts::torch_anchor_model).
@@ -99,6 +100,11 @@ int perf(int argc, char** argv) {
   const int mbs = static_cast<int>(config.batch.micro_batch), seq = static_cast<int>(config.batch.seq);
   const int iters = std::stoi(arg(argc, argv, "--iters", "10"));
   CudaBackend gpu(0);
+  if (flag(argc, argv, "--no-gelu-epilogue")) {  // GEMM + bias, then a separate GELU pass
+    CudaBackend::GemmEpilogues epilogues = gpu.gemm_epilogues();
+    epilogues.gelu_forward = false;
+    gpu.set_gemm_epilogues(epilogues);
+  }
   SingleRankCommunicator comm(gpu);
   Trainer trainer(config, single_stage_schedule(spec.num_layers, 1), gpu, comm);
   const std::vector<ArenaUse> arena = gpu.arena_breakdown();
@@ -145,7 +151,7 @@ int perf(int argc, char** argv) {
     }
   }
   std::printf(
-      "MEGATUNE model=%s seq=%d mbs=%d recompute=%s step=%.1fms MFU=%.1f%% TFLOP/s=%.1f mem=%.1fGiB "
+      "MEGATUNE model=%s seq=%d mbs=%d recompute=%s step=%.1fms MFU=%.1f%% TFLOP/s=%.1f mem=%.2fGiB "
       "loss=%.3f\n",
       name.c_str(), seq, mbs, arg(argc, argv, "--recompute", "none").c_str(), step_s * 1e3, mfu,
       flops / step_s / 1e12, gpu.device_bytes() / double(1 << 30), loss);

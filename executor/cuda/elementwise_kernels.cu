@@ -66,34 +66,46 @@ __global__ void column_sum_partial_kernel(const bf16* x, float* partial, int64_t
   partial[chunk * cols + col] = sum;
 }
 
-// Stage 1 for widths that are multiples of 8 (16-byte aligned rows): one thread per 8 columns, 16-byte loads.
-// Same per-column order of additions as the scalar kernel.
-__global__ void column_sum_partial_vec_kernel(const bf16* x, float* partial, int64_t rows, int64_t cols) {
-  const int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // 8-column vector index
-  const int64_t chunk = blockIdx.y;
-  if (v >= cols / 8) return;
-  const int64_t row_end = min(rows, (chunk + 1) * kColumnSumRowsPerChunk);
-  float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 4
-  for (int64_t r = chunk * kColumnSumRowsPerChunk; r < row_end; ++r) {
-    float a[8];
-    detail::unpack(reinterpret_cast<const detail::Bf16x8*>(x + r * cols)[v], a);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sum[i] += a[i];
-  }
-  auto* out = reinterpret_cast<float4*>(partial + chunk * cols + v * 8);
-  out[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
-  out[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
-}
+// Stage 1 for widths that are multiples of 8 (16-byte aligned rows): a block is kColumnSumGroups row groups
+// x kColumnSumVectors 8-column vectors; group g sums its kColumnSumRowsPerChunk / kColumnSumGroups rows of
+// the chunk in order (eight 16-byte loads in flight per thread), then the groups' sums are added in group
+// order through shared memory. (The scalar kernel above adds a chunk's rows in one sequence: the two agree
+// within rounding, each is deterministic.) Stage 2: detail::column_reduce_kernel.
+constexpr int kColumnSumGroups = 4, kColumnSumVectors = 64;
 
-// Stage 2: sums[col] (+)= partials over chunks in order.
-__global__ void column_sum_final_kernel(const float* partial, float* sums, int64_t chunks, int64_t cols,
-                                        bool accumulate) {
-  const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (col >= cols) return;
-  float sum = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) sum += partial[c * cols + col];
-  sums[col] = accumulate ? sums[col] + sum : sum;
+__global__ void __launch_bounds__(kColumnSumGroups* kColumnSumVectors)
+    column_sum_partial_vec_kernel(const bf16* x, float* partial, int64_t rows, int64_t cols) {
+  __shared__ float group_sums[kColumnSumGroups - 1][kColumnSumVectors][9];  // 9: no bank conflicts
+  const int lane_v = threadIdx.x % kColumnSumVectors, group = threadIdx.x / kColumnSumVectors;
+  const int64_t v = int64_t(blockIdx.x) * kColumnSumVectors + lane_v;  // 8-column vector index
+  const int64_t chunk = blockIdx.y;
+  constexpr int64_t kGroupRows = kColumnSumRowsPerChunk / kColumnSumGroups;
+  const int64_t row_begin = chunk * kColumnSumRowsPerChunk + group * kGroupRows;
+  const int64_t row_end = min(rows, row_begin + kGroupRows);
+  float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (v < cols / 8) {
+#pragma unroll 8
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      float a[8];
+      detail::unpack(reinterpret_cast<const detail::Bf16x8*>(x + r * cols)[v], a);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum[i] += a[i];
+    }
+  }
+  if (group > 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) group_sums[group - 1][lane_v][i] = sum[i];
+  }
+  __syncthreads();
+  if (group == 0 && v < cols / 8) {
+#pragma unroll
+    for (int gi = 0; gi < kColumnSumGroups - 1; ++gi)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum[i] += group_sums[gi][lane_v][i];
+    auto* out = reinterpret_cast<float4*>(partial + chunk * cols + v * 8);
+    out[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
+    out[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
+  }
 }
 
 __global__ void sum_kernel(const float* x, int64_t n, float* out) {
@@ -172,16 +184,17 @@ void column_sum_bf16(const bf16* x, float* sums, int64_t rows, int64_t cols, boo
   const unsigned col_blocks = unsigned((cols + kThreads - 1) / kThreads);
   auto* partial = static_cast<float*>(workspace);
   if (chunks > 0 && cols % 8 == 0 && detail::aligned16(x) && detail::aligned16(partial)) {
-    const unsigned vec_blocks = unsigned((cols / 8 + kThreads - 1) / kThreads);
-    column_sum_partial_vec_kernel<<<dim3(vec_blocks, unsigned(chunks)), kThreads, 0, stream>>>(x, partial,
-                                                                                               rows, cols);
+    const unsigned vec_blocks = unsigned((cols / 8 + kColumnSumVectors - 1) / kColumnSumVectors);
+    column_sum_partial_vec_kernel<<<dim3(vec_blocks, unsigned(chunks)), kColumnSumGroups * kColumnSumVectors, 0,
+                                    stream>>>(x, partial, rows, cols);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   } else if (chunks > 0) {
     column_sum_partial_kernel<<<dim3(col_blocks, unsigned(chunks)), kThreads, 0, stream>>>(x, partial, rows,
                                                                                            cols);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   }
-  column_sum_final_kernel<<<col_blocks, kThreads, 0, stream>>>(partial, sums, chunks, cols, accumulate);
+  detail::column_reduce_kernel<><<<detail::column_reduce_blocks(cols), 32 * detail::kColumnReduceWarps, 0, stream>>>(
+      partial, nullptr, sums, nullptr, chunks, cols, accumulate);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 

@@ -84,4 +84,40 @@ inline unsigned grid_for(int64_t work_items, int threads, int64_t max_blocks = 1
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Second stage of the deterministic column reductions (bias gradients, dgamma / dbeta): out[c] (+)= the sum
+// over chunks of partial[chunk * cols + c], for one or two partial arrays (b may be null). A block is 32
+// columns (lanes) x kColumnReduceWarps warps: warp w sums chunks w, w + kColumnReduceWarps, ... in order,
+// then lane c's warp sums are added in warp order, so the bits do not depend on the launch. Grid:
+// column_reduce_blocks(cols), block 32 * kColumnReduceWarps. (A template so that every translation unit
+// that launches it has its own instance.)
+constexpr int kColumnReduceWarps = 16;
+
+template <int Warps = kColumnReduceWarps>
+__global__ void __launch_bounds__(32 * Warps)
+    column_reduce_kernel(const float* partial_a, const float* partial_b, float* out_a, float* out_b,
+                         int64_t chunks, int64_t cols, bool accumulate) {
+  __shared__ float2 warp_sums[Warps][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = int64_t(blockIdx.x) * 32 + lane;
+  float a = 0.0f, b = 0.0f;
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t k = warp; k < chunks; k += Warps) {
+      a += partial_a[k * cols + c];
+      if (partial_b) b += partial_b[k * cols + c];
+    }
+  }
+  warp_sums[warp][lane] = make_float2(a, b);
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+    float2 total = warp_sums[0][lane];
+#pragma unroll
+    for (int w = 1; w < Warps; ++w) total.x += warp_sums[w][lane].x, total.y += warp_sums[w][lane].y;
+    out_a[c] = accumulate ? out_a[c] + total.x : total.x;
+    if (out_b) out_b[c] = accumulate ? out_b[c] + total.y : total.y;
+  }
+}
+
+inline unsigned column_reduce_blocks(int64_t cols) { return unsigned((cols + 31) / 32); }
+
 }  // namespace megatune::executor::cuda::detail

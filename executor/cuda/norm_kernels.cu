@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
+#include "executor/cuda/flash_attention_common.cuh"
 #include "executor/cuda/kernel_utils.cuh"
 #include "executor/cuda/norm_kernels.h"
 
@@ -16,7 +17,9 @@ namespace megatune::executor::cuda {
 namespace {
 
 using detail::Bf16x8;
-constexpr int64_t kRowsPerChunk = 32;
+// Rows per dgamma/dbeta partial (one block of the fused backward): 16 gives 512 blocks on 8192 rows, four
+// per multiprocessor, enough to keep the per-row barriers off the critical path.
+constexpr int64_t kRowsPerChunk = 16;
 
 int threads_for(int64_t hidden) {
   const int64_t vectors = hidden / 8;
@@ -94,9 +97,10 @@ __global__ void norm_forward_kernel(bool layer_norm, const bf16* x, const bf16* 
 constexpr int kWarpRowsPerBlock = 8;  // warp-per-row kernels: 256 threads
 
 // Forward with one warp per row: lane l holds vectors l, l + 32, ... (VPL of them) of the row.
-// (Register cap: at least 4 blocks of 8 rows per multiprocessor, so that enough rows are in flight.)
+// (Register cap: at least 4 blocks of 8 rows per multiprocessor, 3 for rows of 2048+ (their whole row and
+// residual are in registers), so that enough rows are in flight.)
 template <int VPL>
-__global__ void __launch_bounds__(32 * kWarpRowsPerBlock, 4)
+__global__ void __launch_bounds__(32 * kWarpRowsPerBlock, VPL == 8 ? 3 : 4)
     norm_forward_warp_kernel(bool layer_norm, const bf16* x, const bf16* residual, const bf16* gamma,
                              const bf16* beta, bf16* y, bf16* sum_out, float* mean_out, float* rstd_out,
                              int64_t rows, int64_t hidden, float eps) {
@@ -111,22 +115,30 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, 4)
   // enough rows are in flight per multiprocessor.
   Bf16x8 in[VPL];
   float total = 0.0f;
+  // Every load of the row is issued before the first store (sum_out may alias x, so a store in between
+  // would order the loads after it).
+  Bf16x8 res[VPL];
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int64_t v = lane + 32 * j;
+    if (v >= vectors) continue;
+    in[j] = x_row[v];
+    if (res_row) res[j] = res_row[v];
+  }
 #pragma unroll
   for (int j = 0; j < VPL; ++j) {
     const int64_t v = lane + 32 * j;
     if (v >= vectors) continue;
     float a[8];
-    detail::unpack(x_row[v], a);
+    detail::unpack(in[j], a);
     if (res_row) {
       float b[8];
-      detail::unpack(res_row[v], b);
+      detail::unpack(res[j], b);
 #pragma unroll
       for (int i = 0; i < 8; ++i) a[i] += b[i];
       in[j] = detail::pack(a);
       detail::unpack(in[j], a);
       if (sum_row) sum_row[v] = in[j];
-    } else {
-      in[j] = x_row[v];
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) total += a[i];
@@ -212,80 +224,112 @@ __global__ void norm_backward_dx_kernel(bool layer_norm, const bf16* dy, const b
   }
 }
 
-// Sums of two values over the block (256 threads at most); scratch is shared, 9 entries.
-__device__ __forceinline__ float2 block_sum2(float a, float b, float2* scratch) {
+// Sums of two values over the block (256 threads at most); scratch is shared, 9 entries per buffer. Calls
+// alternate between two buffers (parity), so a buffer is only rewritten after every thread has passed the
+// next call's first barrier, that is, after it read the previous result: two barriers per call.
+__device__ __forceinline__ float2 block_sum2(float a, float b, float2 (*scratch)[9], int parity) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   a = detail::warp_sum(a);
   b = detail::warp_sum(b);
-  __syncthreads();  // scratch may still be read by the previous call
-  if (lane == 0) scratch[warp] = make_float2(a, b);
+  if (lane == 0) scratch[parity][warp] = make_float2(a, b);
   __syncthreads();
   if (warp == 0) {
-    float2 y = lane < warps ? scratch[lane] : make_float2(0.0f, 0.0f);
+    float2 y = lane < warps ? scratch[parity][lane] : make_float2(0.0f, 0.0f);
     y.x = detail::warp_sum(y.x);
     y.y = detail::warp_sum(y.y);
-    if (lane == 0) scratch[8] = y;
+    if (lane == 0) scratch[parity][8] = y;
   }
   __syncthreads();
-  return scratch[8];
+  return scratch[parity][8];
 }
 
 // The whole backward of one chunk of kRowsPerChunk rows in one block: thread t owns vectors t, t + 256, ...
 // (VPT of them) of every row, keeps gamma and its dgamma/dbeta partial sums in registers, and walks the
-// rows in order (the next row's dy and input load while this row's statistics reduce). Reads dy and input
-// once; dgamma/dbeta partials as the separate partial kernel (same order of additions).
+// rows in order. Each row's dy, input and d_residual vectors arrive through a ring of kDepth(VPT) row slots
+// in shared memory filled by cp.async (row r + depth is requested as soon as row r is in registers), so
+// several rows' loads are in flight while one row's statistics reduce across the block; a thread reads
+// back only what it copied itself, so the ring needs no barriers. Reads everything once; dgamma/dbeta
+// partials as the separate partial kernel (same order of additions).
+constexpr int fused_depth(int vpt) { return vpt == 1 ? 4 : 2; }
+constexpr size_t fused_smem_bytes(int vpt) { return size_t(fused_depth(vpt)) * 3 * vpt * 256 * sizeof(Bf16x8); }
+
 template <int VPT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, VPT == 1 ? 3 : 1)  // one vector per thread: three blocks per SM
     norm_backward_fused_kernel(bool layer_norm, const bf16* dy, const bf16* input, const bf16* gamma,
                                const float* mean_in, const float* rstd_in, const bf16* d_residual, bf16* dx,
                                float* partial_gamma, float* partial_beta, int64_t rows, int64_t hidden) {
-  __shared__ float2 scratch[9];
+  constexpr int kDepth = fused_depth(VPT);
+  extern __shared__ Bf16x8 ring[];  // [kDepth][3 (dy, input, d_residual)][VPT][256]
+  __shared__ float2 scratch[2][9];
+  __shared__ float row_mean[kRowsPerChunk], row_rstd[kRowsPerChunk];
   const int64_t vectors = hidden / 8;
   const int64_t chunk = blockIdx.x;
   const int64_t r0 = chunk * kRowsPerChunk, r1 = min(rows, r0 + kRowsPerChunk);
+  const int n = int(r1 - r0);
+  // This thread's vectors: row i of the chunk at offset i * vectors from these.
+  const auto* dy_v = reinterpret_cast<const Bf16x8*>(dy + r0 * hidden) + threadIdx.x;
+  const auto* in_v = reinterpret_cast<const Bf16x8*>(input + r0 * hidden) + threadIdx.x;
+  const auto* res_g = d_residual ? reinterpret_cast<const Bf16x8*>(d_residual + r0 * hidden) + threadIdx.x : nullptr;
+  auto slot = [&](int i, int which, int j) -> Bf16x8* {
+    return ring + (((i % kDepth) * 3 + which) * VPT + j) * 256 + threadIdx.x;
+  };
+  auto request_row = [&](int i) {  // one commit group per row, empty past the chunk
+    if (i < n) {
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        if (threadIdx.x + 256 * j >= vectors) continue;
+        const int64_t at = int64_t(i) * vectors + 256 * j;
+        flash::cp_async_16(slot(i, 0, j), dy_v + at, true);
+        flash::cp_async_16(slot(i, 1, j), in_v + at, true);
+        if (res_g) flash::cp_async_16(slot(i, 2, j), res_g + at, true);
+      }
+    }
+    flash::cp_async_commit();
+  };
+#pragma unroll
+  for (int k = 0; k < kDepth; ++k) request_row(k);
+  if (threadIdx.x < n) {
+    row_mean[threadIdx.x] = layer_norm ? mean_in[r0 + threadIdx.x] : 0.0f;
+    row_rstd[threadIdx.x] = rstd_in[r0 + threadIdx.x];
+  }
   float g[VPT][8], acc_gamma[VPT][8], acc_beta[VPT][8];
-  Bf16x8 d_cur[VPT], a_cur[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int64_t v = threadIdx.x + 256 * j;
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc_gamma[j][i] = acc_beta[j][i] = g[j][i] = 0.0f;
-    if (v < vectors) {
-      detail::unpack(reinterpret_cast<const Bf16x8*>(gamma)[v], g[j]);
-      d_cur[j] = reinterpret_cast<const Bf16x8*>(dy + r0 * hidden)[v];
-      a_cur[j] = reinterpret_cast<const Bf16x8*>(input + r0 * hidden)[v];
-    }
+    if (v < vectors) detail::unpack(reinterpret_cast<const Bf16x8*>(gamma)[v], g[j]);
   }
-  for (int64_t r = r0; r < r1; ++r) {
-    Bf16x8 d_next[VPT], a_next[VPT];
-    if (r + 1 < r1) {
+  __syncthreads();  // row statistics
+  for (int i = 0; i < n; ++i) {
+    flash::cp_async_wait<kDepth - 1>();  // row i's group (the oldest outstanding) has landed
+    Bf16x8 d_v[VPT], a_v[VPT], res_v[VPT];
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int64_t v = threadIdx.x + 256 * j;
-        if (v < vectors) {
-          d_next[j] = reinterpret_cast<const Bf16x8*>(dy + (r + 1) * hidden)[v];
-          a_next[j] = reinterpret_cast<const Bf16x8*>(input + (r + 1) * hidden)[v];
-        }
-      }
+    for (int j = 0; j < VPT; ++j) {
+      if (threadIdx.x + 256 * j >= vectors) continue;
+      d_v[j] = *slot(i, 0, j);
+      a_v[j] = *slot(i, 1, j);
+      if (res_g) res_v[j] = *slot(i, 2, j);
     }
-    const float mean = layer_norm ? mean_in[r] : 0.0f, rstd = rstd_in[r];
+    request_row(i + kDepth);  // into the slot just read
+    const float mean = row_mean[i], rstd = row_rstd[i];
     float sum_g = 0.0f, sum_g_xhat = 0.0f;
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       if (threadIdx.x + 256 * j >= vectors) continue;
       float d[8], a[8];
-      detail::unpack(d_cur[j], d);
-      detail::unpack(a_cur[j], a);
+      detail::unpack(d_v[j], d);
+      detail::unpack(a_v[j], a);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float gi = d[i] * g[j][i];
-        sum_g += gi;
-        sum_g_xhat += gi * (a[i] - mean) * rstd;
-        acc_gamma[j][i] += d[i] * (a[i] - mean) * rstd;
-        acc_beta[j][i] += d[i];
+      for (int e = 0; e < 8; ++e) {
+        const float ge = d[e] * g[j][e];
+        sum_g += ge;
+        sum_g_xhat += ge * (a[e] - mean) * rstd;
+        acc_gamma[j][e] += d[e] * (a[e] - mean) * rstd;
+        acc_beta[j][e] += d[e];
       }
     }
-    const float2 total = block_sum2(sum_g, sum_g_xhat, scratch);
+    const float2 total = block_sum2(sum_g, sum_g_xhat, scratch, i & 1);
     const float mean_g = layer_norm ? total.x / float(hidden) : 0.0f;
     const float mean_g_xhat = total.y / float(hidden);
 #pragma unroll
@@ -293,28 +337,28 @@ __global__ void __launch_bounds__(256)
       const int64_t v = threadIdx.x + 256 * j;
       if (v >= vectors) continue;
       float d[8], a[8], res[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      detail::unpack(d_cur[j], d);
-      detail::unpack(a_cur[j], a);
-      if (d_residual) detail::unpack(reinterpret_cast<const Bf16x8*>(d_residual + r * hidden)[v], res);
+      detail::unpack(d_v[j], d);
+      detail::unpack(a_v[j], a);
+      if (res_g) detail::unpack(res_v[j], res);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float xhat = (a[i] - mean) * rstd;
-        a[i] = rstd * (d[i] * g[j][i] - mean_g - xhat * mean_g_xhat) + res[i];
+      for (int e = 0; e < 8; ++e) {
+        const float xhat = (a[e] - mean) * rstd;
+        a[e] = rstd * (d[e] * g[j][e] - mean_g - xhat * mean_g_xhat) + res[e];
       }
-      reinterpret_cast<Bf16x8*>(dx + r * hidden)[v] = detail::pack(a);
-      d_cur[j] = d_next[j];
-      a_cur[j] = a_next[j];
+      reinterpret_cast<Bf16x8*>(dx + (r0 + i) * hidden)[v] = detail::pack(a);
     }
   }
+  flash::cp_async_wait<0>();
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int64_t v = threadIdx.x + 256 * j;
     if (v >= vectors) continue;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      partial_gamma[chunk * hidden + v * 8 + i] = acc_gamma[j][i];
-      partial_beta[chunk * hidden + v * 8 + i] = acc_beta[j][i];
-    }
+    auto* pg = reinterpret_cast<float4*>(partial_gamma + chunk * hidden + v * 8);
+    auto* pb = reinterpret_cast<float4*>(partial_beta + chunk * hidden + v * 8);
+    pg[0] = make_float4(acc_gamma[j][0], acc_gamma[j][1], acc_gamma[j][2], acc_gamma[j][3]);
+    pg[1] = make_float4(acc_gamma[j][4], acc_gamma[j][5], acc_gamma[j][6], acc_gamma[j][7]);
+    pb[0] = make_float4(acc_beta[j][0], acc_beta[j][1], acc_beta[j][2], acc_beta[j][3]);
+    pb[1] = make_float4(acc_beta[j][4], acc_beta[j][5], acc_beta[j][6], acc_beta[j][7]);
   }
 }
 
@@ -343,20 +387,6 @@ __global__ void norm_backward_partial_kernel(bool layer_norm, const bf16* dy, co
     partial_gamma[chunk * hidden + v * 8 + i] = acc_gamma[i];
     partial_beta[chunk * hidden + v * 8 + i] = acc_beta[i];
   }
-}
-
-__global__ void norm_backward_final_kernel(const float* partial_gamma, const float* partial_beta,
-                                           float* dgamma, float* dbeta, int64_t chunks, int64_t hidden,
-                                           bool accumulate) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= hidden) return;
-  float g = 0.0f, b = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) {
-    g += partial_gamma[k * hidden + c];
-    b += partial_beta[k * hidden + c];
-  }
-  dgamma[c] = accumulate ? dgamma[c] + g : g;
-  if (dbeta) dbeta[c] = accumulate ? dbeta[c] + b : b;
 }
 
 void check_pointers(std::initializer_list<const void*> pointers) {
@@ -417,11 +447,23 @@ void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16*
     const auto fused_kernel = vpt == 1   ? norm_backward_fused_kernel<1>
                               : vpt == 2 ? norm_backward_fused_kernel<2>
                                          : norm_backward_fused_kernel<4>;
-    fused_kernel<<<unsigned(chunks), threads, 0, stream>>>(
+    const size_t smem = fused_smem_bytes(vpt);
+    static const bool raised = [] {  // the rings exceed the 48 KiB default together with the static arrays
+      MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<1>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(fused_smem_bytes(1))));
+      MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<2>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(fused_smem_bytes(2))));
+      MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<4>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(fused_smem_bytes(4))));
+      return true;
+    }();
+    (void)raised;
+    fused_kernel<<<unsigned(chunks), threads, smem, stream>>>(
         layer_norm, dy, input, gamma, mean, rstd, d_residual, dx, partial_gamma, partial_beta, rows, hidden);
     MEGATUNE_CUDA_CHECK_LAUNCH();
-    norm_backward_final_kernel<<<unsigned((hidden + 255) / 256), 256, 0, stream>>>(
-        partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
+    detail::column_reduce_kernel<><<<detail::column_reduce_blocks(hidden), 32 * detail::kColumnReduceWarps, 0,
+                                     stream>>>(partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr,
+                                               chunks, hidden, accumulate);
     MEGATUNE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -430,8 +472,9 @@ void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16*
   norm_backward_partial_kernel<<<dim3(vector_blocks, unsigned(chunks)), 128, 0, stream>>>(
       layer_norm, dy, input, mean, rstd, partial_gamma, partial_beta, rows, hidden);
   MEGATUNE_CUDA_CHECK_LAUNCH();
-  norm_backward_final_kernel<<<unsigned((hidden + 255) / 256), 256, 0, stream>>>(
-      partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
+  detail::column_reduce_kernel<><<<detail::column_reduce_blocks(hidden), 32 * detail::kColumnReduceWarps, 0,
+                                   stream>>>(partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr,
+                                             chunks, hidden, accumulate);
   MEGATUNE_CUDA_CHECK_LAUNCH();
   norm_backward_dx_kernel<<<unsigned(rows), threads_for(hidden), 0, stream>>>(
       layer_norm, dy, input, gamma, mean, rstd, d_residual, dx, hidden);

@@ -100,10 +100,16 @@ INSTANTIATE_TEST_SUITE_P(KindsAndWidths, NormGpu,
 
 TEST(RopeGpu, MatchesReferenceOnPackedQkv) {
   MEGATUNE_REQUIRE_GPU();
-  // Head dims 128 and 64 take the 8-pairs-per-thread kernel; 8 (4 pairs) the one-pair-per-thread kernel.
-  for (const int64_t head_dim : {128, 64, 8}) {
+  // Head dims 256, 128, 64 and 48 take the warp-per-token kernel (lanes of 8 pairs; 48: 3 lanes per head, so
+  // 2 lanes idle; 128 with 40 heads: two batches of heads per lane); 8 (4 pairs) the one-pair-per-thread
+  // kernel.
+  struct Case {
+    int64_t head_dim, heads, kv_heads;
+  };
+  for (const Case c : {Case{128, 32, 8}, Case{64, 4, 2}, Case{256, 4, 2}, Case{48, 4, 2}, Case{8, 4, 2}}) {
+    const int64_t head_dim = c.head_dim;
     AttentionShape shape{
-        .batch = 2, .seq_len = 1000, .num_heads = 4, .num_kv_heads = 2, .head_dim = head_dim};
+        .batch = 2, .seq_len = 1000, .num_heads = c.heads, .num_kv_heads = c.kv_heads, .head_dim = head_dim};
     const int64_t n = shape.batch * shape.seq_len * shape.packed_token_stride();
     auto qkv = test::random_bf16_values(n, 7);
     DeviceBuffer<bf16> qkv_d(n);

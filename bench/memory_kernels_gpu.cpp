@@ -1,0 +1,153 @@
+// Benchmark: the training step's memory-bound kernels (norm forward / backward, bias gradients as column
+// sums, GELU / SwiGLU forward and backward, RoPE) at one step's shapes (gpt-1.3b: 8192 tokens x 2048, FFN
+// 8192; llama-1b: 8192 tokens x 2048, FFN 8192, 32 / 8 heads of 64), each as achieved GB/s of the bytes it
+// must move, held against a device-to-device copy measured in the same run. CUDA-event timing, warm-up,
+// median of repeats.
+//   bench_memory_kernels_gpu [--repeats N]
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "bench/gpu_timing.h"
+#include "executor/cuda/activation_kernels.h"
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/elementwise_kernels.h"
+#include "executor/cuda/norm_kernels.h"
+#include "executor/cuda/rope_kernels.h"
+
+namespace cuda = megatune::executor::cuda;
+using megatune::bench::device_alloc;
+using megatune::bench::median_ms;
+using megatune::executor::AttentionShape;
+using megatune::executor::NormKind;
+
+namespace {
+
+cuda::bf16* random_bf16(size_t n, unsigned seed) {
+  auto* p = device_alloc<cuda::bf16>(n);
+  megatune::bench::fill_random(p, n, seed);
+  return p;
+}
+
+int repeats = 30;
+double copy_gbs = 0.0;
+
+void report(const char* name, double bytes, double ms) {
+  const double gbs = bytes / ms / 1e6;
+  std::printf("RESULT memory %-44s %8.1f us %8.1f GB/s %5.1f%% of copy\n", name, ms * 1e3, gbs,
+              100.0 * gbs / copy_gbs);
+}
+
+int run() {
+  const int64_t tokens = 8192, hidden = 2048, ffn = 8192;
+  const size_t th = size_t(tokens * hidden);
+  // Reference: a 256 MiB device-to-device copy (reads and writes counted).
+  {
+    const size_t bytes = size_t(256) << 20;
+    void* a = device_alloc<char>(bytes);
+    void* b = device_alloc<char>(bytes);
+    const double ms = median_ms([&] { MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); },
+                                3, repeats);
+    copy_gbs = 2.0 * bytes / ms / 1e6;
+    std::printf("RESULT memory %-44s %8.1f us %8.1f GB/s\n", "copy 256 MiB (reference)", ms * 1e3, copy_gbs);
+    cudaFree(a), cudaFree(b);
+  }
+  cuda::bf16* x = random_bf16(th, 1);
+  cuda::bf16* residual = random_bf16(th, 2);
+  cuda::bf16* sum = random_bf16(th, 3);
+  cuda::bf16* y = random_bf16(th, 4);
+  cuda::bf16* dy = random_bf16(th, 5);
+  cuda::bf16* dres = random_bf16(th, 6);
+  cuda::bf16* gamma = random_bf16(size_t(hidden), 7);
+  cuda::bf16* beta = random_bf16(size_t(hidden), 8);
+  auto* mean = device_alloc<float>(size_t(tokens));
+  auto* rstd = device_alloc<float>(size_t(tokens));
+  auto* dgamma = device_alloc<float>(size_t(ffn) * 2);
+  auto* dbeta = device_alloc<float>(size_t(hidden));
+  const size_t ws_bytes = std::max(cuda::norm_backward_workspace_bytes(tokens, hidden),
+                                   cuda::column_sum_workspace_bytes(tokens, 2 * ffn));
+  void* ws = device_alloc<char>(ws_bytes);
+  for (NormKind kind : {NormKind::kLayerNorm, NormKind::kRMSNorm}) {
+    const char* label = kind == NormKind::kLayerNorm ? "LayerNorm" : "RMSNorm";
+    const double fwd = median_ms(
+        [&] {
+          cuda::norm_forward(kind, x, residual, gamma, beta, y, sum, mean, rstd, tokens, hidden, 1e-5f, nullptr);
+        },
+        3, repeats);
+    report((std::string(label) + " forward +residual 8192x2048").c_str(), 4.0 * th * 2, fwd);
+    for (auto variant : {cuda::NormBackwardKernel::kFused, cuda::NormBackwardKernel::kSeparate}) {
+      const double bwd = median_ms(
+          [&] {
+            cuda::norm_backward(kind, dy, sum, gamma, mean, rstd, dres, dres, dgamma, dbeta, tokens, hidden, true,
+                                ws, ws_bytes, nullptr, variant);
+          },
+          3, repeats);
+      report((std::string(label) + " backward +d_residual 8192x2048 " +
+              (variant == cuda::NormBackwardKernel::kFused ? "fused" : "separate"))
+                 .c_str(),
+             4.0 * th * 2, bwd);
+    }
+  }
+  cuda::bf16* big = random_bf16(size_t(tokens) * 2 * ffn, 9);
+  cuda::bf16* big2 = random_bf16(size_t(tokens) * 2 * ffn, 10);
+  cuda::bf16* mid = random_bf16(size_t(tokens) * ffn, 11);
+  for (int64_t cols : {hidden, 3 * hidden, ffn}) {
+    const double ms = median_ms(
+        [&] { cuda::column_sum_bf16(big, dgamma, tokens, cols, true, ws, ws_bytes, nullptr); }, 3, repeats);
+    report(("bias gradient (column sum) 8192x" + std::to_string(cols)).c_str(), double(tokens) * cols * 2, ms);
+  }
+  const double tf = double(tokens) * ffn;
+  report("GELU forward 8192x8192 (after a GEMM + bias)", 2.0 * tf * 2,
+         median_ms([&] { cuda::bias_gelu_forward(big, nullptr, nullptr, mid, tokens, ffn, nullptr); }, 3, repeats));
+  report("GELU backward + recomputed output 8192x8192", 4.0 * tf * 2,
+         median_ms([&] { cuda::gelu_backward_recompute(mid, big, big2, big2 + size_t(tokens * ffn), tokens, ffn, nullptr); }, 3,
+                   repeats));
+  report("GELU backward 8192x8192", 3.0 * tf * 2,
+         median_ms([&] { cuda::gelu_backward(mid, big, big2, tokens, ffn, nullptr); }, 3, repeats));
+  report("SwiGLU forward 8192x(2x8192)", 3.0 * tf * 2,
+         median_ms([&] { cuda::swiglu_forward(big, mid, tokens, ffn, nullptr); }, 3, repeats));
+  report("SwiGLU backward 8192x(2x8192)", 5.0 * tf * 2,
+         median_ms([&] { cuda::swiglu_backward(mid, big, big2, tokens, ffn, nullptr); }, 3, repeats));
+  report("SwiGLU backward + recomputed output 8192x(2x8192)", 6.0 * tf * 2,
+         median_ms([&] { cuda::swiglu_backward_recompute(mid, big, big2, mid, tokens, ffn, nullptr); }, 3,
+                   repeats));
+  {
+    AttentionShape s;
+    s.batch = 2;
+    s.seq_len = 4096;
+    s.num_heads = 32;
+    s.num_kv_heads = 8;
+    s.head_dim = 64;
+    cuda::bf16* q = big;  // packed qkv: (32 + 16) x 64 per token
+    const double ms = median_ms(
+        [&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); }, 3, repeats);
+    report("RoPE forward in place, llama-1b qkv (q and k)", 2.0 * tokens * (32 + 8) * 64 * 2, ms);
+  }
+  MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
+  for (void* p : {(void*)x, (void*)residual, (void*)sum, (void*)y, (void*)dy, (void*)dres, (void*)gamma,
+                  (void*)beta, (void*)mean, (void*)rstd, (void*)dgamma, (void*)dbeta, ws, (void*)big, (void*)big2,
+                  (void*)mid})
+    cudaFree(p);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--repeats" && i + 1 < argc) {
+      repeats = std::max(1, std::stoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: bench_memory_kernels_gpu [--repeats N]\n");
+      return 2;
+    }
+  }
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_memory_kernels_gpu: %s\n", e.what());
+    return 1;
+  }
+}
