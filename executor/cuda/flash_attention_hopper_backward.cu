@@ -6,7 +6,7 @@
 // warpgroup computes S^T = K Q^T and dP^T = V dO^T from shared memory, forms P^T = exp2(S^T - lse) and dS^T =
 // P^T o (dP^T - delta) on the accumulators, adds dV += P^T dO and dK += dS^T Q with P^T / dS^T straight from
 // registers, and stores dS^T to shared memory; then dQ = dS K (64 x 64 per warpgroup, both operands MN-major)
-// goes to the fp32 accumulator with atomics. Q, dO, lse and delta are double-buffered (cp.async).
+// goes to the fp32 accumulator with 8-byte atomics. Q, dO, lse and delta are double-buffered (cp.async).
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
@@ -99,26 +99,21 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
   // dQ in 64 x 64 panels: head dim 64 -> panels of 64 of the 128 query rows; 128 -> 64 of the head-dim
   // columns. Two warpgroups take one panel each, one warpgroup both.
   constexpr int kPanelsPerWarpGroup = 2 / kWarpGroups;
-  // 16-byte atomics of one dQ panel: lanes t and t^1 swap halves so that each holds 4 consecutive columns of
-  // one row (even t: row g, odd t: row g + 8); unguarded when the panel's rows are all inside the
-  // sequence. Scalar selects (not a selected float4) keep the exchange free of lane-divergent branches.
+  // 8-byte atomics of one dQ panel straight from the accumulator fragment (each thread holds column pairs
+  // 8i + 2t, +1 of rows g and g + 8): twice the atomics of a 16-byte form, but no lane exchange (the
+  // shuffles and selects that pair lanes up stalled the warps: ncu, bench/RESULTS.md "attention").
+  // Unguarded when the panel's rows are all inside the sequence.
   auto add_dq = [&](const float(&dq)[32], int q0, int head, int q_panel, int d_panel) {
-    const bool odd = (t & 1) != 0;
-    const int q = q0 + q_panel * 64 + 16 * warp + g + (odd ? 8 : 0);
-    const bool add = q0 + q_panel * 64 + 64 <= p.seq_len || q < p.seq_len;
-    float* const dst =
-        p.dq_accum + ((batch_token0 + q) * p.num_heads + head) * D + d_panel * 64 + 4 * (t >> 1);
+    const int q_lo = q0 + q_panel * 64 + 16 * warp + g;
+    const bool full = q0 + q_panel * 64 + 64 <= p.seq_len;
+    const bool add_lo = full || q_lo < p.seq_len, add_hi = full || q_lo + 8 < p.seq_len;
+    float* const dst_lo = p.dq_accum + ((batch_token0 + q_lo) * p.num_heads + head) * D + d_panel * 64 + 2 * t;
+    float* const dst_hi = dst_lo + int64_t(8) * p.num_heads * D;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float a0 = dq[4 * i], a1 = dq[4 * i + 1], b0 = dq[4 * i + 2], b1 = dq[4 * i + 3];
-      const float recv0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
-      const float recv1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-      float4 v;
-      v.x = odd ? recv0 : a0;
-      v.y = odd ? recv1 : a1;
-      v.z = odd ? b0 : recv0;
-      v.w = odd ? b1 : recv1;
-      if (add) atomicAdd(reinterpret_cast<float4*>(dst + 8 * i), v);
+      if (add_lo) atomicAdd(reinterpret_cast<float2*>(dst_lo + 8 * i), make_float2(dq[4 * i], dq[4 * i + 1]));
+      if (add_hi)
+        atomicAdd(reinterpret_cast<float2*>(dst_hi + 8 * i), make_float2(dq[4 * i + 2], dq[4 * i + 3]));
     }
   };
   // Deferred dQ: the previous tile's panel, its query tile and head.

@@ -1,10 +1,7 @@
-// RoPE kernels, angles in fp32 with accurate sincosf. The main kernel gives a warp one token and a lane 8
-// rotation pairs of it in every (32 / (head_dim / 16))-th q and k head: the lane computes their 8 angles once
-// and rotates those pairs in each of its heads (16-byte loads of both halves, a batch of heads issued before
-// the first store, a warp's accesses contiguous), so the sincosf cost is shared by the heads and the pass is
-// memory-bound. Shapes it cannot take
+// RoPE kernels, angles in fp32 with accurate sincosf. The main kernel gives a thread 8 rotation pairs of one
+// token: it computes their 8 angles once and rotates those pairs in every q and k head (16-byte loads of both
+// halves), so the sincosf cost is shared by all heads and the pass is memory-bound. Shapes it cannot take
 // (half the head dim not a multiple of 8, unaligned strides) use one thread per (token, head, pair).
-#include <cmath>
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
@@ -37,76 +34,45 @@ __global__ void rope_kernel(bf16* base, int64_t token_stride, int64_t heads, int
   }
 }
 
-// A warp per token: lane l takes the 8 rotation pairs of group l % groups (groups = head_dim / 16 16-byte
-// vectors per half) in heads l / groups, l / groups + slots, ... (slots = 32 / groups) of the q heads
-// followed by the k heads. The 8 angles are computed once per lane, and for each batch of kHeadsInFlight
-// heads every load is issued before the first store; a warp's loads of one batch step cover whole heads
-// (contiguous memory), so they coalesce.
-constexpr int kHeadsInFlight = 8;
-
-// The rotation frequencies theta^(-2i/d), i < d/2 (d <= 512), computed on the host as the CPU reference
-// does (fp32 pow) and passed by value.
-struct RopeFrequencies {
-  float inv_freq[256];
-};
-
 __global__ void rope_vector_kernel(bf16* q, bf16* k, int64_t q_stride, int64_t kv_stride, int q_heads,
-                                   int kv_heads, int64_t seq_len, int64_t tokens, int head_dim,
-                                   const __grid_constant__ RopeFrequencies freqs, int64_t position_offset,
-                                   float direction) {
-  const int half = head_dim / 2, groups = half / 8, slots = 32 / groups;
-  const int lane = threadIdx.x & 31, heads = q_heads + kv_heads;
-  const int first = (lane % groups) * 8, slot = lane / groups;
-  const bool active = slot < slots;  // groups that do not divide 32 leave the top lanes idle
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  float inv_freq[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) inv_freq[e] = freqs.inv_freq[first + e];
-  for (int64_t token = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; token < tokens;
-       token += warps) {
-    if (!active) continue;
+                                   int kv_heads, int64_t seq_len, int64_t tokens, int head_dim, float theta,
+                                   int64_t position_offset, float direction) {
+  const int half = head_dim / 2, groups = half / 8;
+  const int64_t total = tokens * groups;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int first = int(idx % groups) * 8;
+    const int64_t token = idx / groups;
     const float position = float(position_offset + token % seq_len);
     float c[8], s[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      sincosf(position * inv_freq[e], &s[e], &c[e]);
+      const float inv_freq = 1.0f / powf(theta, float(2 * (first + e)) / float(head_dim));
+      sincosf(position * inv_freq, &s[e], &c[e]);
       s[e] *= direction;
     }
-    for (int base = slot; base < heads; base += slots * kHeadsInFlight) {
-      detail::Bf16x8 lo[kHeadsInFlight], hi[kHeadsInFlight];
-      bf16* at[kHeadsInFlight];
+    for (int h = 0; h < q_heads + kv_heads; ++h) {
+      bf16* x = h < q_heads ? q + token * q_stride + int64_t(h) * head_dim
+                            : k + token * kv_stride + int64_t(h - q_heads) * head_dim;
+      auto* lo = reinterpret_cast<detail::Bf16x8*>(x + first);
+      auto* hi = reinterpret_cast<detail::Bf16x8*>(x + half + first);
+      float x1[8], x2[8], y1[8], y2[8];
+      detail::unpack(*lo, x1);
+      detail::unpack(*hi, x2);
 #pragma unroll
-      for (int u = 0; u < kHeadsInFlight; ++u) {
-        const int h = base + u * slots;
-        at[u] = nullptr;
-        if (h >= heads) continue;
-        at[u] = (h < q_heads ? q + token * q_stride + int64_t(h) * head_dim
-                             : k + token * kv_stride + int64_t(h - q_heads) * head_dim) +
-                first;
-        lo[u] = *reinterpret_cast<const detail::Bf16x8*>(at[u]);
-        hi[u] = *reinterpret_cast<const detail::Bf16x8*>(at[u] + half);
+      for (int e = 0; e < 8; ++e) {
+        y1[e] = x1[e] * c[e] - x2[e] * s[e];
+        y2[e] = x2[e] * c[e] + x1[e] * s[e];
       }
-#pragma unroll
-      for (int u = 0; u < kHeadsInFlight; ++u) {
-        if (at[u] == nullptr) continue;
-        float x1[8], x2[8], y1[8], y2[8];
-        detail::unpack(lo[u], x1);
-        detail::unpack(hi[u], x2);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          y1[e] = x1[e] * c[e] - x2[e] * s[e];
-          y2[e] = x2[e] * c[e] + x1[e] * s[e];
-        }
-        *reinterpret_cast<detail::Bf16x8*>(at[u]) = detail::pack(y1);
-        *reinterpret_cast<detail::Bf16x8*>(at[u] + half) = detail::pack(y2);
-      }
+      *lo = detail::pack(y1);
+      *hi = detail::pack(y2);
     }
   }
 }
 
 bool vector_path(const AttentionShape& shape, const bf16* q, const bf16* k) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return (shape.head_dim / 2) % 8 == 0 && shape.head_dim / 16 <= 32 && shape.q_stride() % 8 == 0 && shape.kv_stride() % 8 == 0 &&
+  return (shape.head_dim / 2) % 8 == 0 && shape.q_stride() % 8 == 0 && shape.kv_stride() % 8 == 0 &&
          (q == nullptr || aligned(q)) && (k == nullptr || aligned(k));
 }
 
@@ -118,12 +84,9 @@ void launch(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t 
   if (vector_path(shape, q, k)) {
     const int q_heads = q != nullptr ? int(shape.num_heads) : 0;
     const int kv_heads = k != nullptr ? int(shape.num_kv_heads) : 0;
-    RopeFrequencies freqs{};
-    for (int64_t i = 0; i < half; ++i)
-      freqs.inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(shape.head_dim));
-    rope_vector_kernel<<<detail::grid_for(tokens * 32, kThreads), kThreads, 0, stream>>>(
+    rope_vector_kernel<<<detail::grid_for(tokens * (half / 8), kThreads), kThreads, 0, stream>>>(
         q, k, shape.q_stride(), shape.kv_stride(), q_heads, kv_heads, shape.seq_len, tokens,
-        int(shape.head_dim), freqs, position_offset, direction);
+        int(shape.head_dim), theta, position_offset, direction);
     MEGATUNE_CUDA_CHECK_LAUNCH();
     return;
   }

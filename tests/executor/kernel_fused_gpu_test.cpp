@@ -100,9 +100,8 @@ INSTANTIATE_TEST_SUITE_P(KindsAndWidths, NormGpu,
 
 TEST(RopeGpu, MatchesReferenceOnPackedQkv) {
   MEGATUNE_REQUIRE_GPU();
-  // Head dims 256, 128, 64 and 48 take the warp-per-token kernel (lanes of 8 pairs; 48: 3 lanes per head, so
-  // 2 lanes idle; 128 with 40 heads: two batches of heads per lane); 8 (4 pairs) the one-pair-per-thread
-  // kernel.
+  // Head dims 256, 128, 64 and 48 take the 8-pairs-per-thread kernel (48: 3 groups of 8 pairs per half;
+  // 128 with 32 + 8 heads: llama's head counts); 8 (4 pairs) the one-pair-per-thread kernel.
   struct Case {
     int64_t head_dim, heads, kv_heads;
   };
