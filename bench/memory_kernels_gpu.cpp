@@ -8,9 +8,11 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "bench/gpu_timing.h"
 #include "executor/cuda/activation_kernels.h"
+#include "executor/cuda/cross_entropy_kernels.h"
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/elementwise_kernels.h"
 #include "executor/cuda/norm_kernels.h"
@@ -123,6 +125,19 @@ int run() {
     const double ms = median_ms(
         [&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); }, 3, repeats);
     report("RoPE forward in place, llama-1b qkv (q and k)", 2.0 * tokens * (32 + 8) * 64 * 2, ms);
+  }
+  {  // one 512 MiB LM-head chunk of llama-1b's vocabulary: the logits read twice, the gradient written
+    const int64_t rows = 2048, vocab = 128256;
+    cuda::bf16* logits = random_bf16(size_t(rows * vocab), 12);
+    auto* targets = device_alloc<int32_t>(size_t(rows));
+    std::vector<int32_t> host_targets(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) host_targets[size_t(r)] = int32_t((r * 7919) % vocab);
+    MEGATUNE_CUDA_CHECK(cudaMemcpy(targets, host_targets.data(), rows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    auto* losses = device_alloc<float>(size_t(rows));
+    report("cross entropy fwd+bwd 2048x128256 (bf16 in place)", 2.0 * rows * vocab * 2,
+           median_ms([&] { cuda::cross_entropy_forward_backward(logits, targets, losses, rows, vocab, true, 1e-4f, nullptr); },
+                     3, repeats));
+    cudaFree(logits), cudaFree(targets), cudaFree(losses);
   }
   MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
   for (void* p : {(void*)x, (void*)residual, (void*)sum, (void*)y, (void*)dy, (void*)dres, (void*)gamma,

@@ -5,15 +5,17 @@
 # every step with its exit code and last lines.
 #   checks: every executor GPU test, the attention kernels vs torch SDPA, PyTorch parity (gpt and llama
 #           shapes), `megatune train` gpt-125m for 50 iterations, the real-text run with its loss check, the
-#           optimizer bandwidth bench;
-#   perf:   the engine perf shapes (gpt-1.3b, llama-1b) and the compiled PyTorch peer in the same run, then
-#           the step's GEMM shapes (bench_gemm_gpu vs torch.matmul) and the peer's kernel-time breakdown.
+#           optimizer and memory-bound kernel benches;
+#   perf:   the engine perf shapes (gpt-1.3b, llama-1b; and with the former 256 MiB LM-head chunks) and the
+#           compiled PyTorch peer in the same run;
+#   breakdown: the step's GEMM shapes (bench_gemm_gpu vs torch.matmul) and the peer's kernel-time breakdown.
+#   all:    checks, perf and breakdown.
 #   ncu:    Nsight Compute on the Hopper attention kernels (backward, forward; head dim NCU_HEAD_DIM, default
 #           64 = llama-1b's shape): stall reasons, opcode mix and the hottest SASS lines (not part of all).
 # Each step has its own time limit so one slow step cannot eat the others.
 set -u
 stage=${1:-all}
-case "$stage" in checks | perf | all | ncu) ;; *) echo "usage: $0 [checks|perf|all|ncu]" >&2; exit 2 ;; esac
+case "$stage" in checks | perf | breakdown | all | ncu) ;; *) echo "usage: $0 [checks|perf|breakdown|all|ncu]" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/engine_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
@@ -39,7 +41,7 @@ if [ "$stage" = ncu ]; then
   done
   exit 0
 fi
-if [ "$stage" != perf ]; then
+if [ "$stage" = checks ] || [ "$stage" = all ]; then
   for t in "$G"/executor_*_gpu_test; do step "$(basename "$t")" 120 "$t"; done
   step bench_attention 90 $G/bench_attention_gpu
   step sdpa 90 python3 $G/sdpa_bench.py
@@ -54,14 +56,17 @@ if [ "$stage" != perf ]; then
     MEGATUNE=$G/megatune OUT=$OUT step real_text 250 bash bench/peer/real_text_gpu.sh
   fi
   step bench_optimizer 60 $G/bench_optimizer_gpu
+  step bench_memory_kernels 60 $G/bench_memory_kernels_gpu
 fi
-if [ "$stage" != checks ]; then
+if [ "$stage" = perf ] || [ "$stage" = all ]; then
   step perf_gpt13b 75 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10
   step perf_llama1b 75 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10
-  step perf_gpt13b_chunk512 75 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10 --loss-chunk-mib 512
-  step perf_llama1b_chunk512 75 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10 --loss-chunk-mib 512
   step peer_gpt13b_compiled 150 python3 bench/peer/torch_gpt.py --model gpt-1.3b --mbs 4 --steps 12 --compile
   step peer_llama1b_compiled 150 python3 bench/peer/torch_gpt.py --model llama-1b --mbs 2 --steps 12 --compile
+  step perf_gpt13b_chunk256 75 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10 --loss-chunk-mib 256
+  step perf_llama1b_chunk256 75 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10 --loss-chunk-mib 256
+fi
+if [ "$stage" = breakdown ] || [ "$stage" = all ]; then
   step bench_gemm 90 $G/bench_gemm_gpu
   step peer_gemm 90 python3 bench/peer/gemm_bench.py
   step peer_kernels_gpt13b 150 python3 bench/peer/torch_kernels.py --model gpt-1.3b --mbs 4 --compile

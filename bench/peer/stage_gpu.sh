@@ -7,7 +7,7 @@ set -eu
 build=${1:?usage: $0 BUILD_DIR [ANCHORS_DIR]}
 anchors=${2:-../shared/anchors}
 rm -rf .gpu && mkdir -p .gpu
-cp "$build"/bin/{megatune,bench_train_gpu,bench_attention_gpu,bench_optimizer_gpu,bench_gemm_gpu} .gpu/
+cp "$build"/bin/{megatune,bench_train_gpu,bench_attention_gpu,bench_optimizer_gpu,bench_gemm_gpu,bench_memory_kernels_gpu} .gpu/
 cp "$build"/tests/executor_*_gpu_test .gpu/
 strip .gpu/* 2>/dev/null || true
 if [ -f "$anchors/sdpa_bench.py" ]; then cp "$anchors/sdpa_bench.py" .gpu/; fi

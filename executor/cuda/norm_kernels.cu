@@ -224,23 +224,23 @@ __global__ void norm_backward_dx_kernel(bool layer_norm, const bf16* dy, const b
   }
 }
 
-// Sums of two values over the block (256 threads at most); scratch is shared, 9 entries per buffer. Calls
-// alternate between two buffers (parity), so a buffer is only rewritten after every thread has passed the
-// next call's first barrier, that is, after it read the previous result: two barriers per call.
-__device__ __forceinline__ float2 block_sum2(float a, float b, float2 (*scratch)[9], int parity) {
+// Sums of two values over the block (256 threads at most): warp sums to scratch[parity], one barrier, then
+// every thread adds the warp sums in warp order (the same bits everywhere). Calls alternate between two
+// buffers (parity), so a buffer is only rewritten after every thread has passed the next call's barrier,
+// that is, after it read this call's sums.
+__device__ __forceinline__ float2 block_sum2(float a, float b, float2 (*scratch)[8], int parity) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   a = detail::warp_sum(a);
   b = detail::warp_sum(b);
   if (lane == 0) scratch[parity][warp] = make_float2(a, b);
   __syncthreads();
-  if (warp == 0) {
-    float2 y = lane < warps ? scratch[parity][lane] : make_float2(0.0f, 0.0f);
-    y.x = detail::warp_sum(y.x);
-    y.y = detail::warp_sum(y.y);
-    if (lane == 0) scratch[parity][8] = y;
+  float2 total = scratch[parity][0];
+  for (int w = 1; w < warps; ++w) {
+    const float2 y = scratch[parity][w];
+    total.x += y.x;
+    total.y += y.y;
   }
-  __syncthreads();
-  return scratch[parity][8];
+  return total;
 }
 
 // The whole backward of one chunk of kRowsPerChunk rows in one block: thread t owns vectors t, t + 256, ...
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(256, VPT == 1 ? 3 : 1)  // one vector per thre
                                float* partial_gamma, float* partial_beta, int64_t rows, int64_t hidden) {
   constexpr int kDepth = fused_depth(VPT);
   extern __shared__ Bf16x8 ring[];  // [kDepth][3 (dy, input, d_residual)][VPT][256]
-  __shared__ float2 scratch[2][9];
+  __shared__ float2 scratch[2][8];
   __shared__ float row_mean[kRowsPerChunk], row_rstd[kRowsPerChunk];
   const int64_t vectors = hidden / 8;
   const int64_t chunk = blockIdx.x;
