@@ -78,6 +78,12 @@ int run() {
         },
         3, repeats);
     report((std::string(label) + " forward +residual 8192x2048").c_str(), 4.0 * th * 2, fwd);
+    const double fwd_plain = median_ms(
+        [&] {
+          cuda::norm_forward(kind, x, nullptr, gamma, beta, y, nullptr, mean, rstd, tokens, hidden, 1e-5f, nullptr);
+        },
+        3, repeats);
+    report((std::string(label) + " forward 8192x2048").c_str(), 2.0 * th * 2, fwd_plain);
     for (auto variant : {cuda::NormBackwardKernel::kFused, cuda::NormBackwardKernel::kSeparate}) {
       const double bwd = median_ms(
           [&] {

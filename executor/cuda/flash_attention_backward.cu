@@ -12,6 +12,7 @@
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention.h"
 #include "executor/cuda/flash_attention_common.cuh"
+#include "executor/cuda/kernel_utils.cuh"
 #include "executor/cuda/flash_attention_hopper.h"
 
 namespace megatune::executor::cuda {
@@ -43,28 +44,36 @@ constexpr int backward_smem_bytes() {
   return (2 * BLOCK_N * D + 4 * kBlockM * D + kBlockM * BLOCK_N) * int(sizeof(bf16));
 }
 
-// delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]; one warp per (token, head).
+// delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d], and the row's dQ accumulator zeroed: D / 8 lanes per
+// (token, head) row, 16-byte loads (a warp takes 32 / (D / 8) rows), sums reduced within the lane group. The
+// block size is a multiple of 32.
 template <int D>
 __global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o, const float* lse,
-                                                 float* delta, float* lse_log2, int64_t o_stride, int seq_len,
-                                                 int num_heads, int64_t rows) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const int64_t token = row / num_heads;
-  const int head = int(row % num_heads);
-  const bf16* o_row = o + token * o_stride + int64_t(head) * D;
-  const bf16* do_row = d_o + token * o_stride + int64_t(head) * D;
+                                                 float* delta, float* lse_log2, float* dq_accum,
+                                                 int64_t o_stride, int seq_len, int num_heads, int64_t rows) {
+  constexpr int kLanesPerRow = D / 8;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanesPerRow;
+  const int part = threadIdx.x % kLanesPerRow;
+  const bool valid = row < rows;  // no early exit: the whole warp takes part in the shuffles
+  const int64_t token = valid ? row / num_heads : 0;
+  const int head = valid ? int(row % num_heads) : 0;
+  const int64_t at_o = token * o_stride + int64_t(head) * D + 8 * part;
+  float a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (valid) {
+    detail::unpack(*reinterpret_cast<const detail::Bf16x8*>(o + at_o), a);
+    detail::unpack(*reinterpret_cast<const detail::Bf16x8*>(d_o + at_o), b);
+  }
   float sum = 0.0f;
 #pragma unroll
-  for (int x = lane * 2; x < D; x += 64) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o_row + x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(do_row + x));
-    sum += a.x * b.x + a.y * b.y;
-  }
+  for (int i = 0; i < 8; ++i) sum += a[i] * b[i];
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) {
+  for (int offset = kLanesPerRow / 2; offset > 0; offset >>= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (!valid) return;
+  float4* zero = reinterpret_cast<float4*>(dq_accum + row * D + 8 * part);
+  zero[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  zero[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (part == 0) {
     const int64_t batch = token / seq_len, position = token % seq_len;
     const int64_t at = (batch * num_heads + head) * seq_len + position;
     delta[at] = sum;
@@ -266,14 +275,21 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
   }
 }
 
-// dq[b, i, h, :] = bf16(scale * dq_accum[b, i, h, :]).
+// dq[b, i, h, :] = bf16(scale * dq_accum[b, i, h, :]), 8 elements (two 16-byte loads, one 16-byte store)
+// per thread and step; a token's n_q * d accumulators are contiguous, its dq row strided.
 __global__ void flash_backward_convert_dq_kernel(const float* dq_accum, bf16* dq, int64_t q_stride,
-                                                 int num_heads, int head_dim, int64_t total, float scale) {
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t token = idx / (int64_t(num_heads) * head_dim);
-    const int64_t within = idx % (int64_t(num_heads) * head_dim);
-    dq[token * q_stride + within] = __float2bfloat16_rn(dq_accum[idx] * scale);
+                                                 int64_t vectors_per_token, int64_t vectors, float scale) {
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t token = v / vectors_per_token, within = v % vectors_per_token;
+    const float4 lo = reinterpret_cast<const float4*>(dq_accum)[2 * v];
+    const float4 hi = reinterpret_cast<const float4*>(dq_accum)[2 * v + 1];
+    uint4 out;
+    out.x = flash::pack_bf16(lo.x * scale, lo.y * scale);
+    out.y = flash::pack_bf16(lo.z * scale, lo.w * scale);
+    out.z = flash::pack_bf16(hi.x * scale, hi.y * scale);
+    out.w = flash::pack_bf16(hi.z * scale, hi.w * scale);
+    *reinterpret_cast<uint4*>(dq + token * q_stride + 8 * within) = out;
   }
 }
 
@@ -344,7 +360,6 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   auto* delta = reinterpret_cast<float*>(static_cast<char*>(workspace) + align256(dq_bytes));
   auto* lse_log2 = reinterpret_cast<float*>(
       reinterpret_cast<char*>(delta) + align256(size_t(tokens) * size_t(shape.num_heads) * sizeof(float)));
-  MEGATUNE_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_bytes, stream));
 
   BackwardParams params{q,
                         k,
@@ -366,15 +381,16 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                         shape.causal,
                         variant.longest_first};
   const int64_t rows = tokens * shape.num_heads;
-  const unsigned preprocess_blocks = unsigned((rows * 32 + 255) / 256);
+  // The preprocess also zeroes the dQ accumulator (one row per (token, head), as it walks them).
+  const unsigned preprocess_blocks = unsigned((rows * (shape.head_dim / 8) + 255) / 256);
   if (shape.head_dim == 64)
     flash_backward_preprocess_kernel<64><<<preprocess_blocks, 256, 0, stream>>>(
-        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, shape.o_stride(), int(shape.seq_len),
-        int(shape.num_heads), rows);
+        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, shape.o_stride(),
+        int(shape.seq_len), int(shape.num_heads), rows);
   else
     flash_backward_preprocess_kernel<128><<<preprocess_blocks, 256, 0, stream>>>(
-        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, shape.o_stride(), int(shape.seq_len),
-        int(shape.num_heads), rows);
+        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, shape.o_stride(),
+        int(shape.seq_len), int(shape.num_heads), rows);
   MEGATUNE_CUDA_CHECK_LAUNCH();
   if (variant.wgmma)
     hopper::launch_backward({q,
@@ -407,10 +423,10 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
     launch_backward_main<128, 64>(shape, params, stream);
   else
     launch_backward_main<128, 128>(shape, params, stream);
-  const int64_t total = rows * shape.head_dim;
-  const unsigned convert_blocks = unsigned(std::min<int64_t>((total + 255) / 256, 132 * 64));
+  const int64_t vectors = rows * shape.head_dim / 8;
+  const unsigned convert_blocks = unsigned(std::min<int64_t>((vectors + 255) / 256, 132 * 16));
   flash_backward_convert_dq_kernel<<<convert_blocks, 256, 0, stream>>>(
-      dq_accum, dq, shape.q_stride(), int(shape.num_heads), int(shape.head_dim), total, shape.scale());
+      dq_accum, dq, shape.q_stride(), shape.num_heads * shape.head_dim / 8, vectors, shape.scale());
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 
