@@ -42,11 +42,12 @@ std::int64_t total_of(const std::vector<ArenaUse>& breakdown) {
   return total;
 }
 
-// The CUDA backend's memory beyond the arena: the GEMM workspace (32 MiB) and the grad-norm workspace (a
-// few MiB), plus the kernel scratch it asks the model to allocate (attention backward's fp32 dQ
-// accumulator, at most T * heads * head_dim * 4 bytes, or a column-sum workspace of similar size):
-// 0.25 GiB covers them with room.
-constexpr double kOutsideArenaGiB = 0.25;
+// The CUDA backend's memory beyond the arena: the GEMM workspace (32 MiB) and the grad-norm workspace (under
+// 1 MiB here), plus the kernel scratch it asks the model to allocate (the largest user is the attention
+// backward's fp32 dQ accumulator, T * heads * head_dim * 4 bytes = 64 MiB on both shapes; the norm backward's
+// partials take 8 MiB, the column sums 4 MiB): about 97 MiB. H200, fourth session: `device_bytes()` exceeded
+// the sized arena by 0.09 (gpt-1.3b) and 0.10 GiB (llama-1b) (bench/RESULTS.md "executor").
+constexpr double kOutsideArenaGiB = 0.125;
 
 struct PerfShape {
   const char* model;
@@ -96,8 +97,8 @@ TEST_P(PerfShapeMemory, ArenaStaysBelowCompiledPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BenchShapes, PerfShapeMemory,
-                         ::testing::Values(PerfShape{"gpt-1.3b", 4, 2048, 33.0, 33.0},
-                                           PerfShape{"llama-1b", 2, 4096, 31.9, 31.9}),
+                         ::testing::Values(PerfShape{"gpt-1.3b", 4, 2048, 32.95, 32.95},
+                                           PerfShape{"llama-1b", 2, 4096, 31.89, 31.89}),
                          [](const ::testing::TestParamInfo<PerfShape>& info) {
                            return std::string(info.param.model[0] == 'g' ? "Gpt1p3b" : "Llama1b");
                          });
