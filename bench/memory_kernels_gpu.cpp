@@ -121,12 +121,7 @@ int run() {
          median_ms([&] { cuda::swiglu_backward_recompute(mid, big, big2, mid, tokens, ffn, nullptr); }, 3,
                    repeats));
   {
-    AttentionShape s;
-    s.batch = 2;
-    s.seq_len = 4096;
-    s.num_heads = 32;
-    s.num_kv_heads = 8;
-    s.head_dim = 64;
+    const AttentionShape s{.batch = 2, .seq_len = 4096, .num_heads = 32, .num_kv_heads = 8, .head_dim = 64};
     cuda::bf16* q = big;  // packed qkv: (32 + 16) x 64 per token
     const double ms = median_ms(
         [&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); }, 3, repeats);

@@ -121,6 +121,9 @@ void attention_with_context(OpSink& o, const StepShape& s, const StepProgramOpti
 }
 
 std::int64_t norm_bytes(const StepShape& s) { return 2 * s.tokens_sp * s.hidden * kAct; }
+// The pre-MLP norm also adds the attention block's residual: reads the projection output and the layer
+// input, writes their sum (the MLP's residual) and the norm output.
+std::int64_t norm_residual_bytes(const StepShape& s) { return 4 * s.tokens_sp * s.hidden * kAct; }
 
 // Out-features of the fused QKV projection on one rank (MHA/GQA).
 std::int64_t qkv_out(const StepShape& s) { return (s.heads + 2 * s.groups) * s.head_dim / s.tp; }
@@ -166,7 +169,7 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
   o.gemm("proj", s.tokens, s.hidden, proj_in);
   tp_reduce(o, s, "proj_ar", "proj_rs");
-  o.memory(OpKind::kElementwise, "residual1", 3 * s.tokens_sp * s.hidden * kAct);
+  // The residual add follows in the pre-MLP norm (norm_residual_bytes).
 }
 
 void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape& s,
@@ -214,7 +217,7 @@ std::int64_t glu(const StepShape& s) { return s.swiglu ? 2 : 1; }
 void dense_mlp_forward(OpSink& o, const StepShape& s, std::int64_t ffn, const char* fc1, const char* fc2,
                        bool with_norm) {
   if (with_norm) {
-    o.memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
+    o.memory(OpKind::kNorm, "pre_mlp_norm", norm_residual_bytes(s));
     if (s.sp)
       o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   }
@@ -251,7 +254,7 @@ std::int64_t expert_rows(const StepShape& s, const StepProgramOptions& options) 
 void moe_mlp_forward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
   const std::int64_t local_tokens = s.tokens / s.tp;
   const std::int64_t rows = expert_rows(s, options);
-  o.memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
+  o.memory(OpKind::kNorm, "pre_mlp_norm", norm_residual_bytes(s));
   o.gemm("router", local_tokens, s.experts, s.hidden);
   o.memory(OpKind::kRouter, "permute", 2 * local_tokens * s.topk * s.hidden * kAct);
   const int tp_ep = s.etp * s.ep;

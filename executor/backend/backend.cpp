@@ -173,7 +173,9 @@ void Backend::embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, 
 }
 
 void Backend::norm_forward(const NormArgs& args, const OpTag& tag) {
-  begin_op(memory_op(OpKind::kNorm, args.x.dtype, 2 * args.x.numel() * element_bytes(args.x)), tag);
+  // x read, y written; with a fused residual also the residual read and the sum written.
+  const std::int64_t tensors = args.residual.empty() ? 2 : 4;
+  begin_op(memory_op(OpKind::kNorm, args.x.dtype, tensors * args.x.numel() * element_bytes(args.x)), tag);
   do_norm_forward(args);
   end_op();
 }

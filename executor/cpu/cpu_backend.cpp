@@ -107,13 +107,17 @@ void CpuBackend::do_embedding_backward(Tensor tokens, Tensor d_out, std::int64_t
 }
 
 void CpuBackend::do_norm_forward(const NormArgs& a) {
-  const bool residual = !a.residual.empty();
-  reference::norm_forward(a.kind, f32(a.x), residual ? f32(a.residual) : nullptr, f32(a.gamma),
-                          a.beta.empty() ? nullptr : f32(a.beta), f32(a.out),
-                          residual ? f32(a.sum_out) : nullptr, a.mean.empty() ? nullptr : f32(a.mean),
-                          f32(a.rstd), a.x.rows, a.x.cols, a.eps);
+  // With a residual, the sum is stored first (rounded to its dtype) and the norm taken of the stored sum, as
+  // the CUDA kernel does and as a separate add followed by a norm would.
+  const Tensor input = a.residual.empty() ? a.x : a.sum_out;
+  if (!a.residual.empty()) {
+    reference::add(f32(a.x), f32(a.residual), f32(a.sum_out), a.sum_out.numel());
+    round_if_bf16(a.sum_out);
+  }
+  reference::norm_forward(a.kind, f32(input), nullptr, f32(a.gamma), a.beta.empty() ? nullptr : f32(a.beta),
+                          f32(a.out), nullptr, a.mean.empty() ? nullptr : f32(a.mean), f32(a.rstd),
+                          input.rows, input.cols, a.eps);
   round_if_bf16(a.out);
-  if (residual) round_if_bf16(a.sum_out);
 }
 
 void CpuBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_residual, Tensor d_x,

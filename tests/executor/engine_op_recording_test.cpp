@@ -74,9 +74,10 @@ void expect_same_program(const Recorded& r) {
 
 TEST(EngineOpRecording, TinyMatchesTheStepProgram) {
   const Recorded r = record(layouts::model_preset("tiny"), 2, 2, RecomputeGranularity::kNone);
-  // Per micro-batch: 4 + 11 per layer forward, 4 + 15 per layer backward (no biases, RoPE, SwiGLU; the
-  // backward recomputes both norm outputs); then 2.
-  EXPECT_EQ(r.executor.size(), static_cast<std::size_t>(2 * (4 + 2 * 11 + 4 + 2 * 15) + 2));
+  // Per micro-batch: 4 + 10 per layer forward (the attention block's residual add is part of the pre-MLP
+  // norm), 4 + 15 per layer backward (no biases, RoPE, SwiGLU; the backward recomputes both norm outputs);
+  // then 2.
+  EXPECT_EQ(r.executor.size(), static_cast<std::size_t>(2 * (4 + 2 * 10 + 4 + 2 * 15) + 2));
   expect_same_program(r);
 }
 
@@ -86,9 +87,9 @@ TEST(EngineOpRecording, RecomputationMatchesTheStepProgram) {
     std::map<layouts::OpPhase, int> phases;
     for (const layouts::Op& op : r.executor) phases[op.phase]++;
     // Selective: one attention forward re-run per layer and micro-batch, plus the two norm outputs every
-    // backward recomputes; full: the whole layer (11 ops), which also produces those.
+    // backward recomputes; full: the whole layer (10 ops), which also produces those.
     EXPECT_EQ(phases[layouts::OpPhase::kRecompute],
-              recompute == RecomputeGranularity::kSelective ? 2 * 2 * (1 + 2) : 2 * 2 * 11);
+              recompute == RecomputeGranularity::kSelective ? 2 * 2 * (1 + 2) : 2 * 2 * 10);
     expect_same_program(r);
   }
 }
@@ -122,9 +123,9 @@ TEST(EngineOpRecording, GptFusesGeluAndBiasGradientsIntoGemms) {
     // GELU runs in fc1's epilogue: the only activation kernel is the backward pass that also recomputes the
     // activation output (2 layers x 2 micro-batches).
     EXPECT_EQ(activations, 2 * 2);
-    // Norm outputs (2 per layer) recomputed; selective adds the attention; full re-runs the layer (9 ops: no
-    // RoPE, GELU fused) instead.
-    EXPECT_EQ(recomputed, recompute == RecomputeGranularity::kFull        ? 2 * 2 * 9
+    // Norm outputs (2 per layer) recomputed; selective adds the attention; full re-runs the layer (8 ops: no
+    // RoPE, GELU fused, the first residual add in the pre-MLP norm) instead.
+    EXPECT_EQ(recomputed, recompute == RecomputeGranularity::kFull        ? 2 * 2 * 8
                           : recompute == RecomputeGranularity::kSelective ? 2 * 2 * 3
                                                                           : 2 * 2 * 2);
     expect_same_program(r);
