@@ -52,7 +52,8 @@ inline void fill_random(__nv_bfloat16* device, std::size_t n, std::uint32_t seed
   for (auto& x : host) x = __float2bfloat16_rn(dist(rng));
   for (std::size_t at = 0; at < n; at += host.size()) {
     const std::size_t count = std::min(host.size(), n - at);
-    MEGATUNE_CUDA_CHECK(cudaMemcpy(device + at, host.data(), count * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    MEGATUNE_CUDA_CHECK(
+        cudaMemcpy(device + at, host.data(), count * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
   }
 }
 

@@ -49,8 +49,8 @@ int run() {
     const size_t bytes = size_t(256) << 20;
     void* a = device_alloc<char>(bytes);
     void* b = device_alloc<char>(bytes);
-    const double ms = median_ms([&] { MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); },
-                                3, repeats);
+    const double ms = median_ms(
+        [&] { MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 3, repeats);
     copy_gbs = 2.0 * bytes / ms / 1e6;
     std::printf("RESULT memory %-44s %8.1f us %8.1f GB/s\n", "copy 256 MiB (reference)", ms * 1e3, copy_gbs);
     cudaFree(a), cudaFree(b);
@@ -74,21 +74,23 @@ int run() {
     const char* label = kind == NormKind::kLayerNorm ? "LayerNorm" : "RMSNorm";
     const double fwd = median_ms(
         [&] {
-          cuda::norm_forward(kind, x, residual, gamma, beta, y, sum, mean, rstd, tokens, hidden, 1e-5f, nullptr);
+          cuda::norm_forward(kind, x, residual, gamma, beta, y, sum, mean, rstd, tokens, hidden, 1e-5f,
+                             nullptr);
         },
         3, repeats);
     report((std::string(label) + " forward +residual 8192x2048").c_str(), 4.0 * th * 2, fwd);
     const double fwd_plain = median_ms(
         [&] {
-          cuda::norm_forward(kind, x, nullptr, gamma, beta, y, nullptr, mean, rstd, tokens, hidden, 1e-5f, nullptr);
+          cuda::norm_forward(kind, x, nullptr, gamma, beta, y, nullptr, mean, rstd, tokens, hidden, 1e-5f,
+                             nullptr);
         },
         3, repeats);
     report((std::string(label) + " forward 8192x2048").c_str(), 2.0 * th * 2, fwd_plain);
     for (auto variant : {cuda::NormBackwardKernel::kFused, cuda::NormBackwardKernel::kSeparate}) {
       const double bwd = median_ms(
           [&] {
-            cuda::norm_backward(kind, dy, sum, gamma, mean, rstd, dres, dres, dgamma, dbeta, tokens, hidden, true,
-                                ws, ws_bytes, nullptr, variant);
+            cuda::norm_backward(kind, dy, sum, gamma, mean, rstd, dres, dres, dgamma, dbeta, tokens, hidden,
+                                true, ws, ws_bytes, nullptr, variant);
           },
           3, repeats);
       report((std::string(label) + " backward +d_residual 8192x2048 " +
@@ -103,14 +105,20 @@ int run() {
   for (int64_t cols : {hidden, 3 * hidden, ffn}) {
     const double ms = median_ms(
         [&] { cuda::column_sum_bf16(big, dgamma, tokens, cols, true, ws, ws_bytes, nullptr); }, 3, repeats);
-    report(("bias gradient (column sum) 8192x" + std::to_string(cols)).c_str(), double(tokens) * cols * 2, ms);
+    report(("bias gradient (column sum) 8192x" + std::to_string(cols)).c_str(), double(tokens) * cols * 2,
+           ms);
   }
   const double tf = double(tokens) * ffn;
   report("GELU forward 8192x8192 (after a GEMM + bias)", 2.0 * tf * 2,
-         median_ms([&] { cuda::bias_gelu_forward(big, nullptr, nullptr, mid, tokens, ffn, nullptr); }, 3, repeats));
-  report("GELU backward + recomputed output 8192x8192", 4.0 * tf * 2,
-         median_ms([&] { cuda::gelu_backward_recompute(mid, big, big2, big2 + size_t(tokens * ffn), tokens, ffn, nullptr); }, 3,
+         median_ms([&] { cuda::bias_gelu_forward(big, nullptr, nullptr, mid, tokens, ffn, nullptr); }, 3,
                    repeats));
+  report("GELU backward + recomputed output 8192x8192", 4.0 * tf * 2,
+         median_ms(
+             [&] {
+               cuda::gelu_backward_recompute(mid, big, big2, big2 + size_t(tokens * ffn), tokens, ffn,
+                                             nullptr);
+             },
+             3, repeats));
   report("GELU backward 8192x8192", 3.0 * tf * 2,
          median_ms([&] { cuda::gelu_backward(mid, big, big2, tokens, ffn, nullptr); }, 3, repeats));
   report("SwiGLU forward 8192x(2x8192)", 3.0 * tf * 2,
@@ -123,8 +131,9 @@ int run() {
   {
     const AttentionShape s{.batch = 2, .seq_len = 4096, .num_heads = 32, .num_kv_heads = 8, .head_dim = 64};
     cuda::bf16* q = big;  // packed qkv: (32 + 16) x 64 per token
-    const double ms = median_ms(
-        [&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); }, 3, repeats);
+    const double ms =
+        median_ms([&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); },
+                  3, repeats);
     report("RoPE forward in place, llama-1b qkv (q and k)", 2.0 * tokens * (32 + 8) * 64 * 2, ms);
   }
   {  // one 512 MiB LM-head chunk of llama-1b's vocabulary: the logits read twice, the gradient written
@@ -133,17 +142,22 @@ int run() {
     auto* targets = device_alloc<int32_t>(size_t(rows));
     std::vector<int32_t> host_targets(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) host_targets[size_t(r)] = int32_t((r * 7919) % vocab);
-    MEGATUNE_CUDA_CHECK(cudaMemcpy(targets, host_targets.data(), rows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    MEGATUNE_CUDA_CHECK(
+        cudaMemcpy(targets, host_targets.data(), rows * sizeof(int32_t), cudaMemcpyHostToDevice));
     auto* losses = device_alloc<float>(size_t(rows));
     report("cross entropy fwd+bwd 2048x128256 (bf16 in place)", 2.0 * rows * vocab * 2,
-           median_ms([&] { cuda::cross_entropy_forward_backward(logits, targets, losses, rows, vocab, true, 1e-4f, nullptr); },
-                     3, repeats));
+           median_ms(
+               [&] {
+                 cuda::cross_entropy_forward_backward(logits, targets, losses, rows, vocab, true, 1e-4f,
+                                                      nullptr);
+               },
+               3, repeats));
     cudaFree(logits), cudaFree(targets), cudaFree(losses);
   }
   MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
-  for (void* p : {(void*)x, (void*)residual, (void*)sum, (void*)y, (void*)dy, (void*)dres, (void*)gamma,
-                  (void*)beta, (void*)mean, (void*)rstd, (void*)dgamma, (void*)dbeta, ws, (void*)big, (void*)big2,
-                  (void*)mid})
+  for (void* p :
+       {(void*)x, (void*)residual, (void*)sum, (void*)y, (void*)dy, (void*)dres, (void*)gamma, (void*)beta,
+        (void*)mean, (void*)rstd, (void*)dgamma, (void*)dbeta, ws, (void*)big, (void*)big2, (void*)mid})
     cudaFree(p);
   return 0;
 }

@@ -67,8 +67,8 @@ enum class MoeDispatcher { kAllToAll, kAllGather };
 enum class ContextParallelComm { kP2p, kAllGather };
 
 // Default bytes of one chunk of logits (see loss_chunk_rows). 512 MiB: on H200, llama-1b (vocab 128256, 8192
-// tokens) ran 1.4-2.5 ms faster per step than with 256 MiB (each chunk's weight gradient re-reads and re-writes
-// the 1 GiB fp32 head gradient), for 0.25 GiB more peak memory (bench/RESULTS.md "executor").
+// tokens) ran 1.4-2.5 ms faster per step than with 256 MiB (each chunk's weight gradient re-reads and
+// re-writes the 1 GiB fp32 head gradient), for 0.25 GiB more peak memory (bench/RESULTS.md "executor").
 constexpr std::int64_t kLossChunkLogitsBytes = std::int64_t(512) << 20;
 
 struct StepProgramOptions {

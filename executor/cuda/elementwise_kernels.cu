@@ -185,16 +185,17 @@ void column_sum_bf16(const bf16* x, float* sums, int64_t rows, int64_t cols, boo
   auto* partial = static_cast<float*>(workspace);
   if (chunks > 0 && cols % 8 == 0 && detail::aligned16(x) && detail::aligned16(partial)) {
     const unsigned vec_blocks = unsigned((cols / 8 + kColumnSumVectors - 1) / kColumnSumVectors);
-    column_sum_partial_vec_kernel<<<dim3(vec_blocks, unsigned(chunks)), kColumnSumGroups * kColumnSumVectors, 0,
-                                    stream>>>(x, partial, rows, cols);
+    column_sum_partial_vec_kernel<<<dim3(vec_blocks, unsigned(chunks)), kColumnSumGroups * kColumnSumVectors,
+                                    0, stream>>>(x, partial, rows, cols);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   } else if (chunks > 0) {
     column_sum_partial_kernel<<<dim3(col_blocks, unsigned(chunks)), kThreads, 0, stream>>>(x, partial, rows,
                                                                                            cols);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   }
-  detail::column_reduce_kernel<><<<detail::column_reduce_blocks(cols), 32 * detail::kColumnReduceWarps, 0, stream>>>(
-      partial, nullptr, sums, nullptr, chunks, cols, accumulate);
+  detail::column_reduce_kernel<>
+      <<<detail::column_reduce_blocks(cols), 32 * detail::kColumnReduceWarps, 0, stream>>>(
+          partial, nullptr, sums, nullptr, chunks, cols, accumulate);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 

@@ -12,8 +12,8 @@
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention.h"
 #include "executor/cuda/flash_attention_common.cuh"
-#include "executor/cuda/kernel_utils.cuh"
 #include "executor/cuda/flash_attention_hopper.h"
+#include "executor/cuda/kernel_utils.cuh"
 
 namespace megatune::executor::cuda {
 namespace {

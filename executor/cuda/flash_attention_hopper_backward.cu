@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
     const int q_lo = q0 + q_panel * 64 + 16 * warp + g;
     const bool full = q0 + q_panel * 64 + 64 <= p.seq_len;
     const bool add_lo = full || q_lo < p.seq_len, add_hi = full || q_lo + 8 < p.seq_len;
-    float* const dst_lo = p.dq_accum + ((batch_token0 + q_lo) * p.num_heads + head) * D + d_panel * 64 + 2 * t;
+    float* const dst_lo =
+        p.dq_accum + ((batch_token0 + q_lo) * p.num_heads + head) * D + d_panel * 64 + 2 * t;
     float* const dst_hi = dst_lo + int64_t(8) * p.num_heads * D;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {

@@ -251,7 +251,9 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float2 (*scratch)
 // back only what it copied itself, so the ring needs no barriers. Reads everything once; dgamma/dbeta
 // partials as the separate partial kernel (same order of additions).
 constexpr int fused_depth(int vpt) { return vpt == 1 ? 4 : 2; }
-constexpr size_t fused_smem_bytes(int vpt) { return size_t(fused_depth(vpt)) * 3 * vpt * 256 * sizeof(Bf16x8); }
+constexpr size_t fused_smem_bytes(int vpt) {
+  return size_t(fused_depth(vpt)) * 3 * vpt * 256 * sizeof(Bf16x8);
+}
 
 template <int VPT>
 __global__ void __launch_bounds__(256, VPT == 1 ? 3 : 1)  // one vector per thread: three blocks per SM
@@ -269,7 +271,8 @@ __global__ void __launch_bounds__(256, VPT == 1 ? 3 : 1)  // one vector per thre
   // This thread's vectors: row i of the chunk at offset i * vectors from these.
   const auto* dy_v = reinterpret_cast<const Bf16x8*>(dy + r0 * hidden) + threadIdx.x;
   const auto* in_v = reinterpret_cast<const Bf16x8*>(input + r0 * hidden) + threadIdx.x;
-  const auto* res_g = d_residual ? reinterpret_cast<const Bf16x8*>(d_residual + r0 * hidden) + threadIdx.x : nullptr;
+  const auto* res_g =
+      d_residual ? reinterpret_cast<const Bf16x8*>(d_residual + r0 * hidden) + threadIdx.x : nullptr;
   auto slot = [&](int i, int which, int j) -> Bf16x8* {
     return ring + (((i % kDepth) * 3 + which) * VPT + j) * 256 + threadIdx.x;
   };
@@ -450,20 +453,23 @@ void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16*
     const size_t smem = fused_smem_bytes(vpt);
     static const bool raised = [] {  // the rings exceed the 48 KiB default together with the static arrays
       MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<1>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(fused_smem_bytes(1))));
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(fused_smem_bytes(1))));
       MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<2>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(fused_smem_bytes(2))));
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(fused_smem_bytes(2))));
       MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<4>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(fused_smem_bytes(4))));
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(fused_smem_bytes(4))));
       return true;
     }();
     (void)raised;
     fused_kernel<<<unsigned(chunks), threads, smem, stream>>>(
         layer_norm, dy, input, gamma, mean, rstd, d_residual, dx, partial_gamma, partial_beta, rows, hidden);
     MEGATUNE_CUDA_CHECK_LAUNCH();
-    detail::column_reduce_kernel<><<<detail::column_reduce_blocks(hidden), 32 * detail::kColumnReduceWarps, 0,
-                                     stream>>>(partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr,
-                                               chunks, hidden, accumulate);
+    detail::column_reduce_kernel<>
+        <<<detail::column_reduce_blocks(hidden), 32 * detail::kColumnReduceWarps, 0, stream>>>(
+            partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
     MEGATUNE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -472,9 +478,9 @@ void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16*
   norm_backward_partial_kernel<<<dim3(vector_blocks, unsigned(chunks)), 128, 0, stream>>>(
       layer_norm, dy, input, mean, rstd, partial_gamma, partial_beta, rows, hidden);
   MEGATUNE_CUDA_CHECK_LAUNCH();
-  detail::column_reduce_kernel<><<<detail::column_reduce_blocks(hidden), 32 * detail::kColumnReduceWarps, 0,
-                                   stream>>>(partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr,
-                                             chunks, hidden, accumulate);
+  detail::column_reduce_kernel<>
+      <<<detail::column_reduce_blocks(hidden), 32 * detail::kColumnReduceWarps, 0, stream>>>(
+          partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
   MEGATUNE_CUDA_CHECK_LAUNCH();
   norm_backward_dx_kernel<<<unsigned(rows), threads_for(hidden), 0, stream>>>(
       layer_norm, dy, input, gamma, mean, rstd, d_residual, dx, hidden);

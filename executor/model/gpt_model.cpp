@@ -364,8 +364,9 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   gemm_linear(a.attn, w.proj_w, w.proj_b, fc2_out_, "proj");
   tensor_parallel_reduce(fc2_out_);
   // The residual add fused into the pre-MLP norm: a.mid = bf16(proj output + input), a.ln2 = norm(a.mid).
-  backend_.norm_forward(norm_args(fc2_out_, input, a.mid, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
-                        {"pre_mlp_norm", l, phase});
+  backend_.norm_forward(
+      norm_args(fc2_out_, input, a.mid, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
+      {"pre_mlp_norm", l, phase});
   if (config_.activation == ActivationKind::kGelu) {
     // fc1 with bias and GELU fused in the GEMM's epilogue; a.fc1 keeps the pre-activation for the backward.
     backend_.linear_gelu_forward(linear_forward_args(a.ln2, w.fc1_w, a.fc1, w.fc1_b, T), a.act,

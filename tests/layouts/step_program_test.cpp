@@ -96,7 +96,7 @@ TEST(StepProgram, LossChunksKeepTheLogitsWithin512MiB) {
   EXPECT_EQ(loss_chunk_rows(1000, 128256), 1000);  // fits: one chunk of every token
   EXPECT_EQ(loss_chunk_rows(5000, 128256), 1728);  // 3 chunks of 1667, rounded up to a multiple of 64
   EXPECT_EQ(loss_chunk_rows(8192, 128256, std::int64_t(256) << 20), 1024);  // a 256 MiB budget: 8 chunks
-  EXPECT_EQ(loss_chunk_rows(12, 32, 200), 3);      // small budgets: 4 chunks of 3 rows
+  EXPECT_EQ(loss_chunk_rows(12, 32, 200), 3);  // small budgets: 4 chunks of 3 rows
   for (std::int64_t tokens : {64, 777, 4096, 12345})
     for (std::int64_t vocab : {256, 50304, 131072}) {
       const std::int64_t rows = loss_chunk_rows(tokens, vocab);
