@@ -7,7 +7,7 @@
 #           shapes), `megatune train` gpt-125m for 50 iterations, the real-text run with its loss check, the
 #           optimizer and memory-bound kernel benches;
 #   perf:   the engine perf shapes (gpt-1.3b, llama-1b; and with the former 256 MiB LM-head chunks) and the
-#           compiled PyTorch peer in the same run;
+#           compiled PyTorch peer in the same run, with the SM clock and power sampled during megatune's runs;
 #   breakdown: the step's GEMM shapes (bench_gemm_gpu vs torch.matmul) and the peer's kernel-time breakdown.
 #   all:    checks, perf and breakdown.
 #   ncu:    Nsight Compute on the Hopper attention kernels (backward, forward; head dim NCU_HEAD_DIM, default
@@ -59,8 +59,14 @@ if [ "$stage" = checks ] || [ "$stage" = all ]; then
   step bench_memory_kernels 60 $G/bench_memory_kernels_gpu
 fi
 if [ "$stage" = perf ] || [ "$stage" = all ]; then
+  # SM clock and power every 100 ms while megatune trains (the step runs at the power cap: bench/RESULTS.md).
+  nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active --format=csv,noheader \
+    -lms 100 >"$OUT/smi_perf.csv" 2>&1 &
+  smi=$!
   step perf_gpt13b 75 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10
   step perf_llama1b 75 $G/bench_train_gpu perf --model llama-1b --mbs 2 --seq 4096 --iters 10
+  kill "$smi" 2>/dev/null
+  step power 30 python3 bench/peer/smi_summary.py "$OUT/smi_perf.csv"
   step peer_gpt13b_compiled 150 python3 bench/peer/torch_gpt.py --model gpt-1.3b --mbs 4 --steps 12 --compile
   step peer_llama1b_compiled 150 python3 bench/peer/torch_gpt.py --model llama-1b --mbs 2 --steps 12 --compile
   step perf_gpt13b_chunk256 75 $G/bench_train_gpu perf --model gpt-1.3b --mbs 4 --seq 2048 --iters 10 --loss-chunk-mib 256
