@@ -193,9 +193,7 @@ void column_sum_bf16(const bf16* x, float* sums, int64_t rows, int64_t cols, boo
                                                                                            cols);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   }
-  detail::column_reduce_kernel<>
-      <<<detail::column_reduce_blocks(cols), 32 * detail::kColumnReduceWarps, 0, stream>>>(
-          partial, nullptr, sums, nullptr, chunks, cols, accumulate);
+  detail::column_reduce<>(partial, nullptr, sums, nullptr, chunks, cols, accumulate, stream);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 

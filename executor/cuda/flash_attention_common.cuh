@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "executor/cuda/kernel_utils.cuh"
+
 namespace megatune::executor::cuda::flash {
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -30,21 +32,11 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; zero-fills when !valid.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+// Shared-memory addresses and the cp.async copies: kernel_utils.cuh (shared with the non-attention kernels).
+using detail::cp_async_16;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::smem_address;
 
 // Loads a ROWS x D tile (rows row0.. of a strided global tensor) into swizzled shared memory; rows at or
 // beyond row_limit are zero-filled. All THREADS threads of the block take part.

@@ -84,12 +84,28 @@ inline unsigned grid_for(int64_t work_items, int threads, int64_t max_blocks = 1
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy (cp.async, L2 only); zero-fills when !valid. Completion: commit groups and
+// cp_async_wait<N> (at most N of this thread's groups still in flight).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 // Second stage of the deterministic column reductions (bias gradients, dgamma / dbeta): out[c] (+)= the sum
 // over chunks of partial[chunk * cols + c], for one or two partial arrays (b may be null). A block is 32
 // columns (lanes) x kColumnReduceWarps warps: warp w sums chunks w, w + kColumnReduceWarps, ... in order,
-// then lane c's warp sums are added in warp order, so the bits do not depend on the launch. Grid:
-// column_reduce_blocks(cols), block 32 * kColumnReduceWarps. (A template so that every translation unit
-// that launches it has its own instance.)
+// then lane c's warp sums are added in warp order, so the bits do not depend on the launch. Launched by
+// column_reduce() below. (A template so that every translation unit that launches it has its own instance.)
 constexpr int kColumnReduceWarps = 16;
 
 template <int Warps = kColumnReduceWarps>
@@ -118,6 +134,13 @@ __global__ void __launch_bounds__(32 * Warps)
   }
 }
 
-inline unsigned column_reduce_blocks(int64_t cols) { return unsigned((cols + 31) / 32); }
+// Launches column_reduce_kernel over cols columns on stream (launch errors: MEGATUNE_CUDA_CHECK_LAUNCH
+// after).
+template <int Warps = kColumnReduceWarps>  // a template: instantiated only where it is launched
+void column_reduce(const float* partial_a, const float* partial_b, float* out_a, float* out_b, int64_t chunks,
+                   int64_t cols, bool accumulate, cudaStream_t stream) {
+  column_reduce_kernel<Warps><<<unsigned((cols + 31) / 32), 32 * Warps, 0, stream>>>(
+      partial_a, partial_b, out_a, out_b, chunks, cols, accumulate);
+}
 
 }  // namespace megatune::executor::cuda::detail

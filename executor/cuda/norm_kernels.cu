@@ -7,9 +7,9 @@
 // two-stage column reduction (fixed chunks of rows, then chunks summed in order: deterministic).
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include "executor/cuda/cuda_check.h"
-#include "executor/cuda/flash_attention_common.cuh"
 #include "executor/cuda/kernel_utils.cuh"
 #include "executor/cuda/norm_kernels.h"
 
@@ -282,12 +282,12 @@ __global__ void __launch_bounds__(256, VPT == 1 ? 3 : 1)  // one vector per thre
       for (int j = 0; j < VPT; ++j) {
         if (threadIdx.x + 256 * j >= vectors) continue;
         const int64_t at = int64_t(i) * vectors + 256 * j;
-        flash::cp_async_16(slot(i, 0, j), dy_v + at, true);
-        flash::cp_async_16(slot(i, 1, j), in_v + at, true);
-        if (res_g) flash::cp_async_16(slot(i, 2, j), res_g + at, true);
+        detail::cp_async_16(slot(i, 0, j), dy_v + at, true);
+        detail::cp_async_16(slot(i, 1, j), in_v + at, true);
+        if (res_g) detail::cp_async_16(slot(i, 2, j), res_g + at, true);
       }
     }
-    flash::cp_async_commit();
+    detail::cp_async_commit();
   };
 #pragma unroll
   for (int k = 0; k < kDepth; ++k) request_row(k);
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(256, VPT == 1 ? 3 : 1)  // one vector per thre
   }
   __syncthreads();  // row statistics
   for (int i = 0; i < n; ++i) {
-    flash::cp_async_wait<kDepth - 1>();  // row i's group (the oldest outstanding) has landed
+    detail::cp_async_wait<kDepth - 1>();  // row i's group (the oldest outstanding) has landed
     Bf16x8 d_v[VPT], a_v[VPT], res_v[VPT];
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(256, VPT == 1 ? 3 : 1)  // one vector per thre
       reinterpret_cast<Bf16x8*>(dx + (r0 + i) * hidden)[v] = detail::pack(a);
     }
   }
-  flash::cp_async_wait<0>();
+  detail::cp_async_wait<0>();
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int64_t v = threadIdx.x + 256 * j;
@@ -452,24 +452,21 @@ void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16*
                                          : norm_backward_fused_kernel<4>;
     const size_t smem = fused_smem_bytes(vpt);
     static const bool raised = [] {  // the rings exceed the 48 KiB default together with the static arrays
-      MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<1>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(fused_smem_bytes(1))));
-      MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<2>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(fused_smem_bytes(2))));
-      MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_fused_kernel<4>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(fused_smem_bytes(4))));
+      using Kernel = decltype(&norm_backward_fused_kernel<1>);
+      const std::pair<Kernel, int> kernels[] = {{norm_backward_fused_kernel<1>, 1},
+                                                {norm_backward_fused_kernel<2>, 2},
+                                                {norm_backward_fused_kernel<4>, 4}};
+      for (const auto& [k, v] : kernels)
+        MEGATUNE_CUDA_CHECK(
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(fused_smem_bytes(v))));
       return true;
     }();
     (void)raised;
     fused_kernel<<<unsigned(chunks), threads, smem, stream>>>(
         layer_norm, dy, input, gamma, mean, rstd, d_residual, dx, partial_gamma, partial_beta, rows, hidden);
     MEGATUNE_CUDA_CHECK_LAUNCH();
-    detail::column_reduce_kernel<>
-        <<<detail::column_reduce_blocks(hidden), 32 * detail::kColumnReduceWarps, 0, stream>>>(
-            partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
+    detail::column_reduce<>(partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden,
+                            accumulate, stream);
     MEGATUNE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -478,9 +475,8 @@ void norm_backward(NormKind kind, const bf16* dy, const bf16* input, const bf16*
   norm_backward_partial_kernel<<<dim3(vector_blocks, unsigned(chunks)), 128, 0, stream>>>(
       layer_norm, dy, input, mean, rstd, partial_gamma, partial_beta, rows, hidden);
   MEGATUNE_CUDA_CHECK_LAUNCH();
-  detail::column_reduce_kernel<>
-      <<<detail::column_reduce_blocks(hidden), 32 * detail::kColumnReduceWarps, 0, stream>>>(
-          partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden, accumulate);
+  detail::column_reduce<>(partial_gamma, partial_beta, dgamma, layer_norm ? dbeta : nullptr, chunks, hidden,
+                          accumulate, stream);
   MEGATUNE_CUDA_CHECK_LAUNCH();
   norm_backward_dx_kernel<<<unsigned(rows), threads_for(hidden), 0, stream>>>(
       layer_norm, dy, input, gamma, mean, rstd, d_residual, dx, hidden);

@@ -21,9 +21,7 @@
 
 namespace megatune::executor::cuda::hopper {
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+__device__ __forceinline__ uint32_t shared_address(const void* p) { return detail::smem_address(p); }
 
 // The first 1024-byte-aligned address at or after p in shared memory (128-byte-swizzled tiles start there);
 // dynamic shared memory is sized with 1024 bytes to spare for it.
