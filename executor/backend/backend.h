@@ -70,6 +70,9 @@ struct NormArgs {
   Tensor out;       // (T, h)
   Tensor mean;      // (T, 1) fp32 (LayerNorm only)
   Tensor rstd;      // (T, 1) fp32
+  // A recompute: mean / rstd already hold x's statistics (written by the forward), so a backend may apply
+  // them instead of reducing again; out must come out as the forward's (no residual with this).
+  bool stats_given = false;
 };
 
 // One parameter tensor as the multi-tensor optimizer sees it (views into the flat buffers).

@@ -392,6 +392,30 @@ __global__ void norm_backward_partial_kernel(bool layer_norm, const bf16* dy, co
   }
 }
 
+// y = norm(x) from statistics the forward stored (a recompute): one 8-element vector per thread and step,
+// the output expression written as the forward kernels write it, so the bits match theirs.
+__global__ void norm_apply_kernel(bool layer_norm, const bf16* x, const bf16* gamma, const bf16* beta,
+                                  const float* mean_in, const float* rstd_in, bf16* y, int64_t rows,
+                                  int64_t hidden) {
+  const int64_t vectors = hidden / 8, total = rows * vectors;
+  const auto* x_v = reinterpret_cast<const Bf16x8*>(x);
+  const auto* gamma_v = reinterpret_cast<const Bf16x8*>(gamma);
+  const auto* beta_v = (layer_norm && beta) ? reinterpret_cast<const Bf16x8*>(beta) : nullptr;
+  auto* y_v = reinterpret_cast<Bf16x8*>(y);
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / vectors, v = idx % vectors;
+    const float mean = layer_norm ? mean_in[row] : 0.0f, rstd = rstd_in[row];
+    float a[8], g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    detail::unpack(x_v[idx], a);
+    detail::unpack(gamma_v[v], g);
+    if (beta_v) detail::unpack(beta_v[v], b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = (a[i] - mean) * rstd * g[i] + b[i];
+    y_v[idx] = detail::pack(a);
+  }
+}
+
 void check_pointers(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers)
     if (p != nullptr && !detail::aligned16(p))
@@ -422,6 +446,19 @@ void norm_forward(NormKind kind, const bf16* x, const bf16* residual, const bf16
     norm_forward_kernel<<<unsigned(rows), threads_for(hidden), 0, stream>>>(
         layer_norm, x, residual, gamma, beta, y, sum_out, mean, rstd, hidden, eps);
   }
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+void norm_apply(NormKind kind, const bf16* x, const bf16* gamma, const bf16* beta, const float* mean,
+                const float* rstd, bf16* y, int64_t rows, int64_t hidden, cudaStream_t stream) {
+  if (!norm_supports(hidden))
+    throw std::invalid_argument("norm_apply: hidden must be a multiple of 8, <= 32768");
+  if (rows <= 0) return;
+  const bool layer_norm = kind == NormKind::kLayerNorm;
+  if (layer_norm && mean == nullptr) throw std::invalid_argument("norm_apply: LayerNorm needs mean");
+  check_pointers({x, gamma, beta, y});
+  norm_apply_kernel<<<detail::grid_for(rows * (hidden / 8), 256), 256, 0, stream>>>(
+      layer_norm, x, gamma, beta, mean, rstd, y, rows, hidden);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 

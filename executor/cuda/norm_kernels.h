@@ -23,6 +23,11 @@ void norm_forward(NormKind kind, const bf16* x, const bf16* residual, const bf16
                   bf16* y, bf16* sum_out, float* mean, float* rstd, int64_t rows, int64_t hidden, float eps,
                   cudaStream_t stream);
 
+// y = norm(x) * gamma (+ beta) from the statistics norm_forward stored for this x (mean may be null for
+// RMSNorm): a recompute of the forward's output without its reductions; the same bits as norm_forward's y.
+void norm_apply(NormKind kind, const bf16* x, const bf16* gamma, const bf16* beta, const float* mean,
+                const float* rstd, bf16* y, int64_t rows, int64_t hidden, cudaStream_t stream);
+
 size_t norm_backward_workspace_bytes(int64_t rows, int64_t hidden);
 
 // dx [rows, hidden] bf16 = norm backward of dy given the norm's input (the sum when residual was fused)

@@ -14,6 +14,12 @@
 namespace megatune::executor {
 namespace {
 
+// A norm recomputed in the backward from the statistics its forward stored (NormArgs::stats_given).
+NormArgs with_stats(NormArgs a) {
+  a.stats_given = true;
+  return a;
+}
+
 using layouts::OpPhase;
 constexpr OpPhase kF = OpPhase::kForward;
 constexpr OpPhase kB = OpPhase::kBackward;
@@ -409,8 +415,9 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   wgrad(d_res_, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
   const Tensor d_fc1 = a.fc1;
   if (recompute_shared)
-    backend_.norm_forward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
-                          {"pre_mlp_norm", l, kR});
+    backend_.norm_forward(
+        with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd)),
+        {"pre_mlp_norm", l, kR});
   dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
   wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
   tensor_parallel_reduce(d_hidden_);
@@ -426,8 +433,9 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
     backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
                   config_.rope_theta, true, {"rope", l, kB});
   if (recompute_shared)
-    backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
-                          {"input_norm", l, kR});
+    backend_.norm_forward(
+        with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd)),
+        {"input_norm", l, kR});
   dgrad(d_qkv_, w.qkv_w, d_hidden_, "qkv_dgrad");
   wgrad(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, "qkv_wgrad");
   tensor_parallel_reduce(d_hidden_);
