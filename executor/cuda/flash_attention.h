@@ -32,7 +32,8 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
                                      bf16* o, float* lse, cudaStream_t stream, int rows_per_warp,
                                      int wgmma_warpgroups = 0);
 
-// Workspace of the backward pass: fp32 dq accumulator [b, s, n_q, d] + delta = rowsum(dO o o) [b, n_q, s].
+// Workspace of the backward pass: fp32 dq accumulator (b * n_q * s * d, s rounded up to 64) + delta =
+// rowsum(dO o o) [b, n_q, s] + lse in base 2.
 size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
 
 // dq (q_stride), dk, dv (kv_stride; GQA: summed over the heads of each group) from d_o [b, s, n_q, d]
@@ -45,6 +46,15 @@ size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
 void flash_attention_backward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                               const bf16* o, const float* lse, const bf16* d_o, bf16* dq, bf16* dk, bf16* dv,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// How the wgmma backward with two warpgroups per block adds a tile's dQ panels to the fp32 accumulator.
+enum class WgmmaDq {
+  kAtomics,  // 8-byte atomics from the wgmma fragment, right after the dQ product (the default)
+  // Each panel (64 x 64 fp32) to a double-buffered shared staging tile, then one 16 KiB bulk reduction
+  // (cp.reduce.async.bulk .add.f32) into an accumulator laid out in 64 x 64 tiles; the conversion to bf16
+  // reads that layout. Faster on some shapes, slower on the gpt-1.3b and llama-1b ones (bench/RESULTS.md).
+  kBulkTiles,
+};
 
 // The same with the main pass's variant chosen explicitly (benchmarks and tests); the defaults are
 // flash_attention_backward's.
@@ -61,9 +71,9 @@ struct BackwardVariant {
   // wgmma kernel: warpgroups per block, 64 key rows each: 1 (two blocks per SM) or 2 (one block per SM,
   // shared Q/dO tiles, half the dQ atomics per key row); 0: the default for the head dim.
   int wgmma_warpgroups = 0;
-  // wgmma kernel with two warpgroups: issue a tile's dQ atomics after the next tile's S^T / dP^T products
-  // (overlapping the L2 reductions with the tensor cores) instead of right after its dQ product.
-  bool wgmma_deferred_dq = false;
+  // wgmma kernel with two warpgroups: how a tile's dQ panels reach the fp32 accumulator (one warpgroup per
+  // block always adds them with atomics).
+  WgmmaDq wgmma_dq = WgmmaDq::kAtomics;
 };
 void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
                                       const bf16* v, const bf16* o, const float* lse, const bf16* d_o,

@@ -44,13 +44,15 @@ constexpr int backward_smem_bytes() {
   return (2 * BLOCK_N * D + 4 * kBlockM * D + kBlockM * BLOCK_N) * int(sizeof(bf16));
 }
 
-// delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d], and the row's dQ accumulator zeroed: D / 8 lanes per
-// (token, head) row, 16-byte loads (a warp takes 32 / (D / 8) rows), sums reduced within the lane group. The
-// block size is a multiple of 32.
+// delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d], and the row's dQ accumulator zeroed (row layout
+// [b, s, n_q, d], or the tiled layout of hopper::dq_tile_offset when dq_tiled): D / 8 lanes per (token, head)
+// row, 16-byte loads (a warp takes 32 / (D / 8) rows), sums reduced within the lane group. The block size is
+// a multiple of 32.
 template <int D>
 __global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o, const float* lse,
                                                  float* delta, float* lse_log2, float* dq_accum,
-                                                 int64_t o_stride, int seq_len, int num_heads, int64_t rows) {
+                                                 bool dq_tiled, int64_t o_stride, int seq_len, int num_heads,
+                                                 int64_t rows) {
   constexpr int kLanesPerRow = D / 8;
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanesPerRow;
   const int part = threadIdx.x % kLanesPerRow;
@@ -70,11 +72,18 @@ __global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o,
   for (int offset = kLanesPerRow / 2; offset > 0; offset >>= 1)
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (!valid) return;
-  float4* zero = reinterpret_cast<float4*>(dq_accum + row * D + 8 * part);
+  const int64_t batch = token / seq_len, position = token % seq_len;
+  // Tiled: the row's 8 columns are two 16-byte chunks of row position % 64 of a tile (zeroing ignores the
+  // swizzle: the row's chunks are all zeroed by its D / 8 lanes either way).
+  float* const zero_at = dq_tiled ? dq_accum +
+                                        hopper::dq_tile_offset(batch, head, position / 64, (8 * part) / 64,
+                                                               num_heads, seq_len, D) +
+                                        (position % 64) * 64 + (8 * part) % 64
+                                  : dq_accum + row * D + 8 * part;
+  float4* zero = reinterpret_cast<float4*>(zero_at);
   zero[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   zero[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (part == 0) {
-    const int64_t batch = token / seq_len, position = token % seq_len;
     const int64_t at = (batch * num_heads + head) * seq_len + position;
     delta[at] = sum;
     if (lse_log2 != nullptr) lse_log2[at] = lse[at] * kLog2e;  // the wgmma kernel's exponent offset
@@ -293,7 +302,42 @@ __global__ void flash_backward_convert_dq_kernel(const float* dq_accum, bf16* dq
   }
 }
 
+// The same from the tiled accumulator (hopper::dq_tile_offset): vectors walk the tiles in memory order, 8 per
+// 64-float row, so a warp reads 4 whole rows and writes 4 rows' 128 contiguous bytes; rows past the
+// sequence's end (the last tile's padding) are skipped.
+__global__ void flash_backward_convert_dq_tiles_kernel(const float* dq_accum, bf16* dq, int64_t q_stride,
+                                                       int seq_len, int num_heads, int head_dim,
+                                                       int64_t vectors, float scale) {
+  const int64_t row_blocks = hopper::dq_row_blocks(seq_len), col_blocks = head_dim / 64;
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t tile = v >> 9;
+    const int r = int(v >> 3) & 63, m = int(v) & 7;
+    const int64_t col_block = tile % col_blocks, rest = tile / col_blocks;
+    const int64_t position = (rest % row_blocks) * 64 + r, head_batch = rest / row_blocks;
+    if (position >= seq_len) continue;
+    const int64_t head = head_batch % num_heads, batch = head_batch / num_heads;
+    const float4* row = reinterpret_cast<const float4*>(dq_accum + tile * 4096 + r * 64);
+    const float4 lo = row[(2 * m) ^ (r & 7)];
+    const float4 hi = row[(2 * m + 1) ^ (r & 7)];
+    uint4 out;
+    out.x = flash::pack_bf16(lo.x * scale, lo.y * scale);
+    out.y = flash::pack_bf16(lo.z * scale, lo.w * scale);
+    out.z = flash::pack_bf16(hi.x * scale, hi.y * scale);
+    out.w = flash::pack_bf16(hi.z * scale, hi.w * scale);
+    *reinterpret_cast<uint4*>(dq + (batch * seq_len + position) * q_stride + head * head_dim +
+                              col_block * 64 + 8 * m) = out;
+  }
+}
+
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// fp32 elements of the dQ accumulator: the sequence rounded up to the tiled layout's 64 rows (the row layout
+// uses the first b * s * n_q * d of them).
+size_t dq_accum_elements(const AttentionShape& shape) {
+  return size_t(shape.batch) * size_t(shape.num_heads) * size_t(hopper::dq_row_blocks(shape.seq_len)) * 64 *
+         size_t(shape.head_dim);
+}
 
 // The main pass for one (head_dim, key rows per block); sets the shared-memory limit on first use.
 template <int D, int BLOCK_N>
@@ -318,7 +362,7 @@ void launch_backward_main(const AttentionShape& shape, const BackwardParams& par
 size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape) {
   const size_t tokens = size_t(shape.batch) * size_t(shape.seq_len);
   // dQ's fp32 accumulator, delta = rowsum(dO o O), and lse in base 2.
-  return align256(tokens * size_t(shape.num_heads) * size_t(shape.head_dim) * sizeof(float)) +
+  return align256(dq_accum_elements(shape) * sizeof(float)) +
          2 * align256(tokens * size_t(shape.num_heads) * sizeof(float));
 }
 
@@ -339,9 +383,6 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
     throw std::invalid_argument("flash_attention_backward_variant: key_rows_per_block must be 64 or 128");
   if (variant.wgmma_warpgroups < 0 || variant.wgmma_warpgroups > 2)
     throw std::invalid_argument("flash_attention_backward_variant: wgmma_warpgroups must be 0, 1 or 2");
-  if (variant.wgmma_deferred_dq && variant.wgmma_warpgroups == 1)
-    throw std::invalid_argument(
-        "flash_attention_backward_variant: deferred dQ needs two warpgroups per block");
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
         "flash_attention_backward: needs head_dim 64 or 128 and token strides % 8 == 0");
@@ -355,7 +396,7 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   if (workspace_bytes < flash_attention_backward_workspace_bytes(shape))
     throw std::invalid_argument("flash_attention_backward: workspace smaller than the queried size");
   const int64_t tokens = shape.batch * shape.seq_len;
-  const size_t dq_bytes = size_t(tokens) * size_t(shape.num_heads) * size_t(shape.head_dim) * sizeof(float);
+  const size_t dq_bytes = dq_accum_elements(shape) * sizeof(float);
   auto* dq_accum = static_cast<float*>(workspace);
   auto* delta = reinterpret_cast<float*>(static_cast<char*>(workspace) + align256(dq_bytes));
   auto* lse_log2 = reinterpret_cast<float*>(
@@ -381,15 +422,17 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                         shape.causal,
                         variant.longest_first};
   const int64_t rows = tokens * shape.num_heads;
+  const int wgmma_warpgroups = variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2;
+  const bool dq_tiled = variant.wgmma && wgmma_warpgroups == 2 && variant.wgmma_dq == WgmmaDq::kBulkTiles;
   // The preprocess also zeroes the dQ accumulator (one row per (token, head), as it walks them).
   const unsigned preprocess_blocks = unsigned((rows * (shape.head_dim / 8) + 255) / 256);
   if (shape.head_dim == 64)
     flash_backward_preprocess_kernel<64><<<preprocess_blocks, 256, 0, stream>>>(
-        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, shape.o_stride(),
+        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, dq_tiled, shape.o_stride(),
         int(shape.seq_len), int(shape.num_heads), rows);
   else
     flash_backward_preprocess_kernel<128><<<preprocess_blocks, 256, 0, stream>>>(
-        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, shape.o_stride(),
+        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, dq_tiled, shape.o_stride(),
         int(shape.seq_len), int(shape.num_heads), rows);
   MEGATUNE_CUDA_CHECK_LAUNCH();
   if (variant.wgmma)
@@ -413,8 +456,7 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                              shape.scale(),
                              shape.scale() * kLog2e,
                              shape.causal},
-                            variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2,
-                            variant.wgmma_deferred_dq, stream);
+                            wgmma_warpgroups, dq_tiled ? hopper::kDqBulkTiles : hopper::kDqAtomics, stream);
   else if (shape.head_dim == 64 && key_rows_per_block == 64)
     launch_backward_main<64, 64>(shape, params, stream);
   else if (shape.head_dim == 64)
@@ -423,10 +465,15 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
     launch_backward_main<128, 64>(shape, params, stream);
   else
     launch_backward_main<128, 128>(shape, params, stream);
-  const int64_t vectors = rows * shape.head_dim / 8;
+  const int64_t vectors = (dq_tiled ? int64_t(dq_accum_elements(shape)) : rows * shape.head_dim) / 8;
   const unsigned convert_blocks = unsigned(std::min<int64_t>((vectors + 255) / 256, 132 * 16));
-  flash_backward_convert_dq_kernel<<<convert_blocks, 256, 0, stream>>>(
-      dq_accum, dq, shape.q_stride(), shape.num_heads * shape.head_dim / 8, vectors, shape.scale());
+  if (dq_tiled)
+    flash_backward_convert_dq_tiles_kernel<<<convert_blocks, 256, 0, stream>>>(
+        dq_accum, dq, shape.q_stride(), int(shape.seq_len), int(shape.num_heads), int(shape.head_dim),
+        vectors, shape.scale());
+  else
+    flash_backward_convert_dq_kernel<<<convert_blocks, 256, 0, stream>>>(
+        dq_accum, dq, shape.q_stride(), shape.num_heads * shape.head_dim / 8, vectors, shape.scale());
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 

@@ -30,7 +30,7 @@ struct BackwardArgs {
   const __nv_bfloat16* d_o;
   const float* lse;    // [b, n_q, s], base 2 (the forward's lse * log2(e))
   const float* delta;  // [b, n_q, s] = rowsum(dO o O)
-  float* dq_accum;     // [b, s, n_q, d], fp32, unscaled; added to with atomics
+  float* dq_accum;     // fp32, unscaled: [b, s, n_q, d] (atomics) or tiled (dq_tile_offset; bulk tiles)
   __nv_bfloat16* dk;
   __nv_bfloat16* dv;
   int64_t q_stride, kv_stride, o_stride;
@@ -40,8 +40,21 @@ struct BackwardArgs {
 };
 // The main backward pass: a block of warpgroups_per_block (1 or 2) warpgroups owns 64 key rows per
 // warpgroup of one (batch, kv head); dK, dV (scaled) written, dQ accumulated into dq_accum.
-// deferred_dq (two warpgroups only): a tile's dQ atomics are issued after the next tile's first products.
-void launch_backward(const BackwardArgs& args, int warpgroups_per_block, bool deferred_dq,
-                     cudaStream_t stream);
+// dq_mode: kDqAtomics (8-byte atomics right after the dQ product) or, with two warpgroups, kDqBulkTiles
+// (staged 64 x 64 panels added by bulk reductions into the tiled layout below).
+enum BackwardDqMode : int { kDqAtomics = 0, kDqBulkTiles = 1 };
+void launch_backward(const BackwardArgs& args, int warpgroups_per_block, int dq_mode, cudaStream_t stream);
+
+// The tiled dQ accumulator (kDqBulkTiles): tile (batch, head, row_block = position / 64, col_block = column /
+// 64) holds 64 rows of 64 fp32 at dq_tile_offset(); within a row the 16-byte chunk c is stored at c ^ (row &
+// 7) (the staging tile's swizzle: conflict-free fragment stores, and the bulk copy moves the tile as it is).
+constexpr int kDqTileRows = 64;
+__host__ __device__ inline int64_t dq_row_blocks(int64_t seq_len) { return (seq_len + 63) / 64; }
+__host__ __device__ inline int64_t dq_tile_offset(int64_t batch, int64_t head, int64_t row_block,
+                                                  int64_t col_block, int64_t num_heads, int64_t seq_len,
+                                                  int64_t head_dim) {
+  return (((batch * num_heads + head) * dq_row_blocks(seq_len) + row_block) * (head_dim / 64) + col_block) *
+         (64 * 64);
+}
 
 }  // namespace megatune::executor::cuda::hopper

@@ -6,7 +6,8 @@
 // warpgroup computes S^T = K Q^T and dP^T = V dO^T from shared memory, forms P^T = exp2(S^T - lse) and dS^T =
 // P^T o (dP^T - delta) on the accumulators, adds dV += P^T dO and dK += dS^T Q with P^T / dS^T straight from
 // registers, and stores dS^T to shared memory; then dQ = dS K (64 x 64 per warpgroup, both operands MN-major)
-// goes to the fp32 accumulator with 8-byte atomics. Q, dO, lse and delta are double-buffered (cp.async).
+// goes to the fp32 accumulator with 8-byte atomics, or (kDqBulkTiles) through a shared staging tile and one
+// bulk reduction per panel. Q, dO, lse and delta are double-buffered (cp.async).
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
@@ -28,14 +29,24 @@ struct Tile {
   static constexpr int kBlockM = D == 64 ? 128 : 64;  // query rows per step
   static constexpr int kSmemBytes =
       (2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * int(sizeof(bf16)) + 4 * kBlockM * 4 + 1024;
+  // kDqBulkTiles: two staging tiles (64 x 64 fp32) per warpgroup, one per iteration parity.
+  static constexpr int kStageBytes = 2 * kWarpGroups * 64 * 64 * 4;
 };
 
-// kDeferredDq (two warpgroups only): a tile's dQ atomics are issued in the next iteration, after its S^T /
-// dP^T products, so the L2 reductions overlap the tensor cores instead of following the dQ product.
-template <int D, int kWarpGroups, bool kDeferredDq>
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// kDqMode kDqBulkTiles (flash_attention_hopper.h; two warpgroups only): each warpgroup stores its dQ panel to
+// a shared staging tile (swizzled 16-byte chunks, the accumulator's tiled layout), and its first thread hands
+// the 16 KiB tile to the TMA unit as one bulk reduction (cp.reduce.async.bulk .add.f32) that adds it in L2
+// while the warpgroup moves on. A staging tile is rewritten two iterations later, after that thread saw its
+// reads finish (cp.async.bulk.wait_group.read 1 before the loop's block barrier).
+template <int D, int kWarpGroups, int kDqMode>
 __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroups)
     flash_backward_hopper_kernel(const BackwardArgs p) {
-  static_assert(!kDeferredDq || kWarpGroups == 2, "deferred dQ atomics need one dQ panel per warpgroup");
+  constexpr bool kBulkDq = kDqMode == kDqBulkTiles;
+  static_assert(!kBulkDq || kWarpGroups == 2, "bulk dQ needs one panel per warpgroup");
   using T = Tile<D, kWarpGroups>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kThreads = T::kThreads;
   extern __shared__ unsigned char smem_raw[];
@@ -45,6 +56,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
   bf16* do_tiles = q_tiles + 2 * kBlockM * D;                            // [2] sw128 [kBlockM][D]
   bf16* ds_tile = do_tiles + 2 * kBlockM * D;                            // sw128 [kBlockN (kv)][kBlockM (q)]
   float* stats = reinterpret_cast<float*>(ds_tile + kBlockN * kBlockM);  // [2][lse, delta][kBlockM]
+  float* dq_stage = stats + 4 * kBlockM;  // kDqBulkTiles: [2 parities][kWarpGroups][64 x 64] fp32
 
   // Longest first: grid (kv heads, batch, key blocks), so every head's key block 0 starts before block 1.
   const int group = blockIdx.x, batch = blockIdx.y, n_block = blockIdx.z;
@@ -117,11 +129,43 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
         atomicAdd(reinterpret_cast<float2*>(dst_hi + 8 * i), make_float2(dq[4 * i + 2], dq[4 * i + 3]));
     }
   };
-  // Deferred dQ: the previous tile's panel, its query tile and head.
-  float dq_prev[32];
-  int prev_q0 = 0, prev_head = 0;
+  // Bulk dQ: the panel's fragment (rows 16 warp + g (+8), columns 8i + 2t (+1)) into staging tile `slot` (row
+  // r's 16-byte chunk c at c ^ (r & 7), r & 7 == g), then one bulk reduction of the tile by the warpgroup's
+  // first thread.
+  const bool bulk_issuer = (threadIdx.x & 127) == 0;
+  auto add_dq_bulk = [&](const float(&dq)[32], int slot, int q0, int head, int q_panel, int d_panel) {
+    float* stage = dq_stage + slot * 64 * 64;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + g + 8 * h;
+        *reinterpret_cast<float2*>(stage + r * 64 + (((2 * i + (t >> 1)) ^ g) << 2) + 2 * (t & 1)) =
+            make_float2(dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+      }
+    }
+    fence_async_shared();  // generic stores -> the bulk copy's (async proxy) reads
+    named_barrier_sync(1 + wg, 128);
+    if (bulk_issuer) {
+      // A panel wholly past the sequence's end (head dim 64's second half of a last, short tile) has no tile;
+      // its (empty) group is committed all the same, so that wait_group.read 1 keeps meaning "iteration - 2".
+      if (q0 + 64 * q_panel < p.seq_len) {
+        float* dst =
+            p.dq_accum + dq_tile_offset(batch, head, q0 / 64 + q_panel, d_panel, p.num_heads, p.seq_len, D);
+        asm volatile(
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], 16384;\n" ::"l"(dst),
+            "r"(shared_address(stage))
+            : "memory");
+      }
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    }
+  };
 
   for (int it = 0; it < iterations; ++it) {
+    // Bulk dQ: this iteration's staging tiles were last read by the bulk reduction of iteration it - 2.
+    if constexpr (kBulkDq) {
+      if (bulk_issuer) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+    }
     flash::cp_async_wait<0>();
     fence_async_shared();
     __syncthreads();
@@ -143,9 +187,6 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
     wgmma_commit();
     gemm_k_major<D, kBlockM>(dp, v_address + 64 * wg * 128, kBlockN, do_address);
     wgmma_commit();
-    if constexpr (kDeferredDq) {
-      if (it > 0) add_dq(dq_prev, prev_q0, prev_head, kBlockM == 128 ? wg : 0, kBlockM == 64 ? wg : 0);
-    }
     // Masks only where the tile crosses the causal diagonal or the end of the sequence.
     const bool needs_mask =
         (p.causal && kv0 + 64 * wg + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
@@ -229,8 +270,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
       const int panel = wg + j;  // wg is 0 when one warpgroup takes both panels
       const int q_panel = kBlockM == 128 ? panel : 0, d_panel = kBlockM == 64 ? panel : 0;
       // dQ panel (64 x 64) = dS K: A = dS^T tile read M-major, B = K tile read MN-major.
-      float dq_now[32];
-      float(&dq)[32] = kDeferredDq ? dq_prev : dq_now;
+      float dq[32];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -247,17 +287,16 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
         fence_registers(pa);
         fence_registers(dsa);
       }
-      if constexpr (kDeferredDq) {
-        prev_q0 = q0;
-        prev_head = head;
+      if constexpr (kBulkDq) {
+        add_dq_bulk(dq, (it & 1) * kWarpGroups + wg, q0, head, q_panel, d_panel);
       } else {
         add_dq(dq, q0, head, q_panel, d_panel);
       }
     }
   }
 
-  if constexpr (kDeferredDq) {
-    if (iterations > 0) add_dq(dq_prev, prev_q0, prev_head, kBlockM == 128 ? wg : 0, kBlockM == 64 ? wg : 0);
+  if constexpr (kBulkDq) {  // the staging tiles stay allocated until the bulk reductions are done
+    if (bulk_issuer) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
 
   // dK (scaled) and dV for this warpgroup's key rows.
@@ -278,41 +317,42 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
   }
 }
 
-template <int D, int kWarpGroups, bool kDeferredDq>
+template <int D, int kWarpGroups, int kDqMode>
 void launch(const BackwardArgs& args, cudaStream_t stream) {
   using T = Tile<D, kWarpGroups>;
+  constexpr int smem = T::kSmemBytes + (kDqMode == kDqBulkTiles ? T::kStageBytes : 0);
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_hopper_kernel<D, kWarpGroups, kDeferredDq>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_hopper_kernel<D, kWarpGroups, kDqMode>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
   const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
                   unsigned((args.seq_len + T::kBlockN - 1) / T::kBlockN));
-  flash_backward_hopper_kernel<D, kWarpGroups, kDeferredDq>
-      <<<grid, T::kThreads, T::kSmemBytes, stream>>>(args);
+  flash_backward_hopper_kernel<D, kWarpGroups, kDqMode><<<grid, T::kThreads, smem, stream>>>(args);
   MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_head_dim(const BackwardArgs& args, int warpgroups_per_block, int dq_mode, cudaStream_t stream) {
+  if (warpgroups_per_block == 1) return launch<D, 1, kDqAtomics>(args, stream);
+  if (dq_mode == kDqBulkTiles) return launch<D, 2, kDqBulkTiles>(args, stream);
+  launch<D, 2, kDqAtomics>(args, stream);
 }
 
 }  // namespace
 
-void launch_backward(const BackwardArgs& args, int warpgroups_per_block, bool deferred_dq,
-                     cudaStream_t stream) {
+void launch_backward(const BackwardArgs& args, int warpgroups_per_block, int dq_mode, cudaStream_t stream) {
   if (warpgroups_per_block != 1 && warpgroups_per_block != 2)
     throw std::invalid_argument("hopper::launch_backward: warpgroups_per_block must be 1 or 2");
-  if (deferred_dq && warpgroups_per_block != 2)
-    throw std::invalid_argument("hopper::launch_backward: deferred dQ atomics need two warpgroups per block");
-  if (args.head_dim == 64) {
-    if (warpgroups_per_block == 1)
-      launch<64, 1, false>(args, stream);
-    else
-      deferred_dq ? launch<64, 2, true>(args, stream) : launch<64, 2, false>(args, stream);
-  } else {
-    if (warpgroups_per_block == 1)
-      launch<128, 1, false>(args, stream);
-    else
-      deferred_dq ? launch<128, 2, true>(args, stream) : launch<128, 2, false>(args, stream);
-  }
+  if (dq_mode != kDqAtomics && dq_mode != kDqBulkTiles)
+    throw std::invalid_argument("hopper::launch_backward: unknown dQ mode");
+  if (dq_mode != kDqAtomics && warpgroups_per_block != 2)
+    throw std::invalid_argument("hopper::launch_backward: bulk dQ needs two warpgroups per block");
+  if (args.head_dim == 64)
+    launch_head_dim<64>(args, warpgroups_per_block, dq_mode, stream);
+  else
+    launch_head_dim<128>(args, warpgroups_per_block, dq_mode, stream);
 }
 
 }  // namespace megatune::executor::cuda::hopper
