@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
                  bwd128_longest = backward_variant({128, true, false});
     const double bwd_wg1 = backward_variant({64, true, true, 1}),
                  bwd_wg2 = backward_variant({64, true, true, 2, cuda::WgmmaDq::kAtomics}),
-                 bwd_bulk = backward_variant({64, true, true, 2, cuda::WgmmaDq::kBulkTiles});
+                 bwd_bulk = backward_variant({64, true, true, 2, cuda::WgmmaDq::kBulkTiles}),
+                 bwd_ws = backward_variant({64, true, true, 0, cuda::WgmmaDq::kAtomics, true});
     const double bwd = median_ms([&] {
       cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
                                      dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr);
@@ -120,10 +121,10 @@ int main(int argc, char** argv) {
     std::printf(
         "VARIANT backward %s mma.sync key_rows64=%.1f key_rows64_longest_first=%.1f key_rows128=%.1f "
         "key_rows128_longest_first=%.1f wgmma 1 warpgroup/block=%.1f 2 warpgroups/block=%.1f 2 bulk dQ "
-        "tiles=%.1f (default)=%.1f TFLOP/s\n",
+        "tiles=%.1f warp-specialized=%.1f (default)=%.1f TFLOP/s\n",
         name, 2.5 * flops / bwd64 / 1e9, 2.5 * flops / bwd64_longest / 1e9, 2.5 * flops / bwd128 / 1e9,
         2.5 * flops / bwd128_longest / 1e9, 2.5 * flops / bwd_wg1 / 1e9, 2.5 * flops / bwd_wg2 / 1e9,
-        2.5 * flops / bwd_bulk / 1e9, 2.5 * flops / bwd / 1e9);
+        2.5 * flops / bwd_bulk / 1e9, 2.5 * flops / bwd_ws / 1e9, 2.5 * flops / bwd / 1e9);
     std::printf("RESULT attention %s fwd_tflops=%.1f bwd_tflops=%.1f fwdbwd_tflops=%.1f\n", name,
                 flops / fwd / 1e9, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9);
     cudaFree(qkv), cudaFree(dqkv), cudaFree(o), cudaFree(d_o), cudaFree(lse), cudaFree(ws);

@@ -423,7 +423,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                         variant.longest_first};
   const int64_t rows = tokens * shape.num_heads;
   const int wgmma_warpgroups = variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2;
-  const bool dq_tiled = variant.wgmma && wgmma_warpgroups == 2 && variant.wgmma_dq == WgmmaDq::kBulkTiles;
+  const bool dq_tiled = variant.wgmma && !variant.wgmma_warp_specialized && wgmma_warpgroups == 2 &&
+                        variant.wgmma_dq == WgmmaDq::kBulkTiles;
   // The preprocess also zeroes the dQ accumulator (one row per (token, head), as it walks them).
   const unsigned preprocess_blocks = unsigned((rows * (shape.head_dim / 8) + 255) / 256);
   if (shape.head_dim == 64)
@@ -435,28 +436,31 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
         o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, dq_tiled, shape.o_stride(),
         int(shape.seq_len), int(shape.num_heads), rows);
   MEGATUNE_CUDA_CHECK_LAUNCH();
-  if (variant.wgmma)
-    hopper::launch_backward({q,
-                             k,
-                             v,
-                             d_o,
-                             lse_log2,
-                             delta,
-                             dq_accum,
-                             dk,
-                             dv,
-                             shape.q_stride(),
-                             shape.kv_stride(),
-                             shape.o_stride(),
-                             int(shape.batch),
-                             int(shape.seq_len),
-                             int(shape.num_heads),
-                             int(shape.num_kv_heads),
-                             int(shape.head_dim),
-                             shape.scale(),
-                             shape.scale() * kLog2e,
-                             shape.causal},
-                            wgmma_warpgroups, dq_tiled ? hopper::kDqBulkTiles : hopper::kDqAtomics, stream);
+  const hopper::BackwardArgs hopper_args{q,
+                                         k,
+                                         v,
+                                         d_o,
+                                         lse_log2,
+                                         delta,
+                                         dq_accum,
+                                         dk,
+                                         dv,
+                                         shape.q_stride(),
+                                         shape.kv_stride(),
+                                         shape.o_stride(),
+                                         int(shape.batch),
+                                         int(shape.seq_len),
+                                         int(shape.num_heads),
+                                         int(shape.num_kv_heads),
+                                         int(shape.head_dim),
+                                         shape.scale(),
+                                         shape.scale() * kLog2e,
+                                         shape.causal};
+  if (variant.wgmma && variant.wgmma_warp_specialized)
+    hopper::launch_backward_warp_specialized(hopper_args, stream);
+  else if (variant.wgmma)
+    hopper::launch_backward(hopper_args, wgmma_warpgroups,
+                            dq_tiled ? hopper::kDqBulkTiles : hopper::kDqAtomics, stream);
   else if (shape.head_dim == 64 && key_rows_per_block == 64)
     launch_backward_main<64, 64>(shape, params, stream);
   else if (shape.head_dim == 64)

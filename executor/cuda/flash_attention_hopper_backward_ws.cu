@@ -1,0 +1,364 @@
+// Warp-specialized flash attention backward on Hopper (sm_90a), FlashAttention-3's division of labour: a
+// block of three warpgroups owns 128 key rows of one (batch, kv head). Warpgroup 0 is the producer: it gives
+// up registers (setmaxnreg.dec 24), and its first warp streams every query tile's Q and dO into a ring of
+// shared-memory stages with the TMA unit (cp.async.bulk.tensor, 128-byte swizzle: the sw128 layout of
+// wgmma.cuh) and lse / delta with ordinary loads, signalling each stage's mbarrier; its other warps exit.
+// Warpgroups 1 and 2 are the consumers (setmaxnreg.inc 240), 64 key rows each, and do what the two-warpgroup
+// kernel of flash_attention_hopper_backward.cu does per tile (S^T, dP^T, P^T, dS^T, dV and dK from registers,
+// dQ = dS K with 8-byte atomics) without loading anything: they wait on the stage's "full" mbarrier and
+// release it through its "empty" mbarrier, and meet each other once per tile (a named barrier over the 256
+// consumer threads: dQ needs both halves of dS^T, which is double-buffered so that no second meeting is
+// needed before it is rewritten).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cuda/ptx>
+#include <stdexcept>
+
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/flash_attention_common.cuh"
+#include "executor/cuda/flash_attention_hopper.h"
+#include "executor/cuda/wgmma.cuh"
+
+namespace megatune::executor::cuda::hopper {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using flash::fast_exp2;
+using flash::pack_bf16;
+
+constexpr int kStages = 2;  // Q/dO stages in flight
+constexpr int kConsumerThreads = 256;
+
+template <int D>
+struct WsTile {
+  static constexpr int kBlockN = 128;                 // key rows per block, 64 per consumer warpgroup
+  static constexpr int kBlockM = D == 64 ? 128 : 64;  // query rows per tile
+  // Offsets (bytes) from the 1024-aligned base; every tile starts 1024-aligned.
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kBlockN * D * 2;
+  static constexpr int kQ = kV + kBlockN * D * 2;                 // [kStages] sw128 [kBlockM][D]
+  static constexpr int kDo = kQ + kStages * kBlockM * D * 2;      // [kStages] sw128 [kBlockM][D]
+  static constexpr int kDs = kDo + kStages * kBlockM * D * 2;     // [2] sw128 [kBlockN (kv)][kBlockM (q)]
+  static constexpr int kStats = kDs + 2 * kBlockN * kBlockM * 2;  // [kStages][lse, delta][kBlockM] fp32
+  static constexpr int kBarriers =
+      kStats + kStages * 2 * kBlockM * 4;  // kv_full, full[kStages], empty[kStages]
+  static constexpr int kSmemBytes = kBarriers + (1 + 2 * kStages) * 8 + 1024;
+  static constexpr uint32_t kStageTxBytes = 2 * kBlockM * D * 2;  // Q and dO of one tile
+  static constexpr uint32_t kKvTxBytes = 2 * kBlockN * D * 2;
+};
+
+struct WsMaps {
+  CUtensorMap q, d_o, k, v;
+};
+
+__device__ __forceinline__ void wait_parity(uint64_t* barrier, uint32_t parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+  }
+}
+
+// TMA load of a rows x D tile (D / 64 boxes of 64 columns) at (column col0, row row0) into an sw128 tile.
+template <int kRows, int D>
+__device__ __forceinline__ void tma_tile(bf16* smem, const CUtensorMap* map, int col0, int row0,
+                                         uint64_t* barrier) {
+#pragma unroll
+  for (int panel = 0; panel < D / 64; ++panel) {
+    const int32_t coords[2] = {col0 + 64 * panel, row0};
+    ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                    smem + panel * kRows * 64, map, coords, barrier);
+  }
+}
+
+__device__ __forceinline__ void consumer_barrier() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
+}
+
+template <int D>
+__global__ void __launch_bounds__(384, 1)
+    flash_backward_ws_kernel(const BackwardArgs p, const __grid_constant__ WsMaps maps) {
+  using T = WsTile<D>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = align_1024(smem_raw);
+  bf16* k_tile = reinterpret_cast<bf16*>(base + T::kK);
+  bf16* v_tile = reinterpret_cast<bf16*>(base + T::kV);
+  bf16* q_tiles = reinterpret_cast<bf16*>(base + T::kQ);
+  bf16* do_tiles = reinterpret_cast<bf16*>(base + T::kDo);
+  bf16* ds_tiles = reinterpret_cast<bf16*>(base + T::kDs);
+  float* stats = reinterpret_cast<float*>(base + T::kStats);
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(base + T::kBarriers);
+  uint64_t* full = kv_full + 1;
+  uint64_t* empty = full + kStages;
+
+  const int group = blockIdx.x, batch = blockIdx.y, n_block = blockIdx.z;
+  const int heads_per_group = p.num_heads / p.num_kv_heads;
+  const int kv0 = n_block * kBlockN;
+  const int m_tiles = (p.seq_len + kBlockM - 1) / kBlockM;
+  const int m_first = p.causal ? kv0 / kBlockM : 0;
+  const int per_head = m_tiles - m_first;
+  const int iterations = per_head * heads_per_group;
+  const int64_t batch_token0 = int64_t(batch) * p.seq_len;
+  // The role as a warp-uniform value, so that ptxas sees uniform branches around setmaxnreg and wgmma.
+  const int role = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+
+  if (threadIdx.x == 0) {
+    ::cuda::ptx::mbarrier_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      ::cuda::ptx::mbarrier_init(full + s, 32);  // the producer warp's lanes, after their lse / delta stores
+      ::cuda::ptx::mbarrier_init(empty + s, 8);  // one lane per consumer warp
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  if (role == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    if (iterations > 0 && lane == 0) {
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                           ::cuda::ptx::space_shared, kv_full, uint32_t(T::kKvTxBytes));
+      tma_tile<kBlockN, D>(k_tile, &maps.k, group * D, int(batch_token0) + kv0, kv_full);
+      tma_tile<kBlockN, D>(v_tile, &maps.v, group * D, int(batch_token0) + kv0, kv_full);
+    }
+    for (int it = 0; it < iterations; ++it) {
+      const int s = it % kStages;
+      if (it >= kStages) wait_parity(empty + s, ((it / kStages) & 1) ^ 1);
+      const int head = group * heads_per_group + it / per_head;
+      const int q0 = (m_first + it % per_head) * kBlockM;
+      if (lane == 0) {
+        ::cuda::ptx::mbarrier_expect_tx(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared,
+                                      full + s, uint32_t(T::kStageTxBytes));
+        tma_tile<kBlockM, D>(q_tiles + s * kBlockM * D, &maps.q, head * D, int(batch_token0) + q0, full + s);
+        tma_tile<kBlockM, D>(do_tiles + s * kBlockM * D, &maps.d_o, head * D, int(batch_token0) + q0,
+                             full + s);
+      }
+      // lse (base 2) and delta of the tile's query rows; rows past the sequence get 0 (their P is masked).
+      const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_len;
+      float* stage_stats = stats + s * 2 * kBlockM;
+#pragma unroll
+      for (int i = lane; i < 2 * kBlockM; i += 32) {
+        const int q = q0 + (i % kBlockM);
+        stage_stats[i] = q < p.seq_len ? (i < kBlockM ? p.lse : p.delta)[stats0 + q] : 0.0f;
+      }
+      ::cuda::ptx::mbarrier_arrive(full + s);
+    }
+    return;
+  }
+
+  // Consumers.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int wg = role - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  float dv[D / 2], dk[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.0f;
+  const int kv_local[2] = {64 * wg + 16 * warp + g, 64 * wg + 16 * warp + g + 8};
+  const int kv_row[2] = {kv0 + kv_local[0], kv0 + kv_local[1]};
+  const uint32_t k_address = shared_address(k_tile), v_address = shared_address(v_tile);
+  const uint64_t k_mn_desc = mn_major_descriptor(k_address, kBlockN * 128);
+  const int ds_row_base[2] = {sw128_row_base(kv_local[0], 2 * t), sw128_row_base(kv_local[1], 2 * t)};
+  // dQ in 64 x 64 panels, one per warpgroup: head dim 64 -> query rows 64 wg..; 128 -> head-dim columns.
+  const int q_panel = kBlockM == 128 ? wg : 0, d_panel = kBlockM == 64 ? wg : 0;
+  if (iterations > 0) wait_parity(kv_full, 0);
+
+  for (int it = 0; it < iterations; ++it) {
+    const int s = it % kStages;
+    const int head = group * heads_per_group + it / per_head;
+    const int q0 = (m_first + it % per_head) * kBlockM;
+    const uint32_t q_address = shared_address(q_tiles + s * kBlockM * D);
+    const uint32_t do_address = shared_address(do_tiles + s * kBlockM * D);
+    const uint64_t q_desc = mn_major_descriptor(q_address, kBlockM * 128);
+    const uint64_t do_desc = mn_major_descriptor(do_address, kBlockM * 128);
+    bf16* ds_tile = ds_tiles + (it & 1) * kBlockN * kBlockM;
+    const uint64_t ds_desc = mn_major_descriptor(shared_address(ds_tile), kBlockN * 128);
+    const float* lse = stats + s * 2 * kBlockM;
+    const float* delta = lse + kBlockM;
+    wait_parity(full + s, (it / kStages) & 1);
+
+    float sacc[kBlockM / 2], dp[kBlockM / 2];
+    wgmma_fence();
+    gemm_k_major<D, kBlockM>(sacc, k_address + 64 * wg * 128, kBlockN, q_address);
+    wgmma_commit();
+    gemm_k_major<D, kBlockM>(dp, v_address + 64 * wg * 128, kBlockN, do_address);
+    wgmma_commit();
+    const bool needs_mask =
+        (p.causal && kv0 + 64 * wg + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
+    wgmma_wait<1>();
+    fence_registers(sacc);
+    if (needs_mask) {
+#pragma unroll
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int q = q0 + 8 * i + 2 * t + c;
+          const float lse_log2 = c == 0 ? lse2.x : lse2.y;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int e = 4 * i + 2 * r + c;
+            const bool visible = q < p.seq_len && kv_row[r] < p.seq_len && !(p.causal && q < kv_row[r]);
+            sacc[e] = visible ? fast_exp2(fmaf(sacc[e], p.scale_log2, -lse_log2)) : 0.0f;
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          sacc[4 * i + 2 * r] = fast_exp2(fmaf(sacc[4 * i + 2 * r], p.scale_log2, -lse2.x));
+          sacc[4 * i + 2 * r + 1] = fast_exp2(fmaf(sacc[4 * i + 2 * r + 1], p.scale_log2, -lse2.y));
+        }
+      }
+    }
+    wgmma_wait<0>();
+    fence_registers(dp);
+    uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 2 * kk + h;
+        const float2 delta2 = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dp[4 * i + e] = sacc[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? delta2.y : delta2.x));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          *reinterpret_cast<uint32_t*>(ds_tile + sw128_at<kBlockN>(ds_row_base[r], i)) =
+              pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
+        }
+      }
+      pack_a_fragment(pa[kk], sacc, 8 * kk);
+      pack_a_fragment(dsa[kk], dp, 8 * kk);
+      wgmma_fence();
+      const uint64_t b_do = advance(do_desc, kk * 16 * 128), b_q = advance(q_desc, kk * 16 * 128);
+      if constexpr (D == 128) {
+        wgmma_rs_m64n128<1>(dv, pa[kk], b_do, 1);
+        wgmma_rs_m64n128<1>(dk, dsa[kk], b_q, 1);
+      } else {
+        wgmma_rs_m64n64<1>(dv, pa[kk], b_do, 1);
+        wgmma_rs_m64n64<1>(dk, dsa[kk], b_q, 1);
+      }
+    }
+    wgmma_commit();
+    fence_async_shared();  // dS^T (generic stores) -> the dQ product (async proxy)
+    consumer_barrier();    // both warpgroups' halves of dS^T are in place
+    // dQ panel (64 x 64) = dS K: A = dS^T tile read M-major, B = K tile read MN-major.
+    float dq[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t a = advance(ds_desc, q_panel * kBlockN * 128 + kk * 16 * 128);
+      const uint64_t b = advance(k_mn_desc, d_panel * kBlockN * 128 + kk * 16 * 128);
+      wgmma_ss_m64n64<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(dq);
+    fence_registers(dv);
+    fence_registers(dk);
+    fence_registers(pa);
+    fence_registers(dsa);
+    // This warp is done with stage s (its products have completed; its lse / delta reads are behind it).
+    __syncwarp();
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(empty + s);
+    // 8-byte atomics of the dQ panel straight from the accumulator fragment (as the two-warpgroup kernel).
+    const int q_lo = q0 + q_panel * 64 + 16 * warp + g;
+    const bool full_panel = q0 + q_panel * 64 + 64 <= p.seq_len;
+    const bool add_lo = full_panel || q_lo < p.seq_len, add_hi = full_panel || q_lo + 8 < p.seq_len;
+    float* const dst_lo =
+        p.dq_accum + ((batch_token0 + q_lo) * p.num_heads + head) * D + d_panel * 64 + 2 * t;
+    float* const dst_hi = dst_lo + int64_t(8) * p.num_heads * D;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (add_lo) atomicAdd(reinterpret_cast<float2*>(dst_lo + 8 * i), make_float2(dq[4 * i], dq[4 * i + 1]));
+      if (add_hi)
+        atomicAdd(reinterpret_cast<float2*>(dst_hi + 8 * i), make_float2(dq[4 * i + 2], dq[4 * i + 3]));
+    }
+  }
+
+  // dK (scaled) and dV for this warpgroup's key rows.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kv = kv_row[r];
+    if (kv >= p.seq_len) continue;
+    bf16* dk_row = p.dk + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
+    bf16* dv_row = p.dv + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int col = 8 * i + 2 * t;
+      *reinterpret_cast<__nv_bfloat162*>(dk_row + col) =
+          __floats2bfloat162_rn(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv_row + col) =
+          __floats2bfloat162_rn(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
+    }
+  }
+}
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* symbol = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    MEGATUNE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &symbol, 12000,
+                                                         cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || symbol == nullptr)
+      throw std::runtime_error("flash attention backward: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(symbol);
+  }();
+  return fn;
+}
+
+// A 2-D map over a [rows, cols] bf16 matrix with row_stride elements between rows; boxes of 64 columns x
+// box_rows rows land 128-byte swizzled; rows past the end read as zeros.
+CUtensorMap make_map(const bf16* data, int64_t rows, int64_t cols, int64_t row_stride, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_stride) * sizeof(bf16)};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result =
+      encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(data), dims, strides, box,
+                     element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    throw std::invalid_argument("flash attention backward: cuTensorMapEncodeTiled failed (error " +
+                                std::to_string(int(result)) + ")");
+  return map;
+}
+
+template <int D>
+void launch_ws(const BackwardArgs& args, cudaStream_t stream) {
+  using T = WsTile<D>;
+  static bool configured = false;
+  if (!configured) {
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_ws_kernel<D>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    configured = true;
+  }
+  const int64_t rows = int64_t(args.batch) * args.seq_len;
+  const WsMaps maps{make_map(args.q, rows, int64_t(args.num_heads) * D, args.q_stride, T::kBlockM),
+                    make_map(args.d_o, rows, int64_t(args.num_heads) * D, args.o_stride, T::kBlockM),
+                    make_map(args.k, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN),
+                    make_map(args.v, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN)};
+  const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
+                  unsigned((args.seq_len + T::kBlockN - 1) / T::kBlockN));
+  flash_backward_ws_kernel<D><<<grid, 384, T::kSmemBytes, stream>>>(args, maps);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_backward_warp_specialized(const BackwardArgs& args, cudaStream_t stream) {
+  if (int64_t(args.batch) * args.seq_len >= (int64_t(1) << 31))
+    throw std::invalid_argument("flash attention backward: the warp-specialized kernel needs b * s < 2^31");
+  if (args.head_dim == 64)
+    launch_ws<64>(args, stream);
+  else
+    launch_ws<128>(args, stream);
+}
+
+}  // namespace megatune::executor::cuda::hopper
