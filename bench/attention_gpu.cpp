@@ -99,9 +99,9 @@ int main(int argc, char** argv) {
                  bwd64_longest = backward_variant({64, true, false});
     const double bwd128 = backward_variant({128, false, false}),
                  bwd128_longest = backward_variant({128, true, false});
-    const double bwd_wg1 = backward_variant({64, true, true, 1}),
-                 bwd_wg2 = backward_variant({64, true, true, 2, cuda::WgmmaDq::kAtomics}),
-                 bwd_bulk = backward_variant({64, true, true, 2, cuda::WgmmaDq::kBulkTiles}),
+    const double bwd_wg1 = backward_variant({64, true, true, 1, cuda::WgmmaDq::kAtomics, false}),
+                 bwd_wg2 = backward_variant({64, true, true, 2, cuda::WgmmaDq::kAtomics, false}),
+                 bwd_bulk = backward_variant({64, true, true, 2, cuda::WgmmaDq::kBulkTiles, false}),
                  bwd_ws = backward_variant({64, true, true, 0, cuda::WgmmaDq::kAtomics, true});
     const double bwd = median_ms([&] {
       cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),

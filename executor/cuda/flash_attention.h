@@ -74,9 +74,10 @@ struct BackwardVariant {
   // wgmma kernel with two warpgroups: how a tile's dQ panels reach the fp32 accumulator (one warpgroup per
   // block always adds them with atomics).
   WgmmaDq wgmma_dq = WgmmaDq::kAtomics;
-  // wgmma kernel: the warp-specialized form (a TMA producer warpgroup and two consumer warpgroups, dQ by
-  // atomics); wgmma_warpgroups and wgmma_dq do not apply.
-  bool wgmma_warp_specialized = false;
+  // wgmma kernel: the warp-specialized form (the default: a TMA producer warpgroup and two consumer
+  // warpgroups, dQ by atomics; 1.05-1.17x the two-warpgroup kernel, bench/RESULTS.md "attention");
+  // wgmma_warpgroups and wgmma_dq apply only without it.
+  bool wgmma_warp_specialized = true;
 };
 void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
                                       const bf16* v, const bf16* o, const float* lse, const bf16* d_o,

@@ -423,8 +423,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                         variant.longest_first};
   const int64_t rows = tokens * shape.num_heads;
   const int wgmma_warpgroups = variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2;
-  const bool dq_tiled = variant.wgmma && !variant.wgmma_warp_specialized && wgmma_warpgroups == 2 &&
-                        variant.wgmma_dq == WgmmaDq::kBulkTiles;
+  const bool dq_tiled = variant.wgmma && !(variant.wgmma_warp_specialized && tokens < (int64_t(1) << 31)) &&
+                        wgmma_warpgroups == 2 && variant.wgmma_dq == WgmmaDq::kBulkTiles;
   // The preprocess also zeroes the dQ accumulator (one row per (token, head), as it walks them).
   const unsigned preprocess_blocks = unsigned((rows * (shape.head_dim / 8) + 255) / 256);
   if (shape.head_dim == 64)
@@ -456,7 +456,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                                          shape.scale(),
                                          shape.scale() * kLog2e,
                                          shape.causal};
-  if (variant.wgmma && variant.wgmma_warp_specialized)
+  // The warp-specialized kernel's TMA coordinates are 32-bit: past 2^31 tokens the two-warpgroup kernel runs.
+  if (variant.wgmma && variant.wgmma_warp_specialized && tokens < (int64_t(1) << 31))
     hopper::launch_backward_warp_specialized(hopper_args, stream);
   else if (variant.wgmma)
     hopper::launch_backward(hopper_args, wgmma_warpgroups,

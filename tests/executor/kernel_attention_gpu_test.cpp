@@ -102,9 +102,9 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
                                 dk_r, dv_r);
   // Every variant of the main pass (the default is one of them).
   for (const cuda::BackwardVariant variant :
-       {cuda::BackwardVariant{}, cuda::BackwardVariant{64, true, true, 1},
-        cuda::BackwardVariant{64, true, true, 2, cuda::WgmmaDq::kAtomics},
-        cuda::BackwardVariant{64, true, true, 2, cuda::WgmmaDq::kBulkTiles},
+       {cuda::BackwardVariant{}, cuda::BackwardVariant{64, true, true, 1, cuda::WgmmaDq::kAtomics, false},
+        cuda::BackwardVariant{64, true, true, 2, cuda::WgmmaDq::kAtomics, false},
+        cuda::BackwardVariant{64, true, true, 2, cuda::WgmmaDq::kBulkTiles, false},
         cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kAtomics, true},
         cuda::BackwardVariant{64, false, false}, cuda::BackwardVariant{64, true, false},
         cuda::BackwardVariant{128, false, false}, cuda::BackwardVariant{128, true, false}}) {
