@@ -9,15 +9,14 @@
 // release it through its "empty" mbarrier, and meet each other once per tile (a named barrier over the 256
 // consumer threads: dQ needs both halves of dS^T, which is double-buffered so that no second meeting is
 // needed before it is rewritten).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cuda/ptx>
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention_common.cuh"
 #include "executor/cuda/flash_attention_hopper.h"
+#include "executor/cuda/tma.cuh"
+#include "executor/cuda/tma.h"
 #include "executor/cuda/wgmma.cuh"
 
 namespace megatune::executor::cuda::hopper {
@@ -51,23 +50,6 @@ struct WsTile {
 struct WsMaps {
   CUtensorMap q, d_o, k, v;
 };
-
-__device__ __forceinline__ void wait_parity(uint64_t* barrier, uint32_t parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-  }
-}
-
-// TMA load of a rows x D tile (D / 64 boxes of 64 columns) at (column col0, row row0) into an sw128 tile.
-template <int kRows, int D>
-__device__ __forceinline__ void tma_tile(bf16* smem, const CUtensorMap* map, int col0, int row0,
-                                         uint64_t* barrier) {
-#pragma unroll
-  for (int panel = 0; panel < D / 64; ++panel) {
-    const int32_t coords[2] = {col0 + 64 * panel, row0};
-    ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                                    smem + panel * kRows * 64, map, coords, barrier);
-  }
-}
 
 __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
@@ -117,7 +99,7 @@ __global__ void __launch_bounds__(384, 1)
     const int lane = threadIdx.x;
     if (iterations > 0 && lane == 0) {
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                           ::cuda::ptx::space_shared, kv_full, uint32_t(T::kKvTxBytes));
+                                             ::cuda::ptx::space_shared, kv_full, uint32_t(T::kKvTxBytes));
       tma_tile<kBlockN, D>(k_tile, &maps.k, group * D, int(batch_token0) + kv0, kv_full);
       tma_tile<kBlockN, D>(v_tile, &maps.v, group * D, int(batch_token0) + kv0, kv_full);
     }
@@ -127,8 +109,8 @@ __global__ void __launch_bounds__(384, 1)
       const int head = group * heads_per_group + it / per_head;
       const int q0 = (m_first + it % per_head) * kBlockM;
       if (lane == 0) {
-        ::cuda::ptx::mbarrier_expect_tx(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared,
-                                      full + s, uint32_t(T::kStageTxBytes));
+        ::cuda::ptx::mbarrier_expect_tx(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cta,
+                                        ::cuda::ptx::space_shared, full + s, uint32_t(T::kStageTxBytes));
         tma_tile<kBlockM, D>(q_tiles + s * kBlockM * D, &maps.q, head * D, int(batch_token0) + q0, full + s);
         tma_tile<kBlockM, D>(do_tiles + s * kBlockM * D, &maps.d_o, head * D, int(batch_token0) + q0,
                              full + s);
@@ -298,38 +280,6 @@ __global__ void __launch_bounds__(384, 1)
   }
 }
 
-// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* symbol = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    MEGATUNE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &symbol, 12000,
-                                                         cudaEnableDefault, &status));
-    if (status != cudaDriverEntryPointSuccess || symbol == nullptr)
-      throw std::runtime_error("flash attention backward: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(symbol);
-  }();
-  return fn;
-}
-
-// A 2-D map over a [rows, cols] bf16 matrix with row_stride elements between rows; boxes of 64 columns x
-// box_rows rows land 128-byte swizzled; rows past the end read as zeros.
-CUtensorMap make_map(const bf16* data, int64_t rows, int64_t cols, int64_t row_stride, int box_rows) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(row_stride) * sizeof(bf16)};
-  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result =
-      encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(data), dims, strides, box,
-                     element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS)
-    throw std::invalid_argument("flash attention backward: cuTensorMapEncodeTiled failed (error " +
-                                std::to_string(int(result)) + ")");
-  return map;
-}
-
 template <int D>
 void launch_ws(const BackwardArgs& args, cudaStream_t stream) {
   using T = WsTile<D>;
@@ -340,10 +290,11 @@ void launch_ws(const BackwardArgs& args, cudaStream_t stream) {
     configured = true;
   }
   const int64_t rows = int64_t(args.batch) * args.seq_len;
-  const WsMaps maps{make_map(args.q, rows, int64_t(args.num_heads) * D, args.q_stride, T::kBlockM),
-                    make_map(args.d_o, rows, int64_t(args.num_heads) * D, args.o_stride, T::kBlockM),
-                    make_map(args.k, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN),
-                    make_map(args.v, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN)};
+  const WsMaps maps{
+      make_bf16_tile_map(args.q, rows, int64_t(args.num_heads) * D, args.q_stride, T::kBlockM),
+      make_bf16_tile_map(args.d_o, rows, int64_t(args.num_heads) * D, args.o_stride, T::kBlockM),
+      make_bf16_tile_map(args.k, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN),
+      make_bf16_tile_map(args.v, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN)};
   const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
                   unsigned((args.seq_len + T::kBlockN - 1) / T::kBlockN));
   flash_backward_ws_kernel<D><<<grid, 384, T::kSmemBytes, stream>>>(args, maps);
