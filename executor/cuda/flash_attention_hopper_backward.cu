@@ -13,6 +13,7 @@
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention_common.cuh"
 #include "executor/cuda/flash_attention_hopper.h"
+#include "executor/cuda/flash_attention_hopper_backward_tile.cuh"
 #include "executor/cuda/wgmma.cuh"
 
 namespace megatune::executor::cuda::hopper {
@@ -111,24 +112,6 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
   // dQ in 64 x 64 panels: head dim 64 -> panels of 64 of the 128 query rows; 128 -> 64 of the head-dim
   // columns. Two warpgroups take one panel each, one warpgroup both.
   constexpr int kPanelsPerWarpGroup = 2 / kWarpGroups;
-  // 8-byte atomics of one dQ panel straight from the accumulator fragment (each thread holds column pairs
-  // 8i + 2t, +1 of rows g and g + 8): twice the atomics of a 16-byte form, but no lane exchange (the
-  // shuffles and selects that pair lanes up stalled the warps: ncu, bench/RESULTS.md "attention").
-  // Unguarded when the panel's rows are all inside the sequence.
-  auto add_dq = [&](const float(&dq)[32], int q0, int head, int q_panel, int d_panel) {
-    const int q_lo = q0 + q_panel * 64 + 16 * warp + g;
-    const bool full = q0 + q_panel * 64 + 64 <= p.seq_len;
-    const bool add_lo = full || q_lo < p.seq_len, add_hi = full || q_lo + 8 < p.seq_len;
-    float* const dst_lo =
-        p.dq_accum + ((batch_token0 + q_lo) * p.num_heads + head) * D + d_panel * 64 + 2 * t;
-    float* const dst_hi = dst_lo + int64_t(8) * p.num_heads * D;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (add_lo) atomicAdd(reinterpret_cast<float2*>(dst_lo + 8 * i), make_float2(dq[4 * i], dq[4 * i + 1]));
-      if (add_hi)
-        atomicAdd(reinterpret_cast<float2*>(dst_hi + 8 * i), make_float2(dq[4 * i + 2], dq[4 * i + 3]));
-    }
-  };
   // Bulk dQ: the panel's fragment (rows 16 warp + g (+8), columns 8i + 2t (+1)) into staging tile `slot` (row
   // r's 16-byte chunk c at c ^ (r & 7), r & 7 == g), then one bulk reduction of the tile by the warpgroup's
   // first thread.
@@ -175,86 +158,12 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
     const int q0 = (m_first + it % per_head) * kBlockM;
     const uint32_t q_address = shared_address(q_tiles + (it & 1) * kBlockM * D);
     const uint32_t do_address = shared_address(do_tiles + (it & 1) * kBlockM * D);
-    const uint64_t q_desc = mn_major_descriptor(q_address, kBlockM * 128);
-    const uint64_t do_desc = mn_major_descriptor(do_address, kBlockM * 128);
     const float* lse = stats + (it & 1) * 2 * kBlockM;
     const float* delta = lse + kBlockM;
-
-    // S^T and dP^T as two commit groups, so that P^T = exp2(S^T - lse) overlaps dP^T's matrix product.
-    float s[kBlockM / 2], dp[kBlockM / 2];
-    wgmma_fence();
-    gemm_k_major<D, kBlockM>(s, k_address + 64 * wg * 128, kBlockN, q_address);
-    wgmma_commit();
-    gemm_k_major<D, kBlockM>(dp, v_address + 64 * wg * 128, kBlockN, do_address);
-    wgmma_commit();
-    // Masks only where the tile crosses the causal diagonal or the end of the sequence.
-    const bool needs_mask =
-        (p.causal && kv0 + 64 * wg + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
-    wgmma_wait<1>();
-    fence_registers(s);
-    // P^T = exp2(S^T * scale - lse) (lse in base 2); the masked form only on tiles that need it, so that
-    // the common tile spends no instructions on masks.
-    if (needs_mask) {
-#pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) {
-        const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int q = q0 + 8 * i + 2 * t + c;
-          const float lse_log2 = c == 0 ? lse2.x : lse2.y;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int e = 4 * i + 2 * r + c;
-            const bool visible = q < p.seq_len && kv_row[r] < p.seq_len && !(p.causal && q < kv_row[r]);
-            s[e] = visible ? fast_exp2(fmaf(s[e], p.scale_log2, -lse_log2)) : 0.0f;
-          }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) {
-        const float2 lse2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          s[4 * i + 2 * r] = fast_exp2(fmaf(s[4 * i + 2 * r], p.scale_log2, -lse2.x));
-          s[4 * i + 2 * r + 1] = fast_exp2(fmaf(s[4 * i + 2 * r + 1], p.scale_log2, -lse2.y));
-        }
-      }
-    }
-    wgmma_wait<0>();
-    fence_registers(dp);
-    // Per 16 query columns: dS^T = P^T o (dP^T - delta), its bf16 copy to shared memory (row kv_local,
-    // columns q) for dQ, and the chunk's dV += P^T dO and dK += dS^T Q issued at once, so the tensor cores
-    // work on chunk kk while the next chunk is formed.
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = 2 * kk + h;
-        const float2 delta2 = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? delta2.y : delta2.x));
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          *reinterpret_cast<uint32_t*>(ds_tile + sw128_at<kBlockN>(ds_row_base[r], i)) =
-              pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
-        }
-      }
-      pack_a_fragment(pa[kk], s, 8 * kk);
-      pack_a_fragment(dsa[kk], dp, 8 * kk);
-      wgmma_fence();
-      const uint64_t b_do = advance(do_desc, kk * 16 * 128), b_q = advance(q_desc, kk * 16 * 128);
-      if constexpr (D == 128) {
-        wgmma_rs_m64n128<1>(dv, pa[kk], b_do, 1);
-        wgmma_rs_m64n128<1>(dk, dsa[kk], b_q, 1);
-      } else {
-        wgmma_rs_m64n64<1>(dv, pa[kk], b_do, 1);
-        wgmma_rs_m64n64<1>(dk, dsa[kk], b_q, 1);
-      }
-    }
-    wgmma_commit();
+    backward_tile_products<D, kBlockM, kBlockN>(p, k_address + 64 * wg * 128, v_address + 64 * wg * 128,
+                                                q_address, do_address, lse, delta, ds_tile, ds_row_base,
+                                                kv_row, kv0, wg, q0, t, dv, dk, pa, dsa);
     if constexpr (kWarpGroups == 1) {
       // The dQ panels need registers: let dV/dK finish with P^T / dS^T first.
       wgmma_wait<0>();
@@ -271,14 +180,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
       const int q_panel = kBlockM == 128 ? panel : 0, d_panel = kBlockM == 64 ? panel : 0;
       // dQ panel (64 x 64) = dS K: A = dS^T tile read M-major, B = K tile read MN-major.
       float dq[32];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint64_t a = advance(ds_desc, q_panel * kBlockN * 128 + kk * 16 * 128);
-        const uint64_t b = advance(k_mn_desc, d_panel * kBlockN * 128 + kk * 16 * 128);
-        wgmma_ss_m64n64<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
+      dq_panel_product<kBlockN>(dq, ds_desc, k_mn_desc, q_panel, d_panel);
       wgmma_wait<0>();
       fence_registers(dq);
       if constexpr (kWarpGroups == 2) {
@@ -290,7 +192,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
       if constexpr (kBulkDq) {
         add_dq_bulk(dq, (it & 1) * kWarpGroups + wg, q0, head, q_panel, d_panel);
       } else {
-        add_dq(dq, q0, head, q_panel, d_panel);
+        add_dq_atomics<D>(p, dq, batch_token0, q0, head, q_panel, d_panel, warp, g, t);
       }
     }
   }
@@ -299,22 +201,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
     if (bulk_issuer) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
 
-  // dK (scaled) and dV for this warpgroup's key rows.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int kv = kv_row[r];
-    if (kv >= p.seq_len) continue;
-    bf16* dk_row = p.dk + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
-    bf16* dv_row = p.dv + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      const int col = 8 * i + 2 * t;
-      *reinterpret_cast<__nv_bfloat162*>(dk_row + col) =
-          __floats2bfloat162_rn(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv_row + col) =
-          __floats2bfloat162_rn(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
-    }
-  }
+  store_dk_dv<D>(p, dk, dv, kv_row, batch_token0, group, t);
 }
 
 template <int D, int kWarpGroups, int kDqMode>
