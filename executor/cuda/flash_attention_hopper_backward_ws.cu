@@ -2,13 +2,13 @@
 // block of three warpgroups owns 128 key rows of one (batch, kv head). Warpgroup 0 is the producer: it gives
 // up registers (setmaxnreg.dec 24), and its first warp streams every query tile's Q and dO into a ring of
 // shared-memory stages with the TMA unit (cp.async.bulk.tensor, 128-byte swizzle: the sw128 layout of
-// wgmma.cuh) and lse / delta with ordinary loads, signalling each stage's mbarrier; its other warps exit.
-// Warpgroups 1 and 2 are the consumers (setmaxnreg.inc 240), 64 key rows each, and do what the two-warpgroup
-// kernel of flash_attention_hopper_backward.cu does per tile (S^T, dP^T, P^T, dS^T, dV and dK from registers,
-// dQ = dS K with 8-byte atomics) without loading anything: they wait on the stage's "full" mbarrier and
-// release it through its "empty" mbarrier, and meet each other once per tile (a named barrier over the 256
-// consumer threads: dQ needs both halves of dS^T, which is double-buffered so that no second meeting is
-// needed before it is rewritten).
+// wgmma.cuh; K and V once, the same way) and lse / delta with ordinary loads, signalling each stage's
+// mbarrier; its other warps exit. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc 240), 64 key rows
+// each, and do what the two-warpgroup kernel of flash_attention_hopper_backward.cu does per tile (S^T, dP^T,
+// P^T, dS^T, dV and dK from registers, dQ = dS K with 8-byte atomics) without loading anything: they wait on
+// the stage's "full" mbarrier and release it through its "empty" mbarrier, and meet each other once per tile
+// (a named barrier over the 256 consumer threads: dQ needs both halves of dS^T, which is double-buffered so
+// that no second meeting is needed before it is rewritten).
 #include <cuda/ptx>
 #include <stdexcept>
 
@@ -24,8 +24,6 @@ namespace megatune::executor::cuda::hopper {
 namespace {
 
 using bf16 = __nv_bfloat16;
-using flash::fast_exp2;
-using flash::pack_bf16;
 
 constexpr int kStages = 2;  // Q/dO stages in flight
 constexpr int kConsumerThreads = 256;
