@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine run of the engine's checks and benchmarks, from the repository root. Stage them with
-# `bash bench/peer/stage_gpu.sh BUILD_DIR` (the executables, sdpa_bench.py and the real-text corpus into .gpu/),
+# `bash bench/peer/stage_gpu.sh BUILD_DIR` (the executables and sdpa_bench.py as .gpu/bins.tar.xz, unpacked
+# here, and the real-text corpus),
 # carry .gpu, then run `bash bench/peer/run_gpu.sh [checks|perf|all]`. Logs go to $OUT; summary.txt lists
 # every step with its exit code and last lines.
 #   checks: every executor GPU test, the attention kernels vs torch SDPA, PyTorch parity (gpt and llama
@@ -20,6 +21,8 @@ OUT=${OUT:-/tmp/engine_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 G=.gpu
+# stage_gpu.sh packs the executables into one archive (the carry limit): unpack it once.
+if [ -f $G/bins.tar.xz ]; then tar xJf $G/bins.tar.xz -C $G && rm -f $G/bins.tar.xz; fi
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Stages what bench/peer/run_gpu.sh needs into .gpu/ (git-ignored): the executor's GPU tests, megatune, the
-# benches, shared/anchors' sdpa_bench.py and the real-text corpus (.corpus/, built by make_text_corpus.py)
-# as one xz archive, all stripped to fit a device call's carry limit.
-#   bash bench/peer/stage_gpu.sh BUILD_DIR [ANCHORS_DIR]
+# benches and shared/anchors' sdpa_bench.py, stripped, as one xz archive (.gpu/bins.tar.xz, which run_gpu.sh
+# unpacks on the device: unpacked they exceed a device call's 64 MiB carry limit), and the real-text corpus
+# (.corpus/, built by make_text_corpus.py) as another unless --no-corpus.
+#   bash bench/peer/stage_gpu.sh BUILD_DIR [ANCHORS_DIR] [--no-corpus]
 set -eu
-build=${1:?usage: $0 BUILD_DIR [ANCHORS_DIR]}
-anchors=${2:-../shared/anchors}
+build=${1:?usage: $0 BUILD_DIR [ANCHORS_DIR] [--no-corpus]}
+anchors=../shared/anchors
+corpus=1
+for arg in "${@:2}"; do
+  case "$arg" in --no-corpus) corpus=0 ;; *) anchors=$arg ;; esac
+done
+staging=$(mktemp -d)
+trap 'rm -rf "$staging"' EXIT
+cp "$build"/bin/{megatune,bench_train_gpu,bench_attention_gpu,bench_optimizer_gpu,bench_gemm_gpu,bench_memory_kernels_gpu} "$staging"/
+cp "$build"/tests/executor_*_gpu_test "$staging"/
+strip "$staging"/* 2>/dev/null || true
+if [ -f "$anchors/sdpa_bench.py" ]; then cp "$anchors/sdpa_bench.py" "$staging"/; fi
 rm -rf .gpu && mkdir -p .gpu
-cp "$build"/bin/{megatune,bench_train_gpu,bench_attention_gpu,bench_optimizer_gpu,bench_gemm_gpu,bench_memory_kernels_gpu} .gpu/
-cp "$build"/tests/executor_*_gpu_test .gpu/
-strip .gpu/* 2>/dev/null || true
-if [ -f "$anchors/sdpa_bench.py" ]; then cp "$anchors/sdpa_bench.py" .gpu/; fi
-if [ -f .corpus/text_text_document.bin ]; then
+tar cJf .gpu/bins.tar.xz -C "$staging" .
+if [ "$corpus" = 1 ] && [ -f .corpus/text_text_document.bin ]; then
   tar cJf .gpu/corpus.tar.xz -C .corpus text_text_document.bin text_text_document.idx
 fi
 du -sh .gpu
