@@ -284,6 +284,16 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
   }
 }
 
+// bf16(scale * x) of 8 fp32 accumulators, packed for one 16-byte store.
+__device__ __forceinline__ uint4 scaled_bf16x8(float4 lo, float4 hi, float scale) {
+  uint4 out;
+  out.x = flash::pack_bf16(lo.x * scale, lo.y * scale);
+  out.y = flash::pack_bf16(lo.z * scale, lo.w * scale);
+  out.z = flash::pack_bf16(hi.x * scale, hi.y * scale);
+  out.w = flash::pack_bf16(hi.z * scale, hi.w * scale);
+  return out;
+}
+
 // dq[b, i, h, :] = bf16(scale * dq_accum[b, i, h, :]), 8 elements (two 16-byte loads, one 16-byte store)
 // per thread and step; a token's n_q * d accumulators are contiguous, its dq row strided.
 __global__ void flash_backward_convert_dq_kernel(const float* dq_accum, bf16* dq, int64_t q_stride,
@@ -291,14 +301,8 @@ __global__ void flash_backward_convert_dq_kernel(const float* dq_accum, bf16* dq
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
        v += int64_t(gridDim.x) * blockDim.x) {
     const int64_t token = v / vectors_per_token, within = v % vectors_per_token;
-    const float4 lo = reinterpret_cast<const float4*>(dq_accum)[2 * v];
-    const float4 hi = reinterpret_cast<const float4*>(dq_accum)[2 * v + 1];
-    uint4 out;
-    out.x = flash::pack_bf16(lo.x * scale, lo.y * scale);
-    out.y = flash::pack_bf16(lo.z * scale, lo.w * scale);
-    out.z = flash::pack_bf16(hi.x * scale, hi.y * scale);
-    out.w = flash::pack_bf16(hi.z * scale, hi.w * scale);
-    *reinterpret_cast<uint4*>(dq + token * q_stride + 8 * within) = out;
+    const float4* in = reinterpret_cast<const float4*>(dq_accum) + 2 * v;
+    *reinterpret_cast<uint4*>(dq + token * q_stride + 8 * within) = scaled_bf16x8(in[0], in[1], scale);
   }
 }
 
@@ -318,15 +322,9 @@ __global__ void flash_backward_convert_dq_tiles_kernel(const float* dq_accum, bf
     if (position >= seq_len) continue;
     const int64_t head = head_batch % num_heads, batch = head_batch / num_heads;
     const float4* row = reinterpret_cast<const float4*>(dq_accum + tile * 4096 + r * 64);
-    const float4 lo = row[(2 * m) ^ (r & 7)];
-    const float4 hi = row[(2 * m + 1) ^ (r & 7)];
-    uint4 out;
-    out.x = flash::pack_bf16(lo.x * scale, lo.y * scale);
-    out.y = flash::pack_bf16(lo.z * scale, lo.w * scale);
-    out.z = flash::pack_bf16(hi.x * scale, hi.y * scale);
-    out.w = flash::pack_bf16(hi.z * scale, hi.w * scale);
     *reinterpret_cast<uint4*>(dq + (batch * seq_len + position) * q_stride + head * head_dim +
-                              col_block * 64 + 8 * m) = out;
+                              col_block * 64 + 8 * m) =
+        scaled_bf16x8(row[(2 * m) ^ (r & 7)], row[(2 * m + 1) ^ (r & 7)], scale);
   }
 }
 
@@ -423,8 +421,11 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                         variant.longest_first};
   const int64_t rows = tokens * shape.num_heads;
   const int wgmma_warpgroups = variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2;
-  const bool dq_tiled = variant.wgmma && !(variant.wgmma_warp_specialized && tokens < (int64_t(1) << 31)) &&
-                        wgmma_warpgroups == 2 && variant.wgmma_dq == WgmmaDq::kBulkTiles;
+  // The warp-specialized kernel's TMA coordinates are 32-bit: past 2^31 tokens the two-warpgroup kernel runs.
+  const bool warp_specialized =
+      variant.wgmma && variant.wgmma_warp_specialized && tokens < (int64_t(1) << 31);
+  const bool dq_tiled =
+      variant.wgmma && !warp_specialized && wgmma_warpgroups == 2 && variant.wgmma_dq == WgmmaDq::kBulkTiles;
   // The preprocess also zeroes the dQ accumulator (one row per (token, head), as it walks them).
   const unsigned preprocess_blocks = unsigned((rows * (shape.head_dim / 8) + 255) / 256);
   if (shape.head_dim == 64)
@@ -456,8 +457,7 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                                          shape.scale(),
                                          shape.scale() * kLog2e,
                                          shape.causal};
-  // The warp-specialized kernel's TMA coordinates are 32-bit: past 2^31 tokens the two-warpgroup kernel runs.
-  if (variant.wgmma && variant.wgmma_warp_specialized && tokens < (int64_t(1) << 31))
+  if (warp_specialized)
     hopper::launch_backward_warp_specialized(hopper_args, stream);
   else if (variant.wgmma)
     hopper::launch_backward(hopper_args, wgmma_warpgroups,

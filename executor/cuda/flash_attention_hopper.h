@@ -52,7 +52,6 @@ void launch_backward_warp_specialized(const BackwardArgs& args, cudaStream_t str
 // The tiled dQ accumulator (kDqBulkTiles): tile (batch, head, row_block = position / 64, col_block = column /
 // 64) holds 64 rows of 64 fp32 at dq_tile_offset(); within a row the 16-byte chunk c is stored at c ^ (row &
 // 7) (the staging tile's swizzle: conflict-free fragment stores, and the bulk copy moves the tile as it is).
-constexpr int kDqTileRows = 64;
 __host__ __device__ inline int64_t dq_row_blocks(int64_t seq_len) { return (seq_len + 63) / 64; }
 __host__ __device__ inline int64_t dq_tile_offset(int64_t batch, int64_t head, int64_t row_block,
                                                   int64_t col_block, int64_t num_heads, int64_t seq_len,

@@ -17,6 +17,19 @@ namespace megatune::executor::cuda {
 namespace {
 
 using detail::Bf16x8;
+
+// y = (x - mean) * rstd * gamma + beta for one 8-element vector v of a row (beta_v null: no shift, RMSNorm's
+// mean 0). Every forward kernel and the recompute from saved statistics write their output through this one
+// expression, so their bits match.
+__device__ __forceinline__ Bf16x8 normalized(float (&a)[8], float mean, float rstd, const Bf16x8* gamma_v,
+                                             const Bf16x8* beta_v, int64_t v) {
+  float g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  detail::unpack(gamma_v[v], g);
+  if (beta_v) detail::unpack(beta_v[v], b);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] = (a[i] - mean) * rstd * g[i] + b[i];
+  return detail::pack(a);
+}
 // Rows per dgamma/dbeta partial (one block of the fused backward): 16 gives 512 blocks on 8192 rows, four
 // per multiprocessor, enough to keep the per-row barriers off the critical path.
 constexpr int64_t kRowsPerChunk = 16;
@@ -84,13 +97,9 @@ __global__ void norm_forward_kernel(bool layer_norm, const bf16* x, const bf16* 
   const auto* beta_v = (layer_norm && beta) ? reinterpret_cast<const Bf16x8*>(beta) : nullptr;
   auto* y_row = reinterpret_cast<Bf16x8*>(y + row * hidden);
   for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
-    float a[8], g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float a[8];
     load_input(v, a);
-    detail::unpack(gamma_v[v], g);
-    if (beta_v) detail::unpack(beta_v[v], b);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = (a[i] - mean) * rstd * g[i] + b[i];
-    y_row[v] = detail::pack(a);
+    y_row[v] = normalized(a, mean, rstd, gamma_v, beta_v, v);
   }
 }
 
@@ -165,13 +174,9 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, VPL == 8 ? 3 : 4)
   for (int j = 0; j < VPL; ++j) {
     const int64_t v = lane + 32 * j;
     if (v >= vectors) continue;
-    float a[8], g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float a[8];
     detail::unpack(in[j], a);
-    detail::unpack(gamma_v[v], g);
-    if (beta_v) detail::unpack(beta_v[v], b);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = (a[i] - mean) * rstd * g[i] + b[i];
-    y_row[v] = detail::pack(a);
+    y_row[v] = normalized(a, mean, rstd, gamma_v, beta_v, v);
   }
 }
 
@@ -393,7 +398,7 @@ __global__ void norm_backward_partial_kernel(bool layer_norm, const bf16* dy, co
 }
 
 // y = norm(x) from statistics the forward stored (a recompute): one 8-element vector per thread and step,
-// the output expression written as the forward kernels write it, so the bits match theirs.
+// through the forward kernels' normalized(), so the bits match theirs.
 __global__ void norm_apply_kernel(bool layer_norm, const bf16* x, const bf16* gamma, const bf16* beta,
                                   const float* mean_in, const float* rstd_in, bf16* y, int64_t rows,
                                   int64_t hidden) {
@@ -406,13 +411,9 @@ __global__ void norm_apply_kernel(bool layer_norm, const bf16* x, const bf16* ga
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = idx / vectors, v = idx % vectors;
     const float mean = layer_norm ? mean_in[row] : 0.0f, rstd = rstd_in[row];
-    float a[8], g[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float a[8];
     detail::unpack(x_v[idx], a);
-    detail::unpack(gamma_v[v], g);
-    if (beta_v) detail::unpack(beta_v[v], b);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = (a[i] - mean) * rstd * g[i] + b[i];
-    y_v[idx] = detail::pack(a);
+    y_v[idx] = normalized(a, mean, rstd, gamma_v, beta_v, v);
   }
 }
 
