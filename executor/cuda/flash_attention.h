@@ -26,11 +26,13 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 // The same with the forward kernel's variant chosen explicitly (benchmarks and tests): rows_per_warp 16
 // (mma.sync, 8 warps, Q fragments in registers), 32 (mma.sync, 4 warps, Q re-read from shared memory,
 // FlashAttention-2's shape) or 64 (the default: Hopper wgmma, one warpgroup per 64 query rows, with
-// wgmma_warpgroups 1 or 2 warpgroups per block; 0: the default, 1 for head dim 64 and 2 for 128).
+// wgmma_warpgroups 1 or 2 warpgroups per block; 0: the default, 1 for head dim 64 and 2 for 128;
+// wgmma_warp_specialized: a TMA producer warpgroup plus wgmma_warpgroups consumer warpgroups, 2 or 3 (head
+// dim 64 only); 0: 3 for head dim 64, 2 for 128).
 constexpr int kDefaultForwardRowsPerWarp = 64;
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                                      bf16* o, float* lse, cudaStream_t stream, int rows_per_warp,
-                                     int wgmma_warpgroups = 0);
+                                     int wgmma_warpgroups = 0, bool wgmma_warp_specialized = false);
 
 // Workspace of the backward pass: fp32 dq accumulator (b * n_q * s * d, s rounded up to 64) + delta =
 // rowsum(dO o o) [b, n_q, s] + lse in base 2.

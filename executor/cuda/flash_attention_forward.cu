@@ -260,7 +260,7 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                                      bf16* o, float* lse, cudaStream_t stream, int rows_per_warp,
-                                     int wgmma_warpgroups) {
+                                     int wgmma_warpgroups, bool wgmma_warp_specialized) {
   validate_attention_shape(shape);
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
@@ -282,17 +282,38 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
                        shape.causal};
   if (rows_per_warp != 16 && rows_per_warp != 32 && rows_per_warp != 64)
     throw std::invalid_argument("flash_attention_forward_variant: rows_per_warp must be 16, 32 or 64");
-  if (wgmma_warpgroups < 0 || wgmma_warpgroups > 2)
-    throw std::invalid_argument("flash_attention_forward_variant: wgmma_warpgroups must be 0, 1 or 2");
+  if (wgmma_warpgroups < 0 || wgmma_warpgroups > (wgmma_warp_specialized ? 3 : 2))
+    throw std::invalid_argument(
+        "flash_attention_forward_variant: wgmma_warpgroups must be 0, 1 or 2 (0, 2 or 3 warp-specialized)");
   // One warpgroup per block (three blocks per SM) for head dim 64, two (one block, shared K/V tiles) for
   // 128: H200, bench_attention_gpu: 365 vs 313 TFLOP/s at 64, 258 vs 337 at 128 (bench/RESULTS.md).
   const int default_warpgroups = shape.head_dim == 64 ? 1 : 2;
   if (rows_per_warp == 64) {
-    hopper::launch_forward(
-        {q, k, v, o, lse, shape.q_stride(), shape.kv_stride(), shape.o_stride(), int(shape.batch),
-         int(shape.seq_len), int(shape.num_heads), int(shape.num_heads / shape.num_kv_heads),
-         int(shape.head_dim), shape.scale() * kLog2e, shape.causal},
-        wgmma_warpgroups != 0 ? wgmma_warpgroups : default_warpgroups, stream);
+    const hopper::ForwardArgs args{q,
+                                   k,
+                                   v,
+                                   o,
+                                   lse,
+                                   shape.q_stride(),
+                                   shape.kv_stride(),
+                                   shape.o_stride(),
+                                   int(shape.batch),
+                                   int(shape.seq_len),
+                                   int(shape.num_heads),
+                                   int(shape.num_heads / shape.num_kv_heads),
+                                   int(shape.head_dim),
+                                   shape.scale() * kLog2e,
+                                   shape.causal};
+    if (wgmma_warp_specialized) {
+      if (wgmma_warpgroups == 1 || (wgmma_warpgroups == 3 && shape.head_dim != 64))
+        throw std::invalid_argument(
+            "flash_attention_forward_variant: the warp-specialized kernel takes 2 consumer warpgroups, or 3 "
+            "for head dim 64");
+      hopper::launch_forward_warp_specialized(
+          args, wgmma_warpgroups != 0 ? wgmma_warpgroups : (shape.head_dim == 64 ? 3 : 2), stream);
+    } else {
+      hopper::launch_forward(args, wgmma_warpgroups != 0 ? wgmma_warpgroups : default_warpgroups, stream);
+    }
     return;
   }
   if (shape.head_dim == 64) {

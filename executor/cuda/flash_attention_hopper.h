@@ -22,6 +22,9 @@ struct ForwardArgs {
 // O and lse; 64 query rows per warpgroup, warpgroups_per_block (1 or 2) per block, 128-row K/V tiles
 // double-buffered.
 void launch_forward(const ForwardArgs& args, int warpgroups_per_block, cudaStream_t stream);
+// The warp-specialized form (flash_attention_hopper_forward_ws.cu): a TMA producer warpgroup and
+// consumer_warpgroups (2, or 3 for head dim 64) consumers of 64 query rows each. Needs b * s < 2^31.
+void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, cudaStream_t stream);
 
 struct BackwardArgs {
   const __nv_bfloat16* q;

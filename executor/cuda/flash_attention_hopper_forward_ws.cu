@@ -1,0 +1,249 @@
+// Warp-specialized flash attention forward on Hopper (sm_90a), the forward counterpart of
+// flash_attention_hopper_backward_ws.cu: a block owns 64 query rows per consumer warpgroup (two, or three for
+// head dim 64) of one (batch, head). Warpgroup 0 is the producer (setmaxnreg.dec 24): one thread loads the
+// block's Q tile and streams the K / V tiles (128 rows) into a 2-stage ring with the TMA unit, each stage
+// guarded by a full and an empty mbarrier. The consumers (setmaxnreg.inc) compute S = Q K^T, the online
+// softmax and O += P V exactly as flash_attention_hopper_forward.cu does per tile, with no load code and no
+// block barrier: they only wait for a stage and release it, so they drift apart and one warpgroup's softmax
+// overlaps another's products.
+#include <cfloat>
+#include <cuda/ptx>
+#include <stdexcept>
+
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/flash_attention_common.cuh"
+#include "executor/cuda/flash_attention_hopper.h"
+#include "executor/cuda/tma.cuh"
+#include "executor/cuda/tma.h"
+#include "executor/cuda/wgmma.cuh"
+
+namespace megatune::executor::cuda::hopper {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using flash::fast_exp2;
+using flash::kLn2;
+
+template <int D, int kConsumers>
+struct WsForwardTile {
+  static constexpr int kStages = 2;
+  static constexpr int kBlockN = 128;              // key rows per tile
+  static constexpr int kBlockM = 64 * kConsumers;  // query rows per block
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  // Registers per thread after setmaxnreg: the producer's 24 plus the consumers' fill the 64 Ki file.
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  // Byte offsets from the 1024-aligned base.
+  static constexpr int kQ = 0;                                      // sw128 [kBlockM][D]
+  static constexpr int kK = kQ + kBlockM * D * 2;                   // [kStages] sw128 [kBlockN][D]
+  static constexpr int kV = kK + kStages * kBlockN * D * 2;         // [kStages] sw128 [kBlockN][D]
+  static constexpr int kBarriers = kV + kStages * kBlockN * D * 2;  // q_full, full[kStages], empty[kStages]
+  static constexpr int kSmemBytes = kBarriers + (1 + 2 * kStages) * 8 + 1024;
+  static_assert(kQ % 1024 == 0 && kK % 1024 == 0 && kV % 1024 == 0, "tiles must start 1024-byte aligned");
+};
+
+struct WsForwardMaps {
+  CUtensorMap q, k, v;
+};
+
+template <int D, int kConsumers>
+__global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
+    flash_forward_ws_kernel(const ForwardArgs p, const __grid_constant__ WsForwardMaps maps) {
+  using T = WsForwardTile<D, kConsumers>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = align_1024(smem_raw);
+  bf16* q_tile = reinterpret_cast<bf16*>(base + T::kQ);
+  bf16* k_tiles = reinterpret_cast<bf16*>(base + T::kK);
+  bf16* v_tiles = reinterpret_cast<bf16*>(base + T::kV);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(base + T::kBarriers);
+  uint64_t* full = q_full + 1;
+  uint64_t* empty = full + kStages;
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) blocks first
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int group = head / p.heads_per_group;
+  const int q0 = m_block * kBlockM;
+  const int64_t batch_token0 = int64_t(batch) * p.seq_len;
+  int n_blocks = (p.seq_len + kBlockN - 1) / kBlockN;
+  if (p.causal) n_blocks = min(n_blocks, (q0 + kBlockM + kBlockN - 1) / kBlockN);
+  const int role = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+
+  if (threadIdx.x == 0) {
+    ::cuda::ptx::mbarrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      ::cuda::ptx::mbarrier_init(full + s, 1);                // the producer thread's arrive.expect_tx
+      ::cuda::ptx::mbarrier_init(empty + s, 4 * kConsumers);  // one lane per consumer warp
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  if (role == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x != 0) return;
+    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                           ::cuda::ptx::space_shared, q_full, uint32_t(kBlockM * D * 2));
+    tma_tile<kBlockM, D>(q_tile, &maps.q, head * D, int(batch_token0) + q0, q_full);
+    for (int j = 0; j < n_blocks; ++j) {
+      const int s = j % kStages;
+      if (j >= kStages) wait_parity(empty + s, ((j / kStages) & 1) ^ 1);
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                             ::cuda::ptx::space_shared, full + s,
+                                             uint32_t(2 * kBlockN * D * 2));
+      tma_tile<kBlockN, D>(k_tiles + s * kBlockN * D, &maps.k, group * D, int(batch_token0) + j * kBlockN,
+                           full + s);
+      tma_tile<kBlockN, D>(v_tiles + s * kBlockN * D, &maps.v, group * D, int(batch_token0) + j * kBlockN,
+                           full + s);
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegisters) : "memory");
+  const int wg = role - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float row_max[2] = {-FLT_MAX, -FLT_MAX}, row_sum[2] = {0.0f, 0.0f};
+  const int wg_row0 = q0 + 64 * wg;
+  const int q_row[2] = {wg_row0 + 16 * warp + g, wg_row0 + 16 * warp + g + 8};
+  const uint32_t q_address = shared_address(q_tile) + 64 * wg * 128;
+  wait_parity(q_full, 0);
+
+  for (int j = 0; j < n_blocks; ++j) {
+    const int s = j % kStages;
+    const int kv0 = j * kBlockN;
+    const uint32_t k_address = shared_address(k_tiles + s * kBlockN * D);
+    const uint64_t v_desc = mn_major_descriptor(shared_address(v_tiles + s * kBlockN * D), kBlockN * 128);
+    wait_parity(full + s, (j / kStages) & 1);
+
+    // S = Q K^T (64 x 128 per warpgroup).
+    float sacc[kBlockN / 2];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) sacc[i] = 0.0f;
+    wgmma_fence();
+    gemm_k_major<D, kBlockN>(sacc, q_address, kBlockM, k_address);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(sacc);
+
+    const bool needs_mask = (p.causal && kv0 + kBlockN - 1 > wg_row0) || kv0 + kBlockN > p.seq_len;
+    if (needs_mask) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int kv = kv0 + 8 * i + 2 * t + c;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            if (kv >= p.seq_len || (p.causal && kv > q_row[r])) sacc[4 * i + 2 * r + c] = -INFINITY;
+          }
+        }
+      }
+    }
+    // Online softmax per row (each row's 128 columns live on the 4 lanes of one quad): the row maxima and
+    // the O rescale first, then per 16 key columns P = exp2(S - m) and that chunk's O += P V issued at once.
+    float m_new[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i)
+        mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      m_new[r] = fmaxf(row_max[r], mx * p.scale_log2);
+      const float alpha = fast_exp2(row_max[r] - m_new[r]);
+      row_max[r] = m_new[r];
+      row_sum[r] *= alpha;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[4 * i + 2 * r] *= alpha;
+        o[4 * i + 2 * r + 1] *= alpha;
+      }
+    }
+    uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int r = (e >> 1) & 1;
+        const float prob = fast_exp2(fmaf(sacc[8 * kk + e], p.scale_log2, -m_new[r]));
+        sacc[8 * kk + e] = prob;
+        row_sum[r] += prob;
+      }
+      pack_a_fragment(pa[kk], sacc, 8 * kk);
+      wgmma_fence();
+      const uint64_t b = advance(v_desc, kk * 16 * 128);
+      if constexpr (D == 128)
+        wgmma_rs_m64n128<1>(o, pa[kk], b, 1);
+      else
+        wgmma_rs_m64n64<1>(o, pa[kk], b, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(o);
+    fence_registers(pa);
+    // This warp is done with stage s (its products have completed).
+    __syncwarp();
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(empty + s);
+  }
+
+  // O /= l; lse = (m + log2 l) ln 2.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = q_row[r];
+    if (row >= p.seq_len) continue;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    bf16* o_row = p.o + (batch_token0 + row) * p.o_stride + int64_t(head) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<__nv_bfloat162*>(o_row + 8 * i + 2 * t) =
+          __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+    }
+    if (t == 0)
+      p.lse[(int64_t(batch) * p.num_heads + head) * p.seq_len + row] = (row_max[r] + log2f(sum)) * kLn2;
+  }
+}
+
+template <int D, int kConsumers>
+void launch_ws(const ForwardArgs& args, cudaStream_t stream) {
+  using T = WsForwardTile<D, kConsumers>;
+  static bool configured = false;
+  if (!configured) {
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_ws_kernel<D, kConsumers>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    configured = true;
+  }
+  const int64_t rows = int64_t(args.batch) * args.seq_len;
+  const int64_t kv_heads = args.num_heads / args.heads_per_group;
+  const WsForwardMaps maps{
+      make_bf16_tile_map(args.q, rows, int64_t(args.num_heads) * D, args.q_stride, T::kBlockM),
+      make_bf16_tile_map(args.k, rows, kv_heads * D, args.kv_stride, T::kBlockN),
+      make_bf16_tile_map(args.v, rows, kv_heads * D, args.kv_stride, T::kBlockN)};
+  const dim3 grid(unsigned((args.seq_len + T::kBlockM - 1) / T::kBlockM), unsigned(args.num_heads),
+                  unsigned(args.batch));
+  flash_forward_ws_kernel<D, kConsumers><<<grid, T::kThreads, T::kSmemBytes, stream>>>(args, maps);
+  MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, cudaStream_t stream) {
+  if (int64_t(args.batch) * args.seq_len >= (int64_t(1) << 31))
+    throw std::invalid_argument("hopper::launch_forward_warp_specialized: needs b * s < 2^31");
+  if (consumer_warpgroups != 2 && consumer_warpgroups != 3)
+    throw std::invalid_argument("hopper::launch_forward_warp_specialized: 2 or 3 consumer warpgroups");
+  if (args.head_dim == 64)
+    consumer_warpgroups == 2 ? launch_ws<64, 2>(args, stream) : launch_ws<64, 3>(args, stream);
+  else if (consumer_warpgroups == 2)
+    launch_ws<128, 2>(args, stream);
+  else
+    throw std::invalid_argument(
+        "hopper::launch_forward_warp_specialized: head dim 128 takes 2 consumer warpgroups");
+}
+
+}  // namespace megatune::executor::cuda::hopper
