@@ -13,6 +13,7 @@
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention_common.cuh"
 #include "executor/cuda/flash_attention_hopper.h"
+#include "executor/cuda/flash_attention_hopper_forward_tile.cuh"
 #include "executor/cuda/tma.cuh"
 #include "executor/cuda/tma.h"
 #include "executor/cuda/wgmma.cuh"
@@ -47,7 +48,8 @@ struct WsForwardMaps {
 
 template <int D, int kConsumers>
 __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
-    flash_forward_ws_kernel(const ForwardArgs p, const __grid_constant__ WsForwardMaps maps) {
+    flash_forward_ws_kernel(const __grid_constant__ ForwardArgs p,
+                            const __grid_constant__ WsForwardMaps maps) {
   using T = WsForwardTile<D, kConsumers>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -117,96 +119,14 @@ __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
     const uint64_t v_desc = mn_major_descriptor(shared_address(v_tiles + s * kBlockN * D), kBlockN * 128);
     wait_parity(full + s, (j / kStages) & 1);
 
-    // S = Q K^T (64 x 128 per warpgroup).
-    float sacc[kBlockN / 2];
-#pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) sacc[i] = 0.0f;
-    wgmma_fence();
-    gemm_k_major<D, kBlockN>(sacc, q_address, kBlockM, k_address);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(sacc);
-
-    const bool needs_mask = (p.causal && kv0 + kBlockN - 1 > wg_row0) || kv0 + kBlockN > p.seq_len;
-    if (needs_mask) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int kv = kv0 + 8 * i + 2 * t + c;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            if (kv >= p.seq_len || (p.causal && kv > q_row[r])) sacc[4 * i + 2 * r + c] = -INFINITY;
-          }
-        }
-      }
-    }
-    // Online softmax per row (each row's 128 columns live on the 4 lanes of one quad): the row maxima and
-    // the O rescale first, then per 16 key columns P = exp2(S - m) and that chunk's O += P V issued at once.
-    float m_new[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i)
-        mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      m_new[r] = fmaxf(row_max[r], mx * p.scale_log2);
-      const float alpha = fast_exp2(row_max[r] - m_new[r]);
-      row_max[r] = m_new[r];
-      row_sum[r] *= alpha;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[4 * i + 2 * r] *= alpha;
-        o[4 * i + 2 * r + 1] *= alpha;
-      }
-    }
-    uint32_t pa[kBlockN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int r = (e >> 1) & 1;
-        const float prob = fast_exp2(fmaf(sacc[8 * kk + e], p.scale_log2, -m_new[r]));
-        sacc[8 * kk + e] = prob;
-        row_sum[r] += prob;
-      }
-      pack_a_fragment(pa[kk], sacc, 8 * kk);
-      wgmma_fence();
-      const uint64_t b = advance(v_desc, kk * 16 * 128);
-      if constexpr (D == 128)
-        wgmma_rs_m64n128<1>(o, pa[kk], b, 1);
-      else
-        wgmma_rs_m64n64<1>(o, pa[kk], b, 1);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(o);
-    fence_registers(pa);
+    forward_tile<D, kBlockN>(p, q_address, kBlockM, k_address, v_desc, kv0, wg_row0, q_row, t, o, row_max,
+                             row_sum);
     // This warp is done with stage s (its products have completed).
     __syncwarp();
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(empty + s);
   }
 
-  // O /= l; lse = (m + log2 l) ln 2.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = q_row[r];
-    if (row >= p.seq_len) continue;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    bf16* o_row = p.o + (batch_token0 + row) * p.o_stride + int64_t(head) * D;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      *reinterpret_cast<__nv_bfloat162*>(o_row + 8 * i + 2 * t) =
-          __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
-    }
-    if (t == 0)
-      p.lse[(int64_t(batch) * p.num_heads + head) * p.seq_len + row] = (row_max[r] + log2f(sum)) * kLn2;
-  }
+  store_o_lse<D>(p, o, row_max, row_sum, q_row, batch_token0, batch, head, t);
 }
 
 template <int D, int kConsumers>
