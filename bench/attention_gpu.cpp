@@ -80,10 +80,11 @@ int main(int argc, char** argv) {
       MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
       return 0;
     }
-    auto forward_variant = [&](int rows_per_warp, int warpgroups, bool warp_specialized = false) {
+    auto forward_variant = [&](int rows_per_warp, int warpgroups, bool warp_specialized = false,
+                               bool ping_pong = false) {
       return median_ms([&] {
         cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, rows_per_warp, warpgroups,
-                                              warp_specialized);
+                                              warp_specialized, ping_pong);
       });
     };
     const double fwd16 = forward_variant(16, 0), fwd32 = forward_variant(32, 0);
@@ -91,6 +92,8 @@ int main(int argc, char** argv) {
     const double fwd_wg1 = forward_variant(64, 1), fwd_wg2 = forward_variant(64, 2);
     const double fwd_ws2 = forward_variant(64, 2, true),
                  fwd_ws3 = c.d == 64 ? forward_variant(64, 3, true) : 0.0;
+    const double fwd_ws2_pp = forward_variant(64, 2, true, true),
+                 fwd_ws3_pp = c.d == 64 ? forward_variant(64, 3, true, true) : 0.0;
     auto backward_variant = [&](cuda::BackwardVariant variant) {
       return median_ms([&] {
         cuda::flash_attention_backward_variant(shape, q, k, v, o, lse, d_o, dqkv,
@@ -117,11 +120,13 @@ int main(int argc, char** argv) {
                 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9);
     std::printf(
         "VARIANT forward %s mma.sync rows_per_warp16=%.1f rows_per_warp32=%.1f wgmma 1 warpgroup/block=%.1f "
-        "2 warpgroups/block=%.1f warp-specialized 2 consumers=%.1f 3 consumers=%.1f (default)=%.1f TFLOP/s\n",
+        "2 warpgroups/block=%.1f warp-specialized 2 consumers=%.1f 3 consumers=%.1f ping-pong 2=%.1f 3=%.1f "
+        "(default)=%.1f TFLOP/s\n",
         name, shape.forward_flops() / fwd16 / 1e9, shape.forward_flops() / fwd32 / 1e9,
         shape.forward_flops() / fwd_wg1 / 1e9, shape.forward_flops() / fwd_wg2 / 1e9,
         shape.forward_flops() / fwd_ws2 / 1e9, fwd_ws3 > 0 ? shape.forward_flops() / fwd_ws3 / 1e9 : 0.0,
-        shape.forward_flops() / fwd / 1e9);
+        shape.forward_flops() / fwd_ws2_pp / 1e9,
+        fwd_ws3_pp > 0 ? shape.forward_flops() / fwd_ws3_pp / 1e9 : 0.0, shape.forward_flops() / fwd / 1e9);
     std::printf(
         "VARIANT backward %s mma.sync key_rows64=%.1f key_rows64_longest_first=%.1f key_rows128=%.1f "
         "key_rows128_longest_first=%.1f wgmma 1 warpgroup/block=%.1f 2 warpgroups/block=%.1f 2 bulk dQ "

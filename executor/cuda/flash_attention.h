@@ -28,11 +28,12 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 // FlashAttention-2's shape) or 64 (the default: Hopper wgmma, one warpgroup per 64 query rows, with
 // wgmma_warpgroups 1 or 2 warpgroups per block; 0: the default, 1 for head dim 64 and 2 for 128;
 // wgmma_warp_specialized: a TMA producer warpgroup plus wgmma_warpgroups consumer warpgroups, 2 or 3 (head
-// dim 64 only); 0: 3 for head dim 64, 2 for 128).
+// dim 64 only); 0: 3 for head dim 64, 2 for 128; wgmma_ping_pong: its consumers take turns at Q K^T).
 constexpr int kDefaultForwardRowsPerWarp = 64;
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                                      bf16* o, float* lse, cudaStream_t stream, int rows_per_warp,
-                                     int wgmma_warpgroups = 0, bool wgmma_warp_specialized = false);
+                                     int wgmma_warpgroups = 0, bool wgmma_warp_specialized = false,
+                                     bool wgmma_ping_pong = false);
 
 // Workspace of the backward pass: fp32 dq accumulator (b * n_q * s * d, s rounded up to 64) + delta =
 // rowsum(dO o o) [b, n_q, s] + lse in base 2.

@@ -260,7 +260,8 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                                      bf16* o, float* lse, cudaStream_t stream, int rows_per_warp,
-                                     int wgmma_warpgroups, bool wgmma_warp_specialized) {
+                                     int wgmma_warpgroups, bool wgmma_warp_specialized,
+                                     bool wgmma_ping_pong) {
   validate_attention_shape(shape);
   if (!flash_attention_supports(shape))
     throw std::invalid_argument(
@@ -310,7 +311,8 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
             "flash_attention_forward_variant: the warp-specialized kernel takes 2 consumer warpgroups, or 3 "
             "for head dim 64");
       hopper::launch_forward_warp_specialized(
-          args, wgmma_warpgroups != 0 ? wgmma_warpgroups : (shape.head_dim == 64 ? 3 : 2), stream);
+          args, wgmma_warpgroups != 0 ? wgmma_warpgroups : (shape.head_dim == 64 ? 3 : 2), wgmma_ping_pong,
+          stream);
     } else {
       hopper::launch_forward(args, wgmma_warpgroups != 0 ? wgmma_warpgroups : default_warpgroups, stream);
     }

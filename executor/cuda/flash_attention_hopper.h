@@ -24,7 +24,9 @@ struct ForwardArgs {
 void launch_forward(const ForwardArgs& args, int warpgroups_per_block, cudaStream_t stream);
 // The warp-specialized form (flash_attention_hopper_forward_ws.cu): a TMA producer warpgroup and
 // consumer_warpgroups (2, or 3 for head dim 64) consumers of 64 query rows each. Needs b * s < 2^31.
-void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, cudaStream_t stream);
+// ping_pong: the consumers take turns at the score product (named barriers).
+void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, bool ping_pong,
+                                     cudaStream_t stream);
 
 struct BackwardArgs {
   const __nv_bfloat16* q;

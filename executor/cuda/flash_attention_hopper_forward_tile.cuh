@@ -18,20 +18,28 @@ namespace megatune::executor::cuda::hopper {
 // softmax per row (each row's kBlockN columns live on the 4 lanes of one quad): the row maxima and the O
 // rescale first, then per 16 key columns P = exp2(S - m) and that chunk's O += P V issued at once, so the
 // tensor cores work on chunk kk while the next chunk's exponentials run. Returns with the products done.
-template <int D, int kBlockN>
+// before_scores() runs before S's product is issued and after_scores() once it is done (the
+// warp-specialized kernel's ping-pong between consumer warpgroups); both do nothing by default.
+struct NoHook {
+  __device__ void operator()() const {}
+};
+template <int D, int kBlockN, typename BeforeScores = NoHook, typename AfterScores = NoHook>
 __device__ __forceinline__ void forward_tile(const ForwardArgs& p, uint32_t q_address, int q_rows,
                                              uint32_t k_address, uint64_t v_desc, int kv0, int wg_row0,
                                              const int (&q_row)[2], int t, float (&o)[D / 2],
-                                             float (&row_max)[2], float (&row_sum)[2]) {
+                                             float (&row_max)[2], float (&row_sum)[2],
+                                             BeforeScores before_scores = {}, AfterScores after_scores = {}) {
   using flash::fast_exp2;
   float s[kBlockN / 2];
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;
+  before_scores();
   wgmma_fence();
   gemm_k_major<D, kBlockN>(s, q_address, q_rows, k_address);
   wgmma_commit();
   wgmma_wait<0>();
   fence_registers(s);
+  after_scores();
 
   const bool needs_mask = (p.causal && kv0 + kBlockN - 1 > wg_row0) || kv0 + kBlockN > p.seq_len;
   if (needs_mask) {

@@ -46,7 +46,7 @@ struct WsForwardMaps {
   CUtensorMap q, k, v;
 };
 
-template <int D, int kConsumers>
+template <int D, int kConsumers, bool kPingPong>
 __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
     flash_forward_ws_kernel(const __grid_constant__ ForwardArgs p,
                             const __grid_constant__ WsForwardMaps maps) {
@@ -111,6 +111,10 @@ __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
   const int q_row[2] = {wg_row0 + 16 * warp + g, wg_row0 + 16 * warp + g + 8};
   const uint32_t q_address = shared_address(q_tile) + 64 * wg * 128;
   wait_parity(q_full, 0);
+  // Ping-pong: the last consumer gives the first one its first turn.
+  if constexpr (kPingPong) {
+    if (wg == kConsumers - 1 && n_blocks > 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  }
 
   for (int j = 0; j < n_blocks; ++j) {
     const int s = j % kStages;
@@ -119,8 +123,22 @@ __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
     const uint64_t v_desc = mn_major_descriptor(shared_address(v_tiles + s * kBlockN * D), kBlockN * 128);
     wait_parity(full + s, (j / kStages) & 1);
 
-    forward_tile<D, kBlockN>(p, q_address, kBlockM, k_address, v_desc, kv0, wg_row0, q_row, t, o, row_max,
-                             row_sum);
+    if constexpr (kPingPong) {
+      // Ping-pong: the consumers take turns at S = Q K^T (named barrier 1 + w for warpgroup w: its 128
+      // threads wait, its predecessor's 128 arrive), so that one warpgroup's softmax and P V run under the
+      // next one's score product instead of all of them computing scores at once.
+      const bool pass_on = !(wg == kConsumers - 1 && j == n_blocks - 1);  // nobody waits for that turn
+      forward_tile<D, kBlockN>(
+          p, q_address, kBlockM, k_address, v_desc, kv0, wg_row0, q_row, t, o, row_max, row_sum,
+          [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg)
+                             : "memory"); },
+          [&] {
+            if (pass_on) asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wg + 1) % kConsumers) : "memory");
+          });
+    } else {
+      forward_tile<D, kBlockN>(p, q_address, kBlockM, k_address, v_desc, kv0, wg_row0, q_row, t, o, row_max,
+                               row_sum);
+    }
     // This warp is done with stage s (its products have completed).
     __syncwarp();
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(empty + s);
@@ -129,12 +147,12 @@ __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
   store_o_lse<D>(p, o, row_max, row_sum, q_row, batch_token0, batch, head, t);
 }
 
-template <int D, int kConsumers>
+template <int D, int kConsumers, bool kPingPong>
 void launch_ws(const ForwardArgs& args, cudaStream_t stream) {
   using T = WsForwardTile<D, kConsumers>;
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_ws_kernel<D, kConsumers>,
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_ws_kernel<D, kConsumers, kPingPong>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     configured = true;
   }
@@ -146,24 +164,27 @@ void launch_ws(const ForwardArgs& args, cudaStream_t stream) {
       make_bf16_tile_map(args.v, rows, kv_heads * D, args.kv_stride, T::kBlockN)};
   const dim3 grid(unsigned((args.seq_len + T::kBlockM - 1) / T::kBlockM), unsigned(args.num_heads),
                   unsigned(args.batch));
-  flash_forward_ws_kernel<D, kConsumers><<<grid, T::kThreads, T::kSmemBytes, stream>>>(args, maps);
+  flash_forward_ws_kernel<D, kConsumers, kPingPong><<<grid, T::kThreads, T::kSmemBytes, stream>>>(args, maps);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, cudaStream_t stream) {
+void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, bool ping_pong,
+                                     cudaStream_t stream) {
   if (int64_t(args.batch) * args.seq_len >= (int64_t(1) << 31))
     throw std::invalid_argument("hopper::launch_forward_warp_specialized: needs b * s < 2^31");
   if (consumer_warpgroups != 2 && consumer_warpgroups != 3)
     throw std::invalid_argument("hopper::launch_forward_warp_specialized: 2 or 3 consumer warpgroups");
-  if (args.head_dim == 64)
-    consumer_warpgroups == 2 ? launch_ws<64, 2>(args, stream) : launch_ws<64, 3>(args, stream);
-  else if (consumer_warpgroups == 2)
-    launch_ws<128, 2>(args, stream);
-  else
+  if (args.head_dim != 64 && consumer_warpgroups == 3)
     throw std::invalid_argument(
         "hopper::launch_forward_warp_specialized: head dim 128 takes 2 consumer warpgroups");
+  if (args.head_dim == 64 && consumer_warpgroups == 3)
+    ping_pong ? launch_ws<64, 3, true>(args, stream) : launch_ws<64, 3, false>(args, stream);
+  else if (args.head_dim == 64)
+    ping_pong ? launch_ws<64, 2, true>(args, stream) : launch_ws<64, 2, false>(args, stream);
+  else
+    ping_pong ? launch_ws<128, 2, true>(args, stream) : launch_ws<128, 2, false>(args, stream);
 }
 
 }  // namespace megatune::executor::cuda::hopper

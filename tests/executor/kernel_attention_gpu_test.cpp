@@ -77,25 +77,29 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
 
   // The other forward variants (mma.sync with 16 and 32 rows per warp; wgmma with one and two warpgroups
   // per block) compute the same function.
-  for (const auto& [rows_per_warp, warpgroups, warp_specialized] : {std::tuple{16, 0, false},
-                                                                    {32, 0, false},
-                                                                    {64, 1, false},
-                                                                    {64, 2, false},
-                                                                    {64, 2, true},
-                                                                    {64, d == 64 ? 3 : 2, true}}) {
+  // Warp-specialized: 2 or 3 (head dim 64) consumer warpgroups, with and without the ping-pong.
+  for (const auto& [rows_per_warp, warpgroups, warp_specialized, ping_pong] :
+       {std::tuple{16, 0, false, false},
+        {32, 0, false, false},
+        {64, 1, false, false},
+        {64, 2, false, false},
+        {64, 2, true, false},
+        {64, 2, true, true},
+        {64, d == 64 ? 3 : 2, true, false},
+        {64, d == 64 ? 3 : 2, true, true}}) {
     DeviceBuffer<bf16> o_variant(o_elems);
     DeviceBuffer<float> lse_variant(lse_elems);
     o_variant.poison();
     lse_variant.poison();
     cuda::flash_attention_forward_variant(shape, q_d, k_d, v_d, o_variant.get(), lse_variant.get(), nullptr,
-                                          rows_per_warp, warpgroups, warp_specialized);
+                                          rows_per_warp, warpgroups, warp_specialized, ping_pong);
     MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_LT(test::relative_error(test::download_bf16(o_variant), o_ref), 1e-2)
         << "rows_per_warp " << rows_per_warp << ", warpgroups " << warpgroups << ", warp-specialized "
-        << warp_specialized;
+        << warp_specialized << ", ping-pong " << ping_pong;
     EXPECT_LT(test::relative_error(test::download(lse_variant), lse_ref), 1e-3)
         << "rows_per_warp " << rows_per_warp << ", warpgroups " << warpgroups << ", warp-specialized "
-        << warp_specialized;
+        << warp_specialized << ", ping-pong " << ping_pong;
   }
 
   // Backward from the GPU's own o and lse (as the engine will run it), against the reference backward.
