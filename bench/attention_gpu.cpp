@@ -108,7 +108,9 @@ int main(int argc, char** argv) {
     const double bwd_wg1 = backward_variant({64, true, true, 1, cuda::WgmmaDq::kAtomics, false}),
                  bwd_wg2 = backward_variant({64, true, true, 2, cuda::WgmmaDq::kAtomics, false}),
                  bwd_bulk = backward_variant({64, true, true, 2, cuda::WgmmaDq::kBulkTiles, false}),
-                 bwd_ws = backward_variant({64, true, true, 0, cuda::WgmmaDq::kAtomics, true});
+                 bwd_ws = backward_variant({64, true, true, 0, cuda::WgmmaDq::kAtomics, true}),
+                 bwd_ws3 = backward_variant({64, true, true, 0, cuda::WgmmaDq::kAtomics, true, 3}),
+                 bwd_ws_bulk = backward_variant({64, true, true, 0, cuda::WgmmaDq::kBulkTiles, true});
     const double bwd = median_ms([&] {
       cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
                                      dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr);
@@ -130,10 +132,11 @@ int main(int argc, char** argv) {
     std::printf(
         "VARIANT backward %s mma.sync key_rows64=%.1f key_rows64_longest_first=%.1f key_rows128=%.1f "
         "key_rows128_longest_first=%.1f wgmma 1 warpgroup/block=%.1f 2 warpgroups/block=%.1f 2 bulk dQ "
-        "tiles=%.1f warp-specialized=%.1f (default)=%.1f TFLOP/s\n",
+        "tiles=%.1f warp-specialized=%.1f ws 3 stages=%.1f ws bulk dQ=%.1f (default)=%.1f TFLOP/s\n",
         name, 2.5 * flops / bwd64 / 1e9, 2.5 * flops / bwd64_longest / 1e9, 2.5 * flops / bwd128 / 1e9,
         2.5 * flops / bwd128_longest / 1e9, 2.5 * flops / bwd_wg1 / 1e9, 2.5 * flops / bwd_wg2 / 1e9,
-        2.5 * flops / bwd_bulk / 1e9, 2.5 * flops / bwd_ws / 1e9, 2.5 * flops / bwd / 1e9);
+        2.5 * flops / bwd_bulk / 1e9, 2.5 * flops / bwd_ws / 1e9, 2.5 * flops / bwd_ws3 / 1e9,
+        2.5 * flops / bwd_ws_bulk / 1e9, 2.5 * flops / bwd / 1e9);
     std::printf("RESULT attention %s fwd_tflops=%.1f bwd_tflops=%.1f fwdbwd_tflops=%.1f\n", name,
                 flops / fwd / 1e9, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9);
     cudaFree(qkv), cudaFree(dqkv), cudaFree(o), cudaFree(d_o), cudaFree(lse), cudaFree(ws);

@@ -74,13 +74,15 @@ struct BackwardVariant {
   // wgmma kernel: warpgroups per block, 64 key rows each: 1 (two blocks per SM) or 2 (one block per SM,
   // shared Q/dO tiles, half the dQ atomics per key row); 0: the default for the head dim.
   int wgmma_warpgroups = 0;
-  // wgmma kernel with two warpgroups: how a tile's dQ panels reach the fp32 accumulator (one warpgroup per
-  // block always adds them with atomics).
+  // wgmma kernel with two warpgroups, or warp-specialized: how a tile's dQ panels reach the fp32 accumulator
+  // (one warpgroup per block always adds them with atomics).
   WgmmaDq wgmma_dq = WgmmaDq::kAtomics;
   // wgmma kernel: the warp-specialized form (the default: a TMA producer warpgroup and two consumer
-  // warpgroups, dQ by atomics; 1.05-1.17x the two-warpgroup kernel, bench/RESULTS.md "attention");
-  // wgmma_warpgroups and wgmma_dq apply only without it.
+  // warpgroups; 1.05-1.17x the two-warpgroup kernel, bench/RESULTS.md "attention"); wgmma_warpgroups applies
+  // only without it, wgmma_dq to both.
   bool wgmma_warp_specialized = true;
+  // Warp-specialized kernel: Q / dO tiles in flight, 2 or 3.
+  int wgmma_ws_stages = 2;
 };
 void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
                                       const bf16* v, const bf16* o, const float* lse, const bf16* d_o,

@@ -379,6 +379,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   const int key_rows_per_block = variant.key_rows_per_block;
   if (key_rows_per_block != 64 && key_rows_per_block != 128)
     throw std::invalid_argument("flash_attention_backward_variant: key_rows_per_block must be 64 or 128");
+  if (variant.wgmma_ws_stages != 2 && variant.wgmma_ws_stages != 3)
+    throw std::invalid_argument("flash_attention_backward_variant: wgmma_ws_stages must be 2 or 3");
   if (variant.wgmma_warpgroups < 0 || variant.wgmma_warpgroups > 2)
     throw std::invalid_argument("flash_attention_backward_variant: wgmma_warpgroups must be 0, 1 or 2");
   if (!flash_attention_supports(shape))
@@ -425,7 +427,7 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   const bool warp_specialized =
       variant.wgmma && variant.wgmma_warp_specialized && tokens < (int64_t(1) << 31);
   const bool dq_tiled =
-      variant.wgmma && !warp_specialized && wgmma_warpgroups == 2 && variant.wgmma_dq == WgmmaDq::kBulkTiles;
+      variant.wgmma && (warp_specialized || wgmma_warpgroups == 2) && variant.wgmma_dq == WgmmaDq::kBulkTiles;
   // The preprocess also zeroes the dQ accumulator (one row per (token, head), as it walks them).
   const unsigned preprocess_blocks = unsigned((rows * (shape.head_dim / 8) + 255) / 256);
   if (shape.head_dim == 64)
@@ -458,7 +460,7 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                                          shape.scale() * kLog2e,
                                          shape.causal};
   if (warp_specialized)
-    hopper::launch_backward_warp_specialized(hopper_args, stream);
+    hopper::launch_backward_warp_specialized(hopper_args, variant.wgmma_ws_stages, dq_tiled, stream);
   else if (variant.wgmma)
     hopper::launch_backward(hopper_args, wgmma_warpgroups,
                             dq_tiled ? hopper::kDqBulkTiles : hopper::kDqAtomics, stream);

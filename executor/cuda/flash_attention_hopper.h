@@ -51,8 +51,10 @@ enum BackwardDqMode : int { kDqAtomics = 0, kDqBulkTiles = 1 };
 void launch_backward(const BackwardArgs& args, int warpgroups_per_block, int dq_mode, cudaStream_t stream);
 // The warp-specialized form (flash_attention_hopper_backward_ws.cu): a producer warpgroup streams Q / dO
 // through TMA and mbarriers, two consumer warpgroups compute as launch_backward's two-warpgroup kernel
-// (dQ by atomics into the row layout). Needs b * s < 2^31.
-void launch_backward_warp_specialized(const BackwardArgs& args, cudaStream_t stream);
+// (dQ by atomics into the row layout, or with bulk_dq by staged bulk reductions into the tiled layout), with
+// stages (2 or 3) Q / dO tiles in flight. Needs b * s < 2^31.
+void launch_backward_warp_specialized(const BackwardArgs& args, int stages, bool bulk_dq,
+                                      cudaStream_t stream);
 
 // The tiled dQ accumulator (kDqBulkTiles): tile (batch, head, row_block = position / 64, col_block = column /
 // 64) holds 64 rows of 64 fp32 at dq_tile_offset(); within a row the 16-byte chunk c is stored at c ^ (row &

@@ -116,33 +116,6 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
   // r's 16-byte chunk c at c ^ (r & 7), r & 7 == g), then one bulk reduction of the tile by the warpgroup's
   // first thread.
   const bool bulk_issuer = (threadIdx.x & 127) == 0;
-  auto add_dq_bulk = [&](const float(&dq)[32], int slot, int q0, int head, int q_panel, int d_panel) {
-    float* stage = dq_stage + slot * 64 * 64;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * warp + g + 8 * h;
-        *reinterpret_cast<float2*>(stage + r * 64 + (((2 * i + (t >> 1)) ^ g) << 2) + 2 * (t & 1)) =
-            make_float2(dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
-      }
-    }
-    fence_async_shared();  // generic stores -> the bulk copy's (async proxy) reads
-    named_barrier_sync(1 + wg, 128);
-    if (bulk_issuer) {
-      // A panel wholly past the sequence's end (head dim 64's second half of a last, short tile) has no tile;
-      // its (empty) group is committed all the same, so that wait_group.read 1 keeps meaning "iteration - 2".
-      if (q0 + 64 * q_panel < p.seq_len) {
-        float* dst =
-            p.dq_accum + dq_tile_offset(batch, head, q0 / 64 + q_panel, d_panel, p.num_heads, p.seq_len, D);
-        asm volatile(
-            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], 16384;\n" ::"l"(dst),
-            "r"(shared_address(stage))
-            : "memory");
-      }
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-    }
-  };
 
   for (int it = 0; it < iterations; ++it) {
     // Bulk dQ: this iteration's staging tiles were last read by the bulk reduction of iteration it - 2.
@@ -190,7 +163,8 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
         fence_registers(dsa);
       }
       if constexpr (kBulkDq) {
-        add_dq_bulk(dq, (it & 1) * kWarpGroups + wg, q0, head, q_panel, d_panel);
+        add_dq_bulk_tile<D>(p, dq, dq_stage + ((it & 1) * kWarpGroups + wg) * 64 * 64, 1 + wg, bulk_issuer,
+                            batch, head, q0, q_panel, d_panel, warp, g, t);
       } else {
         add_dq_atomics<D>(p, dq, batch_token0, q0, head, q_panel, d_panel, warp, g, t);
       }

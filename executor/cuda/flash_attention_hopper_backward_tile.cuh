@@ -137,6 +137,42 @@ __device__ __forceinline__ void add_dq_atomics(const BackwardArgs& p, const floa
   }
 }
 
+// One dQ panel through the warpgroup's shared staging tile (64 x 64 fp32; row r's 16-byte chunk c at c ^ (r &
+// 7), r & 7 == g: conflict-free fragment stores, and the accumulator's tiled layout) and one 16 KiB bulk
+// reduction (cp.reduce.async.bulk .add.f32) by the warpgroup's first thread (issuer) into the tiled
+// accumulator (dq_tile_offset), committed as one bulk group. barrier_id: a named barrier of the warpgroup's
+// 128 threads. The caller makes sure the previous bulk reduction has read the staging tile before it is
+// rewritten (cp.async.bulk.wait_group.read by the issuer, then a barrier).
+template <int D>
+__device__ __forceinline__ void add_dq_bulk_tile(const BackwardArgs& p, const float (&dq)[32], float* stage,
+                                                 int barrier_id, bool issuer, int batch, int head, int q0,
+                                                 int q_panel, int d_panel, int warp, int g, int t) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + g + 8 * h;
+      *reinterpret_cast<float2*>(stage + r * 64 + (((2 * i + (t >> 1)) ^ g) << 2) + 2 * (t & 1)) =
+          make_float2(dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+    }
+  }
+  fence_async_shared();  // generic stores -> the bulk copy's (async proxy) reads
+  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier_id) : "memory");
+  if (issuer) {
+    // A panel wholly past the sequence's end (head dim 64's second half of a last, short tile) has no tile;
+    // its (empty) group is committed all the same, so that the callers' group counting holds.
+    if (q0 + 64 * q_panel < p.seq_len) {
+      float* dst =
+          p.dq_accum + dq_tile_offset(batch, head, q0 / 64 + q_panel, d_panel, p.num_heads, p.seq_len, D);
+      asm volatile(
+          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], 16384;\n" ::"l"(dst),
+          "r"(shared_address(stage))
+          : "memory");
+    }
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  }
+}
+
 // dK (scaled) and dV of this thread's two key rows.
 template <int D>
 __device__ __forceinline__ void store_dk_dv(const BackwardArgs& p, const float (&dk)[D / 2],

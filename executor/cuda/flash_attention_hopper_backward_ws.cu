@@ -25,10 +25,11 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kStages = 2;  // Q/dO stages in flight
 constexpr int kConsumerThreads = 256;
 
-template <int D>
+// kStages: Q / dO stages in flight (2 or 3); kBulkDq: dQ through a staging tile per consumer warpgroup and
+// one bulk reduction per tile into the tiled accumulator (hopper::dq_tile_offset) instead of atomics.
+template <int D, int kStages, bool kBulkDq>
 struct WsTile {
   static constexpr int kBlockN = 128;                 // key rows per block, 64 per consumer warpgroup
   static constexpr int kBlockM = D == 64 ? 128 : 64;  // query rows per tile
@@ -41,7 +42,8 @@ struct WsTile {
   static constexpr int kStats = kDs + 2 * kBlockN * kBlockM * 2;  // [kStages][lse, delta][kBlockM] fp32
   static constexpr int kBarriers =
       kStats + kStages * 2 * kBlockM * 4;  // kv_full, full[kStages], empty[kStages]
-  static constexpr int kSmemBytes = kBarriers + (1 + 2 * kStages) * 8 + 1024;
+  static constexpr int kStage = (kBarriers + (1 + 2 * kStages) * 8 + 127) / 128 * 128;  // [2][64 x 64] fp32
+  static constexpr int kSmemBytes = kStage + (kBulkDq ? 2 * 64 * 64 * 4 : 0) + 1024;
   static constexpr uint32_t kStageTxBytes = 2 * kBlockM * D * 2;  // Q and dO of one tile
   static constexpr uint32_t kKvTxBytes = 2 * kBlockN * D * 2;
 };
@@ -54,10 +56,10 @@ __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
 }
 
-template <int D>
+template <int D, int kStages, bool kBulkDq>
 __global__ void __launch_bounds__(384, 1)
     flash_backward_ws_kernel(const __grid_constant__ BackwardArgs p, const __grid_constant__ WsMaps maps) {
-  using T = WsTile<D>;
+  using T = WsTile<D, kStages, kBulkDq>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(base + T::kBarriers);
   uint64_t* full = kv_full + 1;
   uint64_t* empty = full + kStages;
+  float* dq_stage = reinterpret_cast<float*>(base + T::kStage);  // kBulkDq: one 64 x 64 tile per consumer
 
   const int group = blockIdx.x, batch = blockIdx.y, n_block = blockIdx.z;
   const int heads_per_group = p.num_heads / p.num_kv_heads;
@@ -141,6 +144,7 @@ __global__ void __launch_bounds__(384, 1)
   const int ds_row_base[2] = {sw128_row_base(kv_local[0], 2 * t), sw128_row_base(kv_local[1], 2 * t)};
   // dQ in 64 x 64 panels, one per warpgroup: head dim 64 -> query rows 64 wg..; 128 -> head-dim columns.
   const int q_panel = kBlockM == 128 ? wg : 0, d_panel = kBlockM == 64 ? wg : 0;
+  const bool bulk_issuer = (threadIdx.x & 127) == 0;
   if (iterations > 0) wait_parity(kv_full, 0);
 
   for (int it = 0; it < iterations; ++it) {
@@ -159,7 +163,11 @@ __global__ void __launch_bounds__(384, 1)
                                                 q_address, do_address, lse, delta, ds_tile, ds_row_base,
                                                 kv_row, kv0, wg, q0, t, dv, dk, pa, dsa);
     fence_async_shared();  // dS^T (generic stores) -> the dQ product (async proxy)
-    consumer_barrier();    // both warpgroups' halves of dS^T are in place
+    // Bulk dQ: the staging tile was last read by the bulk reduction of iteration it - 1.
+    if constexpr (kBulkDq) {
+      if (bulk_issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    }
+    consumer_barrier();  // both warpgroups' halves of dS^T are in place
     float dq[32];
     dq_panel_product<kBlockN>(dq, ds_desc, k_mn_desc, q_panel, d_panel);
     wgmma_wait<0>();
@@ -171,18 +179,25 @@ __global__ void __launch_bounds__(384, 1)
     // This warp is done with stage s (its products have completed; its lse / delta reads are behind it).
     __syncwarp();
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(empty + s);
-    add_dq_atomics<D>(p, dq, batch_token0, q0, head, q_panel, d_panel, warp, g, t);
+    if constexpr (kBulkDq)
+      add_dq_bulk_tile<D>(p, dq, dq_stage + wg * 64 * 64, 2 + wg, bulk_issuer, batch, head, q0, q_panel,
+                          d_panel, warp, g, t);
+    else
+      add_dq_atomics<D>(p, dq, batch_token0, q0, head, q_panel, d_panel, warp, g, t);
   }
 
+  if constexpr (kBulkDq) {  // the staging tile stays allocated until the last bulk reduction is done
+    if (bulk_issuer) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
   store_dk_dv<D>(p, dk, dv, kv_row, batch_token0, group, t);
 }
 
-template <int D>
+template <int D, int kStages, bool kBulkDq>
 void launch_ws(const BackwardArgs& args, cudaStream_t stream) {
-  using T = WsTile<D>;
+  using T = WsTile<D, kStages, kBulkDq>;
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_ws_kernel<D>,
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_ws_kernel<D, kStages, kBulkDq>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     configured = true;
   }
@@ -194,19 +209,33 @@ void launch_ws(const BackwardArgs& args, cudaStream_t stream) {
       make_bf16_tile_map(args.v, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN)};
   const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
                   unsigned((args.seq_len + T::kBlockN - 1) / T::kBlockN));
-  flash_backward_ws_kernel<D><<<grid, 384, T::kSmemBytes, stream>>>(args, maps);
+  flash_backward_ws_kernel<D, kStages, kBulkDq><<<grid, 384, T::kSmemBytes, stream>>>(args, maps);
   MEGATUNE_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_ws_head_dim(const BackwardArgs& args, int stages, bool bulk_dq, cudaStream_t stream) {
+  if (bulk_dq)  // (three stages with the staging tiles spill registers at head dim 128: not offered)
+    launch_ws<D, 2, true>(args, stream);
+  else
+    stages == 3 ? launch_ws<D, 3, false>(args, stream) : launch_ws<D, 2, false>(args, stream);
 }
 
 }  // namespace
 
-void launch_backward_warp_specialized(const BackwardArgs& args, cudaStream_t stream) {
+void launch_backward_warp_specialized(const BackwardArgs& args, int stages, bool bulk_dq,
+                                      cudaStream_t stream) {
   if (int64_t(args.batch) * args.seq_len >= (int64_t(1) << 31))
     throw std::invalid_argument("flash attention backward: the warp-specialized kernel needs b * s < 2^31");
+  if (stages != 2 && stages != 3)
+    throw std::invalid_argument("flash attention backward: the warp-specialized kernel takes 2 or 3 stages");
+  if (bulk_dq && stages != 2)
+    throw std::invalid_argument(
+        "flash attention backward: the warp-specialized kernel's bulk dQ takes 2 stages");
   if (args.head_dim == 64)
-    launch_ws<64>(args, stream);
+    launch_ws_head_dim<64>(args, stages, bulk_dq, stream);
   else
-    launch_ws<128>(args, stream);
+    launch_ws_head_dim<128>(args, stages, bulk_dq, stream);
 }
 
 }  // namespace megatune::executor::cuda::hopper

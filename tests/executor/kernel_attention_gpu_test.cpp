@@ -117,14 +117,19 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
         cuda::BackwardVariant{64, true, true, 2, cuda::WgmmaDq::kAtomics, false},
         cuda::BackwardVariant{64, true, true, 2, cuda::WgmmaDq::kBulkTiles, false},
         cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kAtomics, true},
+        cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kAtomics, true, 3},
+        cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kBulkTiles, true},
         cuda::BackwardVariant{64, false, false}, cuda::BackwardVariant{64, true, false},
         cuda::BackwardVariant{128, false, false}, cuda::BackwardVariant{128, true, false}}) {
     const std::string name =
-        variant.wgmma ? "wgmma, " + std::to_string(variant.wgmma_warpgroups) + " warpgroups per block" +
-                            (variant.wgmma_dq == cuda::WgmmaDq::kBulkTiles ? ", bulk dQ tiles" : "") +
-                            (variant.wgmma_warp_specialized ? ", warp-specialized" : "")
-                      : std::to_string(variant.key_rows_per_block) + " key rows per block" +
-                            (variant.longest_first ? ", longest first" : "");
+        variant.wgmma
+            ? "wgmma, " + std::to_string(variant.wgmma_warpgroups) + " warpgroups per block" +
+                  (variant.wgmma_dq == cuda::WgmmaDq::kBulkTiles ? ", bulk dQ tiles" : "") +
+                  (variant.wgmma_warp_specialized
+                       ? ", warp-specialized, " + std::to_string(variant.wgmma_ws_stages) + " stages"
+                       : "")
+            : std::to_string(variant.key_rows_per_block) + " key rows per block" +
+                  (variant.longest_first ? ", longest first" : "");
     DeviceBuffer<bf16> dq_dev(q_elems), dkv_dev(c.packed ? 1 : kv_elems);
     dq_dev.poison();
     dkv_dev.poison();
