@@ -25,10 +25,13 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 
 // The same with the forward kernel's variant chosen explicitly (benchmarks and tests): rows_per_warp 16
 // (mma.sync, 8 warps, Q fragments in registers), 32 (mma.sync, 4 warps, Q re-read from shared memory,
-// FlashAttention-2's shape) or 64 (the default: Hopper wgmma, one warpgroup per 64 query rows, with
-// wgmma_warpgroups 1 or 2 warpgroups per block; 0: the default, 1 for head dim 64 and 2 for 128;
-// wgmma_warp_specialized: a TMA producer warpgroup plus wgmma_warpgroups consumer warpgroups, 2 or 3 (head
-// dim 64 only); 0: 3 for head dim 64, 2 for 128; wgmma_ping_pong: its consumers take turns at Q K^T).
+// FlashAttention-2's shape) or 64 (Hopper wgmma, one warpgroup per 64 query rows, with wgmma_warpgroups 1
+// or 2 warpgroups per block; 0: 1 for head dim 64 and 2 for 128). wgmma_warp_specialized: a TMA producer
+// warpgroup plus wgmma_warpgroups consumer warpgroups, 2 or 3 (head dim 64 only); 0: 3 for head dim 64, 2
+// for 128; wgmma_ping_pong: its consumers take turns at Q K^T. flash_attention_forward runs the
+// warp-specialized kernel without the ping-pong (H200: 1.10x the one-warpgroup kernel at head dim 64,
+// 1.25-1.35x the two-warpgroup kernel at 128; the ping-pong is +-5%: bench/RESULTS.md "attention"), and
+// the two-warpgroup / one-warpgroup kernel past 2^31 tokens (its TMA coordinates are 32-bit).
 constexpr int kDefaultForwardRowsPerWarp = 64;
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                                      bf16* o, float* lse, cudaStream_t stream, int rows_per_warp,
@@ -42,20 +45,24 @@ size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
 // dq (q_stride), dk, dv (kv_stride; GQA: summed over the heads of each group) from d_o [b, s, n_q, d]
 // (o_stride), and q, k, v, o, lse of the forward. Overwrites dq, dk, dv (in a packed dqkv buffer pass
 // dq = dqkv, dk = dqkv + packed_k_offset(), dv = dqkv + packed_v_offset()). Three launches: delta
-// (preprocess), the main kv-block-parallel pass (dk, dv in registers, dq by fp32 atomics into the
-// workspace), and the dq conversion to bf16. dk and dv are bitwise deterministic; dq is not (the order of the
-// fp32 atomic adds varies between runs; differences are at fp32 rounding level before the bf16 cast).
+// (preprocess), the main kv-block-parallel pass (dk, dv in registers, dq by fp32 bulk tile reductions into
+// the workspace), and the dq conversion to bf16. dk and dv are bitwise deterministic; dq is not (the order of
+// the fp32 reductions varies between runs; differences are at fp32 rounding level before the bf16 cast).
 // workspace: flash_attention_backward_workspace_bytes(shape).
 void flash_attention_backward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                               const bf16* o, const float* lse, const bf16* d_o, bf16* dq, bf16* dk, bf16* dv,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
-// How the wgmma backward with two warpgroups per block adds a tile's dQ panels to the fp32 accumulator.
+// How the wgmma backward (two warpgroups per block, or warp-specialized) adds a tile's dQ panels to the
+// fp32 accumulator.
 enum class WgmmaDq {
-  kAtomics,  // 8-byte atomics from the wgmma fragment, right after the dQ product (the default)
-  // Each panel (64 x 64 fp32) to a double-buffered shared staging tile, then one 16 KiB bulk reduction
-  // (cp.reduce.async.bulk .add.f32) into an accumulator laid out in 64 x 64 tiles; the conversion to bf16
-  // reads that layout. Faster on some shapes, slower on the gpt-1.3b and llama-1b ones (bench/RESULTS.md).
+  // 8-byte atomics from the wgmma fragment, right after the dQ product.
+  kAtomics,
+  // Each panel (64 x 64 fp32) to a shared staging tile, then one 16 KiB bulk reduction
+  // (cp.reduce.async.bulk .add.f32, issued by one thread) into an accumulator laid out in 64 x 64 tiles; the
+  // conversion to bf16 reads that layout. The default: in the warp-specialized kernel 1.09-1.22x the
+  // atomics (the consumers no longer wait on them); in the two-warpgroup kernel 0.96-1.01x
+  // (bench/RESULTS.md "attention").
   kBulkTiles,
 };
 
@@ -76,7 +83,7 @@ struct BackwardVariant {
   int wgmma_warpgroups = 0;
   // wgmma kernel with two warpgroups, or warp-specialized: how a tile's dQ panels reach the fp32 accumulator
   // (one warpgroup per block always adds them with atomics).
-  WgmmaDq wgmma_dq = WgmmaDq::kAtomics;
+  WgmmaDq wgmma_dq = WgmmaDq::kBulkTiles;
   // wgmma kernel: the warp-specialized form (the default: a TMA producer warpgroup and two consumer
   // warpgroups; 1.05-1.17x the two-warpgroup kernel, bench/RESULTS.md "attention"); wgmma_warpgroups applies
   // only without it, wgmma_dq to both.

@@ -34,10 +34,6 @@ struct Tile {
   static constexpr int kStageBytes = 2 * kWarpGroups * 64 * 64 * 4;
 };
 
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // kDqMode kDqBulkTiles (flash_attention_hopper.h; two warpgroups only): each warpgroup stores its dQ panel to
 // a shared staging tile (swizzled 16-byte chunks, the accumulator's tiled layout), and its first thread hands
 // the 16 KiB tile to the TMA unit as one bulk reduction (cp.reduce.async.bulk .add.f32) that adds it in L2
