@@ -1,6 +1,7 @@
 // RoPE kernels, angles in fp32 with accurate sincosf. The main kernel gives a thread 8 rotation pairs of one
 // token: it computes their 8 angles once and rotates those pairs in every lanes-th q and k head (16-byte
-// loads of both halves), so the sincosf cost is shared by several heads and the pass is memory-bound. Shapes
+// loads of both halves), so the sincosf cost is shared by several heads and the pass is memory-bound; the
+// inverse frequencies are computed once per block. Shapes
 // it cannot take (half the head dim not a multiple of 8, unaligned strides) use one thread per (token, head,
 // pair).
 #include <stdexcept>
@@ -51,6 +52,11 @@ __global__ void rope_vector_kernel(bf16* q, bf16* k, int64_t q_stride, int64_t k
                                    float theta, int64_t position_offset, float direction) {
   const int half = head_dim / 2, groups = half / 8, heads = q_heads + kv_heads;
   const int per_token = groups * lanes;
+  // The half inverse frequencies, once per block (powf is most of a thread's arithmetic otherwise).
+  extern __shared__ float inv_freq_table[];
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    inv_freq_table[i] = 1.0f / powf(theta, float(2 * i) / float(head_dim));
+  __syncthreads();
   const int64_t total = tokens * per_token;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -61,8 +67,7 @@ __global__ void rope_vector_kernel(bf16* q, bf16* k, int64_t q_stride, int64_t k
     float c[8], s[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float inv_freq = 1.0f / powf(theta, float(2 * (first + e)) / float(head_dim));
-      sincosf(position * inv_freq, &s[e], &c[e]);
+      sincosf(position * inv_freq_table[first + e], &s[e], &c[e]);
       s[e] *= direction;
     }
     for (int h0 = lane; h0 < heads; h0 += kHeadBatch * lanes) {
@@ -111,7 +116,8 @@ void launch(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t 
     const int q_heads = q != nullptr ? int(shape.num_heads) : 0;
     const int kv_heads = k != nullptr ? int(shape.num_kv_heads) : 0;
     const int groups = int(half / 8), lanes = groups >= 32 ? 1 : 32 / groups;
-    rope_vector_kernel<<<detail::grid_for(tokens * groups * lanes, kThreads), kThreads, 0, stream>>>(
+    rope_vector_kernel<<<detail::grid_for(tokens * groups * lanes, kThreads), kThreads,
+                         size_t(half) * sizeof(float), stream>>>(
         q, k, shape.q_stride(), shape.kv_stride(), q_heads, kv_heads, shape.seq_len, tokens,
         int(shape.head_dim), lanes, theta, position_offset, direction);
     MEGATUNE_CUDA_CHECK_LAUNCH();
