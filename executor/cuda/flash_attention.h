@@ -30,7 +30,7 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 // warpgroup plus wgmma_warpgroups consumer warpgroups, 2 or 3 (head dim 64 only); 0: 3 for head dim 64, 2
 // for 128; wgmma_ping_pong: its consumers take turns at Q K^T. flash_attention_forward runs the
 // warp-specialized kernel without the ping-pong (H200: 1.10x the one-warpgroup kernel at head dim 64,
-// 1.25-1.35x the two-warpgroup kernel at 128; the ping-pong is +-5%: bench/RESULTS.md "attention"), and
+// 1.26-1.36x the two-warpgroup kernel at 128; the ping-pong is +-5%: bench/RESULTS.md "attention"), and
 // the two-warpgroup / one-warpgroup kernel past 2^31 tokens (its TMA coordinates are 32-bit).
 constexpr int kDefaultForwardRowsPerWarp = 64;
 void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
