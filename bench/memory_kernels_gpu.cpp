@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench/gpu_timing.h"
@@ -136,6 +137,30 @@ int run() {
         median_ms([&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); },
                   3, repeats);
     report("RoPE forward in place, llama-1b qkv (q and k)", 2.0 * tokens * (32 + 8) * 64 * 2, ms);
+  }
+  // RoPE at other token counts and head splits (tensor parallelism divides the heads, context parallelism
+  // and short sequences the tokens): the shapes the planner's profile sweeps.
+  for (const auto& [batch_tokens, heads, kv_heads, head_dim] : {std::tuple{512, 32, 8, 64},
+                                                                {2048, 32, 8, 64},
+                                                                {512, 32, 8, 128},
+                                                                {2048, 32, 8, 128},
+                                                                {8192, 32, 8, 128},
+                                                                {2048, 4, 1, 128},
+                                                                {8192, 4, 1, 128},
+                                                                {8192, 8, 2, 64}}) {
+    const AttentionShape s{.batch = 1,
+                           .seq_len = batch_tokens,
+                           .num_heads = heads,
+                           .num_kv_heads = kv_heads,
+                           .head_dim = head_dim};
+    cuda::bf16* q = big;
+    const double ms =
+        median_ms([&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); },
+                  3, repeats);
+    const std::string name = "RoPE forward in place, " + std::to_string(batch_tokens) + " tokens, " +
+                             std::to_string(heads) + " / " + std::to_string(kv_heads) + " heads of " +
+                             std::to_string(head_dim);
+    report(name.c_str(), 2.0 * batch_tokens * (heads + kv_heads) * head_dim * 2, ms);
   }
   {  // one 512 MiB LM-head chunk of llama-1b's vocabulary: the logits read twice, the gradient written
     const int64_t rows = 2048, vocab = 128256;

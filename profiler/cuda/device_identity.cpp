@@ -11,6 +11,7 @@
 
 #include "cost_models/hardware_catalog.h"
 #include "executor/cuda/cuda_check.h"
+#include "git_commit.h"  // generated at build time (profiler/cuda/CMakeLists.txt)
 
 #ifndef MEGATUNE_GIT_COMMIT
 #define MEGATUNE_GIT_COMMIT "unknown"
