@@ -1,9 +1,7 @@
 // RoPE kernels, angles in fp32 with accurate sincosf. The main kernel gives a thread 8 rotation pairs of one
-// token: it computes their 8 angles once and rotates those pairs in every lanes-th q and k head (16-byte
-// loads of both halves), so the sincosf cost is shared by several heads and the pass is memory-bound; the
-// inverse frequencies are computed once per block. Shapes it cannot take (half the head dim not a multiple
-// of 8, unaligned strides) use one thread per (token, head, pair).
-#include <algorithm>
+// token: it computes their 8 angles once and rotates those pairs in every q and k head (16-byte loads of both
+// halves), so the sincosf cost is shared by all heads and the pass is memory-bound. Shapes it cannot take
+// (half the head dim not a multiple of 8, unaligned strides) use one thread per (token, head, pair).
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
@@ -36,70 +34,38 @@ __global__ void rope_kernel(bf16* base, int64_t token_stride, int64_t heads, int
   }
 }
 
-// The threads of one token: `groups` (= head_dim / 16) per set of 8 rotation pairs times `lanes` that take
-// every lanes-th head (chosen at launch: heads / kHeadBatch, at most 32 / groups), so a token takes up to a
-// warp and its loads cover whole 128-byte lines; a thread computes its 8 angles once and keeps up to
-// kHeadBatch heads' loads in flight. H200, bench_memory_kernels_gpu: the former one-thread-walks-all-heads
-// kernel took 43-46 us for 32 / 8 heads of 64 at any token count from 512 to 8192 (a chain of 40 dependent
-// loads per thread); bench/RESULTS.md "executor".
-constexpr int kHeadBatch = 4;
-
-__device__ __forceinline__ bf16* rope_head(bf16* q, bf16* k, int64_t q_stride, int64_t kv_stride, int q_heads,
-                                           int64_t token, int h, int head_dim) {
-  return h < q_heads ? q + token * q_stride + int64_t(h) * head_dim
-                     : k + token * kv_stride + int64_t(h - q_heads) * head_dim;
-}
-
 __global__ void rope_vector_kernel(bf16* q, bf16* k, int64_t q_stride, int64_t kv_stride, int q_heads,
-                                   int kv_heads, int64_t seq_len, int64_t tokens, int head_dim, int lanes,
-                                   float theta, int64_t position_offset, float direction) {
-  const int half = head_dim / 2, groups = half / 8, heads = q_heads + kv_heads;
-  const int per_token = groups * lanes;
-  // The half inverse frequencies, once per block (powf is most of a thread's arithmetic otherwise).
-  extern __shared__ float inv_freq_table[];
-  for (int i = threadIdx.x; i < half; i += blockDim.x)
-    inv_freq_table[i] = 1.0f / powf(theta, float(2 * i) / float(head_dim));
-  __syncthreads();
-  const int64_t total = tokens * per_token;
+                                   int kv_heads, int64_t seq_len, int64_t tokens, int head_dim, float theta,
+                                   int64_t position_offset, float direction) {
+  const int half = head_dim / 2, groups = half / 8;
+  const int64_t total = tokens * groups;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t token = idx / per_token;
-    const int r = int(idx % per_token);
-    const int first = (r % groups) * 8, lane = r / groups;
+    const int first = int(idx % groups) * 8;
+    const int64_t token = idx / groups;
     const float position = float(position_offset + token % seq_len);
     float c[8], s[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      sincosf(position * inv_freq_table[first + e], &s[e], &c[e]);
+      const float inv_freq = 1.0f / powf(theta, float(2 * (first + e)) / float(head_dim));
+      sincosf(position * inv_freq, &s[e], &c[e]);
       s[e] *= direction;
     }
-    for (int h0 = lane; h0 < heads; h0 += kHeadBatch * lanes) {
-      detail::Bf16x8 lo[kHeadBatch], hi[kHeadBatch];
+    for (int h = 0; h < q_heads + kv_heads; ++h) {
+      bf16* x = h < q_heads ? q + token * q_stride + int64_t(h) * head_dim
+                            : k + token * kv_stride + int64_t(h - q_heads) * head_dim;
+      auto* lo = reinterpret_cast<detail::Bf16x8*>(x + first);
+      auto* hi = reinterpret_cast<detail::Bf16x8*>(x + half + first);
+      float x1[8], x2[8], y1[8], y2[8];
+      detail::unpack(*lo, x1);
+      detail::unpack(*hi, x2);
 #pragma unroll
-      for (int b = 0; b < kHeadBatch; ++b) {
-        const int h = h0 + b * lanes;
-        if (h < heads) {
-          const bf16* x = rope_head(q, k, q_stride, kv_stride, q_heads, token, h, head_dim);
-          lo[b] = *reinterpret_cast<const detail::Bf16x8*>(x + first);
-          hi[b] = *reinterpret_cast<const detail::Bf16x8*>(x + half + first);
-        }
+      for (int e = 0; e < 8; ++e) {
+        y1[e] = x1[e] * c[e] - x2[e] * s[e];
+        y2[e] = x2[e] * c[e] + x1[e] * s[e];
       }
-#pragma unroll
-      for (int b = 0; b < kHeadBatch; ++b) {
-        const int h = h0 + b * lanes;
-        if (h >= heads) break;
-        float x1[8], x2[8], y1[8], y2[8];
-        detail::unpack(lo[b], x1);
-        detail::unpack(hi[b], x2);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          y1[e] = x1[e] * c[e] - x2[e] * s[e];
-          y2[e] = x2[e] * c[e] + x1[e] * s[e];
-        }
-        bf16* x = rope_head(q, k, q_stride, kv_stride, q_heads, token, h, head_dim);
-        *reinterpret_cast<detail::Bf16x8*>(x + first) = detail::pack(y1);
-        *reinterpret_cast<detail::Bf16x8*>(x + half + first) = detail::pack(y2);
-      }
+      *lo = detail::pack(y1);
+      *hi = detail::pack(y2);
     }
   }
 }
@@ -118,14 +84,9 @@ void launch(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t 
   if (vector_path(shape, q, k)) {
     const int q_heads = q != nullptr ? int(shape.num_heads) : 0;
     const int kv_heads = k != nullptr ? int(shape.num_kv_heads) : 0;
-    // Enough lanes that a thread's heads fit one batch of loads, at most a warp per token: every lane
-    // repeats the 8 angles' sincosf, which costs more than it saves on shapes with few heads.
-    const int groups = int(half / 8), heads = q_heads + kv_heads;
-    const int lanes = std::clamp((heads + kHeadBatch - 1) / kHeadBatch, 1, std::max(1, 32 / groups));
-    rope_vector_kernel<<<detail::grid_for(tokens * groups * lanes, kThreads), kThreads,
-                         size_t(half) * sizeof(float), stream>>>(
+    rope_vector_kernel<<<detail::grid_for(tokens * (half / 8), kThreads), kThreads, 0, stream>>>(
         q, k, shape.q_stride(), shape.kv_stride(), q_heads, kv_heads, shape.seq_len, tokens,
-        int(shape.head_dim), lanes, theta, position_offset, direction);
+        int(shape.head_dim), theta, position_offset, direction);
     MEGATUNE_CUDA_CHECK_LAUNCH();
     return;
   }
