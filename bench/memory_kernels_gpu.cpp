@@ -1,8 +1,8 @@
 // Benchmark: the training step's memory-bound kernels (norm forward / backward, bias gradients as column
 // sums, GELU / SwiGLU forward and backward, RoPE) at one step's shapes (gpt-1.3b: 8192 tokens x 2048, FFN
-// 8192; llama-1b: 8192 tokens x 2048, FFN 8192, 32 / 8 heads of 64), each as achieved GB/s of the bytes it
-// must move, held against a device-to-device copy measured in the same run. CUDA-event timing, warm-up,
-// median of repeats.
+// 8192; llama-1b: 8192 tokens x 2048, FFN 8192, 32 / 8 heads of 64), plus RoPE over other token counts and
+// head splits, each as achieved GB/s of the bytes it must move, held against a device-to-device copy measured
+// in the same run. CUDA-event timing, warm-up, median of repeats.
 //   bench_memory_kernels_gpu [--repeats N]
 #include <cuda_runtime.h>
 
