@@ -130,38 +130,28 @@ int run() {
   report("SwiGLU backward + recomputed output 8192x(2x8192)", 6.0 * tf * 2,
          median_ms([&] { cuda::swiglu_backward_recompute(mid, big, big2, mid, tokens, ffn, nullptr); }, 3,
                    repeats));
-  {
-    const AttentionShape s{.batch = 2, .seq_len = 4096, .num_heads = 32, .num_kv_heads = 8, .head_dim = 64};
-    cuda::bf16* q = big;  // packed qkv: (32 + 16) x 64 per token
-    const double ms =
-        median_ms([&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); },
-                  3, repeats);
-    report("RoPE forward in place, llama-1b qkv (q and k)", 2.0 * tokens * (32 + 8) * 64 * 2, ms);
-  }
-  // RoPE at other token counts and head splits (tensor parallelism divides the heads, context parallelism
-  // and short sequences the tokens): the shapes the planner's profile sweeps.
-  for (const auto& [batch_tokens, heads, kv_heads, head_dim] : {std::tuple{512, 32, 8, 64},
-                                                                {2048, 32, 8, 64},
-                                                                {512, 32, 8, 128},
-                                                                {2048, 32, 8, 128},
-                                                                {8192, 32, 8, 128},
-                                                                {2048, 4, 1, 128},
-                                                                {8192, 4, 1, 128},
-                                                                {8192, 8, 2, 64}}) {
-    const AttentionShape s{.batch = 1,
-                           .seq_len = batch_tokens,
-                           .num_heads = heads,
-                           .num_kv_heads = kv_heads,
-                           .head_dim = head_dim};
-    cuda::bf16* q = big;
-    const double ms =
-        median_ms([&] { cuda::rope_forward_inplace(s, q, q + s.packed_k_offset(), 500000.0f, 0, nullptr); },
-                  3, repeats);
-    const std::string name = "RoPE forward in place, " + std::to_string(batch_tokens) + " tokens, " +
-                             std::to_string(heads) + " / " + std::to_string(kv_heads) + " heads of " +
-                             std::to_string(head_dim);
-    report(name.c_str(), 2.0 * batch_tokens * (heads + kv_heads) * head_dim * 2, ms);
-  }
+  // RoPE in place on packed qkv (q and k rotated, v untouched): bytes read and written of the q and k heads.
+  auto rope = [&](const AttentionShape& s, const std::string& name) {
+    const double ms = median_ms(
+        [&] { cuda::rope_forward_inplace(s, big, big + s.packed_k_offset(), 500000.0f, 0, nullptr); }, 3,
+        repeats);
+    report(name.c_str(), 2.0 * s.batch * s.seq_len * (s.num_heads + s.num_kv_heads) * s.head_dim * 2, ms);
+  };
+  rope({.batch = 2, .seq_len = 4096, .num_heads = 32, .num_kv_heads = 8, .head_dim = 64},
+       "RoPE forward in place, llama-1b qkv (q and k)");
+  // Other token counts and head splits (tensor parallelism divides the heads, context parallelism and short
+  // sequences the tokens): the shapes the planner's profile sweeps.
+  for (const auto& [seq, heads, kv_heads, head_dim] : {std::tuple{512, 32, 8, 64},
+                                                       {2048, 32, 8, 64},
+                                                       {512, 32, 8, 128},
+                                                       {2048, 32, 8, 128},
+                                                       {8192, 32, 8, 128},
+                                                       {2048, 4, 1, 128},
+                                                       {8192, 4, 1, 128},
+                                                       {8192, 8, 2, 64}})
+    rope({.batch = 1, .seq_len = seq, .num_heads = heads, .num_kv_heads = kv_heads, .head_dim = head_dim},
+         "RoPE forward in place, " + std::to_string(seq) + " tokens, " + std::to_string(heads) + " / " +
+             std::to_string(kv_heads) + " heads of " + std::to_string(head_dim));
   {  // one 512 MiB LM-head chunk of llama-1b's vocabulary: the logits read twice, the gradient written
     const int64_t rows = 2048, vocab = 128256;
     cuda::bf16* logits = random_bf16(size_t(rows * vocab), 12);

@@ -423,9 +423,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                         variant.longest_first};
   const int64_t rows = tokens * shape.num_heads;
   const int wgmma_warpgroups = variant.wgmma_warpgroups != 0 ? variant.wgmma_warpgroups : 2;
-  // The warp-specialized kernel's TMA coordinates are 32-bit: past 2^31 tokens the two-warpgroup kernel runs.
   const bool warp_specialized =
-      variant.wgmma && variant.wgmma_warp_specialized && tokens < (int64_t(1) << 31);
+      variant.wgmma && variant.wgmma_warp_specialized && hopper::warp_specialized_takes(tokens);
   const bool dq_tiled =
       variant.wgmma && (warp_specialized || wgmma_warpgroups == 2) && variant.wgmma_dq == WgmmaDq::kBulkTiles;
   // The preprocess also zeroes the dQ accumulator (one row per (token, head), as it walks them).

@@ -255,7 +255,7 @@ bool flash_attention_supports(const AttentionShape& shape) {
 
 void flash_attention_forward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                              bf16* o, float* lse, cudaStream_t stream) {
-  const bool warp_specialized = shape.batch * shape.seq_len < (int64_t(1) << 31);
+  const bool warp_specialized = hopper::warp_specialized_takes(shape.batch * shape.seq_len);
   flash_attention_forward_variant(shape, q, k, v, o, lse, stream, kDefaultForwardRowsPerWarp, 0,
                                   warp_specialized);
 }

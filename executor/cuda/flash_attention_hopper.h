@@ -22,9 +22,12 @@ struct ForwardArgs {
 // O and lse; 64 query rows per warpgroup, warpgroups_per_block (1 or 2) per block, 128-row K/V tiles
 // double-buffered.
 void launch_forward(const ForwardArgs& args, int warpgroups_per_block, cudaStream_t stream);
+// The warp-specialized kernels address tiles by 32-bit TMA coordinates over b * s token rows: they take
+// a shape only while this holds (the callers run the cp.async kernels past it).
+inline bool warp_specialized_takes(int64_t tokens) { return tokens < (int64_t(1) << 31); }
 // The warp-specialized form (flash_attention_hopper_forward_ws.cu): a TMA producer warpgroup and
-// consumer_warpgroups (2, or 3 for head dim 64) consumers of 64 query rows each. Needs b * s < 2^31.
-// ping_pong: the consumers take turns at the score product (named barriers).
+// consumer_warpgroups (2, or 3 for head dim 64) consumers of 64 query rows each. Needs
+// warp_specialized_takes(b * s). ping_pong: the consumers take turns at the score product (named barriers).
 void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, bool ping_pong,
                                      cudaStream_t stream);
 
@@ -52,7 +55,7 @@ void launch_backward(const BackwardArgs& args, int warpgroups_per_block, int dq_
 // The warp-specialized form (flash_attention_hopper_backward_ws.cu): a producer warpgroup streams Q / dO
 // through TMA and mbarriers, two consumer warpgroups compute as launch_backward's two-warpgroup kernel
 // (dQ by atomics into the row layout, or with bulk_dq by staged bulk reductions into the tiled layout), with
-// stages (2 or 3) Q / dO tiles in flight. Needs b * s < 2^31.
+// stages (2 or 3) Q / dO tiles in flight. Needs warp_specialized_takes(b * s).
 void launch_backward_warp_specialized(const BackwardArgs& args, int stages, bool bulk_dq,
                                       cudaStream_t stream);
 

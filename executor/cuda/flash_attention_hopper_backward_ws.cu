@@ -225,7 +225,7 @@ void launch_ws_head_dim(const BackwardArgs& args, int stages, bool bulk_dq, cuda
 
 void launch_backward_warp_specialized(const BackwardArgs& args, int stages, bool bulk_dq,
                                       cudaStream_t stream) {
-  if (int64_t(args.batch) * args.seq_len >= (int64_t(1) << 31))
+  if (!warp_specialized_takes(int64_t(args.batch) * args.seq_len))
     throw std::invalid_argument("flash attention backward: the warp-specialized kernel needs b * s < 2^31");
   if (stages != 2 && stages != 3)
     throw std::invalid_argument("flash attention backward: the warp-specialized kernel takes 2 or 3 stages");

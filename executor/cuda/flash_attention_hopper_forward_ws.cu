@@ -172,7 +172,7 @@ void launch_ws(const ForwardArgs& args, cudaStream_t stream) {
 
 void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, bool ping_pong,
                                      cudaStream_t stream) {
-  if (int64_t(args.batch) * args.seq_len >= (int64_t(1) << 31))
+  if (!warp_specialized_takes(int64_t(args.batch) * args.seq_len))
     throw std::invalid_argument("hopper::launch_forward_warp_specialized: needs b * s < 2^31");
   if (consumer_warpgroups != 2 && consumer_warpgroups != 3)
     throw std::invalid_argument("hopper::launch_forward_warp_specialized: 2 or 3 consumer warpgroups");
