@@ -25,7 +25,7 @@
 #include "executor/backend/sizing_backend.h"
 #include "executor/cuda/cuda_backend.h"
 #include "executor/kernels/reference_elementwise.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/trainer.h"
 #include "layouts/flops.h"
 #include "layouts/model_spec.h"

@@ -306,4 +306,45 @@ std::vector<int> RankGrid::group_of(int rank, GroupKind kind) const {
   return {};
 }
 
+GroupKind group_kind_of(CommGroup group) {
+  switch (group) {
+    case CommGroup::kTensor:
+      return GroupKind::kTp;
+    case CommGroup::kContext:
+      return GroupKind::kCp;
+    case CommGroup::kData:
+      return GroupKind::kDp;
+    case CommGroup::kDataContext:
+      return GroupKind::kDpCp;
+    case CommGroup::kPipeline:
+      return GroupKind::kPp;
+    case CommGroup::kExpert:
+      return GroupKind::kEp;
+    case CommGroup::kExpertTensor:
+      return GroupKind::kExpertTp;
+    case CommGroup::kExpertData:
+      return GroupKind::kExpertDp;
+    case CommGroup::kTensorExpert:
+      return GroupKind::kTpEp;
+    case CommGroup::kEmbedding:
+      return GroupKind::kEmbedding;
+    case CommGroup::kNone:
+    case CommGroup::kWorld:
+      break;
+  }
+  throw std::invalid_argument(std::string("no rank-grid group for ") + comm_group_name(group));
+}
+
+std::vector<int> RankGrid::comm_group_members(int rank, CommGroup group) const {
+  if (group == CommGroup::kWorld) {
+    std::vector<int> all(world_);
+    for (int r = 0; r < world_; ++r) all[r] = r;
+    return all;
+  }
+  if (group == CommGroup::kNone) return {rank};
+  std::vector<int> members = group_of(rank, group_kind_of(group));
+  if (members.empty()) members = {rank};
+  return members;
+}
+
 }  // namespace megatune::layouts

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "layouts/op.h"
 #include "layouts/parallel_config.h"
 
 namespace megatune::layouts {
@@ -37,6 +38,9 @@ enum class GroupKind {
   kPositionEmbedding,  // first rank of each pp group
 };
 std::string_view to_string(GroupKind kind);
+// The rank-grid group a step-program CommGroup runs over (kWorld and kNone have none: see
+// RankGrid::comm_group_members).
+GroupKind group_kind_of(CommGroup group);
 std::span<const GroupKind> all_group_kinds();
 
 class RankGrid {
@@ -65,6 +69,9 @@ class RankGrid {
   std::vector<std::vector<int>> groups(GroupKind kind) const;
   // The group of `kind` holding `rank`; empty when the rank is in none (embedding groups).
   std::vector<int> group_of(int rank, GroupKind kind) const;
+  // The members (global ranks, in group order) of the group `group` that `rank` issues a collective over:
+  // every rank for kWorld, the rank alone for kNone or when it is in no group of that kind.
+  std::vector<int> comm_group_members(int rank, CommGroup group) const;
 
  private:
   int world_, tp_, cp_, dp_, pp_, ep_, etp_, edp_;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "executor/cpu/cpu_backend.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
 #include "layouts/user_error.h"

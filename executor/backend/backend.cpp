@@ -40,9 +40,15 @@ Op memory_op(OpKind kind, DType dtype, std::int64_t bytes) {
 
 }  // namespace
 
-void Backend::begin_op(layouts::Op op, const OpTag& tag) {
+void Backend::begin_external_op(layouts::Op op, const OpTag& tag, int microbatch, int chunk) {
+  begin_op(std::move(op), tag, microbatch, chunk);
+}
+
+void Backend::begin_op(layouts::Op op, const OpTag& tag, int microbatch, int chunk) {
   if (!recorder_.enabled() && !op_timing_ && op_observer_ == nullptr) return;
   recorder_.stamp(op, tag);
+  if (microbatch >= -1) op.microbatch = microbatch;
+  if (chunk >= -1) op.chunk = chunk;
   if (op_observer_ != nullptr) op_observer_->op_begin(observed_ops_++, op);
   if (op_timing_) on_op_begin(op);
   if (recorder_.enabled()) recorder_.append(std::move(op));

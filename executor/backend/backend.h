@@ -184,6 +184,11 @@ class Backend {
   void adamw_step(const AdamWHyper& hyper, const OpTag& tag);
 
   OpRecorder& recorder() { return recorder_; }
+  // Brackets work issued outside the kernel set (the Communicator's collectives and transfers) so that it
+  // is recorded, observed and timed like a kernel. microbatch / chunk >= -1 replace the recorder's schedule
+  // position on the op (a batched p2p exchange carries other micro-batches' tensors); -2 keeps it.
+  void begin_external_op(layouts::Op op, const OpTag& tag, int microbatch = -2, int chunk = -2);
+  void end_external_op() { end_op(); }
   // Per-op device timing (CUDA backend): when on, every kernel is bracketed by timing events and
   // timed_ops() returns (op, milliseconds) of everything issued since the last call (synchronizes).
   void set_op_timing(bool on) { op_timing_ = on; }
@@ -241,7 +246,7 @@ class Backend {
   Tensor scratch_;                       // see set_scratch()
 
  private:
-  void begin_op(layouts::Op op, const OpTag& tag);
+  void begin_op(layouts::Op op, const OpTag& tag, int microbatch = -2, int chunk = -2);
   void end_op();
   bool op_timing_ = false;
   OpObserver* op_observer_ = nullptr;

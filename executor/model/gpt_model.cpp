@@ -317,7 +317,7 @@ void GPTModel::tensor_parallel_reduce(Tensor t) {
   // Megatron's reduce in a row-parallel layer's forward / a column-parallel layer's input-gradient; a
   // no-op at TP size 1.
   if (communicator_.size(CommGroup::kTensor) > 1)
-    communicator_.all_reduce(CommGroup::kTensor, t, ReduceOp::kSum);
+    communicator_.all_reduce(CommGroup::kTensor, t, ReduceOp::kSum, {"tp_all_reduce", -1, OpPhase::kForward});
 }
 
 NormArgs GPTModel::norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,

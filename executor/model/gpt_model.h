@@ -9,7 +9,7 @@
 #include "executor/data/data_loader.h"
 #include "executor/model/parameter_layout.h"
 #include "executor/model/transformer_config.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
 

@@ -98,7 +98,8 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   recorder.set_position(-1, -1);
   // Data-parallel gradient reduction (Megatron's grad buffer all-reduce over dp-cp); a no-op on one rank.
   if (communicator_.size(CommGroup::kDataContext) > 1)
-    communicator_.all_reduce(CommGroup::kDataContext, model_->grads(), ReduceOp::kSum);
+    communicator_.all_reduce(CommGroup::kDataContext, model_->grads(), ReduceOp::kSum,
+                             {"grad_bucket", -1, OpPhase::kGradSync});
 
   StepResult result;
   result.learning_rate = schedule_lr_.lr(consumed_samples_);

@@ -9,7 +9,7 @@
 
 #include "executor/backend/backend.h"
 #include "executor/model/gpt_model.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/lr_schedule.h"
 #include "layouts/schedule.h"
 

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "executor/cuda/cuda_backend.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
 #include "layouts/step_program.h"

@@ -8,7 +8,7 @@
 
 #include "executor/cpu/cpu_backend.h"
 #include "executor/cuda/cuda_backend.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/trainer.h"
 #include "tests/executor/small_models.h"
 

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "executor/cpu/cpu_backend.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/trainer.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"

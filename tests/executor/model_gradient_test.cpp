@@ -9,7 +9,7 @@
 
 #include "executor/cpu/cpu_backend.h"
 #include "executor/model/gpt_model.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 
 namespace megatune::executor {
 namespace {

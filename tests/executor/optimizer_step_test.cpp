@@ -8,7 +8,7 @@
 #include <random>
 
 #include "executor/cpu/cpu_backend.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/trainer.h"
 
 namespace megatune::executor {

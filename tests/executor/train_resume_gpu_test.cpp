@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "executor/cuda/cuda_backend.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/training_run.h"
 #include "tests/executor/small_models.h"
 

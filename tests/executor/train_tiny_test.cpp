@@ -8,7 +8,7 @@
 
 #include "executor/cpu/cpu_backend.h"
 #include "executor/data/preprocess.h"
-#include "executor/runtime/communicator.h"
+#include "executor/parallel/communicator.h"
 #include "executor/training/training_run.h"
 #include "layouts/model_spec.h"
 #include "layouts/user_error.h"
