@@ -238,6 +238,9 @@ void dense_mlp_backward(OpSink& o, const StepShape& s, std::int64_t ffn, const s
   o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, /*need_dgrad=*/false);
   if (recompute_norm && s.recompute != RecomputeGranularity::kFull)
     o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
+  // Sequence parallelism: the norm output is re-gathered for fc1's weight gradient (before its GEMMs).
+  if (recompute_norm && s.sp)
+    o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward(fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
 }
 
@@ -349,8 +352,6 @@ void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShap
   } else {
     if (s.sp) o.comm(OpKind::kAllGather, "fc2_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     dense_mlp_backward(o, s, s.ffn, "fc1", "fc2", true);
-    if (s.sp)
-      o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     if (s.sp)
       o.comm(OpKind::kReduceScatter, "fc1_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     else

@@ -263,6 +263,19 @@ void Backend::cross_entropy(Tensor logits, Tensor targets, Tensor losses, float 
   end_op();
 }
 
+void Backend::vocab_parallel_cross_entropy(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                                           Tensor losses, float grad_scale, const CrossEntropyStats& stats,
+                                           const StatsReduce& reduce, const OpTag& tag) {
+  begin_op(memory_op(OpKind::kCrossEntropy, logits.dtype, 2 * logits.numel() * element_bytes(logits)), tag);
+  do_cross_entropy_row_max(logits, stats.row_max);
+  end_op();
+  reduce(stats.row_max, true, "ce_max_ar");
+  do_cross_entropy_target_sum_exp(logits, targets, vocab_offset, stats);
+  reduce(stats.target_logit, false, "ce_target_ar");
+  reduce(stats.sum_exp, false, "ce_sum_exp_ar");
+  do_cross_entropy_finish(logits, targets, vocab_offset, stats, losses, grad_scale);
+}
+
 void Backend::add(Tensor a, Tensor b, Tensor out, const OpTag& tag) {
   begin_op(memory_op(OpKind::kElementwise, out.dtype, 3 * out.numel() * element_bytes(out)), tag);
   do_add(a, b, out);

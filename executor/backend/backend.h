@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -172,6 +173,19 @@ class Backend {
   // Fused cross-entropy over logits (T, V) with int32 targets (T, 1) (negative = masked): losses (T, 1)
   // fp32, and the logits are overwritten by grad_scale * (softmax - onehot). No second copy of the logits.
   void cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale, const OpTag& tag);
+  // Vocab-parallel cross entropy (Megatron's): logits (T, V / tp) are this rank's vocabulary slice starting
+  // at global id vocab_offset; targets (T, 1) hold global ids (negative = masked); losses and the in-place
+  // gradient as cross_entropy(). Between its passes it calls reduce(stats, is_max, label) to reduce a (T, 1)
+  // fp32 tensor over the tensor-parallel group: the row maxima ("ce_max_ar", max), then the target logits
+  // ("ce_target_ar", sum) and the sums of exp ("ce_sum_exp_ar", sum). Recorded as one kCrossEntropy op (the
+  // first pass is what op timing brackets) followed by whatever the reductions record.
+  struct CrossEntropyStats {
+    Tensor row_max, target_logit, sum_exp;  // (T, 1) fp32 each
+  };
+  using StatsReduce = std::function<void(Tensor stats, bool is_max, const char* label)>;
+  void vocab_parallel_cross_entropy(Tensor logits, Tensor targets, std::int64_t vocab_offset, Tensor losses,
+                                    float grad_scale, const CrossEntropyStats& stats, const StatsReduce& reduce,
+                                    const OpTag& tag);
   void add(Tensor a, Tensor b, Tensor out, const OpTag& tag);  // out = a + b (out may alias a)
   void cast(Tensor src, Tensor dst, const OpTag& tag);         // e.g. fp32 main params -> model dtype
 
@@ -179,8 +193,11 @@ class Backend {
   virtual void prepare_optimizer(std::vector<OptimizerTensor> tensors) = 0;
   // Global L2 norm of every registered main_grad (deterministic), returned to the host.
   float grad_norm(const OpTag& tag);
+  // Replaces the norm the next adamw_step() clips against (and skips on when non-finite) with a global one
+  // combined over ranks (the data- and model-parallel grad norm).
+  void set_grad_norm(float norm) { do_set_grad_norm(norm); }
   // One AdamW step over every registered tensor, clipping by hyper.max_grad_norm against the last
-  // grad_norm(); writes the updated model_param copies.
+  // grad_norm() or set_grad_norm(); writes the updated model_param copies.
   void adamw_step(const AdamWHyper& hyper, const OpTag& tag);
 
   OpRecorder& recorder() { return recorder_; }
@@ -238,9 +255,16 @@ class Backend {
   virtual void do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
                                                 Tensor out) = 0;
   virtual void do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) = 0;
+  // The three passes of vocab_parallel_cross_entropy (stats as documented there).
+  virtual void do_cross_entropy_row_max(Tensor logits, Tensor row_max) = 0;
+  virtual void do_cross_entropy_target_sum_exp(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                                               const CrossEntropyStats& stats) = 0;
+  virtual void do_cross_entropy_finish(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                                       const CrossEntropyStats& stats, Tensor losses, float grad_scale) = 0;
   virtual void do_add(Tensor a, Tensor b, Tensor out) = 0;
   virtual void do_cast(Tensor src, Tensor dst) = 0;
   virtual float do_grad_norm() = 0;
+  virtual void do_set_grad_norm(float norm) = 0;
   virtual void do_adamw_step(const AdamWHyper& hyper) = 0;
   std::int64_t optimizer_elements_ = 0;  // set by prepare_optimizer implementations
   Tensor scratch_;                       // see set_scratch()

@@ -49,9 +49,17 @@ class SizingBackend final : public Backend {
   void do_activation_backward(ActivationKind, Tensor, Tensor, Tensor) override { refuse(); }
   void do_activation_backward_recompute(ActivationKind, Tensor, Tensor, Tensor, Tensor) override { refuse(); }
   void do_cross_entropy(Tensor, Tensor, Tensor, float) override { refuse(); }
+  void do_cross_entropy_row_max(Tensor, Tensor) override { refuse(); }
+  void do_cross_entropy_target_sum_exp(Tensor, Tensor, std::int64_t, const CrossEntropyStats&) override {
+    refuse();
+  }
+  void do_cross_entropy_finish(Tensor, Tensor, std::int64_t, const CrossEntropyStats&, Tensor, float) override {
+    refuse();
+  }
   void do_add(Tensor, Tensor, Tensor) override { refuse(); }
   void do_cast(Tensor, Tensor) override { refuse(); }
   float do_grad_norm() override { refuse(); }
+  void do_set_grad_norm(float) override { refuse(); }
   void do_adamw_step(const AdamWHyper&) override { refuse(); }
 
  private:

@@ -209,6 +209,28 @@ void CpuBackend::do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, 
   round_if_bf16(logits);
 }
 
+void CpuBackend::do_cross_entropy_row_max(Tensor logits, Tensor row_max) {
+  require_contiguous(logits, "logits");
+  reference::cross_entropy_row_max(f32(logits), f32(row_max), logits.rows, logits.cols);
+}
+
+void CpuBackend::do_cross_entropy_target_sum_exp(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                                                 const CrossEntropyStats& stats) {
+  require_contiguous(logits, "logits");
+  reference::cross_entropy_target_sum_exp(f32(logits), i32(targets), f32(stats.row_max),
+                                          f32(stats.target_logit), f32(stats.sum_exp), logits.rows,
+                                          logits.cols, vocab_offset);
+}
+
+void CpuBackend::do_cross_entropy_finish(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                                         const CrossEntropyStats& stats, Tensor losses, float grad_scale) {
+  require_contiguous(logits, "logits");
+  reference::cross_entropy_finish(f32(logits), i32(targets), f32(stats.row_max), f32(stats.target_logit),
+                                  f32(stats.sum_exp), f32(losses), logits.rows, logits.cols, vocab_offset,
+                                  grad_scale);
+  round_if_bf16(logits);
+}
+
 void CpuBackend::do_add(Tensor a, Tensor b, Tensor out) {
   require_contiguous(out, "add output");
   reference::add(f32(a), f32(b), f32(out), out.numel());

@@ -46,9 +46,15 @@ class CpuBackend final : public Backend {
   void do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
                                         Tensor out) override;
   void do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) override;
+  void do_cross_entropy_row_max(Tensor logits, Tensor row_max) override;
+  void do_cross_entropy_target_sum_exp(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                                       const CrossEntropyStats& stats) override;
+  void do_cross_entropy_finish(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                               const CrossEntropyStats& stats, Tensor losses, float grad_scale) override;
   void do_add(Tensor a, Tensor b, Tensor out) override;
   void do_cast(Tensor src, Tensor dst) override;
   float do_grad_norm() override;
+  void do_set_grad_norm(float norm) override { last_grad_norm_ = norm; }
   void do_adamw_step(const AdamWHyper& hyper) override;
 
  private:

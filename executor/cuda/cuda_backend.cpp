@@ -400,6 +400,27 @@ void CudaBackend::do_cross_entropy(Tensor logits, Tensor targets, Tensor losses,
                                        grad_scale, compute_);
 }
 
+void CudaBackend::do_cross_entropy_row_max(Tensor logits, Tensor row_max) {
+  require_contiguous(logits, "logits");
+  cuda::cross_entropy_row_max(b16(logits), f32(row_max), logits.rows, logits.cols, compute_);
+}
+
+void CudaBackend::do_cross_entropy_target_sum_exp(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                                                  const CrossEntropyStats& stats) {
+  require_contiguous(logits, "logits");
+  cuda::cross_entropy_target_sum_exp(b16(logits), static_cast<const std::int32_t*>(targets.data),
+                                     f32(stats.row_max), f32(stats.target_logit), f32(stats.sum_exp),
+                                     logits.rows, logits.cols, vocab_offset, compute_);
+}
+
+void CudaBackend::do_cross_entropy_finish(Tensor logits, Tensor targets, std::int64_t vocab_offset,
+                                          const CrossEntropyStats& stats, Tensor losses, float grad_scale) {
+  require_contiguous(logits, "logits");
+  cuda::cross_entropy_finish(b16(logits), static_cast<const std::int32_t*>(targets.data), f32(stats.row_max),
+                             f32(stats.target_logit), f32(stats.sum_exp), f32(losses), logits.rows, logits.cols,
+                             vocab_offset, grad_scale, compute_);
+}
+
 void CudaBackend::do_add(Tensor a, Tensor b, Tensor out) {
   require_contiguous(out, "add output");
   cuda::add_bf16(b16(a), b16(b), b16(out), out.numel(), compute_);
@@ -437,6 +458,11 @@ float CudaBackend::do_grad_norm() {
       cudaMemcpyAsync(&norm, grad_norm_device_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
   MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
   return norm;
+}
+
+void CudaBackend::do_set_grad_norm(float norm) {
+  MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(grad_norm_device_, &norm, sizeof(float), cudaMemcpyHostToDevice, compute_));
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));  // `norm` lives on this stack frame
 }
 
 void CudaBackend::on_op_begin(const layouts::Op& op) {

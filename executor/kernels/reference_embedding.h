@@ -5,7 +5,8 @@
 namespace megatune::executor::reference {
 
 // out [tokens, hidden] = word[ids[t]] (+ position[t % seq_len] when position != nullptr).
-// ids [tokens] in [0, vocab) (checked: std::out_of_range); tokens = batch * seq_len, token-major.
+// ids [tokens] below vocab (checked: std::out_of_range); a negative id (a token of another rank's vocabulary
+// slice) gives a zero word row and no word gradient. tokens = batch * seq_len, token-major.
 void embedding_forward(const int32_t* ids, const float* word, const float* position, float* out,
                        int64_t tokens, int64_t seq_len, int64_t vocab, int64_t hidden);
 

@@ -92,29 +92,41 @@ std::uint64_t splitmix64(std::uint64_t x) {
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, RecomputeGranularity recompute,
-                   DType compute_dtype, Backend& backend, Communicator& communicator)
+                   DType compute_dtype, Backend& backend, Communicator& communicator, const StageSpan& stage)
     : config_(config),
       batch_(batch),
       recompute_(recompute),
       compute_dtype_(compute_dtype),
       backend_(backend),
       communicator_(communicator),
-      layout_(config) {
+      stage_(stage),
+      layout_(config, stage) {
   config_.validate();
-  if (config_.tensor_parallel_size != 1 || communicator_.size(CommGroup::kTensor) != 1)
-    throw UserError(
-        "the executor runs --tensor-model-parallel-size 1 only so far; plan TP layouts with `megatune plan`");
+  if (stage_.num_layers < 0) stage_.num_layers = config_.num_layers - stage_.first_layer;
+  if (stage_.first_layer < 0 || stage_.first_layer + stage_.num_layers > config_.num_layers)
+    throw std::invalid_argument("GPTModel: stage layers outside the model");
+  tp_rank_ = communicator_.rank(CommGroup::kTensor);
+  tp_size_ = communicator_.size(CommGroup::kTensor);
+  if (tp_size_ != config_.tensor_parallel_size)
+    throw std::invalid_argument("GPTModel: the communicator's tensor-parallel group has " +
+                                std::to_string(tp_size_) + " ranks, the model config " +
+                                std::to_string(config_.tensor_parallel_size));
   if (batch_.seq > config_.max_seq && config_.position == PositionEmbedding::kLearned)
     throw UserError("--seq-length " + std::to_string(batch_.seq) + " exceeds --max-position-embeddings " +
                     std::to_string(config_.max_seq));
   const std::int64_t T = batch_.tokens(), h = config_.hidden, total = layout_.total_elements();
+  if (sp() && T % tp_size_ != 0)
+    throw UserError("--sequence-parallel: micro-batch tokens (" + std::to_string(T) +
+                    ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
+  rows_ = sp() ? T / tp_size_ : T;
+  if (batch_.activation_slots < 1) throw std::invalid_argument("GPTModel: activation_slots must be >= 1");
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
   // The compute-dtype copy covers every parameter a GEMM or norm reads. An untied word embedding (and the
   // learned positions) is only gathered: the lookup reads the fp32 main parameters and no copy is kept. The
   // buffer order is Megatron's (reversed): the embedding tables are the last elements, so the copy is the
   // buffer's first model_copy_elements_.
   model_copy_elements_ = total;
-  if (compute_dtype_ != DType::kFP32 && !config_.tied_embeddings) {
+  if (compute_dtype_ != DType::kFP32 && !config_.tied_embeddings && stage_.has_embedding) {
     const bool learned = config_.position == PositionEmbedding::kLearned;
     model_copy_elements_ = layout_.entries()[learned ? 1 : 0].offset;
   }
@@ -126,11 +138,11 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   // tied head is the word embedding, which the head's gradient GEMM writes before the embedding's backward
   // adds to it).
   std::vector<std::pair<std::int64_t, std::int64_t>> gemm_weights;  // [begin, end) in elements
-  const ParameterEntry& head = head_entry();
+  const ParameterEntry* head = stage_.has_loss ? &head_entry() : nullptr;
   for (const ParameterEntry& e : layout_.entries()) {
     const bool linear = e.name.ends_with("linear_qkv.weight") || e.name.ends_with("linear_proj.weight") ||
                         e.name.ends_with("linear_fc1.weight") || e.name.ends_with("linear_fc2.weight");
-    if (&e == &head || linear) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
+    if (&e == head || linear) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
   }
   std::sort(gemm_weights.begin(), gemm_weights.end());
   std::int64_t next = 0;
@@ -139,11 +151,14 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     if (begin > next) zeroed_grads_.push_back(carve(grads_, next, 1, begin - next, 4));
     next = std::max(next, end);
   }
-  layer_grads_written_.assign(config_.num_layers, false);
-  if (grads_.data != nullptr) backend_.fill_zero(grads_);  // once: the GEMM weights' ranges too
+  layer_grads_written_.assign(stage_.num_layers, false);
+  if (grads_.data != nullptr && total > 0) backend_.fill_zero(grads_);  // once: the GEMM weights' ranges too
 
-  for (int l = 0; l <= config_.num_layers; ++l)
-    residual_.push_back(backend_.allocate(compute_dtype_, T, h, "residual stream (layer inputs)"));
+  const int L = stage_.num_layers;
+  slots_.resize(batch_.activation_slots);
+  for (Slot& slot : slots_)
+    for (int l = 0; l <= L; ++l)
+      slot.residual.push_back(backend_.allocate(compute_dtype_, rows_, h, "residual stream (layer inputs)"));
   // Buffers shared by every layer. mlp_scratch_ holds, in turn: the activation output (forward), in backward
   // fc2's data gradient and then the recomputed activation output, then the attention output gradient and
   // the qkv gradient side by side.
@@ -151,43 +166,88 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
                      qkv_w = config_.qkv_width(), storage = backend_.storage_bytes(compute_dtype_);
   norm1_out_ = backend_.allocate(compute_dtype_, T, h, "norm outputs (shared, recomputed)");
   norm2_out_ = backend_.allocate(compute_dtype_, T, h, "norm outputs (shared, recomputed)");
+  if (sp()) {
+    norm1_shard_ = backend_.allocate(compute_dtype_, rows_, h, "norm outputs (shared, recomputed)");
+    norm2_shard_ = backend_.allocate(compute_dtype_, rows_, h, "norm outputs (shared, recomputed)");
+  } else {
+    norm1_shard_ = norm1_out_;
+    norm2_shard_ = norm2_out_;
+  }
   mlp_scratch_ = backend_.allocate(compute_dtype_, 1, T * std::max(ffn, attn_w + qkv_w),
                                    "activation output / gradient scratch (shared)");
-  const int saved_sets = recompute_ == RecomputeGranularity::kFull ? 1 : config_.num_layers;
   const bool keep_attention = recompute_ == RecomputeGranularity::kNone;
-  for (int l = 0; l < saved_sets; ++l) saved_.push_back(allocate_layer_activations(keep_attention));
-  if (!keep_attention) {
+  if (recompute_ == RecomputeGranularity::kFull) {
+    if (L > 0) full_recompute_set_ = allocate_layer_activations(keep_attention);
+  } else {
+    for (Slot& slot : slots_)
+      for (int l = 0; l < L; ++l) slot.saved.push_back(allocate_layer_activations(keep_attention));
+  }
+  if (!keep_attention && L > 0) {
     shared_attn_ = backend_.allocate(compute_dtype_, T, attn_w, "recomputed attention (shared)");
     shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
                                     "recomputed attention (shared)");
-    for (LayerActivations& acts : saved_) {
+    auto share = [&](LayerActivations& acts) {
       acts.attn = shared_attn_;
       acts.lse = shared_lse_;
+    };
+    share(full_recompute_set_);
+    for (Slot& slot : slots_)
+      for (LayerActivations& acts : slot.saved) share(acts);
+  }
+  if (stage_.has_loss) {
+    for (Slot& slot : slots_) {
+      slot.final_norm = backend_.allocate(compute_dtype_, rows_, h, "final norm");
+      slot.final_mean = backend_.allocate(DType::kFP32, rows_, 1, "final norm");
+      slot.final_rstd = backend_.allocate(DType::kFP32, rows_, 1, "final norm");
+    }
+    loss_chunk_rows_ = layouts::loss_chunk_rows(T, config_.vocab_per_rank(), batch_.loss_chunk_logits_bytes);
+    logits_ = backend_.allocate(compute_dtype_, loss_chunk_rows_, config_.vocab_per_rank(),
+                                "logits (and their gradient), one token chunk");
+    if (tp_size_ > 1) {
+      ce_stats_.row_max = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1, "logits (and their gradient), one token chunk");
+      ce_stats_.target_logit = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1, "logits (and their gradient), one token chunk");
+      ce_stats_.sum_exp = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1, "logits (and their gradient), one token chunk");
     }
   }
-  final_norm_ = backend_.allocate(compute_dtype_, T, h, "final norm");
-  final_mean_ = backend_.allocate(DType::kFP32, T, 1, "final norm");
-  final_rstd_ = backend_.allocate(DType::kFP32, T, 1, "final norm");
-  loss_chunk_rows_ = layouts::loss_chunk_rows(T, config_.vocab_per_rank(), batch_.loss_chunk_logits_bytes);
-  logits_ = backend_.allocate(compute_dtype_, loss_chunk_rows_, config_.vocab_per_rank(),
-                              "logits (and their gradient), one token chunk");
-  tokens_ = backend_.allocate_int32(T, 1, "tokens, targets, losses");
+  for (Slot& slot : slots_) slot.tokens = backend_.allocate_int32(T, 1, "tokens, targets, losses");
   targets_ = backend_.allocate_int32(T, 1, "tokens, targets, losses");
   losses_ = backend_.allocate(DType::kFP32, batch_.num_microbatches, T, "tokens, targets, losses");
-  d_res_ = backend_.allocate(compute_dtype_, T, h, "backward scratch (T, h)");
-  d_mid_ = backend_.allocate(compute_dtype_, T, h, "backward scratch (T, h)");
+  d_res_ = backend_.allocate(compute_dtype_, rows_, h, "backward scratch (T, h)");
+  d_mid_ = backend_.allocate(compute_dtype_, rows_, h, "backward scratch (T, h)");
   d_hidden_ = backend_.allocate(compute_dtype_, T, h, "backward scratch (T, h)");
   fc2_out_ = d_hidden_;  // forward only; d_hidden_ is dead between layers' backwards
+  if (sp()) {
+    reduced_ = backend_.allocate(compute_dtype_, rows_, h, "backward scratch (T, h)");
+    d_hidden_shard_ = reduced_;  // forward and backward use it at different times
+    full_scratch_ = backend_.allocate(compute_dtype_, T, h, "gathered activations (sequence parallel)");
+  } else {
+    reduced_ = fc2_out_;
+    d_hidden_shard_ = d_hidden_;
+  }
+  // The LM head's gradient of the final norm output: the backward scratch for the one slot of an unpipelined
+  // run (its backward follows at once), a buffer per slot otherwise.
+  if (stage_.has_loss)
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      slots_[i].head_grad =
+          i == 0 ? d_hidden_ : backend_.allocate(compute_dtype_, T, h, "pipeline gradients (per slot)");
+  for (Slot& slot : slots_) {
+    if (!stage_.has_loss)
+      slot.output_grad = backend_.allocate(compute_dtype_, rows_, h, "pipeline gradients (per slot)");
+    if (!stage_.has_embedding)
+      slot.input_grad = backend_.allocate(compute_dtype_, rows_, h, "pipeline gradients (per slot)");
+  }
   d_attn_ = carve(mlp_scratch_, 0, T, attn_w, storage);
   d_qkv_ = carve(mlp_scratch_, T * attn_w, T, qkv_w, storage);
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
+  slot_of_microbatch_.assign(batch_.num_microbatches, -1);
+  forward_done_.assign(batch_.num_microbatches, false);
 
   Backend::ScratchNeeds needs;
   needs.tokens = T;
   needs.hidden = h;
   needs.max_bias_cols = std::max({h, config_.qkv_width(), config_.fc1_width()});
   needs.vocab = config_.vocab_per_rank();
-  needs.attention = attention_args(saved_[0]);
+  needs.attention = attention_args(L > 0 ? activations_for(0, 0) : LayerActivations{});
   const std::int64_t scratch_bytes = backend_.scratch_bytes(needs);
   if (scratch_bytes > 0)
     backend_.set_scratch(backend_.allocate(DType::kFP32, 1, (scratch_bytes + 3) / 4, "kernel scratch"));
@@ -197,18 +257,18 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
   const std::int64_t T = batch_.tokens(), h = config_.hidden;
   LayerActivations a;
   a.ln1 = norm1_out_;
-  a.ln1_mean = backend_.allocate(DType::kFP32, T, 1, "saved: norm statistics");
-  a.ln1_rstd = backend_.allocate(DType::kFP32, T, 1, "saved: norm statistics");
+  a.ln1_mean = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
+  a.ln1_rstd = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
   a.qkv = backend_.allocate(compute_dtype_, T, config_.qkv_width(), "saved: qkv");
   if (with_attention) {
     a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), "saved: attention output");
     a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
                               "saved: attention output");
   }
-  a.mid = backend_.allocate(compute_dtype_, T, h, "saved: mid residual");
+  a.mid = backend_.allocate(compute_dtype_, rows_, h, "saved: mid residual");
   a.ln2 = norm2_out_;
-  a.ln2_mean = backend_.allocate(DType::kFP32, T, 1, "saved: norm statistics");
-  a.ln2_rstd = backend_.allocate(DType::kFP32, T, 1, "saved: norm statistics");
+  a.ln2_mean = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
+  a.ln2_rstd = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
   a.fc1 = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "saved: fc1 output (pre-activation)");
   a.act = carve(mlp_scratch_, 0, T, config_.ffn_per_rank(), backend_.storage_bytes(compute_dtype_));
   return a;
@@ -267,10 +327,16 @@ void GPTModel::initialize_parameters(std::uint64_t seed) {
     if (e.init == ParameterInit::kOnes) {
       std::fill(out, out + e.numel(), 1.0f);
     } else if (e.init == ParameterInit::kNormal || e.init == ParameterInit::kScaledNormal) {
+      // The whole tensor from a generator seeded by the parameter's name, then this rank's slice.
       const float std = e.init == ParameterInit::kNormal ? config_.init_std : scaled_std;
-      std::mt19937_64 rng(splitmix64(seed * 0x100000001B3ull + i));
+      std::uint64_t name_hash = 0xcbf29ce484222325ull;  // FNV-1a
+      for (char c : e.name) name_hash = (name_hash ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
+      std::mt19937_64 rng(splitmix64(seed * 0x100000001B3ull ^ name_hash));
       std::normal_distribution<float> normal(0.0f, std);
-      for (std::int64_t j = 0; j < e.numel(); ++j) out[j] = normal(rng);
+      std::vector<float> global(static_cast<std::size_t>(e.global_rows() * e.global_cols()));
+      for (float& v : global) v = normal(rng);
+      const std::vector<float> local = tensor_parallel_slice(e, global, tp_rank_, tp_size_);
+      std::copy(local.begin(), local.end(), out);
     }
   };
   const unsigned workers = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
@@ -309,15 +375,60 @@ std::vector<float> GPTModel::gradients() const {
 
 void GPTModel::zero_gradients() {
   for (const Tensor& t : zeroed_grads_) backend_.fill_zero(t);
-  layer_grads_written_.assign(config_.num_layers, false);
+  layer_grads_written_.assign(stage_.num_layers, false);
   head_grad_written_ = false;
 }
 
-void GPTModel::tensor_parallel_reduce(Tensor t) {
-  // Megatron's reduce in a row-parallel layer's forward / a column-parallel layer's input-gradient; a
-  // no-op at TP size 1.
-  if (communicator_.size(CommGroup::kTensor) > 1)
-    communicator_.all_reduce(CommGroup::kTensor, t, ReduceOp::kSum, {"tp_all_reduce", -1, OpPhase::kForward});
+Tensor GPTModel::reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label,
+                                  int layer, OpPhase phase) {
+  if (tp_size_ == 1) return full;
+  if (sp()) {
+    communicator_.reduce_scatter(CommGroup::kTensor, full, shard_out, {rs_label, layer, phase});
+    return shard_out;
+  }
+  communicator_.all_reduce(CommGroup::kTensor, full, ReduceOp::kSum, {ar_label, layer, phase});
+  return full;
+}
+
+Tensor GPTModel::gather_to_full(Tensor shard, Tensor full_out, const char* label, int layer, OpPhase phase) {
+  if (!sp()) return shard;
+  communicator_.all_gather(CommGroup::kTensor, shard, full_out, {label, layer, phase});
+  return full_out;
+}
+
+std::vector<const ParameterEntry*> GPTModel::sequence_parallel_grad_entries() const {
+  std::vector<const ParameterEntry*> out;
+  for (const ParameterEntry& e : layout_.entries())
+    if (e.sequence_parallel_grad) out.push_back(&e);
+  return out;
+}
+
+int GPTModel::slot_of(int index) {
+  if (index < 0 || index >= batch_.num_microbatches) throw std::out_of_range("micro-batch index out of range");
+  if (slot_of_microbatch_[index] >= 0) return slot_of_microbatch_[index];
+  std::vector<bool> used(slots_.size(), false);
+  for (int s : slot_of_microbatch_)
+    if (s >= 0) used[s] = true;
+  for (std::size_t s = 0; s < slots_.size(); ++s)
+    if (!used[s]) return slot_of_microbatch_[index] = static_cast<int>(s);
+  throw std::logic_error("more micro-batches in flight than activation slots (" +
+                         std::to_string(slots_.size()) + ")");
+}
+
+void GPTModel::release(int index) {
+  if (forward_done_.at(index)) throw std::logic_error("release of a micro-batch before its backward");
+  slot_of_microbatch_.at(index) = -1;
+}
+
+Tensor GPTModel::stage_input(int index) { return slots_[slot_of(index)].residual.front(); }
+Tensor GPTModel::stage_output(int index) { return slots_[slot_of(index)].residual.back(); }
+Tensor GPTModel::output_grad(int index) {
+  if (stage_.has_loss) throw std::logic_error("output_grad on the loss stage");
+  return slots_[slot_of(index)].output_grad;
+}
+Tensor GPTModel::input_grad(int index) {
+  if (stage_.has_embedding) throw std::logic_error("input_grad on the embedding stage");
+  return slots_[slot_of(index)].input_grad;
 }
 
 NormArgs GPTModel::norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
@@ -350,29 +461,33 @@ AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
   return a;
 }
 
-GPTModel::LayerActivations& GPTModel::activations_for(int layer) {
-  return recompute_ == RecomputeGranularity::kFull ? saved_[0] : saved_[layer];
+GPTModel::LayerActivations& GPTModel::activations_for(int slot, int local_layer) {
+  return recompute_ == RecomputeGranularity::kFull ? full_recompute_set_ : slots_[slot].saved[local_layer];
 }
 
 void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor output, OpPhase phase) {
   const LayerWeights w = layer_weights(model_params_, l);
   const std::int64_t T = batch_.tokens();
+  // Row-parallel biases are added once: on TP rank 0, before the reduction.
+  const bool row_bias = tp_rank_ == 0;
   auto gemm_linear = [&](Tensor x, Tensor weight, Tensor bias, Tensor y, const char* label) {
     backend_.gemm(linear_forward_args(x, weight, y, bias, T), {label, l, phase});
   };
-  backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
+  backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd),
                         {"input_norm", l, phase});
+  gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, phase);
   gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
                   config_.rope_theta, false, {"rope", l, phase});
   backend_.attention_forward(attention_args(a), {"attn", l, phase});
-  gemm_linear(a.attn, w.proj_w, w.proj_b, fc2_out_, "proj");
-  tensor_parallel_reduce(fc2_out_);
+  gemm_linear(a.attn, w.proj_w, row_bias ? w.proj_b : Tensor{}, fc2_out_, "proj");
+  const Tensor proj = reduce_from_full(fc2_out_, reduced_, "proj_ar", "proj_rs", l, phase);
   // The residual add fused into the pre-MLP norm: a.mid = bf16(proj output + input), a.ln2 = norm(a.mid).
   backend_.norm_forward(
-      norm_args(fc2_out_, input, a.mid, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
+      norm_args(proj, input, a.mid, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
       {"pre_mlp_norm", l, phase});
+  gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, phase);
   if (config_.activation == ActivationKind::kGelu) {
     // fc1 with bias and GELU fused in the GEMM's epilogue; a.fc1 keeps the pre-activation for the backward.
     backend_.linear_gelu_forward(linear_forward_args(a.ln2, w.fc1_w, a.fc1, w.fc1_b, T), a.act,
@@ -381,14 +496,15 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
     gemm_linear(a.ln2, w.fc1_w, w.fc1_b, a.fc1, "fc1");
     backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, phase});
   }
-  gemm_linear(a.act, w.fc2_w, w.fc2_b, fc2_out_, "fc2");
-  tensor_parallel_reduce(fc2_out_);
-  backend_.add(a.mid, fc2_out_, output, {"residual2", l, phase});
+  gemm_linear(a.act, w.fc2_w, row_bias ? w.fc2_b : Tensor{}, fc2_out_, "fc2");
+  const Tensor fc2 = reduce_from_full(fc2_out_, reduced_, "fc2_ar", "fc2_rs", l, phase);
+  backend_.add(a.mid, fc2, output, {"residual2", l, phase});
 }
 
 void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   const LayerWeights w = layer_weights(model_params_, l);
   const LayerWeights g = layer_weights(grads_, l);
+  const int local = l - stage_.first_layer;
   const std::int64_t T = batch_.tokens();
   // The shared norm outputs hold another layer's values unless a full-recompute forward re-run of this layer
   // has just written them.
@@ -399,60 +515,101 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   };
   // dW (+)= dy^T . x into the fp32 grad buffer (overwriting on the iteration's first write), the bias
   // gradient (column sums of dy) fused in.
-  const bool accumulate = layer_grads_written_[l];
-  layer_grads_written_[l] = true;
+  const bool accumulate = layer_grads_written_[local];
+  layer_grads_written_[local] = true;
   auto wgrad = [&](Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias, const char* label) {
     GemmArgs args = linear_weight_grad_args(dy, x, weight, d_weight, d_bias, T);
     args.accumulate = accumulate;
     backend_.gemm(args, {label, l, kB});
   };
-  // MLP. d_res_ holds the gradient of the layer output. fc2's data gradient goes to the shared activation
-  // buffer; one pass then turns it into fc1's output gradient (in place over the saved fc1 output, which
-  // nothing reads afterwards) and recomputes the activation output (in place over the data gradient) for
-  // fc2's weight gradient.
-  dgrad(d_res_, w.fc2_w, a.act, "fc2_dgrad");
+  // MLP. d_res_ holds the gradient of the layer output (its sequence shard under SP, gathered for the GEMMs).
+  // fc2's data gradient goes to the shared activation buffer; one pass then turns it into fc1's output
+  // gradient (in place over the saved fc1 output, which nothing reads afterwards) and recomputes the
+  // activation output (in place over the data gradient) for fc2's weight gradient.
+  const Tensor d_out = gather_to_full(d_res_, full_scratch_, "fc2_grad_ag", l, kB);
+  dgrad(d_out, w.fc2_w, a.act, "fc2_dgrad");
   backend_.activation_backward_recompute(config_.activation, a.fc1, a.act, a.fc1, a.act, {"act", l, kB});
-  wgrad(d_res_, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
+  wgrad(d_out, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
   const Tensor d_fc1 = a.fc1;
   if (recompute_shared)
     backend_.norm_forward(
-        with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd)),
+        with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
         {"pre_mlp_norm", l, kR});
+  gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, kB);
   dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
   wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
-  tensor_parallel_reduce(d_hidden_);
-  backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, a.ln2, a.ln2_mean, a.ln2_rstd),
-                         d_hidden_, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
+  const Tensor d_ln2 = reduce_from_full(d_hidden_, d_hidden_shard_, "fc1_dgrad_ar", "fc1_dgrad_rs", l, kB);
+  backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
+                         d_ln2, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.
   if (recompute_ == RecomputeGranularity::kSelective)
     backend_.attention_forward(attention_args(a), {"attn", l, kR});
-  dgrad(d_mid_, w.proj_w, d_attn_, "proj_dgrad");
-  wgrad(d_mid_, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
+  const Tensor d_proj = gather_to_full(d_mid_, full_scratch_, "proj_grad_ag", l, kB);
+  dgrad(d_proj, w.proj_w, d_attn_, "proj_dgrad");
+  wgrad(d_proj, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
   backend_.attention_backward(attention_args(a), d_attn_, d_qkv_, {"attn", l, kB});
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
                   config_.rope_theta, true, {"rope", l, kB});
   if (recompute_shared)
     backend_.norm_forward(
-        with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd)),
+        with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
         {"input_norm", l, kR});
+  gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, kB);
   dgrad(d_qkv_, w.qkv_w, d_hidden_, "qkv_dgrad");
   wgrad(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, "qkv_wgrad");
-  tensor_parallel_reduce(d_hidden_);
-  backend_.norm_backward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, a.ln1, a.ln1_mean, a.ln1_rstd),
-                         d_hidden_, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"input_norm", l, kB});
+  const Tensor d_ln1 = reduce_from_full(d_hidden_, d_hidden_shard_, "qkv_dgrad_ar", "qkv_dgrad_rs", l, kB);
+  backend_.norm_backward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd),
+                         d_ln1, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"input_norm", l, kB});
 }
 
 void GPTModel::forward(const MicroBatch& mb, int index) { run_forward(mb, index, true); }
 
+void GPTModel::embedding_forward(const MicroBatch& mb, int slot) {
+  // Vocab-parallel: this rank's slice of the vocabulary holds ids [offset, offset + V / tp); other ids look
+  // up a zero row (-1) and the all-reduce (or reduce-scatter under SP) over TP sums the slices. Learned
+  // positions are added once, on TP rank 0.
+  const std::int64_t T = batch_.tokens(), vocab = config_.vocab_per_rank(), offset = tp_rank_ * vocab;
+  std::vector<std::int32_t> local(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t id = mb.tokens[t] - offset;
+    local[t] = tp_size_ == 1 || (id >= 0 && id < vocab) ? static_cast<std::int32_t>(id) : -1;
+  }
+  const Tensor tokens = slots_[slot].tokens, output = slots_[slot].residual.front();
+  backend_.upload_int32(tokens, local.data());
+  Tensor position;
+  if (config_.position == PositionEmbedding::kLearned && tp_rank_ == 0)
+    position = view(model_params_, layout_.find("embedding.position_embeddings.weight"));
+  const Tensor full = sp() ? full_scratch_ : output;
+  backend_.embedding_forward(tokens, view(model_params_, layout_.find("embedding.word_embeddings.weight")),
+                             position, batch_.seq, full, {"embedding", -1, kF});
+  reduce_from_full(full, output, "embedding_ar", "embedding_rs", -1, kF);
+}
+
 void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients) {
   const std::int64_t T = batch_.tokens();
-  if (index < 0 || index >= batch_.num_microbatches)
-    throw std::out_of_range("micro-batch index out of range");
-  if (pending_backward_ >= 0) throw std::logic_error("forward of a micro-batch before the previous backward");
-  if (static_cast<std::int64_t>(mb.tokens.size()) != T || static_cast<std::int64_t>(mb.labels.size()) != T ||
-      static_cast<std::int64_t>(mb.loss_mask.size()) != T)
+  if (index < 0 || index >= batch_.num_microbatches) throw std::out_of_range("micro-batch index out of range");
+  if (forward_done_[index]) throw std::logic_error("forward of a micro-batch whose backward has not run");
+  const bool needs_tokens = stage_.has_embedding, needs_labels = stage_.has_loss;
+  if ((needs_tokens && static_cast<std::int64_t>(mb.tokens.size()) != T) ||
+      (needs_labels && (static_cast<std::int64_t>(mb.labels.size()) != T ||
+                        static_cast<std::int64_t>(mb.loss_mask.size()) != T)))
     throw std::invalid_argument("micro-batch size does not match micro_batch * seq");
+  const int slot = slot_of(index);
+  if (stage_.has_embedding) embedding_forward(mb, slot);
+  Slot& s = slots_[slot];
+  for (int i = 0; i < stage_.num_layers; ++i)
+    layer_forward(stage_.first_layer + i, activations_for(slot, i), s.residual[i], s.residual[i + 1], kF);
+  if (stage_.has_loss) loss_forward(mb, index, slot, with_gradients);
+  if (with_gradients)
+    forward_done_[index] = true;
+  else
+    slot_of_microbatch_[index] = -1;
+}
+
+void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with_gradients) {
+  const std::int64_t T = batch_.tokens();
+  Slot& s = slots_[slot];
   std::vector<std::int32_t> targets(T);
   double counted = 0.0;
   for (std::int64_t t = 0; t < T; ++t) {
@@ -461,89 +618,111 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
     counted += counts ? 1.0 : 0.0;
   }
   counted_tokens_[index] = counted;
-  backend_.upload_int32(tokens_, mb.tokens.data());
   backend_.upload_int32(targets_, targets.data());
-
-  const ParameterEntry& word = layout_.find("embedding.word_embeddings.weight");
-  Tensor position;
-  if (config_.position == PositionEmbedding::kLearned)
-    position = view(model_params_, layout_.find("embedding.position_embeddings.weight"));
-  backend_.embedding_forward(tokens_, view(model_params_, word), position, batch_.seq, residual_[0],
-                             {"embedding", -1, kF});
-  tensor_parallel_reduce(residual_[0]);  // vocab-parallel embedding
-  for (int l = 0; l < config_.num_layers; ++l)
-    layer_forward(l, activations_for(l), residual_[l], residual_[l + 1], kF);
-
   const Tensor fn_w = view(model_params_, layout_.find("decoder.final_layernorm.weight"));
   Tensor fn_b;
   if (config_.norm == NormKind::kLayerNorm)
     fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
   backend_.norm_forward(
-      norm_args(residual_[config_.num_layers], {}, {}, fn_w, fn_b, final_norm_, final_mean_, final_rstd_),
+      norm_args(s.residual.back(), {}, {}, fn_w, fn_b, s.final_norm, s.final_mean, s.final_rstd),
       {"final_norm", -1, kF});
+  const Tensor final_full = gather_to_full(s.final_norm, full_scratch_, "logits_input_ag", -1, kF);
   // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
-  // logits' gradient in place), then the head's data gradient (into d_hidden_, read by the backward's final
-  // norm) and weight gradient, so one chunk of logits is held at a time.
+  // logits' gradient in place; vocab-parallel under TP), then the head's data gradient (into the slot's
+  // head_grad, read by the backward's final norm) and weight gradient, so one chunk of logits is held at a time.
   const ParameterEntry& out_entry = head_entry();
   const Tensor out_w = view(model_params_, out_entry);
   // Mean over the counted tokens of the micro-batch, averaged over the iteration's micro-batches.
-  const float grad_scale = counted > 0 ? static_cast<float>(1.0 / (counted * batch_.num_microbatches)) : 0.0f;
+  const float grad_scale =
+      counted > 0 ? static_cast<float>(1.0 / (counted * batch_.num_microbatches * batch_.gradient_average_ranks))
+                  : 0.0f;
   const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
+  const std::int64_t vocab_offset = tp_rank_ * config_.vocab_per_rank();
   for (std::int64_t first = 0; first < T; first += loss_chunk_rows_) {
     const std::int64_t rows = std::min(loss_chunk_rows_, T - first);
     const Tensor logits = carve(logits_, 0, rows, logits_.cols, storage);
-    const Tensor hidden = rows_of(final_norm_, first, rows, storage);
+    const Tensor hidden = rows_of(final_full, first, rows, storage);
     backend_.gemm(linear_forward_args(hidden, out_w, logits, {}, rows), {"logits", -1, kF});
     Tensor losses = rows_of(losses_, index, 1, 4);
     losses.data = losses.data == nullptr ? nullptr : static_cast<float*>(losses.data) + first;
     losses.cols = rows;
-    backend_.cross_entropy(logits, rows_of(targets_, first, rows, 4), losses, grad_scale,
-                           {"cross_entropy", -1, kF});
+    const Tensor chunk_targets = rows_of(targets_, first, rows, 4);
+    if (tp_size_ == 1) {
+      backend_.cross_entropy(logits, chunk_targets, losses, grad_scale, {"cross_entropy", -1, kF});
+    } else {
+      Backend::CrossEntropyStats stats;
+      stats.row_max = carve(ce_stats_.row_max, 0, rows, 1, 4);
+      stats.target_logit = carve(ce_stats_.target_logit, 0, rows, 1, 4);
+      stats.sum_exp = carve(ce_stats_.sum_exp, 0, rows, 1, 4);
+      auto reduce = [&](Tensor t, bool is_max, const char* label) {
+        communicator_.all_reduce(CommGroup::kTensor, t, is_max ? ReduceOp::kMax : ReduceOp::kSum,
+                                 {label, -1, kF});
+      };
+      backend_.vocab_parallel_cross_entropy(logits, chunk_targets, vocab_offset, losses, grad_scale, stats,
+                                            reduce, {"cross_entropy", -1, kF});
+    }
     if (!with_gradients) continue;
-    backend_.gemm(linear_data_grad_args(logits, out_w, rows_of(d_hidden_, first, rows, storage), rows),
+    backend_.gemm(linear_data_grad_args(logits, out_w, rows_of(s.head_grad, first, rows, storage), rows),
                   {"logits_dgrad", -1, kB});
     GemmArgs head_wgrad = linear_weight_grad_args(logits, hidden, out_w, view(grads_, out_entry), {}, rows);
     head_wgrad.accumulate = head_grad_written_;
     head_grad_written_ = true;
     backend_.gemm(head_wgrad, {"logits_wgrad", -1, kB});
   }
-  if (with_gradients) pending_backward_ = index;
 }
 
-void GPTModel::backward(int index) {
-  if (pending_backward_ != index)
-    throw std::logic_error("backward of a micro-batch whose forward did not run last");
-  pending_backward_ = -1;
-  // d_hidden_ holds the gradient of the final norm's output (the LM head's data gradient, from forward()).
-  tensor_parallel_reduce(d_hidden_);
+void GPTModel::loss_backward(int slot) {
+  // The slot's head_grad holds the gradient of the final norm's output (the LM head's data gradient, from
+  // forward()), partial over the vocabulary slices under TP.
+  Slot& s = slots_[slot];
+  const Tensor d_final = reduce_from_full(s.head_grad, d_hidden_shard_, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
   Tensor fn_b, d_fn_b;
   if (config_.norm == NormKind::kLayerNorm) {
     fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
     d_fn_b = view(grads_, layout_.find("decoder.final_layernorm.bias"));
   }
   const ParameterEntry& fn_w = layout_.find("decoder.final_layernorm.weight");
-  backend_.norm_backward(norm_args(residual_[config_.num_layers], {}, {}, view(model_params_, fn_w), fn_b,
-                                   final_norm_, final_mean_, final_rstd_),
-                         d_hidden_, {}, d_res_, view(grads_, fn_w), d_fn_b, {"final_norm", -1, kB});
-  for (int l = config_.num_layers - 1; l >= 0; --l) {
-    LayerActivations& acts = activations_for(l);
+  backend_.norm_backward(norm_args(s.residual.back(), {}, {}, view(model_params_, fn_w), fn_b, s.final_norm,
+                                   s.final_mean, s.final_rstd),
+                         d_final, {}, d_res_, view(grads_, fn_w), d_fn_b, {"final_norm", -1, kB});
+}
+
+void GPTModel::backward(int index) {
+  if (index < 0 || index >= batch_.num_microbatches || !forward_done_[index])
+    throw std::logic_error("backward of a micro-batch whose forward did not run");
+  forward_done_[index] = false;
+  const int slot = slot_of(index);
+  Slot& s = slots_[slot];
+  if (stage_.has_loss)
+    loss_backward(slot);
+  else
+    backend_.copy(s.output_grad, d_res_);
+  for (int i = stage_.num_layers - 1; i >= 0; --i) {
+    const int l = stage_.first_layer + i;
+    LayerActivations& acts = activations_for(slot, i);
     if (recompute_ == RecomputeGranularity::kFull)
-      layer_forward(l, acts, residual_[l], residual_[l + 1],
-                    OpPhase::kRecompute);  // as Megatron: the whole layer
-    layer_backward(l, acts, residual_[l]);
+      layer_forward(l, acts, s.residual[i], s.residual[i + 1], OpPhase::kRecompute);  // as Megatron: the layer
+    layer_backward(l, acts, s.residual[i]);
   }
+  if (!stage_.has_embedding) {
+    backend_.copy(d_res_, s.input_grad);
+    return;
+  }
+  const Tensor d_embedding = gather_to_full(d_res_, full_scratch_, "embedding_grad_ag", -1, kB);
   Tensor d_position;
   if (config_.position == PositionEmbedding::kLearned)
     d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));
-  backend_.embedding_backward(tokens_, d_res_, batch_.seq,
+  backend_.embedding_backward(s.tokens, d_embedding, batch_.seq,
                               view(grads_, layout_.find("embedding.word_embeddings.weight")), d_position,
                               {"embedding", -1, kB});
+  slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
 }
 
 std::vector<double> GPTModel::microbatch_losses() {
+  std::vector<double> out(batch_.num_microbatches, 0.0);
+  if (!stage_.has_loss) return out;
   std::vector<float> host(losses_.numel());
   backend_.download(losses_, host.data());
-  std::vector<double> out(batch_.num_microbatches, 0.0);
   const std::int64_t T = batch_.tokens();
   for (int i = 0; i < batch_.num_microbatches; ++i) {
     double sum = 0.0;
@@ -554,6 +733,8 @@ std::vector<double> GPTModel::microbatch_losses() {
 }
 
 double GPTModel::evaluate(const MicroBatch& mb) {
+  if (!stage_.has_embedding || !stage_.has_loss)
+    throw std::logic_error("evaluate: the model must hold the embedding and the loss (one pipeline stage)");
   run_forward(mb, 0, false);
   return microbatch_losses()[0];
 }

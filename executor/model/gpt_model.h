@@ -1,6 +1,7 @@
-// GPTModel: the decoder LM (embedding, N transformer layers, final norm, LM head, cross-entropy) on one
-// Backend: parameter and gradient buffers, activation buffers sized up front, forward and backward of one
-// micro-batch, and the Megatron communication call sites (tensor-parallel regions) through a Communicator.
+// GPTModel: one pipeline stage (model chunk) of the decoder LM (embedding, transformer layers, final norm, LM
+// head, cross-entropy) on one Backend and one tensor-parallel rank: parameter and gradient buffers, activation
+// slots sized up front (one per micro-batch in flight), forward and backward of one micro-batch, and
+// Megatron's tensor- and sequence-parallel communication through a Communicator.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -27,6 +28,12 @@ struct BatchShape {
   // Largest chunk of logits the LM head + loss hold at once (layouts::loss_chunk_rows; the step program's
   // StepProgramOptions::loss_chunk_logits_bytes must agree).
   std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes;
+  // Micro-batches whose forward ran and whose backward (and the send of its input gradient) has not: one
+  // activation slot each (layouts::max_in_flight_microbatches per chunk; 1 without pipelining).
+  int activation_slots = 1;
+  // The loss gradient is scaled by 1 / (counted tokens * num_microbatches * gradient_average_ranks): the
+  // data-parallel ranks' summed gradients are then their mean.
+  int gradient_average_ranks = 1;
   std::int64_t tokens() const { return micro_batch * seq; }
 };
 
@@ -34,11 +41,15 @@ class GPTModel {
  public:
   // Allocates every buffer from the backend arena (in sizing mode, only counts). compute_dtype is the dtype
   // of model weights and activations (bf16 in training; fp32 for gradient checks on the CPU).
+  // `stage`: the layers (global numbering), embedding and loss this chunk holds (default: the whole model).
+  // The tensor-parallel rank and size come from the communicator (CommGroup::kTensor), which must agree with
+  // config.tensor_parallel_size.
   GPTModel(const TransformerConfig& config, const BatchShape& batch, RecomputeGranularity recompute,
-           DType compute_dtype, Backend& backend, Communicator& communicator);
+           DType compute_dtype, Backend& backend, Communicator& communicator, const StageSpan& stage = {});
 
   // Megatron's initialization (normal(0, std), output layers std / sqrt(2L), norms 1, biases 0) from `seed`,
-  // deterministic and independent of the backend.
+  // deterministic and independent of the backend and of the layout: each parameter is drawn whole (seeded by
+  // its name) and this rank keeps its tensor-parallel slice, so every layout starts from the same weights.
   void initialize_parameters(std::uint64_t seed);
   // Host copies of the fp32 main parameters / gradients (layout().total_elements() floats, buffer order).
   std::vector<float> main_parameters() const;
@@ -46,11 +57,26 @@ class GPTModel {
   std::vector<float> gradients() const;
 
   void zero_gradients();
-  // Forward of micro-batch `index` of the iteration (keeps what its backward needs; the LM head's backward
-  // GEMMs run here, per loss chunk, see layouts::loss_chunk_rows), then its backward.
-  // Under no pipelining the backward of a micro-batch follows its forward before the next forward.
+  // Forward of micro-batch `index` of the iteration (keeps what its backward needs in the micro-batch's
+  // activation slot; the LM head's backward GEMMs run here, per loss chunk, see layouts::loss_chunk_rows),
+  // later its backward. On a stage without the embedding the input must have been received into
+  // stage_input(index) first; on a stage without the loss the output gradient into output_grad(index) before
+  // the backward. `batch` supplies tokens (embedding stage) and labels / loss mask (loss stage).
   void forward(const MicroBatch& batch, int index);
   void backward(int index);
+  // Pipeline I/O of micro-batch `index`, (rows, hidden) with rows = tokens (/ tp under sequence parallelism);
+  // the first use acquires the micro-batch's slot. stage_input: the first layer's input; stage_output: the
+  // last layer's output; output_grad: the gradient of stage_output; input_grad: the gradient of stage_input
+  // (written by backward()).
+  Tensor stage_input(int index);
+  Tensor stage_output(int index);
+  Tensor output_grad(int index);
+  Tensor input_grad(int index);
+  // The micro-batch's slot is free again (after its backward, once its input gradient was sent; on the
+  // embedding stage the backward frees it).
+  void release(int index);
+  const StageSpan& stage() const { return stage_; }
+  int local_layers() const { return stage_.num_layers; }
   // Forward only (evaluation): mean loss over the counted tokens of `batch`.
   double evaluate(const MicroBatch& batch);
   // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
@@ -66,8 +92,10 @@ class GPTModel {
   // View of one parameter inside a flat buffer (main, model or gradient). The model buffer holds no copy of
   // an untied embedding: its view is then the fp32 main parameter.
   Tensor view(Tensor buffer, const ParameterEntry& entry) const;
-  // The LM head's weight: the word embedding when tied, else output_layer.weight.
+  // The LM head's weight: the word embedding when tied, else output_layer.weight (loss stage only).
   const ParameterEntry& head_entry() const;
+  // Norm parameters whose gradients are all-reduced over TP after the schedule (sequence parallelism).
+  std::vector<const ParameterEntry*> sequence_parallel_grad_entries() const;
 
  private:
   struct LayerWeights {
@@ -93,12 +121,22 @@ class GPTModel {
   // Forward of one micro-batch; with_gradients: also the LM head's backward GEMMs (per loss chunk) and the
   // bookkeeping for backward(); without (evaluation): the losses only.
   void run_forward(const MicroBatch& batch, int index, bool with_gradients);
+  void embedding_forward(const MicroBatch& batch, int slot);
+  void loss_forward(const MicroBatch& batch, int index, int slot, bool with_gradients);
+  void loss_backward(int slot);
   LayerWeights layer_weights(Tensor buffer, int layer) const;
   LayerActivations allocate_layer_activations(bool with_attention);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
   void layer_backward(int layer, LayerActivations& acts, Tensor input);
-  LayerActivations& activations_for(int layer);
-  void tensor_parallel_reduce(Tensor t);
+  LayerActivations& activations_for(int slot, int local_layer);
+  int slot_of(int index);  // acquires a slot on first use
+  // Tensor-parallel regions (megatron.md §4); no-ops at TP size 1. reduce_from_full: the sum over TP of a
+  // (T, h) partial result, into `out` (the (T / tp, h) shard under SP, else in place); gather_to_full: a
+  // (T / tp, h) shard into the (T, h) buffer under SP, else the identity (returns the tensor to use).
+  Tensor reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label, int layer,
+                          layouts::OpPhase phase);
+  Tensor gather_to_full(Tensor shard, Tensor full_out, const char* label, int layer, layouts::OpPhase phase);
+  bool sp() const { return config_.sequence_parallel && tp_size_ > 1; }
   NormArgs norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
                      Tensor mean, Tensor rstd) const;
   AttentionArgs attention_args(const LayerActivations& acts) const;
@@ -109,7 +147,10 @@ class GPTModel {
   DType compute_dtype_;
   Backend& backend_;
   Communicator& communicator_;
+  StageSpan stage_;
   ParameterLayout layout_;
+  int tp_rank_ = 0, tp_size_ = 1;
+  std::int64_t rows_ = 0;  // rows of the residual stream on this rank: T, or T / tp under SP
 
   Tensor model_params_;  // (1, model_copy_elements_) compute dtype; aliases main_params_ when fp32
   std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)
@@ -123,21 +164,36 @@ class GPTModel {
   std::vector<bool> layer_grads_written_;  // per layer: its GEMM weight gradients hold this iteration's sum
   bool head_grad_written_ = false;         // the LM head's weight gradient likewise
 
-  std::vector<Tensor> residual_;                 // L + 1 of (T, h): layer inputs and the last output
-  std::vector<LayerActivations> saved_;          // per layer (none/selective) or one shared (full)
-  Tensor shared_attn_, shared_lse_;              // selective recompute: recomputed attention output
-  Tensor norm1_out_, norm2_out_;                 // (T, h) shared norm outputs
-  Tensor mlp_scratch_;                           // (1, T * max(ffn, attn + qkv widths)): see the constructor
-  Tensor fc2_out_;                               // (T, h) forward GEMM output (aliases d_hidden_)
-  Tensor final_norm_, final_mean_, final_rstd_;  // (T, h), (T, 1), (T, 1)
-  Tensor logits_;                                // (chunk, V) one token chunk, overwritten by its gradient
-  std::int64_t loss_chunk_rows_ = 0;             // tokens per LM-head / loss chunk
-  Tensor tokens_, targets_;                      // (T, 1) int32
-  Tensor losses_;                                // (num_microbatches, T) fp32
+  // What one activation slot holds (one micro-batch in flight).
+  struct Slot {
+    std::vector<Tensor> residual;            // local layers + 1 of (rows, h): layer inputs and the last output
+    std::vector<LayerActivations> saved;     // per local layer (none/selective); empty under full recompute
+    Tensor tokens;                           // (T, 1) int32 local token ids (embedding stage)
+    Tensor final_norm, final_mean, final_rstd;  // (rows, h), (rows, 1), (rows, 1) (loss stage)
+    Tensor head_grad;  // (T, h) gradient of the final norm output from the LM head (loss stage)
+    Tensor output_grad, input_grad;  // (rows, h) pipeline gradients (stages without the loss / embedding)
+  };
+  std::vector<Slot> slots_;
+  std::vector<int> slot_of_microbatch_;  // -1: none
+  std::vector<bool> forward_done_;       // per micro-batch: forward ran, backward not yet
+  LayerActivations full_recompute_set_;  // the one saved set under full recomputation
+  Tensor shared_attn_, shared_lse_;      // selective recompute: recomputed attention output
+  Tensor norm1_out_, norm2_out_;         // (T, h) shared norm outputs (gathered under SP)
+  Tensor norm1_shard_, norm2_shard_;     // (T / tp, h) norm outputs on the shard (SP only)
+  Tensor mlp_scratch_;                   // (1, T * max(ffn, attn + qkv widths)): see the constructor
+  Tensor fc2_out_;                       // (T, h) forward GEMM output (aliases d_hidden_)
+  Tensor reduced_;                       // (rows, h) the reduced row-parallel output (aliases fc2_out_ without SP)
+  Tensor full_scratch_;                  // (T, h) gathered activations / gradients under SP (embedding output too)
+  Tensor final_full_;                    // (T, h) the gathered final norm output (aliases the slot's without SP)
+  Tensor logits_;                        // (chunk, V / tp) one token chunk, overwritten by its gradient
+  Backend::CrossEntropyStats ce_stats_;  // (chunk, 1) fp32 each, vocab-parallel cross entropy (tp > 1)
+  std::int64_t loss_chunk_rows_ = 0;     // tokens per LM-head / loss chunk
+  Tensor targets_;                       // (T, 1) int32
+  Tensor losses_;                        // (num_microbatches, T) fp32
   // Backward scratch (views into mlp_scratch_ where their lifetimes allow; see the constructor).
   Tensor d_res_, d_mid_, d_hidden_, d_attn_, d_qkv_;
+  Tensor d_hidden_shard_;  // (rows, h) the reduced input gradient (aliases d_hidden_ without SP)
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
-  int pending_backward_ = -1;           // micro-batch whose forward ran and backward has not
 };
 
 }  // namespace megatune::executor

@@ -26,7 +26,8 @@ struct TransformerConfig {
   bool bias = true;  // biases on the linear layers
   float norm_eps = 1e-5f;
   float init_std = 0.02f;
-  int tensor_parallel_size = 1;  // shapes below are per TP rank when > 1
+  int tensor_parallel_size = 1;    // shapes below are per TP rank when > 1
+  bool sequence_parallel = false;  // --sequence-parallel (tp > 1): norms and residuals on sequence shards
 
   // Per-TP-rank sizes.
   std::int64_t heads_per_rank() const { return heads / tensor_parallel_size; }

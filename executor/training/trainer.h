@@ -1,6 +1,7 @@
-// Trainer: one training iteration driven by the rank's schedule (forward/backward of each micro-batch),
-// gradient reduction, global-norm clipping, AdamW with Megatron's LR schedule, NaN/inf skipping, and the
-// checkpointed training state (model, optimizer, scheduler position, counters).
+// Trainer: one training iteration of one rank, interpreting its pipeline schedule (forward/backward of each
+// (micro-batch, model chunk), batched p2p of activations and gradients), then data-parallel gradient
+// reduction, the tied-embedding and sequence-parallel gradient all-reduces, the global grad norm and
+// clipping, AdamW with Megatron's LR schedule, NaN/inf skipping, and the checkpointed training state.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,9 @@ struct TrainerConfig {
   LrScheduleConfig lr;
   std::uint64_t seed = 1234;   // --seed: parameter initialization
   int data_parallel_size = 1;  // global batch = micro_batch * num_microbatches * dp
+  // This rank's model chunks (pipeline stages it holds, in virtual-stage order); empty: the whole model.
+  std::vector<StageSpan> chunks;
+  bool overlap_grad_reduce = false;  // --overlap-grad-reduce: a chunk's reduction starts after its last backward
   std::int64_t global_batch_size() const {
     return batch.micro_batch * batch.num_microbatches * data_parallel_size;
   }
@@ -52,13 +56,16 @@ struct StepResult {
 
 class Trainer {
  public:
-  // Sizes every buffer (model, optimizer state) in one pass, reserves the backend's arena once, then builds
-  // and initializes the model from config.seed. The schedule must be the no-pipelining schedule of this
-  // rank for config.batch.num_microbatches micro-batches.
+  // Sizes every buffer (model chunks, optimizer state) in one pass, reserves the backend's arena once, then
+  // builds and initializes the model from config.seed. The schedule is this rank's (layouts::build_schedule)
+  // for config.batch.num_microbatches micro-batches and config.chunks; the communicator's groups give the
+  // tensor-, data- and pipeline-parallel peers.
   Trainer(const TrainerConfig& config, const layouts::RankSchedule& schedule, Backend& backend,
           Communicator& communicator);
 
-  // One iteration over `microbatches` (config.batch.num_microbatches of them, in order).
+  // One iteration over `microbatches` (config.batch.num_microbatches of them, in order: this data-parallel
+  // rank's share of the global batch). Every rank of the job calls it; the loss is the iteration's mean over
+  // the data-parallel ranks, reported on every rank.
   StepResult train_step(const std::vector<MicroBatch>& microbatches);
 
   // Checkpointed state: tensors "model.<param>", "optimizer.exp_avg.<param>", "optimizer.exp_avg_sq.<param>"
@@ -72,19 +79,34 @@ class Trainer {
   std::int64_t skipped_iterations() const { return skipped_iterations_; }
   // The rate the next iteration will use (Megatron logs this one after each step).
   double current_learning_rate() const { return schedule_lr_.lr(consumed_samples_); }
-  GPTModel& model() { return *model_; }
+  GPTModel& model(int chunk = 0) { return *chunks_.at(chunk); }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
   Backend& backend() { return backend_; }
   const TrainerConfig& config() const { return config_; }
 
  private:
   void build(bool sizing);
+  void run_schedule(const std::vector<MicroBatch>& microbatches);
+  void run_p2p(const layouts::ScheduleItem& item);
+  void reduce_chunk_gradients(int chunk);
+  void finish_gradients();
+  double global_grad_norm();
+  double reported_loss();
   TrainerConfig config_;
   layouts::RankSchedule schedule_;
   Backend& backend_;
   Communicator& communicator_;
   LearningRateSchedule schedule_lr_;
-  std::unique_ptr<GPTModel> model_;
-  Tensor exp_avg_, exp_avg_sq_;  // (1, total) fp32, laid out like the main parameters
+  std::vector<int> slots_per_chunk_;
+  std::vector<int> last_backward_item_;  // per chunk: index of its last backward in the schedule
+  std::vector<std::unique_ptr<GPTModel>> chunks_;
+  struct ChunkOptimizerState {
+    Tensor exp_avg, exp_avg_sq;  // (1, total) fp32, laid out like the chunk's main parameters
+  };
+  std::vector<ChunkOptimizerState> optimizer_state_;
+  std::vector<CommHandle> pending_reductions_;
+  Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
+  Tensor scalar_;         // (1, 2) fp32: grad-norm and loss reductions
   std::int64_t iteration_ = 0;
   std::int64_t consumed_samples_ = 0;
   std::int64_t skipped_iterations_ = 0;
@@ -99,4 +121,8 @@ namespace megatune::executor {
 std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& backend);
 // The no-pipelining schedule (layouts::build_rank_schedule over one uniform stage) of m micro-batches.
 layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches);
+// Activation slots each model chunk needs under `schedule`: the most micro-batches of the chunk whose
+// activation arrived (or forward ran) and whose backward, and the send of its input gradient, have not.
+std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedule,
+                                            const std::vector<StageSpan>& chunks);
 }  // namespace megatune::executor

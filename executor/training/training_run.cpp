@@ -58,8 +58,13 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
   if (config_.log_interval <= 0) throw UserError("--log-interval must be >= 1");
   if (config_.save_interval < 0) throw UserError("--save-interval must be >= 0");
   const TrainerConfig& t = config_.trainer;
-  trainer_ = std::make_unique<Trainer>(t, single_stage_schedule(t.model.num_layers, t.batch.num_microbatches),
-                                       backend, communicator);
+  if (config_.schedule.items.empty())
+    config_.schedule = single_stage_schedule(t.model.num_layers, t.batch.num_microbatches);
+  trainer_ = std::make_unique<Trainer>(t, config_.schedule, backend, communicator);
+  if (!config_.checkpoint_subdir.empty()) {
+    if (!config_.load.empty()) config_.load = (std::filesystem::path(config_.load) / config_.checkpoint_subdir).string();
+    if (!config_.save.empty()) config_.save = (std::filesystem::path(config_.save) / config_.checkpoint_subdir).string();
+  }
   if (has_checkpoint(config_.load)) {
     const checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open_latest(config_.load);
     trainer_->load(reader);
@@ -90,6 +95,8 @@ std::vector<IterationRecord> TrainingRun::run() {
   data::DataLoaderConfig loader_config;
   loader_config.global_batch_size = t.global_batch_size();
   loader_config.micro_batch_size = t.batch.micro_batch;
+  loader_config.data_parallel_rank = config_.data_parallel_rank;
+  loader_config.data_parallel_size = t.data_parallel_size;
   loader_config.consumed_samples = trainer_->consumed_samples();
   data::PretrainingDataLoader loader(train_dataset_, loader_config);
   std::vector<MicroBatch> microbatches(t.batch.num_microbatches);

@@ -24,6 +24,12 @@ struct RunConfig {
   double peak_tflops = 0;          // per GPU; 0: MFU is not printed (CPU)
   int gpus = 1;
   bool record_first_iteration = false;  // the backend records the ops of the first iteration run
+  // Parallel runs: this rank's schedule (no items: the no-pipelining schedule of the whole model), its
+  // data-parallel rank (the loader's slice of each global batch), and the rank's directory under the --save
+  // / --load roots ("": the roots themselves, a single-rank run).
+  layouts::RankSchedule schedule;
+  int data_parallel_rank = 0;
+  std::string checkpoint_subdir;
 };
 
 struct IterationRecord {

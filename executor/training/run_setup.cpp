@@ -1,0 +1,118 @@
+// Run setup: a rank's RunConfig from (model, layout, flags, rank).
+#include "executor/training/run_setup.h"
+
+#include <sstream>
+
+#include "layouts/flops.h"
+#include "layouts/rank_grid.h"
+#include "layouts/schedule.h"
+#include "layouts/user_error.h"
+
+namespace megatune::executor {
+
+RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank) {
+  if (config.cp() > 1)
+    throw UserError("--context-parallel-size " + std::to_string(config.cp()) +
+                    ": the executor does not run context parallelism yet; use --context-parallel-size 1");
+  if (config.ep() > 1)
+    throw UserError("--expert-model-parallel-size " + std::to_string(config.ep()) +
+                    ": the executor does not run expert parallelism yet; use 1");
+  const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
+  if (rank < 0 || rank >= grid.world_size())
+    throw std::out_of_range("rank " + std::to_string(rank) + " outside the world of " +
+                            std::to_string(grid.world_size()));
+  RankLayout out;
+  out.coordinates = grid.dense_coordinates(rank);
+  const layouts::PipelineLayout layout = config.resolved_pipeline_layout(model);
+  for (const layouts::PipelineStage* stage : layout.stages_of_rank(out.coordinates.pp)) {
+    if (stage->num_mtp_layers > 0)
+      throw UserError("--pipeline-model-parallel-layout: MTP stages ('m') are not run by the executor yet");
+    StageSpan span;
+    span.first_layer = stage->first_decoder_layer;
+    span.num_layers = stage->num_decoder_layers;
+    span.has_embedding = stage->has_embedding;
+    span.has_loss = stage->has_loss;
+    out.chunks.push_back(span);
+  }
+  out.schedule = layouts::build_schedule(model, config, out.coordinates.pp);
+  return out;
+}
+
+std::string describe_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config) {
+  std::ostringstream out;
+  out << "tp" << config.tp() << " pp" << config.pp() << " dp" << config.dp() << " cp" << config.cp() << " vpp"
+      << config.vpp(model) << (config.sequence_parallel_enabled() ? " sp" : "")
+      << (config.use_distributed_optimizer ? " dist-opt" : "") << " layout "
+      << config.resolved_pipeline_layout(model).to_string();
+  return out.str();
+}
+
+namespace {
+
+LrScheduleConfig lr_schedule(const TrainOptions& a, std::int64_t gbs) {
+  LrScheduleConfig lr;
+  lr.max_lr = a.lr;
+  lr.min_lr = a.min_lr;
+  lr.init_lr = a.lr_warmup_init;
+  lr.style = parse_lr_decay_style(a.lr_decay_style);
+  lr.wsd_style = parse_wsd_decay_style(a.lr_wsd_decay_style);
+  lr.decay_samples = a.lr_decay_iters.value_or(a.train_iters) * gbs;
+  if (a.lr_warmup_iters && a.lr_warmup_fraction)
+    throw UserError("give only one of --lr-warmup-iters and --lr-warmup-fraction");
+  if (a.lr_warmup_fraction) {
+    if (!(*a.lr_warmup_fraction >= 0 && *a.lr_warmup_fraction <= 1))
+      throw UserError("--lr-warmup-fraction must lie in [0, 1]");
+    lr.warmup_samples = static_cast<std::int64_t>(*a.lr_warmup_fraction * static_cast<double>(lr.decay_samples));
+  } else {
+    lr.warmup_samples = a.lr_warmup_iters.value_or(0) * gbs;
+  }
+  lr.wsd_decay_samples = a.lr_wsd_decay_iters.value_or(0) * gbs;
+  return lr;
+}
+
+}  // namespace
+
+RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel,
+                           const TrainOptions& a, int rank) {
+  const RankLayout placement = rank_layout(spec, parallel, rank);
+  RunConfig run;
+  TrainerConfig& t = run.trainer;
+  t.model = transformer_config_from(spec, parallel.tp(), static_cast<float>(a.rotary_base),
+                                    static_cast<float>(a.norm_epsilon), static_cast<float>(a.init_method_std));
+  t.model.sequence_parallel = parallel.sequence_parallel_enabled();
+  t.batch.micro_batch = parallel.micro_batch_size;
+  t.batch.seq = spec.seq_length;
+  t.batch.num_microbatches = parallel.num_microbatches();
+  t.recompute = parallel.recompute_granularity;
+  t.compute_dtype = a.bf16 ? DType::kBF16 : DType::kFP32;
+  t.optimizer = {a.weight_decay, a.adam_beta1, a.adam_beta2, a.adam_eps, a.clip_grad};
+  t.seed = a.seed;
+  t.data_parallel_size = parallel.dp() * parallel.cp();
+  t.chunks = placement.chunks;
+  t.overlap_grad_reduce = parallel.overlap_grad_reduce;
+  const std::int64_t gbs = t.global_batch_size();
+  t.lr = lr_schedule(a, gbs);
+
+  run.train_iters = a.train_iters;
+  run.data.data_path = a.data_path;
+  run.data.mock_data = a.mock_data;
+  run.data.split = a.split;
+  run.data.gpt.random_seed = a.seed;
+  run.data.gpt.vocab_size = spec.vocab_size;
+  run.data.gpt.eod_mask_loss = a.eod_mask_loss;
+  run.data.gpt.eod_token = spec.vocab_size > 256 ? 256 : 0;  // byte tokenizer's EOD when it fits
+  run.data.mock.vocab_size = spec.vocab_size;
+  run.data.mock.eod_token = run.data.gpt.eod_token;
+  run.save = a.save;
+  run.load = a.load;
+  run.save_interval = a.save_interval;
+  run.log_interval = a.log_interval;
+  run.flops_per_iteration = layouts::model_flops_per_iteration(spec, gbs, 1);
+  run.gpus = parallel.world_size;
+  run.schedule = placement.schedule;
+  run.data_parallel_rank = placement.coordinates.dp;
+  if (parallel.world_size > 1) run.checkpoint_subdir = "rank_" + std::to_string(rank);
+  return run;
+}
+
+}  // namespace megatune::executor

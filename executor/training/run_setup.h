@@ -1,0 +1,54 @@
+// Run setup: from a model, a validated parallel layout, the training flags and a global rank, the rank's
+// RunConfig (model shape on its TP shard, its model chunks and pipeline schedule, its data-parallel slice,
+// optimizer, learning-rate schedule, data and checkpoint settings). The CLI only parses flags into
+// TrainOptions.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "executor/training/training_run.h"
+#include "layouts/model_spec.h"
+#include "layouts/parallel_config.h"
+
+namespace megatune::executor {
+
+// Megatron's training flags (names in the comments), as `megatune train` takes them.
+struct TrainOptions {
+  double lr = 1e-4, min_lr = 0.0, lr_warmup_init = 0.0;  // --lr, --min-lr, --lr-warmup-init
+  std::string lr_decay_style = "linear";                 // --lr-decay-style
+  std::optional<std::int64_t> lr_warmup_iters, lr_decay_iters, lr_wsd_decay_iters;
+  std::optional<double> lr_warmup_fraction;
+  std::string lr_wsd_decay_style = "exponential";
+  double weight_decay = 0.01, clip_grad = 1.0, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  double init_method_std = 0.02, norm_epsilon = 1e-5, rotary_base = 10000.0;
+  std::int64_t train_iters = 100;
+  std::string save, load;
+  std::int64_t save_interval = 0;
+  std::vector<std::string> data_path;
+  std::string split = "969,30,1";
+  bool mock_data = false;
+  bool eod_mask_loss = false;
+  std::uint32_t seed = 1234;
+  std::int64_t log_interval = 10;
+  bool bf16 = false;  // compute dtype bf16 (the CUDA backend always)
+};
+
+// What one global rank holds of a (model, layout): coordinates, model chunks, schedule.
+struct RankLayout {
+  layouts::DenseCoordinates coordinates;
+  std::vector<StageSpan> chunks;  // in virtual-stage order
+  layouts::RankSchedule schedule;
+};
+// Throws UserError for layouts the executor cannot run yet (context or expert parallelism, MTP stages).
+RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank);
+
+// The whole RunConfig of `rank`; peak_tflops is left 0 (the caller knows its device). UserError on bad flags.
+RunConfig build_run_config(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                           const TrainOptions& options, int rank);
+
+// A one-line description of a layout for logs and checkpoint manifests, e.g. "tp2 pp2 dp2 vpp1 sp".
+std::string describe_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config);
+
+}  // namespace megatune::executor
