@@ -86,10 +86,11 @@ std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedul
     if (item.kind == ScheduleItemKind::kBackward && chunks.at(item.chunk).has_embedding)
       release(item.chunk, item.microbatch);
     if (item.kind != ScheduleItemKind::kP2p) continue;
-    for (const layouts::P2pTransfer& t : item.transfers) {
+    // A batch's receive buffers are taken before its sent gradients' slots are free (both are in flight).
+    for (const layouts::P2pTransfer& t : item.transfers)
       if (t.direction == P2pDirection::kRecv && t.tensor == P2pTensor::kActivation) acquire(t.chunk, t.microbatch);
+    for (const layouts::P2pTransfer& t : item.transfers)
       if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient) release(t.chunk, t.microbatch);
-    }
   }
   return peak;
 }

@@ -1,0 +1,179 @@
+// The parallel-layout matrix on the CPU backend (ranks as threads): every dense layout the planner can pick
+// trains the tiny models from the same seed and reproduces the single-rank loss curve and the single-rank
+// weights after training. Tolerance: fp32 on the CPU, relative 2e-5 on each iteration's loss; on each weight
+// relative 1e-4 plus an absolute 2e-5 (AdamW moves a parameter whose gradient is ~0, e.g. a bias, by up to
+// lr per step whatever the gradient's rounding, lr 3e-3): TP, PP and DP change the order of floating-point
+// sums only.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "executor/training/thread_run.h"
+#include "layouts/model_spec.h"
+#include "layouts/parallel_config.h"
+#include "layouts/rank_grid.h"
+
+namespace megatune::executor {
+namespace {
+
+constexpr int kIterations = 20;
+
+// Llama flavour (RMSNorm, SwiGLU, RoPE, GQA), 4 layers so that pp4 and pp2 x vpp2 have work.
+layouts::ModelSpec llama_tiny(bool tied) {
+  layouts::ModelSpec m = layouts::model_preset("tiny");
+  m.num_layers = 4;
+  m.untie_embeddings_and_output_weights = !tied;
+  return m;
+}
+
+// GPT flavour (LayerNorm, GELU, learned positions, biases).
+layouts::ModelSpec gpt_tiny(bool tied) {
+  layouts::ModelSpec m = llama_tiny(tied);
+  m.normalization = layouts::Normalization::kLayerNorm;
+  m.activation = layouts::Activation::kGelu;
+  m.position_embedding = layouts::PositionEmbedding::kLearnedAbsolute;
+  m.add_bias_linear = true;
+  m.num_query_groups = 0;
+  m.ffn_hidden_size = 4 * m.hidden_size;
+  return m;
+}
+
+TrainOptions options() {
+  TrainOptions o;
+  o.lr = 3e-3;
+  o.min_lr = 3e-4;
+  o.lr_decay_style = "cosine";
+  o.lr_warmup_iters = 3;
+  o.train_iters = kIterations;
+  o.mock_data = true;
+  o.log_interval = kIterations;
+  o.seed = 1234;
+  return o;
+}
+
+struct Layout {
+  std::string name;
+  int tp = 1, pp = 1, dp = 1, vpp = 0;
+  bool sp = false, dist_opt = false, overlap = false;
+  std::string layout_string;
+};
+
+layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
+  layouts::ParallelConfig c;
+  c.tensor_model_parallel_size = l.tp;
+  c.pipeline_model_parallel_size = l.pp;
+  c.world_size = l.tp * l.pp * l.dp;
+  c.sequence_parallel = l.sp;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 8;
+  c.num_virtual_stages_per_pipeline_rank = l.vpp;
+  c.pipeline_model_parallel_layout = l.layout_string;
+  c.use_distributed_optimizer = l.dist_opt;
+  c.overlap_grad_reduce = l.overlap;
+  c.overlap_param_gather = l.overlap && l.dist_opt;
+  c.overlap_p2p_comm = l.vpp > 0;  // Megatron runs pp 2 with virtual stages only so
+  c.validate(model);
+  return c;
+}
+
+struct Slice {
+  int tp_rank = 0, tp_size = 1;
+  ParameterEntry entry;
+  std::vector<float> values;
+};
+struct Trained {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<Slice>> weights;  // every rank's slice of every parameter
+};
+
+Trained train(const layouts::ModelSpec& model, const Layout& l) {
+  const layouts::ParallelConfig config = parallel_config(model, l);
+  std::ostringstream log;
+  Trained out;
+  std::mutex mutex;
+  const std::vector<IterationRecord> records =
+      train_on_threads(model, config, options(), log, [&](int rank, TrainingRun& run) {
+        Trainer& trainer = run.trainer();
+        const int tp_rank = layouts::RankGrid::from_config(config).dense_coordinates(rank).tp;
+        std::lock_guard<std::mutex> lock(mutex);
+        for (int c = 0; c < trainer.num_chunks(); ++c) {
+          GPTModel& m = trainer.model(c);
+          const std::vector<float> params = m.main_parameters();
+          for (const ParameterEntry& e : m.layout().entries())
+            out.weights[e.name].push_back(
+                {tp_rank, config.tp(), e,
+                 std::vector<float>(params.begin() + e.offset, params.begin() + e.offset + e.numel())});
+        }
+      });
+  for (const IterationRecord& r : records) out.losses.push_back(r.step.loss);
+  return out;
+}
+
+void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l) {
+  SCOPED_TRACE(l.name);
+  static std::map<std::string, Trained> reference_cache;
+  const std::string key = model.normalization == layouts::Normalization::kLayerNorm ? "gpt" : "llama";
+  const std::string ref_key = key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied");
+  if (!reference_cache.count(ref_key)) reference_cache[ref_key] = train(model, Layout{"single"});
+  const Trained& single = reference_cache[ref_key];
+  const Trained parallel = train(model, l);
+  ASSERT_EQ(parallel.losses.size(), single.losses.size());
+  for (std::size_t i = 0; i < single.losses.size(); ++i)
+    EXPECT_NEAR(parallel.losses[i], single.losses[i], 2e-5 * std::abs(single.losses[i])) << "iteration " << i + 1;
+  EXPECT_LT(single.losses.back(), single.losses.front() - 0.5);  // the run learns something
+  // Weights: each rank's slice of each parameter against the single-rank tensor's slice.
+  std::size_t compared = 0;
+  for (const auto& [name, copies] : parallel.weights) {
+    ASSERT_TRUE(single.weights.count(name)) << name;
+    const std::vector<float>& whole = single.weights.at(name).front().values;
+    for (const Slice& slice : copies) {
+      const std::vector<float> expected = tensor_parallel_slice(slice.entry, whole, slice.tp_rank, slice.tp_size);
+      ASSERT_EQ(slice.values.size(), expected.size()) << name;
+      for (std::size_t j = 0; j < expected.size(); ++j)
+        ASSERT_NEAR(slice.values[j], expected[j], 2e-5 + 1e-4 * std::abs(expected[j])) << name << "[" << j << "]";
+      ++compared;
+    }
+  }
+  EXPECT_EQ(parallel.weights.size(), single.weights.size());  // every parameter lives on some rank
+  EXPECT_GT(compared, 0u);
+}
+
+const std::vector<Layout>& matrix() {
+  static const std::vector<Layout> layouts = {
+      {"tp2", 2},
+      {"tp2 sp", 2, 1, 1, 0, true},
+      {"dp2", 1, 1, 2},
+      {"dp2 overlap", 1, 1, 2, 0, false, false, true},
+      {"pp2 1f1b", 1, 2},
+      {"pp2 vpp2", 1, 2, 1, 2},
+      {"pp4 custom uneven with an empty stage", 1, 4, 1, 0, false, false, false, "Et|tt||tL"},
+      {"tp2 pp2 dp2", 2, 2, 2},
+      {"tp2 sp pp2 dp2 overlap", 2, 2, 2, 0, true, false, true},
+  };
+  return layouts;
+}
+
+class LayoutMatrix : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+
+TEST_P(LayoutMatrix, ReproducesTheSingleRankRun) {
+  const auto [index, gpt, tied] = GetParam();
+  const layouts::ModelSpec model = gpt ? gpt_tiny(tied) : llama_tiny(tied);
+  expect_matches_single_rank(model, matrix().at(index));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dense, LayoutMatrix,
+    ::testing::Combine(::testing::Range(0, 9), ::testing::Bool(), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<LayoutMatrix::ParamType>& info) {
+      std::string name = matrix().at(std::get<0>(info.param)).name;
+      for (char& c : name)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      return name + (std::get<1>(info.param) ? "_gpt" : "_llama") + (std::get<2>(info.param) ? "_tied" : "_untied");
+    });
+
+}  // namespace
+}  // namespace megatune::executor
