@@ -10,6 +10,7 @@
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
 #include "executor/training/run_setup.h"
+#include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
 #include "layouts/user_error.h"
@@ -29,6 +30,7 @@ struct TrainArgs {
   TrainOptions options;
   std::string device;
   std::string ops_out;
+  int nproc = 0;  // --nproc: ranks on this host (0: the layout's world size)
 };
 
 std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, double* peak_tflops) {
@@ -61,14 +63,24 @@ int run_train(TrainArgs& a) {
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);
   parallel.validate(spec);
-  if (parallel.world_size != 1)
-    throw UserError("--world-size " + std::to_string(parallel.world_size) +
-                    ": the executor trains on one GPU so far; plan larger layouts with `megatune plan`");
   if (a.device.empty()) a.device = default_device();
   if (a.device != "cpu" && a.device != "cuda") throw UserError("--device must be cuda or cpu");
   if (a.options.mock_data == !a.options.data_path.empty())
     throw UserError("give exactly one of --data-path PREFIX and --mock-data");
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
+  if (a.nproc > 0 && a.nproc != parallel.world_size)
+    throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
+                    std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
+  if (parallel.world_size > 1) {
+    if (a.device != "cpu")
+      throw UserError("--world-size " + std::to_string(parallel.world_size) +
+                      " on --device cuda: multi-GPU runs go through a launcher with one process per GPU; "
+                      "use --device cpu to run the layout's ranks as threads");
+    std::cout << "megatune train: " << spec.name << ", layout " << describe_layout(spec, parallel) << ", "
+              << parallel.world_size << " ranks as threads on the CPU backend" << std::endl;
+    train_on_threads(spec, parallel, a.options, std::cout);
+    return 0;
+  }
 
   RunConfig run = build_run_config(spec, parallel, a.options, 0);
   run.record_first_iteration = !a.ops_out.empty();
@@ -92,7 +104,7 @@ int run_train(TrainArgs& a) {
 
 const Registrar registrar({
     "train",
-    "train a model with Megatron's flags on one GPU (or the CPU backend) and log Megatron-style lines",
+    "train a model with Megatron's flags and parallel layout (GPU, or the CPU backend with ranks as threads)",
     40,
     [](CLI::App& app) -> std::function<int()> {
       auto args = std::make_shared<TrainArgs>();
@@ -129,6 +141,9 @@ const Registrar registrar({
       app.add_flag("--eod-mask-loss", a.options.eod_mask_loss, "no loss on positions whose input is the EOD token");
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
+      app.add_option("--nproc", a.nproc,
+                     "ranks on this host: threads with --device cpu (must equal the layout's world size)")
+          ->check(CLI::Range(1, 4096));
       app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)");
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,
