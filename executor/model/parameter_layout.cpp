@@ -1,6 +1,7 @@
 // ParameterLayout: the list of the model's parameters and their aligned offsets in the flat buffers.
 #include "executor/model/parameter_layout.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace megatune::executor {
@@ -71,6 +72,44 @@ std::vector<float> tensor_parallel_slice(const ParameterEntry& e, const std::vec
   if (static_cast<std::int64_t>(out.size()) != e.numel())
     throw std::logic_error("tensor_parallel_slice: " + e.name + " slice does not match its shard shape");
   return out;
+}
+
+std::vector<float> tensor_parallel_assemble(const ParameterEntry& e, const std::vector<std::vector<float>>& slices) {
+  const std::int64_t tp = static_cast<std::int64_t>(slices.size());
+  if (tp == 0) throw std::invalid_argument("tensor_parallel_assemble: no slices of " + e.name);
+  const std::int64_t grows = e.global_rows(), gcols = e.global_cols();
+  if (e.split == TensorParallelSplit::kReplicated || tp == 1) return slices.front();
+  std::vector<float> global(static_cast<std::size_t>(grows * gcols));
+  for (std::int64_t r = 0; r < tp; ++r) {
+    const std::vector<float>& slice = slices[r];
+    std::int64_t at = 0;  // position in the slice
+    auto take = [&](std::int64_t global_index, std::int64_t n) {
+      if (at + n > static_cast<std::int64_t>(slice.size()))
+        throw std::invalid_argument("tensor_parallel_assemble: slice of " + e.name + " is too short");
+      std::copy(slice.begin() + at, slice.begin() + at + n, global.begin() + global_index);
+      at += n;
+    };
+    if (e.split == TensorParallelSplit::kRows) {
+      std::int64_t part_start = 0;
+      for (std::int64_t part : e.global_parts) {
+        const std::int64_t share = part / tp;
+        take((part_start + r * share) * gcols, share * gcols);
+        part_start += part;
+      }
+    } else {
+      for (std::int64_t row = 0; row < grows; ++row) {
+        std::int64_t part_start = 0;
+        for (std::int64_t part : e.global_parts) {
+          const std::int64_t share = part / tp;
+          take(row * gcols + part_start + r * share, share);
+          part_start += part;
+        }
+      }
+    }
+    if (at != static_cast<std::int64_t>(slice.size()))
+      throw std::invalid_argument("tensor_parallel_assemble: slice of " + e.name + " has the wrong size");
+  }
+  return global;
 }
 
 const ParameterEntry& ParameterLayout::find(const std::string& name) const {

@@ -20,6 +20,10 @@ struct ParameterEntry : layouts::ParameterSpec {
   std::int64_t offset = 0;  // elements into the buffers, 64-element aligned
 };
 
+// The unsharded values of a parameter from its tensor-parallel slices (slices[r]: TP rank r's values of the
+// entry's split over slices.size() ranks); the inverse of tensor_parallel_slice.
+std::vector<float> tensor_parallel_assemble(const ParameterEntry& entry,
+                                            const std::vector<std::vector<float>>& slices);
 // This rank's slice of a parameter's unsharded values (global_rows x global_cols, row-major) under TP.
 std::vector<float> tensor_parallel_slice(const ParameterEntry& entry, const std::vector<float>& global,
                                          int tp_rank, int tp_size);
