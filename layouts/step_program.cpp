@@ -6,10 +6,30 @@
 #include <stdexcept>
 #include <string>
 
+#include "layouts/schedule_walker.h"
+
 namespace megatune::layouts {
 namespace {
 
 constexpr std::int64_t kAct = 2;  // bf16 activation bytes
+
+// The role of a collective issued inside a forward/backward pass, by the group it runs over.
+OpRole layer_comm_role(OpKind kind, CommGroup group) {
+  switch (group) {
+    case CommGroup::kTensor:
+      return OpRole::kTensorParallel;
+    case CommGroup::kContext:
+      return kind == OpKind::kSend || kind == OpKind::kRecv ? OpRole::kContextParallelRing
+                                                            : OpRole::kContextParallelGather;
+    case CommGroup::kExpert:
+    case CommGroup::kExpertTensor:
+    case CommGroup::kTensorExpert:
+      return OpRole::kExpertDispatch;
+    default:
+      throw std::logic_error(std::string("step program: no layer collective runs over group ") +
+                             comm_group_name(group));
+  }
+}
 
 // Appends ops with shared bookkeeping (phase, layer, microbatch, chunk).
 class OpSink {
@@ -61,10 +81,16 @@ class OpSink {
     op.bytes = bytes;
     op.dtype = dtype;
   }
+  // A collective of a layer pass: its role follows from its group (layer_comm_role).
   void comm(OpKind kind, const char* label, std::int64_t bytes, CommGroup group, int group_size,
             DType dtype = DType::kBF16) {
+    comm_as(layer_comm_role(kind, group), kind, label, bytes, group, group_size, dtype);
+  }
+  void comm_as(OpRole role, OpKind kind, const char* label, std::int64_t bytes, CommGroup group,
+               int group_size, DType dtype = DType::kBF16) {
     if (group_size <= 1) return;
     Op& op = add(kind, label);
+    op.role = role;
     op.bytes = bytes;
     op.group = group;
     op.group_size = group_size;
@@ -535,17 +561,16 @@ std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape
   return ops;
 }
 
-std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const StepShape& shape,
-                                                         const PipelineStage& stage, int microbatch,
-                                                         const StepProgramOptions& options) {
-  std::vector<std::vector<Op>> entries;
+std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepShape& shape,
+                                           const PipelineStage& stage, int microbatch, int entry_begin,
+                                           int entry_end, const StepProgramOptions& options) {
+  std::vector<Op> ops;
   const std::vector<int> layers = symbol_layers(stage);
-  for (std::size_t j = stage.symbols.size(); j-- > 0;) {
-    entries.emplace_back();
-    std::vector<Op>& ops = entries.back();
-    const LayerSymbol sym = stage.symbols[j];
+  const int n = static_cast<int>(stage.symbols.size());
+  for (int e = std::max(0, entry_begin); e < std::min(n, entry_end); ++e) {
+    const int j = n - 1 - e;  // entries run in reverse symbol order
     OpSink o(ops, OpPhase::kBackward, layers[j] >= 0 ? layers[j] : -1, microbatch, stage.vpp_rank);
-    switch (sym) {
+    switch (stage.symbols[j]) {
       case LayerSymbol::kEmbedding:
         embedding_backward(o, shape);
         break;
@@ -564,16 +589,22 @@ std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model,
         break;
     }
   }
+  return ops;
+}
+
+std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const StepShape& shape,
+                                                         const PipelineStage& stage, int microbatch,
+                                                         const StepProgramOptions& options) {
+  std::vector<std::vector<Op>> entries;
+  for (int e = 0; e < static_cast<int>(stage.symbols.size()); ++e)
+    entries.push_back(stage_backward_segment_ops(model, shape, stage, microbatch, e, e + 1, options));
   return entries;
 }
 
 std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
                                    int microbatch, const StepProgramOptions& options) {
-  std::vector<Op> ops;
-  for (auto& entry : stage_backward_ops_by_entry(model, shape, stage, microbatch, options)) {
-    for (auto& op : entry) ops.push_back(std::move(op));
-  }
-  return ops;
+  return stage_backward_segment_ops(model, shape, stage, microbatch, 0,
+                                    static_cast<int>(stage.symbols.size()), options);
 }
 
 StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, const PipelineStage& stage) {
@@ -629,6 +660,7 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
     GradBucket b;
     b.op.kind = config.use_distributed_optimizer ? OpKind::kReduceScatter : OpKind::kAllReduce;
     b.op.phase = OpPhase::kGradSync;
+    b.op.role = expert ? OpRole::kExpertGradReduce : OpRole::kGradReduce;
     b.op.label = expert ? "expert_grad_bucket" : "grad_bucket";
     b.op.dtype = grad_bytes == 2 ? DType::kBF16 : DType::kFP32;
     b.op.bytes = elements * grad_bytes;
@@ -636,6 +668,8 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
     b.op.group_size = group_size;
     b.op.chunk = chunk;
     b.ready_after_entry = ready_after;
+    b.elements = elements;
+    b.expert = expert;
     buckets.push_back(std::move(b));
   };
   std::int64_t dense_fill = 0, expert_fill = 0;
@@ -657,136 +691,122 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
   return buckets;
 }
 
+Op param_gather_op(const GradBucket& bucket) {
+  Op op;
+  op.kind = OpKind::kAllGather;
+  op.phase = OpPhase::kOptimizer;
+  op.role = bucket.expert ? OpRole::kExpertParamGather : OpRole::kParamGather;
+  op.label = bucket.expert ? "expert_param_ag" : "param_ag";
+  op.bytes = bucket.elements * 2;  // bf16 params
+  op.group = bucket.op.group;
+  op.group_size = bucket.op.group_size;
+  op.chunk = bucket.op.chunk;
+  return op;
+}
+
 std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
-                                   const ParallelConfig& config,
-                                   const std::vector<const PipelineStage*>& stages,
-                                   const StepProgramOptions& options) {
+                                   const ParallelConfig& config, const std::vector<PipelineStage>& stages,
+                                   OptimizerStep step, const StepProgramOptions& options) {
   std::vector<Op> ops;
   OpSink o(ops, OpPhase::kOptimizer, -1, -1, -1);
-  std::int64_t dense = 0, expert = 0;
-  bool has_embedding = false, has_loss = false;
-  for (const PipelineStage* stage : stages) {
-    StageParameters p = stage_parameters(model, shape, *stage);
-    dense += p.dense;
-    expert += p.expert;
-    has_embedding |= stage->has_embedding;
-    has_loss |= stage->has_loss;
-  }
   const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
-  if (shape.tied && shape.pp > 1 && (has_embedding || has_loss)) {
-    o.comm(OpKind::kAllReduce, "embedding_grad_ar", shape.vocab_padded / shape.tp * shape.hidden * grad_bytes,
-           CommGroup::kEmbedding, 2, DType::kFP32);
-  }
-  if (shape.sp) {
-    std::int64_t norm_params = 0;
-    for (const PipelineStage* stage : stages)
-      norm_params += static_cast<std::int64_t>(stage->num_decoder_layers + stage->num_mtp_layers) * 2 *
-                         shape.hidden * (shape.rms ? 1 : 2) +
-                     (stage->has_loss ? shape.hidden : 0);
-    o.comm(OpKind::kAllReduce, "sp_norm_grad_ar", norm_params * grad_bytes, CommGroup::kTensor, shape.tp,
-           DType::kFP32);
-  }
-  const bool dist = config.use_distributed_optimizer;
-  const std::int64_t dense_shard = dist ? (dense + shape.dp * shape.cp - 1) / (shape.dp * shape.cp) : dense;
-  const std::int64_t expert_shard = dist ? (expert + shape.edp - 1) / shape.edp : expert;
-  const std::int64_t local = dense_shard + expert_shard;
-  o.memory(OpKind::kGradNorm, "grad_norm", local * 4, DType::kFP32);
-  o.comm(OpKind::kAllReduce, "grad_norm_ar", 4, CommGroup::kWorld, config.world_size, DType::kFP32);
-  o.memory(OpKind::kOptimizer, "adamw", local * 30, DType::kFP32);
-  if (dist) {
-    // Param all-gather, bucketed like the grads.
-    for (const PipelineStage* stage : stages) {
-      StageParameters p = stage_parameters(model, shape, *stage);
-      for (const GradBucket& b : grad_sync_buckets(shape, config, p, stage->vpp_rank, options)) {
-        Op& ag =
-            o.add(OpKind::kAllGather, b.op.group == CommGroup::kExpertData ? "expert_param_ag" : "param_ag");
-        ag.bytes = b.op.bytes / grad_bytes * 2;
-        ag.group = b.op.group;
-        ag.group_size = b.op.group_size;
-        ag.chunk = stage->vpp_rank;
+  switch (step) {
+    case OptimizerStep::kEmbeddingGradReduce:
+      o.comm_as(OpRole::kEmbeddingGradReduce, OpKind::kAllReduce, "embedding_grad_ar",
+                shape.vocab_padded / shape.tp * shape.hidden * grad_bytes, CommGroup::kEmbedding, 2,
+                DType::kFP32);
+      break;
+    case OptimizerStep::kSequenceParallelNormGradReduce: {
+      std::int64_t norm_params = 0;
+      for (const PipelineStage& stage : stages)
+        norm_params += static_cast<std::int64_t>(stage.num_decoder_layers + stage.num_mtp_layers) * 2 *
+                           shape.hidden * (shape.rms ? 1 : 2) +
+                       (stage.has_loss ? shape.hidden : 0);
+      o.comm_as(OpRole::kSequenceParallelNormGrad, OpKind::kAllReduce, "sp_norm_grad_ar",
+                norm_params * grad_bytes, CommGroup::kTensor, shape.tp, DType::kFP32);
+      break;
+    }
+    case OptimizerStep::kGradNorm:
+    case OptimizerStep::kAdamW: {
+      std::int64_t dense = 0, expert = 0;
+      for (const PipelineStage& stage : stages) {
+        const StageParameters p = stage_parameters(model, shape, stage);
+        dense += p.dense;
+        expert += p.expert;
       }
+      const bool dist = config.use_distributed_optimizer;
+      const std::int64_t dense_shard =
+          dist ? (dense + shape.dp * shape.cp - 1) / (shape.dp * shape.cp) : dense;
+      const std::int64_t expert_shard = dist ? (expert + shape.edp - 1) / shape.edp : expert;
+      const std::int64_t local = dense_shard + expert_shard;
+      if (step == OptimizerStep::kAdamW) {
+        o.memory(OpKind::kOptimizer, "adamw", local * 30, DType::kFP32);
+        break;
+      }
+      o.memory(OpKind::kGradNorm, "grad_norm", local * 4, DType::kFP32);
+      o.comm_as(OpRole::kGradNormReduce, OpKind::kAllReduce, "grad_norm_ar", 4, CommGroup::kWorld,
+                config.world_size, DType::kFP32);
+      break;
     }
   }
   return ops;
 }
 
+namespace {
+
+Op p2p_transfer_op(const StepShape& shape, const StepTransfer& transfer) {
+  Op op;
+  const bool activation = transfer.tensor == P2pTensor::kActivation;
+  op.kind = transfer.direction == P2pDirection::kSend ? OpKind::kSend : OpKind::kRecv;
+  op.phase = activation ? OpPhase::kForward : OpPhase::kBackward;
+  op.role = activation ? OpRole::kP2pActivation : OpRole::kP2pGradient;
+  op.label = activation ? "p2p_activation" : "p2p_gradient";
+  op.bytes = shape.p2p_bytes;
+  op.group = CommGroup::kPipeline;
+  op.group_size = shape.pp;
+  op.peer_rank = transfer.peer_rank;
+  op.microbatch = transfer.microbatch;
+  op.chunk = transfer.chunk;
+  return op;
+}
+
+}  // namespace
+
+std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
+                              const StepItem& item, const StepProgramOptions& options) {
+  switch (item.kind) {
+    case StepItemKind::kForward:
+      return stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options);
+    case StepItemKind::kBackward:
+      return stage_backward_segment_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch,
+                                        item.entry_begin, item.entry_end, options);
+    case StepItemKind::kP2p: {
+      std::vector<Op> ops;
+      for (const StepTransfer& t : item.transfers) ops.push_back(p2p_transfer_op(step.shape, t));
+      return ops;
+    }
+    case StepItemKind::kGradBucket:
+      return {step.buckets.at(item.chunk).at(item.bucket).op};
+    case StepItemKind::kParamGather:
+      return {param_gather_op(step.buckets.at(item.chunk).at(item.bucket))};
+    case StepItemKind::kOptimizer:
+      return optimizer_step_ops(model, step.shape, config, step.stages, item.optimizer_step, options);
+  }
+  return {};
+}
+
 StepProgram build_step_program(const ModelSpec& model, const ParallelConfig& config, int rank,
                                const StepProgramOptions& options) {
+  const RankStep step = walk_rank_step(model, config, rank, options);
   StepProgram program;
   program.rank = rank;
-  const RankGrid grid = RankGrid::from_config(config);
-  if (rank < 0 || rank >= grid.world_size()) {
-    throw std::out_of_range("build_step_program: rank " + std::to_string(rank) + " outside the world of " +
-                            std::to_string(grid.world_size()));
-  }
-  program.coordinates = grid.dense_coordinates(rank);
-  const PipelineLayout layout = config.resolved_pipeline_layout(model);
-  const RankSchedule schedule = build_schedule(model, config, program.coordinates.pp);
-  const StepShape shape = resolve_step_shape(model, config);
-  const std::vector<const PipelineStage*> stages = layout.stages_of_rank(program.coordinates.pp);
-
-  // The last backward item of each chunk: where its grad buckets are issued.
-  std::vector<int> last_backward(stages.size(), -1);
-  for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
-    const ScheduleItem& item = schedule.items[i];
-    if (item.kind == ScheduleItemKind::kBackward) last_backward[item.chunk] = i;
-  }
-  std::vector<Op> deferred_sync;
-  auto peer_rank = [&](int peer_pp) {
-    DenseCoordinates c = program.coordinates;
-    c.pp = peer_pp;
-    return grid.rank_of(c);
-  };
-  auto push = [&](Op op, int item) {
-    program.ops.push_back(std::move(op));
-    program.schedule_item.push_back(item);
-  };
-  for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
-    const ScheduleItem& item = schedule.items[i];
-    if (item.kind == ScheduleItemKind::kP2p) {
-      // Sends first, then receives (Megatron posts the batch together).
-      for (int pass = 0; pass < 2; ++pass) {
-        for (const P2pTransfer& t : item.transfers) {
-          if ((t.direction == P2pDirection::kSend) != (pass == 0)) continue;
-          Op op;
-          op.kind = t.direction == P2pDirection::kSend ? OpKind::kSend : OpKind::kRecv;
-          op.phase = t.tensor == P2pTensor::kActivation ? OpPhase::kForward : OpPhase::kBackward;
-          op.label = t.tensor == P2pTensor::kActivation ? "p2p_activation" : "p2p_gradient";
-          op.bytes = shape.p2p_bytes;
-          op.group = CommGroup::kPipeline;
-          op.group_size = shape.pp;
-          op.peer_rank = peer_rank(t.peer_pp_rank);
-          op.microbatch = t.microbatch;
-          op.chunk = t.chunk;
-          push(std::move(op), i);
-        }
-      }
-      continue;
-    }
-    const PipelineStage& stage = *stages.at(item.chunk);
-    if (item.kind == ScheduleItemKind::kForward) {
-      for (Op& op : stage_forward_ops(model, shape, stage, item.microbatch, options)) push(std::move(op), i);
-      continue;
-    }
-    auto entries = stage_backward_ops_by_entry(model, shape, stage, item.microbatch, options);
-    std::vector<GradBucket> buckets;
-    if (i == last_backward[item.chunk]) {
-      buckets = grad_sync_buckets(shape, config, stage_parameters(model, shape, stage), item.chunk, options);
-    }
-    std::size_t next_bucket = 0;
-    for (int e = 0; e < static_cast<int>(entries.size()); ++e) {
-      for (Op& op : entries[e]) push(std::move(op), i);
-      while (next_bucket < buckets.size() && buckets[next_bucket].ready_after_entry == e) {
-        if (config.overlap_grad_reduce)
-          push(buckets[next_bucket].op, i);
-        else
-          deferred_sync.push_back(buckets[next_bucket].op);
-        ++next_bucket;
-      }
+  program.coordinates = step.coordinates;
+  for (const StepItem& item : step.items) {
+    for (Op& op : step_item_ops(model, config, step, item, options)) {
+      program.ops.push_back(std::move(op));
+      program.schedule_item.push_back(item.schedule_item);
     }
   }
-  for (Op& op : deferred_sync) push(std::move(op), -1);
-  for (Op& op : optimizer_step_ops(model, shape, config, stages, options)) push(std::move(op), -1);
   return program;
 }
 
