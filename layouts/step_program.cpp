@@ -456,33 +456,11 @@ std::vector<int> symbol_layers(const PipelineStage& stage) {
 }
 
 std::int64_t layer_dense_params(const ModelSpec& model, const StepShape& s, bool moe) {
-  std::int64_t attn = s.mla ? 0 : s.hidden * qkv_out(s) + s.heads * s.head_dim / s.tp * s.hidden;
-  if (s.mla) {
-    const std::int64_t qk = model.qk_head_dim + model.qk_pos_emb_head_dim;
-    attn = (model.q_lora_rank > 0 ? s.hidden * model.q_lora_rank + model.q_lora_rank * s.heads * qk / s.tp
-                                  : s.hidden * s.heads * qk / s.tp) +
-           s.hidden * (model.kv_lora_rank + model.qk_pos_emb_head_dim) +
-           model.kv_lora_rank * s.heads * (model.qk_head_dim + model.v_head_dim) / s.tp +
-           s.heads * model.v_head_dim / s.tp * s.hidden;
-  }
-  const std::int64_t norms = 2 * s.hidden * (s.rms ? 1 : 2);
-  std::int64_t mlp = 0;
-  if (moe) {
-    mlp = s.hidden * s.experts + (glu(s) + 1) * s.hidden * s.shared_ffn / s.tp;
-  } else {
-    mlp = (glu(s) + 1) * s.hidden * s.ffn / s.tp;
-  }
-  // Linear biases (add_bias_linear): column-parallel ones split by tp, row-parallel ones (proj, fc2) whole.
-  if (model.add_bias_linear && !s.mla) {
-    attn += qkv_out(s) + s.hidden;
-    if (!moe) mlp += glu(s) * s.ffn / s.tp + s.hidden;
-  }
-  return attn + norms + mlp;
+  return attention_parameters(model, s.tp) + decoder_mlp_parameters(model, moe, s.tp);
 }
 
-std::int64_t layer_expert_params(const StepShape& s, bool moe) {
-  if (!moe) return 0;
-  return s.experts / s.ep * (glu(s) + 1) * s.hidden * s.moe_ffn / s.etp;
+std::int64_t layer_expert_params(const ModelSpec& model, const StepShape& s, bool moe) {
+  return moe ? routed_expert_parameters(model, static_cast<int>(s.experts / s.ep), s.etp) : 0;
 }
 
 }  // namespace
@@ -620,13 +598,12 @@ StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, con
       case LayerSymbol::kDecoder: {
         const bool moe = model.is_moe_layer(layers[j]);
         dense = layer_dense_params(model, s, moe);
-        expert = layer_expert_params(s, moe);
+        expert = layer_expert_params(model, s, moe);
         break;
       }
       case LayerSymbol::kMtp:
-        dense =
-            layer_dense_params(model, s, mtp_is_moe(model)) + 2 * s.hidden * s.hidden / s.tp + 3 * s.hidden;
-        expert = layer_expert_params(s, mtp_is_moe(model));
+        dense = layer_dense_params(model, s, mtp_is_moe(model)) + mtp_extra_parameters(model, s.tp);
+        expert = layer_expert_params(model, s, mtp_is_moe(model));
         break;
       case LayerSymbol::kLoss:
         dense = s.hidden * (s.rms ? 1 : 2);
