@@ -150,12 +150,42 @@ class Builder {
     return cost.time_s;
   }
 
-  // Kernel level: every op of the rank's step program becomes a task.
+  // Puts tasks (with their ops) before every other task of b: the param gathers issued at the start of the
+  // iteration on the comm stream, overlapping the first forwards.
+  void prepend(RankBuild& b, const std::vector<std::pair<SimTask, std::size_t>>& tasks,
+               const std::vector<Op>& ops) const {
+    if (tasks.empty()) return;
+    RankBuild hoisted;
+    for (const auto& [task, index] : tasks) {
+      hoisted.tasks.push_back(task);
+      if (options_.record_trace) {
+        hoisted.names.push_back(ops[index].label);
+        hoisted.categories.push_back(layouts::op_kind_name(ops[index].kind));
+        hoisted.details.push_back(layouts::to_string(ops[index]));
+        hoisted.provenance.push_back("-");
+      }
+    }
+    b.tasks.insert(b.tasks.begin(), hoisted.tasks.begin(), hoisted.tasks.end());
+    b.names.insert(b.names.begin(), hoisted.names.begin(), hoisted.names.end());
+    b.categories.insert(b.categories.begin(), hoisted.categories.begin(), hoisted.categories.end());
+    b.details.insert(b.details.begin(), hoisted.details.begin(), hoisted.details.end());
+    b.provenance.insert(b.provenance.begin(), hoisted.provenance.begin(), hoisted.provenance.end());
+  }
+
+  // Kernel level: every op of the rank's step program (build_step_program's ops, item by item of the rank's
+  // walk) becomes a task.
   RankBuild build_kernel_level(int sim) {
     RankBuild b;
-    const layouts::StepProgram program =
-        layouts::build_step_program(model_, config_, sim_ranks_[sim], options_.step);
-    const int pp_rank = program.coordinates.pp;
+    const layouts::RankStep step = layouts::walk_rank_step(model_, config_, sim_ranks_[sim], options_.step);
+    std::vector<Op> ops;
+    std::vector<const layouts::StepTransfer*> transfers;  // per op: its pipeline transfer, if one
+    for (const layouts::StepItem& item : step.items) {
+      std::vector<Op> item_ops = layouts::step_item_ops(model_, config_, step, item, options_.step);
+      for (std::size_t k = 0; k < item_ops.size(); ++k) {
+        transfers.push_back(item.kind == layouts::StepItemKind::kP2p ? &item.transfers[k] : nullptr);
+        ops.push_back(std::move(item_ops[k]));
+      }
+    }
     double ring_s = 0.0;
     bool waited = false;
     std::vector<std::pair<SimTask, std::size_t>> param_gathers;  // hoisted with overlap_param_gather
@@ -168,8 +198,8 @@ class Builder {
         b.provenance.push_back(op ? cost_models::provenance_name(last_provenance_) : "-");
       }
     };
-    for (std::size_t i = 0; i < program.ops.size(); ++i) {
-      const Op& op = program.ops[i];
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
       // A CP ring step is one transfer: priced on its send, its recv is free.
       const double t = op.kind == OpKind::kRecv ? 0.0 : price(op, sim);
       b.kinds[static_cast<int>(op.kind)].total_s += t;
@@ -201,11 +231,9 @@ class Builder {
         const int peer_sim = groups_->sim_index(op.peer_rank);
         task.kind = op.kind == OpKind::kSend ? TaskKind::kSend : TaskKind::kRecv;
         task.peer = peer_sim;
-        const bool gradient = op.role == layouts::OpRole::kP2pGradient;
-        const int own_stage = op.chunk * grid_.pp() + pp_rank;
-        const int producer =
-            op.kind == OpKind::kSend ? own_stage : (gradient ? own_stage + 1 : own_stage - 1);
-        task.tag = p2p_tag(gradient, op.microbatch, producer);
+        const layouts::StepTransfer& transfer = *transfers.at(i);
+        task.tag = p2p_tag(transfer.tensor == layouts::P2pTensor::kGradient, transfer.microbatch,
+                           transfer.producer_stage);
         add(task, &op, op.label);
         continue;
       }
@@ -220,24 +248,7 @@ class Builder {
           grad_sync && config_.overlap_grad_reduce ? TaskKind::kAsyncCollective : TaskKind::kCollective;
       add(task, &op, op.label);
     }
-    if (!param_gathers.empty()) {
-      // Issued at the start of the iteration on the comm stream, overlapping the first forwards.
-      RankBuild hoisted;
-      for (auto& [task, index] : param_gathers) {
-        hoisted.tasks.push_back(task);
-        if (options_.record_trace) {
-          hoisted.names.push_back(program.ops[index].label);
-          hoisted.categories.push_back(layouts::op_kind_name(program.ops[index].kind));
-          hoisted.details.push_back(layouts::to_string(program.ops[index]));
-          hoisted.provenance.push_back("-");
-        }
-      }
-      b.tasks.insert(b.tasks.begin(), hoisted.tasks.begin(), hoisted.tasks.end());
-      b.names.insert(b.names.begin(), hoisted.names.begin(), hoisted.names.end());
-      b.categories.insert(b.categories.begin(), hoisted.categories.begin(), hoisted.categories.end());
-      b.details.insert(b.details.begin(), hoisted.details.begin(), hoisted.details.end());
-      b.provenance.insert(b.provenance.begin(), hoisted.provenance.begin(), hoisted.provenance.end());
-    }
+    prepend(b, param_gathers, ops);
     return b;
   }
 
