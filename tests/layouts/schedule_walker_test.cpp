@@ -48,9 +48,10 @@ RankSchedule schedule_of_walk(const RankStep& step) {
 }
 
 // Every rank's walk reproduces its schedule, item for item, with schedule_item counting up through it.
-void expect_walk_follows_schedule(const ModelSpec& model, const ParallelConfig& config) {
+void expect_walk_follows_schedule(const ModelSpec& model, const ParallelConfig& config,
+                                  const StepProgramOptions& options = {}) {
   for (int rank = 0; rank < config.world_size; ++rank) {
-    const RankStep step = walk_rank_step(model, config, rank);
+    const RankStep step = walk_rank_step(model, config, rank, options);
     const RankSchedule schedule = build_schedule(model, config, step.coordinates.pp);
     EXPECT_EQ(step.schedule_kind, schedule.kind);
     const RankSchedule walked = schedule_of_walk(step);
@@ -240,6 +241,7 @@ TEST(ScheduleWalker, BucketsAppearOnceWhereTheProgramIssuesThem) {
     dp2.overlap_grad_reduce = overlap;
     dp2.overlap_param_gather = overlap;
     dp2.validate(model);
+    expect_walk_follows_schedule(model, dp2, small);
     expect_buckets_where_the_program_issues_them(model, dp2, small);
     // pp2 vpp2 dp2: chunks' last backwards in interleaved order.
     ParallelConfig vpp = config_for(4, 1, 2, 8);
@@ -247,6 +249,7 @@ TEST(ScheduleWalker, BucketsAppearOnceWhereTheProgramIssuesThem) {
     vpp.overlap_p2p_comm = true;
     vpp.overlap_grad_reduce = overlap;
     vpp.validate(model);
+    expect_walk_follows_schedule(model, vpp, small);
     expect_buckets_where_the_program_issues_them(model, vpp, small);
     expect_buckets_where_the_program_issues_them(model, vpp, {});
   }
