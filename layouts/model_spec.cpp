@@ -48,6 +48,8 @@ int ModelSpec::num_moe_layers() const {
   return count;
 }
 
+bool ModelSpec::mtp_layer_is_moe() const { return is_moe_layer(num_layers - 1); }
+
 int64_t ModelSpec::padded_vocab_size(int tensor_parallel_size) const {
   const int64_t multiple =
       static_cast<int64_t>(make_vocab_size_divisible_by > 0 ? make_vocab_size_divisible_by : 1) *
@@ -236,7 +238,7 @@ ParameterCounts ModelSpec::parameter_counts(int tensor_parallel_size) const {
   c.decoder_layers = int64_t{num_layers} * c.attention_per_layer +
                      int64_t{c.num_dense_layers} * c.dense_mlp_per_layer +
                      int64_t{c.num_moe_layers} * c.moe_mlp_per_layer;
-  const bool last_is_moe = is_moe_layer(num_layers - 1);
+  const bool last_is_moe = mtp_layer_is_moe();
   const int64_t mtp_layer_mlp = last_is_moe ? c.moe_mlp_per_layer : c.dense_mlp_per_layer;
   const int64_t mtp_layer_mlp_active = last_is_moe ? c.moe_mlp_active_per_layer : c.dense_mlp_per_layer;
   // enorm + hnorm + eh_proj (2h -> h, no bias) + transformer layer + final norm.

@@ -84,6 +84,7 @@ struct ModelSpec {
   bool is_moe() const { return num_experts > 0; }
   bool is_moe_layer(int layer_index) const;  // 0-based decoder layer; false for dense models
   int num_moe_layers() const;
+  bool mtp_layer_is_moe() const;  // MTP layers follow the last decoder layer's kind
   // Megatron's padding: ceil(V / (divisible_by * tp)) * divisible_by * tp.
   int64_t padded_vocab_size(int tensor_parallel_size = 1) const;
 

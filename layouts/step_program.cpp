@@ -6,109 +6,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "layouts/op_sink.h"
 #include "layouts/schedule_walker.h"
 
 namespace megatune::layouts {
 namespace {
 
 constexpr std::int64_t kAct = 2;  // bf16 activation bytes
-
-// The role of a collective issued inside a forward/backward pass, by the group it runs over.
-OpRole layer_comm_role(OpKind kind, CommGroup group) {
-  switch (group) {
-    case CommGroup::kTensor:
-      return OpRole::kTensorParallel;
-    case CommGroup::kContext:
-      return kind == OpKind::kSend || kind == OpKind::kRecv ? OpRole::kContextParallelRing
-                                                            : OpRole::kContextParallelGather;
-    case CommGroup::kExpert:
-    case CommGroup::kExpertTensor:
-    case CommGroup::kTensorExpert:
-      return OpRole::kExpertDispatch;
-    default:
-      throw std::logic_error(std::string("step program: no layer collective runs over group ") +
-                             comm_group_name(group));
-  }
-}
-
-// Appends ops with shared bookkeeping (phase, layer, microbatch, chunk).
-class OpSink {
- public:
-  OpSink(std::vector<Op>& ops, OpPhase phase, int layer, int microbatch, int chunk)
-      : ops_(ops), phase_(phase), layer_(layer), microbatch_(microbatch), chunk_(chunk) {}
-
-  Op& add(OpKind kind, const char* label) {
-    Op op;
-    op.kind = kind;
-    op.phase = phase_;
-    op.label = label;
-    op.layer = layer_;
-    op.microbatch = microbatch_;
-    op.chunk = chunk_;
-    ops_.push_back(std::move(op));
-    return ops_.back();
-  }
-  void gemm(const char* label, std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate = false) {
-    Op& op = add(OpKind::kGemm, label);
-    op.m = m;
-    op.n = n;
-    op.k = k;
-    op.accumulate = accumulate;
-  }
-  // Backward of a forward GEMM (T, out) = (T, in) x (in, out): dgrad then wgrad (either may be left out).
-  // The wgrad accumulates into the fp32 main gradient, except the first write of the iteration (micro-batch
-  // 0; first_chunk false for the LM head's later token chunks), which overwrites it: the executor does not
-  // zero GEMM weights' gradients, and the GEMM then never reads them.
-  void gemm_backward(const std::string& label, std::int64_t tokens, std::int64_t out, std::int64_t in,
-                     bool need_dgrad = true, bool need_wgrad = true, bool first_chunk = true) {
-    if (need_dgrad) {
-      Op& d = add(OpKind::kGemm, "");
-      d.label = label + "_dgrad";
-      d.m = tokens;
-      d.n = in;
-      d.k = out;
-    }
-    if (!need_wgrad) return;
-    Op& w = add(OpKind::kGemm, "");
-    w.label = label + "_wgrad";
-    w.m = out;
-    w.n = in;
-    w.k = tokens;
-    w.accumulate = microbatch_ > 0 || !first_chunk;
-  }
-  void memory(OpKind kind, const char* label, std::int64_t bytes, DType dtype = DType::kBF16) {
-    Op& op = add(kind, label);
-    op.bytes = bytes;
-    op.dtype = dtype;
-  }
-  // A collective of a layer pass: its role follows from its group (layer_comm_role).
-  void comm(OpKind kind, const char* label, std::int64_t bytes, CommGroup group, int group_size,
-            DType dtype = DType::kBF16) {
-    comm_as(layer_comm_role(kind, group), kind, label, bytes, group, group_size, dtype);
-  }
-  void comm_as(OpRole role, OpKind kind, const char* label, std::int64_t bytes, CommGroup group,
-               int group_size, DType dtype = DType::kBF16) {
-    if (group_size <= 1) return;
-    Op& op = add(kind, label);
-    op.role = role;
-    op.bytes = bytes;
-    op.group = group;
-    op.group_size = group_size;
-    op.dtype = dtype;
-  }
-  void attention(OpKind kind, const char* label, const AttentionShape& shape) {
-    Op& op = add(kind, label);
-    op.attention = shape;
-  }
-  OpPhase phase() const { return phase_; }
-  // A sink appending to the same list with the same bookkeeping but another phase.
-  OpSink with_phase(OpPhase phase) const { return OpSink(ops_, phase, layer_, microbatch_, chunk_); }
-
- private:
-  std::vector<Op>& ops_;
-  OpPhase phase_;
-  int layer_, microbatch_, chunk_;
-};
 
 AttentionShape attention_shape(const StepShape& s) {
   AttentionShape a;
@@ -437,10 +341,9 @@ void loss_backward(OpSink& o, const StepShape& s, const std::string& label) {
   o.memory(OpKind::kNormBackward, "final_norm", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
-bool mtp_is_moe(const ModelSpec& model) { return model.is_moe() && model.is_moe_layer(model.num_layers - 1); }
+}  // namespace
 
-// Global layer index of symbol i of the stage (decoder layers only; -1 otherwise).
-std::vector<int> symbol_layers(const PipelineStage& stage) {
+std::vector<int> stage_symbol_layers(const PipelineStage& stage) {
   std::vector<int> layers;
   int next_t = stage.first_decoder_layer;
   int next_m = stage.first_mtp_layer;
@@ -454,16 +357,6 @@ std::vector<int> symbol_layers(const PipelineStage& stage) {
   }
   return layers;
 }
-
-std::int64_t layer_dense_params(const ModelSpec& model, const StepShape& s, bool moe) {
-  return attention_parameters(model, s.tp) + decoder_mlp_parameters(model, moe, s.tp);
-}
-
-std::int64_t layer_expert_params(const ModelSpec& model, const StepShape& s, bool moe) {
-  return moe ? routed_expert_parameters(model, static_cast<int>(s.experts / s.ep), s.etp) : 0;
-}
-
-}  // namespace
 
 std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank,
                              std::int64_t max_logits_bytes) {
@@ -514,7 +407,7 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
 std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
                                   int microbatch, const StepProgramOptions& options) {
   std::vector<Op> ops;
-  const std::vector<int> layers = symbol_layers(stage);
+  const std::vector<int> layers = stage_symbol_layers(stage);
   for (std::size_t i = 0; i < stage.symbols.size(); ++i) {
     const LayerSymbol sym = stage.symbols[i];
     OpSink o(ops, OpPhase::kForward, layers[i] >= 0 ? layers[i] : -1, microbatch, stage.vpp_rank);
@@ -528,7 +421,7 @@ std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape
       case LayerSymbol::kMtp:
         o.memory(OpKind::kNorm, "mtp_norms", 2 * norm_bytes(shape));
         o.gemm("mtp_eh_proj", shape.tokens, shape.hidden / shape.tp, 2 * shape.hidden);
-        layer_forward(o, model, shape, mtp_is_moe(model), options);
+        layer_forward(o, model, shape, model.mtp_layer_is_moe(), options);
         loss_forward(o, shape, "mtp_logits", options);
         break;
       case LayerSymbol::kLoss:
@@ -543,7 +436,7 @@ std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepSha
                                            const PipelineStage& stage, int microbatch, int entry_begin,
                                            int entry_end, const StepProgramOptions& options) {
   std::vector<Op> ops;
-  const std::vector<int> layers = symbol_layers(stage);
+  const std::vector<int> layers = stage_symbol_layers(stage);
   const int n = static_cast<int>(stage.symbols.size());
   for (int e = std::max(0, entry_begin); e < std::min(n, entry_end); ++e) {
     const int j = n - 1 - e;  // entries run in reverse symbol order
@@ -558,7 +451,7 @@ std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepSha
         break;
       case LayerSymbol::kMtp:
         loss_backward(o, shape, "mtp_logits");
-        layer_backward(ops, model, shape, mtp_is_moe(model), -1, microbatch, stage.vpp_rank, options);
+        layer_backward(ops, model, shape, model.mtp_layer_is_moe(), -1, microbatch, stage.vpp_rank, options);
         o.gemm_backward("mtp_eh_proj", shape.tokens, shape.hidden / shape.tp, 2 * shape.hidden);
         o.memory(OpKind::kNormBackward, "mtp_norms", 3 * norm_bytes(shape));
         break;
@@ -583,150 +476,6 @@ std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shap
                                    int microbatch, const StepProgramOptions& options) {
   return stage_backward_segment_ops(model, shape, stage, microbatch, 0,
                                     static_cast<int>(stage.symbols.size()), options);
-}
-
-StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, const PipelineStage& stage) {
-  StageParameters p;
-  const std::vector<int> layers = symbol_layers(stage);
-  for (std::size_t j = stage.symbols.size(); j-- > 0;) {
-    std::int64_t dense = 0, expert = 0;
-    switch (stage.symbols[j]) {
-      case LayerSymbol::kEmbedding:
-        dense = s.vocab_padded / s.tp * s.hidden;
-        if (!s.rope) dense += static_cast<std::int64_t>(model.max_positions()) * s.hidden;
-        break;
-      case LayerSymbol::kDecoder: {
-        const bool moe = model.is_moe_layer(layers[j]);
-        dense = layer_dense_params(model, s, moe);
-        expert = layer_expert_params(model, s, moe);
-        break;
-      }
-      case LayerSymbol::kMtp:
-        dense = layer_dense_params(model, s, mtp_is_moe(model)) + mtp_extra_parameters(model, s.tp);
-        expert = layer_expert_params(model, s, mtp_is_moe(model));
-        break;
-      case LayerSymbol::kLoss:
-        dense = s.hidden * (s.rms ? 1 : 2);
-        // Untied: the output layer. Tied with pp > 1: the last stage keeps its own copy of the embedding.
-        if (!s.tied || !stage.has_embedding) dense += s.vocab_padded / s.tp * s.hidden;
-        break;
-    }
-    p.dense += dense;
-    p.expert += expert;
-    p.dense_per_layer_reverse.push_back(dense);
-    p.expert_per_layer_reverse.push_back(expert);
-    p.layer_reverse.push_back(layers[j]);
-  }
-  return p;
-}
-
-std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
-                                          const StageParameters& parameters, int chunk,
-                                          const StepProgramOptions& options) {
-  std::vector<GradBucket> buckets;
-  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
-  const int dense_group = shape.dp * shape.cp;
-  const bool overlap = config.overlap_grad_reduce;
-  std::int64_t bucket_limit = options.bucket_size_elements > 0
-                                  ? options.bucket_size_elements
-                                  : std::max<std::int64_t>(40'000'000, 1'000'000LL * dense_group);
-  if (!overlap) bucket_limit = INT64_MAX;
-  auto emit = [&](std::int64_t elements, bool expert, int ready_after) {
-    const int group_size = expert ? shape.edp : dense_group;
-    if (elements <= 0 || group_size <= 1) return;
-    GradBucket b;
-    b.op.kind = config.use_distributed_optimizer ? OpKind::kReduceScatter : OpKind::kAllReduce;
-    b.op.phase = OpPhase::kGradSync;
-    b.op.role = expert ? OpRole::kExpertGradReduce : OpRole::kGradReduce;
-    b.op.label = expert ? "expert_grad_bucket" : "grad_bucket";
-    b.op.dtype = grad_bytes == 2 ? DType::kBF16 : DType::kFP32;
-    b.op.bytes = elements * grad_bytes;
-    b.op.group = expert ? CommGroup::kExpertData : CommGroup::kDataContext;
-    b.op.group_size = group_size;
-    b.op.chunk = chunk;
-    b.ready_after_entry = ready_after;
-    b.elements = elements;
-    b.expert = expert;
-    buckets.push_back(std::move(b));
-  };
-  std::int64_t dense_fill = 0, expert_fill = 0;
-  const int n = static_cast<int>(parameters.layer_reverse.size());
-  for (int i = 0; i < n; ++i) {
-    dense_fill += parameters.dense_per_layer_reverse[i];
-    expert_fill += parameters.expert_per_layer_reverse[i];
-    if (dense_fill >= bucket_limit) {
-      emit(dense_fill, false, i);
-      dense_fill = 0;
-    }
-    if (expert_fill >= bucket_limit) {
-      emit(expert_fill, true, i);
-      expert_fill = 0;
-    }
-  }
-  emit(dense_fill, false, n - 1);
-  emit(expert_fill, true, n - 1);
-  return buckets;
-}
-
-Op param_gather_op(const GradBucket& bucket) {
-  Op op;
-  op.kind = OpKind::kAllGather;
-  op.phase = OpPhase::kOptimizer;
-  op.role = bucket.expert ? OpRole::kExpertParamGather : OpRole::kParamGather;
-  op.label = bucket.expert ? "expert_param_ag" : "param_ag";
-  op.bytes = bucket.elements * 2;  // bf16 params
-  op.group = bucket.op.group;
-  op.group_size = bucket.op.group_size;
-  op.chunk = bucket.op.chunk;
-  return op;
-}
-
-std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
-                                   const ParallelConfig& config, const std::vector<PipelineStage>& stages,
-                                   OptimizerStep step, const StepProgramOptions& options) {
-  std::vector<Op> ops;
-  OpSink o(ops, OpPhase::kOptimizer, -1, -1, -1);
-  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
-  switch (step) {
-    case OptimizerStep::kEmbeddingGradReduce:
-      o.comm_as(OpRole::kEmbeddingGradReduce, OpKind::kAllReduce, "embedding_grad_ar",
-                shape.vocab_padded / shape.tp * shape.hidden * grad_bytes, CommGroup::kEmbedding, 2,
-                DType::kFP32);
-      break;
-    case OptimizerStep::kSequenceParallelNormGradReduce: {
-      std::int64_t norm_params = 0;
-      for (const PipelineStage& stage : stages)
-        norm_params += static_cast<std::int64_t>(stage.num_decoder_layers + stage.num_mtp_layers) * 2 *
-                           shape.hidden * (shape.rms ? 1 : 2) +
-                       (stage.has_loss ? shape.hidden : 0);
-      o.comm_as(OpRole::kSequenceParallelNormGrad, OpKind::kAllReduce, "sp_norm_grad_ar",
-                norm_params * grad_bytes, CommGroup::kTensor, shape.tp, DType::kFP32);
-      break;
-    }
-    case OptimizerStep::kGradNorm:
-    case OptimizerStep::kAdamW: {
-      std::int64_t dense = 0, expert = 0;
-      for (const PipelineStage& stage : stages) {
-        const StageParameters p = stage_parameters(model, shape, stage);
-        dense += p.dense;
-        expert += p.expert;
-      }
-      const bool dist = config.use_distributed_optimizer;
-      const std::int64_t dense_shard =
-          dist ? (dense + shape.dp * shape.cp - 1) / (shape.dp * shape.cp) : dense;
-      const std::int64_t expert_shard = dist ? (expert + shape.edp - 1) / shape.edp : expert;
-      const std::int64_t local = dense_shard + expert_shard;
-      if (step == OptimizerStep::kAdamW) {
-        o.memory(OpKind::kOptimizer, "adamw", local * 30, DType::kFP32);
-        break;
-      }
-      o.memory(OpKind::kGradNorm, "grad_norm", local * 4, DType::kFP32);
-      o.comm_as(OpRole::kGradNormReduce, OpKind::kAllReduce, "grad_norm_ar", 4, CommGroup::kWorld,
-                config.world_size, DType::kFP32);
-      break;
-    }
-  }
-  return ops;
 }
 
 namespace {

@@ -126,7 +126,12 @@ std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepSha
                                            const PipelineStage& stage, int microbatch, int entry_begin,
                                            int entry_end, const StepProgramOptions& options = {});
 
-// Parameter elements a stage holds on one rank, dense (reduced over dp-cp) and expert (over expert-dp).
+// Per symbol of the stage, in order: its global decoder-layer index (t), -3 - i for MTP layer i, -1 for E,
+// -2 for L (the encoding of StageParameters::layer_reverse).
+std::vector<int> stage_symbol_layers(const PipelineStage& stage);
+
+// Parameter elements a stage holds on one rank, dense (reduced over dp-cp) and expert (over expert-dp)
+// (defined with the buckets and the optimizer step in grad_sync.cpp).
 struct StageParameters {
   std::int64_t dense = 0;
   std::int64_t expert = 0;
