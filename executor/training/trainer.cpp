@@ -188,7 +188,8 @@ void Trainer::run_p2p(const layouts::ScheduleItem& item) {
       a.tensor = a.send ? model.input_grad(t.microbatch) : model.output_grad(t.microbatch);
     a.peer_rank = communicator_.global_rank(CommGroup::kPipeline, t.peer_pp_rank);
     a.tag = {activation ? "p2p_activation" : "p2p_gradient", -1,
-             activation ? OpPhase::kForward : OpPhase::kBackward};
+             activation ? OpPhase::kForward : OpPhase::kBackward,
+             activation ? layouts::OpRole::kP2pActivation : layouts::OpRole::kP2pGradient};
     a.microbatch = t.microbatch;
     a.chunk = t.chunk;
     transfers.push_back(a);
@@ -207,7 +208,7 @@ void Trainer::reduce_chunk_gradients(int chunk) {
   OpRecorder& recorder = backend_.recorder();
   recorder.set_position(-1, chunk);
   pending_reductions_.push_back(communicator_.all_reduce_async(
-      CommGroup::kDataContext, chunks_[chunk]->grads(), ReduceOp::kSum, {"grad_bucket", -1, OpPhase::kGradSync}));
+      CommGroup::kDataContext, chunks_[chunk]->grads(), ReduceOp::kSum, {"grad_bucket", -1, OpPhase::kGradSync, layouts::OpRole::kGradReduce}));
 }
 
 void Trainer::run_schedule(const std::vector<MicroBatch>& microbatches) {
@@ -241,7 +242,6 @@ void Trainer::run_schedule(const std::vector<MicroBatch>& microbatches) {
 }
 
 void Trainer::finish_gradients() {
-  const OpTag tag{"", -1, OpPhase::kOptimizer};
   // Tied word embedding under pipelining: the first stage's table and the last stage's copy hold one
   // parameter; their gradients are summed over the embedding group.
   if (config_.model.tied_embeddings && schedule_.pp > 1)
@@ -250,9 +250,8 @@ void Trainer::finish_gradients() {
       if (!st.has_embedding && !st.has_loss) continue;
       const ParameterEntry& e = chunk->layout().find("embedding.word_embeddings.weight");
       communicator_.all_reduce(CommGroup::kEmbedding, chunk->view(chunk->grads(), e), ReduceOp::kSum,
-                               {"embedding_grad_ar", -1, OpPhase::kOptimizer});
+                               {"embedding_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
     }
-  (void)tag;
   // Sequence parallelism: each TP rank's norm gradients cover its sequence shard; sum them over TP.
   if (!sp_norm_grads_.empty()) {
     std::int64_t at = 0;
@@ -262,7 +261,7 @@ void Trainer::finish_gradients() {
         at += e->numel();
       }
     communicator_.all_reduce(CommGroup::kTensor, sp_norm_grads_, ReduceOp::kSum,
-                             {"sp_norm_grad_ar", -1, OpPhase::kOptimizer});
+                             {"sp_norm_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kSequenceParallelNormGrad});
     at = 0;
     for (auto& chunk : chunks_)
       for (const ParameterEntry* e : chunk->sequence_parallel_grad_entries()) {
@@ -296,7 +295,7 @@ double Trainer::global_grad_norm() {
     const float values[2] = {static_cast<float>(std::max(0.0, sum_sq)), 0.0f};
     backend_.upload(scalar_, values);
     communicator_.all_reduce(CommGroup::kWorld, flat_view(scalar_, 0, 1), ReduceOp::kSum,
-                             {"grad_norm_ar", -1, OpPhase::kOptimizer});
+                             {"grad_norm_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kGradNormReduce});
     float reduced[2];
     backend_.download(scalar_, reduced);
     sum_sq = std::isfinite(local) ? reduced[0] : local;
