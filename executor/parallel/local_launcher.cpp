@@ -15,7 +15,9 @@
 #include <stdexcept>
 
 #include "executor/parallel/framed_socket.h"
+#include "executor/parallel/launch_environment.h"
 #include "executor/parallel/tcp_rendezvous.h"
+#include "layouts/user_error.h"
 
 extern char** environ;
 
@@ -254,6 +256,21 @@ std::vector<std::string> own_command_line_without_nproc() {
     kept.push_back(args[i]);
   }
   return kept;
+}
+
+int relaunch_with_nproc(int nproc, std::ostream& out, std::ostream& err) {
+  const std::string flag = "--nproc " + std::to_string(nproc);
+  const LaunchEnvironment running = read_launch_environment();
+  if (!running.single_process())
+    throw UserError(flag + ": this process already runs as " + running.describe() +
+                    "; drop --nproc or start it without the launcher");
+  LocalLaunch launch;
+  launch.program = "/proc/self/exe";
+  launch.argv = own_command_line_without_nproc();
+  launch.nproc = nproc;
+  const LaunchOutcome outcome = run_local_launch(launch, out, err);
+  if (outcome.exit_code != 0) err << "megatune train " << flag << ": " << outcome.failure << std::endl;
+  return outcome.exit_code;
 }
 
 }  // namespace megatune::executor

@@ -35,4 +35,9 @@ LaunchOutcome run_local_launch(const LocalLaunch& launch, std::ostream& out, std
 // This process's command line (/proc/self/cmdline) without `--nproc N` / `--nproc=N`.
 std::vector<std::string> own_command_line_without_nproc();
 
+// `megatune train --nproc N`: this command line again, without --nproc, in N ranks; the launcher's one
+// line on failure goes to `err` ("megatune train --nproc N: rank 2 exited with status 1 (...)"). Returns
+// the exit code. Throws a UserError when this process already runs under a launcher.
+int relaunch_with_nproc(int nproc, std::ostream& out, std::ostream& err);
+
 }  // namespace megatune::executor
