@@ -372,6 +372,7 @@ void NcclCommunicator::fail(const std::string& message, bool tell_peers) {
   aborted_ = true;
   if (tell_peers && control_ != nullptr) control_->announce_failure(message);
   const bool quiet = issue_mutex_.try_lock_for(std::chrono::seconds(2));
+  const std::lock_guard<std::mutex> no_health_check(health_mutex_);
   for (Group& g : groups_)
     if (g.owned) ncclCommAbort(g.comm);
   if (world_ != nullptr) ncclCommAbort(world_);
@@ -395,6 +396,8 @@ void NcclCommunicator::synchronize() {
 }
 
 std::optional<std::pair<std::string, bool>> NcclCommunicator::check_health() {
+  const std::lock_guard<std::mutex> checking(health_mutex_);
+  if (aborted_) return std::nullopt;
   const std::string me = "rank " + std::to_string(world_rank_);
   for (CommGroup g : kAllGroups) {
     if (groups_[index(g)].comm == nullptr) continue;

@@ -122,7 +122,8 @@ class NcclCommunicator final : public Communicator {
   // Held while NCCL calls are issued, so an abort from the watchdog does not free a communicator under
   // them (it waits a little, then aborts anyway: a call blocked on a dead peer must be released).
   std::recursive_timed_mutex issue_mutex_;
-  bool stop_ = false;  // under mutex_
+  std::mutex health_mutex_;  // held by the watchdog's checks, so an abort does not free a comm under them
+  bool stop_ = false;        // under mutex_
   std::condition_variable wake_;
   std::thread watchdog_;
 };

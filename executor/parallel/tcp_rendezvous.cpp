@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "executor/parallel/framed_socket.h"
@@ -58,6 +59,12 @@ std::string rank_list(const std::vector<int>& ranks) {
     if (j > i) text += "-" + std::to_string(ranks[j]);
     i = j + 1;
   }
+  return text;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", seconds);
   return text;
 }
 
@@ -187,7 +194,7 @@ void TcpRendezvous::run_rank0(const RendezvousOptions& options, const std::strin
     const std::vector<int> missing = roll.missing();
     if (!failure && missing.empty()) break;
     if (!failure && SteadyClock::now() >= deadline) {
-      failure = where + "timed out after " + std::to_string(int(options.timeout_s)) + " s: rank" +
+      failure = where + "timed out after " + seconds_text(options.timeout_s) + " s: rank" +
                 (missing.size() > 1 ? "s " : " ") + rank_list(missing) + " of " +
                 std::to_string(world_size_) + " never arrived; start " +
                 (missing.size() > 1 ? "them" : "it") +
@@ -224,7 +231,7 @@ void TcpRendezvous::run_member(const RendezvousOptions& options) {
   std::unique_ptr<FramedSocket> socket = connect_until(master_addr_, master_port_, options.connect_retry_s,
                                                        deadline_after(options.timeout_s), &error);
   if (!socket)
-    throw UserError(where + me + " could not reach rank 0 within " + std::to_string(int(options.timeout_s)) +
+    throw UserError(where + me + " could not reach rank 0 within " + seconds_text(options.timeout_s) +
                     " s (" + error + "); start rank 0 with the same MASTER_ADDR / MASTER_PORT");
   // Rank 0 started no later than this connection, so its verdict comes before this deadline.
   const SteadyClock::time_point deadline = deadline_after(options.timeout_s + kVerdictGraceS);
@@ -250,7 +257,7 @@ void TcpRendezvous::run_member(const RendezvousOptions& options) {
                       "output)");
     if (SteadyClock::now() >= deadline)
       throw UserError(where + "rank 0 accepted " + me + " but gave no answer within " +
-                      std::to_string(int(options.timeout_s + kVerdictGraceS)) + " s");
+                      seconds_text(options.timeout_s + kVerdictGraceS) + " s");
     wait_readable({socket->fd()}, milliseconds_until(deadline, kPollSliceMs));
   }
 }

@@ -1,16 +1,22 @@
 // NcclCommunicator on GPUs: a world of one (every group of size 1, nothing issued, copies where input and
 // output differ) on any GPU, and two ranks as two threads of this process on two GPUs (skipped with fewer):
 // all-reduce (sum, max; fp32, bf16), all-gather, reduce-scatter, broadcast, all-to-all, batched p2p and an
-// async all-reduce, each checked exactly, and the ops recorded.
+// async all-reduce, each checked exactly, and the ops recorded. Then the whole launch path with two
+// processes (this binary re-run by run_local_launch): environment, rendezvous, NCCL id, an all-reduce, and
+// one rank's abort reaching the other through the control channel while it waits on a collective.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
+#include <iostream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "executor/cuda/cuda_backend.h"
 #include "executor/cuda/nccl_communicator.h"
+#include "executor/parallel/local_launcher.h"
 #include "layouts/rank_grid.h"
 #include "tests/executor/kernel_gpu_test_util.h"
 
@@ -210,6 +216,65 @@ TEST(NcclCommunicator, AbortMakesLaterCallsThrow) {
   for (std::thread& t : ranks) t.join();
   EXPECT_EQ(errors[0], "rank 0 failed: test");
   EXPECT_EQ(errors[1], "rank 1 failed: test");
+}
+
+// The child side of the two-process tests: skipped unless started by them.
+TEST(NcclCommunicator, ChildRank) {
+  const char* mode = std::getenv("MEGATUNE_NCCL_TEST_CHILD");
+  if (mode == nullptr) GTEST_SKIP() << "run by the two-process tests";
+  const LaunchEnvironment launch = read_launch_environment();
+  CudaBackend backend(launch.local_rank);
+  RendezvousOptions rendezvous;
+  rendezvous.timeout_s = 60;
+  rendezvous.fingerprint = "parallel_nccl_gpu_test";
+  std::unique_ptr<NcclCommunicator> comm =
+      NcclCommunicator::connect(backend, layouts::RankGrid(2, 2, 1, 1, 1, 1), launch, rendezvous);
+  RankTensors t;
+  const Tensor x = t.fp32(1, 4, iota(4, float(launch.rank)));
+  comm->all_reduce(CommGroup::kTensor, x, ReduceOp::kSum, {});
+  comm->synchronize();
+  EXPECT_EQ(t.read(x), (std::vector<float>{1, 3, 5, 7}));
+  if (std::string(mode) != "abort") return;
+  if (launch.rank == 1) {
+    comm->abort("rank 1 failed: injected");
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // rank 0 reports before the launcher stops it
+    std::_Exit(1);
+  }
+  try {  // rank 0: a collective rank 1 never joins
+    comm->all_reduce(CommGroup::kTensor, x, ReduceOp::kSum, {});
+    comm->synchronize();
+    std::cerr << "not aborted" << std::endl;
+  } catch (const std::runtime_error& e) {
+    std::cerr << "observed: " << e.what() << std::endl;
+  }
+}
+
+LaunchOutcome launch_children(const std::string& mode, std::string* err_text) {
+  LocalLaunch launch;
+  launch.program = "/proc/self/exe";
+  launch.argv = {"parallel_nccl_gpu_test", "--gtest_filter=NcclCommunicator.ChildRank"};
+  launch.nproc = 2;
+  launch.extra_env = {{"MEGATUNE_NCCL_TEST_CHILD", mode}};
+  std::ostringstream out, err;
+  const LaunchOutcome outcome = run_local_launch(launch, out, err);
+  *err_text = err.str();
+  std::cout << out.str() << err.str();
+  return outcome;
+}
+
+TEST(NcclCommunicator, TwoProcessesThroughTheLauncher) {
+  if (CudaBackend::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  std::string err;
+  const LaunchOutcome outcome = launch_children("run", &err);
+  EXPECT_EQ(outcome.exit_code, 0) << outcome.failure;
+}
+
+TEST(NcclCommunicator, AbortReachesTheOtherProcess) {
+  if (CudaBackend::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  std::string err;
+  const LaunchOutcome outcome = launch_children("abort", &err);
+  EXPECT_EQ(outcome.failed_rank, 1) << outcome.failure;
+  EXPECT_NE(err.find("[rank 0] observed: rank 1 failed: injected"), std::string::npos) << err;
 }
 
 }  // namespace
