@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include "executor/cuda/cuda_check.h"
@@ -17,8 +18,19 @@ namespace megatune::executor {
 using layouts::CommGroup;
 
 namespace cuda {
+namespace {
+
+// Once per process, before NCCL reads its environment (ncclGetUniqueId or the first communicator):
+// setenv is not thread-safe, so never twice.
+void keep_nvls_off() {
+  static std::once_flag once;
+  std::call_once(once, [] { setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0); });
+}
+
+}  // namespace
 
 std::string new_nccl_unique_id() {
+  keep_nvls_off();
   ncclUniqueId id{};
   MEGATUNE_NCCL_CHECK(ncclGetUniqueId(&id));
   return std::string(id.internal, sizeof(id.internal));
@@ -28,7 +40,7 @@ ncclComm_t init_world_communicator(int world_size, int rank, const std::string& 
   if (unique_id.size() != sizeof(ncclUniqueId::internal))
     throw std::logic_error("NCCL unique id of " + std::to_string(unique_id.size()) + " bytes (want " +
                            std::to_string(sizeof(ncclUniqueId::internal)) + ")");
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  keep_nvls_off();
   ncclUniqueId id{};
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
   ncclComm_t comm = nullptr;

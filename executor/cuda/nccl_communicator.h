@@ -25,7 +25,9 @@
 namespace megatune::executor {
 
 // The communicator plumbing the executor and the profiler share. NCCL_NVLS_ENABLE=0 is put in the
-// environment (when unset) before the first communicator is made.
+// environment (when unset) once, by the first of new_nccl_unique_id / init_world_communicator: with
+// ranks as threads of one process, call new_nccl_unique_id before starting them (setenv is not
+// thread-safe).
 namespace cuda {
 std::string new_nccl_unique_id();  // ncclGetUniqueId as its 128 bytes
 ncclComm_t init_world_communicator(int world_size, int rank, const std::string& unique_id);

@@ -205,8 +205,9 @@ std::unique_ptr<FramedSocket> connect_until(const std::string& host, int port, d
     for (const addrinfo* info = resolved == 0 ? infos : nullptr; info != nullptr; info = info->ai_next) {
       const int fd = try_connect(info, deadline, last_error);
       if (fd >= 0) {
+        std::string name = address_name(info->ai_addr);
         freeaddrinfo(infos);
-        return std::make_unique<FramedSocket>(fd, address_name(info->ai_addr));
+        return std::make_unique<FramedSocket>(fd, std::move(name));
       }
     }
     if (infos != nullptr) freeaddrinfo(infos);

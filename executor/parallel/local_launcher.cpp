@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -96,9 +97,12 @@ Child start_child(const LocalLaunch& launch, int rank, int port) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)
     throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  const pid_t launcher = getpid();
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {  // child: async-signal-safe calls only
+  if (pid == 0) {                         // child: async-signal-safe calls only
+    prctl(PR_SET_PDEATHSIG, SIGTERM);     // a launcher that dies (even by SIGKILL) takes the ranks along
+    if (getppid() != launcher) _exit(1);  // it died before prctl
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
     execve(launch.program.c_str(), args.data(), envp.data());
