@@ -190,6 +190,10 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::connect(CudaBackend& backend
 NcclCommunicator::~NcclCommunicator() {
   if (std::uncaught_exceptions() > 0 && !aborted_)  // leaving with an error: peers must not wait for us
     fail("rank " + std::to_string(world_rank_) + " stopped with an error (see its output)", true);
+  // Issued work finishes while the watchdog still watches: a failed peer or a timeout aborts instead.
+  while (!aborted_ && watchdog_.joinable() &&
+         cudaStreamQuery(cuda_.communication_stream()) == cudaErrorNotReady)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -197,14 +201,9 @@ NcclCommunicator::~NcclCommunicator() {
   wake_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
   if (aborted_) return;  // ncclCommAbort freed the communicators
-  // Let issued work finish (bounded: a hung peer must not hang the exit), then free the communicators.
-  const SteadyClock::time_point deadline = deadline_after(options_.collective_timeout_s);
-  while (cudaStreamQuery(cuda_.communication_stream()) == cudaErrorNotReady && SteadyClock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const bool finished = cudaStreamQuery(cuda_.communication_stream()) == cudaSuccess;
   for (Group& g : groups_)
-    if (g.owned) finished ? ncclCommDestroy(g.comm) : ncclCommAbort(g.comm);
-  if (world_ != nullptr) finished ? ncclCommDestroy(world_) : ncclCommAbort(world_);
+    if (g.owned) ncclCommDestroy(g.comm);
+  if (world_ != nullptr) ncclCommDestroy(world_);
 }
 
 void NcclCommunicator::create_communicators(const layouts::RankGrid& grid, const std::string& unique_id) {
@@ -230,9 +229,11 @@ void NcclCommunicator::create_communicators(const layouts::RankGrid& grid, const
       if (members[r][index(a)] != members[r][index(b)]) return false;
     return true;
   };
+  std::vector<int> world_order(world_size_);  // the world communicator's ranks
+  for (int r = 0; r < world_size_; ++r) world_order[r] = r;
   const auto whole_world_everywhere = [&](CommGroup a) {
     for (int r = 0; r < world_size_; ++r)
-      if (static_cast<int>(members[r][index(a)].size()) != world_size_) return false;
+      if (members[r][index(a)] != world_order) return false;
     return true;
   };
   for (CommGroup g : kAllGroups) {
