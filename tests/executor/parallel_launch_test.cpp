@@ -5,12 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
 
+#include "executor/parallel/framed_socket.h"
 #include "executor/parallel/launch_environment.h"
 #include "executor/parallel/local_launcher.h"
 #include "executor/parallel/tcp_rendezvous.h"
@@ -330,6 +332,59 @@ TEST(TcpRendezvous, ClosingNormallyIsNoFailure) {
   other.join();
   rank1.reset();  // goodbye
   EXPECT_EQ(rank0.poll_failure(300), std::nullopt);
+}
+
+// A TCP server on a free port that is not megatune's: it answers every connection with an HTTP line.
+class ForeignServer {
+ public:
+  ForeignServer() : port_(free_local_port()) {
+    std::string error;
+    fd_ = listen_on_port(port_, &error);
+    thread_ = std::thread([this] {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!done_ && std::chrono::steady_clock::now() < until) {
+        if (std::unique_ptr<FramedSocket> client = accept_pending(fd_)) {
+          const std::string reply = "HTTP/1.1 400 Bad Request\r\n\r\n";
+          (void)!write(client->fd(), reply.data(), reply.size());
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+  }
+  ~ForeignServer() {
+    done_ = true;
+    thread_.join();
+    close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_, fd_ = -1;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+TEST(TcpRendezvous, AnotherProgramOnThePortIsNamed) {
+  ForeignServer server;
+  RendezvousOptions options;
+  options.timeout_s = 5;
+  try {
+    TcpRendezvous member(local_rank(1, 2, server.port()), options, "");
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("the program answering there is not megatune's rank 0"),
+              std::string::npos)
+        << e.what();
+  }
+  try {  // and rank 0 cannot listen where it listens
+    TcpRendezvous rank0(local_rank(0, 2, server.port()), options, "id");
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 cannot listen on port " + std::to_string(server.port())),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- the local launcher, with /bin/sh children.
