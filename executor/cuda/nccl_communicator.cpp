@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -93,6 +94,47 @@ char* block(const Tensor& t, std::size_t elements, int index) {
 }
 
 std::string group_name(CommGroup group) { return layouts::comm_group_name(group); }
+
+// Blocking NCCL setup (ncclCommInitRank / ncclCommSplit) cannot be interrupted. While it runs, this guard
+// watches the control channel and the clock: when a peer fails (its process ended, or it announced an
+// error) or the setup outlasts its timeout, it writes the reason and ends the process, which the launcher
+// reports, rather than let the rank hang.
+class SetupGuard {
+ public:
+  SetupGuard(TcpRendezvous* control, int rank, double timeout_s) {
+    thread_ = std::thread([this, control, rank, timeout_s] {
+      const SteadyClock::time_point deadline = deadline_after(timeout_s);
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (!done_) {
+        wake_.wait_for(lock, std::chrono::milliseconds(50));
+        if (done_) return;
+        std::optional<std::string> reason = control != nullptr ? control->poll_failure(0) : std::nullopt;
+        if (!reason && SteadyClock::now() >= deadline)
+          reason = "NCCL communicator setup did not complete within " + std::to_string(int(timeout_s)) +
+                   " s (a rank stopped after the rendezvous?)";
+        if (!reason) continue;
+        std::fprintf(stderr, "megatune: rank %d: %s; NCCL setup cannot be interrupted, so this rank ends\n",
+                     rank, reason->c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+    });
+  }
+  ~SetupGuard() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -222,6 +264,7 @@ void NcclCommunicator::create_communicators(const layouts::RankGrid& grid, const
                                   group.members.begin());
   }
   if (world_size_ == 1) return;
+  const SetupGuard guard(control_, world_rank_, options_.setup_timeout_s);
   world_ = cuda::init_world_communicator(world_size_, world_rank_, unique_id);
   groups_[index(CommGroup::kWorld)].comm = world_;
   const auto same_everywhere = [&](CommGroup a, CommGroup b) {

@@ -43,13 +43,16 @@ struct NcclOptions {
   // participating). The watchdog checks every `watchdog_interval_s`.
   double collective_timeout_s = 600.0;
   double watchdog_interval_s = 0.05;
+  // Communicator setup is blocking: past this, or when a peer fails meanwhile, the rank writes the reason
+  // to stderr and ends its process (exit status 1) instead of hanging.
+  double setup_timeout_s = 300.0;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
   // Collective over every rank of `grid` (same grid and unique id everywhere); the backend's GPU is this
   // rank's. `control` (optional, outliving this) carries failures between the ranks. A world of one makes
-  // no NCCL communicator at all.
+  // no NCCL communicator at all. See NcclOptions::setup_timeout_s for a setup that cannot complete.
   NcclCommunicator(CudaBackend& backend, const layouts::RankGrid& grid, int world_rank,
                    const std::string& unique_id, TcpRendezvous* control = nullptr, NcclOptions options = {});
   // The usual way in: checks the launcher's world size against the grid's, meets the other ranks at
