@@ -239,13 +239,14 @@ void TcpRendezvous::run_member(const RendezvousOptions& options) {
   for (;;) {
     std::vector<Frame> frames;
     const FramedSocket::ReadStatus status = socket->read_available(frames);
-    for (const Frame& frame : frames) {
-      if (frame.type == FrameType::kError) throw UserError(frame.payload);
-      if (frame.type == FrameType::kWelcome) {
-        blob_ = frame.payload;
-        peers_[0] = std::move(socket);
-        return;
-      }
+    for (std::size_t i = 0; i < frames.size(); ++i) {
+      if (frames[i].type == FrameType::kError) throw UserError(frames[i].payload);
+      if (frames[i].type != FrameType::kWelcome) continue;
+      blob_ = frames[i].payload;
+      for (std::size_t j = i + 1; j < frames.size() && !failure_; ++j)  // news that came with it
+        if (frames[j].type == FrameType::kAbort) failure_ = frames[j].payload;
+      peers_[0] = std::move(socket);
+      return;
     }
     if (status == FramedSocket::ReadStatus::kGarbage)
       throw UserError(where +
