@@ -31,6 +31,7 @@ class CudaBackend final : public Backend {
   // Device memory this backend holds: the arena plus the fixed workspaces (GEMM, optimizer table).
   std::int64_t device_bytes() const;
   cudaStream_t compute_stream() const { return compute_; }
+  cudaStream_t communication_stream() const { return communication_; }  // NCCL's (NcclCommunicator)
   // How often each fused GEMM epilogue ran fused, and how often it fell back to the unfused kernels
   // (cuBLASLt offered no algorithm, or the widths / pointers are outside its rules).
   struct EpilogueUse {
