@@ -167,6 +167,30 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
   const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
   switch (step) {
     case OptimizerStep::kEmbeddingGradReduce:
+      // With the distributed optimizer the reduce-scatter left each rank only its shard of the reduced
+      // gradients, and the first stage's shards do not cover the same embedding rows as the last stage's:
+      // the buckets holding the embedding (E, or the loss entry with the last stage's copy) are first
+      // all-gathered over dp-cp.
+      if (config.use_distributed_optimizer && shape.dp * shape.cp > 1)
+        for (const PipelineStage& stage : stages) {
+          if (!stage.has_embedding && !stage.has_loss) continue;
+          const StageParameters p = stage_parameters(model, shape, stage);
+          const int entry = stage.has_embedding ? static_cast<int>(p.layer_reverse.size()) - 1 : 0;
+          int previous_end = -1;
+          for (const GradBucket& b : grad_sync_buckets(shape, config, p, stage.vpp_rank, options)) {
+            if (b.op.group != CommGroup::kDataContext) continue;
+            if (entry > previous_end && entry <= b.ready_after_entry) {
+              Op& ag = o.add(OpKind::kAllGather, "embedding_grad_ag");
+              ag.role = OpRole::kEmbeddingGradReduce;
+              ag.bytes = b.op.bytes;
+              ag.dtype = DType::kFP32;
+              ag.group = CommGroup::kDataContext;
+              ag.group_size = b.op.group_size;
+              ag.chunk = stage.vpp_rank;
+            }
+            previous_end = b.ready_after_entry;
+          }
+        }
       o.comm_as(OpRole::kEmbeddingGradReduce, OpKind::kAllReduce, "embedding_grad_ar",
                 shape.vocab_padded / shape.tp * shape.hidden * grad_bytes, CommGroup::kEmbedding, 2,
                 DType::kFP32);
