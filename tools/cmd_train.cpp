@@ -169,18 +169,23 @@ const Registrar registrar({
       add_model_flags(app, a.megatron);
       add_parallel_flags(app, a.megatron);
       add_batch_flags(app, a.megatron);
-      app.add_option("--lr", a.options.lr, "peak learning rate (Megatron requires it; megatune default 1e-4)");
+      app.add_option("--lr", a.options.lr,
+                     "peak learning rate (Megatron requires it; megatune default 1e-4)");
       app.add_option("--min-lr", a.options.min_lr, "learning rate floor of the decay");
       app.add_option("--lr-warmup-init", a.options.lr_warmup_init, "learning rate at the start of warm-up");
       app.add_option("--lr-decay-style", a.options.lr_decay_style,
                      "constant | linear | cosine | inverse-square-root | WSD");
       app.add_option("--lr-warmup-iters", a.options.lr_warmup_iters, "warm-up iterations");
-      app.add_option("--lr-warmup-fraction", a.options.lr_warmup_fraction, "warm-up as a fraction of the decay");
-      app.add_option("--lr-decay-iters", a.options.lr_decay_iters, "iterations of the decay (default --train-iters)");
-      app.add_option("--lr-wsd-decay-iters", a.options.lr_wsd_decay_iters, "WSD: iterations of the final anneal");
+      app.add_option("--lr-warmup-fraction", a.options.lr_warmup_fraction,
+                     "warm-up as a fraction of the decay");
+      app.add_option("--lr-decay-iters", a.options.lr_decay_iters,
+                     "iterations of the decay (default --train-iters)");
+      app.add_option("--lr-wsd-decay-iters", a.options.lr_wsd_decay_iters,
+                     "WSD: iterations of the final anneal");
       app.add_option("--lr-wsd-decay-style", a.options.lr_wsd_decay_style,
                      "WSD anneal: exponential | linear | cosine | minus_sqrt");
-      app.add_option("--weight-decay", a.options.weight_decay, "AdamW decoupled weight decay (not on 1-D params)");
+      app.add_option("--weight-decay", a.options.weight_decay,
+                     "AdamW decoupled weight decay (not on 1-D params)");
       app.add_option("--clip-grad", a.options.clip_grad, "global gradient-norm clip (0: off)");
       app.add_option("--adam-beta1", a.options.adam_beta1, "AdamW beta1");
       app.add_option("--adam-beta2", a.options.adam_beta2, "AdamW beta2");
@@ -192,10 +197,12 @@ const Registrar registrar({
       app.add_option("--save", a.options.save, "checkpoint directory to save into");
       app.add_option("--load", a.options.load, "checkpoint directory to resume from (its latest iteration)");
       app.add_option("--save-interval", a.options.save_interval, "save every N iterations (0: at the end)");
-      app.add_option("--data-path", a.options.data_path, "indexed dataset prefix, or W1 PREFIX1 W2 PREFIX2 ...");
+      app.add_option("--data-path", a.options.data_path,
+                     "indexed dataset prefix, or W1 PREFIX1 W2 PREFIX2 ...");
       app.add_option("--split", a.options.split, "train,valid,test weights");
       app.add_flag("--mock-data", a.options.mock_data, "Megatron-style synthetic data");
-      app.add_flag("--eod-mask-loss", a.options.eod_mask_loss, "no loss on positions whose input is the EOD token");
+      app.add_flag("--eod-mask-loss", a.options.eod_mask_loss,
+                   "no loss on positions whose input is the EOD token");
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--nproc", a.nproc,
