@@ -30,8 +30,62 @@ struct TrainArgs {
   TrainOptions options;
   std::string device;
   std::string ops_out;
-  int nproc = 0;  // --nproc: ranks on this host (0: the layout's world size)
+  int nproc = 0;                 // --nproc: ranks on this host (0: the layout's world size)
+  std::string trace_iterations;  // --trace-iterations START:COUNT
+  const CLI::App* app = nullptr;
 };
+
+// The flags given on the command line, as typed (for the trace manifest: compare re-parses them).
+std::vector<std::string> given_arguments(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const CLI::Option* option : app.get_options()) {
+    const std::vector<std::string>& names = option->get_lnames();
+    if (option->count() == 0 || names.empty() || names.front() == "help") continue;
+    out.push_back("--" + names.front());
+    if (option->get_items_expected_max() != 0)  // not a flag
+      for (const std::string& value : option->results()) out.push_back(value);
+  }
+  return out;
+}
+
+// DIR/run.json of a traced run, once every rank's file is written.
+void write_trace_manifest(const TrainArgs& a, const layouts::ModelSpec& spec,
+                          const layouts::ParallelConfig& parallel, const std::string& backend,
+                          const std::string& gpu, double peak_tflops) {
+  RunManifest m;
+  m.model_args = given_arguments(*a.app);
+  m.command = {"megatune", "train"};
+  m.command.insert(m.command.end(), m.model_args.begin(), m.model_args.end());
+  m.model = spec.name;
+  m.parameters = layouts::ModelSpec(spec).total_parameters();
+  m.layout = describe_layout(spec, parallel);
+  m.world_size = parallel.world_size;
+  m.micro_batch_size = parallel.micro_batch_size;
+  m.global_batch_size = parallel.resolved_global_batch_size();
+  m.num_microbatches = parallel.num_microbatches();
+  m.seq_length = spec.seq_length;
+  m.model_flops_per_iteration = layouts::model_flops_per_iteration(spec, m.global_batch_size, 1);
+  m.device = a.device;
+  m.backend = backend;
+  m.gpu = gpu;
+  m.peak_tflops = peak_tflops;
+  const int world = parallel.world_size;
+  if (a.device == "cuda") {
+    m.cluster = "1x" + std::to_string(world) + "x" + (gpu.rfind("NVIDIA ", 0) == 0 ? gpu.substr(7) : gpu);
+    m.timing = "CUDA events around each op on the compute stream (synchronized per iteration)";
+  } else {
+    m.cluster =
+        world <= 8 ? "1x" + std::to_string(world) + "xH200" : std::to_string((world + 7) / 8) + "x8xH200";
+    m.timing = "host steady_clock around each op (the CPU backend runs ops synchronously per rank thread)";
+  }
+  m.trace = a.options.trace;
+  resolve_trace_window(m.trace, a.options.train_iters);
+  write_run_manifest(m);
+  std::cout << "trace: wrote " << m.trace.dir << "/run.json and " << world << " rank file"
+            << (world == 1 ? "" : "s") << " (iterations " << m.trace.first_iteration << ".."
+            << m.trace.first_iteration + m.trace.iterations - 1 << "); compare with: megatune compare --run "
+            << m.trace.dir << std::endl;
+}
 
 std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, double* peak_tflops) {
   if (device == "cpu") {
@@ -51,6 +105,14 @@ std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, doub
 #endif
 }
 
+std::string gpu_name(Backend& backend) {
+#ifdef MEGATUNE_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&backend)) return cuda->device_name();
+#endif
+  (void)backend;
+  return "";
+}
+
 std::string default_device() {
 #ifdef MEGATUNE_HAVE_CUDA
   return CudaBackend::device_count() > 0 ? "cuda" : "cpu";
@@ -68,6 +130,10 @@ int run_train(TrainArgs& a) {
   if (a.options.mock_data == !a.options.data_path.empty())
     throw UserError("give exactly one of --data-path PREFIX and --mock-data");
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
+  if (!a.trace_iterations.empty()) {
+    if (a.options.trace.dir.empty()) throw UserError("--trace-iterations needs --trace-dir DIR");
+    parse_trace_iterations(a.trace_iterations, a.options.trace);
+  }
   if (a.nproc > 0 && a.nproc != parallel.world_size)
     throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
                     std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
@@ -79,6 +145,8 @@ int run_train(TrainArgs& a) {
     std::cout << "megatune train: " << spec.name << ", layout " << describe_layout(spec, parallel) << ", "
               << parallel.world_size << " ranks as threads on the CPU backend" << std::endl;
     train_on_threads(spec, parallel, a.options, std::cout);
+    if (!a.options.trace.dir.empty())
+      write_trace_manifest(a, spec, parallel, a.options.bf16 ? "cpu (bf16 emulated)" : "cpu", "", 0.0);
     return 0;
   }
 
@@ -99,6 +167,8 @@ int run_train(TrainArgs& a) {
     if (!out) throw UserError("--ops-out " + a.ops_out + ": cannot write the file; check the directory");
     for (const layouts::Op& op : backend->recorder().ops()) out << layouts::to_string(op) << "\n";
   }
+  if (!a.options.trace.dir.empty())
+    write_trace_manifest(a, spec, parallel, backend->name(), gpu_name(*backend), run.peak_tflops);
   return 0;
 }
 
@@ -112,18 +182,23 @@ const Registrar registrar({
       add_model_flags(app, a.megatron);
       add_parallel_flags(app, a.megatron);
       add_batch_flags(app, a.megatron);
-      app.add_option("--lr", a.options.lr, "peak learning rate (Megatron requires it; megatune default 1e-4)");
+      app.add_option("--lr", a.options.lr,
+                     "peak learning rate (Megatron requires it; megatune default 1e-4)");
       app.add_option("--min-lr", a.options.min_lr, "learning rate floor of the decay");
       app.add_option("--lr-warmup-init", a.options.lr_warmup_init, "learning rate at the start of warm-up");
       app.add_option("--lr-decay-style", a.options.lr_decay_style,
                      "constant | linear | cosine | inverse-square-root | WSD");
       app.add_option("--lr-warmup-iters", a.options.lr_warmup_iters, "warm-up iterations");
-      app.add_option("--lr-warmup-fraction", a.options.lr_warmup_fraction, "warm-up as a fraction of the decay");
-      app.add_option("--lr-decay-iters", a.options.lr_decay_iters, "iterations of the decay (default --train-iters)");
-      app.add_option("--lr-wsd-decay-iters", a.options.lr_wsd_decay_iters, "WSD: iterations of the final anneal");
+      app.add_option("--lr-warmup-fraction", a.options.lr_warmup_fraction,
+                     "warm-up as a fraction of the decay");
+      app.add_option("--lr-decay-iters", a.options.lr_decay_iters,
+                     "iterations of the decay (default --train-iters)");
+      app.add_option("--lr-wsd-decay-iters", a.options.lr_wsd_decay_iters,
+                     "WSD: iterations of the final anneal");
       app.add_option("--lr-wsd-decay-style", a.options.lr_wsd_decay_style,
                      "WSD anneal: exponential | linear | cosine | minus_sqrt");
-      app.add_option("--weight-decay", a.options.weight_decay, "AdamW decoupled weight decay (not on 1-D params)");
+      app.add_option("--weight-decay", a.options.weight_decay,
+                     "AdamW decoupled weight decay (not on 1-D params)");
       app.add_option("--clip-grad", a.options.clip_grad, "global gradient-norm clip (0: off)");
       app.add_option("--adam-beta1", a.options.adam_beta1, "AdamW beta1");
       app.add_option("--adam-beta2", a.options.adam_beta2, "AdamW beta2");
@@ -135,10 +210,12 @@ const Registrar registrar({
       app.add_option("--save", a.options.save, "checkpoint directory to save into");
       app.add_option("--load", a.options.load, "checkpoint directory to resume from (its latest iteration)");
       app.add_option("--save-interval", a.options.save_interval, "save every N iterations (0: at the end)");
-      app.add_option("--data-path", a.options.data_path, "indexed dataset prefix, or W1 PREFIX1 W2 PREFIX2 ...");
+      app.add_option("--data-path", a.options.data_path,
+                     "indexed dataset prefix, or W1 PREFIX1 W2 PREFIX2 ...");
       app.add_option("--split", a.options.split, "train,valid,test weights");
       app.add_flag("--mock-data", a.options.mock_data, "Megatron-style synthetic data");
-      app.add_flag("--eod-mask-loss", a.options.eod_mask_loss, "no loss on positions whose input is the EOD token");
+      app.add_flag("--eod-mask-loss", a.options.eod_mask_loss,
+                   "no loss on positions whose input is the EOD token");
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--nproc", a.nproc,
@@ -148,6 +225,12 @@ const Registrar registrar({
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,
                      "write the ops the first iteration issued (layouts::Op text, one a line) to FILE");
+      app.add_option("--trace-dir", a.options.trace.dir,
+                     "trace a window of iterations into DIR (per-op times joined to the step program, step "
+                     "time, arena): DIR/run.json + DIR/rank_<r>.ops.jsonl, read by megatune compare");
+      app.add_option("--trace-iterations", a.trace_iterations,
+                     "START:COUNT: the iterations --trace-dir times (default 2:3, after the first)");
+      a.app = &app;
       return [args]() { return run_train(*args); };
     },
 });

@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
   std::int64_t scratch_bytes(const ScratchNeeds& needs) const override;
   void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
   std::vector<TimedOp> timed_ops() override;
+  std::int64_t device_memory_used_bytes() override;
 
  protected:
   void on_op_begin(const layouts::Op& op) override;

@@ -33,6 +33,7 @@ struct TrainOptions {
   std::uint32_t seed = 1234;
   std::int64_t log_interval = 10;
   bool bf16 = false;  // compute dtype bf16 (the CUDA backend always)
+  RunTraceOptions trace;  // --trace-dir, --trace-iterations
 };
 
 // What one global rank holds of a (model, layout): coordinates, model chunks, schedule.
