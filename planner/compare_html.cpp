@@ -140,9 +140,17 @@ std::string timelines(const RankComparison& r) {
 // One stacked column per memory source, on a common scale.
 std::string memory_bars(const std::vector<MemoryColumn>& columns) {
   const int col_w = 120, gap = 150, height = 320, top = 20;
-  double vmax = 0;
-  for (const MemoryColumn& c : columns) vmax = std::max(vmax, static_cast<double>(c.total_bytes));
+  double vmax = 0, vmin = 0;
+  for (const MemoryColumn& c : columns) {
+    if (c.total_bytes <= 0) continue;
+    vmax = std::max(vmax, static_cast<double>(c.total_bytes));
+    vmin =
+        vmin == 0 ? static_cast<double>(c.total_bytes) : std::min(vmin, static_cast<double>(c.total_bytes));
+  }
+  // Totals ten times apart would leave the small columns invisible: then each column fills the height.
+  const bool own_scale = vmin > 0 && vmax > 10 * vmin;
   std::ostringstream s;
+  if (own_scale) s << "<p>Columns differ more than tenfold: each is scaled to its own total.</p>\n";
   s << "<svg class=\"memory\" width=\"" << static_cast<int>(columns.size()) * (col_w + gap) + 20
     << "\" height=\"" << height + 60 << "\" xmlns=\"http://www.w3.org/2000/svg\" font-size=\"11\">\n";
   for (std::size_t i = 0; i < columns.size(); ++i) {
@@ -153,10 +161,11 @@ std::string memory_bars(const std::vector<MemoryColumn>& columns) {
       << (c.total_bytes < 0 ? "n/a" : escape(format_bytes(static_cast<double>(c.total_bytes))))
       << "</text>\n";
     if (c.total_bytes <= 0 || vmax <= 0) continue;
+    const double scale = own_scale ? static_cast<double>(c.total_bytes) : vmax;
     double y = top + height;
     int index = 0;
     for (const auto& [name, bytes] : c.items) {
-      const double h = height * static_cast<double>(bytes) / vmax;
+      const double h = height * static_cast<double>(bytes) / scale;
       y -= h;
       s << "<rect x=\"" << x << "\" y=\"" << num(y) << "\" width=\"" << col_w << "\" height=\""
         << num(std::max(h, 0.3)) << "\" fill=\"" << kind_colour(static_cast<layouts::OpKind>(index++))
