@@ -1,6 +1,7 @@
 // The terminal report and the Perfetto trace of a predicted-vs-measured comparison.
 #include "planner/compare_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -35,6 +36,25 @@ void summary(std::ostringstream& out, const RunComparison& c) {
       format_ratio(c.measured_exposed_comm_s, c.predicted_exposed_comm_s));
 }
 
+// Items of two breakdowns whose bytes differ (by name; missing counts as 0).
+void item_differences(std::ostringstream& out, const MemoryColumn& a, const MemoryColumn& b) {
+  std::vector<std::string> names;
+  for (const auto* column : {&a, &b})
+    for (const auto& item : column->items)
+      if (std::find(names.begin(), names.end(), item.first) == names.end()) names.push_back(item.first);
+  auto bytes_of = [](const MemoryColumn& m, const std::string& name) {
+    for (const auto& item : m.items)
+      if (item.first == name) return item.second;
+    return std::int64_t{0};
+  };
+  for (const std::string& name : names) {
+    const std::int64_t x = bytes_of(a, name), y = bytes_of(b, name);
+    if (x != y)
+      out << line("    %-44s %s %lld B, %s %lld B\n", name.c_str(), a.name.c_str(), static_cast<long long>(x),
+                  b.name.c_str(), static_cast<long long>(y));
+  }
+}
+
 void memory(std::ostringstream& out, const RunComparison& c) {
   if (c.memory.empty()) return;
   out << "\nmemory (peak rank):\n";
@@ -42,6 +62,16 @@ void memory(std::ostringstream& out, const RunComparison& c) {
     out << line("  %-28s %14s  %s\n", m.name.c_str(),
                 m.total_bytes < 0 ? "n/a" : format_bytes(static_cast<double>(m.total_bytes)).c_str(),
                 m.note.c_str());
+  if (c.memory.size() >= 2 && c.memory[0].total_bytes >= 0 && c.memory[1].total_bytes >= 0) {
+    if (c.memory[0].total_bytes == c.memory[1].total_bytes) {
+      out << "  the " << c.memory[1].name << " predicts the " << c.memory[0].name << " exactly ("
+          << c.memory[0].total_bytes << " bytes)\n";
+    } else {
+      out << "  " << c.memory[1].name << " - " << c.memory[0].name << ": "
+          << (c.memory[1].total_bytes - c.memory[0].total_bytes) << " bytes, in:\n";
+      item_differences(out, c.memory[0], c.memory[1]);
+    }
+  }
 }
 
 void ranks(std::ostringstream& out, const RunComparison& c) {

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
+#include "executor/training/arena_sizing.h"
 #include "executor/training/run_setup.h"
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
@@ -32,6 +34,7 @@ struct TrainArgs {
   std::string ops_out;
   int nproc = 0;                 // --nproc: ranks on this host (0: the layout's world size)
   std::string trace_iterations;  // --trace-iterations START:COUNT
+  bool dry_run = false;          // --dry-run: print the arena, train nothing
   const CLI::App* app = nullptr;
 };
 
@@ -121,12 +124,40 @@ std::string default_device() {
 #endif
 }
 
+// --dry-run: each pipeline stage's arena as the chosen backend lays it out; needs no GPU and no data.
+int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel) {
+  TrainOptions options = a.options;
+  options.trace.dir.clear();
+  options.bf16 = options.bf16 || a.device == "cuda";
+  std::cout << "megatune train --dry-run: " << spec.name << ", layout " << describe_layout(spec, parallel)
+            << ", "
+            << (a.device == "cuda" ? "the CUDA backend's arena (SizingBackend; kernel scratch and the GEMM / "
+                                     "grad-norm workspaces not included)"
+                                   : "the CPU backend's arena (4 bytes per element)")
+            << "; nothing is allocated or trained" << std::endl;
+  for (int rank : one_rank_per_stage(parallel)) {
+    std::unique_ptr<Backend> sizing;
+    if (a.device == "cuda") {
+      sizing = std::make_unique<SizingBackend>();
+    } else {
+      sizing = std::make_unique<CpuBackend>(options.bf16);
+    }
+    const RankArena arena = size_rank_arena(spec, parallel, options, rank, *sizing);
+    const layouts::DenseCoordinates& c = arena.coordinates;
+    std::cout << "rank " << rank << " (pp" << c.pp << " tp" << c.tp << " dp" << c.dp << " cp" << c.cp
+              << "; its tp / dp / cp peers hold the same):\n"
+              << format_arena_breakdown(arena.breakdown);
+  }
+  return 0;
+}
+
 int run_train(TrainArgs& a) {
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);
   parallel.validate(spec);
   if (a.device.empty()) a.device = default_device();
   if (a.device != "cpu" && a.device != "cuda") throw UserError("--device must be cuda or cpu");
+  if (a.dry_run) return dry_run(a, spec, parallel);
   if (a.options.mock_data == !a.options.data_path.empty())
     throw UserError("give exactly one of --data-path PREFIX and --mock-data");
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
@@ -230,6 +261,10 @@ const Registrar registrar({
                      "time, arena): DIR/run.json + DIR/rank_<r>.ops.jsonl, read by megatune compare");
       app.add_option("--trace-iterations", a.trace_iterations,
                      "START:COUNT: the iterations --trace-dir times (default 2:3, after the first)");
+      app.add_flag(
+          "--dry-run", a.dry_run,
+          "print each pipeline stage's arena breakdown (the executor's own sizing) and exit: no GPU, "
+          "no data, nothing trained");
       a.app = &app;
       return [args]() { return run_train(*args); };
     },

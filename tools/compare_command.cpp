@@ -11,7 +11,7 @@
 #include "cost_models/json_value.h"
 #include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
-#include "executor/training/run_setup.h"
+#include "executor/training/arena_sizing.h"
 #include "layouts/user_error.h"
 #include "planner/compare_report.h"
 #include "planner/measured_run.h"
@@ -110,8 +110,6 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
   try {
     executor::TrainOptions options;
     options.bf16 = run.device == "cuda" || run.backend.find("bf16") != std::string::npos;
-    const executor::RunConfig config =
-        executor::build_run_config(target.model, target.config, options, peak->rank);
     std::unique_ptr<executor::Backend> backend;
     if (run.device == "cpu") {
       backend = std::make_unique<executor::CpuBackend>(options.bf16);
@@ -120,12 +118,10 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
       backend = std::make_unique<executor::SizingBackend>();
       sizing.note = "size_training_arena + SizingBackend (kernel scratch not included)";
     }
-    std::int64_t total = 0;
-    for (const executor::ArenaUse& u : executor::size_training_arena(config.trainer, *backend)) {
-      sizing.items.push_back({u.what, u.bytes});
-      total += u.bytes;
-    }
-    sizing.total_bytes = total;
+    const executor::RankArena arena =
+        executor::size_rank_arena(target.model, target.config, options, peak->rank, *backend);
+    for (const executor::ArenaUse& u : arena.breakdown) sizing.items.push_back({u.what, u.bytes});
+    sizing.total_bytes = arena.total_bytes;
   } catch (const std::exception& e) {
     sizing.note = std::string("not available: ") + e.what();
   }

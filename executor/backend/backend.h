@@ -184,8 +184,8 @@ class Backend {
   };
   using StatsReduce = std::function<void(Tensor stats, bool is_max, const char* label)>;
   void vocab_parallel_cross_entropy(Tensor logits, Tensor targets, std::int64_t vocab_offset, Tensor losses,
-                                    float grad_scale, const CrossEntropyStats& stats, const StatsReduce& reduce,
-                                    const OpTag& tag);
+                                    float grad_scale, const CrossEntropyStats& stats,
+                                    const StatsReduce& reduce, const OpTag& tag);
   void add(Tensor a, Tensor b, Tensor out, const OpTag& tag);  // out = a + b (out may alias a)
   void cast(Tensor src, Tensor dst, const OpTag& tag);         // e.g. fp32 main params -> model dtype
 
@@ -210,6 +210,7 @@ class Backend {
   // clock) and timed_ops() returns each op issued since the last call (synchronizes) with its duration and
   // its start, in ms after the first of them began.
   void set_op_timing(bool on) { op_timing_ = on; }
+  bool op_timing() const { return op_timing_; }
   struct TimedOp {
     layouts::Op op;
     double ms = 0.0;
