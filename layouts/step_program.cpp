@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "layouts/parameter_table.h"
+
 namespace megatune::layouts {
 namespace {
 
@@ -577,6 +579,48 @@ std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shap
   return ops;
 }
 
+namespace {
+// The gradient-buffer elements of one stage entry: from the parameter table for dense GPT / Llama entries
+// (each parameter padded to the buffer's alignment), the unpadded count otherwise (MoE, MLA, MTP, which the
+// executor does not run yet).
+std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const PipelineStage& stage,
+                             LayerSymbol symbol, int layer, std::int64_t dense) {
+  if (s.mla || symbol == LayerSymbol::kMtp || (symbol == LayerSymbol::kDecoder && model.is_moe_layer(layer)))
+    return dense;
+  DenseParameterShape shape;
+  shape.num_layers = model.num_layers;
+  shape.hidden = s.hidden;
+  shape.heads = s.heads;
+  shape.groups = s.groups;
+  shape.head_dim = s.head_dim;
+  shape.ffn = s.ffn;
+  shape.vocab_padded = s.vocab_padded;
+  shape.max_positions = model.max_positions();
+  shape.layernorm = !s.rms;
+  shape.swiglu = s.swiglu;
+  shape.learned_positions = !s.rope;
+  shape.tied = s.tied;
+  shape.bias = model.add_bias_linear;
+  shape.tp = s.tp;
+  shape.sequence_parallel = s.sp;
+  StageContents contents;
+  contents.num_layers = 0;
+  if (symbol == LayerSymbol::kDecoder) {
+    contents.first_layer = layer;
+    contents.num_layers = 1;
+  }
+  contents.has_embedding = symbol == LayerSymbol::kEmbedding;
+  contents.has_loss = symbol == LayerSymbol::kLoss;
+  std::int64_t n = 0;
+  for (const ParameterSpec& p : stage_parameter_table(shape, contents)) {
+    // A tied head is the stage's own embedding table (counted with E) when the stage holds the embedding.
+    const bool head_copy = p.layer == -2 && p.name == "embedding.word_embeddings.weight";
+    if (!(head_copy && stage.has_embedding)) n += aligned_elements(p.numel());
+  }
+  return n;
+}
+}  // namespace
+
 StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, const PipelineStage& stage) {
   StageParameters p;
   const std::vector<int> layers = symbol_layers(stage);
@@ -606,6 +650,8 @@ StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, con
     }
     p.dense += dense;
     p.expert += expert;
+    p.dense_buffer_per_layer_reverse.push_back(
+        buffer_elements(model, s, stage, stage.symbols[j], layers[j], dense));
     p.dense_per_layer_reverse.push_back(dense);
     p.expert_per_layer_reverse.push_back(expert);
     p.layer_reverse.push_back(layers[j]);
@@ -642,7 +688,8 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
   std::int64_t dense_fill = 0, expert_fill = 0;
   const int n = static_cast<int>(parameters.layer_reverse.size());
   for (int i = 0; i < n; ++i) {
-    dense_fill += parameters.dense_per_layer_reverse[i];
+    dense_fill += parameters.dense_buffer_per_layer_reverse.empty() ? parameters.dense_per_layer_reverse[i]
+                                                                    : parameters.dense_buffer_per_layer_reverse[i];
     expert_fill += parameters.expert_per_layer_reverse[i];
     if (dense_fill >= bucket_limit) {
       emit(dense_fill, false, i);
@@ -683,7 +730,7 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
     for (const PipelineStage* stage : stages)
       norm_params += static_cast<std::int64_t>(stage->num_decoder_layers + stage->num_mtp_layers) * 2 *
                          shape.hidden * (shape.rms ? 1 : 2) +
-                     (stage->has_loss ? shape.hidden : 0);
+                     (stage->has_loss ? shape.hidden * (shape.rms ? 1 : 2) : 0);
     o.comm(OpKind::kAllReduce, "sp_norm_grad_ar", norm_params * grad_bytes, CommGroup::kTensor, shape.tp,
            DType::kFP32);
   }

@@ -126,6 +126,9 @@ struct StageParameters {
       dense_per_layer_reverse;  // backward order: loss/output, layers last..first, embedding
   std::vector<std::int64_t> expert_per_layer_reverse;  // same order
   std::vector<int> layer_reverse;                      // the layer index of each entry (-1 E, -2 L, -3 m)
+  // Elements of each entry in the flat gradient buffer: every parameter's start 64-element aligned (the
+  // executor's layout, layouts/parameter_table.h); what a bucket's reduction moves. Dense entries only.
+  std::vector<std::int64_t> dense_buffer_per_layer_reverse;
 };
 StageParameters stage_parameters(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage);
 

@@ -140,9 +140,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   std::vector<std::pair<std::int64_t, std::int64_t>> gemm_weights;  // [begin, end) in elements
   const ParameterEntry* head = stage_.has_loss ? &head_entry() : nullptr;
   for (const ParameterEntry& e : layout_.entries()) {
-    const bool linear = e.name.ends_with("linear_qkv.weight") || e.name.ends_with("linear_proj.weight") ||
-                        e.name.ends_with("linear_fc1.weight") || e.name.ends_with("linear_fc2.weight");
-    if (&e == head || linear) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
+    if (e.gemm_weight || &e == head) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
   }
   std::sort(gemm_weights.begin(), gemm_weights.end());
   std::int64_t next = 0;

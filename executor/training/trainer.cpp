@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
 #include "executor/checkpoint/checkpoint_reader.h"
@@ -330,14 +331,19 @@ double Trainer::reported_loss() {
     }
   if (communicator_.world_size() == 1) return sum;
   const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0;
-  const float values[2] = {counts ? static_cast<float>(sum) : 0.0f, 0.0f};
+  return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
+}
+
+double Trainer::world_sum(double value) {
+  if (communicator_.world_size() == 1) return value;
+  const float values[2] = {static_cast<float>(value), 0.0f};
   RecordingPause pause(backend_);
   backend_.upload(scalar_, values);
   communicator_.all_reduce(CommGroup::kWorld, flat_view(scalar_, 0, 1), ReduceOp::kSum,
-                           {"loss_report", -1, OpPhase::kOptimizer});
+                           {"world_sum", -1, OpPhase::kOptimizer});
   float reduced[2];
   backend_.download(scalar_, reduced);
-  return reduced[0] / static_cast<double>(config_.data_parallel_size);
+  return reduced[0];
 }
 
 StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
@@ -419,6 +425,53 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
   iteration_ = reader.metadata_int("iteration");
   consumed_samples_ = reader.metadata_int("consumed_samples");
   skipped_iterations_ = reader.metadata_int("skipped_iterations");
+}
+
+void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
+  if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
+  shards.front().require_metadata_equal("model_config", config_.model.describe());
+  const int tp_rank = communicator_.rank(CommGroup::kTensor), tp_size = communicator_.size(CommGroup::kTensor);
+  // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice).
+  auto assemble = [&](const ParameterEntry& e, const std::string& name) {
+    std::map<std::int64_t, std::vector<float>> slices;
+    std::int64_t source_tp = 0;
+    for (const checkpoint::CheckpointReader& shard : shards) {
+      const checkpoint::TensorInfo* info = shard.find_tensor(name);
+      if (info == nullptr) continue;
+      const std::int64_t r = shard.has_metadata("tp_rank") ? shard.metadata_int("tp_rank") : 0;
+      source_tp = shard.has_metadata("tp_size") ? shard.metadata_int("tp_size") : 1;
+      if (slices.count(r)) continue;
+      std::vector<float> values(static_cast<std::size_t>(info->num_elements()));
+      shard.read_tensor(name, checkpoint::TensorDType::fp32, info->shape, values.data());
+      slices.emplace(r, std::move(values));
+    }
+    if (source_tp == 0 || static_cast<std::int64_t>(slices.size()) != source_tp)
+      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " + name +
+                      "; resume from a complete save");
+    std::vector<std::vector<float>> ordered;
+    for (auto& [r, values] : slices) ordered.push_back(std::move(values));
+    return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), tp_rank, tp_size);
+  };
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    GPTModel& model = *chunks_[c];
+    const std::int64_t total = model.layout().total_elements();
+    std::vector<float> params(total, 0.0f), m(total, 0.0f), v(total, 0.0f);
+    for (const ParameterEntry& e : model.layout().entries()) {
+      const auto put = [&](std::vector<float>& buffer, const std::string& prefix) {
+        const std::vector<float> local = assemble(e, prefix + e.name);
+        std::copy(local.begin(), local.end(), buffer.begin() + e.offset);
+      };
+      put(params, "model.");
+      put(m, "optimizer.exp_avg.");
+      put(v, "optimizer.exp_avg_sq.");
+    }
+    model.set_main_parameters(params);
+    backend_.upload(optimizer_state_[c].exp_avg, m.data());
+    backend_.upload(optimizer_state_[c].exp_avg_sq, v.data());
+  }
+  iteration_ = shards.front().metadata_int("iteration");
+  consumed_samples_ = shards.front().metadata_int("consumed_samples");
+  skipped_iterations_ = shards.front().metadata_int("skipped_iterations");
 }
 
 }  // namespace megatune::executor
