@@ -200,22 +200,9 @@ std::string comparison_html(const RunComparison& c, int top_ops, int max_timelin
     << "\"></span>predicted<span style=\"background:" << kMeasured << "\"></span>measured</p>\n";
   h << "<h2 id=\"summary\">Summary</h2>\n<table><tr><th class=\"l\"></th><th>predicted</th><th>measured</th>"
        "<th>measured/predicted</th></tr>\n";
-  auto row = [&](const char* name, const std::string& p, const std::string& m, const std::string& ratio) {
-    h << "<tr><td class=\"l\">" << name << "</td><td>" << escape(p) << "</td><td>" << escape(m) << "</td><td>"
-      << escape(ratio) << "</td></tr>\n";
-  };
-  auto pct = [](double f) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, f != 0 && f < 0.01 ? "%.3f %%" : "%.1f %%", 100.0 * f);
-    return std::string(buf);
-  };
-  row("step time", format_seconds(c.predicted_step_s), format_seconds(c.measured_step_s),
-      format_ratio(c.measured_step_s, c.predicted_step_s));
-  row("MFU", pct(c.predicted_mfu), c.measured_mfu < 0 ? "n/a" : pct(c.measured_mfu),
-      c.measured_mfu < 0 ? "-" : format_ratio(c.measured_mfu, c.predicted_mfu));
-  row("pipeline bubble", pct(c.predicted_bubble), pct(c.measured_bubble), "-");
-  row("exposed comm", format_seconds(c.predicted_exposed_comm_s), format_seconds(c.measured_exposed_comm_s),
-      format_ratio(c.measured_exposed_comm_s, c.predicted_exposed_comm_s));
+  for (const SummaryRow& r : summary_rows(c))
+    h << "<tr><td class=\"l\">" << r.name << "</td><td>" << escape(r.predicted) << "</td><td>"
+      << escape(r.measured) << "</td><td>" << escape(r.ratio) << "</td></tr>\n";
   h << "</table>\n<h2 id=\"memory\">Memory</h2>\n"
     << memory_bars(c.memory) << "<table><tr><th class=\"l\">source</th>"
     << "<th>total</th><th class=\"l\">note</th></tr>\n";

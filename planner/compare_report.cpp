@@ -24,16 +24,9 @@ std::string line(const char* format, auto... values) {
 
 void summary(std::ostringstream& out, const RunComparison& c) {
   out << line("\n  %-22s %14s %14s %12s\n", "", "predicted", "measured", "meas/pred");
-  auto row = [&](const char* name, const std::string& p, const std::string& m, const std::string& ratio) {
-    out << line("  %-22s %14s %14s %12s\n", name, p.c_str(), m.c_str(), ratio.c_str());
-  };
-  row("step time", format_seconds(c.predicted_step_s), format_seconds(c.measured_step_s),
-      format_ratio(c.measured_step_s, c.predicted_step_s));
-  row("MFU", percent(c.predicted_mfu), c.measured_mfu < 0 ? "n/a" : percent(c.measured_mfu),
-      c.measured_mfu < 0 ? "-" : format_ratio(c.measured_mfu, c.predicted_mfu));
-  row("pipeline bubble", percent(c.predicted_bubble), percent(c.measured_bubble), "-");
-  row("exposed comm", format_seconds(c.predicted_exposed_comm_s), format_seconds(c.measured_exposed_comm_s),
-      format_ratio(c.measured_exposed_comm_s, c.predicted_exposed_comm_s));
+  for (const SummaryRow& r : summary_rows(c))
+    out << line("  %-22s %14s %14s %12s\n", r.name.c_str(), r.predicted.c_str(), r.measured.c_str(),
+                r.ratio.c_str());
 }
 
 // Items of two breakdowns whose bytes differ (by name; missing counts as 0).
@@ -145,6 +138,17 @@ std::string format_ratio(double measured, double predicted) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2fx", measured / predicted);
   return buf;
+}
+
+std::vector<SummaryRow> summary_rows(const RunComparison& c) {
+  return {
+      {"step time", format_seconds(c.predicted_step_s), format_seconds(c.measured_step_s),
+       format_ratio(c.measured_step_s, c.predicted_step_s)},
+      {"MFU", percent(c.predicted_mfu), c.measured_mfu < 0 ? "n/a" : percent(c.measured_mfu),
+       c.measured_mfu < 0 ? "-" : format_ratio(c.measured_mfu, c.predicted_mfu)},
+      {"pipeline bubble", percent(c.predicted_bubble), percent(c.measured_bubble), "-"},
+      {"exposed comm", format_seconds(c.predicted_exposed_comm_s), format_seconds(c.measured_exposed_comm_s),
+       format_ratio(c.measured_exposed_comm_s, c.predicted_exposed_comm_s)}};
 }
 
 std::string comparison_table(const RunComparison& c, int top_ops, int only_rank) {

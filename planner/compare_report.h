@@ -3,6 +3,7 @@
 #pragma once
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "planner/run_comparison.h"
 
@@ -19,6 +20,13 @@ void write_comparison_trace(std::ostream& out, const RunComparison& comparison);
 // One HTML document (no scripts, no external resources): summary, per-kind bars, the timelines of up to
 // `max_timeline_ranks` ranks (predicted above measured), memory side by side, the tables.
 std::string comparison_html(const RunComparison& comparison, int top_ops = 25, int max_timeline_ranks = 4);
+
+// The summary's rows (step time, MFU, bubble, exposed communication) as text: name, predicted, measured,
+// measured / predicted. Shared by the table and the HTML.
+struct SummaryRow {
+  std::string name, predicted, measured, ratio;
+};
+std::vector<SummaryRow> summary_rows(const RunComparison& comparison);
 
 // "1.234 ms", "56.7 us", "2.100 s".
 std::string format_seconds(double seconds);

@@ -80,6 +80,13 @@ struct Reader {
   }
 };
 
+void check_version(const Reader& r) {
+  if (r.integer("version") != layouts::kRunTraceVersion)
+    throw UserError(r.where + ": trace version " + std::to_string(r.integer("version")) +
+                    ", this megatune reads " + std::to_string(layouts::kRunTraceVersion) +
+                    "; re-run megatune train --trace-dir");
+}
+
 TracedOp read_op(const Reader& r) {
   TracedOp op;
   op.id = static_cast<int>(r.integer("id"));
@@ -125,10 +132,7 @@ TracedRank read_rank(const fs::path& path, int expected_rank) {
     const Reader r{value, at};
     const std::string record = r.str("record");
     if (record == "rank") {
-      if (r.integer("version") != layouts::kRunTraceVersion)
-        throw UserError(at + ": trace version " + std::to_string(r.integer("version")) +
-                        ", this megatune reads " + std::to_string(layouts::kRunTraceVersion) +
-                        "; re-run megatune train --trace-dir");
+      check_version(r);
       rank.rank = static_cast<int>(r.integer("rank"));
       rank.tp = static_cast<int>(r.integer("tp"));
       rank.pp = static_cast<int>(r.integer("pp"));
@@ -187,10 +191,7 @@ MeasuredRun read_measured_run(const std::string& dir) {
   const Reader r{manifest, where};
   if (r.str("format") != layouts::kRunTraceFormat)
     throw UserError(where + ": format \"" + r.str("format") + "\" is not " + layouts::kRunTraceFormat);
-  if (r.integer("version") != layouts::kRunTraceVersion)
-    throw UserError(where + ": trace version " + std::to_string(r.integer("version")) +
-                    ", this megatune reads " + std::to_string(layouts::kRunTraceVersion) +
-                    "; re-run megatune train --trace-dir");
+  check_version(r);
   MeasuredRun run;
   run.dir = dir;
   run.command = r.strings("command");
