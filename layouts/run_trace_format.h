@@ -23,7 +23,8 @@
 //    "arena_capacity_bytes": .., "arena_used_bytes": .., "device_memory_used_bytes": .. | -1,
 //    "arena": [{"what": "weights", "bytes": .., "allocations": ..}, ...]}           first line
 //   {"record": "iteration", "iteration": i, "step_s": .., "loss": .., "ops": n,
-//    "sm_clock_mhz": -1, "power_w": -1}                                              per traced iteration
+//    "sm_clock_mhz": .., "power_w": ..}   per traced iteration; SM clock and board power right after the step
+//                                           (CUDA: NVML, when libnvidia-ml is there), else -1
 //   {"record": "op", "iteration": i, "id": j, "stream": "compute" | "communication",
 //    "start_s": .., "end_s": .., <op fields: see write_op_trace_fields>, "op": "<layouts::to_string>"}
 // Op times are seconds after the iteration's first op began. `id` is the op's index in the iteration's

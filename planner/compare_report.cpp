@@ -156,7 +156,10 @@ std::string comparison_table(const RunComparison& c, int top_ops, int only_rank)
   out << "compared " << c.run_dir << ": " << c.model << ", " << c.layout << ", " << c.world_size << " rank"
       << (c.world_size == 1 ? "" : "s") << " on " << c.device << "\n";
   out << "simulated on " << c.cluster << "; priced from: " << c.priced_from << "\n";
-  out << "measured by " << c.timing << "\n";
+  out << "measured by " << c.timing;
+  if (c.measured_sm_clock_mhz >= 0) out << line("; SM clock %.0f MHz", c.measured_sm_clock_mhz);
+  if (c.measured_power_w >= 0) out << line(", power %.0f W (after each traced step)", c.measured_power_w);
+  out << "\n";
   for (const std::string& note : c.notes) out << "note: " << note << "\n";
   summary(out, c);
   memory(out, c);

@@ -116,6 +116,15 @@ RunComparison compare_run(const MeasuredRun& run, const layouts::ModelSpec& mode
       c.measured_exposed_comm_s = r.measured_exposed_comm_s;
     }
   }
+  double clock_sum = 0, power_sum = 0;
+  int clocks = 0, powers = 0;
+  for (const TracedRank& traced : run.ranks)
+    for (const TracedIteration& it : traced.iterations) {
+      if (it.sm_clock_mhz >= 0) clock_sum += it.sm_clock_mhz, ++clocks;
+      if (it.power_w >= 0) power_sum += it.power_w, ++powers;
+    }
+  if (clocks > 0) c.measured_sm_clock_mhz = clock_sum / clocks;
+  if (powers > 0) c.measured_power_w = power_sum / powers;
   c.measured_bubble = c.ranks.empty() ? 0.0 : bubble_sum / static_cast<double>(c.ranks.size());
   if (run.peak_tflops > 0 && c.measured_step_s > 0)
     c.measured_mfu =

@@ -62,6 +62,7 @@ struct RunComparison {
   double predicted_mfu = 0, measured_mfu = -1;       // -1: no GPU peak (CPU run)
   double predicted_bubble = 0, measured_bubble = 0;
   double predicted_exposed_comm_s = 0, measured_exposed_comm_s = 0;  // critical stage / slowest rank
+  double measured_sm_clock_mhz = -1, measured_power_w = -1;  // means of the per-iteration samples; -1: none
   std::vector<RankComparison> ranks;
   std::vector<MemoryColumn> memory;  // side by side
   std::vector<std::string> notes;

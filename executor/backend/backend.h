@@ -219,6 +219,11 @@ class Backend {
   virtual std::vector<TimedOp> timed_ops() { return {}; }
   // Device memory in use on the whole device (CUDA: total - free), or -1 where there is none to ask.
   virtual std::int64_t device_memory_used_bytes() { return -1; }
+  // The device's SM clock and power now (CUDA: NVML), -1 where unavailable.
+  struct DeviceSample {
+    double sm_clock_mhz = -1.0, power_w = -1.0;
+  };
+  virtual DeviceSample sample_device() { return {}; }
 
   // Per-op observation (e.g. the profiler's CUPTI op ranges): op_begin(i, op) is called before the kernels
   // of the i-th op issued since set_op_observer(), with the op stamped as the recorder stamps it, and

@@ -495,6 +495,15 @@ std::vector<Backend::TimedOp> CudaBackend::timed_ops() {
   return out;
 }
 
+Backend::DeviceSample CudaBackend::sample_device() {
+  if (!nvml_) {
+    char bus_id[32] = "";
+    MEGATUNE_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_));
+    nvml_ = std::make_unique<cuda::NvmlSampler>(bus_id);
+  }
+  return {nvml_->sm_clock_mhz(), nvml_->power_w()};
+}
+
 std::int64_t CudaBackend::device_memory_used_bytes() {
   std::size_t free_bytes = 0, total_bytes = 0;
   MEGATUNE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));

@@ -100,6 +100,7 @@ void RankTracer::after_step(std::int64_t iteration, const StepResult& step) {
   traced.step_s = step.elapsed_s;
   traced.loss = step.loss;
   traced.ops = backend_.timed_ops();
+  traced.device = backend_.sample_device();
   iterations_.push_back(std::move(traced));
   device_memory_used_bytes_ = std::max(device_memory_used_bytes_, backend_.device_memory_used_bytes());
 }
@@ -125,7 +126,8 @@ void RankTracer::finish() {
   for (const Iteration& it : iterations_) {
     out << "{\"record\":\"iteration\",\"iteration\":" << it.iteration << ",\"step_s\":" << number(it.step_s)
         << ",\"loss\":" << number(it.loss) << ",\"ops\":" << it.ops.size()
-        << ",\"sm_clock_mhz\":-1,\"power_w\":-1}\n";
+        << ",\"sm_clock_mhz\":" << number(it.device.sm_clock_mhz)
+        << ",\"power_w\":" << number(it.device.power_w) << "}\n";
     for (std::size_t i = 0; i < it.ops.size(); ++i) {
       const Backend::TimedOp& t = it.ops[i];
       const double start_s = t.start_ms * 1e-3;

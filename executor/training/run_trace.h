@@ -42,6 +42,7 @@ class RankTracer {
   struct Iteration {
     std::int64_t iteration = 0;
     double step_s = 0, loss = 0;
+    Backend::DeviceSample device;  // right after the step (synchronized)
     std::vector<Backend::TimedOp> ops;
   };
   bool in_window(std::int64_t iteration) const;
