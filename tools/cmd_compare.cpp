@@ -25,6 +25,10 @@ const Registrar kCompareCommand{Command{
                      "write a Chrome-trace JSON with predicted and measured tracks here");
       sub.add_option("--top", o->top, "worst ops listed per rank (default 15)")->check(CLI::Range(0, 100000));
       sub.add_option("--rank", o->rank, "only this rank's per-kind and per-op tables");
+      sub.add_flag(
+          "--save", o->save,
+          "store each traced rank as a run (runs + run_ops: per-op predicted and measured times) in the "
+          "--db database (default: the default database)");
       sub.footer(
           "Example:\n  megatune train --model tiny --device cpu --mock-data --train-iters 5 --gbs 4 --mbs 2 "
           "--trace-dir run1\n  megatune compare --run run1 --html run1.html --perfetto run1.trace.json");

@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "cost_models/cluster_spec.h"
+#include "cost_models/cost_database.h"
 #include "cost_models/json_value.h"
+#include "cost_models/record_store.h"
 #include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/training/arena_sizing.h"
@@ -136,6 +138,37 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
   return columns;
 }
 
+// One `runs` row per traced rank with its per-op predicted and measured times (`run_ops`, by step-program
+// id).
+void save_runs(const planner::RunComparison& comparison, const planner::MeasuredRun& run,
+               const std::string& db, std::ostream& out) {
+  const std::string path = db.empty() ? cost_models::default_cost_database_path() : db;
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  cost_models::Database database = cost_models::open_cost_database(path);
+  cost_models::Transaction transaction(database);
+  std::vector<std::int64_t> ids;
+  std::size_t ops = 0;
+  for (const planner::RankComparison& r : comparison.ranks) {
+    cost_models::RunRecord record;
+    record.predicted_step_time_s = r.predicted_step_s;
+    record.measured_step_time_s = r.measured_step_s;
+    record.predicted_mfu = comparison.predicted_mfu;
+    record.measured_mfu = std::max(0.0, comparison.measured_mfu);
+    record.gpu = run.gpu.empty() ? run.backend : run.gpu;
+    record.started_at = run.created_utc;
+    ids.push_back(cost_models::insert_run(database, record));
+    for (const planner::ComparedOp& o : r.ops)
+      cost_models::upsert_run_op(
+          database, {ids.back(), o.id, layouts::to_string(o.op), std::max(0.0, o.predicted_s), o.measured_s});
+    ops += r.ops.size();
+  }
+  transaction.commit();
+  out << "saved " << ids.size() << " run" << (ids.size() == 1 ? "" : "s") << " (ids " << ids.front() << "-"
+      << ids.back() << ", one per rank) with " << ops << " ops into " << path << "\n";
+}
+
 }  // namespace
 
 void run_compare(const CompareOptions& o, std::ostream& out) {
@@ -174,6 +207,7 @@ void run_compare(const CompareOptions& o, std::ostream& out) {
     write_atomically(o.html, "--html", planner::comparison_html(comparison));
     out << "\nwrote " << o.html << " (open it in a browser; it needs no network)\n";
   }
+  if (o.save) save_runs(comparison, run, o.db, out);
   if (!o.perfetto.empty()) {
     std::ostringstream trace;
     planner::write_comparison_trace(trace, comparison);

@@ -17,6 +17,7 @@ struct CompareOptions {
   std::string perfetto;       // --perfetto FILE
   int top = 15;               // --top: worst ops listed per rank
   int rank = -1;              // --rank: only this rank's tables (-1: every rank)
+  bool save = false;          // --save: store each rank as a run (runs + run_ops) in the --db database
 };
 
 // Writes the report to `out` and the requested files (temporary file + rename); UserError on bad input.

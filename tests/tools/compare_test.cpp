@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include "cost_models/cost_database.h"
+#include "cost_models/record_store.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
 #include "executor/training/run_setup.h"
@@ -244,6 +246,26 @@ TEST_F(CompareTest, ParallelLayoutOnThreadsJoinsEveryRank) {
   for (const nlohmann::json& e : trace.at("traceEvents"))
     if (e.at("ph") == "X") pids.insert(e.at("pid").get<int>());
   EXPECT_EQ(pids.size(), 8u);  // predicted and measured of 4 ranks
+
+  // --save: one run per rank, every op with both times.
+  const std::string db = (dir_ / "runs.db").string();
+  cost_models::open_cost_database(db);
+  o.db = db;
+  o.save = true;
+  o.perfetto.clear();
+  EXPECT_NE(compare(o).find("saved 4 runs"), std::string::npos);
+  cost_models::Database database = cost_models::open_cost_database(db);
+  const std::vector<cost_models::RunRecord> runs = cost_models::load_runs(database);
+  ASSERT_EQ(runs.size(), 4u);
+  const Layout l = parse(args);
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_GT(runs[r].measured_step_time_s, 0.0);
+    const std::vector<cost_models::RunOp> ops = cost_models::load_run_ops(database, runs[r].id);
+    const layouts::StepProgram program = layouts::build_step_program(l.model, l.config, static_cast<int>(r));
+    ASSERT_EQ(ops.size(), program.ops.size());
+    for (const cost_models::RunOp& op : ops)
+      EXPECT_EQ(op.op_text, layouts::to_string(program.ops.at(op.op_id)));
+  }
 }
 
 TEST_F(CompareTest, BadInputsGiveOneClearLine) {
