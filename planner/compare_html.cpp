@@ -2,6 +2,7 @@
 // predicted-vs-measured plots: per-kind bars, both timelines of a rank one above the other, memory side by
 // side.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -180,17 +181,18 @@ std::string memory_bars(const std::vector<MemoryColumn>& columns) {
   return s.str();
 }
 
-}  // namespace
-
-std::string comparison_html(const RunComparison& c, int top_ops, int max_timeline_ranks) {
-  std::ostringstream h;
+void write_head(std::ostringstream& h, const std::string& title) {
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>megatune compare: "
-    << escape(c.model)
+    << escape(title)
     << "</title>\n<style>body{font-family:sans-serif;margin:20px;color:#222}"
        "table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #ccc;padding:3px 8px;"
        "text-align:right;font-size:13px}th{background:#eee}td.l,th.l{text-align:left}"
        ".legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 "
        "12px}</style></head>\n<body>\n";
+}
+
+// One run's sections: its heading, summary, memory, and per rank the kind bars, timelines and worst ops.
+void write_report(std::ostringstream& h, const RunComparison& c, int top_ops, int max_timeline_ranks) {
   h << "<h1>Predicted vs measured: " << escape(c.model) << "</h1>\n<p>" << escape(c.layout) << ", "
     << c.world_size << " rank(s) on " << escape(c.device) << ". Run <code>" << escape(c.run_dir)
     << "</code>; simulated on " << escape(c.cluster) << ", priced from " << escape(c.priced_from)
@@ -230,6 +232,62 @@ std::string comparison_html(const RunComparison& c, int top_ops, int max_timelin
         << escape(format_ratio(o.measured_s, o.predicted_s)) << "</td></tr>\n";
     h << "</table>\n";
   }
+}
+
+// Signed step-time error per run, (predicted - measured) / measured, as bars left (optimistic) and right of
+// 0.
+std::string error_bars(const std::vector<RunComparison>& runs) {
+  const int row = 22, label_w = 420, half = 220;
+  double emax = 0.01;
+  for (const RunComparison& c : runs) emax = std::max(emax, std::fabs(step_time_error(c)));
+  std::ostringstream s;
+  s << "<svg class=\"errors\" width=\"" << label_w + 2 * half + 80 << "\" height=\""
+    << 30 + row * static_cast<int>(runs.size())
+    << "\" xmlns=\"http://www.w3.org/2000/svg\" font-size=\"11\">\n"
+    << "<line x1=\"" << label_w + half << "\" y1=\"4\" x2=\"" << label_w + half << "\" y2=\""
+    << 24 + row * static_cast<int>(runs.size()) << "\" stroke=\"#888\"/>\n";
+  int y = 10;
+  for (const RunComparison& c : runs) {
+    const double e = step_time_error(c), w = half * std::fabs(e) / emax;
+    s << "<text x=\"" << label_w - 6 << "\" y=\"" << y + 12 << "\" text-anchor=\"end\">" << escape(c.run_dir)
+      << ": " << escape(c.layout) << "</text>\n<rect x=\"" << num(e < 0 ? label_w + half - w : label_w + half)
+      << "\" y=\"" << y << "\" width=\"" << num(std::max(w, 0.5)) << "\" height=\"14\" fill=\""
+      << (e < 0 ? kPredicted : kMeasured) << "\"><title>" << num(100 * e) << " %</title></rect>\n<text x=\""
+      << label_w + 2 * half + 6 << "\" y=\"" << y + 12 << "\">" << num(100 * e) << " %</text>\n";
+    y += row;
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+}  // namespace
+
+std::string comparison_html(const RunComparison& c, int top_ops, int max_timeline_ranks) {
+  std::ostringstream h;
+  write_head(h, c.model);
+  write_report(h, c, top_ops, max_timeline_ranks);
+  h << "</body></html>\n";
+  return h.str();
+}
+
+std::string comparison_html(const std::vector<RunComparison>& runs, int top_ops, int max_timeline_ranks) {
+  std::ostringstream h;
+  write_head(h, std::to_string(runs.size()) + " runs");
+  h << "<h1>Predicted vs measured: " << runs.size()
+    << " runs</h1>\n<p>Step-time error per run, (predicted - "
+       "measured) / measured: left of the line the prediction is optimistic. Kendall tau of the two "
+       "rankings: "
+    << num(kendall_tau(runs)) << ".</p>\n"
+    << error_bars(runs)
+    << "<table><tr><th class=\"l\">run</th><th class=\"l\">layout</th><th>predicted</th><th>measured</th>"
+       "<th>error</th></tr>\n";
+  for (const RunComparison& c : runs)
+    h << "<tr><td class=\"l\">" << escape(c.run_dir) << "</td><td class=\"l\">" << escape(c.layout)
+      << "</td><td>" << escape(format_seconds(c.predicted_step_s)) << "</td><td>"
+      << escape(format_seconds(c.measured_step_s)) << "</td><td>" << num(100 * step_time_error(c))
+      << " %</td></tr>\n";
+  h << "</table>\n";
+  for (const RunComparison& c : runs) write_report(h, c, top_ops, max_timeline_ranks);
   h << "</body></html>\n";
   return h.str();
 }

@@ -2,6 +2,7 @@
 #include "planner/compare_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -169,6 +170,42 @@ std::string comparison_table(const RunComparison& c, int top_ops, int only_rank)
     kinds(out, r);
     offenders(out, r, top_ops);
   }
+  return out.str();
+}
+
+double step_time_error(const RunComparison& c) {
+  return c.measured_step_s > 0 ? (c.predicted_step_s - c.measured_step_s) / c.measured_step_s : 0.0;
+}
+
+double kendall_tau(const std::vector<RunComparison>& runs) {
+  int concordant = 0, discordant = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    for (std::size_t j = i + 1; j < runs.size(); ++j) {
+      const double p = runs[i].predicted_step_s - runs[j].predicted_step_s;
+      const double m = runs[i].measured_step_s - runs[j].measured_step_s;
+      if (p * m > 0) ++concordant;
+      if (p * m < 0) ++discordant;
+    }
+  const int pairs = static_cast<int>(runs.size() * (runs.size() - 1) / 2);
+  return pairs > 0 ? static_cast<double>(concordant - discordant) / pairs : 1.0;
+}
+
+std::string layouts_table(const std::vector<RunComparison>& runs) {
+  std::ostringstream out;
+  out << "\nper run (error = (predicted - measured) / measured; negative: optimistic)\n"
+      << line("  %-24s %-44s %12s %12s %9s\n", "run", "layout", "predicted", "measured", "error");
+  double sum = 0, worst = 0;
+  for (const RunComparison& c : runs) {
+    const double e = step_time_error(c);
+    sum += std::fabs(e);
+    worst = std::max(worst, std::fabs(e));
+    out << line("  %-24s %-44s %12s %12s %8.1f%%\n", c.run_dir.c_str(), c.layout.substr(0, 44).c_str(),
+                format_seconds(c.predicted_step_s).c_str(), format_seconds(c.measured_step_s).c_str(),
+                100 * e);
+  }
+  out << line("  mean |error| %.1f %%, max %.1f %%, Kendall tau of the rankings %.2f\n",
+              runs.empty() ? 0.0 : 100 * sum / static_cast<double>(runs.size()), 100 * worst,
+              kendall_tau(runs));
   return out.str();
 }
 

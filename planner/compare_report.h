@@ -28,6 +28,17 @@ struct SummaryRow {
 };
 std::vector<SummaryRow> summary_rows(const RunComparison& comparison);
 
+// Several runs (layouts) side by side: one line per run with predicted and measured step time and the error,
+// then Kendall's tau between the predicted and the measured ranking.
+std::string layouts_table(const std::vector<RunComparison>& runs);
+// The HTML of several runs: the error per layout plotted, then each run's report.
+std::string comparison_html(const std::vector<RunComparison>& runs, int top_ops = 25,
+                            int max_timeline_ranks = 1);
+// (predicted - measured) / measured step time; negative: the prediction is optimistic.
+double step_time_error(const RunComparison& comparison);
+// Kendall's tau-a between the runs ranked by predicted and by measured step time (1: the same order).
+double kendall_tau(const std::vector<RunComparison>& runs);
+
 // "1.234 ms", "56.7 us", "2.100 s".
 std::string format_seconds(double seconds);
 // measured / predicted as "1.23x", or "-" when either is missing.

@@ -12,7 +12,10 @@ const Registrar kCompareCommand{Command{
     "Set a traced run (train --trace-dir) beside its prediction: step time, MFU, memory, per op kind and op",
     45, [](CLI::App& sub) -> std::function<int()> {
       auto o = std::make_shared<CompareOptions>();
-      sub.add_option("--run", o->run_dir, "the --trace-dir of a megatune train run")->required();
+      sub.add_option(
+             "--run", o->runs,
+             "the --trace-dir of a megatune train run; several: each compared, then the error per layout")
+          ->required();
       sub.add_option(
           "--simulate-args", o->simulate_args,
           "Megatron flags of the (model, layout) to simulate, in one string (default: the run's own)");

@@ -171,12 +171,11 @@ void save_runs(const planner::RunComparison& comparison, const planner::Measured
 
 }  // namespace
 
-void run_compare(const CompareOptions& o, std::ostream& out) {
-  if (o.run_dir.empty()) throw UserError("--run DIR is required: the --trace-dir of a megatune train run");
-  if (!o.simulate_args.empty() && !o.plan.empty())
-    throw UserError("give only one of --simulate-args and --plan");
-  const planner::MeasuredRun run = planner::read_measured_run(o.run_dir);
-  Target target{run.model_args, run.cluster, "the run's flags (" + o.run_dir + "/run.json)"};
+namespace {
+
+planner::RunComparison compare_one(const CompareOptions& o, const std::string& run_dir, std::ostream& out) {
+  const planner::MeasuredRun run = planner::read_measured_run(run_dir);
+  Target target{run.model_args, run.cluster, "the run's flags (" + run_dir + "/run.json)"};
   if (!o.plan.empty()) target = plan_target(o.plan);
   if (!o.simulate_args.empty()) target = {split_words(o.simulate_args), run.cluster, "--simulate-args"};
   if (!o.cluster.empty()) target.cluster = o.cluster;
@@ -202,15 +201,36 @@ void run_compare(const CompareOptions& o, std::ostream& out) {
       planner::compare_run(run, resolved.model, resolved.config, simulation, memory_columns(run, resolved));
   comparison.cluster = cluster.describe();
   comparison.priced_from = pricing.description;
-  out << comparison_table(comparison, o.top, o.rank);
+  if (o.save) save_runs(comparison, run, o.db, out);
+  return comparison;
+}
+
+}  // namespace
+
+void run_compare(const CompareOptions& o, std::ostream& out) {
+  if (o.runs.empty()) throw UserError("--run DIR is required: the --trace-dir of a megatune train run");
+  if (!o.simulate_args.empty() && !o.plan.empty())
+    throw UserError("give only one of --simulate-args and --plan");
+  if (o.runs.size() > 1 && (!o.simulate_args.empty() || !o.plan.empty() || !o.perfetto.empty()))
+    throw UserError(
+        "--simulate-args, --plan and --perfetto take one --run; several runs are compared by their own "
+        "flags");
+  std::vector<planner::RunComparison> comparisons;
+  for (const std::string& dir : o.runs) {
+    comparisons.push_back(compare_one(o, dir, out));
+    if (o.runs.size() > 1) out << "\n";
+    out << comparison_table(comparisons.back(), o.top, o.rank);
+  }
+  if (comparisons.size() > 1) out << planner::layouts_table(comparisons);
   if (!o.html.empty()) {
-    write_atomically(o.html, "--html", planner::comparison_html(comparison));
+    write_atomically(o.html, "--html",
+                     comparisons.size() == 1 ? planner::comparison_html(comparisons.front())
+                                             : planner::comparison_html(comparisons));
     out << "\nwrote " << o.html << " (open it in a browser; it needs no network)\n";
   }
-  if (o.save) save_runs(comparison, run, o.db, out);
   if (!o.perfetto.empty()) {
     std::ostringstream trace;
-    planner::write_comparison_trace(trace, comparison);
+    planner::write_comparison_trace(trace, comparisons.front());
     write_atomically(o.perfetto, "--perfetto", trace.str());
     out << "wrote " << o.perfetto
         << " (predicted and measured tracks per rank: open it in https://ui.perfetto.dev)\n";

@@ -112,7 +112,7 @@ class CompareTest : public ::testing::Test {
       EXPECT_EQ(message.find('\n'), std::string::npos) << message;
       return message;
     }
-    ADD_FAILURE() << "no UserError for --run " << o.run_dir;
+    ADD_FAILURE() << "no UserError for --run " << o.runs.front();
     return "";
   }
 
@@ -167,7 +167,7 @@ TEST_F(CompareTest, TinyRunJoinsEveryOpAndRendersEveryOutput) {
   EXPECT_NO_THROW(planner::check_join(run, l.model, l.config));
 
   CompareOptions o;
-  o.run_dir = run_dir;
+  o.runs = {run_dir};
   o.html = (dir_ / "report.html").string();
   o.perfetto = (dir_ / "trace.json").string();
   const std::string table = compare(o);
@@ -231,7 +231,7 @@ TEST_F(CompareTest, ParallelLayoutOnThreadsJoinsEveryRank) {
                                          "2",       "--mbs", "1",    "--gbs", "4"};
   const std::string run_dir = traced_run(args, "tp2pp2");
   CompareOptions o;
-  o.run_dir = run_dir;
+  o.runs = {run_dir};
   o.perfetto = (dir_ / "trace.json").string();
   const std::string table = compare(o);
   for (int r = 0; r < 4; ++r)
@@ -268,31 +268,47 @@ TEST_F(CompareTest, ParallelLayoutOnThreadsJoinsEveryRank) {
   }
 }
 
+TEST_F(CompareTest, SeveralRunsGiveTheErrorPerLayout) {
+  CompareOptions o;
+  o.runs = {traced_run(kTiny, "mbs2"), traced_run({"--model", "tiny", "--mbs", "1", "--gbs", "4"}, "mbs1")};
+  o.html = (dir_ / "runs.html").string();
+  o.top = 0;
+  const std::string table = compare(o);
+  EXPECT_NE(table.find("per run (error"), std::string::npos) << table;
+  EXPECT_NE(table.find("Kendall tau"), std::string::npos) << table;
+  const std::string html = read(o.html);
+  EXPECT_NE(html.find("Predicted vs measured: 2 runs"), std::string::npos);
+  EXPECT_NE(html.find("class=\"errors\""), std::string::npos);
+  EXPECT_EQ(count(html, "<svg"), count(html, "</svg>"));
+  o.perfetto = (dir_ / "t.json").string();
+  EXPECT_NE(compare_error(o).find("take one --run"), std::string::npos);
+}
+
 TEST_F(CompareTest, BadInputsGiveOneClearLine) {
   CompareOptions o;
-  o.run_dir = (dir_ / "missing").string();
+  o.runs = {(dir_ / "missing").string()};
   EXPECT_NE(compare_error(o).find("no such directory"), std::string::npos);
 
   std::ofstream((dir_ / "file").string()) << "x";
-  o.run_dir = (dir_ / "file").string();
+  o.runs = {(dir_ / "file").string()};
   EXPECT_NE(compare_error(o).find("not a directory"), std::string::npos);
 
   fs::create_directories(dir_ / "empty");
-  o.run_dir = (dir_ / "empty").string();
+  o.runs = {(dir_ / "empty").string()};
   EXPECT_NE(compare_error(o).find("run.json does not exist"), std::string::npos);
 
   fs::create_directories(dir_ / "corrupt");
   std::ofstream((dir_ / "corrupt" / "run.json").string()) << "{\"format\": ";
-  o.run_dir = (dir_ / "corrupt").string();
+  o.runs = {(dir_ / "corrupt").string()};
   EXPECT_NE(compare_error(o).find("corrupt trace"), std::string::npos);
 
   fs::create_directories(dir_ / "fifo");
   ASSERT_EQ(::mkfifo((dir_ / "fifo" / "run.json").c_str(), 0600), 0);
-  o.run_dir = (dir_ / "fifo").string();
+  o.runs = {(dir_ / "fifo").string()};
   EXPECT_NE(compare_error(o).find("not a regular file"), std::string::npos);
 
   const std::string good = traced_run(kTiny, "tiny");
-  o.run_dir = good;
+  o.runs = {good};
   o.simulate_args = "--model tiny --mbs 1 --gbs 4";  // another layout: four micro-batches
   EXPECT_NE(compare_error(o).find("another model or layout"), std::string::npos);
   o.simulate_args = "--model gpt-125m --mbs 2 --gbs 4";
