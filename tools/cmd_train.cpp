@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,15 +12,19 @@
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
 #include "executor/training/arena_sizing.h"
+#include "executor/parallel/launch_environment.h"
+#include "executor/parallel/local_launcher.h"
 #include "executor/training/run_setup.h"
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
+#include "layouts/rank_grid.h"
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
 #include "tools/megatron_args.h"
 #ifdef MEGATUNE_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/nccl_communicator.h"
 #endif
 
 namespace megatune::tools {
@@ -73,12 +78,12 @@ void write_trace_manifest(const TrainArgs& a, const layouts::ModelSpec& spec,
   m.gpu = gpu;
   m.peak_tflops = peak_tflops;
   const int world = parallel.world_size;
+  const std::string gpus = world <= 8 ? "1x" + std::to_string(world) : std::to_string((world + 7) / 8) + "x8";
   if (a.device == "cuda") {
-    m.cluster = "1x" + std::to_string(world) + "x" + (gpu.rfind("NVIDIA ", 0) == 0 ? gpu.substr(7) : gpu);
+    m.cluster = gpus + "x" + (gpu.rfind("NVIDIA ", 0) == 0 ? gpu.substr(7) : gpu);
     m.timing = "CUDA events around each op on the compute stream (synchronized per iteration)";
   } else {
-    m.cluster =
-        world <= 8 ? "1x" + std::to_string(world) + "xH200" : std::to_string((world + 7) / 8) + "x8xH200";
+    m.cluster = gpus + "xH200";
     m.timing = "host steady_clock around each op (the CPU backend runs ops synchronously per rank thread)";
   }
   m.trace = a.options.trace;
@@ -96,7 +101,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, doub
     return std::make_unique<CpuBackend>(/*emulate_bf16=*/bf16);
   }
 #ifdef MEGATUNE_HAVE_CUDA
-  auto backend = std::make_unique<CudaBackend>(0);
+  auto backend = std::make_unique<CudaBackend>(read_launch_environment().local_rank);  // this rank's GPU
   try {
     *peak_tflops = layouts::peak_dense_tflops(backend->device_name());
   } catch (const UserError&) {
@@ -151,7 +156,50 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
   return 0;
 }
 
+// One rank of a multi-GPU job under a launcher (torchrun, Slurm, mpirun, or --nproc): the CUDA backend on
+// LOCAL_RANK's GPU, NCCL communicators per process group (rendezvous at MASTER_ADDR:MASTER_PORT), the last
+// rank logs. A rank's failure aborts the communicators, so every rank ends with the failing rank's line.
+int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel,
+                    const LaunchEnvironment& launch) {
+#ifdef MEGATUNE_HAVE_CUDA
+  RunConfig run = build_run_config(spec, parallel, a.options, launch.rank);
+  auto backend = std::make_unique<CudaBackend>(launch.local_rank);
+  try {
+    run.peak_tflops = layouts::peak_dense_tflops(backend->device_name());
+  } catch (const UserError&) {
+    run.peak_tflops = 0.0;
+  }
+  RendezvousOptions rendezvous;
+  rendezvous.fingerprint = spec.name + " " + describe_layout(spec, parallel);
+  std::unique_ptr<NcclCommunicator> communicator =
+      NcclCommunicator::connect(*backend, layouts::RankGrid::from_config(parallel), launch, rendezvous);
+  const bool logs = launch.rank == launch.world_size - 1;
+  std::ostringstream quiet;
+  std::ostream& log = logs ? std::cout : quiet;
+  if (logs)
+    std::cout << "megatune train: " << spec.name << ", layout " << describe_layout(spec, parallel) << ", "
+              << parallel.world_size << " ranks (NCCL), backend " << backend->name() << std::endl;
+  try {
+    TrainingRun training(run, *backend, *communicator, log);
+    training.run();
+    communicator->synchronize();  // every rank's trace file is written by now
+    if (launch.rank == 0 && !a.options.trace.dir.empty())
+      write_trace_manifest(a, spec, parallel, backend->name(), backend->device_name(), run.peak_tflops);
+  } catch (const std::exception& e) {
+    communicator->abort("rank " + std::to_string(launch.rank) + ": " + e.what());
+    throw;
+  }
+  return 0;
+#else
+  (void)a, (void)spec, (void)parallel, (void)launch;
+  throw UserError("--device cuda: this megatune was built without CUDA; use --device cpu");
+#endif
+}
+
 int run_train(TrainArgs& a) {
+  // Like Megatron, the world size defaults to the launcher's (torchrun, Slurm, mpirun).
+  const LaunchEnvironment launch = read_launch_environment();
+  if (!a.megatron.world_size && launch.world_size > 1) a.megatron.world_size = launch.world_size;
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);
   parallel.validate(spec);
@@ -168,11 +216,22 @@ int run_train(TrainArgs& a) {
   if (a.nproc > 0 && a.nproc != parallel.world_size)
     throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
                     std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
+  if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
+  // A multi-GPU layout started without a launcher (e.g. a plan's megatune.args as written): one process per
+  // GPU on this host, as --nproc would.
+  if (a.device == "cuda" && parallel.world_size > 1 && launch.world_size == 1 && a.nproc == 0)
+    a.nproc = parallel.world_size;
+  if (a.nproc > 1 && a.device == "cuda") {  // one process per GPU: this command line again in each
+#ifdef MEGATUNE_HAVE_CUDA
+    if (CudaBackend::device_count() < a.nproc)
+      throw UserError("--nproc " + std::to_string(a.nproc) + ": only " +
+                      std::to_string(CudaBackend::device_count()) +
+                      " GPUs are visible; use at most that many, or --device cpu");
+#endif
+    return relaunch_with_nproc(a.nproc, std::cout, std::cerr);
+  }
+  if (parallel.world_size > 1 && a.device == "cuda") return train_nccl_rank(a, spec, parallel, launch);
   if (parallel.world_size > 1) {
-    if (a.device != "cpu")
-      throw UserError("--world-size " + std::to_string(parallel.world_size) +
-                      " on --device cuda: multi-GPU runs go through a launcher with one process per GPU; "
-                      "use --device cpu to run the layout's ranks as threads");
     std::cout << "megatune train: " << spec.name << ", layout " << describe_layout(spec, parallel) << ", "
               << parallel.world_size << " ranks as threads on the CPU backend" << std::endl;
     train_on_threads(spec, parallel, a.options, std::cout);
@@ -250,7 +309,8 @@ const Registrar registrar({
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--nproc", a.nproc,
-                     "ranks on this host: threads with --device cpu (must equal the layout's world size)")
+                     "ranks on this host (must equal the layout's world size): threads with --device cpu, "
+                     "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")
           ->check(CLI::Range(1, 4096));
       app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)");
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");

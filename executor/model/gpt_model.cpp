@@ -23,6 +23,7 @@ NormArgs with_stats(NormArgs a) {
 using layouts::OpPhase;
 constexpr OpPhase kF = OpPhase::kForward;
 constexpr OpPhase kB = OpPhase::kBackward;
+constexpr layouts::OpRole kTpRole = layouts::OpRole::kTensorParallel;
 
 // The three GEMMs of a linear layer with weight (out, in) over m tokens (layouts/step_program.h's shapes):
 // y = x . W^T (+ bias); dx = dy . W; dW (+)= dy^T . x into the fp32 grad buffer (+ the bias gradient).
@@ -126,7 +127,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   // buffer order is Megatron's (reversed): the embedding tables are the last elements, so the copy is the
   // buffer's first model_copy_elements_.
   model_copy_elements_ = total;
-  if (compute_dtype_ != DType::kFP32 && !config_.tied_embeddings && stage_.has_embedding) {
+  if (compute_dtype_ != DType::kFP32 && !config_.tied_embeddings && stage_.has_embedding &&
+      !batch_.compute_copy_of_every_parameter) {
     const bool learned = config_.position == PositionEmbedding::kLearned;
     model_copy_elements_ = layout_.entries()[learned ? 1 : 0].offset;
   }
@@ -381,16 +383,16 @@ Tensor GPTModel::reduce_from_full(Tensor full, Tensor shard_out, const char* ar_
                                   int layer, OpPhase phase) {
   if (tp_size_ == 1) return full;
   if (sp()) {
-    communicator_.reduce_scatter(CommGroup::kTensor, full, shard_out, {rs_label, layer, phase});
+    communicator_.reduce_scatter(CommGroup::kTensor, full, shard_out, {rs_label, layer, phase, kTpRole});
     return shard_out;
   }
-  communicator_.all_reduce(CommGroup::kTensor, full, ReduceOp::kSum, {ar_label, layer, phase});
+  communicator_.all_reduce(CommGroup::kTensor, full, ReduceOp::kSum, {ar_label, layer, phase, kTpRole});
   return full;
 }
 
 Tensor GPTModel::gather_to_full(Tensor shard, Tensor full_out, const char* label, int layer, OpPhase phase) {
   if (!sp()) return shard;
-  communicator_.all_gather(CommGroup::kTensor, shard, full_out, {label, layer, phase});
+  communicator_.all_gather(CommGroup::kTensor, shard, full_out, {label, layer, phase, kTpRole});
   return full_out;
 }
 
@@ -654,7 +656,7 @@ void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with
       stats.sum_exp = carve(ce_stats_.sum_exp, 0, rows, 1, 4);
       auto reduce = [&](Tensor t, bool is_max, const char* label) {
         communicator_.all_reduce(CommGroup::kTensor, t, is_max ? ReduceOp::kMax : ReduceOp::kSum,
-                                 {label, -1, kF});
+                                 {label, -1, kF, kTpRole});
       };
       backend_.vocab_parallel_cross_entropy(logits, chunk_targets, vocab_offset, losses, grad_scale, stats,
                                             reduce, {"cross_entropy", -1, kF});
@@ -685,35 +687,51 @@ void GPTModel::loss_backward(int slot) {
                          d_final, {}, d_res_, view(grads_, fn_w), d_fn_b, {"final_norm", -1, kB});
 }
 
-void GPTModel::backward(int index) {
+int GPTModel::backward_entries() const {
+  return stage_.num_layers + (stage_.has_embedding ? 1 : 0) + (stage_.has_loss ? 1 : 0);
+}
+
+void GPTModel::backward(int index) { backward(index, 0, backward_entries()); }
+
+void GPTModel::backward(int index, int begin, int end) {
+  const int count = backward_entries();
   if (index < 0 || index >= batch_.num_microbatches || !forward_done_[index])
     throw std::logic_error("backward of a micro-batch whose forward did not run");
-  forward_done_[index] = false;
+  if (begin < 0 || begin > end || end > count) throw std::out_of_range("backward: entry range outside the stage");
   const int slot = slot_of(index);
   Slot& s = slots_[slot];
-  if (stage_.has_loss)
-    loss_backward(slot);
-  else
-    backend_.copy(s.output_grad, d_res_);
-  for (int i = stage_.num_layers - 1; i >= 0; --i) {
-    const int l = stage_.first_layer + i;
-    LayerActivations& acts = activations_for(slot, i);
-    if (recompute_ == RecomputeGranularity::kFull)
-      layer_forward(l, acts, s.residual[i], s.residual[i + 1], OpPhase::kRecompute);  // as Megatron: the layer
-    layer_backward(l, acts, s.residual[i]);
+  const int loss_entries = stage_.has_loss ? 1 : 0;
+  if (begin == 0 && !stage_.has_loss) backend_.copy(s.output_grad, d_res_);
+  for (int e = begin; e < end; ++e) {
+    if (e < loss_entries) {
+      loss_backward(slot);
+    } else if (e < loss_entries + stage_.num_layers) {
+      const int i = stage_.num_layers - 1 - (e - loss_entries);  // layers last..first
+      const int l = stage_.first_layer + i;
+      LayerActivations& acts = activations_for(slot, i);
+      if (recompute_ == RecomputeGranularity::kFull)
+        layer_forward(l, acts, s.residual[i], s.residual[i + 1], OpPhase::kRecompute);  // as Megatron: the layer
+      layer_backward(l, acts, s.residual[i]);
+    } else {
+      embedding_backward(slot);
+    }
   }
-  if (!stage_.has_embedding) {
+  if (end < count) return;
+  forward_done_[index] = false;
+  if (!stage_.has_embedding)
     backend_.copy(d_res_, s.input_grad);
-    return;
-  }
+  else
+    slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
+}
+
+void GPTModel::embedding_backward(int slot) {
   const Tensor d_embedding = gather_to_full(d_res_, full_scratch_, "embedding_grad_ag", -1, kB);
   Tensor d_position;
   if (config_.position == PositionEmbedding::kLearned)
     d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));
-  backend_.embedding_backward(s.tokens, d_embedding, batch_.seq,
+  backend_.embedding_backward(slots_[slot].tokens, d_embedding, batch_.seq,
                               view(grads_, layout_.find("embedding.word_embeddings.weight")), d_position,
                               {"embedding", -1, kB});
-  slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
 }
 
 std::vector<double> GPTModel::microbatch_losses() {

@@ -34,6 +34,9 @@ struct BatchShape {
   // The loss gradient is scaled by 1 / (counted tokens * num_microbatches * gradient_average_ranks): the
   // data-parallel ranks' summed gradients are then their mean.
   int gradient_average_ranks = 1;
+  // The compute-dtype copy covers every parameter, the untied embedding tables included (the distributed
+  // optimizer all-gathers updated parameters into it bucket by bucket).
+  bool compute_copy_of_every_parameter = false;
   std::int64_t tokens() const { return micro_batch * seq; }
 };
 
@@ -64,6 +67,11 @@ class GPTModel {
   // the backward. `batch` supplies tokens (embedding stage) and labels / loss mask (loss stage).
   void forward(const MicroBatch& batch, int index);
   void backward(int index);
+  // One segment of the backward: entries [begin, end) of backward_entries() in Megatron's buffer order (the
+  // loss, the layers last..first, the embedding), so that a gradient bucket's reduction can start between
+  // them; the pass is complete after the segment that reaches the last entry.
+  void backward(int index, int begin, int end);
+  int backward_entries() const;
   // Pipeline I/O of micro-batch `index`, (rows, hidden) with rows = tokens (/ tp under sequence parallelism);
   // the first use acquires the micro-batch's slot. stage_input: the first layer's input; stage_output: the
   // last layer's output; output_grad: the gradient of stage_output; input_grad: the gradient of stage_input
@@ -124,6 +132,7 @@ class GPTModel {
   void embedding_forward(const MicroBatch& batch, int slot);
   void loss_forward(const MicroBatch& batch, int index, int slot, bool with_gradients);
   void loss_backward(int slot);
+  void embedding_backward(int slot);
   LayerWeights layer_weights(Tensor buffer, int layer) const;
   LayerActivations allocate_layer_activations(bool with_attention);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);

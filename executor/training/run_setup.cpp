@@ -6,6 +6,7 @@
 #include "layouts/flops.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
+#include "layouts/schedule_walker.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -90,6 +91,9 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.data_parallel_size = parallel.dp() * parallel.cp();
   t.chunks = placement.chunks;
   t.overlap_grad_reduce = parallel.overlap_grad_reduce;
+  t.use_distributed_optimizer = parallel.use_distributed_optimizer;
+  t.overlap_param_gather = parallel.overlap_param_gather;
+  t.step = layouts::walk_rank_step(spec, parallel, rank);
   const std::int64_t gbs = t.global_batch_size();
   t.lr = lr_schedule(a, gbs);
 

@@ -30,12 +30,14 @@ layouts::ModelSpec gpt_tiny() {
   return m;
 }
 
-layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false) {
+layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false,
+                               bool dist_opt = false) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = tp;
   c.pipeline_model_parallel_size = pp;
   c.world_size = tp * pp * dp;
   c.sequence_parallel = sp;
+  c.use_distributed_optimizer = dist_opt;
   c.micro_batch_size = 2;
   c.global_batch_size = 8;
   c.validate(m);
@@ -92,6 +94,26 @@ TEST_F(ParallelCheckpoint, ResumesBitExactlyUnderTheSameLayout) {
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
   EXPECT_NE(resumed.log.find("loaded checkpoint"), std::string::npos);
+}
+
+TEST_F(ParallelCheckpoint, DistributedOptimizerShardsResumeBitExactlyAndRefuseAnotherLayout) {
+  const layouts::ModelSpec m = gpt_tiny();
+  const layouts::ParallelConfig c = layout(m, 1, 2, 2, false, /*dist_opt=*/true);
+  const RunResult whole = train(c, options(6));
+  TrainOptions first = options(3);
+  first.save = dir_.string();
+  train(c, first);
+  TrainOptions second = options(6);
+  second.load = dir_.string();
+  const RunResult resumed = train(c, second);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
+  try {
+    train(layout(m, 1, 1, 1), second);
+    FAIL() << "a distributed-optimizer checkpoint loaded under another layout";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("resume under that layout only"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {

@@ -148,11 +148,14 @@ const std::vector<Layout>& matrix() {
       {"tp2 sp", 2, 1, 1, 0, true},
       {"dp2", 1, 1, 2},
       {"dp2 overlap", 1, 1, 2, 0, false, false, true},
+      {"dp2 dist-opt", 1, 1, 2, 0, false, true},
+      {"dp2 dist-opt overlaps", 1, 1, 2, 0, false, true, true},
       {"pp2 1f1b", 1, 2},
       {"pp2 vpp2", 1, 2, 1, 2},
       {"pp4 custom uneven with an empty stage", 1, 4, 1, 0, false, false, false, "Et|tt||tL"},
       {"tp2 pp2 dp2", 2, 2, 2},
       {"tp2 sp pp2 dp2 overlap", 2, 2, 2, 0, true, false, true},
+      {"tp2 pp2 vpp2 dp2 dist-opt overlaps", 2, 2, 2, 2, false, true, true},
   };
   return layouts;
 }
@@ -167,7 +170,7 @@ TEST_P(LayoutMatrix, ReproducesTheSingleRankRun) {
 
 INSTANTIATE_TEST_SUITE_P(
     Dense, LayoutMatrix,
-    ::testing::Combine(::testing::Range(0, 9), ::testing::Bool(), ::testing::Bool()),
+    ::testing::Combine(::testing::Range(0, static_cast<int>(matrix().size())), ::testing::Bool(), ::testing::Bool()),
     [](const ::testing::TestParamInfo<LayoutMatrix::ParamType>& info) {
       std::string name = matrix().at(std::get<0>(info.param)).name;
       for (char& c : name)
