@@ -379,7 +379,7 @@ void Trainer::gather_params(int chunk, int bucket) {
   if (h) param_gathers_.push_back(std::move(h));
   if (params.data != model.main_params().data) {
     // Not recorded (the step program's one gather per bucket): the fp32 copy, for checkpoints.
-    RecordingPause pause(recorder);
+    RecordingPause pause(backend_);
     communicator_.all_gather(CommGroup::kDataContext, flat_range(backend_, model.main_params(), begin, end - begin),
                              flat_range(backend_, model.main_params(), range.begin, range.end - range.begin, dp),
                              {"main_param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather});
