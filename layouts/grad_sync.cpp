@@ -89,7 +89,8 @@ StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, con
     }
     p.dense += dense;
     p.expert += expert;
-    p.dense_buffer_per_layer_reverse.push_back(buffer_elements(model, s, stage, stage.symbols[j], layers[j], dense));
+    p.dense_buffer_per_layer_reverse.push_back(
+        buffer_elements(model, s, stage, stage.symbols[j], layers[j], dense));
     p.dense_per_layer_reverse.push_back(dense);
     p.expert_per_layer_reverse.push_back(expert);
     p.layer_reverse.push_back(layers[j]);
@@ -129,8 +130,9 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
   std::int64_t dense_fill = 0, expert_fill = 0;
   const int n = static_cast<int>(parameters.layer_reverse.size());
   for (int i = 0; i < n; ++i) {
-    dense_fill += parameters.dense_buffer_per_layer_reverse.empty() ? parameters.dense_per_layer_reverse[i]
-                                                                    : parameters.dense_buffer_per_layer_reverse[i];
+    dense_fill += parameters.dense_buffer_per_layer_reverse.empty()
+                      ? parameters.dense_per_layer_reverse[i]
+                      : parameters.dense_buffer_per_layer_reverse[i];
     expert_fill += parameters.expert_per_layer_reverse[i];
     if (dense_fill >= bucket_limit) {
       emit(dense_fill, false, i);

@@ -76,9 +76,10 @@ std::vector<LayoutChoice> layout_choices(const layouts::ModelSpec& model, int pp
   }
   if (space.virtual_stages > 0 || space.layers_per_virtual_stage > 0) {
     // A pinned virtual-pipeline size: the uniform split with those chunks only.
-    const int v = space.virtual_stages > 0
-                      ? space.virtual_stages
-                      : (layers % (pp * space.layers_per_virtual_stage) == 0 ? layers / (pp * space.layers_per_virtual_stage) : 0);
+    const int v = space.virtual_stages > 0 ? space.virtual_stages
+                                           : (layers % (pp * space.layers_per_virtual_stage) == 0
+                                                  ? layers / (pp * space.layers_per_virtual_stage)
+                                                  : 0);
     if (v > 0 && layers % (pp * v) == 0 && (v == 1 || pp > 1))
       try_add([&] { return PipelineLayout::uniform(layers, pp, v, model.mtp_num_layers); }, true);
     return out;

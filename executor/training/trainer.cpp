@@ -98,9 +98,11 @@ std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedul
     if (item.kind != ScheduleItemKind::kP2p) continue;
     // A batch's receive buffers are taken before its sent gradients' slots are free (both are in flight).
     for (const layouts::P2pTransfer& t : item.transfers)
-      if (t.direction == P2pDirection::kRecv && t.tensor == P2pTensor::kActivation) acquire(t.chunk, t.microbatch);
+      if (t.direction == P2pDirection::kRecv && t.tensor == P2pTensor::kActivation)
+        acquire(t.chunk, t.microbatch);
     for (const layouts::P2pTransfer& t : item.transfers)
-      if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient) release(t.chunk, t.microbatch);
+      if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient)
+        release(t.chunk, t.microbatch);
   }
   return peak;
 }
@@ -132,9 +134,11 @@ std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& 
   std::vector<layouts::StepItem> items;
   for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
     const layouts::ScheduleItem& s = schedule.items[i];
-    if (s.kind == ScheduleItemKind::kP2p) throw std::invalid_argument("p2p item in a schedule without a walk");
+    if (s.kind == ScheduleItemKind::kP2p)
+      throw std::invalid_argument("p2p item in a schedule without a walk");
     layouts::StepItem item;
-    item.kind = s.kind == ScheduleItemKind::kForward ? layouts::StepItemKind::kForward : layouts::StepItemKind::kBackward;
+    item.kind = s.kind == ScheduleItemKind::kForward ? layouts::StepItemKind::kForward
+                                                     : layouts::StepItemKind::kBackward;
     item.schedule_item = i;
     item.microbatch = s.microbatch;
     item.chunk = s.chunk;
@@ -176,8 +180,10 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
                                 std::to_string(communicator_.size(CommGroup::kDataContext)) +
                                 " ranks, the trainer config " + std::to_string(config_.data_parallel_size));
   if (config_.use_distributed_optimizer && 64 % config_.data_parallel_size != 0)
-    throw UserError("--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel "
-                    "size (" + std::to_string(config_.data_parallel_size) + ") must divide 64; use a power of two");
+    throw UserError(
+        "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel "
+        "size (" +
+        std::to_string(config_.data_parallel_size) + ") must divide 64; use a power of two");
   items_ = config_.step ? config_.step->items : items_from_schedule(schedule_, chunks);
   slots_per_chunk_ = activation_slots_per_chunk(schedule_, chunks);
   backend_.begin_sizing();
@@ -194,7 +200,8 @@ void Trainer::build(bool sizing) {
   chunks_.clear();
   optimizer_state_.clear();
   std::int64_t sp_elements = 0;
-  const int dp = communicator_.size(CommGroup::kDataContext), dp_rank = communicator_.rank(CommGroup::kDataContext);
+  const int dp = communicator_.size(CommGroup::kDataContext),
+            dp_rank = communicator_.rank(CommGroup::kDataContext);
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     chunks_.push_back(std::make_unique<GPTModel>(config_.model, chunk_batch(config_, slots_per_chunk_[c]),
                                                  config_.recompute, config_.compute_dtype, backend_,
@@ -207,19 +214,24 @@ void Trainer::build(bool sizing) {
     bucket_options.distributed_optimizer = config_.use_distributed_optimizer;
     bucket_options.bucket_end_multiple = layouts::kParameterAlignElements;
     const bool shared = config_.model.tied_embeddings && schedule_.pp > 1 && !chunks[c].has_embedding;
-    state.buffer = std::make_unique<GradBufferLayout>(grad_buffer_entries(model.layout(), shared), bucket_options);
+    state.buffer =
+        std::make_unique<GradBufferLayout>(grad_buffer_entries(model.layout(), shared), bucket_options);
     if (state.buffer->total_elements() != model.layout().total_elements())
       throw std::logic_error("the grad buffer's buckets do not tile the model's buffer");
     std::int64_t owned = 0;
     for (int b = 0; b < static_cast<int>(state.buffer->buckets().size()); ++b) {
       const GradBucketRange& range = state.buffer->buckets()[b];
-      const std::int64_t begin = config_.use_distributed_optimizer ? state.buffer->shard_begin(b, dp_rank) : range.begin;
-      const std::int64_t end = config_.use_distributed_optimizer ? begin + state.buffer->shard_elements(b) : range.end;
+      const std::int64_t begin =
+          config_.use_distributed_optimizer ? state.buffer->shard_begin(b, dp_rank) : range.begin;
+      const std::int64_t end =
+          config_.use_distributed_optimizer ? begin + state.buffer->shard_elements(b) : range.end;
       state.owned.emplace_back(begin, end);
       owned += end - begin;
     }
-    state.exp_avg = backend_.allocate(DType::kFP32, 1, std::max<std::int64_t>(owned, 1), "AdamW exp_avg, exp_avg_sq (fp32)");
-    state.exp_avg_sq = backend_.allocate(DType::kFP32, 1, std::max<std::int64_t>(owned, 1), "AdamW exp_avg, exp_avg_sq (fp32)");
+    state.exp_avg = backend_.allocate(DType::kFP32, 1, std::max<std::int64_t>(owned, 1),
+                                      "AdamW exp_avg, exp_avg_sq (fp32)");
+    state.exp_avg_sq = backend_.allocate(DType::kFP32, 1, std::max<std::int64_t>(owned, 1),
+                                         "AdamW exp_avg, exp_avg_sq (fp32)");
     if (!sizing) {
       GradientReducerOptions reducer;
       reducer.overlap_grad_reduce = config_.overlap_grad_reduce;
@@ -232,8 +244,9 @@ void Trainer::build(bool sizing) {
     optimizer_state_.push_back(std::move(state));
     for (const ParameterEntry* e : model.sequence_parallel_grad_entries()) sp_elements += e->numel();
   }
-  sp_norm_grads_ = sp_elements > 0 ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
-                                   : Tensor{};
+  sp_norm_grads_ = sp_elements > 0
+                       ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
+                       : Tensor{};
   scalar_ = backend_.allocate(DType::kFP32, 1, 2, "grad norm and loss reductions");
   grad_norm_ = std::make_unique<GlobalGradNorm>(backend_);
   if (!sizing) build_optimizer();
@@ -246,7 +259,8 @@ void Trainer::build_optimizer() {
   // model counts once in the global grad norm: replicated parameters on TP rank 0, the shard's owner under
   // the distributed optimizer, data-parallel rank 0 without it.
   const int tp_rank = communicator_.rank(CommGroup::kTensor);
-  const bool dp_counts = config_.use_distributed_optimizer || communicator_.rank(CommGroup::kDataContext) == 0;
+  const bool dp_counts =
+      config_.use_distributed_optimizer || communicator_.rank(CommGroup::kDataContext) == 0;
   std::vector<OptimizerTensor> tensors;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const GPTModel& model = *chunks_[c];
@@ -265,16 +279,18 @@ void Trainer::build_optimizer() {
         t.main_grad = flat_range(backend_, model.grads(), lo, n);
         t.exp_avg = flat_range(backend_, state.exp_avg, st, n);
         t.exp_avg_sq = flat_range(backend_, state.exp_avg_sq, st, n);
-        t.model_param = model.model_params().data == model.main_params().data || lo + n <= model.model_params().cols
-                            ? flat_range(backend_, model.model_params(), lo, n)
-                            : flat_range(backend_, model.main_params(), lo, n);
+        t.model_param =
+            model.model_params().data == model.main_params().data || lo + n <= model.model_params().cols
+                ? flat_range(backend_, model.model_params(), lo, n)
+                : flat_range(backend_, model.main_params(), lo, n);
         t.apply_weight_decay = decay;
         t.in_grad_norm = counts;
         tensors.push_back(t);
       };
       for (int e = bucket.first_entry; e < bucket.end_entry; ++e) {
         const GradBufferEntry& entry = buffer.entries()[e];
-        const std::int64_t lo = std::max(begin, buffer.offset(e)), hi = std::min(end, buffer.offset(e) + entry.numel);
+        const std::int64_t lo = std::max(begin, buffer.offset(e)),
+                           hi = std::min(end, buffer.offset(e) + entry.numel);
         if (hi <= lo) continue;
         if (config_.use_distributed_optimizer) piece(at, lo, false, false);  // padding before it
         piece(lo, hi, entry.weight_decay, dp_counts && counts_in_grad_norm(entry, tp_rank));
@@ -332,14 +348,16 @@ void Trainer::reduce_tied_embedding() {
         const GradBucketRange& range = state.buffer->buckets()[b];
         if (range.end <= e.offset || range.begin >= e.offset + e.numel()) continue;
         const auto [begin, end] = state.owned[b];
-        communicator_.all_gather(CommGroup::kDataContext, flat_range(backend_, chunk->grads(), begin, end - begin),
-                                 flat_range(backend_, chunk->grads(), range.begin, range.end - range.begin, dp),
-                                 {"embedding_grad_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
+        communicator_.all_gather(
+            CommGroup::kDataContext, flat_range(backend_, chunk->grads(), begin, end - begin),
+            flat_range(backend_, chunk->grads(), range.begin, range.end - range.begin, dp),
+            {"embedding_grad_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
       }
       recorder.set_position(-1, -1);
     }
-    communicator_.all_reduce(CommGroup::kEmbedding, chunk->view(chunk->grads(), e), ReduceOp::kSum,
-                             {"embedding_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
+    communicator_.all_reduce(
+        CommGroup::kEmbedding, chunk->view(chunk->grads(), e), ReduceOp::kSum,
+        {"embedding_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
   }
 }
 
@@ -355,8 +373,9 @@ void Trainer::reduce_sequence_parallel_norms() {
       }
   };
   each([&](Tensor grad, Tensor gathered) { backend_.copy(grad, gathered); });
-  communicator_.all_reduce(CommGroup::kTensor, sp_norm_grads_, ReduceOp::kSum,
-                           {"sp_norm_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kSequenceParallelNormGrad});
+  communicator_.all_reduce(
+      CommGroup::kTensor, sp_norm_grads_, ReduceOp::kSum,
+      {"sp_norm_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kSequenceParallelNormGrad});
   each([&](Tensor grad, Tensor gathered) { backend_.copy(gathered, grad); });
 }
 
@@ -380,9 +399,10 @@ void Trainer::gather_params(int chunk, int bucket) {
   if (params.data != model.main_params().data) {
     // Not recorded (the step program's one gather per bucket): the fp32 copy, for checkpoints.
     RecordingPause pause(backend_);
-    communicator_.all_gather(CommGroup::kDataContext, flat_range(backend_, model.main_params(), begin, end - begin),
-                             flat_range(backend_, model.main_params(), range.begin, range.end - range.begin, dp),
-                             {"main_param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather});
+    communicator_.all_gather(
+        CommGroup::kDataContext, flat_range(backend_, model.main_params(), begin, end - begin),
+        flat_range(backend_, model.main_params(), range.begin, range.end - range.begin, dp),
+        {"main_param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather});
   }
 }
 
@@ -521,7 +541,8 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
           e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
       writer.add_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
       if (config_.use_distributed_optimizer) continue;
-      writer.add_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape, m.data() + e.offset);
+      writer.add_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
+                        m.data() + e.offset);
       writer.add_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
                         v.data() + e.offset);
     }
@@ -572,7 +593,8 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
           e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
       reader.read_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
       if (shards) continue;
-      reader.read_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape, m.data() + e.offset);
+      reader.read_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
+                         m.data() + e.offset);
       reader.read_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
                          v.data() + e.offset);
     }
@@ -600,10 +622,12 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
   if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
   shards.front().require_metadata_equal("model_config", config_.model.describe());
   if (shards.front().has_metadata("distributed_optimizer_shards"))
-    throw UserError("checkpoint " + shards.front().directory() + " was saved under " +
-                    (shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "another layout") +
-                    " with per-rank distributed-optimizer shards, which resume under that layout only; rerun with it");
-  const int tp_rank = communicator_.rank(CommGroup::kTensor), tp_size = communicator_.size(CommGroup::kTensor);
+    throw UserError(
+        "checkpoint " + shards.front().directory() + " was saved under " +
+        (shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "another layout") +
+        " with per-rank distributed-optimizer shards, which resume under that layout only; rerun with it");
+  const int tp_rank = communicator_.rank(CommGroup::kTensor),
+            tp_size = communicator_.size(CommGroup::kTensor);
   // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice).
   auto assemble = [&](const ParameterEntry& e, const std::string& name) {
     std::map<std::int64_t, std::vector<float>> slices;
@@ -619,8 +643,8 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
       slices.emplace(r, std::move(values));
     }
     if (source_tp == 0 || static_cast<std::int64_t>(slices.size()) != source_tp)
-      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " + name +
-                      "; resume from a complete save");
+      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " +
+                      name + "; resume from a complete save");
     std::vector<std::vector<float>> ordered;
     for (auto& [r, values] : slices) ordered.push_back(std::move(values));
     return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), tp_rank, tp_size);

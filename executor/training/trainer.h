@@ -45,9 +45,10 @@ struct TrainerConfig {
   int data_parallel_size = 1;  // global batch = micro_batch * num_microbatches * dp
   // This rank's model chunks (pipeline stages it holds, in virtual-stage order); empty: the whole model.
   std::vector<StageSpan> chunks;
-  bool overlap_grad_reduce = false;        // --overlap-grad-reduce: a bucket's reduction starts once it is complete
-  bool use_distributed_optimizer = false;  // --use-distributed-optimizer: reduce-scatter, sharded AdamW, gather
-  bool overlap_param_gather = false;       // --overlap-param-gather: the gathers finish before the next forward
+  bool overlap_grad_reduce = false;  // --overlap-grad-reduce: a bucket's reduction starts once it is complete
+  bool use_distributed_optimizer =
+      false;                          // --use-distributed-optimizer: reduce-scatter, sharded AdamW, gather
+  bool overlap_param_gather = false;  // --overlap-param-gather: the gathers finish before the next forward
   // The rank's walk of the iteration (layouts::walk_rank_step): the items the trainer interprets. Absent:
   // the schedule's forwards, backwards and p2p, then the grad norm and AdamW (a single rank).
   std::optional<layouts::RankStep> step;
@@ -106,7 +107,8 @@ class Trainer {
  private:
   void build(bool sizing);
   void build_optimizer();
-  void upload_moments(std::size_t chunk, const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq);
+  void upload_moments(std::size_t chunk, const std::vector<float>& exp_avg,
+                      const std::vector<float>& exp_avg_sq);
   void run_items(const std::vector<MicroBatch>& microbatches);
   void run_p2p(const layouts::StepItem& item);
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
@@ -128,7 +130,7 @@ class Trainer {
     std::unique_ptr<GradBufferLayout> buffer;
     std::unique_ptr<GradientReducer> reducer;
     std::vector<std::pair<std::int64_t, std::int64_t>> owned;  // per bucket: [begin, end) this rank updates
-    Tensor exp_avg, exp_avg_sq;                                  // (1, owned elements) fp32
+    Tensor exp_avg, exp_avg_sq;                                // (1, owned elements) fp32
   };
   std::vector<ChunkOptimizerState> optimizer_state_;
   std::unique_ptr<GlobalGradNorm> grad_norm_;

@@ -95,8 +95,10 @@ TEST_P(ParallelOpRecording, EveryRankIssuesItsStepProgram) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ParallelOpRecording,
     ::testing::Values(Case{"tp2_llama", 2}, Case{"tp2_sp_gpt_tied", 2, 1, 1, 0, true, false, true, true},
-                      Case{"dp2_overlap", 1, 1, 2, 0, false, true}, Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true},
-                      Case{"pp2_vpp2", 1, 2, 1, 2}, Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
+                      Case{"dp2_overlap", 1, 1, 2, 0, false, true},
+                      Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true},
+                      Case{"pp2_vpp2", 1, 2, 1, 2},
+                      Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
                       Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
                       Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
                       Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true}),
