@@ -572,7 +572,7 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
                                                                              : builder.build_pass_level(sim));
   }
   EngineInput input;
-  input.record_timeline = effective.record_trace;
+  input.record_timeline = effective.record_trace || effective.record_op_timeline;
   for (RankBuild& b : builds) input.programs.push_back(std::move(b.tasks));
   input.group_member_count = builder.groups().member_counts();
   EngineResult replayed = replay(input);
@@ -621,6 +621,18 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
     result.tokens_per_s = static_cast<double>(gbs) * model.seq_length / result.step_time_s;
   }
 
+  if (effective.record_op_timeline && effective.granularity == SimulationGranularity::kKernel) {
+    for (int sim = 0; sim < static_cast<int>(sim_ranks.size()); ++sim) {
+      RankOpTimeline& out = result.op_timelines.emplace_back();
+      out.rank = sim_ranks[sim];
+      for (std::size_t i = 0; i < input.programs[sim].size(); ++i) {
+        const int id = input.programs[sim][i].op_index;
+        if (id < 0) continue;
+        if (id >= static_cast<int>(out.ops.size())) out.ops.resize(id + 1);
+        out.ops[id] = {replayed.ranks[sim].timeline[i].start_s, replayed.ranks[sim].timeline[i].end_s};
+      }
+    }
+  }
   if (effective.record_trace) {
     for (int sim = 0; sim < static_cast<int>(sim_ranks.size()); ++sim) {
       const int rank = sim_ranks[sim];

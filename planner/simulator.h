@@ -25,6 +25,7 @@ struct SimulationOptions {
   // behave identically; their collectives are priced for the full group). true: every rank of the world.
   bool all_ranks = false;
   bool record_trace = false;
+  bool record_op_timeline = false;  // kernel level: fill SimulationResult::op_timelines
   layouts::StepProgramOptions step;
 };
 
@@ -46,6 +47,16 @@ struct StageReport {
   double async_comm_s = 0.0;
 };
 
+// Predicted timing of one step-program op (index = its position in layouts::build_step_program(rank).ops).
+// start_s < 0: the op has no task of its own (a CP ring transfer, priced into its attention kernel's stall).
+struct OpTiming {
+  double start_s = -1.0, end_s = -1.0;
+};
+struct RankOpTimeline {
+  int rank = 0;  // global rank
+  std::vector<OpTiming> ops;
+};
+
 struct SimulationResult {
   double step_time_s = 0.0;
   double model_flops = 0.0;  // per iteration, Megatron's formula (recompute not counted)
@@ -64,6 +75,7 @@ struct SimulationResult {
   int simulated_ranks = 0;
   std::vector<TraceProcess> trace_processes;
   std::vector<TraceEvent> trace_events;
+  std::vector<RankOpTimeline> op_timelines;  // per simulated rank, with record_op_timeline (kernel level)
 
   // Per-kind table, aligned text, sorted by time.
   std::string kind_table() const;

@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
 #include "executor/parallel/launch_environment.h"
 #include "executor/parallel/local_launcher.h"
+#include "executor/training/arena_sizing.h"
 #include "executor/training/run_setup.h"
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
@@ -35,7 +37,10 @@ struct TrainArgs {
   TrainOptions options;
   std::string device;
   std::string ops_out;
-  int nproc = 0;  // --nproc: ranks on this host (0: the layout's world size)
+  int nproc = 0;                 // --nproc: ranks on this host (0: the layout's world size)
+  std::string trace_iterations;  // --trace-iterations START:COUNT
+  bool dry_run = false;          // --dry-run: print the arena, train nothing
+  const CLI::App* app = nullptr;
 };
 
 #ifdef MEGATUNE_HAVE_CUDA
@@ -48,6 +53,58 @@ double peak_tflops_of(const CudaBackend& backend) {
   }
 }
 #endif
+
+// The flags given on the command line, as typed (for the trace manifest: compare re-parses them).
+std::vector<std::string> given_arguments(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const CLI::Option* option : app.get_options()) {
+    const std::vector<std::string>& names = option->get_lnames();
+    if (option->count() == 0 || names.empty() || names.front() == "help") continue;
+    out.push_back("--" + names.front());
+    if (option->get_items_expected_max() != 0)  // not a flag
+      for (const std::string& value : option->results()) out.push_back(value);
+  }
+  return out;
+}
+
+// DIR/run.json of a traced run, once every rank's file is written.
+void write_trace_manifest(const TrainArgs& a, const layouts::ModelSpec& spec,
+                          const layouts::ParallelConfig& parallel, const std::string& backend,
+                          const std::string& gpu, double peak_tflops) {
+  RunManifest m;
+  m.model_args = given_arguments(*a.app);
+  m.command = {"megatune", "train"};
+  m.command.insert(m.command.end(), m.model_args.begin(), m.model_args.end());
+  m.model = spec.name;
+  m.parameters = layouts::ModelSpec(spec).total_parameters();
+  m.layout = describe_layout(spec, parallel);
+  m.world_size = parallel.world_size;
+  m.micro_batch_size = parallel.micro_batch_size;
+  m.global_batch_size = parallel.resolved_global_batch_size();
+  m.num_microbatches = parallel.num_microbatches();
+  m.seq_length = spec.seq_length;
+  m.model_flops_per_iteration = layouts::model_flops_per_iteration(spec, m.global_batch_size, 1);
+  m.device = a.device;
+  m.backend = backend;
+  m.gpu = gpu;
+  m.peak_tflops = peak_tflops;
+  const int world = parallel.world_size;
+  const std::string gpus = world <= 8 ? "1x" + std::to_string(world) : std::to_string((world + 7) / 8) + "x8";
+  if (a.device == "cuda") {
+    m.cluster = gpus + "x" + (gpu.rfind("NVIDIA ", 0) == 0 ? gpu.substr(7) : gpu);
+    m.timing = "CUDA events around each op on the compute stream (synchronized per iteration)";
+  } else {
+    m.cluster = gpus + "xH200";
+    m.timing = "host steady_clock around each op (the CPU backend runs ops synchronously per rank thread)";
+  }
+  m.trace = a.options.trace;
+  resolve_trace_window(m.trace, a.options.train_iters);
+  write_run_manifest(m);
+  std::cout << "trace: wrote " << m.trace.dir << "/run.json and " << world << " rank file"
+            << (world == 1 ? "" : "s") << " (iterations " << m.trace.first_iteration << ".."
+            << m.trace.first_iteration + m.trace.iterations - 1 << "); compare with: megatune compare --run "
+            << m.trace.dir << std::endl;
+}
 
 std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, double* peak_tflops) {
   if (device == "cpu") {
@@ -63,12 +120,47 @@ std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, doub
 #endif
 }
 
+std::string gpu_name(Backend& backend) {
+#ifdef MEGATUNE_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&backend)) return cuda->device_name();
+#endif
+  (void)backend;
+  return "";
+}
+
 std::string default_device() {
 #ifdef MEGATUNE_HAVE_CUDA
   return CudaBackend::device_count() > 0 ? "cuda" : "cpu";
 #else
   return "cpu";
 #endif
+}
+
+// --dry-run: each pipeline stage's arena as the chosen backend lays it out; needs no GPU and no data.
+int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel) {
+  TrainOptions options = a.options;
+  options.trace.dir.clear();
+  options.bf16 = options.bf16 || a.device == "cuda";
+  std::cout << "megatune train --dry-run: " << spec.name << ", layout " << describe_layout(spec, parallel)
+            << ", "
+            << (a.device == "cuda" ? "the CUDA backend's arena (SizingBackend; kernel scratch and the GEMM / "
+                                     "grad-norm workspaces not included)"
+                                   : "the CPU backend's arena (4 bytes per element)")
+            << "; nothing is allocated or trained" << std::endl;
+  for (int rank : one_rank_per_stage(parallel)) {
+    std::unique_ptr<Backend> sizing;
+    if (a.device == "cuda") {
+      sizing = std::make_unique<SizingBackend>();
+    } else {
+      sizing = std::make_unique<CpuBackend>(options.bf16);
+    }
+    const RankArena arena = size_rank_arena(spec, parallel, options, rank, *sizing);
+    const layouts::DenseCoordinates& c = arena.coordinates;
+    std::cout << "rank " << rank << " (pp" << c.pp << " tp" << c.tp << " dp" << c.dp << " cp" << c.cp
+              << "; its tp / dp / cp peers hold the same):\n"
+              << format_arena_breakdown(arena.breakdown);
+  }
+  return 0;
 }
 
 // One rank of a multi-GPU job under a launcher (torchrun, Slurm, mpirun, or --nproc): the CUDA backend on
@@ -93,7 +185,9 @@ int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts:
   try {
     TrainingRun training(run, *backend, *communicator, log);
     training.run();
-    communicator->synchronize();
+    communicator->synchronize();  // every rank's trace file is written by now
+    if (launch.rank == 0 && !a.options.trace.dir.empty())
+      write_trace_manifest(a, spec, parallel, backend->name(), backend->device_name(), run.peak_tflops);
   } catch (const std::exception& e) {
     communicator->abort("rank " + std::to_string(launch.rank) + ": " + e.what());
     throw;
@@ -114,9 +208,14 @@ int run_train(TrainArgs& a) {
   parallel.validate(spec);
   if (a.device.empty()) a.device = default_device();
   if (a.device != "cpu" && a.device != "cuda") throw UserError("--device must be cuda or cpu");
+  if (a.dry_run) return dry_run(a, spec, parallel);
   if (a.options.mock_data == !a.options.data_path.empty())
     throw UserError("give exactly one of --data-path PREFIX and --mock-data");
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
+  if (!a.trace_iterations.empty()) {
+    if (a.options.trace.dir.empty()) throw UserError("--trace-iterations needs --trace-dir DIR");
+    parse_trace_iterations(a.trace_iterations, a.options.trace);
+  }
   if (a.nproc > 0 && a.nproc != parallel.world_size)
     throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
                     std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
@@ -139,6 +238,8 @@ int run_train(TrainArgs& a) {
     std::cout << "megatune train: " << spec.name << ", layout " << describe_layout(spec, parallel) << ", "
               << parallel.world_size << " ranks as threads on the CPU backend" << std::endl;
     train_on_threads(spec, parallel, a.options, std::cout);
+    if (!a.options.trace.dir.empty())
+      write_trace_manifest(a, spec, parallel, a.options.bf16 ? "cpu (bf16 emulated)" : "cpu", "", 0.0);
     return 0;
   }
 
@@ -159,6 +260,8 @@ int run_train(TrainArgs& a) {
     if (!out) throw UserError("--ops-out " + a.ops_out + ": cannot write the file; check the directory");
     for (const layouts::Op& op : backend->recorder().ops()) out << layouts::to_string(op) << "\n";
   }
+  if (!a.options.trace.dir.empty())
+    write_trace_manifest(a, spec, parallel, backend->name(), gpu_name(*backend), run.peak_tflops);
   return 0;
 }
 
@@ -216,6 +319,16 @@ const Registrar registrar({
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,
                      "write the ops the first iteration issued (layouts::Op text, one a line) to FILE");
+      app.add_option("--trace-dir", a.options.trace.dir,
+                     "trace a window of iterations into DIR (per-op times joined to the step program, step "
+                     "time, arena): DIR/run.json + DIR/rank_<r>.ops.jsonl, read by megatune compare");
+      app.add_option("--trace-iterations", a.trace_iterations,
+                     "START:COUNT: the iterations --trace-dir times (default 2:3, after the first)");
+      app.add_flag(
+          "--dry-run", a.dry_run,
+          "print each pipeline stage's arena breakdown (the executor's own sizing) and exit: no GPU, "
+          "no data, nothing trained");
+      a.app = &app;
       return [args]() { return run_train(*args); };
     },
 });

@@ -211,14 +211,24 @@ class Backend {
   // position on the op (a batched p2p exchange carries other micro-batches' tensors); -2 keeps it.
   void begin_external_op(layouts::Op op, const OpTag& tag, int microbatch = -2, int chunk = -2);
   void end_external_op() { end_op(); }
-  // Per-op device timing (CUDA backend): when on, every kernel is bracketed by timing events and
-  // timed_ops() returns (op, milliseconds) of everything issued since the last call (synchronizes).
+  // Per-op timing: when on, every op is bracketed (CUDA: timing events on the compute stream; CPU: the host
+  // clock) and timed_ops() returns each op issued since the last call (synchronizes) with its duration and
+  // its start, in ms after the first of them began.
   void set_op_timing(bool on) { op_timing_ = on; }
+  bool op_timing() const { return op_timing_; }
   struct TimedOp {
     layouts::Op op;
     double ms = 0.0;
+    double start_ms = 0.0;
   };
   virtual std::vector<TimedOp> timed_ops() { return {}; }
+  // Device memory in use on the whole device (CUDA: total - free), or -1 where there is none to ask.
+  virtual std::int64_t device_memory_used_bytes() { return -1; }
+  // The device's SM clock and power now (CUDA: NVML), -1 where unavailable.
+  struct DeviceSample {
+    double sm_clock_mhz = -1.0, power_w = -1.0;
+  };
+  virtual DeviceSample sample_device() { return {}; }
 
   // Per-op observation (e.g. the profiler's CUPTI op ranges): op_begin(i, op) is called before the kernels
   // of the i-th op issued since set_op_observer(), with the op stamped as the recorder stamps it, and

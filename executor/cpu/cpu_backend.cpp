@@ -273,4 +273,21 @@ void CpuBackend::do_adamw_step(const AdamWHyper& hyper) {
   }
 }
 
+void CpuBackend::on_op_begin(const layouts::Op& op) {
+  op_start_ = std::chrono::steady_clock::now();
+  if (timed_.empty()) first_start_ = op_start_;
+  timed_.push_back({op, 0.0, std::chrono::duration<double, std::milli>(op_start_ - first_start_).count()});
+}
+
+void CpuBackend::on_op_end() {
+  timed_.back().ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start_).count();
+}
+
+std::vector<Backend::TimedOp> CpuBackend::timed_ops() {
+  std::vector<TimedOp> out = std::move(timed_);
+  timed_.clear();
+  return out;
+}
+
 }  // namespace megatune::executor

@@ -1,6 +1,7 @@
 // CpuBackend: the Backend on the host with the float reference kernels (Eigen GEMMs). Every floating
 // dtype is stored as float; with emulate_bf16, outputs of bf16 tensors are rounded to bf16 after each kernel.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -25,8 +26,12 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
+  std::vector<TimedOp> timed_ops() override;
 
  protected:
+  // Host-clock op timing (the kernels run synchronously on the calling thread).
+  void on_op_begin(const layouts::Op& op) override;
+  void on_op_end() override;
   void* reserve_memory(std::int64_t bytes) override;
   void do_gemm(const GemmArgs& args) override;
   void do_bias_grad(Tensor d_out, Tensor d_bias) override;
@@ -64,6 +69,8 @@ class CpuBackend final : public Backend {
   std::unique_ptr<float[]> arena_;
   std::vector<OptimizerTensor> optimizer_tensors_;
   float last_grad_norm_ = 0.0f;
+  std::vector<TimedOp> timed_;
+  std::chrono::steady_clock::time_point first_start_, op_start_;
 };
 
 }  // namespace megatune::executor

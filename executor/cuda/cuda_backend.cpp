@@ -485,10 +485,27 @@ std::vector<Backend::TimedOp> CudaBackend::timed_ops() {
   for (std::size_t i = 0; i < timed_.size(); ++i) {
     float ms = 0.0f;
     MEGATUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, timing_events_[i].first, timing_events_[i].second));
-    out.push_back({std::move(timed_[i]), ms});
+    float start_ms = 0.0f;
+    MEGATUNE_CUDA_CHECK(cudaEventElapsedTime(&start_ms, timing_events_[0].first, timing_events_[i].first));
+    out.push_back({std::move(timed_[i]), ms, start_ms});
   }
   timed_.clear();
   return out;
+}
+
+Backend::DeviceSample CudaBackend::sample_device() {
+  if (!nvml_) {
+    char bus_id[32] = "";
+    MEGATUNE_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_));
+    nvml_ = std::make_unique<cuda::NvmlSampler>(bus_id);
+  }
+  return {nvml_->sm_clock_mhz(), nvml_->power_w()};
+}
+
+std::int64_t CudaBackend::device_memory_used_bytes() {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  MEGATUNE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<std::int64_t>(total_bytes - free_bytes);
 }
 
 void CudaBackend::do_set_grad_norm(float norm) {

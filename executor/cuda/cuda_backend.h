@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "executor/backend/backend.h"
+#include "executor/cuda/nvml_sampler.h"
 
 namespace megatune::executor {
 
@@ -64,6 +65,8 @@ class CudaBackend final : public Backend {
   std::int64_t scratch_bytes(const ScratchNeeds& needs) const override;
   void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
   std::vector<TimedOp> timed_ops() override;
+  std::int64_t device_memory_used_bytes() override;
+  DeviceSample sample_device() override;
 
  protected:
   void on_op_begin(const layouts::Op& op) override;
@@ -103,6 +106,7 @@ class CudaBackend final : public Backend {
  private:
   static constexpr int kEventPoolSize = 256;
   int device_ = 0;
+  std::unique_ptr<cuda::NvmlSampler> nvml_;  // created on the first sample_device()
   std::string device_name_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t communication_ = nullptr;

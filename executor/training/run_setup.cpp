@@ -118,6 +118,10 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.schedule = placement.schedule;
   run.data_parallel_rank = placement.coordinates.dp;
   if (parallel.world_size > 1) run.layout_description = describe_layout(spec, parallel);
+  run.trace = a.trace;
+  run.trace.rank = rank;
+  run.trace.coordinates = placement.coordinates;
+  resolve_trace_window(run.trace, a.train_iters);
   return run;
 }
 

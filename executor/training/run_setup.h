@@ -32,7 +32,8 @@ struct TrainOptions {
   bool eod_mask_loss = false;
   std::uint32_t seed = 1234;
   std::int64_t log_interval = 10;
-  bool bf16 = false;  // compute dtype bf16 (the CUDA backend always)
+  bool bf16 = false;      // compute dtype bf16 (the CUDA backend always)
+  RunTraceOptions trace;  // --trace-dir, --trace-iterations
 };
 
 // What one global rank holds of a (model, layout): coordinates, model chunks, schedule.

@@ -53,17 +53,22 @@ Tensor flat_view(Tensor buffer, std::int64_t offset, std::int64_t n) {
   return v;
 }
 
-// Recording off for bookkeeping collectives the step program does not hold (the logged loss).
+// Recording and op timing off for bookkeeping collectives the step program does not hold (the logged loss).
 class RecordingPause {
  public:
-  explicit RecordingPause(OpRecorder& recorder) : recorder_(recorder), was_(recorder.enabled()) {
-    recorder_.set_enabled(false);
+  explicit RecordingPause(Backend& backend)
+      : backend_(backend), was_(backend.recorder().enabled()), timing_(backend.op_timing()) {
+    backend_.recorder().set_enabled(false);
+    backend_.set_op_timing(false);
   }
-  ~RecordingPause() { recorder_.set_enabled(was_); }
+  ~RecordingPause() {
+    backend_.recorder().set_enabled(was_);
+    backend_.set_op_timing(timing_);
+  }
 
  private:
-  OpRecorder& recorder_;
-  bool was_;
+  Backend& backend_;
+  bool was_, timing_;
 };
 
 }  // namespace
@@ -100,6 +105,12 @@ std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedul
         release(t.chunk, t.microbatch);
   }
   return peak;
+}
+
+std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, const layouts::RankSchedule& schedule,
+                                          Backend& backend, Communicator& communicator) {
+  const Trainer sizing(config, schedule, backend, communicator, /*size_only=*/true);
+  return backend.arena_breakdown();
 }
 
 std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& backend) {
@@ -148,7 +159,7 @@ std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& 
 }  // namespace
 
 Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& schedule, Backend& backend,
-                 Communicator& communicator)
+                 Communicator& communicator, bool size_only)
     : config_(config),
       schedule_(schedule),
       backend_(backend),
@@ -178,6 +189,7 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
   backend_.begin_sizing();
   build(true);
   const std::int64_t bytes = backend_.end_sizing();
+  if (size_only) return;
   backend_.reserve_arena(bytes);
   build(false);
   for (auto& chunk : chunks_) chunk->initialize_parameters(config_.seed);
@@ -386,7 +398,7 @@ void Trainer::gather_params(int chunk, int bucket) {
   if (h) param_gathers_.push_back(std::move(h));
   if (params.data != model.main_params().data) {
     // Not recorded (the step program's one gather per bucket): the fp32 copy, for checkpoints.
-    RecordingPause pause(recorder);
+    RecordingPause pause(backend_);
     communicator_.all_gather(
         CommGroup::kDataContext, flat_range(backend_, model.main_params(), begin, end - begin),
         flat_range(backend_, model.main_params(), range.begin, range.end - range.begin, dp),
@@ -480,7 +492,7 @@ double Trainer::reported_loss() {
 double Trainer::world_sum(double value) {
   if (communicator_.world_size() == 1) return value;
   const float values[2] = {static_cast<float>(value), 0.0f};
-  RecordingPause pause(backend_.recorder());
+  RecordingPause pause(backend_);
   backend_.upload(scalar_, values);
   communicator_.all_reduce(CommGroup::kWorld, flat_view(scalar_, 0, 1), ReduceOp::kSum,
                            {"world_sum", -1, OpPhase::kOptimizer});

@@ -71,8 +71,10 @@ class Trainer {
   // builds and initializes the model from config.seed. The schedule is this rank's (layouts::build_schedule)
   // for config.batch.num_microbatches micro-batches and config.chunks; the communicator's groups give the
   // tensor-, data- and pipeline-parallel peers.
+  // size_only: stop after the sizing pass (the arena is counted in backend.arena_breakdown(), nothing is
+  // reserved; such a trainer cannot train): see size_training_arena below.
   Trainer(const TrainerConfig& config, const layouts::RankSchedule& schedule, Backend& backend,
-          Communicator& communicator);
+          Communicator& communicator, bool size_only = false);
 
   // One iteration over `microbatches` (config.batch.num_microbatches of them, in order: this data-parallel
   // rank's share of the global batch). Every rank of the job calls it; the loss is the iteration's mean over
@@ -148,6 +150,10 @@ namespace megatune::executor {
 // computed in sizing mode: nothing is allocated and no kernel runs, so a SizingBackend gives the CUDA
 // backend's figures on any machine. The backend must not have reserved its arena.
 std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& backend);
+// The arena a Trainer reserves, exactly: its own sizing pass (activation slots from `schedule`, trainer
+// buffers) with `communicator` answering the rank's group sizes (no data moves).
+std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, const layouts::RankSchedule& schedule,
+                                          Backend& backend, Communicator& communicator);
 // The no-pipelining schedule (layouts::build_rank_schedule over one uniform stage) of m micro-batches.
 layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches);
 // Activation slots each model chunk needs under `schedule`: the most micro-batches of the chunk whose

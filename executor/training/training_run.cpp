@@ -67,6 +67,7 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
   const std::int64_t train_samples = config_.train_iters * t.global_batch_size();
   train_dataset_ = data::build_train_valid_test_datasets(data, {train_samples, 0, 0}).train;
   if (!train_dataset_) throw UserError("--split gives the training split no data; give it a non-zero weight");
+  if (!config_.trace.dir.empty()) tracer_ = std::make_unique<RankTracer>(config_.trace, backend_);
 }
 
 TrainingRun::~TrainingRun() = default;
@@ -183,9 +184,11 @@ std::vector<IterationRecord> TrainingRun::run() {
     IterationRecord record;
     const bool recording = config_.record_first_iteration && records.empty();
     backend_.recorder().set_enabled(recording);
+    if (tracer_) tracer_->before_step(trainer_->iteration() + 1);
     record.step = trainer_->train_step(microbatches);
     if (recording) backend_.recorder().set_enabled(false);
     record.iteration = trainer_->iteration();
+    if (tracer_) tracer_->after_step(record.iteration, record.step);
     records.push_back(record);
     interval_time_s += record.step.elapsed_s;
     interval_loss += record.step.skipped ? 0.0 : record.step.loss;
@@ -215,6 +218,7 @@ std::vector<IterationRecord> TrainingRun::run() {
   }
   const bool saved_last = config_.save_interval > 0 && trainer_->iteration() % config_.save_interval == 0;
   if (!config_.save.empty() && !records.empty() && !saved_last) save_checkpoint();
+  if (tracer_) tracer_->finish();
   return records;
 }
 

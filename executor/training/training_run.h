@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "executor/data/dataset_builder.h"
+#include "executor/training/run_trace.h"
 #include "executor/training/trainer.h"
 
 namespace megatune::executor {
@@ -31,6 +32,7 @@ struct RunConfig {
   layouts::RankSchedule schedule;
   int data_parallel_rank = 0;
   std::string layout_description;
+  RunTraceOptions trace;  // --trace-dir: per-op timing over a window of iterations (run_trace.h)
 };
 
 struct IterationRecord {
@@ -58,6 +60,7 @@ class TrainingRun {
   std::ostream& log_;
   std::unique_ptr<Trainer> trainer_;
   std::shared_ptr<const data::SampleDataset> train_dataset_;
+  std::unique_ptr<RankTracer> tracer_;
 };
 
 // The Megatron log line of one interval (exposed for tests).

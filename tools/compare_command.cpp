@@ -1,0 +1,240 @@
+// run_compare: read the trace, rebuild (model, layout, cluster), check the join, simulate at kernel level,
+// size the executor's arena, and render the comparison.
+#include "tools/compare_command.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cost_models/cluster_spec.h"
+#include "cost_models/cost_database.h"
+#include "cost_models/json_value.h"
+#include "cost_models/record_store.h"
+#include "executor/backend/sizing_backend.h"
+#include "executor/cpu/cpu_backend.h"
+#include "executor/training/arena_sizing.h"
+#include "layouts/user_error.h"
+#include "planner/compare_report.h"
+#include "planner/measured_run.h"
+#include "planner/pricing_source.h"
+#include "tools/megatron_args.h"
+
+namespace megatune::tools {
+namespace {
+
+struct Target {
+  std::vector<std::string> args;
+  std::string cluster, source;
+};
+
+std::vector<std::string> split_words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+Target plan_target(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw UserError("--plan " + path + ": no such file; give the plan.json that megatune plan -o wrote");
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    const cost_models::JsonValue plan = cost_models::JsonValue::parse(text.str());
+    Target t;
+    for (const cost_models::JsonValue& a : plan.at("megatune_train_args").as_array())
+      t.args.push_back(a.as_string());
+    t.cluster = plan.at("cluster").as_string();
+    t.source = "--plan " + path;
+    return t;
+  } catch (const cost_models::JsonParseError& e) {
+    throw UserError("--plan " + path + ": line " + std::to_string(e.line()) + ": " + e.what() +
+                    "; give the plan.json that megatune plan -o wrote");
+  } catch (const std::runtime_error& e) {
+    throw UserError("--plan " + path + ": " + e.what() + "; give the plan.json that megatune plan -o wrote");
+  }
+}
+
+struct Resolved {
+  layouts::ModelSpec model;
+  layouts::ParallelConfig config;
+};
+
+Resolved resolve_target(std::vector<std::string> args, const std::string& source) {
+  CLI::App app{"compare target"};
+  app.allow_extras();
+  MegatronArgs megatron;
+  add_model_flags(app, megatron);
+  add_parallel_flags(app, megatron);
+  add_batch_flags(app, megatron);
+  std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    throw UserError(source + ": " + e.what() + "; give Megatron flags such as --model tiny --tp 2");
+  }
+  Resolved r{resolve_model(megatron), resolve_parallel(megatron)};
+  r.config.validate(r.model);
+  return r;
+}
+
+void write_atomically(const std::string& path, const std::string& flag, const std::string& contents) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out) throw UserError(flag + " " + path + ": cannot write; choose a writable path");
+    out << contents;
+    if (!out.flush()) throw UserError(flag + " " + path + ": writing failed; check free space");
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) throw UserError(flag + " " + path + ": " + ec.message());
+}
+
+// Measured arena, the executor's own sizing and the memory model, for the rank with the largest arena.
+std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& run, const Resolved& target) {
+  const planner::TracedRank* peak = &run.ranks.front();
+  for (const planner::TracedRank& r : run.ranks)
+    if (r.arena_capacity_bytes > peak->arena_capacity_bytes) peak = &r;
+  std::vector<planner::MemoryColumn> columns;
+  planner::MemoryColumn measured{"measured arena", peak->arena_capacity_bytes, {}, ""};
+  for (const planner::TracedArenaUse& u : peak->arena) measured.items.push_back({u.what, u.bytes});
+  measured.note = "rank " + std::to_string(peak->rank) + ", " + peak->backend;
+  if (peak->device_memory_used_bytes >= 0)
+    measured.note +=
+        "; device memory in use " + planner::format_bytes(double(peak->device_memory_used_bytes));
+  columns.push_back(std::move(measured));
+
+  planner::MemoryColumn sizing{"executor sizing", -1, {}, ""};
+  try {
+    executor::TrainOptions options;
+    options.bf16 = run.device == "cuda" || run.backend.find("bf16") != std::string::npos;
+    std::unique_ptr<executor::Backend> backend;
+    if (run.device == "cpu") {
+      backend = std::make_unique<executor::CpuBackend>(options.bf16);
+      sizing.note = "size_training_arena on the CPU backend (4-byte storage)";
+    } else {
+      backend = std::make_unique<executor::SizingBackend>();
+      sizing.note = "size_training_arena + SizingBackend (kernel scratch not included)";
+    }
+    const executor::RankArena arena =
+        executor::size_rank_arena(target.model, target.config, options, peak->rank, *backend);
+    for (const executor::ArenaUse& u : arena.breakdown) sizing.items.push_back({u.what, u.bytes});
+    sizing.total_bytes = arena.total_bytes;
+  } catch (const std::exception& e) {
+    sizing.note = std::string("not available: ") + e.what();
+  }
+  columns.push_back(std::move(sizing));
+
+  const planner::MemoryEstimate megatron = planner::peak_memory(target.model, target.config);
+  planner::MemoryColumn model{"memory model (Megatron)", megatron.total_bytes, {}, ""};
+  for (const planner::MemoryItem& item : megatron.items) model.items.push_back({item.name, item.bytes});
+  model.note =
+      "planner/memory_model, pp rank " + std::to_string(megatron.pp_rank) + " (what megatune plan ranks by)";
+  columns.push_back(std::move(model));
+  return columns;
+}
+
+// One `runs` row per traced rank with its per-op predicted and measured times (`run_ops`, by step-program
+// id).
+void save_runs(const planner::RunComparison& comparison, const planner::MeasuredRun& run,
+               const std::string& db, std::ostream& out) {
+  const std::string path = db.empty() ? cost_models::default_cost_database_path() : db;
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  cost_models::Database database = cost_models::open_cost_database(path);
+  cost_models::Transaction transaction(database);
+  std::vector<std::int64_t> ids;
+  std::size_t ops = 0;
+  for (const planner::RankComparison& r : comparison.ranks) {
+    cost_models::RunRecord record;
+    record.predicted_step_time_s = r.predicted_step_s;
+    record.measured_step_time_s = r.measured_step_s;
+    record.predicted_mfu = comparison.predicted_mfu;
+    record.measured_mfu = std::max(0.0, comparison.measured_mfu);
+    record.gpu = run.gpu.empty() ? run.backend : run.gpu;
+    record.started_at = run.created_utc;
+    ids.push_back(cost_models::insert_run(database, record));
+    for (const planner::ComparedOp& o : r.ops)
+      cost_models::upsert_run_op(
+          database, {ids.back(), o.id, layouts::to_string(o.op), std::max(0.0, o.predicted_s), o.measured_s});
+    ops += r.ops.size();
+  }
+  transaction.commit();
+  out << "saved " << ids.size() << " run" << (ids.size() == 1 ? "" : "s") << " (ids " << ids.front() << "-"
+      << ids.back() << ", one per rank) with " << ops << " ops into " << path << "\n";
+}
+
+}  // namespace
+
+namespace {
+
+planner::RunComparison compare_one(const CompareOptions& o, const std::string& run_dir, std::ostream& out) {
+  const planner::MeasuredRun run = planner::read_measured_run(run_dir);
+  Target target{run.model_args, run.cluster, "the run's flags (" + run_dir + "/run.json)"};
+  if (!o.plan.empty()) target = plan_target(o.plan);
+  if (!o.simulate_args.empty()) target = {split_words(o.simulate_args), run.cluster, "--simulate-args"};
+  if (!o.cluster.empty()) target.cluster = o.cluster;
+  const Resolved resolved = resolve_target(target.args, target.source);
+  planner::check_join(run, resolved.model, resolved.config);
+
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(target.cluster);
+  if (cluster.world_size() != resolved.config.world_size)
+    throw UserError("--cluster " + target.cluster + " has " + std::to_string(cluster.world_size()) +
+                    " GPUs, the layout " + std::to_string(resolved.config.world_size) +
+                    " ranks; give --cluster with as many GPUs (e.g. 1x" +
+                    std::to_string(resolved.config.world_size) + "xH200)");
+  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster);
+  planner::CostModelPricer pricer(*pricing.cost_model);
+  planner::SimulationOptions options;
+  options.granularity = planner::SimulationGranularity::kKernel;
+  options.all_ranks = resolved.config.world_size <= 64;
+  options.record_op_timeline = true;
+  const planner::SimulationResult simulation =
+      planner::simulate(resolved.model, resolved.config, pricer, options);
+
+  planner::RunComparison comparison =
+      planner::compare_run(run, resolved.model, resolved.config, simulation, memory_columns(run, resolved));
+  comparison.cluster = cluster.describe();
+  comparison.priced_from = pricing.description;
+  if (o.save) save_runs(comparison, run, o.db, out);
+  return comparison;
+}
+
+}  // namespace
+
+void run_compare(const CompareOptions& o, std::ostream& out) {
+  if (o.runs.empty()) throw UserError("--run DIR is required: the --trace-dir of a megatune train run");
+  if (!o.simulate_args.empty() && !o.plan.empty())
+    throw UserError("give only one of --simulate-args and --plan");
+  if (o.runs.size() > 1 && (!o.simulate_args.empty() || !o.plan.empty() || !o.perfetto.empty()))
+    throw UserError(
+        "--simulate-args, --plan and --perfetto take one --run; several runs are compared by their own "
+        "flags");
+  std::vector<planner::RunComparison> comparisons;
+  for (const std::string& dir : o.runs) {
+    comparisons.push_back(compare_one(o, dir, out));
+    if (o.runs.size() > 1) out << "\n";
+    out << comparison_table(comparisons.back(), o.top, o.rank);
+  }
+  if (comparisons.size() > 1) out << planner::layouts_table(comparisons);
+  if (!o.html.empty()) {
+    write_atomically(o.html, "--html",
+                     comparisons.size() == 1 ? planner::comparison_html(comparisons.front())
+                                             : planner::comparison_html(comparisons));
+    out << "\nwrote " << o.html << " (open it in a browser; it needs no network)\n";
+  }
+  if (!o.perfetto.empty()) {
+    std::ostringstream trace;
+    planner::write_comparison_trace(trace, comparisons.front());
+    write_atomically(o.perfetto, "--perfetto", trace.str());
+    out << "wrote " << o.perfetto
+        << " (predicted and measured tracks per rank: open it in https://ui.perfetto.dev)\n";
+  }
+}
+
+}  // namespace megatune::tools
