@@ -12,6 +12,7 @@
 
 #include "cost_models/cost_database.h"
 #include "cost_models/json_value.h"
+#include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
 namespace megatune::cost_models {
@@ -349,11 +350,8 @@ std::int64_t import_table_text(Database& database, const std::string& table_name
 
 std::int64_t import_table_file(Database& database, const std::string& table, const std::string& path) {
   const TableFormat format = table_format_from_path(path);
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw UserError("cannot read " + path + "; check the path");
-  std::stringstream buffer;
-  buffer << file.rdbuf();
-  return import_table_text(database, table, format, buffer.str(), path);
+  const std::string text = read_regular_file(path, "db import file");
+  return import_table_text(database, table, format, text, path);
 }
 
 std::int64_t export_table(Database& database, const std::string& table_name, TableFormat format,

@@ -1,10 +1,9 @@
 // `megatune simulate`: predict one training iteration of a given layout (step time, MFU, tokens/s, bubble,
 // exposed communication, per-stage and per-op-kind times, memory) and write a Perfetto trace.
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "cost_models/cluster_spec.h"
+#include "layouts/output_file.h"
 #include "layouts/user_error.h"
 #include "planner/chrome_trace.h"
 #include "planner/memory_model.h"
@@ -96,13 +95,9 @@ int run_simulate(const SimulateCommandOptions& o) {
   }
 
   if (!o.trace.empty()) {
-    std::error_code ec;
-    const std::filesystem::path parent = std::filesystem::path(o.trace).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    std::ofstream out(o.trace, std::ios::binary | std::ios::trunc);
-    if (!out) throw UserError("--trace: cannot write " + o.trace + "; choose a writable path");
-    planner::write_chrome_trace(out, r.trace_processes, r.trace_events);
-    if (!out.flush()) throw UserError("--trace: writing " + o.trace + " failed; check free space");
+    OutputFile out(o.trace, "--trace");
+    planner::write_chrome_trace(out.stream(), r.trace_processes, r.trace_events);
+    out.commit();
     std::printf("\nwrote %s (%zu events, %zu ranks): open it in https://ui.perfetto.dev\n", o.trace.c_str(),
                 r.trace_events.size(), r.trace_processes.size());
   }
