@@ -267,6 +267,31 @@ int run_price(const DbCommandOptions& options) {
                       ": every number of an op's shape must be positive");
     }
   }
+  // Past these sizes the products of shape numbers leave int64 and the prices are nonsense.
+  const std::int64_t limit = options.op == "gemm" || options.op.rfind("attention", 0) == 0
+                                 ? std::int64_t{1} << 24
+                                 : std::int64_t{1} << 50;
+  for (const std::int64_t value : s) {
+    if (value > limit) {
+      throw UserError("--shape " + std::to_string(value) + " is larger than " + std::to_string(limit) +
+                      " for " + options.op + "; give a realistic size");
+    }
+  }
+  if (s.size() == 5 && s[1] % s[2] != 0) {
+    throw UserError("--shape: " + std::to_string(s[1]) + " heads are not a multiple of " +
+                    std::to_string(s[2]) + " key/value heads; give KV_HEADS dividing HEADS");
+  }
+  const bool collective = options.op == "all_reduce" || options.op == "all_gather" ||
+                          options.op == "reduce_scatter" || options.op == "all_to_all" ||
+                          options.op == "send_recv" || options.op == "broadcast";
+  if (collective && options.op != "send_recv" &&
+      (options.group_size > cluster.world_size() || options.group_nodes > cluster.nodes ||
+       options.group_size > options.group_nodes * cluster.gpus_per_node)) {
+    throw UserError("--group-size " + std::to_string(options.group_size) + " --group-nodes " +
+                    std::to_string(options.group_nodes) + " does not fit --cluster " + cluster.short_name() +
+                    "; give at most " + std::to_string(cluster.gpus_per_node) +
+                    " ranks per node and at most " + std::to_string(cluster.nodes) + " nodes");
+  }
   if (options.group_size < 1 || options.group_nodes < 1 || options.group_nodes > options.group_size) {
     throw UserError("--group-size " + std::to_string(options.group_size) + " --group-nodes " +
                     std::to_string(options.group_nodes) +
@@ -297,8 +322,7 @@ int run_price(const DbCommandOptions& options) {
     const double flops = AttentionCostModel::flops(
         forward ? AttentionDirection::kForward : AttentionDirection::kBackward, shape);
     detail = fixed(flops / cost.time_s / 1e12, 1) + " TFLOP/s";
-  } else if (options.op == "all_reduce" || options.op == "all_gather" || options.op == "reduce_scatter" ||
-             options.op == "all_to_all" || options.op == "send_recv" || options.op == "broadcast") {
+  } else if (collective) {
     need(1, "BYTES");
     const CollectiveOp op = parse_collective_op(options.op);
     const CollectiveGroup group{op == CollectiveOp::kSendRecv ? 2 : options.group_size, options.group_nodes};

@@ -102,6 +102,14 @@ TEST(CliDirectoryAsFile, ClusterDirectoryIsNamedAsADirectory) {
   expect_one_line_refusal(r, "is a directory");
 }
 
+TEST(CliDirectoryAsFile, DatabaseDirectoryIsNamedAsADirectory) {
+  TempDir dir;
+  expect_one_line_refusal(run_megatune({"plan", "--model", "llama3-8b", "--cluster", "1x8xH100", "--gbs", "8",
+                                        "--db", dir.path()}),
+                          "is a directory");
+  expect_one_line_refusal(run_megatune({"db", "--db", dir.path(), "info"}), "is a directory");
+}
+
 TEST(CliDirectoryAsFile, OutputDirectoryIsRefused) {
   TempDir dir;
   const CliResult r = run_megatune(
@@ -169,6 +177,13 @@ TEST(CliSilentNonsense, NonFiniteZeroAndNegativeFlags) {
       {{"db", "--embedded", "price", "all_reduce", "--shape", "1024", "--group-size", "2", "--group-nodes",
         "4"},
        "--group-nodes"},
+      {{"db", "--embedded", "price", "all_reduce", "--shape", "1024", "--group-size", "100000"},
+       "--group-size"},
+      {{"db", "--embedded", "price", "gemm", "--shape", "99999999999", "8", "8"}, "--shape"},
+      {{"db", "--embedded", "price", "attention_fwd", "--shape", "1", "32", "7", "4096", "128"}, "--shape"},
+      {{"data", "sample", "--mock-data", "--seq-length", "16", "--first", "-5"}, "--first"},
+      {{"data", "sample", "--mock-data", "--seq-length", "16", "--count", "0"}, "--count"},
+      {{"data", "preprocess", "--input", "x.txt", "--output-prefix", "o", "--workers", "0"}, "--workers"},
   };
   for (const auto& [args, flag] : cases) {
     SCOPED_TRACE(args.back());
