@@ -48,6 +48,8 @@ int ModelSpec::num_moe_layers() const {
   return count;
 }
 
+bool ModelSpec::mtp_layer_is_moe() const { return is_moe_layer(num_layers - 1); }
+
 int64_t ModelSpec::padded_vocab_size(int tensor_parallel_size) const {
   const int64_t multiple =
       static_cast<int64_t>(make_vocab_size_divisible_by > 0 ? make_vocab_size_divisible_by : 1) *
@@ -164,46 +166,56 @@ void ModelSpec::validate() const {
   }
 }
 
-namespace {
-
-int64_t norm_params(const ModelSpec& m) {
+int64_t norm_parameters(const ModelSpec& m) {
   return m.normalization == Normalization::kLayerNorm ? 2LL * m.hidden_size : m.hidden_size;
 }
 
-// fc1 + fc2 of one MLP with intermediate size `ffn`.
-int64_t mlp_params(const ModelSpec& m, int64_t ffn) {
+int64_t mlp_parameters(const ModelSpec& m, int64_t ffn, int tp) {
   const int64_t h = m.hidden_size;
-  const int64_t fc1_out = m.activation == Activation::kSwiglu ? 2 * ffn : ffn;
-  int64_t params = h * fc1_out + ffn * h;
-  if (m.add_bias_linear) params += fc1_out + h;
+  const int64_t glu = m.activation == Activation::kSwiglu ? 2 : 1;
+  int64_t params = (glu + 1) * h * ffn / tp;
+  if (m.add_bias_linear) params += glu * ffn / tp + h;
   return params;
 }
 
-int64_t attention_params(const ModelSpec& m) {
+int64_t attention_parameters(const ModelSpec& m, int tp) {
   const int64_t h = m.hidden_size;
   const int64_t n_h = m.num_attention_heads;
-  int64_t params = norm_params(m);  // input norm
+  int64_t params = norm_parameters(m);  // input norm
   if (m.multi_latent_attention) {
     const int64_t qk = m.qk_head_dim + m.qk_pos_emb_head_dim;
     if (m.q_lora_rank > 0) {
-      params += h * m.q_lora_rank + m.q_lora_rank /* q norm (RMSNorm) */ + int64_t{m.q_lora_rank} * n_h * qk;
+      params += h * m.q_lora_rank + m.q_lora_rank /* q norm (RMSNorm) */ + m.q_lora_rank * n_h * qk / tp;
     } else {
-      params += h * n_h * qk;
+      params += h * n_h * qk / tp;
     }
     params += h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank /* kv norm */ +
-              int64_t{m.kv_lora_rank} * n_h * (m.qk_head_dim + m.v_head_dim);
-    params += n_h * m.v_head_dim * h;
+              m.kv_lora_rank * n_h * (m.qk_head_dim + m.v_head_dim) / tp;
+    params += n_h * m.v_head_dim / tp * h;
     if (m.add_bias_linear) params += h;
     return params;
   }
   const int64_t q = int64_t{m.head_dim()} * n_h;
   const int64_t kv = int64_t{m.head_dim()} * m.query_groups();
-  params += h * (q + 2 * kv) + q * h;
-  if (m.add_bias_linear) params += (q + 2 * kv) + h;
+  params += h * ((q + 2 * kv) / tp) + q / tp * h;
+  if (m.add_bias_linear) params += (q + 2 * kv) / tp + h;
   return params;
 }
 
-}  // namespace
+int64_t decoder_mlp_parameters(const ModelSpec& m, bool moe, int tp) {
+  if (!moe) return norm_parameters(m) + mlp_parameters(m, m.ffn_size(), tp);
+  const int64_t shared = m.moe_shared_expert_intermediate_size;
+  return norm_parameters(m) + int64_t{m.hidden_size} * m.num_experts +
+         (shared > 0 ? mlp_parameters(m, shared, tp) : 0);
+}
+
+int64_t routed_expert_parameters(const ModelSpec& m, int experts, int etp) {
+  return experts * mlp_parameters(m, m.moe_ffn_size(), etp);
+}
+
+int64_t mtp_extra_parameters(const ModelSpec& m, int tp) {
+  return 3 * norm_parameters(m) + 2LL * m.hidden_size * m.hidden_size / tp;
+}
 
 ParameterCounts ModelSpec::parameter_counts(int tensor_parallel_size) const {
   ParameterCounts c;
@@ -213,28 +225,24 @@ ParameterCounts ModelSpec::parameter_counts(int tensor_parallel_size) const {
   c.position_embedding =
       position_embedding == PositionEmbedding::kLearnedAbsolute ? int64_t{max_positions()} * h : 0;
   c.output_layer = untie_embeddings_and_output_weights ? vocab * h : 0;
-  c.final_norm = norm_params(*this);
-  c.attention_per_layer = attention_params(*this);
-  c.dense_mlp_per_layer = norm_params(*this) + mlp_params(*this, ffn_size());
+  c.final_norm = norm_parameters(*this);
+  c.attention_per_layer = attention_parameters(*this);
+  c.dense_mlp_per_layer = decoder_mlp_parameters(*this, false);
   if (num_experts > 0) {
-    const int64_t router = h * num_experts;
-    const int64_t expert = mlp_params(*this, moe_ffn_size());
-    const int64_t shared =
-        moe_shared_expert_intermediate_size > 0 ? mlp_params(*this, moe_shared_expert_intermediate_size) : 0;
-    c.moe_mlp_per_layer = norm_params(*this) + router + expert * num_experts + shared;
-    c.moe_mlp_active_per_layer = norm_params(*this) + router + expert * moe_router_topk + shared;
+    const int64_t dense_part = decoder_mlp_parameters(*this, true);  // pre-MLP norm, router, shared expert
+    c.moe_mlp_per_layer = dense_part + routed_expert_parameters(*this, num_experts);
+    c.moe_mlp_active_per_layer = dense_part + routed_expert_parameters(*this, moe_router_topk);
   }
   c.num_moe_layers = num_moe_layers();
   c.num_dense_layers = num_layers - c.num_moe_layers;
   c.decoder_layers = int64_t{num_layers} * c.attention_per_layer +
                      int64_t{c.num_dense_layers} * c.dense_mlp_per_layer +
                      int64_t{c.num_moe_layers} * c.moe_mlp_per_layer;
-  const bool last_is_moe = is_moe_layer(num_layers - 1);
+  const bool last_is_moe = mtp_layer_is_moe();
   const int64_t mtp_layer_mlp = last_is_moe ? c.moe_mlp_per_layer : c.dense_mlp_per_layer;
   const int64_t mtp_layer_mlp_active = last_is_moe ? c.moe_mlp_active_per_layer : c.dense_mlp_per_layer;
   // enorm + hnorm + eh_proj (2h -> h, no bias) + transformer layer + final norm.
-  c.mtp_per_layer =
-      2 * norm_params(*this) + 2 * h * h + c.attention_per_layer + mtp_layer_mlp + norm_params(*this);
+  c.mtp_per_layer = mtp_extra_parameters(*this) + c.attention_per_layer + mtp_layer_mlp;
   c.mtp = int64_t{mtp_num_layers} * c.mtp_per_layer;
   c.total =
       c.word_embedding + c.position_embedding + c.output_layer + c.final_norm + c.decoder_layers + c.mtp;

@@ -84,6 +84,7 @@ struct ModelSpec {
   bool is_moe() const { return num_experts > 0; }
   bool is_moe_layer(int layer_index) const;  // 0-based decoder layer; false for dense models
   int num_moe_layers() const;
+  bool mtp_layer_is_moe() const;  // MTP layers follow the last decoder layer's kind
   // Megatron's padding: ceil(V / (divisible_by * tp)) * divisible_by * tp.
   int64_t padded_vocab_size(int tensor_parallel_size = 1) const;
 
@@ -93,6 +94,22 @@ struct ModelSpec {
   ParameterCounts parameter_counts(int tensor_parallel_size = 1) const;
   int64_t total_parameters() const { return parameter_counts().total; }
 };
+
+// Parameters of a decoder layer's parts on one rank of a tensor-parallel split of size tp (1: the whole
+// part): column-parallel linears (QKV, fc1, MLA q_up / kv_up) split their out-features and biases,
+// row-parallel ones (proj, fc2) their in-features (their biases stay whole); norms, the MLA down-projections
+// and the router are replicated. ModelSpec::parameter_counts and the step program's stage parameters (hence
+// gradient buckets, optimizer and memory) both count with these.
+int64_t norm_parameters(const ModelSpec& model);                   // one LayerNorm (weight + bias) or RMSNorm
+int64_t attention_parameters(const ModelSpec& model, int tp = 1);  // input norm + attention (+ biases)
+int64_t mlp_parameters(const ModelSpec& model, int64_t ffn, int tp = 1);  // fc1 + fc2 (+ biases), no norm
+// Pre-MLP norm + the MLP of a dense layer, or (moe) + router + shared expert: all but the routed experts.
+int64_t decoder_mlp_parameters(const ModelSpec& model, bool moe, int tp = 1);
+// `experts` routed experts, each an MLP of moe_ffn_size() split over the expert-tensor-parallel size etp.
+int64_t routed_expert_parameters(const ModelSpec& model, int experts, int etp = 1);
+// What an MTP layer adds to its transformer layer: enorm + hnorm + eh_proj (2h -> h, column-parallel, no
+// bias) + its final norm.
+int64_t mtp_extra_parameters(const ModelSpec& model, int tp = 1);
 
 // Parses Megatron's --moe-layer-freq: an integer k, a list "[0,1,1]", or Megatron's Python expression
 // form "([0]*3+[1]*58)". Returns the per-layer pattern for num_layers layers. Throws UserError.

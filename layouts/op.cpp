@@ -6,9 +6,9 @@
 namespace megatune::layouts {
 
 bool Op::same_work(const Op& o) const {
-  return kind == o.kind && phase == o.phase && dtype == o.dtype && label == o.label && m == o.m && n == o.n &&
-         k == o.k && accumulate == o.accumulate && attention == o.attention && bytes == o.bytes &&
-         group == o.group && group_size == o.group_size && layer == o.layer;
+  return kind == o.kind && phase == o.phase && role == o.role && dtype == o.dtype && label == o.label &&
+         m == o.m && n == o.n && k == o.k && accumulate == o.accumulate && attention == o.attention &&
+         bytes == o.bytes && group == o.group && group_size == o.group_size && layer == o.layer;
 }
 
 double Op::attention_flops() const {
@@ -113,6 +113,40 @@ const char* op_phase_name(OpPhase phase) {
       return "G";
     case OpPhase::kOptimizer:
       return "O";
+  }
+  return "?";
+}
+
+const char* op_role_name(OpRole role) {
+  switch (role) {
+    case OpRole::kCompute:
+      return "compute";
+    case OpRole::kTensorParallel:
+      return "tensor_parallel";
+    case OpRole::kContextParallelRing:
+      return "context_parallel_ring";
+    case OpRole::kContextParallelGather:
+      return "context_parallel_gather";
+    case OpRole::kExpertDispatch:
+      return "expert_dispatch";
+    case OpRole::kP2pActivation:
+      return "p2p_activation";
+    case OpRole::kP2pGradient:
+      return "p2p_gradient";
+    case OpRole::kGradReduce:
+      return "grad_reduce";
+    case OpRole::kExpertGradReduce:
+      return "expert_grad_reduce";
+    case OpRole::kEmbeddingGradReduce:
+      return "embedding_grad_reduce";
+    case OpRole::kSequenceParallelNormGrad:
+      return "sequence_parallel_norm_grad";
+    case OpRole::kGradNormReduce:
+      return "grad_norm_reduce";
+    case OpRole::kParamGather:
+      return "param_gather";
+    case OpRole::kExpertParamGather:
+      return "expert_param_gather";
   }
   return "?";
 }

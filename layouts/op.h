@@ -59,6 +59,26 @@ enum class CommGroup : std::uint8_t {
 // Where in the iteration an op belongs.
 enum class OpPhase : std::uint8_t { kForward, kBackward, kRecompute, kGradSync, kOptimizer };
 
+// Why an op is issued: what the simulator and the executor key on (labels name the op for people and
+// traces; nothing string-matches them). Every kernel that is not communication is kCompute: its kind and
+// phase already say which it is (kGradNorm and kOptimizer kernels run in OpPhase::kOptimizer).
+enum class OpRole : std::uint8_t {
+  kCompute,
+  kTensorParallel,            // TP/SP collectives of the layers, the embedding and the vocab-parallel loss
+  kContextParallelRing,       // CP ring step (cp_comm p2p): kSend/kRecv of K,V (+ dK,dV) over kContext
+  kContextParallelGather,     // CP all_gather variant: the K,V all-gather and the dK,dV reduce-scatter
+  kExpertDispatch,            // MoE token dispatch and combine (all-to-all over ep, gathers over etp, tp-ep)
+  kP2pActivation,             // pipeline send/recv of an activation (towards the next stage)
+  kP2pGradient,               // pipeline send/recv of an activation gradient (towards the previous stage)
+  kGradReduce,                // a dense gradient bucket over dp-cp (all-reduce; reduce-scatter with dist-opt)
+  kExpertGradReduce,          // an expert gradient bucket over expert-dp
+  kEmbeddingGradReduce,       // tied word-embedding gradient between the first and the last stage
+  kSequenceParallelNormGrad,  // all-reduce over tp of the gradients of the SP-replicated norms
+  kGradNormReduce,            // all-reduce of the squared gradient norm
+  kParamGather,               // distributed optimizer: all-gather of a dense bucket's bf16 params
+  kExpertParamGather,         // distributed optimizer: all-gather of an expert bucket's bf16 params
+};
+
 struct AttentionShape {
   std::int64_t batch = 0;
   std::int64_t heads = 0;     // query heads on this rank
@@ -73,6 +93,7 @@ struct AttentionShape {
 struct Op {
   OpKind kind = OpKind::kGemm;
   OpPhase phase = OpPhase::kForward;
+  OpRole role = OpRole::kCompute;
   DType dtype = DType::kBF16;
   std::string label;  // what it is in the model: "qkv", "proj", "fc1", "fc2", "logits", "attn", "norm1", ...
   // GEMM shape: (m, k) x (k, n).
@@ -99,6 +120,7 @@ struct Op {
 const char* op_kind_name(OpKind kind);
 const char* comm_group_name(CommGroup group);
 const char* op_phase_name(OpPhase phase);
+const char* op_role_name(OpRole role);  // "compute", "tensor_parallel", "p2p_gradient", ...
 std::int64_t dtype_bytes(DType dtype);
 // One compact line, e.g. "F mb0 c0 L3 gemm fc1 m=8192 n=16384 k=4096 bf16".
 std::string to_string(const Op& op);

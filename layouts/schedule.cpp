@@ -322,6 +322,14 @@ int max_in_flight_microbatches(const RankSchedule& schedule) {
   return peak;
 }
 
+std::string format_transfer(P2pDirection direction, P2pTensor tensor, int microbatch, int chunk,
+                            const std::string& peer) {
+  std::string out;
+  out += direction == P2pDirection::kSend ? '+' : '-';
+  out += tensor == P2pTensor::kActivation ? 'a' : 'g';
+  return out + std::to_string(microbatch) + "." + std::to_string(chunk) + "@" + peer;
+}
+
 std::string format_schedule(const RankSchedule& schedule, bool include_p2p) {
   std::string out;
   const auto separate = [&] {
@@ -335,10 +343,7 @@ std::string format_schedule(const RankSchedule& schedule, bool include_p2p) {
       for (size_t i = 0; i < item.transfers.size(); ++i) {
         const P2pTransfer& t = item.transfers[i];
         if (i > 0) out += ' ';
-        out += t.direction == P2pDirection::kSend ? '+' : '-';
-        out += t.tensor == P2pTensor::kActivation ? 'a' : 'g';
-        out += std::to_string(t.microbatch) + "." + std::to_string(t.chunk) + "@" +
-               std::to_string(t.peer_pp_rank);
+        out += format_transfer(t.direction, t.tensor, t.microbatch, t.chunk, std::to_string(t.peer_pp_rank));
       }
       out += ']';
       continue;

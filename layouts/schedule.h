@@ -88,5 +88,8 @@ int max_in_flight_microbatches(const RankSchedule& schedule);
 // +a/-a (send/recv activation) and +g/-g (gradient) followed by <mb>.<chunk>@<peer pp rank>,
 // e.g. "F0.0 [+a0.0@1] F1.0 [+a1.0@1 -g0.0@1] B0.0". Without p2p: "F0.0 F1.0 B0.0".
 std::string format_schedule(const RankSchedule& schedule, bool include_p2p = true);
+// One transfer in that text: +a/-a/+g/-g, then <microbatch>.<chunk>@<peer> (e.g. "-g3.0@1").
+std::string format_transfer(P2pDirection direction, P2pTensor tensor, int microbatch, int chunk,
+                            const std::string& peer);
 
 }  // namespace megatune::layouts

@@ -6,83 +6,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "layouts/op_sink.h"
+#include "layouts/schedule_walker.h"
+
 namespace megatune::layouts {
 namespace {
 
 constexpr std::int64_t kAct = 2;  // bf16 activation bytes
-
-// Appends ops with shared bookkeeping (phase, layer, microbatch, chunk).
-class OpSink {
- public:
-  OpSink(std::vector<Op>& ops, OpPhase phase, int layer, int microbatch, int chunk)
-      : ops_(ops), phase_(phase), layer_(layer), microbatch_(microbatch), chunk_(chunk) {}
-
-  Op& add(OpKind kind, const char* label) {
-    Op op;
-    op.kind = kind;
-    op.phase = phase_;
-    op.label = label;
-    op.layer = layer_;
-    op.microbatch = microbatch_;
-    op.chunk = chunk_;
-    ops_.push_back(std::move(op));
-    return ops_.back();
-  }
-  void gemm(const char* label, std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate = false) {
-    Op& op = add(OpKind::kGemm, label);
-    op.m = m;
-    op.n = n;
-    op.k = k;
-    op.accumulate = accumulate;
-  }
-  // Backward of a forward GEMM (T, out) = (T, in) x (in, out): dgrad then wgrad (either may be left out).
-  // The wgrad accumulates into the fp32 main gradient, except the first write of the iteration (micro-batch
-  // 0; first_chunk false for the LM head's later token chunks), which overwrites it: the executor does not
-  // zero GEMM weights' gradients, and the GEMM then never reads them.
-  void gemm_backward(const std::string& label, std::int64_t tokens, std::int64_t out, std::int64_t in,
-                     bool need_dgrad = true, bool need_wgrad = true, bool first_chunk = true) {
-    if (need_dgrad) {
-      Op& d = add(OpKind::kGemm, "");
-      d.label = label + "_dgrad";
-      d.m = tokens;
-      d.n = in;
-      d.k = out;
-    }
-    if (!need_wgrad) return;
-    Op& w = add(OpKind::kGemm, "");
-    w.label = label + "_wgrad";
-    w.m = out;
-    w.n = in;
-    w.k = tokens;
-    w.accumulate = microbatch_ > 0 || !first_chunk;
-  }
-  void memory(OpKind kind, const char* label, std::int64_t bytes, DType dtype = DType::kBF16) {
-    Op& op = add(kind, label);
-    op.bytes = bytes;
-    op.dtype = dtype;
-  }
-  void comm(OpKind kind, const char* label, std::int64_t bytes, CommGroup group, int group_size,
-            DType dtype = DType::kBF16) {
-    if (group_size <= 1) return;
-    Op& op = add(kind, label);
-    op.bytes = bytes;
-    op.group = group;
-    op.group_size = group_size;
-    op.dtype = dtype;
-  }
-  void attention(OpKind kind, const char* label, const AttentionShape& shape) {
-    Op& op = add(kind, label);
-    op.attention = shape;
-  }
-  OpPhase phase() const { return phase_; }
-  // A sink appending to the same list with the same bookkeeping but another phase.
-  OpSink with_phase(OpPhase phase) const { return OpSink(ops_, phase, layer_, microbatch_, chunk_); }
-
- private:
-  std::vector<Op>& ops_;
-  OpPhase phase_;
-  int layer_, microbatch_, chunk_;
-};
 
 AttentionShape attention_shape(const StepShape& s) {
   AttentionShape a;
@@ -412,10 +342,9 @@ void loss_backward(OpSink& o, const StepShape& s, const std::string& label) {
   o.memory(OpKind::kNormBackward, "final_norm", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
-bool mtp_is_moe(const ModelSpec& model) { return model.is_moe() && model.is_moe_layer(model.num_layers - 1); }
+}  // namespace
 
-// Global layer index of symbol i of the stage (decoder layers only; -1 otherwise).
-std::vector<int> symbol_layers(const PipelineStage& stage) {
+std::vector<int> stage_symbol_layers(const PipelineStage& stage) {
   std::vector<int> layers;
   int next_t = stage.first_decoder_layer;
   int next_m = stage.first_mtp_layer;
@@ -429,38 +358,6 @@ std::vector<int> symbol_layers(const PipelineStage& stage) {
   }
   return layers;
 }
-
-std::int64_t layer_dense_params(const ModelSpec& model, const StepShape& s, bool moe) {
-  std::int64_t attn = s.mla ? 0 : s.hidden * qkv_out(s) + s.heads * s.head_dim / s.tp * s.hidden;
-  if (s.mla) {
-    const std::int64_t qk = model.qk_head_dim + model.qk_pos_emb_head_dim;
-    attn = (model.q_lora_rank > 0 ? s.hidden * model.q_lora_rank + model.q_lora_rank * s.heads * qk / s.tp
-                                  : s.hidden * s.heads * qk / s.tp) +
-           s.hidden * (model.kv_lora_rank + model.qk_pos_emb_head_dim) +
-           model.kv_lora_rank * s.heads * (model.qk_head_dim + model.v_head_dim) / s.tp +
-           s.heads * model.v_head_dim / s.tp * s.hidden;
-  }
-  const std::int64_t norms = 2 * s.hidden * (s.rms ? 1 : 2);
-  std::int64_t mlp = 0;
-  if (moe) {
-    mlp = s.hidden * s.experts + (glu(s) + 1) * s.hidden * s.shared_ffn / s.tp;
-  } else {
-    mlp = (glu(s) + 1) * s.hidden * s.ffn / s.tp;
-  }
-  // Linear biases (add_bias_linear): column-parallel ones split by tp, row-parallel ones (proj, fc2) whole.
-  if (model.add_bias_linear && !s.mla) {
-    attn += qkv_out(s) + s.hidden;
-    if (!moe) mlp += glu(s) * s.ffn / s.tp + s.hidden;
-  }
-  return attn + norms + mlp;
-}
-
-std::int64_t layer_expert_params(const StepShape& s, bool moe) {
-  if (!moe) return 0;
-  return s.experts / s.ep * (glu(s) + 1) * s.hidden * s.moe_ffn / s.etp;
-}
-
-}  // namespace
 
 std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank,
                              std::int64_t max_logits_bytes) {
@@ -511,7 +408,7 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
 std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
                                   int microbatch, const StepProgramOptions& options) {
   std::vector<Op> ops;
-  const std::vector<int> layers = symbol_layers(stage);
+  const std::vector<int> layers = stage_symbol_layers(stage);
   for (std::size_t i = 0; i < stage.symbols.size(); ++i) {
     const LayerSymbol sym = stage.symbols[i];
     OpSink o(ops, OpPhase::kForward, layers[i] >= 0 ? layers[i] : -1, microbatch, stage.vpp_rank);
@@ -525,7 +422,7 @@ std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape
       case LayerSymbol::kMtp:
         o.memory(OpKind::kNorm, "mtp_norms", 2 * norm_bytes(shape));
         o.gemm("mtp_eh_proj", shape.tokens, shape.hidden / shape.tp, 2 * shape.hidden);
-        layer_forward(o, model, shape, mtp_is_moe(model), options);
+        layer_forward(o, model, shape, model.mtp_layer_is_moe(), options);
         loss_forward(o, shape, "mtp_logits", options);
         break;
       case LayerSymbol::kLoss:
@@ -536,17 +433,16 @@ std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape
   return ops;
 }
 
-std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const StepShape& shape,
-                                                         const PipelineStage& stage, int microbatch,
-                                                         const StepProgramOptions& options) {
-  std::vector<std::vector<Op>> entries;
-  const std::vector<int> layers = symbol_layers(stage);
-  for (std::size_t j = stage.symbols.size(); j-- > 0;) {
-    entries.emplace_back();
-    std::vector<Op>& ops = entries.back();
-    const LayerSymbol sym = stage.symbols[j];
+std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepShape& shape,
+                                           const PipelineStage& stage, int microbatch, int entry_begin,
+                                           int entry_end, const StepProgramOptions& options) {
+  std::vector<Op> ops;
+  const std::vector<int> layers = stage_symbol_layers(stage);
+  const int n = static_cast<int>(stage.symbols.size());
+  for (int e = std::max(0, entry_begin); e < std::min(n, entry_end); ++e) {
+    const int j = n - 1 - e;  // entries run in reverse symbol order
     OpSink o(ops, OpPhase::kBackward, layers[j] >= 0 ? layers[j] : -1, microbatch, stage.vpp_rank);
-    switch (sym) {
+    switch (stage.symbols[j]) {
       case LayerSymbol::kEmbedding:
         embedding_backward(o, shape);
         break;
@@ -556,7 +452,7 @@ std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model,
         break;
       case LayerSymbol::kMtp:
         loss_backward(o, shape, "mtp_logits");
-        layer_backward(ops, model, shape, mtp_is_moe(model), -1, microbatch, stage.vpp_rank, options);
+        layer_backward(ops, model, shape, model.mtp_layer_is_moe(), -1, microbatch, stage.vpp_rank, options);
         o.gemm_backward("mtp_eh_proj", shape.tokens, shape.hidden / shape.tp, 2 * shape.hidden);
         o.memory(OpKind::kNormBackward, "mtp_norms", 3 * norm_bytes(shape));
         break;
@@ -565,229 +461,79 @@ std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model,
         break;
     }
   }
+  return ops;
+}
+
+std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const StepShape& shape,
+                                                         const PipelineStage& stage, int microbatch,
+                                                         const StepProgramOptions& options) {
+  std::vector<std::vector<Op>> entries;
+  for (int e = 0; e < static_cast<int>(stage.symbols.size()); ++e)
+    entries.push_back(stage_backward_segment_ops(model, shape, stage, microbatch, e, e + 1, options));
   return entries;
 }
 
 std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
                                    int microbatch, const StepProgramOptions& options) {
-  std::vector<Op> ops;
-  for (auto& entry : stage_backward_ops_by_entry(model, shape, stage, microbatch, options)) {
-    for (auto& op : entry) ops.push_back(std::move(op));
-  }
-  return ops;
+  return stage_backward_segment_ops(model, shape, stage, microbatch, 0,
+                                    static_cast<int>(stage.symbols.size()), options);
 }
 
-StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, const PipelineStage& stage) {
-  StageParameters p;
-  const std::vector<int> layers = symbol_layers(stage);
-  for (std::size_t j = stage.symbols.size(); j-- > 0;) {
-    std::int64_t dense = 0, expert = 0;
-    switch (stage.symbols[j]) {
-      case LayerSymbol::kEmbedding:
-        dense = s.vocab_padded / s.tp * s.hidden;
-        if (!s.rope) dense += static_cast<std::int64_t>(model.max_positions()) * s.hidden;
-        break;
-      case LayerSymbol::kDecoder: {
-        const bool moe = model.is_moe_layer(layers[j]);
-        dense = layer_dense_params(model, s, moe);
-        expert = layer_expert_params(s, moe);
-        break;
-      }
-      case LayerSymbol::kMtp:
-        dense =
-            layer_dense_params(model, s, mtp_is_moe(model)) + 2 * s.hidden * s.hidden / s.tp + 3 * s.hidden;
-        expert = layer_expert_params(s, mtp_is_moe(model));
-        break;
-      case LayerSymbol::kLoss:
-        dense = s.hidden * (s.rms ? 1 : 2);
-        // Untied: the output layer. Tied with pp > 1: the last stage keeps its own copy of the embedding.
-        if (!s.tied || !stage.has_embedding) dense += s.vocab_padded / s.tp * s.hidden;
-        break;
-    }
-    p.dense += dense;
-    p.expert += expert;
-    p.dense_per_layer_reverse.push_back(dense);
-    p.expert_per_layer_reverse.push_back(expert);
-    p.layer_reverse.push_back(layers[j]);
-  }
-  return p;
+namespace {
+
+Op p2p_transfer_op(const StepShape& shape, const StepTransfer& transfer) {
+  Op op;
+  const bool activation = transfer.tensor == P2pTensor::kActivation;
+  op.kind = transfer.direction == P2pDirection::kSend ? OpKind::kSend : OpKind::kRecv;
+  op.phase = activation ? OpPhase::kForward : OpPhase::kBackward;
+  op.role = activation ? OpRole::kP2pActivation : OpRole::kP2pGradient;
+  op.label = activation ? "p2p_activation" : "p2p_gradient";
+  op.bytes = shape.p2p_bytes;
+  op.group = CommGroup::kPipeline;
+  op.group_size = shape.pp;
+  op.peer_rank = transfer.peer_rank;
+  op.microbatch = transfer.microbatch;
+  op.chunk = transfer.chunk;
+  return op;
 }
 
-std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
-                                          const StageParameters& parameters, int chunk,
-                                          const StepProgramOptions& options) {
-  std::vector<GradBucket> buckets;
-  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
-  const int dense_group = shape.dp * shape.cp;
-  const bool overlap = config.overlap_grad_reduce;
-  std::int64_t bucket_limit = options.bucket_size_elements > 0
-                                  ? options.bucket_size_elements
-                                  : std::max<std::int64_t>(40'000'000, 1'000'000LL * dense_group);
-  if (!overlap) bucket_limit = INT64_MAX;
-  auto emit = [&](std::int64_t elements, bool expert, int ready_after) {
-    const int group_size = expert ? shape.edp : dense_group;
-    if (elements <= 0 || group_size <= 1) return;
-    GradBucket b;
-    b.op.kind = config.use_distributed_optimizer ? OpKind::kReduceScatter : OpKind::kAllReduce;
-    b.op.phase = OpPhase::kGradSync;
-    b.op.label = expert ? "expert_grad_bucket" : "grad_bucket";
-    b.op.dtype = grad_bytes == 2 ? DType::kBF16 : DType::kFP32;
-    b.op.bytes = elements * grad_bytes;
-    b.op.group = expert ? CommGroup::kExpertData : CommGroup::kDataContext;
-    b.op.group_size = group_size;
-    b.op.chunk = chunk;
-    b.ready_after_entry = ready_after;
-    buckets.push_back(std::move(b));
-  };
-  std::int64_t dense_fill = 0, expert_fill = 0;
-  const int n = static_cast<int>(parameters.layer_reverse.size());
-  for (int i = 0; i < n; ++i) {
-    dense_fill += parameters.dense_per_layer_reverse[i];
-    expert_fill += parameters.expert_per_layer_reverse[i];
-    if (dense_fill >= bucket_limit) {
-      emit(dense_fill, false, i);
-      dense_fill = 0;
-    }
-    if (expert_fill >= bucket_limit) {
-      emit(expert_fill, true, i);
-      expert_fill = 0;
-    }
-  }
-  emit(dense_fill, false, n - 1);
-  emit(expert_fill, true, n - 1);
-  return buckets;
-}
+}  // namespace
 
-std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
-                                   const ParallelConfig& config,
-                                   const std::vector<const PipelineStage*>& stages,
-                                   const StepProgramOptions& options) {
-  std::vector<Op> ops;
-  OpSink o(ops, OpPhase::kOptimizer, -1, -1, -1);
-  std::int64_t dense = 0, expert = 0;
-  bool has_embedding = false, has_loss = false;
-  for (const PipelineStage* stage : stages) {
-    StageParameters p = stage_parameters(model, shape, *stage);
-    dense += p.dense;
-    expert += p.expert;
-    has_embedding |= stage->has_embedding;
-    has_loss |= stage->has_loss;
-  }
-  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
-  if (shape.tied && shape.pp > 1 && (has_embedding || has_loss)) {
-    o.comm(OpKind::kAllReduce, "embedding_grad_ar", shape.vocab_padded / shape.tp * shape.hidden * grad_bytes,
-           CommGroup::kEmbedding, 2, DType::kFP32);
-  }
-  if (shape.sp) {
-    std::int64_t norm_params = 0;
-    for (const PipelineStage* stage : stages)
-      norm_params += static_cast<std::int64_t>(stage->num_decoder_layers + stage->num_mtp_layers) * 2 *
-                         shape.hidden * (shape.rms ? 1 : 2) +
-                     (stage->has_loss ? shape.hidden : 0);
-    o.comm(OpKind::kAllReduce, "sp_norm_grad_ar", norm_params * grad_bytes, CommGroup::kTensor, shape.tp,
-           DType::kFP32);
-  }
-  const bool dist = config.use_distributed_optimizer;
-  const std::int64_t dense_shard = dist ? (dense + shape.dp * shape.cp - 1) / (shape.dp * shape.cp) : dense;
-  const std::int64_t expert_shard = dist ? (expert + shape.edp - 1) / shape.edp : expert;
-  const std::int64_t local = dense_shard + expert_shard;
-  o.memory(OpKind::kGradNorm, "grad_norm", local * 4, DType::kFP32);
-  o.comm(OpKind::kAllReduce, "grad_norm_ar", 4, CommGroup::kWorld, config.world_size, DType::kFP32);
-  o.memory(OpKind::kOptimizer, "adamw", local * 30, DType::kFP32);
-  if (dist) {
-    // Param all-gather, bucketed like the grads.
-    for (const PipelineStage* stage : stages) {
-      StageParameters p = stage_parameters(model, shape, *stage);
-      for (const GradBucket& b : grad_sync_buckets(shape, config, p, stage->vpp_rank, options)) {
-        Op& ag =
-            o.add(OpKind::kAllGather, b.op.group == CommGroup::kExpertData ? "expert_param_ag" : "param_ag");
-        ag.bytes = b.op.bytes / grad_bytes * 2;
-        ag.group = b.op.group;
-        ag.group_size = b.op.group_size;
-        ag.chunk = stage->vpp_rank;
-      }
+std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
+                              const StepItem& item, const StepProgramOptions& options) {
+  switch (item.kind) {
+    case StepItemKind::kForward:
+      return stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options);
+    case StepItemKind::kBackward:
+      return stage_backward_segment_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch,
+                                        item.entry_begin, item.entry_end, options);
+    case StepItemKind::kP2p: {
+      std::vector<Op> ops;
+      for (const StepTransfer& t : item.transfers) ops.push_back(p2p_transfer_op(step.shape, t));
+      return ops;
     }
+    case StepItemKind::kGradBucket:
+      return {step.buckets.at(item.chunk).at(item.bucket).op};
+    case StepItemKind::kParamGather:
+      return {param_gather_op(step.buckets.at(item.chunk).at(item.bucket))};
+    case StepItemKind::kOptimizer:
+      return optimizer_step_ops(model, step.shape, config, step.stages, item.optimizer_step, options);
   }
-  return ops;
+  return {};
 }
 
 StepProgram build_step_program(const ModelSpec& model, const ParallelConfig& config, int rank,
                                const StepProgramOptions& options) {
+  const RankStep step = walk_rank_step(model, config, rank, options);
   StepProgram program;
   program.rank = rank;
-  const RankGrid grid = RankGrid::from_config(config);
-  if (rank < 0 || rank >= grid.world_size()) {
-    throw std::out_of_range("build_step_program: rank " + std::to_string(rank) + " outside the world of " +
-                            std::to_string(grid.world_size()));
-  }
-  program.coordinates = grid.dense_coordinates(rank);
-  const PipelineLayout layout = config.resolved_pipeline_layout(model);
-  const RankSchedule schedule = build_schedule(model, config, program.coordinates.pp);
-  const StepShape shape = resolve_step_shape(model, config);
-  const std::vector<const PipelineStage*> stages = layout.stages_of_rank(program.coordinates.pp);
-
-  // The last backward item of each chunk: where its grad buckets are issued.
-  std::vector<int> last_backward(stages.size(), -1);
-  for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
-    const ScheduleItem& item = schedule.items[i];
-    if (item.kind == ScheduleItemKind::kBackward) last_backward[item.chunk] = i;
-  }
-  std::vector<Op> deferred_sync;
-  auto peer_rank = [&](int peer_pp) {
-    DenseCoordinates c = program.coordinates;
-    c.pp = peer_pp;
-    return grid.rank_of(c);
-  };
-  auto push = [&](Op op, int item) {
-    program.ops.push_back(std::move(op));
-    program.schedule_item.push_back(item);
-  };
-  for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
-    const ScheduleItem& item = schedule.items[i];
-    if (item.kind == ScheduleItemKind::kP2p) {
-      // Sends first, then receives (Megatron posts the batch together).
-      for (int pass = 0; pass < 2; ++pass) {
-        for (const P2pTransfer& t : item.transfers) {
-          if ((t.direction == P2pDirection::kSend) != (pass == 0)) continue;
-          Op op;
-          op.kind = t.direction == P2pDirection::kSend ? OpKind::kSend : OpKind::kRecv;
-          op.phase = t.tensor == P2pTensor::kActivation ? OpPhase::kForward : OpPhase::kBackward;
-          op.label = t.tensor == P2pTensor::kActivation ? "p2p_activation" : "p2p_gradient";
-          op.bytes = shape.p2p_bytes;
-          op.group = CommGroup::kPipeline;
-          op.group_size = shape.pp;
-          op.peer_rank = peer_rank(t.peer_pp_rank);
-          op.microbatch = t.microbatch;
-          op.chunk = t.chunk;
-          push(std::move(op), i);
-        }
-      }
-      continue;
-    }
-    const PipelineStage& stage = *stages.at(item.chunk);
-    if (item.kind == ScheduleItemKind::kForward) {
-      for (Op& op : stage_forward_ops(model, shape, stage, item.microbatch, options)) push(std::move(op), i);
-      continue;
-    }
-    auto entries = stage_backward_ops_by_entry(model, shape, stage, item.microbatch, options);
-    std::vector<GradBucket> buckets;
-    if (i == last_backward[item.chunk]) {
-      buckets = grad_sync_buckets(shape, config, stage_parameters(model, shape, stage), item.chunk, options);
-    }
-    std::size_t next_bucket = 0;
-    for (int e = 0; e < static_cast<int>(entries.size()); ++e) {
-      for (Op& op : entries[e]) push(std::move(op), i);
-      while (next_bucket < buckets.size() && buckets[next_bucket].ready_after_entry == e) {
-        if (config.overlap_grad_reduce)
-          push(buckets[next_bucket].op, i);
-        else
-          deferred_sync.push_back(buckets[next_bucket].op);
-        ++next_bucket;
-      }
+  program.coordinates = step.coordinates;
+  for (const StepItem& item : step.items) {
+    for (Op& op : step_item_ops(model, config, step, item, options)) {
+      program.ops.push_back(std::move(op));
+      program.schedule_item.push_back(item.schedule_item);
     }
   }
-  for (Op& op : deferred_sync) push(std::move(op), -1);
-  for (Op& op : optimizer_step_ops(model, shape, config, stages, options)) push(std::move(op), -1);
   return program;
 }
 

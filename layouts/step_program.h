@@ -39,6 +39,9 @@
 // - Recomputation: selective re-runs the core attention forward before its backward (Megatron's default
 //   "core_attn" module); full (uniform) re-runs the whole layer forward, its TP collectives included,
 //   before the layer's backward. Recomputed ops carry OpPhase::kRecompute.
+// - Roles (Op::role, layouts/op.h): kCompute for every kernel; layer collectives by their group (kTensor:
+//   kTensorParallel; kContext: kContextParallelRing for the ring's send/recv, else kContextParallelGather;
+//   expert groups: kExpertDispatch); the p2p, gradient-reduction and optimizer collectives their own roles.
 // - Pipeline: one kSend / kRecv per transfer of the schedule's p2p groups, group kPipeline, peer_rank =
 //   the peer's global rank, bytes = (s/cp)(/tp with SP) * b * h * 2.
 // - Gradient reduction (OpPhase::kGradSync): Megatron's buckets (max(40M, 1M * dp) elements with
@@ -117,8 +120,18 @@ std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shap
 std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const StepShape& shape,
                                                          const PipelineStage& stage, int microbatch,
                                                          const StepProgramOptions& options = {});
+// The backward ops of parameter entries [entry_begin, entry_end) of that order, concatenated (a segment of
+// the pass: see StepItem in layouts/schedule_walker.h).
+std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepShape& shape,
+                                           const PipelineStage& stage, int microbatch, int entry_begin,
+                                           int entry_end, const StepProgramOptions& options = {});
 
-// Parameter elements a stage holds on one rank, dense (reduced over dp-cp) and expert (over expert-dp).
+// Per symbol of the stage, in order: its global decoder-layer index (t), -3 - i for MTP layer i, -1 for E,
+// -2 for L (the encoding of StageParameters::layer_reverse).
+std::vector<int> stage_symbol_layers(const PipelineStage& stage);
+
+// Parameter elements a stage holds on one rank, dense (reduced over dp-cp) and expert (over expert-dp)
+// (defined with the buckets and the optimizer step in grad_sync.cpp).
 struct StageParameters {
   std::int64_t dense = 0;
   std::int64_t expert = 0;
@@ -126,27 +139,48 @@ struct StageParameters {
       dense_per_layer_reverse;  // backward order: loss/output, layers last..first, embedding
   std::vector<std::int64_t> expert_per_layer_reverse;  // same order
   std::vector<int> layer_reverse;                      // the layer index of each entry (-1 E, -2 L, -3 m)
+  // Elements of each entry in the flat gradient buffer: every parameter's start 64-element aligned (the
+  // executor's layout, layouts/parameter_table.h); what a bucket's reduction moves. Dense entries only.
+  std::vector<std::int64_t> dense_buffer_per_layer_reverse;
 };
 StageParameters stage_parameters(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage);
 
 // Gradient-reduction ops of one chunk (bucketed) and the index into StageParameters' reverse order after
 // which each becomes ready.
 struct GradBucket {
-  Op op;
+  Op op;                      // role kGradReduce or kExpertGradReduce
   int ready_after_entry = 0;  // index into StageParameters::layer_reverse
+  std::int64_t elements = 0;  // parameters (= gradients) in the bucket
+  bool expert = false;        // expert parameters (reduced over expert-dp), else dense (over dp-cp)
 };
 std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
                                           const StageParameters& parameters, int chunk,
                                           const StepProgramOptions& options = {});
 
-// Ops after the schedule (tied embedding, SP norm grads, grad norm, optimizer, param all-gather) of a rank
-// holding `stages` (all its chunks). Grad-sync ops are not included (see grad_sync_buckets).
-std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
-                                   const ParallelConfig& config,
-                                   const std::vector<const PipelineStage*>& stages,
-                                   const StepProgramOptions& options = {});
+// The distributed optimizer's all-gather of a bucket's updated bf16 params (role kParamGather or
+// kExpertParamGather, OpPhase::kOptimizer, bytes = 2 per element).
+Op param_gather_op(const GradBucket& bucket);
 
-// The whole iteration of one global rank, for a validated (model, config).
+// The steps after the schedule and the grad buckets, in this order (the walker emits those that apply).
+enum class OptimizerStep {
+  kEmbeddingGradReduce,             // tied embedding, pp > 1, on the ranks holding E or L
+  kSequenceParallelNormGradReduce,  // with sequence parallelism
+  kGradNorm,                        // local sum of squares + all-reduce over the world
+  kAdamW,                           // on the local params (the shard with the distributed optimizer)
+};
+// Ops of one such step of a rank holding `stages` (all its chunks, by chunk).
+std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
+                                   const ParallelConfig& config, const std::vector<PipelineStage>& stages,
+                                   OptimizerStep step, const StepProgramOptions& options = {});
+
+struct RankStep;
+struct StepItem;
+// The ops of one item of a rank's walk (layouts/schedule_walker.h), in issue order.
+std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
+                              const StepItem& item, const StepProgramOptions& options = {});
+
+// The whole iteration of one global rank, for a validated (model, config): step_item_ops over the items of
+// walk_rank_step, concatenated.
 StepProgram build_step_program(const ModelSpec& model, const ParallelConfig& config, int rank,
                                const StepProgramOptions& options = {});
 

@@ -85,10 +85,6 @@ std::int64_t logits_bytes_per_microbatch(const StepShape& s, const MemoryOptions
   return per * (2 + (options.fp32_logits_copy ? 4 : 0));
 }
 
-bool mtp_moe(const layouts::ModelSpec& model) {
-  return model.is_moe() && model.is_moe_layer(model.num_layers - 1);
-}
-
 }  // namespace
 
 std::int64_t layer_activation_bytes(const layouts::ModelSpec& model, const StepShape& s, bool moe,
@@ -166,7 +162,7 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
           break;
         }
         case LayerSymbol::kMtp:
-          per_microbatch += layer_activation_bytes(model, s, mtp_moe(model), options) +
+          per_microbatch += layer_activation_bytes(model, s, model.mtp_layer_is_moe(), options) +
                             6 * s.tokens * s.hidden / (s.sp ? s.tp : 1);
           logits += logits_bytes_per_microbatch(s, options);
           break;

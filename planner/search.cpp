@@ -65,6 +65,25 @@ std::vector<LayoutChoice> layout_choices(const layouts::ModelSpec& model, int pp
       // This split does not exist for the layer count; skip it.
     }
   };
+  if (!space.pipeline_layout.empty()) {
+    try_add(
+        [&] {
+          PipelineLayout layout = PipelineLayout::parse(space.pipeline_layout, pp);
+          layout.validate(layers, model.mtp_num_layers);
+          return layout;
+        },
+        false);
+    return out;
+  }
+  if (space.virtual_stages > 0 || space.layers_per_virtual_stage > 0) {
+    // A pinned virtual-pipeline size: the uniform split with those chunks only.
+    const int v = space.virtual_stages > 0
+                      ? space.virtual_stages
+                      : (layers % (pp * space.layers_per_virtual_stage) == 0 ? layers / (pp * space.layers_per_virtual_stage) : 0);
+    if (v > 0 && layers % (pp * v) == 0 && (v == 1 || pp > 1))
+      try_add([&] { return PipelineLayout::uniform(layers, pp, v, model.mtp_num_layers); }, true);
+    return out;
+  }
   if (layers % pp == 0)
     try_add([&] { return PipelineLayout::uniform(layers, pp, 1, model.mtp_num_layers); }, true);
   if (pp == 1) return out;

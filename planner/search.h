@@ -29,6 +29,12 @@ struct SearchSpace {
   std::vector<bool> distributed_optimizer = {false, true};
   std::vector<bool> sequence_parallel = {true, false};  // only meaningful with tp > 1
   int max_virtual_stages = 8;
+  // Pinned by the user's Megatron flags: a --pipeline-model-parallel-layout string (the only layout tried,
+  // at every pp that divides its stages), --num-virtual-stages-per-pipeline-rank (> 0: only that vpp) and
+  // --num-layers-per-virtual-pipeline-stage (> 0: only layouts with that many layers per chunk).
+  std::string pipeline_layout;
+  int virtual_stages = 0;
+  int layers_per_virtual_stage = 0;
 };
 
 struct PlanRequest {

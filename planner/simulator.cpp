@@ -11,12 +11,12 @@
 #include "layouts/flops.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
+#include "layouts/schedule_walker.h"
 #include "planner/event_engine.h"
 
 namespace megatune::planner {
 
 using layouts::CommGroup;
-using layouts::GroupKind;
 using layouts::LayerSymbol;
 using layouts::Op;
 using layouts::OpKind;
@@ -25,35 +25,10 @@ using layouts::PipelineStage;
 
 namespace {
 
-bool is_cp_ring(const Op& op) {
-  return (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) && op.group == CommGroup::kContext;
-}
+bool is_cp_ring(const Op& op) { return op.role == layouts::OpRole::kContextParallelRing; }
 
-GroupKind group_kind(CommGroup group) {
-  switch (group) {
-    case CommGroup::kTensor:
-      return GroupKind::kTp;
-    case CommGroup::kContext:
-      return GroupKind::kCp;
-    case CommGroup::kData:
-      return GroupKind::kDp;
-    case CommGroup::kDataContext:
-      return GroupKind::kDpCp;
-    case CommGroup::kPipeline:
-      return GroupKind::kPp;
-    case CommGroup::kExpert:
-      return GroupKind::kEp;
-    case CommGroup::kExpertTensor:
-      return GroupKind::kExpertTp;
-    case CommGroup::kExpertData:
-      return GroupKind::kExpertDp;
-    case CommGroup::kTensorExpert:
-      return GroupKind::kTpEp;
-    case CommGroup::kEmbedding:
-      return GroupKind::kEmbedding;
-    default:
-      return GroupKind::kTp;
-  }
+bool is_param_gather(const Op& op) {
+  return op.role == layouts::OpRole::kParamGather || op.role == layouts::OpRole::kExpertParamGather;
 }
 
 // Engine group ids of (simulated rank, comm group), the placement of each group on the cluster, and
@@ -79,17 +54,7 @@ class GroupMap {
     auto key = std::make_pair(sim, group);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    const int rank = sim_ranks_[sim];
-    std::vector<int> members;
-    if (group == CommGroup::kWorld) {
-      members.resize(grid_.world_size());
-      for (int r = 0; r < grid_.world_size(); ++r) members[r] = r;
-    } else if (group == CommGroup::kNone) {
-      members = {rank};
-    } else {
-      members = grid_.group_of(rank, group_kind(group));
-      if (members.empty()) members = {rank};
-    }
+    const std::vector<int> members = grid_.comm_group_members(sim_ranks_[sim], group);
     Entry e;
     e.placement = cost_models::collective_group_of(members, gpus_per_node_);
     auto canonical =
@@ -185,12 +150,42 @@ class Builder {
     return cost.time_s;
   }
 
-  // Kernel level: every op of the rank's step program becomes a task.
+  // Puts tasks (with their ops) before every other task of b: the param gathers issued at the start of the
+  // iteration on the comm stream, overlapping the first forwards.
+  void prepend(RankBuild& b, const std::vector<std::pair<SimTask, std::size_t>>& tasks,
+               const std::vector<Op>& ops) const {
+    if (tasks.empty()) return;
+    RankBuild hoisted;
+    for (const auto& [task, index] : tasks) {
+      hoisted.tasks.push_back(task);
+      if (options_.record_trace) {
+        hoisted.names.push_back(ops[index].label);
+        hoisted.categories.push_back(layouts::op_kind_name(ops[index].kind));
+        hoisted.details.push_back(layouts::to_string(ops[index]));
+        hoisted.provenance.push_back("-");
+      }
+    }
+    b.tasks.insert(b.tasks.begin(), hoisted.tasks.begin(), hoisted.tasks.end());
+    b.names.insert(b.names.begin(), hoisted.names.begin(), hoisted.names.end());
+    b.categories.insert(b.categories.begin(), hoisted.categories.begin(), hoisted.categories.end());
+    b.details.insert(b.details.begin(), hoisted.details.begin(), hoisted.details.end());
+    b.provenance.insert(b.provenance.begin(), hoisted.provenance.begin(), hoisted.provenance.end());
+  }
+
+  // Kernel level: every op of the rank's step program (build_step_program's ops, item by item of the rank's
+  // walk) becomes a task.
   RankBuild build_kernel_level(int sim) {
     RankBuild b;
-    const layouts::StepProgram program =
-        layouts::build_step_program(model_, config_, sim_ranks_[sim], options_.step);
-    const int pp_rank = program.coordinates.pp;
+    const layouts::RankStep step = layouts::walk_rank_step(model_, config_, sim_ranks_[sim], options_.step);
+    std::vector<Op> ops;
+    std::vector<const layouts::StepTransfer*> transfers;  // per op: its pipeline transfer, if one
+    for (const layouts::StepItem& item : step.items) {
+      std::vector<Op> item_ops = layouts::step_item_ops(model_, config_, step, item, options_.step);
+      for (std::size_t k = 0; k < item_ops.size(); ++k) {
+        transfers.push_back(item.kind == layouts::StepItemKind::kP2p ? &item.transfers[k] : nullptr);
+        ops.push_back(std::move(item_ops[k]));
+      }
+    }
     double ring_s = 0.0;
     bool waited = false;
     std::vector<std::pair<SimTask, std::size_t>> param_gathers;  // hoisted with overlap_param_gather
@@ -203,8 +198,8 @@ class Builder {
         b.provenance.push_back(op ? cost_models::provenance_name(last_provenance_) : "-");
       }
     };
-    for (std::size_t i = 0; i < program.ops.size(); ++i) {
-      const Op& op = program.ops[i];
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
       // A CP ring step is one transfer: priced on its send, its recv is free.
       const double t = op.kind == OpKind::kRecv ? 0.0 : price(op, sim);
       b.kinds[static_cast<int>(op.kind)].total_s += t;
@@ -236,18 +231,15 @@ class Builder {
         const int peer_sim = groups_->sim_index(op.peer_rank);
         task.kind = op.kind == OpKind::kSend ? TaskKind::kSend : TaskKind::kRecv;
         task.peer = peer_sim;
-        const bool gradient = op.label == "p2p_gradient";
-        const int own_stage = op.chunk * grid_.pp() + pp_rank;
-        const int producer =
-            op.kind == OpKind::kSend ? own_stage : (gradient ? own_stage + 1 : own_stage - 1);
-        task.tag = p2p_tag(gradient, op.microbatch, producer);
+        const layouts::StepTransfer& transfer = *transfers.at(i);
+        task.tag = p2p_tag(transfer.tensor == layouts::P2pTensor::kGradient, transfer.microbatch,
+                           transfer.producer_stage);
         add(task, &op, op.label);
         continue;
       }
       task.group = groups_->lookup(sim, op.group).id;
       const bool grad_sync = op.phase == OpPhase::kGradSync;
-      const bool param_gather = op.label == "param_ag" || op.label == "expert_param_ag";
-      if (param_gather && config_.overlap_param_gather) {
+      if (is_param_gather(op) && config_.overlap_param_gather) {
         task.kind = TaskKind::kAsyncCollective;
         param_gathers.push_back({task, i});
         continue;
@@ -256,24 +248,7 @@ class Builder {
           grad_sync && config_.overlap_grad_reduce ? TaskKind::kAsyncCollective : TaskKind::kCollective;
       add(task, &op, op.label);
     }
-    if (!param_gathers.empty()) {
-      // Issued at the start of the iteration on the comm stream, overlapping the first forwards.
-      RankBuild hoisted;
-      for (auto& [task, index] : param_gathers) {
-        hoisted.tasks.push_back(task);
-        if (options_.record_trace) {
-          hoisted.names.push_back(program.ops[index].label);
-          hoisted.categories.push_back(layouts::op_kind_name(program.ops[index].kind));
-          hoisted.details.push_back(layouts::to_string(program.ops[index]));
-          hoisted.provenance.push_back("-");
-        }
-      }
-      b.tasks.insert(b.tasks.begin(), hoisted.tasks.begin(), hoisted.tasks.end());
-      b.names.insert(b.names.begin(), hoisted.names.begin(), hoisted.names.end());
-      b.categories.insert(b.categories.begin(), hoisted.categories.begin(), hoisted.categories.end());
-      b.details.insert(b.details.begin(), hoisted.details.begin(), hoisted.details.end());
-      b.provenance.insert(b.provenance.begin(), hoisted.provenance.begin(), hoisted.provenance.end());
-    }
+    prepend(b, param_gathers, ops);
     return b;
   }
 
@@ -358,26 +333,17 @@ class Builder {
     return total * config_.num_microbatches();
   }
 
-  RankBuild build_pass_level(int sim) {
-    RankBuild b;
-    const layouts::DenseCoordinates coords = grid_.dense_coordinates(sim_ranks_[sim]);
-    const layouts::RankSchedule schedule = layouts::build_schedule(model_, config_, coords.pp);
-    const auto stages = layout_.stages_of_rank(coords.pp);
-    const int local = groups_->local_group(sim);
-
-    // Per chunk: per-entry backward costs (reverse symbol order) and the pass totals.
-    struct ChunkCosts {
-      PassCost forward, backward;
-      std::vector<PassCost> backward_entries;
-      std::vector<layouts::GradBucket> buckets;
-      std::int64_t forward_count = 0, backward_count = 0;
-    };
+  // Per chunk of a rank: the pass costs and the backward's per-entry costs (StageParameters' reverse order).
+  struct ChunkCosts {
+    PassCost forward, backward;
+    std::vector<PassCost> backward_entries;
+    std::int64_t forward_count = 0, backward_count = 0;
+  };
+  std::vector<ChunkCosts> chunk_costs(int sim, const std::vector<PipelineStage>& stages) {
     std::vector<ChunkCosts> chunks(stages.size());
     for (std::size_t c = 0; c < stages.size(); ++c) {
-      const PipelineStage& stage = *stages[c];
-      int next_layer = stage.first_decoder_layer;
-      std::vector<PassCost> entries;
-      for (LayerSymbol sym : stage.symbols) {
+      int next_layer = stages[c].first_decoder_layer;
+      for (LayerSymbol sym : stages[c].symbols) {
         const bool moe = sym == LayerSymbol::kDecoder && model_.is_moe_layer(next_layer);
         if (sym == LayerSymbol::kDecoder) ++next_layer;
         const SymbolCosts& sc = symbol_costs(sim, sym, moe);
@@ -387,156 +353,192 @@ class Builder {
         chunks[c].backward.compute_s += sc.backward.compute_s;
         chunks[c].backward.comm_s += sc.backward.comm_s;
         add_kinds(chunks[c].backward.kinds, sc.backward.kinds);
-        entries.push_back(sc.backward);
+        chunks[c].backward_entries.push_back(sc.backward);
       }
-      std::reverse(entries.begin(), entries.end());
-      chunks[c].backward_entries = std::move(entries);
-      chunks[c].buckets =
-          layouts::grad_sync_buckets(shape_, config_, layouts::stage_parameters(model_, shape_, stage),
-                                     static_cast<int>(c), options_.step);
+      std::reverse(chunks[c].backward_entries.begin(), chunks[c].backward_entries.end());
     }
-    std::vector<int> last_backward(stages.size(), -1);
-    for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i)
-      if (schedule.items[i].kind == layouts::ScheduleItemKind::kBackward)
-        last_backward[schedule.items[i].chunk] = i;
+    return chunks;
+  }
 
-    const bool tracing = options_.record_trace;
-    auto add = [&](SimTask t, const char* name, const char* category) {
-      if (t.kind == TaskKind::kCollective && t.duration_s <= 0.0 && t.group == local) return;
-      b.tasks.push_back(t);
-      if (tracing) {
-        b.names.push_back(name);
-        b.categories.push_back(category);
-        b.details.push_back(name);
+  // Pass level: the rank's walk (layouts/schedule_walker.h) as tasks, one per pass or backward segment.
+  class PassLevel {
+   public:
+    PassLevel(Builder& owner, int sim)
+        : o_(owner),
+          sim_(sim),
+          local_(owner.groups_->local_group(sim)),
+          tracing_(owner.options_.record_trace),
+          step_(layouts::walk_rank_step(owner.model_, owner.config_, owner.sim_ranks_[sim],
+                                        owner.options_.step)),
+          chunks_(owner.chunk_costs(sim, step_.stages)) {}
+
+    RankBuild run() {
+      if (o_.config_.overlap_param_gather) {
+        // Hoisted to the start of the iteration, overlapping the first forwards.
+        for (const layouts::StepItem& item : step_.items)
+          if (item.kind == layouts::StepItemKind::kParamGather)
+            for (const Op& op : item_ops(item))
+              add(collective_task(op, TaskKind::kAsyncCollective), op.label.c_str(), "all_gather");
       }
-    };
-    auto add_pass = [&](const PassCost& cost, const char* name) {
+      bool optimizing = false;
+      for (const layouts::StepItem& item : step_.items) {
+        switch (item.kind) {
+          case layouts::StepItemKind::kP2p:
+            p2p(item);
+            break;
+          case layouts::StepItemKind::kForward:
+            forward(item);
+            break;
+          case layouts::StepItemKind::kBackward:
+            backward(item);
+            break;
+          case layouts::StepItemKind::kGradBucket:
+            grad_bucket(item);
+            break;
+          case layouts::StepItemKind::kOptimizer:
+            if (!optimizing) start_optimizer();
+            optimizing = true;
+            for (const Op& op : item_ops(item)) optimizer_op(op);
+            break;
+          case layouts::StepItemKind::kParamGather:
+            if (o_.config_.overlap_param_gather) break;
+            for (const Op& op : item_ops(item)) optimizer_op(op);
+            break;
+        }
+      }
+      return std::move(b_);
+    }
+
+   private:
+    std::vector<Op> item_ops(const layouts::StepItem& item) const {
+      return layouts::step_item_ops(o_.model_, o_.config_, step_, item, o_.options_.step);
+    }
+
+    void add(SimTask t, const char* name, const char* category) {
+      if (t.kind == TaskKind::kCollective && t.duration_s <= 0.0 && t.group == local_) return;
+      b_.tasks.push_back(t);
+      if (tracing_) {
+        b_.names.push_back(name);
+        b_.categories.push_back(category);
+        b_.details.push_back(name);
+      }
+    }
+    void add_pass(const PassCost& cost, const char* name) {
       add(SimTask{TaskKind::kCompute, cost.compute_s}, name, "pass");
       if (cost.comm_s > 0.0) {
         SimTask comm{TaskKind::kCollective, cost.comm_s};
-        comm.group = local;
-        add(comm, tracing ? (std::string(name) + " comm").c_str() : name, "comm");
+        comm.group = local_;
+        add(comm, tracing_ ? (std::string(name) + " comm").c_str() : name, "comm");
       }
-    };
-    // Param all-gathers hoisted to the start with overlap_param_gather.
-    std::vector<Op> optimizer_ops =
-        layouts::optimizer_step_ops(model_, shape_, config_, stages, options_.step);
-    std::vector<SimTask> deferred_sync;
-    auto collective_task = [&](const Op& op, TaskKind kind) {
-      SimTask t{kind, price(op, sim)};
-      t.group = groups_->lookup(sim, op.group).id;
-      b.kinds[static_cast<int>(op.kind)].total_s += t.duration_s;
-      b.kinds[static_cast<int>(op.kind)].count += 1;
-      return t;
-    };
-    if (config_.overlap_param_gather) {
-      for (const Op& op : optimizer_ops)
-        if (op.label == "param_ag" || op.label == "expert_param_ag")
-          add(collective_task(op, TaskKind::kAsyncCollective), op.label.c_str(), "all_gather");
     }
-    Op p2p_op;
-    p2p_op.kind = OpKind::kSend;
-    p2p_op.bytes = shape_.p2p_bytes;
-    p2p_op.group = CommGroup::kPipeline;
-    p2p_op.group_size = grid_.pp();
-    std::unordered_map<int, double> p2p_time;  // by peer pp rank
-    char name[64] = "";
-    for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
-      const layouts::ScheduleItem& item = schedule.items[i];
-      if (item.kind == layouts::ScheduleItemKind::kP2p) {
-        for (int pass = 0; pass < 2; ++pass) {
-          for (const layouts::P2pTransfer& t : item.transfers) {
-            const bool is_send = t.direction == layouts::P2pDirection::kSend;
-            if (is_send != (pass == 0)) continue;
-            layouts::DenseCoordinates peer = coords;
-            peer.pp = t.peer_pp_rank;
-            const int peer_rank = grid_.rank_of(peer);
-            SimTask task{is_send ? TaskKind::kSend : TaskKind::kRecv};
-            task.peer = groups_->sim_index(peer_rank);
-            const bool gradient = t.tensor == layouts::P2pTensor::kGradient;
-            const int own_stage = t.chunk * grid_.pp() + coords.pp;
-            const int producer = is_send ? own_stage : (gradient ? own_stage + 1 : own_stage - 1);
-            task.tag = p2p_tag(gradient, t.microbatch, producer);
-            if (is_send) {
-              auto found = p2p_time.find(t.peer_pp_rank);
-              if (found == p2p_time.end()) {
-                p2p_op.peer_rank = peer_rank;
-                found = p2p_time.emplace(t.peer_pp_rank, price(p2p_op, sim, 0)).first;
-              }
-              task.duration_s = found->second;
-              b.kinds[static_cast<int>(OpKind::kSend)].total_s += task.duration_s;
-              b.kinds[static_cast<int>(OpKind::kSend)].count += 1;
-            }
-            if (tracing)
-              std::snprintf(name, sizeof name, "%s %s mb%d c%d", is_send ? "send" : "recv",
-                            gradient ? "grad" : "act", t.microbatch, t.chunk);
-            add(task, name, is_send ? "send" : "recv");
-          }
+    SimTask collective_task(const Op& op, TaskKind kind) {
+      SimTask t{kind, o_.price(op, sim_)};
+      t.group = o_.groups_->lookup(sim_, op.group).id;
+      tally(op.kind, t.duration_s);
+      return t;
+    }
+    void tally(OpKind kind, double time_s) {
+      b_.kinds[static_cast<int>(kind)].total_s += time_s;
+      b_.kinds[static_cast<int>(kind)].count += 1;
+    }
+
+    void p2p(const layouts::StepItem& item) {
+      for (const layouts::StepTransfer& t : item.transfers) {
+        const bool is_send = t.direction == layouts::P2pDirection::kSend;
+        const bool gradient = t.tensor == layouts::P2pTensor::kGradient;
+        SimTask task{is_send ? TaskKind::kSend : TaskKind::kRecv};
+        task.peer = o_.groups_->sim_index(t.peer_rank);
+        task.tag = p2p_tag(gradient, t.microbatch, t.producer_stage);
+        if (is_send) {
+          task.duration_s = p2p_time(t);
+          tally(OpKind::kSend, task.duration_s);
         }
-        continue;
+        if (tracing_)
+          std::snprintf(name_, sizeof name_, "%s %s mb%d c%d", is_send ? "send" : "recv",
+                        gradient ? "grad" : "act", t.microbatch, t.chunk);
+        add(task, name_, is_send ? "send" : "recv");
       }
-      ChunkCosts& cc = chunks.at(item.chunk);
-      if (item.kind == layouts::ScheduleItemKind::kForward) {
-        if (tracing) std::snprintf(name, sizeof name, "F%d.%d", item.microbatch, item.chunk);
-        add_pass(cc.forward, name);
-        ++cc.forward_count;
-        continue;
+    }
+    // One transfer's time, priced once per peer.
+    double p2p_time(const layouts::StepTransfer& t) {
+      auto found = p2p_time_.find(t.peer_pp_rank);
+      if (found != p2p_time_.end()) return found->second;
+      Op op;
+      op.kind = OpKind::kSend;
+      op.role = t.tensor == layouts::P2pTensor::kGradient ? layouts::OpRole::kP2pGradient
+                                                          : layouts::OpRole::kP2pActivation;
+      op.bytes = step_.shape.p2p_bytes;
+      op.group = CommGroup::kPipeline;
+      op.group_size = o_.grid_.pp();
+      op.peer_rank = t.peer_rank;
+      return p2p_time_.emplace(t.peer_pp_rank, o_.price(op, sim_, 0)).first->second;
+    }
+
+    void forward(const layouts::StepItem& item) {
+      if (tracing_) std::snprintf(name_, sizeof name_, "F%d.%d", item.microbatch, item.chunk);
+      ChunkCosts& cc = chunks_.at(item.chunk);
+      add_pass(cc.forward, name_);
+      ++cc.forward_count;
+    }
+    // A whole pass, or a segment of the chunk's last backward that ends where buckets become ready.
+    void backward(const layouts::StepItem& item) {
+      if (tracing_) std::snprintf(name_, sizeof name_, "B%d.%d", item.microbatch, item.chunk);
+      ChunkCosts& cc = chunks_.at(item.chunk);
+      if (item.entry_begin == 0) ++cc.backward_count;
+      if (item.entry_begin == 0 && item.entry_end == item.entry_count) {
+        add_pass(cc.backward, name_);
+        return;
       }
-      if (tracing) std::snprintf(name, sizeof name, "B%d.%d", item.microbatch, item.chunk);
-      ++cc.backward_count;
-      if (i != last_backward[item.chunk] || cc.buckets.empty()) {
-        add_pass(cc.backward, name);
-        continue;
-      }
-      // The last backward of the chunk: split at bucket boundaries and issue each bucket when ready.
       PassCost segment;
-      std::size_t next_bucket = 0;
-      for (int e = 0; e < static_cast<int>(cc.backward_entries.size()); ++e) {
+      for (int e = item.entry_begin; e < item.entry_end; ++e) {
         segment.compute_s += cc.backward_entries[e].compute_s;
         segment.comm_s += cc.backward_entries[e].comm_s;
-        bool flushed = false;
-        while (next_bucket < cc.buckets.size() && cc.buckets[next_bucket].ready_after_entry == e) {
-          if (!flushed) {
-            add_pass(segment, name);
-            segment = PassCost{};
-            flushed = true;
-          }
-          const Op& op = cc.buckets[next_bucket].op;
-          if (config_.overlap_grad_reduce) {
-            add(collective_task(op, TaskKind::kAsyncCollective), op.label.c_str(),
-                layouts::op_kind_name(op.kind));
-          } else {
-            deferred_sync.push_back(collective_task(op, TaskKind::kCollective));
-          }
-          ++next_bucket;
+      }
+      const bool trailing = item.entry_end == item.entry_count;  // no bucket follows it
+      if (!trailing || segment.compute_s > 0 || segment.comm_s > 0) add_pass(segment, name_);
+    }
+    void grad_bucket(const layouts::StepItem& item) {
+      const Op& op = step_.buckets.at(item.chunk).at(item.bucket).op;
+      if (o_.config_.overlap_grad_reduce)
+        add(collective_task(op, TaskKind::kAsyncCollective), op.label.c_str(),
+            layouts::op_kind_name(op.kind));
+      else
+        add(collective_task(op, TaskKind::kCollective), "grad sync", "grad_sync");
+    }
+
+    // After the schedule and the deferred buckets: the passes' op kinds, then the wait for every bucket.
+    void start_optimizer() {
+      for (const ChunkCosts& cc : chunks_) {
+        for (int k = 0; k < kOpKindCount; ++k) {
+          b_.kinds[k].total_s += cc.forward.kinds[k].total_s * cc.forward_count +
+                                 cc.backward.kinds[k].total_s * cc.backward_count;
+          b_.kinds[k].count +=
+              cc.forward.kinds[k].count * cc.forward_count + cc.backward.kinds[k].count * cc.backward_count;
         }
       }
-      if (segment.compute_s > 0 || segment.comm_s > 0) add_pass(segment, name);
+      add(SimTask{TaskKind::kWaitComm}, "wait grad sync", "wait");
     }
-    for (const ChunkCosts& cc : chunks) {
-      for (int k = 0; k < kOpKindCount; ++k) {
-        b.kinds[k].total_s +=
-            cc.forward.kinds[k].total_s * cc.forward_count + cc.backward.kinds[k].total_s * cc.backward_count;
-        b.kinds[k].count +=
-            cc.forward.kinds[k].count * cc.forward_count + cc.backward.kinds[k].count * cc.backward_count;
-      }
-    }
-    for (const SimTask& t : deferred_sync) add(t, "grad sync", "grad_sync");
-    add(SimTask{TaskKind::kWaitComm}, "wait grad sync", "wait");
-    for (const Op& op : optimizer_ops) {
-      const bool param_gather = op.label == "param_ag" || op.label == "expert_param_ag";
-      if (param_gather && config_.overlap_param_gather) continue;
+    void optimizer_op(const Op& op) {
       if (op.is_communication()) {
         add(collective_task(op, TaskKind::kCollective), op.label.c_str(), layouts::op_kind_name(op.kind));
-      } else {
-        const double t = price(op, sim);
-        b.kinds[static_cast<int>(op.kind)].total_s += t;
-        b.kinds[static_cast<int>(op.kind)].count += 1;
-        add(SimTask{TaskKind::kCompute, t}, op.label.c_str(), layouts::op_kind_name(op.kind));
+        return;
       }
+      const double t = o_.price(op, sim_);
+      tally(op.kind, t);
+      add(SimTask{TaskKind::kCompute, t}, op.label.c_str(), layouts::op_kind_name(op.kind));
     }
-    return b;
-  }
+
+    Builder& o_;
+    int sim_, local_;
+    bool tracing_;
+    layouts::RankStep step_;
+    std::vector<ChunkCosts> chunks_;
+    RankBuild b_;
+    std::unordered_map<int, double> p2p_time_;  // by peer pp rank
+    char name_[64] = "";
+  };
+
+  RankBuild build_pass_level(int sim) { return PassLevel(*this, sim).run(); }
 
  private:
   const layouts::ModelSpec& model_;

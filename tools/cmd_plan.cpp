@@ -109,6 +109,10 @@ int run_plan(const PlanCommandOptions& o) {
   if (a.recompute_granularity)
     space.recompute = {layouts::parse_recompute_granularity(*a.recompute_granularity)};
   if (a.use_distributed_optimizer) space.distributed_optimizer = {true};
+  if (a.pipeline_model_parallel_layout) space.pipeline_layout = *a.pipeline_model_parallel_layout;
+  if (a.num_virtual_stages_per_pipeline_rank) space.virtual_stages = *a.num_virtual_stages_per_pipeline_rank;
+  if (a.num_layers_per_virtual_pipeline_stage)
+    space.layers_per_virtual_stage = *a.num_layers_per_virtual_pipeline_stage;
   if (a.sequence_parallel) space.sequence_parallel = {true};
   if (a.tensor_model_parallel_size && *a.tensor_model_parallel_size > cluster.gpus_per_node)
     space.allow_tp_across_nodes = true;
@@ -233,8 +237,8 @@ const Registrar kPlanCommand{Command{
           ->group("Planner");
       sub.footer(
           "Parallel flags given (--tp, --pp, --cp, --ep, --mbs, --recompute-granularity, "
-          "--sequence-parallel, "
-          "--use-distributed-optimizer) pin that knob.\nExample:\n  megatune plan --model llama3-70b "
+          "--sequence-parallel, --use-distributed-optimizer, --pipeline-model-parallel-layout, "
+          "--num-virtual-stages-per-pipeline-rank, --num-layers-per-virtual-pipeline-stage) pin that knob.\nExample:\n  megatune plan --model llama3-70b "
           "--cluster "
           "8x8xH100 --global-batch-size 512 --seq-length 4096 -o plan.json");
       return [o]() { return run_plan(*o); };

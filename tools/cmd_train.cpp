@@ -9,6 +9,8 @@
 
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
+#include "executor/parallel/launch_environment.h"
+#include "executor/parallel/local_launcher.h"
 #include "executor/training/run_setup.h"
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
@@ -39,7 +41,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, doub
     return std::make_unique<CpuBackend>(/*emulate_bf16=*/bf16);
   }
 #ifdef MEGATUNE_HAVE_CUDA
-  auto backend = std::make_unique<CudaBackend>(0);
+  auto backend = std::make_unique<CudaBackend>(read_launch_environment().local_rank);  // this rank's GPU
   try {
     *peak_tflops = layouts::peak_dense_tflops(backend->device_name());
   } catch (const UserError&) {
@@ -60,6 +62,9 @@ std::string default_device() {
 }
 
 int run_train(TrainArgs& a) {
+  // Like Megatron, the world size defaults to the launcher's (torchrun, Slurm, mpirun).
+  const LaunchEnvironment launch = read_launch_environment();
+  if (!a.megatron.world_size && launch.world_size > 1) a.megatron.world_size = launch.world_size;
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);
   parallel.validate(spec);
@@ -71,6 +76,16 @@ int run_train(TrainArgs& a) {
   if (a.nproc > 0 && a.nproc != parallel.world_size)
     throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
                     std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
+  if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
+  if (a.nproc > 1 && a.device == "cuda") {  // one process per GPU: this command line again in each
+#ifdef MEGATUNE_HAVE_CUDA
+    if (CudaBackend::device_count() < a.nproc)
+      throw UserError("--nproc " + std::to_string(a.nproc) + ": only " +
+                      std::to_string(CudaBackend::device_count()) +
+                      " GPUs are visible; use at most that many, or --device cpu");
+#endif
+    return relaunch_with_nproc(a.nproc, std::cout, std::cerr);
+  }
   if (parallel.world_size > 1) {
     if (a.device != "cpu")
       throw UserError("--world-size " + std::to_string(parallel.world_size) +
@@ -142,7 +157,8 @@ const Registrar registrar({
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--nproc", a.nproc,
-                     "ranks on this host: threads with --device cpu (must equal the layout's world size)")
+                     "ranks on this host (must equal the layout's world size): threads with --device cpu, "
+                     "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")
           ->check(CLI::Range(1, 4096));
       app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)");
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");

@@ -282,6 +282,12 @@ void Backend::add(Tensor a, Tensor b, Tensor out, const OpTag& tag) {
   end_op();
 }
 
+void Backend::scale(Tensor t, float factor, const OpTag& tag) {
+  begin_op(memory_op(OpKind::kElementwise, t.dtype, 2 * t.numel() * element_bytes(t)), tag);
+  do_scale(t, factor);
+  end_op();
+}
+
 float Backend::grad_norm(const OpTag& tag) {
   begin_op(memory_op(OpKind::kGradNorm, DType::kFP32, 4 * optimizer_elements_), tag);
   const auto result = do_grad_norm();

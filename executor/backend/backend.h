@@ -84,6 +84,9 @@ struct OptimizerTensor {
   Tensor exp_avg_sq;   // fp32 (1, numel)
   Tensor model_param;  // compute dtype (1, numel): receives the updated weights
   bool apply_weight_decay = true;
+  // grad_norm() sums the squares of these only: false for a gradient another rank counts (a parameter
+  // replicated over TP on tp rank > 0, a shared copy), so that a norm combined over ranks counts each once.
+  bool in_grad_norm = true;
 };
 
 class Backend {
@@ -188,16 +191,18 @@ class Backend {
                                     const OpTag& tag);
   void add(Tensor a, Tensor b, Tensor out, const OpTag& tag);  // out = a + b (out may alias a)
   void cast(Tensor src, Tensor dst, const OpTag& tag);         // e.g. fp32 main params -> model dtype
+  // t *= factor in place (gradients scaled to the mean over data-parallel ranks); fp32 on CUDA.
+  void scale(Tensor t, float factor, const OpTag& tag);
 
   // ---- multi-tensor optimizer over a table registered once at setup.
   virtual void prepare_optimizer(std::vector<OptimizerTensor> tensors) = 0;
-  // Global L2 norm of every registered main_grad (deterministic), returned to the host.
+  // L2 norm of every registered main_grad flagged in_grad_norm (deterministic), returned to the host.
   float grad_norm(const OpTag& tag);
-  // Replaces the norm the next adamw_step() clips against (and skips on when non-finite) with a global one
-  // combined over ranks (the data- and model-parallel grad norm).
+  // Replaces the norm the next adamw_step() clips by and skips on: a global norm combined over ranks from
+  // their grad_norm()s (executor/parallel/grad_norm.h). Records nothing.
   void set_grad_norm(float norm) { do_set_grad_norm(norm); }
   // One AdamW step over every registered tensor, clipping by hyper.max_grad_norm against the last
-  // grad_norm() or set_grad_norm(); writes the updated model_param copies.
+  // grad_norm() (or set_grad_norm()); writes the updated model_param copies.
   void adamw_step(const AdamWHyper& hyper, const OpTag& tag);
 
   OpRecorder& recorder() { return recorder_; }
@@ -263,6 +268,7 @@ class Backend {
                                        const CrossEntropyStats& stats, Tensor losses, float grad_scale) = 0;
   virtual void do_add(Tensor a, Tensor b, Tensor out) = 0;
   virtual void do_cast(Tensor src, Tensor dst) = 0;
+  virtual void do_scale(Tensor t, float factor) = 0;
   virtual float do_grad_norm() = 0;
   virtual void do_set_grad_norm(float norm) = 0;
   virtual void do_adamw_step(const AdamWHyper& hyper) = 0;

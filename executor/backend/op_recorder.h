@@ -11,6 +11,7 @@ struct OpTag {
   const char* label = "";
   int layer = -1;
   layouts::OpPhase phase = layouts::OpPhase::kForward;
+  layouts::OpRole role = layouts::OpRole::kCompute;  // what a collective is for (layouts/op.h)
 };
 
 class OpRecorder {
@@ -27,6 +28,7 @@ class OpRecorder {
     op.label = tag.label;
     op.layer = tag.layer;
     op.phase = tag.phase;
+    op.role = tag.role;
     op.microbatch = microbatch_;
     op.chunk = chunk_;
   }

@@ -239,6 +239,12 @@ void CpuBackend::do_add(Tensor a, Tensor b, Tensor out) {
 
 void CpuBackend::do_cast(Tensor src, Tensor dst) { copy(src, dst); }
 
+void CpuBackend::do_scale(Tensor t, float factor) {
+  for (std::int64_t r = 0; r < t.rows; ++r)
+    reference::scale_inplace(f32(t) + r * t.row_stride, t.cols, factor);
+  round_if_bf16(t);
+}
+
 void CpuBackend::prepare_optimizer(std::vector<OptimizerTensor> tensors) {
   optimizer_tensors_ = std::move(tensors);
   optimizer_elements_ = 0;
@@ -249,7 +255,7 @@ float CpuBackend::do_grad_norm() {
   std::vector<reference::GradTensor> grads;
   grads.reserve(optimizer_tensors_.size());
   for (const OptimizerTensor& t : optimizer_tensors_)
-    grads.push_back({f32(t.main_grad), t.main_grad.numel()});
+    if (t.in_grad_norm) grads.push_back({f32(t.main_grad), t.main_grad.numel()});
   last_grad_norm_ = reference::global_grad_norm(grads);
   return last_grad_norm_;
 }

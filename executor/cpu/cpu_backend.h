@@ -53,6 +53,7 @@ class CpuBackend final : public Backend {
                                const CrossEntropyStats& stats, Tensor losses, float grad_scale) override;
   void do_add(Tensor a, Tensor b, Tensor out) override;
   void do_cast(Tensor src, Tensor dst) override;
+  void do_scale(Tensor t, float factor) override;
   float do_grad_norm() override;
   void do_set_grad_norm(float norm) override { last_grad_norm_ = norm; }
   void do_adamw_step(const AdamWHyper& hyper) override;

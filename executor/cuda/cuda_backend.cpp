@@ -71,6 +71,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(communication_);
   optimizer_table_.reset();
+  grad_norm_table_.reset();
   gemm_.reset();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   for (auto& [start, stop] : timing_events_) {
@@ -429,7 +430,7 @@ void CudaBackend::do_add(Tensor a, Tensor b, Tensor out) {
 void CudaBackend::do_cast(Tensor src, Tensor dst) { copy(src, dst); }
 
 void CudaBackend::prepare_optimizer(std::vector<OptimizerTensor> tensors) {
-  std::vector<cuda::AdamWTensor> table;
+  std::vector<cuda::AdamWTensor> table, norm_table;
   optimizer_elements_ = 0;
   for (const OptimizerTensor& t : tensors) {
     cuda::AdamWTensor a;
@@ -442,27 +443,24 @@ void CudaBackend::prepare_optimizer(std::vector<OptimizerTensor> tensors) {
     a.apply_weight_decay = t.apply_weight_decay ? 1 : 0;
     optimizer_elements_ += a.numel;
     table.push_back(a);
+    if (t.in_grad_norm) norm_table.push_back(a);
   }
   optimizer_table_ = std::make_unique<cuda::MultiTensorTable>(std::move(table));
+  grad_norm_table_ = std::make_unique<cuda::MultiTensorTable>(std::move(norm_table));
   cudaFree(grad_norm_workspace_);
-  grad_norm_workspace_bytes_ = cuda::grad_norm_workspace_bytes(*optimizer_table_);
+  grad_norm_workspace_bytes_ = cuda::grad_norm_workspace_bytes(*grad_norm_table_);
   MEGATUNE_CUDA_CHECK(
       cudaMalloc(&grad_norm_workspace_, std::max<std::size_t>(grad_norm_workspace_bytes_, 256)));
 }
 
 float CudaBackend::do_grad_norm() {
-  cuda::global_grad_norm(*optimizer_table_, grad_norm_device_, grad_norm_workspace_,
+  cuda::global_grad_norm(*grad_norm_table_, grad_norm_device_, grad_norm_workspace_,
                          grad_norm_workspace_bytes_, compute_);
   float norm = 0.0f;
   MEGATUNE_CUDA_CHECK(
       cudaMemcpyAsync(&norm, grad_norm_device_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
   MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
   return norm;
-}
-
-void CudaBackend::do_set_grad_norm(float norm) {
-  MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(grad_norm_device_, &norm, sizeof(float), cudaMemcpyHostToDevice, compute_));
-  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));  // `norm` lives on this stack frame
 }
 
 void CudaBackend::on_op_begin(const layouts::Op& op) {
@@ -491,6 +489,18 @@ std::vector<Backend::TimedOp> CudaBackend::timed_ops() {
   }
   timed_.clear();
   return out;
+}
+
+void CudaBackend::do_set_grad_norm(float norm) {
+  MEGATUNE_CUDA_CHECK(
+      cudaMemcpyAsync(grad_norm_device_, &norm, sizeof(float), cudaMemcpyHostToDevice, compute_));
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));  // `norm` lives on this stack frame
+}
+
+void CudaBackend::do_scale(Tensor t, float factor) {
+  if (t.dtype != DType::kFP32 || t.is_int32) throw std::logic_error("cuda backend: scale takes fp32 tensors");
+  require_contiguous(t, "scaled tensor");
+  cuda::scale_fp32_inplace(f32(t), t.numel(), factor, compute_);
 }
 
 void CudaBackend::do_adamw_step(const AdamWHyper& hyper) {

@@ -31,6 +31,7 @@ class CudaBackend final : public Backend {
   // Device memory this backend holds: the arena plus the fixed workspaces (GEMM, optimizer table).
   std::int64_t device_bytes() const;
   cudaStream_t compute_stream() const { return compute_; }
+  cudaStream_t communication_stream() const { return communication_; }  // NCCL's (NcclCommunicator)
   // How often each fused GEMM epilogue ran fused, and how often it fell back to the unfused kernels
   // (cuBLASLt offered no algorithm, or the widths / pointers are outside its rules).
   struct EpilogueUse {
@@ -94,6 +95,7 @@ class CudaBackend final : public Backend {
                                const CrossEntropyStats& stats, Tensor losses, float grad_scale) override;
   void do_add(Tensor a, Tensor b, Tensor out) override;
   void do_cast(Tensor src, Tensor dst) override;
+  void do_scale(Tensor t, float factor) override;
   float do_grad_norm() override;
   void do_set_grad_norm(float norm) override;
   void do_adamw_step(const AdamWHyper& hyper) override;
@@ -109,6 +111,7 @@ class CudaBackend final : public Backend {
   void* arena_ = nullptr;
   std::unique_ptr<cuda::GemmRunner> gemm_;
   std::unique_ptr<cuda::MultiTensorTable> optimizer_table_;
+  std::unique_ptr<cuda::MultiTensorTable> grad_norm_table_;  // the tensors flagged in_grad_norm
   void* grad_norm_workspace_ = nullptr;
   std::size_t grad_norm_workspace_bytes_ = 0;
   float* grad_norm_device_ = nullptr;

@@ -23,6 +23,7 @@ NormArgs with_stats(NormArgs a) {
 using layouts::OpPhase;
 constexpr OpPhase kF = OpPhase::kForward;
 constexpr OpPhase kB = OpPhase::kBackward;
+constexpr layouts::OpRole kTpRole = layouts::OpRole::kTensorParallel;
 
 // The three GEMMs of a linear layer with weight (out, in) over m tokens (layouts/step_program.h's shapes):
 // y = x . W^T (+ bias); dx = dy . W; dW (+)= dy^T . x into the fp32 grad buffer (+ the bias gradient).
@@ -140,9 +141,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   std::vector<std::pair<std::int64_t, std::int64_t>> gemm_weights;  // [begin, end) in elements
   const ParameterEntry* head = stage_.has_loss ? &head_entry() : nullptr;
   for (const ParameterEntry& e : layout_.entries()) {
-    const bool linear = e.name.ends_with("linear_qkv.weight") || e.name.ends_with("linear_proj.weight") ||
-                        e.name.ends_with("linear_fc1.weight") || e.name.ends_with("linear_fc2.weight");
-    if (&e == head || linear) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
+    if (e.gemm_weight || &e == head) gemm_weights.emplace_back(e.offset, e.offset + e.numel());
   }
   std::sort(gemm_weights.begin(), gemm_weights.end());
   std::int64_t next = 0;
@@ -383,16 +382,16 @@ Tensor GPTModel::reduce_from_full(Tensor full, Tensor shard_out, const char* ar_
                                   int layer, OpPhase phase) {
   if (tp_size_ == 1) return full;
   if (sp()) {
-    communicator_.reduce_scatter(CommGroup::kTensor, full, shard_out, {rs_label, layer, phase});
+    communicator_.reduce_scatter(CommGroup::kTensor, full, shard_out, {rs_label, layer, phase, kTpRole});
     return shard_out;
   }
-  communicator_.all_reduce(CommGroup::kTensor, full, ReduceOp::kSum, {ar_label, layer, phase});
+  communicator_.all_reduce(CommGroup::kTensor, full, ReduceOp::kSum, {ar_label, layer, phase, kTpRole});
   return full;
 }
 
 Tensor GPTModel::gather_to_full(Tensor shard, Tensor full_out, const char* label, int layer, OpPhase phase) {
   if (!sp()) return shard;
-  communicator_.all_gather(CommGroup::kTensor, shard, full_out, {label, layer, phase});
+  communicator_.all_gather(CommGroup::kTensor, shard, full_out, {label, layer, phase, kTpRole});
   return full_out;
 }
 
@@ -656,7 +655,7 @@ void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with
       stats.sum_exp = carve(ce_stats_.sum_exp, 0, rows, 1, 4);
       auto reduce = [&](Tensor t, bool is_max, const char* label) {
         communicator_.all_reduce(CommGroup::kTensor, t, is_max ? ReduceOp::kMax : ReduceOp::kSum,
-                                 {label, -1, kF});
+                                 {label, -1, kF, kTpRole});
       };
       backend_.vocab_parallel_cross_entropy(logits, chunk_targets, vocab_offset, losses, grad_scale, stats,
                                             reduce, {"cross_entropy", -1, kF});

@@ -1,6 +1,7 @@
 // ParameterLayout: the list of the model's parameters and their aligned offsets in the flat buffers.
 #include "executor/model/parameter_layout.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace megatune::executor {
@@ -9,94 +10,38 @@ std::string layer_parameter(int layer, const char* suffix) {
   return "decoder.layers." + std::to_string(layer) + "." + suffix;
 }
 
-ParameterEntry& ParameterLayout::add(std::string name, std::int64_t rows, std::int64_t cols, ParameterInit init,
-                                    bool decay, TensorParallelSplit split,
-                                    std::vector<std::int64_t> global_parts) {
-  ParameterEntry entry;
-  entry.name = std::move(name);
-  entry.rows = rows;
-  entry.cols = cols;
-  entry.init = init;
-  entry.weight_decay = decay && rows > 1;
-  entry.split = split;
-  entry.global_parts = std::move(global_parts);
-  entries_.push_back(std::move(entry));
-  return entries_.back();
+layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& c) {
+  layouts::DenseParameterShape s;
+  s.num_layers = c.num_layers;
+  s.hidden = c.hidden;
+  s.heads = c.heads;
+  s.groups = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.ffn = c.ffn_hidden;
+  s.vocab_padded = c.vocab_size;
+  s.max_positions = c.max_seq;
+  s.layernorm = c.norm == NormKind::kLayerNorm;
+  s.swiglu = c.activation == ActivationKind::kSwiglu;
+  s.learned_positions = c.position == PositionEmbedding::kLearned;
+  s.tied = c.tied_embeddings;
+  s.bias = c.bias;
+  s.tp = c.tensor_parallel_size;
+  s.sequence_parallel = c.sequence_parallel;
+  return s;
 }
 
 ParameterLayout::ParameterLayout(const TransformerConfig& c, const StageSpan& stage) {
-  using Split = TensorParallelSplit;
-  const std::int64_t h = c.hidden, tp = c.tensor_parallel_size, d = c.head_dim;
-  const bool layernorm = c.norm == NormKind::kLayerNorm;
-  const std::int64_t vocab = c.vocab_size, ffn = c.ffn_hidden;
-  const std::vector<std::int64_t> qkv_parts = {c.heads * d, c.kv_heads * d, c.kv_heads * d};
-  const std::vector<std::int64_t> fc1_parts =
-      c.activation == ActivationKind::kSwiglu ? std::vector<std::int64_t>{ffn, ffn} : std::vector<std::int64_t>{ffn};
-  auto norm = [&](const std::string& prefix) {
-    add(prefix + ".weight", 1, h, ParameterInit::kOnes, false).sequence_parallel_grad = c.sequence_parallel;
-    if (layernorm)
-      add(prefix + ".bias", 1, h, ParameterInit::kZeros, false).sequence_parallel_grad = c.sequence_parallel;
-  };
-  if (stage.has_embedding) {
-    add("embedding.word_embeddings.weight", vocab / tp, h, ParameterInit::kNormal, true, Split::kRows, {vocab});
-    if (c.position == PositionEmbedding::kLearned)
-      add("embedding.position_embeddings.weight", c.max_seq, h, ParameterInit::kNormal, true);
+  for (layouts::ParameterSpec& spec : layouts::stage_parameter_table(dense_parameter_shape(c), stage)) {
+    ParameterEntry e;
+    static_cast<layouts::ParameterSpec&>(e) = std::move(spec);
+    entries_.push_back(std::move(e));
   }
-  const int layers = stage.num_layers < 0 ? c.num_layers : stage.num_layers;
-  for (int l = stage.first_layer; l < stage.first_layer + layers; ++l) {
-    norm(layer_parameter(l, "input_layernorm"));
-    add(layer_parameter(l, "self_attention.linear_qkv.weight"), c.qkv_width(), h, ParameterInit::kNormal, true,
-        Split::kRows, qkv_parts);
-    if (c.bias)
-      add(layer_parameter(l, "self_attention.linear_qkv.bias"), 1, c.qkv_width(), ParameterInit::kZeros, false,
-          Split::kColumns, qkv_parts);
-    add(layer_parameter(l, "self_attention.linear_proj.weight"), h, c.attention_width(),
-        ParameterInit::kScaledNormal, true, Split::kColumns, {c.heads * d});
-    if (c.bias)
-      add(layer_parameter(l, "self_attention.linear_proj.bias"), 1, h, ParameterInit::kZeros, false);
-    norm(layer_parameter(l, "pre_mlp_layernorm"));
-    add(layer_parameter(l, "mlp.linear_fc1.weight"), c.fc1_width(), h, ParameterInit::kNormal, true, Split::kRows,
-        fc1_parts);
-    if (c.bias)
-      add(layer_parameter(l, "mlp.linear_fc1.bias"), 1, c.fc1_width(), ParameterInit::kZeros, false,
-          Split::kColumns, fc1_parts);
-    add(layer_parameter(l, "mlp.linear_fc2.weight"), h, c.ffn_per_rank(), ParameterInit::kScaledNormal, true,
-        Split::kColumns, {ffn});
-    if (c.bias) add(layer_parameter(l, "mlp.linear_fc2.bias"), 1, h, ParameterInit::kZeros, false);
-  }
-  if (stage.has_loss) {
-    norm("decoder.final_layernorm");
-    // Untied: the output layer. Tied on a stage without the embedding (pp > 1): the last stage's own copy of
-    // the word embedding (same name and initial values; its gradient is all-reduced with the first stage's).
-    if (!c.tied_embeddings)
-      add("output_layer.weight", vocab / tp, h, ParameterInit::kNormal, true, Split::kRows, {vocab});
-    else if (!stage.has_embedding)
-      add("embedding.word_embeddings.weight", vocab / tp, h, ParameterInit::kNormal, true, Split::kRows, {vocab});
-  }
-  for (ParameterEntry& e : entries_)
-    if (e.global_parts.empty()) e.global_parts = {e.split == Split::kColumns ? e.cols : e.rows};
-
   std::int64_t offset = 0;
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     it->offset = offset;
-    offset += (it->numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
+    offset += layouts::aligned_elements(it->numel());
   }
   total_elements_ = offset;
-}
-
-namespace {
-std::int64_t parts_sum(const std::vector<std::int64_t>& parts) {
-  std::int64_t n = 0;
-  for (std::int64_t p : parts) n += p;
-  return n;
-}
-}  // namespace
-
-std::int64_t ParameterEntry::global_rows() const {
-  return split == TensorParallelSplit::kRows ? parts_sum(global_parts) : rows;
-}
-std::int64_t ParameterEntry::global_cols() const {
-  return split == TensorParallelSplit::kColumns ? parts_sum(global_parts) : cols;
 }
 
 std::vector<float> tensor_parallel_slice(const ParameterEntry& e, const std::vector<float>& global, int tp_rank,
@@ -127,6 +72,44 @@ std::vector<float> tensor_parallel_slice(const ParameterEntry& e, const std::vec
   if (static_cast<std::int64_t>(out.size()) != e.numel())
     throw std::logic_error("tensor_parallel_slice: " + e.name + " slice does not match its shard shape");
   return out;
+}
+
+std::vector<float> tensor_parallel_assemble(const ParameterEntry& e, const std::vector<std::vector<float>>& slices) {
+  const std::int64_t tp = static_cast<std::int64_t>(slices.size());
+  if (tp == 0) throw std::invalid_argument("tensor_parallel_assemble: no slices of " + e.name);
+  const std::int64_t grows = e.global_rows(), gcols = e.global_cols();
+  if (e.split == TensorParallelSplit::kReplicated || tp == 1) return slices.front();
+  std::vector<float> global(static_cast<std::size_t>(grows * gcols));
+  for (std::int64_t r = 0; r < tp; ++r) {
+    const std::vector<float>& slice = slices[r];
+    std::int64_t at = 0;  // position in the slice
+    auto take = [&](std::int64_t global_index, std::int64_t n) {
+      if (at + n > static_cast<std::int64_t>(slice.size()))
+        throw std::invalid_argument("tensor_parallel_assemble: slice of " + e.name + " is too short");
+      std::copy(slice.begin() + at, slice.begin() + at + n, global.begin() + global_index);
+      at += n;
+    };
+    if (e.split == TensorParallelSplit::kRows) {
+      std::int64_t part_start = 0;
+      for (std::int64_t part : e.global_parts) {
+        const std::int64_t share = part / tp;
+        take((part_start + r * share) * gcols, share * gcols);
+        part_start += part;
+      }
+    } else {
+      for (std::int64_t row = 0; row < grows; ++row) {
+        std::int64_t part_start = 0;
+        for (std::int64_t part : e.global_parts) {
+          const std::int64_t share = part / tp;
+          take(row * gcols + part_start + r * share, share);
+          part_start += part;
+        }
+      }
+    }
+    if (at != static_cast<std::int64_t>(slice.size()))
+      throw std::invalid_argument("tensor_parallel_assemble: slice of " + e.name + " has the wrong size");
+  }
+  return global;
 }
 
 const ParameterEntry& ParameterLayout::find(const std::string& name) const {

@@ -111,7 +111,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.gpus = parallel.world_size;
   run.schedule = placement.schedule;
   run.data_parallel_rank = placement.coordinates.dp;
-  if (parallel.world_size > 1) run.checkpoint_subdir = "rank_" + std::to_string(rank);
+  if (parallel.world_size > 1) run.layout_description = describe_layout(spec, parallel);
   return run;
 }
 

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
 #include "executor/checkpoint/checkpoint_reader.h"
@@ -187,7 +188,8 @@ void Trainer::run_p2p(const layouts::ScheduleItem& item) {
       a.tensor = a.send ? model.input_grad(t.microbatch) : model.output_grad(t.microbatch);
     a.peer_rank = communicator_.global_rank(CommGroup::kPipeline, t.peer_pp_rank);
     a.tag = {activation ? "p2p_activation" : "p2p_gradient", -1,
-             activation ? OpPhase::kForward : OpPhase::kBackward};
+             activation ? OpPhase::kForward : OpPhase::kBackward,
+             activation ? layouts::OpRole::kP2pActivation : layouts::OpRole::kP2pGradient};
     a.microbatch = t.microbatch;
     a.chunk = t.chunk;
     transfers.push_back(a);
@@ -206,7 +208,7 @@ void Trainer::reduce_chunk_gradients(int chunk) {
   OpRecorder& recorder = backend_.recorder();
   recorder.set_position(-1, chunk);
   pending_reductions_.push_back(communicator_.all_reduce_async(
-      CommGroup::kDataContext, chunks_[chunk]->grads(), ReduceOp::kSum, {"grad_bucket", -1, OpPhase::kGradSync}));
+      CommGroup::kDataContext, chunks_[chunk]->grads(), ReduceOp::kSum, {"grad_bucket", -1, OpPhase::kGradSync, layouts::OpRole::kGradReduce}));
 }
 
 void Trainer::run_schedule(const std::vector<MicroBatch>& microbatches) {
@@ -240,7 +242,6 @@ void Trainer::run_schedule(const std::vector<MicroBatch>& microbatches) {
 }
 
 void Trainer::finish_gradients() {
-  const OpTag tag{"", -1, OpPhase::kOptimizer};
   // Tied word embedding under pipelining: the first stage's table and the last stage's copy hold one
   // parameter; their gradients are summed over the embedding group.
   if (config_.model.tied_embeddings && schedule_.pp > 1)
@@ -249,9 +250,8 @@ void Trainer::finish_gradients() {
       if (!st.has_embedding && !st.has_loss) continue;
       const ParameterEntry& e = chunk->layout().find("embedding.word_embeddings.weight");
       communicator_.all_reduce(CommGroup::kEmbedding, chunk->view(chunk->grads(), e), ReduceOp::kSum,
-                               {"embedding_grad_ar", -1, OpPhase::kOptimizer});
+                               {"embedding_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
     }
-  (void)tag;
   // Sequence parallelism: each TP rank's norm gradients cover its sequence shard; sum them over TP.
   if (!sp_norm_grads_.empty()) {
     std::int64_t at = 0;
@@ -261,7 +261,7 @@ void Trainer::finish_gradients() {
         at += e->numel();
       }
     communicator_.all_reduce(CommGroup::kTensor, sp_norm_grads_, ReduceOp::kSum,
-                             {"sp_norm_grad_ar", -1, OpPhase::kOptimizer});
+                             {"sp_norm_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kSequenceParallelNormGrad});
     at = 0;
     for (auto& chunk : chunks_)
       for (const ParameterEntry* e : chunk->sequence_parallel_grad_entries()) {
@@ -295,7 +295,7 @@ double Trainer::global_grad_norm() {
     const float values[2] = {static_cast<float>(std::max(0.0, sum_sq)), 0.0f};
     backend_.upload(scalar_, values);
     communicator_.all_reduce(CommGroup::kWorld, flat_view(scalar_, 0, 1), ReduceOp::kSum,
-                             {"grad_norm_ar", -1, OpPhase::kOptimizer});
+                             {"grad_norm_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kGradNormReduce});
     float reduced[2];
     backend_.download(scalar_, reduced);
     sum_sq = std::isfinite(local) ? reduced[0] : local;
@@ -318,14 +318,19 @@ double Trainer::reported_loss() {
     }
   if (communicator_.world_size() == 1) return sum;
   const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0;
-  const float values[2] = {counts ? static_cast<float>(sum) : 0.0f, 0.0f};
+  return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
+}
+
+double Trainer::world_sum(double value) {
+  if (communicator_.world_size() == 1) return value;
+  const float values[2] = {static_cast<float>(value), 0.0f};
   RecordingPause pause(backend_.recorder());
   backend_.upload(scalar_, values);
   communicator_.all_reduce(CommGroup::kWorld, flat_view(scalar_, 0, 1), ReduceOp::kSum,
-                           {"loss_report", -1, OpPhase::kOptimizer});
+                           {"world_sum", -1, OpPhase::kOptimizer});
   float reduced[2];
   backend_.download(scalar_, reduced);
-  return reduced[0] / static_cast<double>(config_.data_parallel_size);
+  return reduced[0];
 }
 
 StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
@@ -407,6 +412,53 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
   iteration_ = reader.metadata_int("iteration");
   consumed_samples_ = reader.metadata_int("consumed_samples");
   skipped_iterations_ = reader.metadata_int("skipped_iterations");
+}
+
+void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
+  if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
+  shards.front().require_metadata_equal("model_config", config_.model.describe());
+  const int tp_rank = communicator_.rank(CommGroup::kTensor), tp_size = communicator_.size(CommGroup::kTensor);
+  // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice).
+  auto assemble = [&](const ParameterEntry& e, const std::string& name) {
+    std::map<std::int64_t, std::vector<float>> slices;
+    std::int64_t source_tp = 0;
+    for (const checkpoint::CheckpointReader& shard : shards) {
+      const checkpoint::TensorInfo* info = shard.find_tensor(name);
+      if (info == nullptr) continue;
+      const std::int64_t r = shard.has_metadata("tp_rank") ? shard.metadata_int("tp_rank") : 0;
+      source_tp = shard.has_metadata("tp_size") ? shard.metadata_int("tp_size") : 1;
+      if (slices.count(r)) continue;
+      std::vector<float> values(static_cast<std::size_t>(info->num_elements()));
+      shard.read_tensor(name, checkpoint::TensorDType::fp32, info->shape, values.data());
+      slices.emplace(r, std::move(values));
+    }
+    if (source_tp == 0 || static_cast<std::int64_t>(slices.size()) != source_tp)
+      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " + name +
+                      "; resume from a complete save");
+    std::vector<std::vector<float>> ordered;
+    for (auto& [r, values] : slices) ordered.push_back(std::move(values));
+    return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), tp_rank, tp_size);
+  };
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    GPTModel& model = *chunks_[c];
+    const std::int64_t total = model.layout().total_elements();
+    std::vector<float> params(total, 0.0f), m(total, 0.0f), v(total, 0.0f);
+    for (const ParameterEntry& e : model.layout().entries()) {
+      const auto put = [&](std::vector<float>& buffer, const std::string& prefix) {
+        const std::vector<float> local = assemble(e, prefix + e.name);
+        std::copy(local.begin(), local.end(), buffer.begin() + e.offset);
+      };
+      put(params, "model.");
+      put(m, "optimizer.exp_avg.");
+      put(v, "optimizer.exp_avg_sq.");
+    }
+    model.set_main_parameters(params);
+    backend_.upload(optimizer_state_[c].exp_avg, m.data());
+    backend_.upload(optimizer_state_[c].exp_avg_sq, v.data());
+  }
+  iteration_ = shards.front().metadata_int("iteration");
+  consumed_samples_ = shards.front().metadata_int("consumed_samples");
+  skipped_iterations_ = shards.front().metadata_int("skipped_iterations");
 }
 
 }  // namespace megatune::executor

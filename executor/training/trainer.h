@@ -73,6 +73,13 @@ class Trainer {
   void save(checkpoint::CheckpointWriter& writer) const;
   // Restores what save() wrote; UserError when the checkpoint holds another model shape.
   void load(const checkpoint::CheckpointReader& reader);
+  // Restores a checkpoint saved under another parallel layout: `shards` are every rank's shard of that save
+  // (metadata tp_rank / tp_size; a single-rank save: one shard). Each parameter (and its optimizer moments)
+  // is assembled from the TP slices of the shards holding it and sliced for this rank.
+  void load_resharded(const std::vector<checkpoint::CheckpointReader>& shards);
+  // Sum of `value` over every rank of the job (a bookkeeping reduction, not recorded as a step-program op;
+  // also a barrier).
+  double world_sum(double value);
 
   std::int64_t iteration() const { return iteration_; }
   std::int64_t consumed_samples() const { return consumed_samples_; }

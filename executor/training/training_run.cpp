@@ -53,7 +53,7 @@ std::string format_log_line(const LogInterval& v) {
 }
 
 TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& communicator, std::ostream& log)
-    : config_(std::move(config)), backend_(backend), log_(log) {
+    : config_(std::move(config)), backend_(backend), communicator_(communicator), log_(log) {
   if (config_.train_iters <= 0) throw UserError("--train-iters must be >= 1");
   if (config_.log_interval <= 0) throw UserError("--log-interval must be >= 1");
   if (config_.save_interval < 0) throw UserError("--save-interval must be >= 0");
@@ -61,18 +61,7 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
   if (config_.schedule.items.empty())
     config_.schedule = single_stage_schedule(t.model.num_layers, t.batch.num_microbatches);
   trainer_ = std::make_unique<Trainer>(t, config_.schedule, backend, communicator);
-  if (!config_.checkpoint_subdir.empty()) {
-    if (!config_.load.empty()) config_.load = (std::filesystem::path(config_.load) / config_.checkpoint_subdir).string();
-    if (!config_.save.empty()) config_.save = (std::filesystem::path(config_.save) / config_.checkpoint_subdir).string();
-  }
-  if (has_checkpoint(config_.load)) {
-    const checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open_latest(config_.load);
-    trainer_->load(reader);
-    log_ << "loaded checkpoint " << reader.directory() << " at iteration " << trainer_->iteration()
-         << " (consumed samples " << trainer_->consumed_samples() << ")\n";
-  } else if (!config_.load.empty()) {
-    log_ << "no checkpoint under --load " << config_.load << "; starting from iteration 0\n";
-  }
+  load_checkpoint();
   data::DataConfig data = config_.data;
   data.gpt.sequence_length = t.batch.seq;
   const std::int64_t train_samples = config_.train_iters * t.global_batch_size();
@@ -82,12 +71,92 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
 
 TrainingRun::~TrainingRun() = default;
 
+namespace {
+std::string rank_shard_name(int rank) {
+  std::ostringstream name;
+  name << "rank_" << std::setw(5) << std::setfill('0') << rank;
+  return name.str();
+}
+}  // namespace
+
 void TrainingRun::save_checkpoint() {
-  checkpoint::CheckpointWriter writer(config_.save, trainer_->iteration());
-  trainer_->save(writer);
-  writer.commit();
+  const int world = communicator_.world_size(), rank = communicator_.world_rank();
+  if (world == 1) {
+    checkpoint::CheckpointWriter writer(config_.save, trainer_->iteration());
+    trainer_->save(writer);
+    writer.commit();
+  } else {
+    // Every rank writes its shard; once all are written (the world sum is a barrier) rank 0 moves the
+    // iteration into place and updates the tracker; nobody continues before that.
+    checkpoint::CheckpointWriteOptions options;
+    options.shard_name = rank_shard_name(rank);
+    checkpoint::CheckpointWriter writer(config_.save, trainer_->iteration(), options);
+    trainer_->save(writer);
+    writer.add_metadata("layout", config_.layout_description);
+    writer.add_metadata_int("world_size", world);
+    writer.add_metadata_int("world_rank", rank);
+    writer.add_metadata_int("tp_rank", communicator_.rank(CommGroup::kTensor));
+    writer.add_metadata_int("tp_size", communicator_.size(CommGroup::kTensor));
+    writer.commit_shard();
+    trainer_->world_sum(0.0);
+    if (rank == 0) {
+      std::vector<std::string> shards;
+      for (int r = 0; r < world; ++r) shards.push_back(rank_shard_name(r));
+      checkpoint::CheckpointWriter::finalize_iteration(config_.save, trainer_->iteration(), shards);
+    }
+    trainer_->world_sum(0.0);
+  }
   log_ << "saved checkpoint at iteration " << std::setw(8) << trainer_->iteration() << " to " << config_.save
        << "\n";
+}
+
+void TrainingRun::load_checkpoint() {
+  if (!has_checkpoint(config_.load)) {
+    if (!config_.load.empty())
+      log_ << "no checkpoint under --load " << config_.load << "; starting from iteration 0\n";
+    return;
+  }
+  const int world = communicator_.world_size(), rank = communicator_.world_rank();
+  // The saved layout: shard rank_00000 of a parallel save, the default shard of a single-rank one.
+  const std::string latest_dir = [&] {
+    const checkpoint::CheckpointReader probe = [&] {
+      try {
+        return checkpoint::CheckpointReader::open_latest(config_.load, rank_shard_name(0));
+      } catch (const UserError&) {
+        return checkpoint::CheckpointReader::open_latest(config_.load);
+      }
+    }();
+    return std::filesystem::path(probe.directory()).parent_path().string();
+  }();
+  const bool parallel_save = std::filesystem::exists(std::filesystem::path(latest_dir) / rank_shard_name(0));
+  std::vector<checkpoint::CheckpointReader> shards;
+  if (!parallel_save) {
+    shards.push_back(checkpoint::CheckpointReader::open_directory(latest_dir));
+  } else {
+    shards.push_back(checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(0)));
+  }
+  const std::string saved_layout =
+      shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "a single rank";
+  const std::string this_layout = world == 1 ? "a single rank" : config_.layout_description;
+  if (saved_layout == this_layout) {
+    const checkpoint::CheckpointReader mine =
+        world == 1 ? std::move(shards.front()) : checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(rank));
+    trainer_->load(mine);
+  } else {
+    const std::int64_t saved_world = shards.front().has_metadata("world_size") ? shards.front().metadata_int("world_size") : 1;
+    for (int r = 1; r < saved_world; ++r)
+      shards.push_back(checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(r)));
+    trainer_->load_resharded(shards);
+    log_ << "resharded the checkpoint saved under " << saved_layout << " to " << this_layout << "\n";
+  }
+  // Every rank must resume the same iteration (a save interrupted between shards is never in place, but a
+  // --load directory assembled by hand could mix them).
+  const double iterations = trainer_->world_sum(static_cast<double>(trainer_->iteration()));
+  if (iterations != static_cast<double>(trainer_->iteration()) * world)
+    throw UserError("--load " + config_.load + ": the ranks' checkpoints hold different iterations; resume from "
+                    "a directory written by one run");
+  log_ << "loaded checkpoint " << latest_dir << " at iteration " << trainer_->iteration() << " (consumed samples "
+       << trainer_->consumed_samples() << ")\n";
 }
 
 std::vector<IterationRecord> TrainingRun::run() {

@@ -25,11 +25,12 @@ struct RunConfig {
   int gpus = 1;
   bool record_first_iteration = false;  // the backend records the ops of the first iteration run
   // Parallel runs: this rank's schedule (no items: the no-pipelining schedule of the whole model), its
-  // data-parallel rank (the loader's slice of each global batch), and the rank's directory under the --save
-  // / --load roots ("": the roots themselves, a single-rank run).
+  // data-parallel rank (the loader's slice of each global batch), and the layout (describe_layout) that its
+  // checkpoints record: each rank saves its shard rank_NNNNN of the iteration directory; a checkpoint of
+  // another layout is resharded on load.
   layouts::RankSchedule schedule;
   int data_parallel_rank = 0;
-  std::string checkpoint_subdir;
+  std::string layout_description;
 };
 
 struct IterationRecord {
@@ -50,8 +51,10 @@ class TrainingRun {
   void save_checkpoint();
 
  private:
+  void load_checkpoint();
   RunConfig config_;
   Backend& backend_;
+  Communicator& communicator_;
   std::ostream& log_;
   std::unique_ptr<Trainer> trainer_;
   std::shared_ptr<const data::SampleDataset> train_dataset_;

@@ -17,6 +17,8 @@
 
 #include "cost_models/cost_database.h"
 #include "executor/cuda/cuda_check.h"
+#include "executor/cuda/nccl_check.h"
+#include "executor/cuda/nccl_check.h"
 #include "profiler/cuda/cuda_kernel_runner.h"
 #include "profiler/cuda/cupti_tracer.h"
 #include "profiler/cuda/device_identity.h"
@@ -68,7 +70,7 @@ int worker_main(const GpuProfileJob& job, int rank, int progress_fd, const std::
     if (job.gpus > 1 && !job.sweep.collectives.empty()) {
       ncclUniqueId id{};
       if (rank == 0) {
-        if (ncclGetUniqueId(&id) != ncclSuccess) throw std::runtime_error("ncclGetUniqueId failed");
+        MEGATUNE_NCCL_CHECK(ncclGetUniqueId(&id));
         for (const int fd : id_write_fds) write_all(fd, &id, sizeof id);
       } else if (!read_all(id_read_fd, &id, sizeof id)) {
         throw std::runtime_error("did not receive the NCCL unique id from rank 0");

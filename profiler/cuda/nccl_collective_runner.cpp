@@ -5,18 +5,13 @@
 #include <string>
 
 #include "executor/cuda/cuda_check.h"
+#include "executor/cuda/nccl_check.h"
+#include "executor/cuda/nccl_communicator.h"
 #include "profiler/cuda/device_fill.h"
 #include "profiler/trace_timing.h"
 
 namespace megatune::profiler::cuda {
 namespace {
-
-void check_nccl(ncclResult_t result, const char* call, const char* file, int line) {
-  if (result == ncclSuccess) return;
-  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call +
-                           " failed: " + ncclGetErrorString(result));
-}
-#define MEGATUNE_NCCL_CHECK(call) check_nccl((call), #call, __FILE__, __LINE__)
 
 using cost_models::CollectiveOp;
 
@@ -38,7 +33,8 @@ std::size_t piece_elements(const CollectiveItem& item) {
 NcclCollectiveRunner::NcclCollectiveRunner(Tracer& tracer, int rank, int world_size, const ncclUniqueId& id,
                                            cudaStream_t stream, std::uint64_t first_range_id)
     : tracer_(tracer), rank_(rank), world_size_(world_size), stream_(stream), next_range_id_(first_range_id) {
-  MEGATUNE_NCCL_CHECK(ncclCommInitRank(&world_, world_size, id, rank));
+  world_ = executor::cuda::init_world_communicator(world_size, rank,
+                                                   std::string(id.internal, sizeof(id.internal)));
 }
 
 NcclCollectiveRunner::~NcclCollectiveRunner() {
@@ -53,9 +49,9 @@ ncclComm_t NcclCollectiveRunner::comm_for(int group_size) {
   if (group_size == world_size_) return world_;
   const auto found = groups_.find(group_size);
   if (found != groups_.end()) return found->second;
-  ncclComm_t comm = nullptr;
-  const int color = rank_ < group_size ? 0 : NCCL_SPLIT_NOCOLOR;
-  MEGATUNE_NCCL_CHECK(ncclCommSplit(world_, color, rank_, &comm, nullptr));
+  std::vector<int> members(static_cast<std::size_t>(group_size));  // the first group_size ranks
+  for (int r = 0; r < group_size; ++r) members[r] = r;
+  ncclComm_t comm = executor::cuda::split_communicator(world_, rank_, members, /*single_member_too=*/true);
   groups_[group_size] = comm;
   return comm;
 }

@@ -224,6 +224,57 @@ TEST(CrossEntropyGpu, LossAndInPlaceGradientMatchReference) {
   EXPECT_LT(test::relative_error(test::download_bf16(logits_d), logits), 1e-2);
 }
 
+// The vocab-parallel passes over two halves of the vocabulary (two TP ranks; the reductions between the
+// passes done on the host) give the fused kernel's losses and gradients.
+TEST(CrossEntropyGpu, VocabParallelPassesMatchTheFusedReference) {
+  MEGATUNE_REQUIRE_GPU();
+  const int64_t tokens = 29, vocab = 2 * 4096, half = vocab / 2;
+  auto logits = test::random_bf16_values(tokens * vocab, 21, 3.0f);
+  std::vector<int32_t> targets(tokens);
+  std::mt19937 rng(22);
+  for (auto& t : targets) t = int32_t(rng() % vocab);
+  targets[3] = -1;
+  const float scale = 1.0f / 28;
+  std::vector<float> loss(tokens), expected = logits;
+  reference::cross_entropy(expected.data(), targets.data(), loss.data(), tokens, vocab, true, scale);
+  DeviceBuffer<bf16> part0(tokens * half), part1(tokens * half);
+  DeviceBuffer<bf16>* part_d[2] = {&part0, &part1};
+  std::vector<std::vector<float>> parts(2);
+  for (int r = 0; r < 2; ++r) {
+    for (int64_t t = 0; t < tokens; ++t)
+      parts[r].insert(parts[r].end(), logits.begin() + t * vocab + r * half, logits.begin() + t * vocab + (r + 1) * half);
+    test::upload_bf16(*part_d[r], parts[r]);
+  }
+  DeviceBuffer<int32_t> targets_d(tokens);
+  test::upload(targets_d, targets);
+  DeviceBuffer<float> max_d(tokens), target_d(tokens), sum_d(tokens), loss_d(tokens);
+  std::vector<float> row_max(tokens, -INFINITY), target_logit(tokens, 0.0f), sum_exp(tokens, 0.0f);
+  for (int r = 0; r < 2; ++r) {
+    cuda::cross_entropy_row_max(part_d[r]->get(), max_d.get(), tokens, half, nullptr);
+    const auto m = test::download(max_d);
+    for (int64_t t = 0; t < tokens; ++t) row_max[t] = std::max(row_max[t], m[t]);
+  }
+  test::upload(max_d, row_max);
+  for (int r = 0; r < 2; ++r) {
+    cuda::cross_entropy_target_sum_exp(part_d[r]->get(), targets_d.get(), max_d.get(), target_d.get(), sum_d.get(),
+                                       tokens, half, r * half, nullptr);
+    const auto tl = test::download(target_d), se = test::download(sum_d);
+    for (int64_t t = 0; t < tokens; ++t) target_logit[t] += tl[t], sum_exp[t] += se[t];
+  }
+  test::upload(target_d, target_logit), test::upload(sum_d, sum_exp);
+  for (int r = 0; r < 2; ++r) {
+    cuda::cross_entropy_finish(part_d[r]->get(), targets_d.get(), max_d.get(), target_d.get(), sum_d.get(),
+                               loss_d.get(), tokens, half, r * half, scale, nullptr);
+    const auto loss_gpu = test::download(loss_d);
+    for (int64_t t = 0; t < tokens; ++t) EXPECT_NEAR(loss_gpu[t], loss[t], 2e-3 * std::max(1.0f, loss[t])) << t;
+    std::vector<float> expected_part;
+    for (int64_t t = 0; t < tokens; ++t)
+      expected_part.insert(expected_part.end(), expected.begin() + t * vocab + r * half,
+                           expected.begin() + t * vocab + (r + 1) * half);
+    EXPECT_LT(test::relative_error(test::download_bf16(*part_d[r]), expected_part), 1e-2);
+  }
+}
+
 TEST(OptimizerGpu, GradNormAndAdamWMatchReference) {
   MEGATUNE_REQUIRE_GPU();
   const std::vector<int64_t> sizes = {100000, 7, 65536 * 2 + 3};

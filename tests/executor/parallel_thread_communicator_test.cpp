@@ -12,9 +12,9 @@
 #include <random>
 #include <thread>
 
-#include "executor/cpu/thread_communicator.h"
 #include "executor/kernels/reference_elementwise.h"
 #include "layouts/rank_grid.h"
+#include "tests/executor/thread_rank_test_util.h"
 
 namespace megatune::executor {
 namespace {
@@ -27,24 +27,7 @@ using std::chrono::milliseconds;
 
 RankGrid grid_tp2_pp2_dp2(RankOrder order) { return RankGrid(8, 2, 1, 1, 2, 2, order); }
 
-// One rank of a test: its backend (with an arena), its communicator.
-struct Rank {
-  Rank(const RankGrid& grid, int rank, ThreadWorld& world, bool bf16 = false)
-      : backend(bf16), comm((backend.reserve_arena(1 << 20), backend), world, ProcessGroups(grid, rank)) {}
-  Tensor make(std::int64_t rows, std::int64_t cols, const std::vector<float>& values,
-              DType dtype = DType::kFP32) {
-    Tensor t = backend.allocate(dtype, rows, cols, "test");
-    if (!values.empty()) backend.upload(t, values.data());
-    return t;
-  }
-  std::vector<float> read(Tensor t) {
-    std::vector<float> v(t.numel());
-    backend.download(t, v.data());
-    return v;
-  }
-  CpuBackend backend;
-  ThreadCommunicator comm;
-};
+using Rank = TestRank;
 
 // Value i of global rank r's contribution: distinct and exactly representable.
 float value(int rank, std::int64_t i) { return static_cast<float>(rank * 1000 + i) * 0.25f; }

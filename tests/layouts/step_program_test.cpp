@@ -196,6 +196,25 @@ TEST(StepProgram, GradientBucketsCoverEveryParameterOnce) {
   EXPECT_LT(first_sync - p.ops.begin(), p.ops.rend() - last_backward - 1);
 }
 
+// One rank holding the whole model (tp = pp = 1) holds every parameter the model counts, each once, for
+// every preset (MLA, MoE, MTP, tied and untied heads, biases): the stage parameters and
+// ModelSpec::parameter_counts count with the same functions.
+TEST(StepProgram, StageParametersAddUpToTheModelsCounts) {
+  for (const std::string& name : model_preset_names()) {
+    ModelSpec model = model_preset(name);
+    ParallelConfig config = config_for(1, 1, 1, 1);
+    config.validate(model);
+    const StepShape shape = resolve_step_shape(model, config);
+    const PipelineLayout layout = config.resolved_pipeline_layout(model);
+    std::int64_t held = 0;
+    for (const PipelineStage& stage : layout.stages()) {
+      const StageParameters p = stage_parameters(model, shape, stage);
+      held += p.dense + p.expert;
+    }
+    EXPECT_EQ(held, model.parameter_counts(1).total) << name;
+  }
+}
+
 TEST(StepProgram, DistributedOptimizerReduceScattersAndGathersParams) {
   ModelSpec model = model_preset("llama3-8b");
   ParallelConfig config = config_for(8, 2, 1, 8);

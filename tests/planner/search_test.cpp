@@ -48,6 +48,30 @@ TEST(Search, KeepsTensorParallelismInsideTheNvlinkDomain) {
   EXPECT_FALSE(result.why_winner.empty());
 }
 
+TEST(Search, HonoursAPinnedLayoutStringAndVirtualStages) {
+  Fixture f("1x8xH100");
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-8b");
+  request.model.seq_length = 4096;
+  request.world_size = 8;
+  request.global_batch_size = 64;
+  request.top_k = 50;
+  request.space.pipeline_layout = "Et*9|t*8|t*8|t*7L";
+  PlanResult result = plan(request, *f.pricer);
+  ASSERT_FALSE(result.ranked.empty());
+  for (const PlanCandidate& c : result.ranked) {
+    EXPECT_EQ(c.config.pipeline_model_parallel_layout, "Et*9|t*8|t*8|t*7L") << describe(c);
+    EXPECT_EQ(c.config.pp() * c.vpp, 4) << describe(c);
+  }
+  PlanRequest pinned_vpp = request;
+  pinned_vpp.space.pipeline_layout.clear();
+  pinned_vpp.space.pp = {4};
+  pinned_vpp.space.virtual_stages = 2;
+  result = plan(pinned_vpp, *f.pricer);
+  ASSERT_FALSE(result.ranked.empty());
+  for (const PlanCandidate& c : result.ranked) EXPECT_EQ(c.vpp, 2) << describe(c);
+}
+
 TEST(Search, NoPipelineWhenTheModelFits) {
   Fixture f("1x8xH100");
   PlanRequest request;

@@ -1,0 +1,210 @@
+// Gradient synchronization and the optimizer step (declared in step_program.h): the parameters each stage
+// holds, Megatron's gradient buckets over them, the distributed optimizer's param gathers and the ops of the
+// post-schedule steps.
+#include <algorithm>
+#include <climits>
+
+#include "layouts/op_sink.h"
+#include "layouts/parameter_table.h"
+#include "layouts/step_program.h"
+
+namespace megatune::layouts {
+namespace {
+
+std::int64_t layer_dense_params(const ModelSpec& model, const StepShape& s, bool moe) {
+  return attention_parameters(model, s.tp) + decoder_mlp_parameters(model, moe, s.tp);
+}
+
+std::int64_t layer_expert_params(const ModelSpec& model, const StepShape& s, bool moe) {
+  return moe ? routed_expert_parameters(model, static_cast<int>(s.experts / s.ep), s.etp) : 0;
+}
+
+// The gradient-buffer elements of one stage entry: from the parameter table for dense GPT / Llama entries
+// (each parameter padded to the buffer's alignment), the unpadded count otherwise (MoE, MLA, MTP, which the
+// executor does not run yet).
+std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const PipelineStage& stage,
+                             LayerSymbol symbol, int layer, std::int64_t dense) {
+  if (s.mla || symbol == LayerSymbol::kMtp || (symbol == LayerSymbol::kDecoder && model.is_moe_layer(layer)))
+    return dense;
+  DenseParameterShape shape;
+  shape.num_layers = model.num_layers;
+  shape.hidden = s.hidden;
+  shape.heads = s.heads;
+  shape.groups = s.groups;
+  shape.head_dim = s.head_dim;
+  shape.ffn = s.ffn;
+  shape.vocab_padded = s.vocab_padded;
+  shape.max_positions = model.max_positions();
+  shape.layernorm = !s.rms;
+  shape.swiglu = s.swiglu;
+  shape.learned_positions = !s.rope;
+  shape.tied = s.tied;
+  shape.bias = model.add_bias_linear;
+  shape.tp = s.tp;
+  shape.sequence_parallel = s.sp;
+  StageContents contents;
+  contents.num_layers = 0;
+  if (symbol == LayerSymbol::kDecoder) {
+    contents.first_layer = layer;
+    contents.num_layers = 1;
+  }
+  contents.has_embedding = symbol == LayerSymbol::kEmbedding;
+  contents.has_loss = symbol == LayerSymbol::kLoss;
+  std::int64_t n = 0;
+  for (const ParameterSpec& p : stage_parameter_table(shape, contents)) {
+    // A tied head is the stage's own embedding table (counted with E) when the stage holds the embedding.
+    const bool head_copy = p.layer == -2 && p.name == "embedding.word_embeddings.weight";
+    if (!(head_copy && stage.has_embedding)) n += aligned_elements(p.numel());
+  }
+  return n;
+}
+
+}  // namespace
+
+StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, const PipelineStage& stage) {
+  StageParameters p;
+  const std::vector<int> layers = stage_symbol_layers(stage);
+  for (std::size_t j = stage.symbols.size(); j-- > 0;) {
+    std::int64_t dense = 0, expert = 0;
+    switch (stage.symbols[j]) {
+      case LayerSymbol::kEmbedding:
+        dense = s.vocab_padded / s.tp * s.hidden;
+        if (!s.rope) dense += static_cast<std::int64_t>(model.max_positions()) * s.hidden;
+        break;
+      case LayerSymbol::kDecoder: {
+        const bool moe = model.is_moe_layer(layers[j]);
+        dense = layer_dense_params(model, s, moe);
+        expert = layer_expert_params(model, s, moe);
+        break;
+      }
+      case LayerSymbol::kMtp:
+        dense = layer_dense_params(model, s, model.mtp_layer_is_moe()) + mtp_extra_parameters(model, s.tp);
+        expert = layer_expert_params(model, s, model.mtp_layer_is_moe());
+        break;
+      case LayerSymbol::kLoss:
+        dense = s.hidden * (s.rms ? 1 : 2);
+        // Untied: the output layer. Tied with pp > 1: the last stage keeps its own copy of the embedding.
+        if (!s.tied || !stage.has_embedding) dense += s.vocab_padded / s.tp * s.hidden;
+        break;
+    }
+    p.dense += dense;
+    p.expert += expert;
+    p.dense_buffer_per_layer_reverse.push_back(buffer_elements(model, s, stage, stage.symbols[j], layers[j], dense));
+    p.dense_per_layer_reverse.push_back(dense);
+    p.expert_per_layer_reverse.push_back(expert);
+    p.layer_reverse.push_back(layers[j]);
+  }
+  return p;
+}
+
+std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
+                                          const StageParameters& parameters, int chunk,
+                                          const StepProgramOptions& options) {
+  std::vector<GradBucket> buckets;
+  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
+  const int dense_group = shape.dp * shape.cp;
+  const bool overlap = config.overlap_grad_reduce;
+  std::int64_t bucket_limit = options.bucket_size_elements > 0
+                                  ? options.bucket_size_elements
+                                  : std::max<std::int64_t>(40'000'000, 1'000'000LL * dense_group);
+  if (!overlap) bucket_limit = INT64_MAX;
+  auto emit = [&](std::int64_t elements, bool expert, int ready_after) {
+    const int group_size = expert ? shape.edp : dense_group;
+    if (elements <= 0 || group_size <= 1) return;
+    GradBucket b;
+    b.op.kind = config.use_distributed_optimizer ? OpKind::kReduceScatter : OpKind::kAllReduce;
+    b.op.phase = OpPhase::kGradSync;
+    b.op.role = expert ? OpRole::kExpertGradReduce : OpRole::kGradReduce;
+    b.op.label = expert ? "expert_grad_bucket" : "grad_bucket";
+    b.op.dtype = grad_bytes == 2 ? DType::kBF16 : DType::kFP32;
+    b.op.bytes = elements * grad_bytes;
+    b.op.group = expert ? CommGroup::kExpertData : CommGroup::kDataContext;
+    b.op.group_size = group_size;
+    b.op.chunk = chunk;
+    b.ready_after_entry = ready_after;
+    b.elements = elements;
+    b.expert = expert;
+    buckets.push_back(std::move(b));
+  };
+  std::int64_t dense_fill = 0, expert_fill = 0;
+  const int n = static_cast<int>(parameters.layer_reverse.size());
+  for (int i = 0; i < n; ++i) {
+    dense_fill += parameters.dense_buffer_per_layer_reverse.empty() ? parameters.dense_per_layer_reverse[i]
+                                                                    : parameters.dense_buffer_per_layer_reverse[i];
+    expert_fill += parameters.expert_per_layer_reverse[i];
+    if (dense_fill >= bucket_limit) {
+      emit(dense_fill, false, i);
+      dense_fill = 0;
+    }
+    if (expert_fill >= bucket_limit) {
+      emit(expert_fill, true, i);
+      expert_fill = 0;
+    }
+  }
+  emit(dense_fill, false, n - 1);
+  emit(expert_fill, true, n - 1);
+  return buckets;
+}
+
+Op param_gather_op(const GradBucket& bucket) {
+  Op op;
+  op.kind = OpKind::kAllGather;
+  op.phase = OpPhase::kOptimizer;
+  op.role = bucket.expert ? OpRole::kExpertParamGather : OpRole::kParamGather;
+  op.label = bucket.expert ? "expert_param_ag" : "param_ag";
+  op.bytes = bucket.elements * 2;  // bf16 params
+  op.group = bucket.op.group;
+  op.group_size = bucket.op.group_size;
+  op.chunk = bucket.op.chunk;
+  return op;
+}
+
+std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
+                                   const ParallelConfig& config, const std::vector<PipelineStage>& stages,
+                                   OptimizerStep step, const StepProgramOptions& options) {
+  std::vector<Op> ops;
+  OpSink o(ops, OpPhase::kOptimizer, -1, -1, -1);
+  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
+  switch (step) {
+    case OptimizerStep::kEmbeddingGradReduce:
+      o.comm_as(OpRole::kEmbeddingGradReduce, OpKind::kAllReduce, "embedding_grad_ar",
+                shape.vocab_padded / shape.tp * shape.hidden * grad_bytes, CommGroup::kEmbedding, 2,
+                DType::kFP32);
+      break;
+    case OptimizerStep::kSequenceParallelNormGradReduce: {
+      std::int64_t norm_params = 0;
+      for (const PipelineStage& stage : stages)
+        norm_params += static_cast<std::int64_t>(stage.num_decoder_layers + stage.num_mtp_layers) * 2 *
+                           shape.hidden * (shape.rms ? 1 : 2) +
+                       (stage.has_loss ? shape.hidden * (shape.rms ? 1 : 2) : 0);
+      o.comm_as(OpRole::kSequenceParallelNormGrad, OpKind::kAllReduce, "sp_norm_grad_ar",
+                norm_params * grad_bytes, CommGroup::kTensor, shape.tp, DType::kFP32);
+      break;
+    }
+    case OptimizerStep::kGradNorm:
+    case OptimizerStep::kAdamW: {
+      std::int64_t dense = 0, expert = 0;
+      for (const PipelineStage& stage : stages) {
+        const StageParameters p = stage_parameters(model, shape, stage);
+        dense += p.dense;
+        expert += p.expert;
+      }
+      const bool dist = config.use_distributed_optimizer;
+      const std::int64_t dense_shard =
+          dist ? (dense + shape.dp * shape.cp - 1) / (shape.dp * shape.cp) : dense;
+      const std::int64_t expert_shard = dist ? (expert + shape.edp - 1) / shape.edp : expert;
+      const std::int64_t local = dense_shard + expert_shard;
+      if (step == OptimizerStep::kAdamW) {
+        o.memory(OpKind::kOptimizer, "adamw", local * 30, DType::kFP32);
+        break;
+      }
+      o.memory(OpKind::kGradNorm, "grad_norm", local * 4, DType::kFP32);
+      o.comm_as(OpRole::kGradNormReduce, OpKind::kAllReduce, "grad_norm_ar", 4, CommGroup::kWorld,
+                config.world_size, DType::kFP32);
+      break;
+    }
+  }
+  return ops;
+}
+
+}  // namespace megatune::layouts

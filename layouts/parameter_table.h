@@ -1,0 +1,62 @@
+// The parameter table of a dense GPT / Llama pipeline stage: every parameter's name, shape on one
+// tensor-parallel rank, tensor-parallel split (Megatron's TP plan: column-parallel QKV / fc1 and the
+// vocab-parallel embedding and LM head split their rows, row-parallel proj / fc2 their columns, the rest is
+// replicated), initialization and weight-decay class. One home for these facts: the executor's
+// ParameterLayout, its checkpoints and the step program's gradient-buffer sizes read it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megatune::layouts {
+
+enum class TensorParallelSplit { kReplicated, kRows, kColumns };
+enum class ParameterInit { kNormal, kScaledNormal, kOnes, kZeros };
+
+// The dense model shape the table needs (the executor's TransformerConfig and the step program's StepShape
+// both fill it).
+struct DenseParameterShape {
+  int num_layers = 0;
+  std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0, vocab_padded = 0, max_positions = 0;
+  bool layernorm = false, swiglu = false, learned_positions = false, tied = true, bias = false;
+  int tp = 1;
+  bool sequence_parallel = false;
+};
+
+// What a stage holds: decoder layers [first_layer, first_layer + num_layers) (global numbering; -1: all),
+// the embedding, the final norm + LM head + loss.
+struct StageContents {
+  int first_layer = 0;
+  int num_layers = -1;
+  bool has_embedding = true;
+  bool has_loss = true;
+};
+
+struct ParameterSpec {
+  std::string name;                 // Megatron-like: "decoder.layers.3.mlp.linear_fc1.weight"
+  int layer = -1;                   // global decoder layer; -1 embedding, -2 final norm / output layer
+  std::int64_t rows = 0, cols = 0;  // on one TP rank; 1-D parameters have rows == 1
+  ParameterInit init = ParameterInit::kNormal;
+  bool weight_decay = true;  // false for 1-D parameters
+  TensorParallelSplit split = TensorParallelSplit::kReplicated;
+  // The unsharded tensor concatenates parts along the split dimension, each split over TP on its own (QKV:
+  // [q | k | v]; SwiGLU fc1: [gate | up]); global sizes of the parts (one part: the whole dimension).
+  std::vector<std::int64_t> global_parts;
+  bool sequence_parallel_grad = false;  // a norm under SP: its gradient is all-reduced over TP
+  bool gemm_weight = false;             // read by a GEMM (linear layers, the LM head)
+  std::int64_t numel() const { return rows * cols; }
+  std::int64_t global_rows() const;
+  std::int64_t global_cols() const;
+};
+
+// In forward order. A tied LM head on a stage without the embedding is the stage's own copy of
+// "embedding.word_embeddings.weight".
+std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& shape, const StageContents& stage);
+
+// Elements each parameter occupies in the flat parameter and gradient buffers (starts 64-element aligned).
+constexpr std::int64_t kParameterAlignElements = 64;
+inline std::int64_t aligned_elements(std::int64_t n) {
+  return (n + kParameterAlignElements - 1) / kParameterAlignElements * kParameterAlignElements;
+}
+
+}  // namespace megatune::layouts

@@ -1,0 +1,374 @@
+// Data parallelism on threads as ranks: GradientReducer (the mean over dp, overlap on and off bit-identical,
+// early launch of ready buckets, recorded ops) and DistributedOptimizer (sharded and replicated AdamW against
+// one rank's AdamW over the whole buffer, the global grad norm under TP and DP, clipping, a skipped step).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <random>
+
+#include "executor/kernels/reference_elementwise.h"
+#include "executor/parallel/distributed_optimizer.h"
+#include "executor/parallel/gradient_reducer.h"
+#include "layouts/rank_grid.h"
+#include "tests/executor/thread_rank_test_util.h"
+
+namespace megatune::executor {
+namespace {
+
+using layouts::OpKind;
+using layouts::OpPhase;
+
+// Odd sizes, so that shards cut parameters; distinct groups, so that a small bucket size makes several.
+std::vector<GradBufferEntry> test_entries() {
+  const std::int64_t sizes[] = {100, 37, 1, 300, 64, 129, 50, 3};
+  std::vector<GradBufferEntry> entries;
+  for (int i = 0; i < 8; ++i) {
+    GradBufferEntry e;
+    e.name = "p" + std::to_string(i);
+    e.numel = sizes[i];
+    e.group = i;
+    e.weight_decay = i % 3 != 0;
+    e.tensor_parallel_duplicate = i % 4 == 1;
+    entries.push_back(e);
+  }
+  return entries;
+}
+
+GradBufferLayout test_layout(int dp, bool dist_opt) {
+  GradBucketOptions options;
+  options.data_parallel_size = dp;
+  options.overlap_grad_reduce = true;
+  options.bucket_size_elements = 150;
+  options.distributed_optimizer = dist_opt;
+  return GradBufferLayout(test_entries(), options);
+}
+
+// The gradients of (tp rank, dp rank) at `step` over the buffer (padding zero). TP-duplicate parameters get
+// the same gradients on every TP rank.
+std::vector<float> local_grads(const GradBufferLayout& layout, int tp_rank, int dp_rank, int step) {
+  std::vector<float> g(layout.total_elements(), 0.0f);
+  for (int e = 0; e < static_cast<int>(layout.entries().size()); ++e) {
+    const bool duplicate = layout.entries()[e].tensor_parallel_duplicate;
+    std::mt19937 rng(1000 * step + 100 * dp_rank + 10 * (duplicate ? 0 : tp_rank) + e);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (std::int64_t i = 0; i < layout.entries()[e].numel; ++i) g[layout.offset(e) + i] = normal(rng);
+  }
+  return g;
+}
+
+// The mean over dp ranks, summed in dp order (exact for power-of-two dp whatever the scaling order).
+std::vector<float> mean_grads(const GradBufferLayout& layout, int tp_rank, int dp, int step) {
+  std::vector<float> sum(layout.total_elements(), 0.0f);
+  for (int r = 0; r < dp; ++r) {
+    const std::vector<float> g = local_grads(layout, tp_rank, r, step);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? g[i] : sum[i] + g[i];
+  }
+  for (float& x : sum) x /= static_cast<float>(dp);
+  return sum;
+}
+
+std::vector<float> initial_params(const GradBufferLayout& layout, int tp_rank) {
+  std::vector<float> p(layout.total_elements(), 0.0f);
+  std::mt19937 rng(7 + tp_rank);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (float& x : p) x = normal(rng);
+  return p;
+}
+
+using Rank = TestRank;
+
+// Runs body(rank) on every rank of a tp x dp grid.
+void run_grid(int tp, int dp, const std::function<void(Rank&)>& body, bool bf16 = false) {
+  const layouts::RankGrid grid(tp * dp, tp, 1, 1, tp, 1);
+  run_thread_ranks(
+      tp * dp,
+      [&](int r, ThreadWorld& world) {
+        Rank rank(grid, r, world, bf16);
+        body(rank);
+      },
+      std::chrono::milliseconds(30'000));
+}
+
+// Reduces this rank's step-0 gradients, marking entries ready in buffer order; returns the buffer.
+std::vector<float> reduce_once(Rank& rank, const GradBufferLayout& layout,
+                               const GradientReducerOptions& options) {
+  const int dp_rank = rank.comm.rank(CommGroup::kDataContext);
+  Tensor grads = rank.make(local_grads(layout, 0, dp_rank, 0));
+  GradientReducer reducer(rank.comm, layout, grads, options);
+  for (int e = 0; e < static_cast<int>(layout.entries().size()); ++e) reducer.mark_ready(e);
+  reducer.finish();
+  return rank.read(grads);
+}
+
+TEST(GradientReducer, ReducesToTheMeanOverDataParallelRanks) {
+  for (int dp : {2, 4})
+    for (bool dist_opt : {false, true}) {
+      SCOPED_TRACE("dp" + std::to_string(dp) + (dist_opt ? " dist-opt" : ""));
+      const GradBufferLayout layout = test_layout(dp, dist_opt);
+      ASSERT_GT(layout.buckets().size(), 2u);
+      const std::vector<float> mean = mean_grads(layout, 0, dp, 0);
+      run_grid(1, dp, [&](Rank& rank) {
+        const int me = rank.comm.rank(CommGroup::kDataContext);
+        const std::vector<float> reduced = reduce_once(rank, layout, {true, dist_opt});
+        for (int b = 0; b < static_cast<int>(layout.buckets().size()); ++b) {
+          const std::int64_t begin = dist_opt ? layout.shard_begin(b, me) : layout.buckets()[b].begin;
+          const std::int64_t end = dist_opt ? begin + layout.shard_elements(b) : layout.buckets()[b].end;
+          for (std::int64_t i = begin; i < end; ++i) ASSERT_EQ(reduced[i], mean[i]) << "element " << i;
+        }
+      });
+    }
+}
+
+TEST(GradientReducer, OverlapOnAndOffGiveTheSameBits) {
+  for (bool dist_opt : {false, true}) {
+    const GradBufferLayout layout = test_layout(4, dist_opt);
+    std::mutex mutex;
+    std::vector<std::vector<float>> with(4), without(4);
+    run_grid(1, 4, [&](Rank& rank) {
+      std::vector<float> a = reduce_once(rank, layout, {true, dist_opt});
+      std::vector<float> b = reduce_once(rank, layout, {false, dist_opt});
+      std::lock_guard<std::mutex> lock(mutex);
+      with[rank.comm.world_rank()] = std::move(a);
+      without[rank.comm.world_rank()] = std::move(b);
+    });
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(std::memcmp(with[r].data(), without[r].data(), sizeof(float) * with[r].size()), 0);
+  }
+}
+
+TEST(GradientReducer, LaunchesABucketWhenItsLastGradientIsReady) {
+  const GradBufferLayout layout = test_layout(2, true);
+  run_grid(1, 2, [&](Rank& rank) {
+    rank.backend.recorder().set_enabled(true);
+    Tensor grads = rank.make(local_grads(layout, 0, rank.comm.rank(CommGroup::kDataContext), 0));
+    GradientReducer reducer(rank.comm, layout, grads, {true, true});
+    const GradBucketRange& first = layout.buckets()[0];
+    for (int e = first.first_entry; e < first.end_entry; ++e) {
+      EXPECT_FALSE(reducer.launched(0));
+      reducer.mark_ready(e);
+    }
+    EXPECT_TRUE(reducer.launched(0));
+    EXPECT_FALSE(reducer.launched(1));
+    EXPECT_EQ(rank.backend.recorder().ops().size(), 2u);  // grad_scale, reduce-scatter of bucket 0
+    EXPECT_THROW(reducer.mark_ready(first.first_entry), std::logic_error);
+    reducer.finish();
+    const std::vector<layouts::Op>& ops = rank.backend.recorder().ops();
+    ASSERT_EQ(ops.size(), 2 * layout.buckets().size());
+    for (std::size_t b = 0; b < layout.buckets().size(); ++b) {
+      EXPECT_EQ(ops[2 * b].kind, OpKind::kElementwise);
+      EXPECT_EQ(ops[2 * b].label, "grad_scale");
+      const layouts::Op& op = ops[2 * b + 1];
+      EXPECT_EQ(op.kind, OpKind::kReduceScatter);
+      EXPECT_EQ(op.label, "grad_bucket");
+      EXPECT_EQ(op.phase, OpPhase::kGradSync);
+      EXPECT_EQ(op.group, CommGroup::kDataContext);
+      EXPECT_EQ(op.group_size, 2);
+      EXPECT_EQ(op.bytes, layout.buckets()[b].numel() * 4);
+    }
+  });
+  const GradBufferLayout wrong = test_layout(4, false);
+  run_grid(1, 2, [&](Rank& rank) {
+    EXPECT_THROW(GradientReducer(rank.comm, wrong, rank.make(std::vector<float>(wrong.total_elements())), {}),
+                 std::invalid_argument);
+  });
+}
+
+AdamWHyper hyper_at(int step) {
+  AdamWHyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.1f;
+  h.step = step;
+  h.max_grad_norm = 1.0f;  // the norms here are ~30: clipping is active
+  return h;
+}
+
+// One rank's AdamW over the whole buffer from the mean gradients; returns the params after `steps` steps
+// and the norm of each step.
+std::vector<float> single_rank_adamw(const GradBufferLayout& layout, int tp_rank, int dp, int steps,
+                                     std::vector<float>& norms) {
+  CpuBackend backend;
+  backend.reserve_arena(1 << 22);
+  const std::int64_t n = layout.total_elements();
+  Tensor params = backend.allocate(DType::kFP32, 1, n, "p"),
+         grads = backend.allocate(DType::kFP32, 1, n, "g");
+  Tensor m = backend.allocate(DType::kFP32, 1, n, "m"), v = backend.allocate(DType::kFP32, 1, n, "v");
+  backend.upload(params, initial_params(layout, tp_rank).data());
+  std::vector<OptimizerTensor> tensors;
+  for (int e = 0; e < static_cast<int>(layout.entries().size()); ++e) {
+    const std::int64_t at = layout.offset(e), len = layout.entries()[e].numel;
+    tensors.push_back({flat_range(backend, params, at, len), flat_range(backend, grads, at, len),
+                       flat_range(backend, m, at, len), flat_range(backend, v, at, len),
+                       flat_range(backend, params, at, len), layout.entries()[e].weight_decay});
+  }
+  backend.prepare_optimizer(tensors);
+  for (int s = 0; s < steps; ++s) {
+    backend.upload(grads, mean_grads(layout, tp_rank, dp, s).data());
+    norms.push_back(backend.grad_norm({}));
+    backend.adamw_step(hyper_at(s + 1), {});
+  }
+  std::vector<float> out(n);
+  backend.download(params, out.data());
+  return out;
+}
+
+void expect_near_everywhere(const GradBufferLayout& layout, const std::vector<float>& got,
+                            const std::vector<float>& want, float tolerance) {
+  for (int e = 0; e < static_cast<int>(layout.entries().size()); ++e)
+    for (std::int64_t i = layout.offset(e); i < layout.offset(e) + layout.entries()[e].numel; ++i)
+      ASSERT_NEAR(got[i], want[i], tolerance) << layout.entries()[e].name << " element " << i;
+}
+
+// Three training steps of a dp group: reduce, step; returns each rank's params and each step's norm.
+void train_data_parallel(Rank& rank, const GradBufferLayout& layout, bool sharded, bool give_main_params,
+                         std::vector<float>& params_out, std::vector<float>& norms) {
+  const int dp_rank = rank.comm.rank(CommGroup::kDataContext);
+  const std::vector<float> init = initial_params(layout, 0);
+  Tensor model_params = rank.make(init);
+  Tensor grads = rank.make(std::vector<float>(layout.total_elements(), 0.0f));
+  OptimizerBuffers buffers{grads, model_params, give_main_params ? model_params : Tensor{}};
+  DistributedOptimizer optimizer(rank.comm, layout, buffers, {sharded});
+  optimizer.initialize_master_params(model_params);
+  GradientReducer reducer(rank.comm, layout, grads, {true, sharded});
+  for (int s = 0; s < 3; ++s) {
+    rank.backend.upload(grads, local_grads(layout, 0, dp_rank, s).data());
+    for (int e = 0; e < static_cast<int>(layout.entries().size()); ++e) reducer.mark_ready(e);
+    reducer.finish();
+    const DistributedOptimizer::StepResult result = optimizer.step(hyper_at(s + 1));
+    EXPECT_FALSE(result.skipped);
+    norms.push_back(result.grad_norm);
+  }
+  params_out = rank.read(model_params);
+}
+
+TEST(DistributedOptimizer, StepsLikeOneRankOverTheWholeBuffer) {
+  struct Case {
+    int dp;
+    bool sharded, give_main_params;
+  };
+  for (const Case c : {Case{2, true, false}, Case{4, true, false}, Case{4, true, true}, Case{2, false, true},
+                       Case{4, false, false}}) {
+    SCOPED_TRACE("dp" + std::to_string(c.dp) + (c.sharded ? " sharded" : " replicated") +
+                 (c.give_main_params ? " with main params" : ""));
+    const GradBufferLayout layout = test_layout(c.dp, c.sharded);
+    std::vector<float> reference_norms;
+    const std::vector<float> reference = single_rank_adamw(layout, 0, c.dp, 3, reference_norms);
+    run_grid(1, c.dp, [&](Rank& rank) {
+      std::vector<float> params, norms;
+      train_data_parallel(rank, layout, c.sharded, c.give_main_params, params, norms);
+      expect_near_everywhere(layout, params, reference, 1e-6f);
+      for (int s = 0; s < 3; ++s) EXPECT_NEAR(norms[s], reference_norms[s], 1e-6f * reference_norms[s]);
+    });
+  }
+}
+
+// bf16 model params (the CPU backend emulating bf16): the gathered params are the bf16 rounding of the
+// fp32 master params, the same on every rank.
+TEST(DistributedOptimizer, GathersBf16ModelParams) {
+  const GradBufferLayout layout = test_layout(4, true);
+  std::vector<float> reference_norms;
+  const std::vector<float> reference = single_rank_adamw(layout, 0, 4, 1, reference_norms);
+  std::mutex mutex;
+  std::vector<std::vector<float>> gathered(4);
+  run_grid(
+      1, 4,
+      [&](Rank& rank) {
+        const int dp_rank = rank.comm.rank(CommGroup::kDataContext);
+        const std::vector<float> init = initial_params(layout, 0);
+        Tensor master = rank.make(init), grads = rank.make(local_grads(layout, 0, dp_rank, 0));
+        Tensor params = rank.make(1, layout.total_elements(), init, DType::kBF16);
+        GradientReducer reducer(rank.comm, layout, grads, {false, true});
+        reducer.finish();
+        DistributedOptimizer optimizer(rank.comm, layout, {grads, params, {}}, {});
+        optimizer.initialize_master_params(master);
+        optimizer.step(hyper_at(1));
+        std::lock_guard<std::mutex> lock(mutex);
+        gathered[dp_rank] = rank.read(params);
+      },
+      /*bf16=*/true);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(gathered[r], gathered[0]);
+  std::vector<float> rounded = reference;
+  reference::round_to_bf16_inplace(rounded.data(), static_cast<std::int64_t>(rounded.size()));
+  expect_near_everywhere(layout, gathered[0], rounded, 1e-6f);
+}
+
+TEST(DistributedOptimizer, RecordsNormReduceAdamWAndParamGathers) {
+  const GradBufferLayout layout = test_layout(2, true);
+  run_grid(1, 2, [&](Rank& rank) {
+    Tensor params = rank.make(initial_params(layout, 0));
+    Tensor grads = rank.make(local_grads(layout, 0, 0, 0));
+    DistributedOptimizer optimizer(rank.comm, layout, {grads, params, {}}, {});
+    optimizer.initialize_master_params(params);
+    EXPECT_EQ(optimizer.owned_elements() * 2, layout.total_elements());
+    rank.backend.recorder().set_enabled(true);
+    optimizer.step(hyper_at(1));
+    const std::vector<layouts::Op>& ops = rank.backend.recorder().ops();
+    ASSERT_EQ(ops.size(), 3 + layout.buckets().size());
+    EXPECT_EQ(ops[0].kind, OpKind::kGradNorm);
+    EXPECT_EQ(ops[1].kind, OpKind::kAllReduce);
+    EXPECT_EQ(ops[1].label, "grad_norm_ar");
+    EXPECT_EQ(ops[1].group, CommGroup::kWorld);
+    EXPECT_EQ(ops[1].bytes, 4);
+    EXPECT_EQ(ops[2].kind, OpKind::kOptimizer);
+    for (std::size_t b = 0; b < layout.buckets().size(); ++b) {
+      const layouts::Op& op = ops[3 + b];
+      EXPECT_EQ(op.kind, OpKind::kAllGather);
+      EXPECT_EQ(op.label, "param_ag");
+      EXPECT_EQ(op.phase, OpPhase::kOptimizer);
+      EXPECT_EQ(op.group, CommGroup::kDataContext);
+      EXPECT_EQ(op.bytes, layout.buckets()[b].numel() * 4);  // fp32 model params here
+    }
+  });
+}
+
+// Under tp2 x dp2 the global norm counts TP-sharded gradients on both TP ranks and TP-replicated ones once.
+TEST(DistributedOptimizer, GlobalGradNormCountsEveryElementOnce) {
+  for (bool sharded : {true, false}) {
+    const GradBufferLayout layout = test_layout(2, sharded);
+    double sum_of_squares = 0.0;
+    for (int tp_rank = 0; tp_rank < 2; ++tp_rank) {
+      const std::vector<float> mean = mean_grads(layout, tp_rank, 2, 0);
+      for (int e = 0; e < static_cast<int>(layout.entries().size()); ++e) {
+        if (tp_rank == 1 && layout.entries()[e].tensor_parallel_duplicate) continue;
+        for (std::int64_t i = 0; i < layout.entries()[e].numel; ++i)
+          sum_of_squares += double(mean[layout.offset(e) + i]) * mean[layout.offset(e) + i];
+      }
+    }
+    const double expected = std::sqrt(sum_of_squares);
+    run_grid(2, 2, [&](Rank& rank) {
+      const int tp_rank = rank.comm.rank(CommGroup::kTensor),
+                dp_rank = rank.comm.rank(CommGroup::kDataContext);
+      Tensor params = rank.make(initial_params(layout, tp_rank));
+      Tensor grads = rank.make(local_grads(layout, tp_rank, dp_rank, 0));
+      GradientReducer reducer(rank.comm, layout, grads, {false, sharded});
+      reducer.finish();
+      DistributedOptimizer optimizer(rank.comm, layout, {grads, params, {}}, {sharded});
+      optimizer.initialize_master_params(params);
+      const DistributedOptimizer::StepResult result = optimizer.step(hyper_at(1));
+      EXPECT_NEAR(result.grad_norm, expected, 1e-6 * expected);
+    });
+  }
+}
+
+TEST(DistributedOptimizer, ANonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
+  const GradBufferLayout layout = test_layout(4, true);
+  run_grid(1, 4, [&](Rank& rank) {
+    const int dp_rank = rank.comm.rank(CommGroup::kDataContext);
+    const std::vector<float> init = initial_params(layout, 0);
+    std::vector<float> g = local_grads(layout, 0, dp_rank, 0);
+    if (dp_rank == 2) g[layout.offset(3) + 5] = std::numeric_limits<float>::infinity();
+    Tensor params = rank.make(init), grads = rank.make(g);
+    GradientReducer reducer(rank.comm, layout, grads, {false, true});
+    reducer.finish();
+    DistributedOptimizer optimizer(rank.comm, layout, {grads, params, {}}, {});
+    optimizer.initialize_master_params(params);
+    const DistributedOptimizer::StepResult result = optimizer.step(hyper_at(1));
+    EXPECT_TRUE(result.skipped);
+    EXPECT_EQ(rank.read(params), init);
+  });
+}
+
+}  // namespace
+}  // namespace megatune::executor

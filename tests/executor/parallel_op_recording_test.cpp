@@ -1,0 +1,101 @@
+// Per rank of parallel layouts on the CPU backend: the ops the executor issued in one iteration (kernels
+// and collectives, p2p peers included) equal layouts::build_step_program(rank) op for op.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "executor/training/thread_run.h"
+#include "layouts/model_spec.h"
+#include "layouts/parallel_config.h"
+#include "layouts/step_program.h"
+
+namespace megatune::executor {
+namespace {
+
+struct Case {
+  std::string name;
+  int tp = 1, pp = 1, dp = 1, vpp = 0;
+  bool sp = false, overlap = false, gpt = false, tied = false;
+  std::string layout;
+};
+
+layouts::ModelSpec model_of(const Case& c) {
+  layouts::ModelSpec m = layouts::model_preset("tiny");
+  m.num_layers = 4;
+  m.untie_embeddings_and_output_weights = !c.tied;
+  if (c.gpt) {
+    m.normalization = layouts::Normalization::kLayerNorm;
+    m.activation = layouts::Activation::kGelu;
+    m.position_embedding = layouts::PositionEmbedding::kLearnedAbsolute;
+    m.add_bias_linear = true;
+    m.num_query_groups = 0;
+    m.ffn_hidden_size = 4 * m.hidden_size;
+  }
+  return m;
+}
+
+layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
+  layouts::ParallelConfig p;
+  p.tensor_model_parallel_size = c.tp;
+  p.pipeline_model_parallel_size = c.pp;
+  p.world_size = c.tp * c.pp * c.dp;
+  p.sequence_parallel = c.sp;
+  p.micro_batch_size = 2;
+  p.global_batch_size = 4 * c.dp;
+  p.num_virtual_stages_per_pipeline_rank = c.vpp;
+  p.overlap_p2p_comm = c.vpp > 0;
+  p.pipeline_model_parallel_layout = c.layout;
+  p.overlap_grad_reduce = c.overlap;
+  p.validate(m);
+  return p;
+}
+
+class ParallelOpRecording : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ParallelOpRecording, EveryRankIssuesItsStepProgram) {
+  const Case& c = GetParam();
+  const layouts::ModelSpec model = model_of(c);
+  const layouts::ParallelConfig config = config_of(model, c);
+  TrainOptions options;
+  options.train_iters = 1;
+  options.mock_data = true;
+  options.bf16 = true;  // the step program counts bf16 activations
+  std::map<int, std::vector<layouts::Op>> issued;
+  std::mutex mutex;
+  std::ostringstream log;
+  train_on_threads(
+      model, config, options, log,
+      [&](int rank, TrainingRun& run) {
+        std::lock_guard<std::mutex> lock(mutex);
+        issued[rank] = run.trainer().backend().recorder().ops();
+      },
+      /*record_first_iteration=*/true);
+  ASSERT_EQ(static_cast<int>(issued.size()), config.world_size);
+  for (const auto& [rank, ops] : issued) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const std::vector<layouts::Op> planned = layouts::build_step_program(model, config, rank).ops;
+    const std::size_t n = std::min(ops.size(), planned.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      const layouts::Op& e = ops[i];
+      const layouts::Op& p = planned[i];
+      ASSERT_TRUE(e.same_work(p) && e.microbatch == p.microbatch && e.chunk == p.chunk &&
+                  e.peer_rank == p.peer_rank)
+          << "op " << i << "\n  executor: " << layouts::to_string(e) << " peer " << e.peer_rank
+          << "\n  planner:  " << layouts::to_string(p) << " peer " << p.peer_rank;
+    }
+    EXPECT_EQ(ops.size(), planned.size());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ParallelOpRecording,
+    ::testing::Values(Case{"tp2_llama", 2}, Case{"tp2_sp_gpt_tied", 2, 1, 1, 0, true, false, true, true},
+                      Case{"dp2_overlap", 1, 1, 2, 0, false, true}, Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true},
+                      Case{"pp2_vpp2", 1, 2, 1, 2}, Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
+                      Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace megatune::executor
