@@ -77,9 +77,10 @@ std::vector<LayoutChoice> layout_choices(const layouts::ModelSpec& model, int pp
   }
   if (space.virtual_stages > 0 || space.layers_per_virtual_stage > 0) {
     // A pinned virtual-pipeline size: the uniform split with those chunks only.
-    const int v = space.virtual_stages > 0
-                      ? space.virtual_stages
-                      : (layers % (pp * space.layers_per_virtual_stage) == 0 ? layers / (pp * space.layers_per_virtual_stage) : 0);
+    const int v = space.virtual_stages > 0 ? space.virtual_stages
+                                           : (layers % (pp * space.layers_per_virtual_stage) == 0
+                                                  ? layers / (pp * space.layers_per_virtual_stage)
+                                                  : 0);
     if (v > 0 && layers % (pp * v) == 0 && (v == 1 || pp > 1))
       try_add([&] { return PipelineLayout::uniform(layers, pp, v, model.mtp_num_layers); }, true);
     return out;
@@ -258,6 +259,19 @@ void check_pinned_knobs(const layouts::ModelSpec& model, int world, const Search
 [[noreturn]] void throw_nothing_fits(const PlanStatistics& stats, const PlanRequest& request,
                                      std::int64_t smallest_oom, const std::string& smallest_oom_desc,
                                      double capacity, const std::string& first_invalid) {
+  const SearchSpace& pinned = request.space;
+  if (stats.enumerated == 0 && !pinned.pipeline_layout.empty()) {
+    // The pinned layout string itself is the problem (parse or layer-count errors name it), or its stage
+    // count fits no pp of this cluster.
+    const PipelineLayout layout =
+        PipelineLayout::parse(pinned.pipeline_layout, pinned.pp.empty() ? 1 : pinned.pp[0]);
+    layout.validate(request.model.num_layers, request.model.mtp_num_layers);
+    throw UserError("--pipeline-model-parallel-layout has " + std::to_string(layout.num_stages()) +
+                    " stages: no pipeline size dividing them also divides the " +
+                    std::to_string(request.world_size) + " GPUs and --global-batch-size " +
+                    std::to_string(request.global_batch_size) +
+                    "; give a layout with a stage count that divides the GPUs");
+  }
   if (stats.enumerated == 0) {
     throw UserError("no (tp, cp, pp, dp) divides the " + std::to_string(request.world_size) + " GPUs, the " +
                     std::to_string(request.model.num_layers) + " layers and --global-batch-size " +
