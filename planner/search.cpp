@@ -206,7 +206,8 @@ std::vector<int> divisors_of_both(int a, int b) {
 
 // A knob the user pinned (--tp, --pp, --cp, --ep) that cannot work on this model and cluster gets a
 // message naming the knob, why, and the values that would work, instead of "no layout fits".
-void check_pinned_knobs(const layouts::ModelSpec& model, int world, const SearchSpace& space) {
+void check_pinned_knobs(const layouts::ModelSpec& model, int world, int global_batch_size,
+                        const SearchSpace& space) {
   for (int tp : space.tp) {
     if (tp < 1) throw UserError("--tensor-model-parallel-size " + std::to_string(tp) + " must be at least 1");
     if (world % tp != 0) {
@@ -252,6 +253,11 @@ void check_pinned_knobs(const layouts::ModelSpec& model, int world, const Search
   }
   for (int mbs : space.micro_batch) {
     if (mbs < 1) throw UserError("--micro-batch-size " + std::to_string(mbs) + " must be at least 1");
+    if (global_batch_size % mbs != 0) {
+      throw UserError("--micro-batch-size " + std::to_string(mbs) + " does not divide --global-batch-size " +
+                      std::to_string(global_batch_size) + "; use --mbs " +
+                      list_of(divisors_of_both(global_batch_size, std::min(global_batch_size, 64))));
+    }
   }
 }
 
@@ -328,7 +334,7 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
   result.memory_capacity_bytes = pricer.memory_capacity_bytes();
   if (!(request.memory_headroom_fraction >= 0.0 && request.memory_headroom_fraction < 1.0))
     throw UserError("--memory-headroom must be a fraction in [0, 1), e.g. 0.05");
-  check_pinned_knobs(model, world, space);
+  check_pinned_knobs(model, world, request.global_batch_size, space);
   const double capacity = result.memory_capacity_bytes * (1.0 - request.memory_headroom_fraction);
 
   const std::vector<int> tps =

@@ -35,6 +35,20 @@ int run_simulate(const SimulateCommandOptions& o) {
   MegatronArgs with_world = a;
   if (!with_world.world_size) with_world.world_size = cluster.world_size();
   layouts::ParallelConfig config = resolve_parallel(with_world);
+  if (!a.world_size) {
+    // The world comes from --cluster: name it (not a --world-size the user never passed).
+    const long long model_parallel = static_cast<long long>(config.tp()) * config.cp() * config.pp();
+    if (cluster.world_size() % model_parallel != 0) {
+      std::string fits;
+      for (int tp = 1; tp <= cluster.world_size(); tp *= 2)
+        if (cluster.world_size() % (tp * config.cp() * config.pp()) == 0)
+          fits += (fits.empty() ? "" : ", ") + std::to_string(tp);
+      throw UserError("--tp " + std::to_string(config.tp()) + " x --cp " + std::to_string(config.cp()) +
+                      " x --pp " + std::to_string(config.pp()) + " = " + std::to_string(model_parallel) +
+                      " does not divide the " + std::to_string(cluster.world_size()) + " GPUs of --cluster " +
+                      o.cluster + (fits.empty() ? "; lower --cp or --pp" : "; use --tp " + fits));
+    }
+  }
   if (config.world_size != cluster.world_size()) {
     throw UserError("--world-size " + std::to_string(config.world_size) + " differs from --cluster " +
                     o.cluster + " (" + std::to_string(cluster.world_size()) +

@@ -237,6 +237,14 @@ TEST(CliUnclear, TensorParallelSizeAdviceNamesDivisors) {
   expect_one_line_refusal(heads, "32 attention heads");
 }
 
+TEST(CliUnclear, ErrorsNameTheFlagsTheUserGave) {
+  const CliResult simulate =
+      run_megatune({"simulate", "--model", "llama3-8b", "--cluster", "1x8xH100", "--gbs", "8", "--tp", "3"});
+  expect_one_line_refusal(simulate, "--cluster 1x8xH100");
+  EXPECT_EQ(simulate.err.find("--world-size"), std::string::npos) << simulate.err;
+  expect_one_line_refusal(run_megatune(with(kSmallPlan, {"--mbs", "3"})), "use --mbs 1, 2, 4, 8");
+}
+
 TEST(CliUnclear, NestedLayoutGroupIsNamed) {
   const CliResult r = run_megatune({"layout", "--model", "llama3-8b", "--pp", "2", "--world-size", "2",
                                     "--pipeline-model-parallel-layout", "E(t(tt)|)*2L"});
