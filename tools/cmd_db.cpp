@@ -44,6 +44,7 @@ struct DbCommandOptions {
   int group_size = 8;
   int group_nodes = 1;
   bool causal = true;
+  std::vector<std::string> price_flags_given;  // --group-size / --group-nodes / --no-causal when passed
 };
 
 std::string resolved_path(const DbCommandOptions& options) {
@@ -302,6 +303,15 @@ int run_price(const DbCommandOptions& options) {
                     " does not divide --group-size " + std::to_string(options.group_size) +
                     "; give a node count that divides the group");
   }
+  const bool attention = options.op.rfind("attention", 0) == 0;
+  for (const std::string& flag : options.price_flags_given) {
+    const bool applies = flag == "--no-causal" ? attention : collective && options.op != "send_recv";
+    if (!applies) {
+      throw UserError(flag + " does not apply to " + options.op + " (it would be ignored); drop it" +
+                      (flag == "--no-causal" ? " or price attention_fwd / attention_bwd"
+                                             : " or price a collective such as all_reduce"));
+    }
+  }
   OpCost cost;
   std::string detail;
   if (options.op == "gemm") {
@@ -400,7 +410,11 @@ const Registrar kDbCommand{Command{
         if (import->parsed()) return run_import(*options);
         if (exporter->parsed()) return run_export(*options);
         if (fit->parsed()) return run_fit(*options);
-        if (price->parsed()) return run_price(*options);
+        if (price->parsed()) {
+          for (const char* flag : {"--group-size", "--group-nodes", "--no-causal"})
+            if (price->count(flag) > 0) options->price_flags_given.push_back(flag);
+          return run_price(*options);
+        }
         return 1;
       };
     }}};

@@ -193,6 +193,12 @@ TEST(CliSilentNonsense, NonFiniteZeroAndNegativeFlags) {
 
 TEST(CliSilentNonsense, IgnoredFlagCombinationsAreRefused) {
   expect_one_line_refusal(run_megatune({"db", "--db", "/tmp/x.db", "--embedded", "info"}), "--embedded");
+  expect_one_line_refusal(
+      run_megatune({"db", "--embedded", "price", "gemm", "--shape", "8", "8", "8", "--group-size", "4"}),
+      "--group-size does not apply to gemm");
+  expect_one_line_refusal(
+      run_megatune({"db", "--embedded", "price", "all_reduce", "--shape", "8", "--no-causal"}),
+      "--no-causal does not apply");
 }
 
 TEST(CliSilentNonsense, AbsurdClusterFileValues) {
