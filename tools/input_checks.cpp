@@ -116,7 +116,8 @@ CLI::Validator integer_between(long long minimum, long long maximum) {
             "an integer from " + std::to_string(minimum) + " to " + std::to_string(maximum);
         if (!read_integer(text, value, reason)) return reason + "; give " + need;
         if (value < minimum || value > maximum)
-          return "value " + text + " must be from " + std::to_string(minimum) + " to " + std::to_string(maximum);
+          return "value " + text + " must be from " + std::to_string(minimum) + " to " +
+                 std::to_string(maximum);
         return {};
       },
       "INT in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]");
