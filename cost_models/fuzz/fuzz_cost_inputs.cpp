@@ -11,6 +11,7 @@
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/table_io.h"
+#include "layouts/fuzz/fuzz_files.h"
 #include "layouts/user_error.h"
 
 namespace {
@@ -18,21 +19,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace megatune::cost_models;
 
-const fs::path& work_directory() {
-  static const fs::path directory = [] {
-    fs::path path = fs::temp_directory_path() / ("megatune_fuzz_cost_" + std::to_string(::getpid()));
-    fs::create_directories(path);
-    return path;
-  }();
-  return directory;
-}
+const fs::path& work_directory() { return megatune::fuzz::work_directory("cost"); }
 
-void write_file(const fs::path& path, const uint8_t* data, size_t size) {
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) return;
-  if (size > 0) std::fwrite(data, 1, size, file);
-  std::fclose(file);
-}
+using megatune::fuzz::write_file;
 
 void fuzz_cluster(const uint8_t* data, size_t size) {
   const fs::path path = work_directory() / "cluster.json";
