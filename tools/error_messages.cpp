@@ -12,7 +12,8 @@ namespace megatune::tools {
 namespace {
 
 const std::regex& source_location() {
-  static const std::regex pattern(R"(^\s*[^\s:]*\.(cpp|cu|cuh|h|hpp|cc):[0-9]+:\s*)");
+  // "executor/cuda/cuda_backend.cpp:99: " anywhere (a rank's error may be prefixed "rank 3: ").
+  static const std::regex pattern(R"([^\s:]*\.(cpp|cu|cuh|h|hpp|cc):[0-9]+:\s*)");
   return pattern;
 }
 
@@ -25,7 +26,7 @@ bool mentions_any(const std::string& text, std::initializer_list<const char*> wo
 }  // namespace
 
 std::string without_source_location(const std::string& message) {
-  return std::regex_replace(message, source_location(), "", std::regex_constants::format_first_only);
+  return std::regex_replace(message, source_location(), "");
 }
 
 std::string user_facing_message(const std::exception& error) {

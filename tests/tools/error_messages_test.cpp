@@ -46,6 +46,8 @@ TEST(ErrorMessages, UserErrorsPassThroughAndBugsKeepTheirLocation) {
   EXPECT_NE(bug.find("search.cpp:12"), std::string::npos);
   EXPECT_EQ(without_source_location("a/b.cpp:12: text"), "text");
   EXPECT_EQ(without_source_location("plain"), "plain");
+  EXPECT_EQ(without_source_location("rank 3: x/cuda_backend.cpp:99: cudaMalloc failed"),
+            "rank 3: cudaMalloc failed");
 }
 
 std::string check(const CLI::Validator& validator, std::string value) { return validator(value); }
