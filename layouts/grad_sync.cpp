@@ -89,7 +89,8 @@ StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, con
     }
     p.dense += dense;
     p.expert += expert;
-    p.dense_buffer_per_layer_reverse.push_back(buffer_elements(model, s, stage, stage.symbols[j], layers[j], dense));
+    p.dense_buffer_per_layer_reverse.push_back(
+        buffer_elements(model, s, stage, stage.symbols[j], layers[j], dense));
     p.dense_per_layer_reverse.push_back(dense);
     p.expert_per_layer_reverse.push_back(expert);
     p.layer_reverse.push_back(layers[j]);
@@ -129,8 +130,9 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
   std::int64_t dense_fill = 0, expert_fill = 0;
   const int n = static_cast<int>(parameters.layer_reverse.size());
   for (int i = 0; i < n; ++i) {
-    dense_fill += parameters.dense_buffer_per_layer_reverse.empty() ? parameters.dense_per_layer_reverse[i]
-                                                                    : parameters.dense_buffer_per_layer_reverse[i];
+    dense_fill += parameters.dense_buffer_per_layer_reverse.empty()
+                      ? parameters.dense_per_layer_reverse[i]
+                      : parameters.dense_buffer_per_layer_reverse[i];
     expert_fill += parameters.expert_per_layer_reverse[i];
     if (dense_fill >= bucket_limit) {
       emit(dense_fill, false, i);
@@ -167,6 +169,30 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
   const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
   switch (step) {
     case OptimizerStep::kEmbeddingGradReduce:
+      // With the distributed optimizer the reduce-scatter left each rank only its shard of the reduced
+      // gradients, and the first stage's shards do not cover the same embedding rows as the last stage's:
+      // the buckets holding the embedding (E, or the loss entry with the last stage's copy) are first
+      // all-gathered over dp-cp.
+      if (config.use_distributed_optimizer && shape.dp * shape.cp > 1)
+        for (const PipelineStage& stage : stages) {
+          if (!stage.has_embedding && !stage.has_loss) continue;
+          const StageParameters p = stage_parameters(model, shape, stage);
+          const int entry = stage.has_embedding ? static_cast<int>(p.layer_reverse.size()) - 1 : 0;
+          int previous_end = -1;
+          for (const GradBucket& b : grad_sync_buckets(shape, config, p, stage.vpp_rank, options)) {
+            if (b.op.group != CommGroup::kDataContext) continue;
+            if (entry > previous_end && entry <= b.ready_after_entry) {
+              Op& ag = o.add(OpKind::kAllGather, "embedding_grad_ag");
+              ag.role = OpRole::kEmbeddingGradReduce;
+              ag.bytes = b.op.bytes;
+              ag.dtype = DType::kFP32;
+              ag.group = CommGroup::kDataContext;
+              ag.group_size = b.op.group_size;
+              ag.chunk = stage.vpp_rank;
+            }
+            previous_end = b.ready_after_entry;
+          }
+        }
       o.comm_as(OpRole::kEmbeddingGradReduce, OpKind::kAllReduce, "embedding_grad_ar",
                 shape.vocab_padded / shape.tp * shape.hidden * grad_bytes, CommGroup::kEmbedding, 2,
                 DType::kFP32);

@@ -24,8 +24,9 @@ class TableBuilder {
     p.init = init;
     p.weight_decay = rows > 1;
     p.split = split;
-    p.global_parts = parts.empty() ? std::vector<std::int64_t>{split == TensorParallelSplit::kColumns ? cols : rows}
-                                   : std::move(parts);
+    p.global_parts = parts.empty()
+                         ? std::vector<std::int64_t>{split == TensorParallelSplit::kColumns ? cols : rows}
+                         : std::move(parts);
     out_.push_back(std::move(p));
     return out_.back();
   }
@@ -60,11 +61,13 @@ std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, c
   auto norm = [&](const std::string& prefix, int layer) {
     t.add(prefix + ".weight", layer, 1, h, ParameterInit::kOnes).sequence_parallel_grad = c.sequence_parallel;
     if (c.layernorm)
-      t.add(prefix + ".bias", layer, 1, h, ParameterInit::kZeros).sequence_parallel_grad = c.sequence_parallel;
+      t.add(prefix + ".bias", layer, 1, h, ParameterInit::kZeros).sequence_parallel_grad =
+          c.sequence_parallel;
   };
   auto gemm = [&](ParameterSpec& p) { p.gemm_weight = true; };
   if (stage.has_embedding) {
-    t.add("embedding.word_embeddings.weight", -1, vocab / tp, h, ParameterInit::kNormal, Split::kRows, {vocab});
+    t.add("embedding.word_embeddings.weight", -1, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
+          {vocab});
     if (c.learned_positions)
       t.add("embedding.position_embeddings.weight", -1, c.max_positions, h, ParameterInit::kNormal);
   }
@@ -74,8 +77,8 @@ std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, c
     gemm(t.add(layer_name(l, "self_attention.linear_qkv.weight"), l, qkv_rows, h, ParameterInit::kNormal,
                Split::kRows, qkv_parts));
     if (c.bias)
-      t.add(layer_name(l, "self_attention.linear_qkv.bias"), l, 1, qkv_rows, ParameterInit::kZeros, Split::kColumns,
-            qkv_parts);
+      t.add(layer_name(l, "self_attention.linear_qkv.bias"), l, 1, qkv_rows, ParameterInit::kZeros,
+            Split::kColumns, qkv_parts);
     gemm(t.add(layer_name(l, "self_attention.linear_proj.weight"), l, h, c.heads * d / tp,
                ParameterInit::kScaledNormal, Split::kColumns, {c.heads * d}));
     if (c.bias) t.add(layer_name(l, "self_attention.linear_proj.bias"), l, 1, h, ParameterInit::kZeros);
@@ -83,7 +86,8 @@ std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, c
     gemm(t.add(layer_name(l, "mlp.linear_fc1.weight"), l, fc1_rows, h, ParameterInit::kNormal, Split::kRows,
                fc1_parts));
     if (c.bias)
-      t.add(layer_name(l, "mlp.linear_fc1.bias"), l, 1, fc1_rows, ParameterInit::kZeros, Split::kColumns, fc1_parts);
+      t.add(layer_name(l, "mlp.linear_fc1.bias"), l, 1, fc1_rows, ParameterInit::kZeros, Split::kColumns,
+            fc1_parts);
     gemm(t.add(layer_name(l, "mlp.linear_fc2.weight"), l, h, ffn / tp, ParameterInit::kScaledNormal,
                Split::kColumns, {ffn}));
     if (c.bias) t.add(layer_name(l, "mlp.linear_fc2.bias"), l, 1, h, ParameterInit::kZeros);

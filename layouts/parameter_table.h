@@ -51,7 +51,8 @@ struct ParameterSpec {
 
 // In forward order. A tied LM head on a stage without the embedding is the stage's own copy of
 // "embedding.word_embeddings.weight".
-std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& shape, const StageContents& stage);
+std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& shape,
+                                                 const StageContents& stage);
 
 // Elements each parameter occupies in the flat parameter and gradient buffers (starts 64-element aligned).
 constexpr std::int64_t kParameterAlignElements = 64;

@@ -238,7 +238,8 @@ const Registrar kPlanCommand{Command{
       sub.footer(
           "Parallel flags given (--tp, --pp, --cp, --ep, --mbs, --recompute-granularity, "
           "--sequence-parallel, --use-distributed-optimizer, --pipeline-model-parallel-layout, "
-          "--num-virtual-stages-per-pipeline-rank, --num-layers-per-virtual-pipeline-stage) pin that knob.\nExample:\n  megatune plan --model llama3-70b "
+          "--num-virtual-stages-per-pipeline-rank, --num-layers-per-virtual-pipeline-stage) pin that "
+          "knob.\nExample:\n  megatune plan --model llama3-70b "
           "--cluster "
           "8x8xH100 --global-batch-size 512 --seq-length 4096 -o plan.json");
       return [o]() { return run_plan(*o); };

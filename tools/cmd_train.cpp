@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,13 @@
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
+#include "layouts/rank_grid.h"
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
 #include "tools/megatron_args.h"
 #ifdef MEGATUNE_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/nccl_communicator.h"
 #endif
 
 namespace megatune::tools {
@@ -61,6 +64,44 @@ std::string default_device() {
 #endif
 }
 
+// One rank of a multi-GPU job under a launcher (torchrun, Slurm, mpirun, or --nproc): the CUDA backend on
+// LOCAL_RANK's GPU, NCCL communicators per process group (rendezvous at MASTER_ADDR:MASTER_PORT), the last
+// rank logs. A rank's failure aborts the communicators, so every rank ends with the failing rank's line.
+int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel,
+                    const LaunchEnvironment& launch) {
+#ifdef MEGATUNE_HAVE_CUDA
+  RunConfig run = build_run_config(spec, parallel, a.options, launch.rank);
+  auto backend = std::make_unique<CudaBackend>(launch.local_rank);
+  try {
+    run.peak_tflops = layouts::peak_dense_tflops(backend->device_name());
+  } catch (const UserError&) {
+    run.peak_tflops = 0.0;
+  }
+  RendezvousOptions rendezvous;
+  rendezvous.fingerprint = spec.name + " " + describe_layout(spec, parallel);
+  std::unique_ptr<NcclCommunicator> communicator =
+      NcclCommunicator::connect(*backend, layouts::RankGrid::from_config(parallel), launch, rendezvous);
+  const bool logs = launch.rank == launch.world_size - 1;
+  std::ostringstream quiet;
+  std::ostream& log = logs ? std::cout : quiet;
+  if (logs)
+    std::cout << "megatune train: " << spec.name << ", layout " << describe_layout(spec, parallel) << ", "
+              << parallel.world_size << " ranks (NCCL), backend " << backend->name() << std::endl;
+  try {
+    TrainingRun training(run, *backend, *communicator, log);
+    training.run();
+    communicator->synchronize();
+  } catch (const std::exception& e) {
+    communicator->abort("rank " + std::to_string(launch.rank) + ": " + e.what());
+    throw;
+  }
+  return 0;
+#else
+  (void)a, (void)spec, (void)parallel, (void)launch;
+  throw UserError("--device cuda: this megatune was built without CUDA; use --device cpu");
+#endif
+}
+
 int run_train(TrainArgs& a) {
   // Like Megatron, the world size defaults to the launcher's (torchrun, Slurm, mpirun).
   const LaunchEnvironment launch = read_launch_environment();
@@ -77,6 +118,10 @@ int run_train(TrainArgs& a) {
     throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
                     std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
   if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
+  // A multi-GPU layout started without a launcher (e.g. a plan's megatune.args as written): one process per
+  // GPU on this host, as --nproc would.
+  if (a.device == "cuda" && parallel.world_size > 1 && launch.world_size == 1 && a.nproc == 0)
+    a.nproc = parallel.world_size;
   if (a.nproc > 1 && a.device == "cuda") {  // one process per GPU: this command line again in each
 #ifdef MEGATUNE_HAVE_CUDA
     if (CudaBackend::device_count() < a.nproc)
@@ -86,11 +131,8 @@ int run_train(TrainArgs& a) {
 #endif
     return relaunch_with_nproc(a.nproc, std::cout, std::cerr);
   }
+  if (parallel.world_size > 1 && a.device == "cuda") return train_nccl_rank(a, spec, parallel, launch);
   if (parallel.world_size > 1) {
-    if (a.device != "cpu")
-      throw UserError("--world-size " + std::to_string(parallel.world_size) +
-                      " on --device cuda: multi-GPU runs go through a launcher with one process per GPU; "
-                      "use --device cpu to run the layout's ranks as threads");
     std::cout << "megatune train: " << spec.name << ", layout " << describe_layout(spec, parallel) << ", "
               << parallel.world_size << " ranks as threads on the CPU backend" << std::endl;
     train_on_threads(spec, parallel, a.options, std::cout);
@@ -127,18 +169,23 @@ const Registrar registrar({
       add_model_flags(app, a.megatron);
       add_parallel_flags(app, a.megatron);
       add_batch_flags(app, a.megatron);
-      app.add_option("--lr", a.options.lr, "peak learning rate (Megatron requires it; megatune default 1e-4)");
+      app.add_option("--lr", a.options.lr,
+                     "peak learning rate (Megatron requires it; megatune default 1e-4)");
       app.add_option("--min-lr", a.options.min_lr, "learning rate floor of the decay");
       app.add_option("--lr-warmup-init", a.options.lr_warmup_init, "learning rate at the start of warm-up");
       app.add_option("--lr-decay-style", a.options.lr_decay_style,
                      "constant | linear | cosine | inverse-square-root | WSD");
       app.add_option("--lr-warmup-iters", a.options.lr_warmup_iters, "warm-up iterations");
-      app.add_option("--lr-warmup-fraction", a.options.lr_warmup_fraction, "warm-up as a fraction of the decay");
-      app.add_option("--lr-decay-iters", a.options.lr_decay_iters, "iterations of the decay (default --train-iters)");
-      app.add_option("--lr-wsd-decay-iters", a.options.lr_wsd_decay_iters, "WSD: iterations of the final anneal");
+      app.add_option("--lr-warmup-fraction", a.options.lr_warmup_fraction,
+                     "warm-up as a fraction of the decay");
+      app.add_option("--lr-decay-iters", a.options.lr_decay_iters,
+                     "iterations of the decay (default --train-iters)");
+      app.add_option("--lr-wsd-decay-iters", a.options.lr_wsd_decay_iters,
+                     "WSD: iterations of the final anneal");
       app.add_option("--lr-wsd-decay-style", a.options.lr_wsd_decay_style,
                      "WSD anneal: exponential | linear | cosine | minus_sqrt");
-      app.add_option("--weight-decay", a.options.weight_decay, "AdamW decoupled weight decay (not on 1-D params)");
+      app.add_option("--weight-decay", a.options.weight_decay,
+                     "AdamW decoupled weight decay (not on 1-D params)");
       app.add_option("--clip-grad", a.options.clip_grad, "global gradient-norm clip (0: off)");
       app.add_option("--adam-beta1", a.options.adam_beta1, "AdamW beta1");
       app.add_option("--adam-beta2", a.options.adam_beta2, "AdamW beta2");
@@ -150,10 +197,12 @@ const Registrar registrar({
       app.add_option("--save", a.options.save, "checkpoint directory to save into");
       app.add_option("--load", a.options.load, "checkpoint directory to resume from (its latest iteration)");
       app.add_option("--save-interval", a.options.save_interval, "save every N iterations (0: at the end)");
-      app.add_option("--data-path", a.options.data_path, "indexed dataset prefix, or W1 PREFIX1 W2 PREFIX2 ...");
+      app.add_option("--data-path", a.options.data_path,
+                     "indexed dataset prefix, or W1 PREFIX1 W2 PREFIX2 ...");
       app.add_option("--split", a.options.split, "train,valid,test weights");
       app.add_flag("--mock-data", a.options.mock_data, "Megatron-style synthetic data");
-      app.add_flag("--eod-mask-loss", a.options.eod_mask_loss, "no loss on positions whose input is the EOD token");
+      app.add_flag("--eod-mask-loss", a.options.eod_mask_loss,
+                   "no loss on positions whose input is the EOD token");
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--nproc", a.nproc,

@@ -187,8 +187,8 @@ class Backend {
   };
   using StatsReduce = std::function<void(Tensor stats, bool is_max, const char* label)>;
   void vocab_parallel_cross_entropy(Tensor logits, Tensor targets, std::int64_t vocab_offset, Tensor losses,
-                                    float grad_scale, const CrossEntropyStats& stats, const StatsReduce& reduce,
-                                    const OpTag& tag);
+                                    float grad_scale, const CrossEntropyStats& stats,
+                                    const StatsReduce& reduce, const OpTag& tag);
   void add(Tensor a, Tensor b, Tensor out, const OpTag& tag);  // out = a + b (out may alias a)
   void cast(Tensor src, Tensor dst, const OpTag& tag);         // e.g. fp32 main params -> model dtype
   // t *= factor in place (gradients scaled to the mean over data-parallel ranks); fp32 on CUDA.

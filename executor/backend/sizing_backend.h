@@ -53,7 +53,8 @@ class SizingBackend final : public Backend {
   void do_cross_entropy_target_sum_exp(Tensor, Tensor, std::int64_t, const CrossEntropyStats&) override {
     refuse();
   }
-  void do_cross_entropy_finish(Tensor, Tensor, std::int64_t, const CrossEntropyStats&, Tensor, float) override {
+  void do_cross_entropy_finish(Tensor, Tensor, std::int64_t, const CrossEntropyStats&, Tensor,
+                               float) override {
     refuse();
   }
   void do_add(Tensor, Tensor, Tensor) override { refuse(); }

@@ -147,9 +147,9 @@ void cross_entropy_target_sum_exp(const bf16* logits, const int32_t* targets, co
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 
-void cross_entropy_finish(bf16* logits, const int32_t* targets, const float* row_max, const float* target_logit,
-                          const float* sum_exp, float* loss, int64_t tokens, int64_t vocab, int64_t vocab_offset,
-                          float grad_scale, cudaStream_t stream) {
+void cross_entropy_finish(bf16* logits, const int32_t* targets, const float* row_max,
+                          const float* target_logit, const float* sum_exp, float* loss, int64_t tokens,
+                          int64_t vocab, int64_t vocab_offset, float grad_scale, cudaStream_t stream) {
   check_logits(logits, vocab);
   if (tokens <= 0) return;
   finish_kernel<<<unsigned(tokens), kThreads, 0, stream>>>(logits, targets, row_max, target_logit, sum_exp,

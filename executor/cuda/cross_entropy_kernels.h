@@ -26,8 +26,8 @@ void cross_entropy_row_max(const bf16* logits, float* row_max, int64_t tokens, i
 void cross_entropy_target_sum_exp(const bf16* logits, const int32_t* targets, const float* row_max,
                                   float* target_logit, float* sum_exp, int64_t tokens, int64_t vocab,
                                   int64_t vocab_offset, cudaStream_t stream);
-void cross_entropy_finish(bf16* logits, const int32_t* targets, const float* row_max, const float* target_logit,
-                          const float* sum_exp, float* loss, int64_t tokens, int64_t vocab, int64_t vocab_offset,
-                          float grad_scale, cudaStream_t stream);
+void cross_entropy_finish(bf16* logits, const int32_t* targets, const float* row_max,
+                          const float* target_logit, const float* sum_exp, float* loss, int64_t tokens,
+                          int64_t vocab, int64_t vocab_offset, float grad_scale, cudaStream_t stream);
 
 }  // namespace megatune::executor::cuda

@@ -418,8 +418,8 @@ void CudaBackend::do_cross_entropy_finish(Tensor logits, Tensor targets, std::in
                                           const CrossEntropyStats& stats, Tensor losses, float grad_scale) {
   require_contiguous(logits, "logits");
   cuda::cross_entropy_finish(b16(logits), static_cast<const std::int32_t*>(targets.data), f32(stats.row_max),
-                             f32(stats.target_logit), f32(stats.sum_exp), f32(losses), logits.rows, logits.cols,
-                             vocab_offset, grad_scale, compute_);
+                             f32(stats.target_logit), f32(stats.sum_exp), f32(losses), logits.rows,
+                             logits.cols, vocab_offset, grad_scale, compute_);
 }
 
 void CudaBackend::do_add(Tensor a, Tensor b, Tensor out) {

@@ -127,7 +127,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   // buffer order is Megatron's (reversed): the embedding tables are the last elements, so the copy is the
   // buffer's first model_copy_elements_.
   model_copy_elements_ = total;
-  if (compute_dtype_ != DType::kFP32 && !config_.tied_embeddings && stage_.has_embedding) {
+  if (compute_dtype_ != DType::kFP32 && !config_.tied_embeddings && stage_.has_embedding &&
+      !batch_.compute_copy_of_every_parameter) {
     const bool learned = config_.position == PositionEmbedding::kLearned;
     model_copy_elements_ = layout_.entries()[learned ? 1 : 0].offset;
   }
@@ -203,9 +204,12 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     logits_ = backend_.allocate(compute_dtype_, loss_chunk_rows_, config_.vocab_per_rank(),
                                 "logits (and their gradient), one token chunk");
     if (tp_size_ > 1) {
-      ce_stats_.row_max = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1, "logits (and their gradient), one token chunk");
-      ce_stats_.target_logit = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1, "logits (and their gradient), one token chunk");
-      ce_stats_.sum_exp = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1, "logits (and their gradient), one token chunk");
+      ce_stats_.row_max = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1,
+                                            "logits (and their gradient), one token chunk");
+      ce_stats_.target_logit = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1,
+                                                 "logits (and their gradient), one token chunk");
+      ce_stats_.sum_exp = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1,
+                                            "logits (and their gradient), one token chunk");
     }
   }
   for (Slot& slot : slots_) slot.tokens = backend_.allocate_int32(T, 1, "tokens, targets, losses");
@@ -403,7 +407,8 @@ std::vector<const ParameterEntry*> GPTModel::sequence_parallel_grad_entries() co
 }
 
 int GPTModel::slot_of(int index) {
-  if (index < 0 || index >= batch_.num_microbatches) throw std::out_of_range("micro-batch index out of range");
+  if (index < 0 || index >= batch_.num_microbatches)
+    throw std::out_of_range("micro-batch index out of range");
   if (slot_of_microbatch_[index] >= 0) return slot_of_microbatch_[index];
   std::vector<bool> used(slots_.size(), false);
   for (int s : slot_of_microbatch_)
@@ -587,7 +592,8 @@ void GPTModel::embedding_forward(const MicroBatch& mb, int slot) {
 
 void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients) {
   const std::int64_t T = batch_.tokens();
-  if (index < 0 || index >= batch_.num_microbatches) throw std::out_of_range("micro-batch index out of range");
+  if (index < 0 || index >= batch_.num_microbatches)
+    throw std::out_of_range("micro-batch index out of range");
   if (forward_done_[index]) throw std::logic_error("forward of a micro-batch whose backward has not run");
   const bool needs_tokens = stage_.has_embedding, needs_labels = stage_.has_loss;
   if ((needs_tokens && static_cast<std::int64_t>(mb.tokens.size()) != T) ||
@@ -628,13 +634,15 @@ void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with
   const Tensor final_full = gather_to_full(s.final_norm, full_scratch_, "logits_input_ag", -1, kF);
   // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
   // logits' gradient in place; vocab-parallel under TP), then the head's data gradient (into the slot's
-  // head_grad, read by the backward's final norm) and weight gradient, so one chunk of logits is held at a time.
+  // head_grad, read by the backward's final norm) and weight gradient, so one chunk of logits is held at a
+  // time.
   const ParameterEntry& out_entry = head_entry();
   const Tensor out_w = view(model_params_, out_entry);
   // Mean over the counted tokens of the micro-batch, averaged over the iteration's micro-batches.
   const float grad_scale =
-      counted > 0 ? static_cast<float>(1.0 / (counted * batch_.num_microbatches * batch_.gradient_average_ranks))
-                  : 0.0f;
+      counted > 0
+          ? static_cast<float>(1.0 / (counted * batch_.num_microbatches * batch_.gradient_average_ranks))
+          : 0.0f;
   const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
   const std::int64_t vocab_offset = tp_rank_ * config_.vocab_per_rank();
   for (std::int64_t first = 0; first < T; first += loss_chunk_rows_) {
@@ -674,7 +682,8 @@ void GPTModel::loss_backward(int slot) {
   // The slot's head_grad holds the gradient of the final norm's output (the LM head's data gradient, from
   // forward()), partial over the vocabulary slices under TP.
   Slot& s = slots_[slot];
-  const Tensor d_final = reduce_from_full(s.head_grad, d_hidden_shard_, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
+  const Tensor d_final =
+      reduce_from_full(s.head_grad, d_hidden_shard_, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
   Tensor fn_b, d_fn_b;
   if (config_.norm == NormKind::kLayerNorm) {
     fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
@@ -686,35 +695,53 @@ void GPTModel::loss_backward(int slot) {
                          d_final, {}, d_res_, view(grads_, fn_w), d_fn_b, {"final_norm", -1, kB});
 }
 
-void GPTModel::backward(int index) {
+int GPTModel::backward_entries() const {
+  return stage_.num_layers + (stage_.has_embedding ? 1 : 0) + (stage_.has_loss ? 1 : 0);
+}
+
+void GPTModel::backward(int index) { backward(index, 0, backward_entries()); }
+
+void GPTModel::backward(int index, int begin, int end) {
+  const int count = backward_entries();
   if (index < 0 || index >= batch_.num_microbatches || !forward_done_[index])
     throw std::logic_error("backward of a micro-batch whose forward did not run");
-  forward_done_[index] = false;
+  if (begin < 0 || begin > end || end > count)
+    throw std::out_of_range("backward: entry range outside the stage");
   const int slot = slot_of(index);
   Slot& s = slots_[slot];
-  if (stage_.has_loss)
-    loss_backward(slot);
-  else
-    backend_.copy(s.output_grad, d_res_);
-  for (int i = stage_.num_layers - 1; i >= 0; --i) {
-    const int l = stage_.first_layer + i;
-    LayerActivations& acts = activations_for(slot, i);
-    if (recompute_ == RecomputeGranularity::kFull)
-      layer_forward(l, acts, s.residual[i], s.residual[i + 1], OpPhase::kRecompute);  // as Megatron: the layer
-    layer_backward(l, acts, s.residual[i]);
+  const int loss_entries = stage_.has_loss ? 1 : 0;
+  if (begin == 0 && !stage_.has_loss) backend_.copy(s.output_grad, d_res_);
+  for (int e = begin; e < end; ++e) {
+    if (e < loss_entries) {
+      loss_backward(slot);
+    } else if (e < loss_entries + stage_.num_layers) {
+      const int i = stage_.num_layers - 1 - (e - loss_entries);  // layers last..first
+      const int l = stage_.first_layer + i;
+      LayerActivations& acts = activations_for(slot, i);
+      if (recompute_ == RecomputeGranularity::kFull)
+        layer_forward(l, acts, s.residual[i], s.residual[i + 1],
+                      OpPhase::kRecompute);  // as Megatron: the layer
+      layer_backward(l, acts, s.residual[i]);
+    } else {
+      embedding_backward(slot);
+    }
   }
-  if (!stage_.has_embedding) {
+  if (end < count) return;
+  forward_done_[index] = false;
+  if (!stage_.has_embedding)
     backend_.copy(d_res_, s.input_grad);
-    return;
-  }
+  else
+    slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
+}
+
+void GPTModel::embedding_backward(int slot) {
   const Tensor d_embedding = gather_to_full(d_res_, full_scratch_, "embedding_grad_ag", -1, kB);
   Tensor d_position;
   if (config_.position == PositionEmbedding::kLearned)
     d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));
-  backend_.embedding_backward(s.tokens, d_embedding, batch_.seq,
+  backend_.embedding_backward(slots_[slot].tokens, d_embedding, batch_.seq,
                               view(grads_, layout_.find("embedding.word_embeddings.weight")), d_position,
                               {"embedding", -1, kB});
-  slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
 }
 
 std::vector<double> GPTModel::microbatch_losses() {

@@ -1,7 +1,7 @@
 // GPTModel: one pipeline stage (model chunk) of the decoder LM (embedding, transformer layers, final norm, LM
-// head, cross-entropy) on one Backend and one tensor-parallel rank: parameter and gradient buffers, activation
-// slots sized up front (one per micro-batch in flight), forward and backward of one micro-batch, and
-// Megatron's tensor- and sequence-parallel communication through a Communicator.
+// head, cross-entropy) on one Backend and one tensor-parallel rank: parameter and gradient buffers,
+// activation slots sized up front (one per micro-batch in flight), forward and backward of one micro-batch,
+// and Megatron's tensor- and sequence-parallel communication through a Communicator.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -34,6 +34,9 @@ struct BatchShape {
   // The loss gradient is scaled by 1 / (counted tokens * num_microbatches * gradient_average_ranks): the
   // data-parallel ranks' summed gradients are then their mean.
   int gradient_average_ranks = 1;
+  // The compute-dtype copy covers every parameter, the untied embedding tables included (the distributed
+  // optimizer all-gathers updated parameters into it bucket by bucket).
+  bool compute_copy_of_every_parameter = false;
   std::int64_t tokens() const { return micro_batch * seq; }
 };
 
@@ -64,6 +67,11 @@ class GPTModel {
   // the backward. `batch` supplies tokens (embedding stage) and labels / loss mask (loss stage).
   void forward(const MicroBatch& batch, int index);
   void backward(int index);
+  // One segment of the backward: entries [begin, end) of backward_entries() in Megatron's buffer order (the
+  // loss, the layers last..first, the embedding), so that a gradient bucket's reduction can start between
+  // them; the pass is complete after the segment that reaches the last entry.
+  void backward(int index, int begin, int end);
+  int backward_entries() const;
   // Pipeline I/O of micro-batch `index`, (rows, hidden) with rows = tokens (/ tp under sequence parallelism);
   // the first use acquires the micro-batch's slot. stage_input: the first layer's input; stage_output: the
   // last layer's output; output_grad: the gradient of stage_output; input_grad: the gradient of stage_input
@@ -124,6 +132,7 @@ class GPTModel {
   void embedding_forward(const MicroBatch& batch, int slot);
   void loss_forward(const MicroBatch& batch, int index, int slot, bool with_gradients);
   void loss_backward(int slot);
+  void embedding_backward(int slot);
   LayerWeights layer_weights(Tensor buffer, int layer) const;
   LayerActivations allocate_layer_activations(bool with_attention);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
@@ -133,8 +142,8 @@ class GPTModel {
   // Tensor-parallel regions (megatron.md §4); no-ops at TP size 1. reduce_from_full: the sum over TP of a
   // (T, h) partial result, into `out` (the (T / tp, h) shard under SP, else in place); gather_to_full: a
   // (T / tp, h) shard into the (T, h) buffer under SP, else the identity (returns the tensor to use).
-  Tensor reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label, int layer,
-                          layouts::OpPhase phase);
+  Tensor reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label,
+                          int layer, layouts::OpPhase phase);
   Tensor gather_to_full(Tensor shard, Tensor full_out, const char* label, int layer, layouts::OpPhase phase);
   bool sp() const { return config_.sequence_parallel && tp_size_ > 1; }
   NormArgs norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
@@ -166,11 +175,11 @@ class GPTModel {
 
   // What one activation slot holds (one micro-batch in flight).
   struct Slot {
-    std::vector<Tensor> residual;            // local layers + 1 of (rows, h): layer inputs and the last output
-    std::vector<LayerActivations> saved;     // per local layer (none/selective); empty under full recompute
-    Tensor tokens;                           // (T, 1) int32 local token ids (embedding stage)
+    std::vector<Tensor> residual;         // local layers + 1 of (rows, h): layer inputs and the last output
+    std::vector<LayerActivations> saved;  // per local layer (none/selective); empty under full recompute
+    Tensor tokens;                        // (T, 1) int32 local token ids (embedding stage)
     Tensor final_norm, final_mean, final_rstd;  // (rows, h), (rows, 1), (rows, 1) (loss stage)
-    Tensor head_grad;  // (T, h) gradient of the final norm output from the LM head (loss stage)
+    Tensor head_grad;                // (T, h) gradient of the final norm output from the LM head (loss stage)
     Tensor output_grad, input_grad;  // (rows, h) pipeline gradients (stages without the loss / embedding)
   };
   std::vector<Slot> slots_;
@@ -182,17 +191,17 @@ class GPTModel {
   Tensor norm1_shard_, norm2_shard_;     // (T / tp, h) norm outputs on the shard (SP only)
   Tensor mlp_scratch_;                   // (1, T * max(ffn, attn + qkv widths)): see the constructor
   Tensor fc2_out_;                       // (T, h) forward GEMM output (aliases d_hidden_)
-  Tensor reduced_;                       // (rows, h) the reduced row-parallel output (aliases fc2_out_ without SP)
-  Tensor full_scratch_;                  // (T, h) gathered activations / gradients under SP (embedding output too)
-  Tensor final_full_;                    // (T, h) the gathered final norm output (aliases the slot's without SP)
-  Tensor logits_;                        // (chunk, V / tp) one token chunk, overwritten by its gradient
+  Tensor reduced_;       // (rows, h) the reduced row-parallel output (aliases fc2_out_ without SP)
+  Tensor full_scratch_;  // (T, h) gathered activations / gradients under SP (embedding output too)
+  Tensor final_full_;    // (T, h) the gathered final norm output (aliases the slot's without SP)
+  Tensor logits_;        // (chunk, V / tp) one token chunk, overwritten by its gradient
   Backend::CrossEntropyStats ce_stats_;  // (chunk, 1) fp32 each, vocab-parallel cross entropy (tp > 1)
   std::int64_t loss_chunk_rows_ = 0;     // tokens per LM-head / loss chunk
   Tensor targets_;                       // (T, 1) int32
   Tensor losses_;                        // (num_microbatches, T) fp32
   // Backward scratch (views into mlp_scratch_ where their lifetimes allow; see the constructor).
   Tensor d_res_, d_mid_, d_hidden_, d_attn_, d_qkv_;
-  Tensor d_hidden_shard_;  // (rows, h) the reduced input gradient (aliases d_hidden_ without SP)
+  Tensor d_hidden_shard_;               // (rows, h) the reduced input gradient (aliases d_hidden_ without SP)
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
 };
 

@@ -44,8 +44,8 @@ ParameterLayout::ParameterLayout(const TransformerConfig& c, const StageSpan& st
   total_elements_ = offset;
 }
 
-std::vector<float> tensor_parallel_slice(const ParameterEntry& e, const std::vector<float>& global, int tp_rank,
-                                         int tp_size) {
+std::vector<float> tensor_parallel_slice(const ParameterEntry& e, const std::vector<float>& global,
+                                         int tp_rank, int tp_size) {
   const std::int64_t grows = e.global_rows(), gcols = e.global_cols();
   if (static_cast<std::int64_t>(global.size()) != grows * gcols)
     throw std::invalid_argument("tensor_parallel_slice: " + e.name + " has the wrong element count");
@@ -74,7 +74,8 @@ std::vector<float> tensor_parallel_slice(const ParameterEntry& e, const std::vec
   return out;
 }
 
-std::vector<float> tensor_parallel_assemble(const ParameterEntry& e, const std::vector<std::vector<float>>& slices) {
+std::vector<float> tensor_parallel_assemble(const ParameterEntry& e,
+                                            const std::vector<std::vector<float>>& slices) {
   const std::int64_t tp = static_cast<std::int64_t>(slices.size());
   if (tp == 0) throw std::invalid_argument("tensor_parallel_assemble: no slices of " + e.name);
   const std::int64_t grows = e.global_rows(), gcols = e.global_cols();

@@ -126,8 +126,9 @@ void Communicator::batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>
 void SingleRankCommunicator::abort(const std::string& message) { throw std::runtime_error(message); }
 
 CommHandle SingleRankCommunicator::do_batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& t) {
-  throw std::logic_error(std::string("point-to-point transfer with rank ") + std::to_string(t.front().peer_rank) +
-                         " over group " + layouts::comm_group_name(group) + " in a single-rank run");
+  throw std::logic_error(std::string("point-to-point transfer with rank ") +
+                         std::to_string(t.front().peer_rank) + " over group " +
+                         layouts::comm_group_name(group) + " in a single-rank run");
 }
 
 }  // namespace megatune::executor

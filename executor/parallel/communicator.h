@@ -28,9 +28,9 @@ using CommHandle = std::unique_ptr<CommWork>;
 // One transfer of a batched point-to-point exchange (Megatron's batch_isend_irecv).
 struct P2pTransferArgs {
   bool send = true;
-  Tensor tensor;       // contiguous; a receive writes it
-  int peer_rank = -1;  // global rank on the other side (layouts::Op::peer_rank)
-  OpTag tag;           // label ("p2p_activation" / "p2p_gradient"), phase
+  Tensor tensor;                    // contiguous; a receive writes it
+  int peer_rank = -1;               // global rank on the other side (layouts::Op::peer_rank)
+  OpTag tag;                        // label ("p2p_activation" / "p2p_gradient"), phase
   int microbatch = -1, chunk = -1;  // stamped on the recorded op (the transfer's, not the schedule position)
 };
 

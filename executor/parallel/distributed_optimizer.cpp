@@ -105,7 +105,7 @@ DistributedOptimizer::StepResult DistributedOptimizer::step(const AdamWHyper& hy
 
 void DistributedOptimizer::gather_params() {
   const int group_size = communicator_.size(options_.group);
-  const OpTag tag{"param_ag", -1, OpPhase::kOptimizer};
+  const OpTag tag{"param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather};
   for (const OwnedRange& r : owned_) {
     const GradBucketRange& bucket = layout_.buckets()[r.bucket];
     CommHandle h = communicator_.all_gather_async(

@@ -82,8 +82,6 @@ namespace {
 
 constexpr int kEmbeddingGroup = -1, kLossGroup = -2;  // layouts::StageParameters::layer_reverse's codes
 
-bool has(const std::string& name, const char* part) { return name.find(part) != std::string::npos; }
-
 int group_of(const std::string& name) {
   static const std::string layers = "decoder.layers.";
   if (name.rfind(layers, 0) == 0) return std::stoi(name.substr(layers.size()));
@@ -102,8 +100,7 @@ std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, 
     e.numel = it->numel();
     e.group = group_of(it->name);
     e.weight_decay = it->weight_decay;
-    e.tensor_parallel_duplicate = has(e.name, "layernorm") || has(e.name, "linear_proj.bias") ||
-                                  has(e.name, "linear_fc2.bias") || has(e.name, "position_embeddings");
+    e.tensor_parallel_duplicate = it->split == TensorParallelSplit::kReplicated;
     e.shared = shared_embedding && e.name == "embedding.word_embeddings.weight";
     out.push_back(std::move(e));
   }

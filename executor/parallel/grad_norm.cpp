@@ -22,7 +22,7 @@ float GlobalGradNorm::compute(Communicator& communicator) {
   float sum_of_squares = local * local;
   backend_.upload(scratch_, &sum_of_squares);
   communicator.all_reduce(CommGroup::kWorld, scratch_, ReduceOp::kSum,
-                          {"grad_norm_ar", -1, OpPhase::kOptimizer});
+                          {"grad_norm_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kGradNormReduce});
   backend_.download(scratch_, &sum_of_squares);
   const float global = std::sqrt(sum_of_squares);
   backend_.set_grad_norm(global);

@@ -63,8 +63,9 @@ void GradientReducer::launch(int bucket) {
   const GradBucketRange& b = layout_.buckets()[bucket];
   Backend& backend = communicator_.backend();
   const Tensor all = bucket_grads(bucket);
-  backend.scale(all, 1.0f / static_cast<float>(group_size), {"grad_scale", -1, OpPhase::kGradSync});
-  const OpTag tag{"grad_bucket", -1, OpPhase::kGradSync};
+  if (options_.scale_to_mean)
+    backend.scale(all, 1.0f / static_cast<float>(group_size), {"grad_scale", -1, OpPhase::kGradSync});
+  const OpTag tag{"grad_bucket", -1, OpPhase::kGradSync, layouts::OpRole::kGradReduce};
   if (options_.distributed_optimizer) {
     handles_[bucket] = communicator_.reduce_scatter_async(
         options_.group, flat_range(backend, grads_, b.begin, b.numel(), group_size), shard_grads(bucket),

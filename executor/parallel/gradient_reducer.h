@@ -13,6 +13,9 @@ struct GradientReducerOptions {
   bool overlap_grad_reduce = false;    // launch each bucket when its last gradient is marked ready
   bool distributed_optimizer = false;  // reduce-scatter into this rank's shard instead of all-reduce
   CommGroup group = CommGroup::kDataContext;
+  // Multiply each bucket by 1 / group size before its collective (Megatron's gradient_scaling_factor). Off
+  // when the loss gradient already carries 1 / (dp * cp) (the Trainer's choice: no extra op per bucket).
+  bool scale_to_mean = true;
 };
 
 // Scaling: each bucket is multiplied by 1 / group size just before its collective (Megatron's
@@ -36,6 +39,10 @@ class GradientReducer {
   // Launches every bucket not yet launched, in bucket order, and waits for all of them; then the next
   // iteration may start (nothing is ready).
   void finish();
+  // Launches bucket `bucket` now if it has not been (the schedule walker's kGradBucket point).
+  void launch_bucket(int bucket) {
+    if (!handles_launched_.at(bucket)) launch(bucket);
+  }
 
   Tensor bucket_grads(int bucket) const;  // (1, numel) view of the buffer
   Tensor shard_grads(int bucket) const;   // (1, numel / dp) this rank's shard

@@ -6,6 +6,7 @@
 #include "layouts/flops.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
+#include "layouts/schedule_walker.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -62,7 +63,8 @@ LrScheduleConfig lr_schedule(const TrainOptions& a, std::int64_t gbs) {
   if (a.lr_warmup_fraction) {
     if (!(*a.lr_warmup_fraction >= 0 && *a.lr_warmup_fraction <= 1))
       throw UserError("--lr-warmup-fraction must lie in [0, 1]");
-    lr.warmup_samples = static_cast<std::int64_t>(*a.lr_warmup_fraction * static_cast<double>(lr.decay_samples));
+    lr.warmup_samples =
+        static_cast<std::int64_t>(*a.lr_warmup_fraction * static_cast<double>(lr.decay_samples));
   } else {
     lr.warmup_samples = a.lr_warmup_iters.value_or(0) * gbs;
   }
@@ -77,8 +79,9 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   const RankLayout placement = rank_layout(spec, parallel, rank);
   RunConfig run;
   TrainerConfig& t = run.trainer;
-  t.model = transformer_config_from(spec, parallel.tp(), static_cast<float>(a.rotary_base),
-                                    static_cast<float>(a.norm_epsilon), static_cast<float>(a.init_method_std));
+  t.model =
+      transformer_config_from(spec, parallel.tp(), static_cast<float>(a.rotary_base),
+                              static_cast<float>(a.norm_epsilon), static_cast<float>(a.init_method_std));
   t.model.sequence_parallel = parallel.sequence_parallel_enabled();
   t.batch.micro_batch = parallel.micro_batch_size;
   t.batch.seq = spec.seq_length;
@@ -90,6 +93,9 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.data_parallel_size = parallel.dp() * parallel.cp();
   t.chunks = placement.chunks;
   t.overlap_grad_reduce = parallel.overlap_grad_reduce;
+  t.use_distributed_optimizer = parallel.use_distributed_optimizer;
+  t.overlap_param_gather = parallel.overlap_param_gather;
+  t.step = layouts::walk_rank_step(spec, parallel, rank);
   const std::int64_t gbs = t.global_batch_size();
   t.lr = lr_schedule(a, gbs);
 

@@ -29,13 +29,17 @@ OptimizerState allocate_optimizer_state(Backend& backend, std::int64_t total) {
 }
 
 std::vector<StageSpan> resolved_chunks(const TrainerConfig& config) {
-  return config.chunks.empty() ? std::vector<StageSpan>{StageSpan{}} : config.chunks;
+  std::vector<StageSpan> chunks = config.chunks.empty() ? std::vector<StageSpan>{StageSpan{}} : config.chunks;
+  for (StageSpan& c : chunks)
+    if (c.num_layers < 0) c.num_layers = config.model.num_layers - c.first_layer;
+  return chunks;
 }
 
 BatchShape chunk_batch(const TrainerConfig& config, int slots) {
   BatchShape batch = config.batch;
   batch.activation_slots = slots;
   batch.gradient_average_ranks = config.data_parallel_size;
+  batch.compute_copy_of_every_parameter = config.use_distributed_optimizer;
   return batch;
 }
 
@@ -89,9 +93,11 @@ std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedul
     if (item.kind != ScheduleItemKind::kP2p) continue;
     // A batch's receive buffers are taken before its sent gradients' slots are free (both are in flight).
     for (const layouts::P2pTransfer& t : item.transfers)
-      if (t.direction == P2pDirection::kRecv && t.tensor == P2pTensor::kActivation) acquire(t.chunk, t.microbatch);
+      if (t.direction == P2pDirection::kRecv && t.tensor == P2pTensor::kActivation)
+        acquire(t.chunk, t.microbatch);
     for (const layouts::P2pTransfer& t : item.transfers)
-      if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient) release(t.chunk, t.microbatch);
+      if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient)
+        release(t.chunk, t.microbatch);
   }
   return peak;
 }
@@ -107,6 +113,39 @@ std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& 
   backend.end_sizing();
   return backend.arena_breakdown();
 }
+
+namespace {
+
+// The items of an iteration without a walk: the schedule's own (a single rank: no p2p, no buckets), then the
+// grad norm and AdamW.
+std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& schedule,
+                                                   const std::vector<StageSpan>& chunks) {
+  std::vector<layouts::StepItem> items;
+  for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
+    const layouts::ScheduleItem& s = schedule.items[i];
+    if (s.kind == ScheduleItemKind::kP2p)
+      throw std::invalid_argument("p2p item in a schedule without a walk");
+    layouts::StepItem item;
+    item.kind = s.kind == ScheduleItemKind::kForward ? layouts::StepItemKind::kForward
+                                                     : layouts::StepItemKind::kBackward;
+    item.schedule_item = i;
+    item.microbatch = s.microbatch;
+    item.chunk = s.chunk;
+    const StageSpan& c = chunks.at(s.chunk);
+    item.entry_count = c.num_layers + (c.has_embedding ? 1 : 0) + (c.has_loss ? 1 : 0);
+    item.entry_end = item.entry_count;
+    items.push_back(item);
+  }
+  for (layouts::OptimizerStep step : {layouts::OptimizerStep::kGradNorm, layouts::OptimizerStep::kAdamW}) {
+    layouts::StepItem item;
+    item.kind = layouts::StepItemKind::kOptimizer;
+    item.optimizer_step = step;
+    items.push_back(item);
+  }
+  return items;
+}
+
+}  // namespace
 
 Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& schedule, Backend& backend,
                  Communicator& communicator)
@@ -129,10 +168,13 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
     throw std::invalid_argument("the communicator's data-parallel group has " +
                                 std::to_string(communicator_.size(CommGroup::kDataContext)) +
                                 " ranks, the trainer config " + std::to_string(config_.data_parallel_size));
+  if (config_.use_distributed_optimizer && 64 % config_.data_parallel_size != 0)
+    throw UserError(
+        "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel "
+        "size (" +
+        std::to_string(config_.data_parallel_size) + ") must divide 64; use a power of two");
+  items_ = config_.step ? config_.step->items : items_from_schedule(schedule_, chunks);
   slots_per_chunk_ = activation_slots_per_chunk(schedule_, chunks);
-  last_backward_item_.assign(chunks.size(), -1);
-  for (int i = 0; i < static_cast<int>(schedule_.items.size()); ++i)
-    if (schedule_.items[i].kind == ScheduleItemKind::kBackward) last_backward_item_.at(schedule_.items[i].chunk) = i;
   backend_.begin_sizing();
   build(true);
   const std::int64_t bytes = backend_.end_sizing();
@@ -146,38 +188,112 @@ void Trainer::build(bool sizing) {
   chunks_.clear();
   optimizer_state_.clear();
   std::int64_t sp_elements = 0;
+  const int dp = communicator_.size(CommGroup::kDataContext),
+            dp_rank = communicator_.rank(CommGroup::kDataContext);
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     chunks_.push_back(std::make_unique<GPTModel>(config_.model, chunk_batch(config_, slots_per_chunk_[c]),
                                                  config_.recompute, config_.compute_dtype, backend_,
                                                  communicator_, chunks[c]));
-    const OptimizerState state = allocate_optimizer_state(backend_, chunks_.back()->layout().total_elements());
-    optimizer_state_.push_back({state.exp_avg, state.exp_avg_sq});
-    for (const ParameterEntry* e : chunks_.back()->sequence_parallel_grad_entries()) sp_elements += e->numel();
+    const GPTModel& model = *chunks_.back();
+    ChunkOptimizerState state;
+    GradBucketOptions bucket_options;
+    bucket_options.data_parallel_size = dp;
+    bucket_options.overlap_grad_reduce = config_.overlap_grad_reduce;
+    bucket_options.distributed_optimizer = config_.use_distributed_optimizer;
+    bucket_options.bucket_end_multiple = layouts::kParameterAlignElements;
+    const bool shared = config_.model.tied_embeddings && schedule_.pp > 1 && !chunks[c].has_embedding;
+    state.buffer =
+        std::make_unique<GradBufferLayout>(grad_buffer_entries(model.layout(), shared), bucket_options);
+    if (state.buffer->total_elements() != model.layout().total_elements())
+      throw std::logic_error("the grad buffer's buckets do not tile the model's buffer");
+    std::int64_t owned = 0;
+    for (int b = 0; b < static_cast<int>(state.buffer->buckets().size()); ++b) {
+      const GradBucketRange& range = state.buffer->buckets()[b];
+      const std::int64_t begin =
+          config_.use_distributed_optimizer ? state.buffer->shard_begin(b, dp_rank) : range.begin;
+      const std::int64_t end =
+          config_.use_distributed_optimizer ? begin + state.buffer->shard_elements(b) : range.end;
+      state.owned.emplace_back(begin, end);
+      owned += end - begin;
+    }
+    state.exp_avg = backend_.allocate(DType::kFP32, 1, std::max<std::int64_t>(owned, 1),
+                                      "AdamW exp_avg, exp_avg_sq (fp32)");
+    state.exp_avg_sq = backend_.allocate(DType::kFP32, 1, std::max<std::int64_t>(owned, 1),
+                                         "AdamW exp_avg, exp_avg_sq (fp32)");
+    if (!sizing) {
+      GradientReducerOptions reducer;
+      reducer.overlap_grad_reduce = config_.overlap_grad_reduce;
+      reducer.distributed_optimizer = config_.use_distributed_optimizer;
+      reducer.scale_to_mean = false;  // the loss gradient carries 1 / (dp * cp)
+      state.reducer = std::make_unique<GradientReducer>(communicator_, *state.buffer, model.grads(), reducer);
+      backend_.fill_zero(state.exp_avg);
+      backend_.fill_zero(state.exp_avg_sq);
+    }
+    optimizer_state_.push_back(std::move(state));
+    for (const ParameterEntry* e : model.sequence_parallel_grad_entries()) sp_elements += e->numel();
   }
-  sp_norm_grads_ = sp_elements > 0 ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
-                                   : Tensor{};
+  sp_norm_grads_ = sp_elements > 0
+                       ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
+                       : Tensor{};
   scalar_ = backend_.allocate(DType::kFP32, 1, 2, "grad norm and loss reductions");
-  if (sizing) return;
+  grad_norm_ = std::make_unique<GlobalGradNorm>(backend_);
+  if (!sizing) build_optimizer();
+}
+
+void Trainer::build_optimizer() {
+  // The multi-tensor table over the pieces of every parameter this rank updates (the whole buffer, or its
+  // shard of every bucket), padding included under the distributed optimizer (zero gradients, zero weights:
+  // AdamW leaves them at zero) so that the optimizer ops count the shard's elements. Each element of the
+  // model counts once in the global grad norm: replicated parameters on TP rank 0, the shard's owner under
+  // the distributed optimizer, data-parallel rank 0 without it.
+  const int tp_rank = communicator_.rank(CommGroup::kTensor);
+  const bool dp_counts =
+      config_.use_distributed_optimizer || communicator_.rank(CommGroup::kDataContext) == 0;
   std::vector<OptimizerTensor> tensors;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const GPTModel& model = *chunks_[c];
-    for (const ParameterEntry& e : model.layout().entries()) {
-      OptimizerTensor t;
-      t.main_param = model.view(model.main_params(), e);
-      t.main_grad = model.view(model.grads(), e);
-      t.exp_avg = model.view(optimizer_state_[c].exp_avg, e);
-      t.exp_avg_sq = model.view(optimizer_state_[c].exp_avg_sq, e);
-      t.model_param = model.view(model.model_params(), e);
-      t.apply_weight_decay = e.weight_decay;
-      tensors.push_back(t);
+    const ChunkOptimizerState& state = optimizer_state_[c];
+    const GradBufferLayout& buffer = *state.buffer;
+    std::int64_t state_offset = 0;
+    for (std::size_t b = 0; b < state.owned.size(); ++b) {
+      const auto [begin, end] = state.owned[b];
+      const GradBucketRange& bucket = buffer.buckets()[b];
+      std::int64_t at = begin;
+      auto piece = [&](std::int64_t lo, std::int64_t hi, bool decay, bool counts) {
+        if (hi <= lo) return;
+        OptimizerTensor t;
+        const std::int64_t n = hi - lo, st = state_offset + (lo - begin);
+        t.main_param = flat_range(backend_, model.main_params(), lo, n);
+        t.main_grad = flat_range(backend_, model.grads(), lo, n);
+        t.exp_avg = flat_range(backend_, state.exp_avg, st, n);
+        t.exp_avg_sq = flat_range(backend_, state.exp_avg_sq, st, n);
+        t.model_param =
+            model.model_params().data == model.main_params().data || lo + n <= model.model_params().cols
+                ? flat_range(backend_, model.model_params(), lo, n)
+                : flat_range(backend_, model.main_params(), lo, n);
+        t.apply_weight_decay = decay;
+        t.in_grad_norm = counts;
+        tensors.push_back(t);
+      };
+      for (int e = bucket.first_entry; e < bucket.end_entry; ++e) {
+        const GradBufferEntry& entry = buffer.entries()[e];
+        const std::int64_t lo = std::max(begin, buffer.offset(e)),
+                           hi = std::min(end, buffer.offset(e) + entry.numel);
+        if (hi <= lo) continue;
+        if (config_.use_distributed_optimizer) piece(at, lo, false, false);  // padding before it
+        piece(lo, hi, entry.weight_decay, dp_counts && counts_in_grad_norm(entry, tp_rank));
+        at = hi;
+      }
+      if (config_.use_distributed_optimizer) piece(at, end, false, false);
+      state_offset += end - begin;
     }
   }
   backend_.prepare_optimizer(std::move(tensors));
 }
 
-void Trainer::run_p2p(const layouts::ScheduleItem& item) {
+void Trainer::run_p2p(const layouts::StepItem& item) {
   std::vector<P2pTransferArgs> transfers;
-  for (const layouts::P2pTransfer& t : item.transfers) {
+  for (const layouts::StepTransfer& t : item.transfers) {
     GPTModel& model = *chunks_.at(t.chunk);
     P2pTransferArgs a;
     a.send = t.direction == P2pDirection::kSend;
@@ -186,7 +302,7 @@ void Trainer::run_p2p(const layouts::ScheduleItem& item) {
       a.tensor = a.send ? model.stage_output(t.microbatch) : model.stage_input(t.microbatch);
     else
       a.tensor = a.send ? model.input_grad(t.microbatch) : model.output_grad(t.microbatch);
-    a.peer_rank = communicator_.global_rank(CommGroup::kPipeline, t.peer_pp_rank);
+    a.peer_rank = t.peer_rank;
     a.tag = {activation ? "p2p_activation" : "p2p_gradient", -1,
              activation ? OpPhase::kForward : OpPhase::kBackward,
              activation ? layouts::OpRole::kP2pActivation : layouts::OpRole::kP2pGradient};
@@ -196,113 +312,153 @@ void Trainer::run_p2p(const layouts::ScheduleItem& item) {
   }
   communicator_.batch_p2p(CommGroup::kPipeline, transfers);
   // A sent input gradient ends its micro-batch's use of the chunk's activation slot.
-  for (const layouts::P2pTransfer& t : item.transfers)
+  for (const layouts::StepTransfer& t : item.transfers)
     if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient)
       chunks_.at(t.chunk)->release(t.microbatch);
 }
 
-void Trainer::reduce_chunk_gradients(int chunk) {
-  // Megatron's grad buffer reduced over dp-cp (the loss gradient is already scaled to the mean over the
-  // data-parallel ranks, so the reduction is a sum).
-  if (communicator_.size(CommGroup::kDataContext) <= 1) return;
-  OpRecorder& recorder = backend_.recorder();
-  recorder.set_position(-1, chunk);
-  pending_reductions_.push_back(communicator_.all_reduce_async(
-      CommGroup::kDataContext, chunks_[chunk]->grads(), ReduceOp::kSum, {"grad_bucket", -1, OpPhase::kGradSync, layouts::OpRole::kGradReduce}));
-}
-
-void Trainer::run_schedule(const std::vector<MicroBatch>& microbatches) {
-  OpRecorder& recorder = backend_.recorder();
-  std::vector<int> deferred;  // chunks whose reduction waits for the end of the schedule
-  for (int i = 0; i < static_cast<int>(schedule_.items.size()); ++i) {
-    const layouts::ScheduleItem& item = schedule_.items[i];
-    if (item.kind == ScheduleItemKind::kP2p) {
-      run_p2p(item);
-      continue;
-    }
-    recorder.set_position(item.microbatch, item.chunk);
-    GPTModel& model = *chunks_.at(item.chunk);
-    if (item.kind == ScheduleItemKind::kForward) {
-      model.forward(microbatches.at(item.microbatch), item.microbatch);
-      continue;
-    }
-    model.backward(item.microbatch);
-    if (i == last_backward_item_[item.chunk]) {
-      if (config_.overlap_grad_reduce)
-        reduce_chunk_gradients(item.chunk);
-      else
-        deferred.push_back(item.chunk);
-    }
-  }
-  for (int chunk : deferred) reduce_chunk_gradients(chunk);
-  recorder.set_position(-1, -1);
-  for (CommHandle& h : pending_reductions_)
-    if (h) h->wait();
-  pending_reductions_.clear();
-}
-
-void Trainer::finish_gradients() {
+void Trainer::reduce_tied_embedding() {
   // Tied word embedding under pipelining: the first stage's table and the last stage's copy hold one
   // parameter; their gradients are summed over the embedding group.
-  if (config_.model.tied_embeddings && schedule_.pp > 1)
-    for (auto& chunk : chunks_) {
-      const StageSpan& st = chunk->stage();
-      if (!st.has_embedding && !st.has_loss) continue;
-      const ParameterEntry& e = chunk->layout().find("embedding.word_embeddings.weight");
-      communicator_.all_reduce(CommGroup::kEmbedding, chunk->view(chunk->grads(), e), ReduceOp::kSum,
-                               {"embedding_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    GPTModel* chunk = chunks_[c].get();
+    const StageSpan& st = chunk->stage();
+    if (!st.has_embedding && !st.has_loss) continue;
+    const ParameterEntry& e = chunk->layout().find("embedding.word_embeddings.weight");
+    // Under the distributed optimizer only this rank's shard of each bucket is reduced, and the two stages'
+    // shards cover different rows: gather the reduced buckets holding the embedding first.
+    const int dp = communicator_.size(CommGroup::kDataContext);
+    if (config_.use_distributed_optimizer && dp > 1) {
+      const ChunkOptimizerState& state = optimizer_state_[c];
+      OpRecorder& recorder = backend_.recorder();
+      recorder.set_position(-1, static_cast<int>(c));
+      for (std::size_t b = 0; b < state.owned.size(); ++b) {
+        const GradBucketRange& range = state.buffer->buckets()[b];
+        if (range.end <= e.offset || range.begin >= e.offset + e.numel()) continue;
+        const auto [begin, end] = state.owned[b];
+        communicator_.all_gather(
+            CommGroup::kDataContext, flat_range(backend_, chunk->grads(), begin, end - begin),
+            flat_range(backend_, chunk->grads(), range.begin, range.end - range.begin, dp),
+            {"embedding_grad_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
+      }
+      recorder.set_position(-1, -1);
     }
-  // Sequence parallelism: each TP rank's norm gradients cover its sequence shard; sum them over TP.
-  if (!sp_norm_grads_.empty()) {
+    communicator_.all_reduce(
+        CommGroup::kEmbedding, chunk->view(chunk->grads(), e), ReduceOp::kSum,
+        {"embedding_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
+  }
+}
+
+void Trainer::reduce_sequence_parallel_norms() {
+  // Each TP rank's norm gradients cover its sequence shard; sum them over TP.
+  if (sp_norm_grads_.empty()) return;
+  auto each = [&](auto&& move) {
     std::int64_t at = 0;
     for (auto& chunk : chunks_)
       for (const ParameterEntry* e : chunk->sequence_parallel_grad_entries()) {
-        backend_.copy(flat_view(chunk->grads(), e->offset, e->numel()), flat_view(sp_norm_grads_, at, e->numel()));
+        move(flat_view(chunk->grads(), e->offset, e->numel()), flat_view(sp_norm_grads_, at, e->numel()));
         at += e->numel();
       }
-    communicator_.all_reduce(CommGroup::kTensor, sp_norm_grads_, ReduceOp::kSum,
-                             {"sp_norm_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kSequenceParallelNormGrad});
-    at = 0;
-    for (auto& chunk : chunks_)
-      for (const ParameterEntry* e : chunk->sequence_parallel_grad_entries()) {
-        backend_.copy(flat_view(sp_norm_grads_, at, e->numel()), flat_view(chunk->grads(), e->offset, e->numel()));
-        at += e->numel();
-      }
+  };
+  each([&](Tensor grad, Tensor gathered) { backend_.copy(grad, gathered); });
+  communicator_.all_reduce(
+      CommGroup::kTensor, sp_norm_grads_, ReduceOp::kSum,
+      {"sp_norm_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kSequenceParallelNormGrad});
+  each([&](Tensor grad, Tensor gathered) { backend_.copy(gathered, grad); });
+}
+
+void Trainer::gather_params(int chunk, int bucket) {
+  // The distributed optimizer's all-gather of the bucket's updated params from every shard into the model's
+  // compute copy (and the fp32 main params, which every rank holds whole).
+  const ChunkOptimizerState& state = optimizer_state_.at(chunk);
+  const GradBucketRange& range = state.buffer->buckets().at(bucket);
+  const auto [begin, end] = state.owned.at(bucket);
+  const int dp = communicator_.size(CommGroup::kDataContext);
+  const GPTModel& model = *chunks_[chunk];
+  const Tensor params = model.model_params().cols >= range.end ? model.model_params() : model.main_params();
+  OpRecorder& recorder = backend_.recorder();
+  recorder.set_position(-1, chunk);
+  CommHandle h = communicator_.all_gather_async(
+      CommGroup::kDataContext, flat_range(backend_, params, begin, end - begin),
+      flat_range(backend_, params, range.begin, range.end - range.begin, dp),
+      {"param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather});
+  recorder.set_position(-1, -1);
+  if (h) param_gathers_.push_back(std::move(h));
+  if (params.data != model.main_params().data) {
+    // Not recorded (the step program's one gather per bucket): the fp32 copy, for checkpoints.
+    RecordingPause pause(recorder);
+    communicator_.all_gather(
+        CommGroup::kDataContext, flat_range(backend_, model.main_params(), begin, end - begin),
+        flat_range(backend_, model.main_params(), range.begin, range.end - range.begin, dp),
+        {"main_param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather});
   }
 }
 
-double Trainer::global_grad_norm() {
-  // This rank's sum of squares over the gradients it holds, less the copies another rank also counts:
-  // parameters replicated over TP count on TP rank 0 only, the last stage's copy of a tied embedding not at
-  // all (the first stage counts it), and every data-parallel rank holds the same gradients (dp rank 0 counts).
-  const double local = backend_.grad_norm({"grad_norm", -1, OpPhase::kOptimizer});
-  double sum_sq = local * local;
-  const bool tp_duplicate = communicator_.rank(CommGroup::kTensor) != 0;
-  auto subtract = [&](const GPTModel& model, const ParameterEntry& e) {
-    std::vector<float> host(static_cast<std::size_t>(e.numel()));
-    backend_.download(model.view(model.grads(), e), host.data());
-    for (float g : host) sum_sq -= static_cast<double>(g) * g;
-  };
-  for (auto& chunk : chunks_)
-    for (const ParameterEntry& e : chunk->layout().entries()) {
-      const bool tied_copy = config_.model.tied_embeddings && schedule_.pp > 1 && !chunk->stage().has_embedding &&
-                             e.name == "embedding.word_embeddings.weight";
-      if (tied_copy || (tp_duplicate && e.split == TensorParallelSplit::kReplicated)) subtract(*chunk, e);
+void Trainer::run_optimizer_step(layouts::OptimizerStep step, StepResult& result) {
+  switch (step) {
+    case layouts::OptimizerStep::kEmbeddingGradReduce:
+      reduce_tied_embedding();
+      return;
+    case layouts::OptimizerStep::kSequenceParallelNormGradReduce:
+      reduce_sequence_parallel_norms();
+      return;
+    case layouts::OptimizerStep::kGradNorm:
+      result.grad_norm = grad_norm_->compute(communicator_);
+      result.skipped = !std::isfinite(result.grad_norm);
+      return;
+    case layouts::OptimizerStep::kAdamW: {
+      if (result.skipped) return;
+      AdamWHyper hyper;
+      hyper.lr = static_cast<float>(result.learning_rate);
+      hyper.beta1 = static_cast<float>(config_.optimizer.beta1);
+      hyper.beta2 = static_cast<float>(config_.optimizer.beta2);
+      hyper.eps = static_cast<float>(config_.optimizer.eps);
+      hyper.weight_decay = static_cast<float>(config_.optimizer.weight_decay);
+      hyper.step = iteration_ - skipped_iterations_ + 1;
+      hyper.max_grad_norm = static_cast<float>(config_.optimizer.clip_grad);
+      backend_.adamw_step(hyper, {"adamw", -1, OpPhase::kOptimizer});
+      return;
     }
-  if (communicator_.rank(CommGroup::kDataContext) != 0) sum_sq = 0.0;
-  if (!std::isfinite(local)) sum_sq = local;  // keep the non-finite verdict
-  if (communicator_.world_size() > 1) {
-    const float values[2] = {static_cast<float>(std::max(0.0, sum_sq)), 0.0f};
-    backend_.upload(scalar_, values);
-    communicator_.all_reduce(CommGroup::kWorld, flat_view(scalar_, 0, 1), ReduceOp::kSum,
-                             {"grad_norm_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kGradNormReduce});
-    float reduced[2];
-    backend_.download(scalar_, reduced);
-    sum_sq = std::isfinite(local) ? reduced[0] : local;
   }
-  const double norm = std::isfinite(sum_sq) ? std::sqrt(std::max(0.0, sum_sq)) : sum_sq;
-  backend_.set_grad_norm(static_cast<float>(norm));
-  return norm;
+}
+
+void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
+  OpRecorder& recorder = backend_.recorder();
+  bool reductions_done = false;
+  for (const layouts::StepItem& item : items_) {
+    switch (item.kind) {
+      case layouts::StepItemKind::kForward:
+        recorder.set_position(item.microbatch, item.chunk);
+        chunks_.at(item.chunk)->forward(microbatches.at(item.microbatch), item.microbatch);
+        break;
+      case layouts::StepItemKind::kBackward:
+        recorder.set_position(item.microbatch, item.chunk);
+        chunks_.at(item.chunk)->backward(item.microbatch, item.entry_begin, item.entry_end);
+        break;
+      case layouts::StepItemKind::kP2p:
+        run_p2p(item);
+        break;
+      case layouts::StepItemKind::kGradBucket:
+        recorder.set_position(-1, item.chunk);
+        optimizer_state_.at(item.chunk).reducer->launch_bucket(item.bucket);
+        break;
+      case layouts::StepItemKind::kOptimizer:
+        recorder.set_position(-1, -1);
+        if (!reductions_done) {
+          for (ChunkOptimizerState& state : optimizer_state_) state.reducer->finish();
+          reductions_done = true;
+          pending_result_.learning_rate = schedule_lr_.lr(consumed_samples_);
+        }
+        run_optimizer_step(item.optimizer_step, pending_result_);
+        break;
+      case layouts::StepItemKind::kParamGather:
+        if (!pending_result_.skipped) gather_params(item.chunk, item.bucket);
+        break;
+    }
+  }
+  recorder.set_position(-1, -1);
+  if (!reductions_done)
+    for (ChunkOptimizerState& state : optimizer_state_) state.reducer->finish();
 }
 
 double Trainer::reported_loss() {
@@ -337,27 +493,18 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   if (static_cast<int>(microbatches.size()) != config_.batch.num_microbatches)
     throw std::invalid_argument("train_step: wrong number of micro-batches");
   const auto start = std::chrono::steady_clock::now();
+  // --overlap-param-gather: the previous step's gathers ran during its tail; the forwards need them now.
+  for (CommHandle& h : param_gathers_) h->wait();
+  param_gathers_.clear();
   for (auto& chunk : chunks_) chunk->zero_gradients();
-  run_schedule(microbatches);
-  finish_gradients();
-
-  StepResult result;
-  result.learning_rate = schedule_lr_.lr(consumed_samples_);
-  result.grad_norm = static_cast<float>(global_grad_norm());
-  result.skipped = !std::isfinite(result.grad_norm);
-  if (!result.skipped) {
-    AdamWHyper hyper;
-    hyper.lr = static_cast<float>(result.learning_rate);
-    hyper.beta1 = static_cast<float>(config_.optimizer.beta1);
-    hyper.beta2 = static_cast<float>(config_.optimizer.beta2);
-    hyper.eps = static_cast<float>(config_.optimizer.eps);
-    hyper.weight_decay = static_cast<float>(config_.optimizer.weight_decay);
-    hyper.step = iteration_ - skipped_iterations_ + 1;
-    hyper.max_grad_norm = static_cast<float>(config_.optimizer.clip_grad);
-    backend_.adamw_step(hyper, {"adamw", -1, OpPhase::kOptimizer});
-  } else {
-    ++skipped_iterations_;
+  pending_result_ = StepResult{};
+  run_items(microbatches);
+  if (!config_.overlap_param_gather) {
+    for (CommHandle& h : param_gathers_) h->wait();
+    param_gathers_.clear();
   }
+  StepResult result = pending_result_;
+  if (result.skipped) ++skipped_iterations_;
   result.loss = reported_loss();
   ++iteration_;
   consumed_samples_ += config_.global_batch_size();
@@ -367,22 +514,35 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
 }
 
 void Trainer::save(checkpoint::CheckpointWriter& writer) const {
+  // Parameters whole (every rank holds the fp32 buffer whole, also under the distributed optimizer); the
+  // AdamW moments per parameter, or under the distributed optimizer this rank's shard of them as one tensor
+  // per chunk ("optimizer.shard.*"), which resumes under the same layout only.
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const GPTModel& model = *chunks_[c];
     const std::vector<float> params = model.main_parameters();
-    const std::int64_t total = model.layout().total_elements();
-    std::vector<float> m(total), v(total);
-    backend_.download(optimizer_state_[c].exp_avg, m.data());
-    backend_.download(optimizer_state_[c].exp_avg_sq, v.data());
+    const ChunkOptimizerState& state = optimizer_state_[c];
+    std::vector<float> m(static_cast<std::size_t>(state.exp_avg.cols)), v(m.size());
+    backend_.download(state.exp_avg, m.data());
+    backend_.download(state.exp_avg_sq, v.data());
     for (const ParameterEntry& e : model.layout().entries()) {
       const std::vector<std::int64_t> shape =
           e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
       writer.add_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
-      writer.add_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape, m.data() + e.offset);
+      if (config_.use_distributed_optimizer) continue;
+      writer.add_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
+                        m.data() + e.offset);
       writer.add_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
                         v.data() + e.offset);
     }
+    if (config_.use_distributed_optimizer) {
+      const std::string chunk = std::to_string(c);
+      writer.add_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
+                        {static_cast<std::int64_t>(m.size())}, m.data());
+      writer.add_tensor("optimizer.shard.exp_avg_sq.chunk" + chunk, checkpoint::TensorDType::fp32,
+                        {static_cast<std::int64_t>(v.size())}, v.data());
+    }
   }
+  if (config_.use_distributed_optimizer) writer.add_metadata_int("distributed_optimizer_shards", 1);
   writer.add_metadata_int("iteration", iteration_);
   writer.add_metadata_int("consumed_samples", consumed_samples_);
   writer.add_metadata_int("skipped_iterations", skipped_iterations_);
@@ -391,8 +551,27 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
   writer.add_metadata("lr_decay_style", to_string(config_.lr.style));
 }
 
+void Trainer::upload_moments(std::size_t c, const std::vector<float>& m, const std::vector<float>& v) {
+  // Whole-buffer moments into the chunk's state: all of it, or this rank's shards.
+  const ChunkOptimizerState& state = optimizer_state_[c];
+  std::vector<float> own_m, own_v;
+  for (const auto& [begin, end] : state.owned) {
+    own_m.insert(own_m.end(), m.begin() + begin, m.begin() + end);
+    own_v.insert(own_v.end(), v.begin() + begin, v.begin() + end);
+  }
+  own_m.resize(static_cast<std::size_t>(state.exp_avg.cols), 0.0f);
+  own_v.resize(own_m.size(), 0.0f);
+  backend_.upload(state.exp_avg, own_m.data());
+  backend_.upload(state.exp_avg_sq, own_v.data());
+}
+
 void Trainer::load(const checkpoint::CheckpointReader& reader) {
   reader.require_metadata_equal("model_config", config_.model.describe());
+  const bool shards = reader.has_metadata("distributed_optimizer_shards");
+  if (shards != config_.use_distributed_optimizer)
+    throw UserError("checkpoint " + reader.directory() + (shards ? " holds" : " does not hold") +
+                    " distributed-optimizer shards but this run " + (shards ? "does not use" : "uses") +
+                    " --use-distributed-optimizer; resume with the flags it was saved with");
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     GPTModel& model = *chunks_[c];
     const std::int64_t total = model.layout().total_elements();
@@ -401,13 +580,26 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
       const std::vector<std::int64_t> shape =
           e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
       reader.read_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
-      reader.read_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape, m.data() + e.offset);
+      if (shards) continue;
+      reader.read_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
+                         m.data() + e.offset);
       reader.read_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
                          v.data() + e.offset);
     }
     model.set_main_parameters(params);
-    backend_.upload(optimizer_state_[c].exp_avg, m.data());
-    backend_.upload(optimizer_state_[c].exp_avg_sq, v.data());
+    if (shards) {
+      const ChunkOptimizerState& state = optimizer_state_[c];
+      std::vector<float> own(static_cast<std::size_t>(state.exp_avg.cols));
+      const std::string chunk = std::to_string(c);
+      reader.read_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
+                         {static_cast<std::int64_t>(own.size())}, own.data());
+      backend_.upload(state.exp_avg, own.data());
+      reader.read_tensor("optimizer.shard.exp_avg_sq.chunk" + chunk, checkpoint::TensorDType::fp32,
+                         {static_cast<std::int64_t>(own.size())}, own.data());
+      backend_.upload(state.exp_avg_sq, own.data());
+    } else {
+      upload_moments(c, m, v);
+    }
   }
   iteration_ = reader.metadata_int("iteration");
   consumed_samples_ = reader.metadata_int("consumed_samples");
@@ -417,7 +609,13 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
 void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
   if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
   shards.front().require_metadata_equal("model_config", config_.model.describe());
-  const int tp_rank = communicator_.rank(CommGroup::kTensor), tp_size = communicator_.size(CommGroup::kTensor);
+  if (shards.front().has_metadata("distributed_optimizer_shards"))
+    throw UserError(
+        "checkpoint " + shards.front().directory() + " was saved under " +
+        (shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "another layout") +
+        " with per-rank distributed-optimizer shards, which resume under that layout only; rerun with it");
+  const int tp_rank = communicator_.rank(CommGroup::kTensor),
+            tp_size = communicator_.size(CommGroup::kTensor);
   // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice).
   auto assemble = [&](const ParameterEntry& e, const std::string& name) {
     std::map<std::int64_t, std::vector<float>> slices;
@@ -433,8 +631,8 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
       slices.emplace(r, std::move(values));
     }
     if (source_tp == 0 || static_cast<std::int64_t>(slices.size()) != source_tp)
-      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " + name +
-                      "; resume from a complete save");
+      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " +
+                      name + "; resume from a complete save");
     std::vector<std::vector<float>> ordered;
     for (auto& [r, values] : slices) ordered.push_back(std::move(values));
     return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), tp_rank, tp_size);
@@ -453,8 +651,7 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
       put(v, "optimizer.exp_avg_sq.");
     }
     model.set_main_parameters(params);
-    backend_.upload(optimizer_state_[c].exp_avg, m.data());
-    backend_.upload(optimizer_state_[c].exp_avg_sq, v.data());
+    upload_moments(c, m, v);
   }
   iteration_ = shards.front().metadata_int("iteration");
   consumed_samples_ = shards.front().metadata_int("consumed_samples");

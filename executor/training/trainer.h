@@ -5,14 +5,19 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "executor/backend/backend.h"
 #include "executor/model/gpt_model.h"
 #include "executor/parallel/communicator.h"
+#include "executor/parallel/grad_buckets.h"
+#include "executor/parallel/grad_norm.h"
+#include "executor/parallel/gradient_reducer.h"
 #include "executor/training/lr_schedule.h"
 #include "layouts/schedule.h"
+#include "layouts/schedule_walker.h"
 
 namespace megatune::executor {
 
@@ -40,7 +45,13 @@ struct TrainerConfig {
   int data_parallel_size = 1;  // global batch = micro_batch * num_microbatches * dp
   // This rank's model chunks (pipeline stages it holds, in virtual-stage order); empty: the whole model.
   std::vector<StageSpan> chunks;
-  bool overlap_grad_reduce = false;  // --overlap-grad-reduce: a chunk's reduction starts after its last backward
+  bool overlap_grad_reduce = false;  // --overlap-grad-reduce: a bucket's reduction starts once it is complete
+  bool use_distributed_optimizer =
+      false;                          // --use-distributed-optimizer: reduce-scatter, sharded AdamW, gather
+  bool overlap_param_gather = false;  // --overlap-param-gather: the gathers finish before the next forward
+  // The rank's walk of the iteration (layouts::walk_rank_step): the items the trainer interprets. Absent:
+  // the schedule's forwards, backwards and p2p, then the grad norm and AdamW (a single rank).
+  std::optional<layouts::RankStep> step;
   std::int64_t global_batch_size() const {
     return batch.micro_batch * batch.num_microbatches * data_parallel_size;
   }
@@ -93,27 +104,38 @@ class Trainer {
 
  private:
   void build(bool sizing);
-  void run_schedule(const std::vector<MicroBatch>& microbatches);
-  void run_p2p(const layouts::ScheduleItem& item);
-  void reduce_chunk_gradients(int chunk);
-  void finish_gradients();
-  double global_grad_norm();
+  void build_optimizer();
+  void upload_moments(std::size_t chunk, const std::vector<float>& exp_avg,
+                      const std::vector<float>& exp_avg_sq);
+  void run_items(const std::vector<MicroBatch>& microbatches);
+  void run_p2p(const layouts::StepItem& item);
+  void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
+  void reduce_tied_embedding();
+  void reduce_sequence_parallel_norms();
+  void gather_params(int chunk, int bucket);
   double reported_loss();
   TrainerConfig config_;
   layouts::RankSchedule schedule_;
+  std::vector<layouts::StepItem> items_;
   Backend& backend_;
   Communicator& communicator_;
   LearningRateSchedule schedule_lr_;
   std::vector<int> slots_per_chunk_;
-  std::vector<int> last_backward_item_;  // per chunk: index of its last backward in the schedule
   std::vector<std::unique_ptr<GPTModel>> chunks_;
+  // Per chunk: the grad buffer's buckets, their reduction, and the AdamW moments (the whole buffer, or with
+  // the distributed optimizer this rank's shard of every bucket, back to back).
   struct ChunkOptimizerState {
-    Tensor exp_avg, exp_avg_sq;  // (1, total) fp32, laid out like the chunk's main parameters
+    std::unique_ptr<GradBufferLayout> buffer;
+    std::unique_ptr<GradientReducer> reducer;
+    std::vector<std::pair<std::int64_t, std::int64_t>> owned;  // per bucket: [begin, end) this rank updates
+    Tensor exp_avg, exp_avg_sq;                                // (1, owned elements) fp32
   };
   std::vector<ChunkOptimizerState> optimizer_state_;
-  std::vector<CommHandle> pending_reductions_;
+  std::unique_ptr<GlobalGradNorm> grad_norm_;
+  std::vector<CommHandle> param_gathers_;
+  StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)
   Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
-  Tensor scalar_;         // (1, 2) fp32: grad-norm and loss reductions
+  Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions
   std::int64_t iteration_ = 0;
   std::int64_t consumed_samples_ = 0;
   std::int64_t skipped_iterations_ = 0;

@@ -140,10 +140,12 @@ void TrainingRun::load_checkpoint() {
   const std::string this_layout = world == 1 ? "a single rank" : config_.layout_description;
   if (saved_layout == this_layout) {
     const checkpoint::CheckpointReader mine =
-        world == 1 ? std::move(shards.front()) : checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(rank));
+        world == 1 ? std::move(shards.front())
+                   : checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(rank));
     trainer_->load(mine);
   } else {
-    const std::int64_t saved_world = shards.front().has_metadata("world_size") ? shards.front().metadata_int("world_size") : 1;
+    const std::int64_t saved_world =
+        shards.front().has_metadata("world_size") ? shards.front().metadata_int("world_size") : 1;
     for (int r = 1; r < saved_world; ++r)
       shards.push_back(checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(r)));
     trainer_->load_resharded(shards);
@@ -153,10 +155,11 @@ void TrainingRun::load_checkpoint() {
   // --load directory assembled by hand could mix them).
   const double iterations = trainer_->world_sum(static_cast<double>(trainer_->iteration()));
   if (iterations != static_cast<double>(trainer_->iteration()) * world)
-    throw UserError("--load " + config_.load + ": the ranks' checkpoints hold different iterations; resume from "
+    throw UserError("--load " + config_.load +
+                    ": the ranks' checkpoints hold different iterations; resume from "
                     "a directory written by one run");
-  log_ << "loaded checkpoint " << latest_dir << " at iteration " << trainer_->iteration() << " (consumed samples "
-       << trainer_->consumed_samples() << ")\n";
+  log_ << "loaded checkpoint " << latest_dir << " at iteration " << trainer_->iteration()
+       << " (consumed samples " << trainer_->consumed_samples() << ")\n";
 }
 
 std::vector<IterationRecord> TrainingRun::run() {

@@ -18,7 +18,6 @@
 #include "cost_models/cost_database.h"
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/nccl_check.h"
-#include "executor/cuda/nccl_check.h"
 #include "profiler/cuda/cuda_kernel_runner.h"
 #include "profiler/cuda/cupti_tracer.h"
 #include "profiler/cuda/device_identity.h"

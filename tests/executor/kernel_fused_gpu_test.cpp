@@ -242,7 +242,8 @@ TEST(CrossEntropyGpu, VocabParallelPassesMatchTheFusedReference) {
   std::vector<std::vector<float>> parts(2);
   for (int r = 0; r < 2; ++r) {
     for (int64_t t = 0; t < tokens; ++t)
-      parts[r].insert(parts[r].end(), logits.begin() + t * vocab + r * half, logits.begin() + t * vocab + (r + 1) * half);
+      parts[r].insert(parts[r].end(), logits.begin() + t * vocab + r * half,
+                      logits.begin() + t * vocab + (r + 1) * half);
     test::upload_bf16(*part_d[r], parts[r]);
   }
   DeviceBuffer<int32_t> targets_d(tokens);
@@ -256,8 +257,8 @@ TEST(CrossEntropyGpu, VocabParallelPassesMatchTheFusedReference) {
   }
   test::upload(max_d, row_max);
   for (int r = 0; r < 2; ++r) {
-    cuda::cross_entropy_target_sum_exp(part_d[r]->get(), targets_d.get(), max_d.get(), target_d.get(), sum_d.get(),
-                                       tokens, half, r * half, nullptr);
+    cuda::cross_entropy_target_sum_exp(part_d[r]->get(), targets_d.get(), max_d.get(), target_d.get(),
+                                       sum_d.get(), tokens, half, r * half, nullptr);
     const auto tl = test::download(target_d), se = test::download(sum_d);
     for (int64_t t = 0; t < tokens; ++t) target_logit[t] += tl[t], sum_exp[t] += se[t];
   }
@@ -266,7 +267,8 @@ TEST(CrossEntropyGpu, VocabParallelPassesMatchTheFusedReference) {
     cuda::cross_entropy_finish(part_d[r]->get(), targets_d.get(), max_d.get(), target_d.get(), sum_d.get(),
                                loss_d.get(), tokens, half, r * half, scale, nullptr);
     const auto loss_gpu = test::download(loss_d);
-    for (int64_t t = 0; t < tokens; ++t) EXPECT_NEAR(loss_gpu[t], loss[t], 2e-3 * std::max(1.0f, loss[t])) << t;
+    for (int64_t t = 0; t < tokens; ++t)
+      EXPECT_NEAR(loss_gpu[t], loss[t], 2e-3 * std::max(1.0f, loss[t])) << t;
     std::vector<float> expected_part;
     for (int64_t t = 0; t < tokens; ++t)
       expected_part.insert(expected_part.end(), expected.begin() + t * vocab + r * half,

@@ -30,12 +30,14 @@ layouts::ModelSpec gpt_tiny() {
   return m;
 }
 
-layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false) {
+layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false,
+                               bool dist_opt = false) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = tp;
   c.pipeline_model_parallel_size = pp;
   c.world_size = tp * pp * dp;
   c.sequence_parallel = sp;
+  c.use_distributed_optimizer = dist_opt;
   c.micro_batch_size = 2;
   c.global_batch_size = 8;
   c.validate(m);
@@ -61,7 +63,8 @@ struct RunResult {
 RunResult train(const layouts::ParallelConfig& c, TrainOptions o) {
   std::ostringstream log;
   RunResult r;
-  for (const IterationRecord& rec : train_on_threads(gpt_tiny(), c, o, log)) r.losses.push_back(rec.step.loss);
+  for (const IterationRecord& rec : train_on_threads(gpt_tiny(), c, o, log))
+    r.losses.push_back(rec.step.loss);
   r.log = log.str();
   return r;
 }
@@ -70,8 +73,8 @@ class ParallelCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("megatune_parallel_ckpt_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("megatune_parallel_ckpt_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -85,13 +88,34 @@ TEST_F(ParallelCheckpoint, ResumesBitExactlyUnderTheSameLayout) {
   first.save = dir_.string();
   train(c, first);
   // One iteration directory, one shard per rank, the tracker written after all of them.
-  for (int r = 0; r < 8; ++r) EXPECT_TRUE(fs::exists(dir_ / "iter_0000003" / ("rank_0000" + std::to_string(r))));
+  for (int r = 0; r < 8; ++r)
+    EXPECT_TRUE(fs::exists(dir_ / "iter_0000003" / ("rank_0000" + std::to_string(r))));
   TrainOptions second = options(6);
   second.load = dir_.string();
   const RunResult resumed = train(c, second);
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
   EXPECT_NE(resumed.log.find("loaded checkpoint"), std::string::npos);
+}
+
+TEST_F(ParallelCheckpoint, DistributedOptimizerShardsResumeBitExactlyAndRefuseAnotherLayout) {
+  const layouts::ModelSpec m = gpt_tiny();
+  const layouts::ParallelConfig c = layout(m, 1, 2, 2, false, /*dist_opt=*/true);
+  const RunResult whole = train(c, options(6));
+  TrainOptions first = options(3);
+  first.save = dir_.string();
+  train(c, first);
+  TrainOptions second = options(6);
+  second.load = dir_.string();
+  const RunResult resumed = train(c, second);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
+  try {
+    train(layout(m, 1, 1, 1), second);
+    FAIL() << "a distributed-optimizer checkpoint loaded under another layout";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("resume under that layout only"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
@@ -101,7 +125,8 @@ TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
   TrainOptions first = options(3);
   first.save = dir_.string();
   train(saved, first);
-  for (const layouts::ParallelConfig& target : {layout(m, 1, 1, 1), layout(m, 1, 4, 2), layout(m, 2, 1, 1, true)}) {
+  for (const layouts::ParallelConfig& target :
+       {layout(m, 1, 1, 1), layout(m, 1, 4, 2), layout(m, 2, 1, 1, true)}) {
     SCOPED_TRACE("tp" + std::to_string(target.tp()) + " pp" + std::to_string(target.pp()));
     TrainOptions second = options(6);
     second.load = dir_.string();
@@ -109,7 +134,8 @@ TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
     EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
     ASSERT_EQ(resumed.losses.size(), 3u);
     for (int i = 0; i < 3; ++i)
-      EXPECT_NEAR(resumed.losses[i], whole.losses[3 + i], 2e-5 * whole.losses[3 + i]) << "iteration " << 4 + i;
+      EXPECT_NEAR(resumed.losses[i], whole.losses[3 + i], 2e-5 * whole.losses[3 + i])
+          << "iteration " << 4 + i;
   }
 }
 

@@ -123,7 +123,8 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
   const Trained parallel = train(model, l);
   ASSERT_EQ(parallel.losses.size(), single.losses.size());
   for (std::size_t i = 0; i < single.losses.size(); ++i)
-    EXPECT_NEAR(parallel.losses[i], single.losses[i], 2e-5 * std::abs(single.losses[i])) << "iteration " << i + 1;
+    EXPECT_NEAR(parallel.losses[i], single.losses[i], 2e-5 * std::abs(single.losses[i]))
+        << "iteration " << i + 1;
   EXPECT_LT(single.losses.back(), single.losses.front() - 0.5);  // the run learns something
   // Weights: each rank's slice of each parameter against the single-rank tensor's slice.
   std::size_t compared = 0;
@@ -131,10 +132,12 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
     ASSERT_TRUE(single.weights.count(name)) << name;
     const std::vector<float>& whole = single.weights.at(name).front().values;
     for (const Slice& slice : copies) {
-      const std::vector<float> expected = tensor_parallel_slice(slice.entry, whole, slice.tp_rank, slice.tp_size);
+      const std::vector<float> expected =
+          tensor_parallel_slice(slice.entry, whole, slice.tp_rank, slice.tp_size);
       ASSERT_EQ(slice.values.size(), expected.size()) << name;
       for (std::size_t j = 0; j < expected.size(); ++j)
-        ASSERT_NEAR(slice.values[j], expected[j], 2e-5 + 1e-4 * std::abs(expected[j])) << name << "[" << j << "]";
+        ASSERT_NEAR(slice.values[j], expected[j], 2e-5 + 1e-4 * std::abs(expected[j]))
+            << name << "[" << j << "]";
       ++compared;
     }
   }
@@ -148,11 +151,14 @@ const std::vector<Layout>& matrix() {
       {"tp2 sp", 2, 1, 1, 0, true},
       {"dp2", 1, 1, 2},
       {"dp2 overlap", 1, 1, 2, 0, false, false, true},
+      {"dp2 dist-opt", 1, 1, 2, 0, false, true},
+      {"dp2 dist-opt overlaps", 1, 1, 2, 0, false, true, true},
       {"pp2 1f1b", 1, 2},
       {"pp2 vpp2", 1, 2, 1, 2},
       {"pp4 custom uneven with an empty stage", 1, 4, 1, 0, false, false, false, "Et|tt||tL"},
       {"tp2 pp2 dp2", 2, 2, 2},
       {"tp2 sp pp2 dp2 overlap", 2, 2, 2, 0, true, false, true},
+      {"tp2 pp2 vpp2 dp2 dist-opt overlaps", 2, 2, 2, 2, false, true, true},
   };
   return layouts;
 }
@@ -165,15 +171,16 @@ TEST_P(LayoutMatrix, ReproducesTheSingleRankRun) {
   expect_matches_single_rank(model, matrix().at(index));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Dense, LayoutMatrix,
-    ::testing::Combine(::testing::Range(0, 9), ::testing::Bool(), ::testing::Bool()),
-    [](const ::testing::TestParamInfo<LayoutMatrix::ParamType>& info) {
-      std::string name = matrix().at(std::get<0>(info.param)).name;
-      for (char& c : name)
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-      return name + (std::get<1>(info.param) ? "_gpt" : "_llama") + (std::get<2>(info.param) ? "_tied" : "_untied");
-    });
+INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(matrix().size())),
+                                            ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<LayoutMatrix::ParamType>& info) {
+                           std::string name = matrix().at(std::get<0>(info.param)).name;
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name + (std::get<1>(info.param) ? "_gpt" : "_llama") +
+                                  (std::get<2>(info.param) ? "_tied" : "_untied");
+                         });
 
 }  // namespace
 }  // namespace megatune::executor

@@ -19,6 +19,7 @@ struct Case {
   int tp = 1, pp = 1, dp = 1, vpp = 0;
   bool sp = false, overlap = false, gpt = false, tied = false;
   std::string layout;
+  bool dist_opt = false;
 };
 
 layouts::ModelSpec model_of(const Case& c) {
@@ -48,6 +49,8 @@ layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   p.overlap_p2p_comm = c.vpp > 0;
   p.pipeline_model_parallel_layout = c.layout;
   p.overlap_grad_reduce = c.overlap;
+  p.use_distributed_optimizer = c.dist_opt;
+  p.overlap_param_gather = c.dist_opt && c.overlap;
   p.validate(m);
   return p;
 }
@@ -92,9 +95,13 @@ TEST_P(ParallelOpRecording, EveryRankIssuesItsStepProgram) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ParallelOpRecording,
     ::testing::Values(Case{"tp2_llama", 2}, Case{"tp2_sp_gpt_tied", 2, 1, 1, 0, true, false, true, true},
-                      Case{"dp2_overlap", 1, 1, 2, 0, false, true}, Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true},
-                      Case{"pp2_vpp2", 1, 2, 1, 2}, Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
-                      Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true}),
+                      Case{"dp2_overlap", 1, 1, 2, 0, false, true},
+                      Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true},
+                      Case{"pp2_vpp2", 1, 2, 1, 2},
+                      Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
+                      Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
+                      Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
+                      Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace
