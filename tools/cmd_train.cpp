@@ -38,6 +38,17 @@ struct TrainArgs {
   int nproc = 0;  // --nproc: ranks on this host (0: the layout's world size)
 };
 
+#ifdef MEGATUNE_HAVE_CUDA
+// The GPU's dense bf16 peak, 0 for a GPU the catalog does not know (no MFU column then).
+double peak_tflops_of(const CudaBackend& backend) {
+  try {
+    return layouts::peak_dense_tflops(backend.device_name());
+  } catch (const UserError&) {
+    return 0.0;
+  }
+}
+#endif
+
 std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, double* peak_tflops) {
   if (device == "cpu") {
     *peak_tflops = 0.0;
@@ -45,11 +56,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, bool bf16, doub
   }
 #ifdef MEGATUNE_HAVE_CUDA
   auto backend = std::make_unique<CudaBackend>(read_launch_environment().local_rank);  // this rank's GPU
-  try {
-    *peak_tflops = layouts::peak_dense_tflops(backend->device_name());
-  } catch (const UserError&) {
-    *peak_tflops = 0.0;  // unknown GPU: no MFU column
-  }
+  *peak_tflops = peak_tflops_of(*backend);
   return backend;
 #else
   throw UserError("--device cuda: this megatune was built without CUDA; use --device cpu");
@@ -72,11 +79,7 @@ int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts:
 #ifdef MEGATUNE_HAVE_CUDA
   RunConfig run = build_run_config(spec, parallel, a.options, launch.rank);
   auto backend = std::make_unique<CudaBackend>(launch.local_rank);
-  try {
-    run.peak_tflops = layouts::peak_dense_tflops(backend->device_name());
-  } catch (const UserError&) {
-    run.peak_tflops = 0.0;
-  }
+  run.peak_tflops = peak_tflops_of(*backend);
   RendezvousOptions rendezvous;
   rendezvous.fingerprint = spec.name + " " + describe_layout(spec, parallel);
   std::unique_ptr<NcclCommunicator> communicator =

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -120,6 +121,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     throw UserError("--sequence-parallel: micro-batch tokens (" + std::to_string(T) +
                     ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
   rows_ = sp() ? T / tp_size_ : T;
+  index_layer_parameters();
   if (batch_.activation_slots < 1) throw std::invalid_argument("GPTModel: activation_slots must be >= 1");
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
   // The compute-dtype copy covers every parameter a GEMM or norm reads. An untied word embedding (and the
@@ -297,26 +299,49 @@ Tensor GPTModel::view(Tensor buffer, const ParameterEntry& entry) const {
   return v;
 }
 
-GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
-  auto get = [&](const char* suffix) -> Tensor {
-    const std::string name = layer_parameter(l, suffix);
-    for (const ParameterEntry& e : layout_.entries())
-      if (e.name == name) return view(buffer, e);
-    return Tensor{};
+void GPTModel::index_layer_parameters() {
+  // Once: each local layer's parameters by role, so that the passes never look a name up.
+  std::map<std::string, const ParameterEntry*> by_name;
+  for (const ParameterEntry& e : layout_.entries()) by_name[e.name] = &e;
+  auto find = [&](int l, const char* suffix) -> const ParameterEntry* {
+    const auto it = by_name.find(layer_parameter(l, suffix));
+    return it == by_name.end() ? nullptr : it->second;
   };
+  for (int i = 0; i < stage_.num_layers; ++i) {
+    const int l = stage_.first_layer + i;
+    LayerParameters p;
+    p.norm1_w = find(l, "input_layernorm.weight");
+    p.norm1_b = find(l, "input_layernorm.bias");
+    p.qkv_w = find(l, "self_attention.linear_qkv.weight");
+    p.qkv_b = find(l, "self_attention.linear_qkv.bias");
+    p.proj_w = find(l, "self_attention.linear_proj.weight");
+    p.proj_b = find(l, "self_attention.linear_proj.bias");
+    p.norm2_w = find(l, "pre_mlp_layernorm.weight");
+    p.norm2_b = find(l, "pre_mlp_layernorm.bias");
+    p.fc1_w = find(l, "mlp.linear_fc1.weight");
+    p.fc1_b = find(l, "mlp.linear_fc1.bias");
+    p.fc2_w = find(l, "mlp.linear_fc2.weight");
+    p.fc2_b = find(l, "mlp.linear_fc2.bias");
+    layer_parameters_.push_back(p);
+  }
+}
+
+GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
+  const LayerParameters& p = layer_parameters_.at(l - stage_.first_layer);
+  auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
   LayerWeights w;
-  w.norm1_w = get("input_layernorm.weight");
-  w.norm1_b = get("input_layernorm.bias");
-  w.qkv_w = get("self_attention.linear_qkv.weight");
-  w.qkv_b = get("self_attention.linear_qkv.bias");
-  w.proj_w = get("self_attention.linear_proj.weight");
-  w.proj_b = get("self_attention.linear_proj.bias");
-  w.norm2_w = get("pre_mlp_layernorm.weight");
-  w.norm2_b = get("pre_mlp_layernorm.bias");
-  w.fc1_w = get("mlp.linear_fc1.weight");
-  w.fc1_b = get("mlp.linear_fc1.bias");
-  w.fc2_w = get("mlp.linear_fc2.weight");
-  w.fc2_b = get("mlp.linear_fc2.bias");
+  w.norm1_w = get(p.norm1_w);
+  w.norm1_b = get(p.norm1_b);
+  w.qkv_w = get(p.qkv_w);
+  w.qkv_b = get(p.qkv_b);
+  w.proj_w = get(p.proj_w);
+  w.proj_b = get(p.proj_b);
+  w.norm2_w = get(p.norm2_w);
+  w.norm2_b = get(p.norm2_b);
+  w.fc1_w = get(p.fc1_w);
+  w.fc1_b = get(p.fc1_b);
+  w.fc2_w = get(p.fc2_w);
+  w.fc2_b = get(p.fc2_b);
   return w;
 }
 

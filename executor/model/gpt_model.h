@@ -109,6 +109,15 @@ class GPTModel {
   struct LayerWeights {
     Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
+  // A layer's parameters in the layout (null where the model has none: LayerNorm biases under RMSNorm,
+  // linear biases without --add-bias-linear). Shapes on this TP rank: norms (1, h); qkv (qkv_width, h);
+  // proj (h, heads_per_rank * d); fc1 (fc1_width, h); fc2 (h, ffn_per_rank); biases (1, out).
+  struct LayerParameters {
+    const ParameterEntry *norm1_w = nullptr, *norm1_b = nullptr, *qkv_w = nullptr, *qkv_b = nullptr,
+                         *proj_w = nullptr, *proj_b = nullptr, *norm2_w = nullptr, *norm2_b = nullptr,
+                         *fc1_w = nullptr, *fc1_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr;
+  };
+  void index_layer_parameters();
   // What one layer's backward reads. "saved" tensors are per layer (one shared set under full
   // recomputation); the norm outputs and the activation output are views of buffers shared by all layers:
   // the backward recomputes them (a norm forward from the saved input and statistics unless a full-recompute
@@ -158,6 +167,7 @@ class GPTModel {
   Communicator& communicator_;
   StageSpan stage_;
   ParameterLayout layout_;
+  std::vector<LayerParameters> layer_parameters_;  // per local layer
   int tp_rank_ = 0, tp_size_ = 1;
   std::int64_t rows_ = 0;  // rows of the residual stream on this rank: T, or T / tp under SP
 

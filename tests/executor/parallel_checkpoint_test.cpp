@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "executor/training/thread_run.h"
+#include "tests/executor/parallel_test_models.h"
 #include "layouts/model_spec.h"
 
 namespace megatune::executor {
@@ -17,18 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-layouts::ModelSpec gpt_tiny() {
-  layouts::ModelSpec m = layouts::model_preset("tiny");
-  m.num_layers = 4;
-  m.untie_embeddings_and_output_weights = false;
-  m.normalization = layouts::Normalization::kLayerNorm;
-  m.activation = layouts::Activation::kGelu;
-  m.position_embedding = layouts::PositionEmbedding::kLearnedAbsolute;
-  m.add_bias_linear = true;
-  m.num_query_groups = 0;
-  m.ffn_hidden_size = 4 * m.hidden_size;
-  return m;
-}
+layouts::ModelSpec gpt_tiny() { return test::gpt_tiny(/*tied=*/true); }
 
 layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false,
                                bool dist_opt = false) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "executor/training/thread_run.h"
+#include "tests/executor/parallel_test_models.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 #include "layouts/rank_grid.h"
@@ -22,25 +23,8 @@ namespace {
 
 constexpr int kIterations = 20;
 
-// Llama flavour (RMSNorm, SwiGLU, RoPE, GQA), 4 layers so that pp4 and pp2 x vpp2 have work.
-layouts::ModelSpec llama_tiny(bool tied) {
-  layouts::ModelSpec m = layouts::model_preset("tiny");
-  m.num_layers = 4;
-  m.untie_embeddings_and_output_weights = !tied;
-  return m;
-}
-
-// GPT flavour (LayerNorm, GELU, learned positions, biases).
-layouts::ModelSpec gpt_tiny(bool tied) {
-  layouts::ModelSpec m = llama_tiny(tied);
-  m.normalization = layouts::Normalization::kLayerNorm;
-  m.activation = layouts::Activation::kGelu;
-  m.position_embedding = layouts::PositionEmbedding::kLearnedAbsolute;
-  m.add_bias_linear = true;
-  m.num_query_groups = 0;
-  m.ffn_hidden_size = 4 * m.hidden_size;
-  return m;
-}
+using test::gpt_tiny;
+using test::llama_tiny;
 
 TrainOptions options() {
   TrainOptions o;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "executor/training/thread_run.h"
+#include "tests/executor/parallel_test_models.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
@@ -22,20 +23,7 @@ struct Case {
   bool dist_opt = false;
 };
 
-layouts::ModelSpec model_of(const Case& c) {
-  layouts::ModelSpec m = layouts::model_preset("tiny");
-  m.num_layers = 4;
-  m.untie_embeddings_and_output_weights = !c.tied;
-  if (c.gpt) {
-    m.normalization = layouts::Normalization::kLayerNorm;
-    m.activation = layouts::Activation::kGelu;
-    m.position_embedding = layouts::PositionEmbedding::kLearnedAbsolute;
-    m.add_bias_linear = true;
-    m.num_query_groups = 0;
-    m.ffn_hidden_size = 4 * m.hidden_size;
-  }
-  return m;
-}
+layouts::ModelSpec model_of(const Case& c) { return c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied); }
 
 layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   layouts::ParallelConfig p;
