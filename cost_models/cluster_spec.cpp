@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cost_models/json_value.h"
+#include "cost_models/plausible_ranges.h"
 #include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
@@ -84,41 +85,15 @@ ClusterSpec with_defaults(int nodes, int gpus_per_node, const GpuModel& gpu, con
   return spec;
 }
 
-// The physically plausible range of each overridable figure: a value outside it is a typo (a unit off by
-// 1e9, a missing exponent) that would otherwise print negative capacities or "inf s".
-struct Bounds {
-  double low, high;
-  const char* unit;
-};
-
-Bounds bounds_of(const std::string& key) {
-  if (key == "memory_bytes") return {1e6, 1.2e15, "bytes (1 MB to 1 PB)"};
-  if (key.find("tflops") != std::string::npos) return {1e-3, 1e6, "TFLOP/s"};
-  if (key.find("bytes_per_s") != std::string::npos) return {1e3, 1e15, "bytes/s (1 KB/s to 1 PB/s)"};
-  if (key == "latency_s") return {1e-10, 10.0, "seconds"};
-  if (key == "domain_size") return {1, 1 << 20, "GPUs"};
-  return {0, 1e300, ""};
-}
-
-std::string number_text(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  return text;
-}
-
 void apply_number(const JsonValue& object, const char* key, double& target, const std::string& where) {
   if (const JsonValue* value = object.find(key)) {
-    const Bounds range = bounds_of(key);
     if (!value->is_number() || !std::isfinite(value->as_number()) || value->as_number() <= 0) {
-      throw UserError(where + ": \"" + key + "\" must be a positive number of " + range.unit);
+      const auto range = plausible_range(key);
+      throw UserError(where + ": \"" + key + "\" must be a positive number" +
+                      (range ? std::string(" of ") + range->unit : std::string()));
     }
-    const double number = value->as_number();
-    if (number < range.low || number > range.high) {
-      throw UserError(where + ": \"" + key + "\" " + number_text(number) + " is outside " +
-                      number_text(range.low) + " to " + number_text(range.high) + " " + range.unit +
-                      "; check the value and its unit");
-    }
-    target = number;
+    check_plausible(key, value->as_number(), where);
+    target = value->as_number();
   }
 }
 
@@ -126,7 +101,8 @@ void apply_integer(const JsonValue& object, const char* key, int& target, const 
   double number = target;
   apply_number(object, key, number, where);
   if (number != std::floor(number)) {
-    throw UserError(where + ": \"" + key + "\" " + number_text(number) + " must be a whole number of GPUs");
+    throw UserError(where + ": \"" + key + "\" " + std::to_string(number) +
+                    " must be a whole number of GPUs");
   }
   target = static_cast<int>(number);
 }
