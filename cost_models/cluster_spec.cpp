@@ -2,11 +2,15 @@
 #include "cost_models/cluster_spec.h"
 
 #include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "cost_models/json_value.h"
+#include "cost_models/plausible_ranges.h"
+#include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
 namespace megatune::cost_models {
@@ -26,6 +30,20 @@ int parse_count(const std::string& text, const std::string& what, const std::str
   const int value = std::stoi(text);
   if (value <= 0) throw UserError("--cluster \"" + input + "\": " + what + " must be at least 1");
   return value;
+}
+
+// Most GPUs (and most nodes) a cluster may have: world sizes are ints everywhere, and no product of
+// parallel sizes may overflow.
+constexpr int kMaxCount = 1 << 20;
+
+void check_world_size(const ClusterSpec& spec, const std::string& where) {
+  const long long world = static_cast<long long>(spec.nodes) * spec.gpus_per_node;
+  if (world > kMaxCount) {
+    throw UserError(where + ": " + std::to_string(spec.nodes) + " nodes x " +
+                    std::to_string(spec.gpus_per_node) + " GPUs = " + std::to_string(world) +
+                    " GPUs is more than the " + std::to_string(kMaxCount) +
+                    " megatune plans for; give fewer nodes");
+  }
 }
 
 std::string trim(const std::string& text) {
@@ -69,21 +87,31 @@ ClusterSpec with_defaults(int nodes, int gpus_per_node, const GpuModel& gpu, con
 
 void apply_number(const JsonValue& object, const char* key, double& target, const std::string& where) {
   if (const JsonValue* value = object.find(key)) {
-    if (!value->is_number() || value->as_number() <= 0) {
-      throw UserError(where + ": \"" + key + "\" must be a positive number");
+    if (!value->is_number() || !std::isfinite(value->as_number()) || value->as_number() <= 0) {
+      const auto range = plausible_range(key);
+      throw UserError(where + ": \"" + key + "\" must be a positive number" +
+                      (range ? std::string(" of ") + range->unit : std::string()));
     }
+    check_plausible(key, value->as_number(), where);
     target = value->as_number();
   }
 }
 
+void apply_integer(const JsonValue& object, const char* key, int& target, const std::string& where) {
+  double number = target;
+  apply_number(object, key, number, where);
+  if (number != std::floor(number)) {
+    throw UserError(where + ": \"" + key + "\" " + std::to_string(number) +
+                    " must be a whole number of GPUs");
+  }
+  target = static_cast<int>(number);
+}
+
 ClusterSpec parse_cluster_file(const std::string& path, const HardwareCatalog& catalog) {
-  std::ifstream file(path);
-  if (!file) throw UserError("cannot read cluster file " + path + "; check the path passed to --cluster");
-  std::stringstream buffer;
-  buffer << file.rdbuf();
+  const std::string text = read_regular_file(path, "--cluster file", std::size_t{16} << 20);
   JsonValue document;
   try {
-    document = JsonValue::parse(buffer.str());
+    document = JsonValue::parse(text);
   } catch (const JsonParseError& error) {
     throw UserError("cluster file " + path + ": " + error.what() + "; fix the JSON");
   }
@@ -91,9 +119,10 @@ ClusterSpec parse_cluster_file(const std::string& path, const HardwareCatalog& c
   auto integer = [&](const char* key, int fallback) {
     const JsonValue* value = document.find(key);
     if (value == nullptr) return fallback;
-    if (!value->is_number() || value->as_number() < 1 ||
-        value->as_number() != static_cast<int>(value->as_number())) {
-      throw UserError("cluster file " + path + ": \"" + key + "\" must be a positive integer");
+    if (!value->is_number() || !(value->as_number() >= 1 && value->as_number() <= kMaxCount) ||
+        value->as_number() != std::floor(value->as_number())) {
+      throw UserError("cluster file " + path + ": \"" + key + "\" must be a whole number from 1 to " +
+                      std::to_string(kMaxCount));
     }
     return static_cast<int>(value->as_number());
   };
@@ -131,12 +160,11 @@ ClusterSpec parse_cluster_file(const std::string& path, const HardwareCatalog& c
       apply_number(*overrides, "bandwidth_per_direction_bytes_per_s",
                    fabric.bandwidth_per_direction_bytes_per_s, where);
       apply_number(*overrides, "latency_s", fabric.latency_s, where);
-      double domain = fabric.domain_size;
-      apply_number(*overrides, "domain_size", domain, where);
-      fabric.domain_size = static_cast<int>(domain);
+      apply_integer(*overrides, "domain_size", fabric.domain_size, where);
     }
   }
   check_fabrics(spec, "file " + path);
+  check_world_size(spec, "cluster file " + path);
   return spec;
 }
 
@@ -156,8 +184,7 @@ ClusterSpec parse_cluster_spec(const std::string& text, const HardwareCatalog& c
     throw UserError("--cluster is empty; write NODESxGPUSxTYPE (e.g. 4x8xH100) or a cluster JSON file");
   std::error_code error;
   const bool ends_in_json = input.size() > 5 && input.compare(input.size() - 5, 5, ".json") == 0;
-  if (ends_in_json || std::filesystem::is_regular_file(input, error))
-    return parse_cluster_file(input, catalog);
+  if (ends_in_json || std::filesystem::exists(input, error)) return parse_cluster_file(input, catalog);
 
   // NODESxGPUSxTYPE: the type may itself contain 'x' ("H100 SXM" does not, but be exact): split at the first
   // two.
@@ -173,6 +200,7 @@ ClusterSpec parse_cluster_spec(const std::string& text, const HardwareCatalog& c
   const GpuModel& gpu = catalog.gpu(trim(input.substr(second + 1)));
   ClusterSpec spec = with_defaults(nodes, gpus_per_node, gpu, catalog, "\"" + input + "\"");
   check_fabrics(spec, "\"" + input + "\"");
+  check_world_size(spec, "--cluster \"" + input + "\"");
   return spec;
 }
 

@@ -3,6 +3,7 @@
 #include "cost_models/cost_database.h"
 
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -133,6 +134,12 @@ std::string brief(const SqliteError& error) {
   return error.sqlite_message().empty() ? error.what() : error.sqlite_message();
 }
 
+// The file and its folder (SQLite writes -wal and -shm files next to it) can be written by this process.
+bool writable(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return ::access(path.c_str(), W_OK) == 0 && ::access(parent.empty() ? "." : parent.c_str(), W_OK) == 0;
+}
+
 bool is_damage(const SqliteError& error) {
   return error.sqlite_code() == SQLITE_NOTADB || error.sqlite_code() == SQLITE_CORRUPT;
 }
@@ -160,6 +167,11 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
     if (existed && fs::is_directory(status)) {
       throw UserError("cost database " + path + " is a directory; pass a file path with --db");
     }
+    if (existed && !fs::is_regular_file(status)) {
+      throw UserError("cost database " + path +
+                      " is not a regular file (a FIFO or device); pass a database "
+                      "file with --db");
+    }
     if (!existed) {
       if (!options.create_if_missing || options.read_only) {
         throw UserError("cost database " + path + " does not exist; run `megatune db info --db " + path +
@@ -178,9 +190,16 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
   const int target =
       options.target_schema_version > 0 ? options.target_schema_version : kCostDatabaseSchemaVersion;
 
+  // A database the user may read but not write (a shared, read-only copy) is opened read-only: reading works,
+  // and a command that writes says that the file is not writable.
+  const bool read_only = options.read_only || (existed && !writable(path));
   DatabaseOpenOptions open_options;
   open_options.create_if_missing = options.create_if_missing;
-  open_options.read_only = options.read_only;
+  open_options.read_only = read_only;
+  // Read-only without the WAL's -shm file beside it (and no right to create one): read it as immutable.
+  std::error_code shm_error;
+  open_options.immutable = read_only && !in_memory && !writable(path) &&
+                           !fs::exists(path + "-shm", shm_error) && !fs::exists(path + "-wal", shm_error);
   open_options.busy_timeout_ms = options.busy_timeout_ms;
   std::optional<Database> opened;
   try {
@@ -229,7 +248,7 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
                     ", written by a newer megatune (this one reads up to " +
                     std::to_string(kCostDatabaseSchemaVersion) + "); upgrade megatune or use another --db");
   }
-  if (options.read_only) return std::move(*opened);
+  if (read_only) return std::move(*opened);
 
   try {
     if (!in_memory) {

@@ -3,6 +3,7 @@
 
 #include <sqlite3.h>
 
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -125,7 +126,22 @@ Database::Database(const std::string& path, const DatabaseOpenOptions& options) 
     flags |= SQLITE_OPEN_READWRITE;
     if (options.create_if_missing) flags |= SQLITE_OPEN_CREATE;
   }
-  const int result = sqlite3_open_v2(path.c_str(), &connection_, flags, nullptr);
+  std::string name = path;
+  if (options.read_only && options.immutable) {
+    flags |= SQLITE_OPEN_URI;
+    name = "file:";
+    for (const char c : path) {
+      if (c == '%' || c == '?' || c == '#') {
+        char escaped[4];
+        std::snprintf(escaped, sizeof escaped, "%%%02X", static_cast<unsigned char>(c));
+        name += escaped;
+      } else {
+        name += c;
+      }
+    }
+    name += "?immutable=1";
+  }
+  const int result = sqlite3_open_v2(name.c_str(), &connection_, flags, nullptr);
   if (result != SQLITE_OK) {
     const std::string detail = connection_ != nullptr ? sqlite3_errmsg(connection_) : sqlite3_errstr(result);
     const std::string message =
@@ -173,6 +189,8 @@ std::int64_t Database::query_int64(std::string_view sql) {
 }
 
 std::int64_t Database::last_insert_rowid() const { return sqlite3_last_insert_rowid(connection_); }
+
+bool Database::read_only() const { return sqlite3_db_readonly(connection_, "main") == 1; }
 
 int Database::changes() const { return sqlite3_changes(connection_); }
 

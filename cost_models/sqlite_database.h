@@ -88,6 +88,9 @@ class Statement {
 struct DatabaseOpenOptions {
   bool create_if_missing = true;
   bool read_only = false;
+  // With read_only: the file cannot change while open (SQLite's immutable=1), so no -shm/-wal files are
+  // needed: how a WAL database in a folder this process cannot write is read.
+  bool immutable = false;
   int busy_timeout_ms = 30000;  // wait this long for another writer before SQLITE_BUSY
 };
 
@@ -112,6 +115,7 @@ class Database {
   int changes() const;  // rows changed by the last statement
   const std::string& path() const { return path_; }
   bool in_memory() const { return path_ == ":memory:" || path_.empty(); }
+  bool read_only() const;  // opened read-only (asked for, or the file is not writable)
   sqlite3* handle() const { return connection_; }
 
  private:

@@ -12,6 +12,8 @@
 
 #include "cost_models/cost_database.h"
 #include "cost_models/json_value.h"
+#include "cost_models/plausible_ranges.h"
+#include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
 namespace megatune::cost_models {
@@ -282,6 +284,18 @@ std::int64_t import_table_text(Database& database, const std::string& table_name
           if (!parsed) bad(source_name, row.line, "column " + name + ": \"" + *value + "\" is not a number");
           field.real = *parsed;
         }
+        // Hardware figures of the catalog tables must be plausible (0: not supported / no NVLink domain).
+        if (table.name == "gpu_models" || table.name == "interconnects") {
+          const double number =
+              found->second->type == Type::kInteger ? static_cast<double>(field.integer) : field.real;
+          const auto range = plausible_range(name);
+          const bool zero_ok = number == 0 && name != "memory_bytes";
+          if (range && !zero_ok && !(number >= range->low && number <= range->high)) {
+            bad(source_name, row.line,
+                "column " + name + ": " + *value + " is outside the plausible " + range->unit +
+                    "; check the value and its unit");
+          }
+        }
       }
       if (value || !found->second->required) typed.push_back(std::move(field));
     }
@@ -349,11 +363,8 @@ std::int64_t import_table_text(Database& database, const std::string& table_name
 
 std::int64_t import_table_file(Database& database, const std::string& table, const std::string& path) {
   const TableFormat format = table_format_from_path(path);
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw UserError("cannot read " + path + "; check the path");
-  std::stringstream buffer;
-  buffer << file.rdbuf();
-  return import_table_text(database, table, format, buffer.str(), path);
+  const std::string text = read_regular_file(path, "db import file");
+  return import_table_text(database, table, format, text, path);
 }
 
 std::int64_t export_table(Database& database, const std::string& table_name, TableFormat format,

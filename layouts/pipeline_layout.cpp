@@ -72,6 +72,36 @@ std::string stage_rle(const std::vector<LayerSymbol>& symbols) {
   return out;
 }
 
+// A '(' , ')' or '*' left over after expansion: a nested group, an unclosed one, or a repetition of
+// nothing. Megatron's grammar repeats flat groups only.
+[[noreturn]] void group_error(std::string_view text, char ch) {
+  size_t depth = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '(') {
+      if (++depth > 1) {
+        layout_error(
+            text, "a group opens inside another group at position " + std::to_string(i),
+            "groups cannot be nested (Megatron's grammar): write the inner group out, e.g. (tttt|)*2");
+      }
+    } else if (text[i] == ')') {
+      if (depth == 0) {
+        layout_error(text, "')' at position " + std::to_string(i) + " closes no group",
+                     "open each group with '(' and repeat it with )*n, e.g. (tt|)*4");
+      }
+      --depth;
+    }
+  }
+  if (depth > 0) {
+    layout_error(text, "a group '(' is never closed", "close it and repeat it with )*n, e.g. (tt|)*4");
+  }
+  const size_t at = text.find(ch);
+  layout_error(text,
+               std::string("'") + ch + "'" +
+                   (at != std::string_view::npos ? " at position " + std::to_string(at) : "") +
+                   " is not part of a repetition",
+               "repeat a group as (group)*n with n a number, or one symbol as x*n");
+}
+
 }  // namespace
 
 std::string PipelineStage::to_string() const {
@@ -153,6 +183,10 @@ PipelineLayout PipelineLayout::parse(std::string_view text, int pipeline_model_p
       case 'L':
         stages.back().push_back(static_cast<LayerSymbol>(ch));
         break;
+      case '(':
+      case ')':
+      case '*':
+        group_error(text, ch);
       default: {
         const size_t at = text.find(ch);
         const bool printable =

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "cost_models/cost_database.h"
+#include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
 namespace megatune::planner {
@@ -38,12 +39,13 @@ PricingSource open_pricing_source(const std::string& database_path, const cost_m
     std::error_code ec;
     if (std::filesystem::is_regular_file(fallback, ec)) path = fallback;
   } else {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec)) {
+    const std::string reason = non_regular_file_reason(path);
+    if (reason == "does not exist") {
       throw UserError("--db " + path +
                       ": no such file; create it with `megatune db import` or `megatune profile`, "
                       "or leave --db out to price from the embedded catalog");
     }
+    if (!reason.empty()) throw UserError("--db " + path + " " + reason + "; give a cost database file");
   }
   if (path.empty()) {
     source.cost_model = cost_models::CostModel::from_embedded(cluster);

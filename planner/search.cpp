@@ -15,6 +15,7 @@
 
 #include "layouts/pipeline_layout.h"
 #include "layouts/user_error.h"
+#include "layouts/worker_threads.h"
 
 namespace megatune::planner {
 
@@ -187,6 +188,125 @@ std::string explain(const PlanCandidate& winner, const PlanCandidate& runner) {
   return out.str();
 }
 
+// "1, 2, 4 or 8": the values of `candidates` that pass `fits`, for advice naming what would work.
+std::string list_of(const std::vector<int>& candidates) {
+  std::string text;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == candidates.size() ? " or " : ", ") + std::to_string(candidates[i]);
+  }
+  return text;
+}
+
+std::vector<int> divisors_of_both(int a, int b) {
+  std::vector<int> out;
+  for (int d = 1; d <= std::min(a, b); ++d)
+    if (a % d == 0 && b % d == 0) out.push_back(d);
+  return out;
+}
+
+// A knob the user pinned (--tp, --pp, --cp, --ep) that cannot work on this model and cluster gets a
+// message naming the knob, why, and the values that would work, instead of "no layout fits".
+void check_pinned_knobs(const layouts::ModelSpec& model, int world, int global_batch_size,
+                        const SearchSpace& space) {
+  for (int tp : space.tp) {
+    if (tp < 1) throw UserError("--tensor-model-parallel-size " + std::to_string(tp) + " must be at least 1");
+    if (world % tp != 0) {
+      throw UserError("--tensor-model-parallel-size " + std::to_string(tp) + " does not divide the " +
+                      std::to_string(world) + " GPUs of --cluster; use --tp " +
+                      list_of(divisors_of_both(world, model.num_attention_heads)));
+    }
+    if (model.num_attention_heads % tp != 0) {
+      throw UserError("--tensor-model-parallel-size " + std::to_string(tp) + " does not divide the " +
+                      std::to_string(model.num_attention_heads) + " attention heads of " + model.name +
+                      "; use --tp " + list_of(divisors_of_both(world, model.num_attention_heads)));
+    }
+  }
+  for (int pp : space.pp) {
+    if (pp < 1)
+      throw UserError("--pipeline-model-parallel-size " + std::to_string(pp) + " must be at least 1");
+    if (world % pp != 0 || pp > model.num_layers) {
+      throw UserError("--pipeline-model-parallel-size " + std::to_string(pp) +
+                      (world % pp != 0
+                           ? " does not divide the " + std::to_string(world) + " GPUs of --cluster"
+                           : " exceeds the " + std::to_string(model.num_layers) + " layers") +
+                      "; use --pp " + list_of(divisors_of_both(world, world)) + " (at most " +
+                      std::to_string(model.num_layers) + ")");
+    }
+  }
+  for (int cp : space.cp) {
+    if (cp < 1) throw UserError("--context-parallel-size " + std::to_string(cp) + " must be at least 1");
+    if (world % cp != 0 || model.seq_length % (2 * cp) != 0) {
+      throw UserError("--context-parallel-size " + std::to_string(cp) +
+                      (world % cp != 0
+                           ? " does not divide the " + std::to_string(world) + " GPUs of --cluster"
+                           : ": 2 x cp must divide --seq-length " + std::to_string(model.seq_length)) +
+                      "; use --cp " + list_of(divisors_of_both(world, std::max(1, model.seq_length / 2))));
+    }
+  }
+  for (int ep : space.ep) {
+    if (ep < 1) throw UserError("--expert-model-parallel-size " + std::to_string(ep) + " must be at least 1");
+    if (model.is_moe() && (model.num_experts % ep != 0 || world % ep != 0)) {
+      throw UserError("--expert-model-parallel-size " + std::to_string(ep) + " must divide the " +
+                      std::to_string(model.num_experts) + " experts and the " + std::to_string(world) +
+                      " GPUs; use --ep " + list_of(divisors_of_both(world, model.num_experts)));
+    }
+  }
+  for (int mbs : space.micro_batch) {
+    if (mbs < 1) throw UserError("--micro-batch-size " + std::to_string(mbs) + " must be at least 1");
+    if (global_batch_size % mbs != 0) {
+      throw UserError("--micro-batch-size " + std::to_string(mbs) + " does not divide --global-batch-size " +
+                      std::to_string(global_batch_size) + "; use --mbs " +
+                      list_of(divisors_of_both(global_batch_size, std::min(global_batch_size, 64))));
+    }
+  }
+}
+
+// Why no candidate survived, with advice that fits the reason.
+[[noreturn]] void throw_nothing_fits(const PlanStatistics& stats, const PlanRequest& request,
+                                     std::int64_t smallest_oom, const std::string& smallest_oom_desc,
+                                     double capacity, const std::string& first_invalid) {
+  const SearchSpace& pinned = request.space;
+  if (stats.enumerated == 0 && !pinned.pipeline_layout.empty()) {
+    // The pinned layout string itself is the problem (parse or layer-count errors name it), or its stage
+    // count fits no pp of this cluster.
+    const PipelineLayout layout =
+        PipelineLayout::parse(pinned.pipeline_layout, pinned.pp.empty() ? 1 : pinned.pp[0]);
+    layout.validate(request.model.num_layers, request.model.mtp_num_layers);
+    throw UserError("--pipeline-model-parallel-layout has " + std::to_string(layout.num_stages()) +
+                    " stages: no pipeline size dividing them also divides the " +
+                    std::to_string(request.world_size) + " GPUs and --global-batch-size " +
+                    std::to_string(request.global_batch_size) +
+                    "; give a layout with a stage count that divides the GPUs");
+  }
+  if (stats.enumerated == 0) {
+    throw UserError("no (tp, cp, pp, dp) divides the " + std::to_string(request.world_size) + " GPUs, the " +
+                    std::to_string(request.model.num_layers) + " layers and --global-batch-size " +
+                    std::to_string(request.global_batch_size) +
+                    ": give a --global-batch-size divisible by the data-parallel size (e.g. a multiple of " +
+                    std::to_string(request.world_size) + "), or unpin --tp/--pp/--cp/--mbs");
+  }
+  if (stats.out_of_memory == 0) {
+    throw UserError("no parallel layout is valid (" + std::to_string(stats.invalid) +
+                    " candidates rejected; first: " + first_invalid + ")");
+  }
+  const double ratio = capacity > 0 ? static_cast<double>(smallest_oom) / capacity : 0.0;
+  char times[32];
+  std::snprintf(times, sizeof times, "%.1f", ratio);
+  const SearchSpace& space = request.space;
+  std::string unpin;
+  if (space.recompute.size() == 1) unpin += " --recompute-granularity";
+  if (!space.micro_batch.empty()) unpin += " --micro-batch-size";
+  if (!space.tp.empty()) unpin += " --tp";
+  if (!space.pp.empty()) unpin += " --pp";
+  if (!space.cp.empty()) unpin += " --cp";
+  throw UserError("no parallel layout fits in memory (" + std::to_string(stats.invalid) + " invalid, " +
+                  std::to_string(stats.out_of_memory) + " out of memory; the smallest, " + smallest_oom_desc +
+                  ", needs " + format_bytes(static_cast<double>(smallest_oom)) + " of " +
+                  format_bytes(capacity) + " usable per GPU, " + times + "x): use more GPUs (--cluster)" +
+                  (space.allow_tp_across_nodes ? "" : ", --allow-tp-across-nodes") +
+                  (unpin.empty() ? "" : ", drop the pinned" + unpin) + ", or a shorter --seq-length");
+}
+
 }  // namespace
 
 std::string describe(const PlanCandidate& c) {
@@ -212,6 +332,9 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
     throw UserError("planner: the search space needs at least one recompute, dist-opt and SP choice");
   const int node = pricer.gpus_per_node();
   result.memory_capacity_bytes = pricer.memory_capacity_bytes();
+  if (!(request.memory_headroom_fraction >= 0.0 && request.memory_headroom_fraction < 1.0))
+    throw UserError("--memory-headroom must be a fraction in [0, 1), e.g. 0.05");
+  check_pinned_knobs(model, world, request.global_batch_size, space);
   const double capacity = result.memory_capacity_bytes * (1.0 - request.memory_headroom_fraction);
 
   const std::vector<int> tps =
@@ -222,6 +345,7 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
   std::vector<PlanCandidate> survivors;
   std::int64_t smallest_oom = INT64_MAX;
   std::string smallest_oom_desc;
+  std::string first_invalid;
   for (int tp : tps) {
     if (tp > world || world % tp != 0) continue;
     if (model.num_attention_heads % tp != 0) continue;
@@ -292,8 +416,8 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
                     c.vpp = layout.vpp;
                     try {
                       cfg.validate(model);
-                    } catch (const std::exception&) {
-                      ++stats.invalid;
+                    } catch (const std::exception& e) {
+                      if (stats.invalid++ == 0) first_invalid = describe(c) + ": " + e.what();
                       continue;
                     }
                     MemoryOptions memory_options = request.memory;
@@ -320,24 +444,14 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
     }
   }
 
-  if (survivors.empty()) {
-    std::string why = stats.enumerated == 0 ? "no layout divides the world, batch and model"
-                                            : std::to_string(stats.invalid) + " invalid, " +
-                                                  std::to_string(stats.out_of_memory) + " out of memory";
-    std::string best = smallest_oom != INT64_MAX
-                           ? "; the smallest needs " + format_bytes(smallest_oom) + " (" + smallest_oom_desc +
-                                 ") of " + format_bytes(result.memory_capacity_bytes)
-                           : "";
-    throw UserError("no parallel layout fits (" + why + best +
-                    "): use more GPUs (--cluster), a smaller --global-batch-size or --seq-length, or allow "
-                    "TP across nodes");
-  }
+  if (survivors.empty())
+    throw_nothing_fits(stats, request, smallest_oom, smallest_oom_desc, capacity, first_invalid);
 
   // Lower bounds first (cheap), then simulate in increasing bound order on `threads` threads, skipping a
   // candidate whose bound exceeds the k-th best step time found so far. The calling thread works too and
   // reports progress.
   const auto sim_start = std::chrono::steady_clock::now();
-  const int threads = std::max(1, request.threads);
+  const int threads = std::clamp(request.threads, 1, max_worker_threads());
   const std::size_t keep_k = static_cast<std::size_t>(std::max(2, request.top_k));
   std::vector<double> bounds(survivors.size(), 0.0);
   {
@@ -351,10 +465,8 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
         }
       }
     };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(bound_worker);
+    WorkerThreads pool(threads - 1, bound_worker);
     bound_worker();
-    for (auto& t : pool) t.join();
   }
   std::vector<std::size_t> by_bound(survivors.size());
   for (std::size_t i = 0; i < by_bound.size(); ++i) by_bound[i] = i;
@@ -397,14 +509,13 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
       done.fetch_add(1);
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  WorkerThreads pool(threads - 1, worker);
   for (std::size_t k = next.fetch_add(1); k < by_bound.size(); k = next.fetch_add(1)) {
     run_one(by_bound[k]);
     const std::int64_t finished = done.fetch_add(1) + 1;
     if (request.progress) request.progress(finished, static_cast<std::int64_t>(survivors.size()));
   }
-  for (auto& t : pool) t.join();
+  pool.join();
   if (request.progress)
     request.progress(static_cast<std::int64_t>(survivors.size()),
                      static_cast<std::int64_t>(survivors.size()));

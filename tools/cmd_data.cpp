@@ -16,6 +16,7 @@
 #include "executor/data/preprocess.h"
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
+#include "tools/input_checks.h"
 
 namespace megatune::tools {
 namespace {
@@ -181,19 +182,23 @@ const Registrar registrar{Command{
                        "ids: the key holds token id arrays")
           ->check(CLI::IsMember({"byte", "ids"}));
       preprocess->add_flag("--append-eod", c.append_eod, "append the EOD token to each document");
-      preprocess->add_option(
-          "--vocab-size", c.vocab_size,
-          "ids tokenizer: vocabulary size (uint16 below 65500, else int32); default max id + 1");
-      preprocess->add_option("--eod-token", c.eod_token, "ids tokenizer: EOD id for --append-eod");
+      preprocess
+          ->add_option("--vocab-size", c.vocab_size,
+                       "ids tokenizer: vocabulary size (uint16 below 65500, else int32); default max id + 1")
+          ->check(integer_at_least(1));
+      preprocess->add_option("--eod-token", c.eod_token, "ids tokenizer: EOD id for --append-eod")
+          ->check(integer_at_least(0));
       preprocess
           ->add_option("--text-document", preprocess_args->text_document,
                        "plain text: a document is a paragraph (default), a line or the whole file")
           ->check(CLI::IsMember({"paragraph", "line", "file"}));
       preprocess->add_flag("--overwrite", c.overwrite, "replace existing outputs (refused otherwise)");
-      preprocess->add_option("--log-interval", c.log_interval_documents, "progress line every N documents");
-      preprocess->add_option(
-          "--workers", preprocess_args->workers,
-          "accepted for Megatron compatibility; tokenization runs in one thread (I/O bound)");
+      preprocess->add_option("--log-interval", c.log_interval_documents, "progress line every N documents")
+          ->check(integer_at_least(1));
+      preprocess
+          ->add_option("--workers", preprocess_args->workers,
+                       "accepted for Megatron compatibility; tokenization runs in one thread (I/O bound)")
+          ->check(integer_at_least(1));
 
       auto info_prefix = std::make_shared<std::string>();
       CLI::App* info = app.add_subcommand("info", "validate a dataset prefix and print its statistics");
@@ -206,11 +211,12 @@ const Registrar registrar{Command{
       sample->add_flag("--mock-data", sample_args->mock_data, "Megatron-style synthetic data");
       sample->add_option("--split", sample_args->split, "train,valid,test weights");
       sample->add_option("--seq-length", sample_args->seq_length, "tokens per sample")->required();
-      sample->add_option("--num-samples", sample_args->num_samples, "train samples requested (0: one epoch)");
+      sample->add_option("--num-samples", sample_args->num_samples, "train samples requested (0: one epoch)")
+          ->check(integer_at_least(0));
       sample->add_option("--seed", sample_args->seed, "numpy RandomState seed (Megatron default 1234)");
       sample->add_option("--vocab-size", sample_args->vocab_size, "token ids must lie below it");
-      sample->add_option("--first", sample_args->first, "first sample to print");
-      sample->add_option("--count", sample_args->count, "samples to print");
+      sample->add_option("--first", sample_args->first, "first sample to print")->check(integer_at_least(0));
+      sample->add_option("--count", sample_args->count, "samples to print")->check(integer_at_least(1));
       sample->add_flag("--text", sample_args->text, "print samples as text (byte tokenizer)");
       sample->add_option(
           "--dump-indices", sample_args->dump_indices,

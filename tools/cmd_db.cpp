@@ -1,6 +1,7 @@
 // `megatune db`: the cost database: info (schema, row counts, GPUs and software versions), import and export
 // of tables as CSV/JSON, fitting cost models from measurements, and pricing single ops with provenance.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -15,8 +16,10 @@
 #include "cost_models/hardware_catalog.h"
 #include "cost_models/record_store.h"
 #include "cost_models/table_io.h"
+#include "layouts/output_file.h"
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
+#include "tools/input_checks.h"
 
 namespace megatune::tools {
 namespace {
@@ -41,6 +44,7 @@ struct DbCommandOptions {
   int group_size = 8;
   int group_nodes = 1;
   bool causal = true;
+  std::vector<std::string> price_flags_given;  // --group-size / --group-nodes / --no-causal when passed
 };
 
 std::string resolved_path(const DbCommandOptions& options) {
@@ -52,9 +56,17 @@ std::string resolved_path(const DbCommandOptions& options) {
 Database open_for_cli(const DbCommandOptions& options, bool* created = nullptr) {
   if (options.embedded) return open_embedded_cost_database();
   const std::string path = resolved_path(options);
-  const bool existed = std::ifstream(path).good();
+  std::error_code error;
+  const bool existed = std::filesystem::exists(path, error);
   Database database = open_cost_database(path);
-  if (database.query_int64("SELECT count(*) FROM gpu_models") == 0) install_embedded_data(database);
+  if (database.query_int64("SELECT count(*) FROM gpu_models") == 0) {
+    if (database.read_only()) {
+      throw UserError("cost database " + path +
+                      " is read-only and holds no GPU catalog; pass a megatune "
+                      "database with --db, or --embedded");
+    }
+    install_embedded_data(database);
+  }
   if (created != nullptr) *created = !existed;
   return database;
 }
@@ -157,11 +169,20 @@ int run_info(const DbCommandOptions& options) {
   return 0;
 }
 
+// A command that writes refuses a database this user can only read, before it does any work.
+void require_writable(const Database& database, const std::string& path, const char* command) {
+  if (database.read_only()) {
+    throw UserError(std::string("db ") + command + ": cost database " + path +
+                    " is read-only for this user; copy it somewhere writable and pass the copy with --db");
+  }
+}
+
 int run_import(const DbCommandOptions& options) {
   if (options.embedded)
     throw UserError("--embedded is read-only; import into a database file with --db FILE");
   const std::string path = resolved_path(options);
   Database database = open_for_cli(options);
+  require_writable(database, path, "import");
   const std::int64_t rows = import_table_file(database, options.table, options.file);
   std::printf("imported %lld rows from %s into %s (%s)\n", static_cast<long long>(rows), options.file.c_str(),
               options.table.c_str(), path.c_str());
@@ -182,19 +203,9 @@ int run_export(const DbCommandOptions& options) {
     std::cout.flush();
     return 0;
   }
-  const std::string temporary = options.output + ".partial";
-  std::int64_t rows = 0;
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    if (!file) throw UserError("cannot write " + options.output + "; check the path passed to -o");
-    rows = export_table(database, options.table, format, file);
-    file.flush();
-    if (!file) throw UserError("writing " + options.output + " failed (disk full?); nothing was replaced");
-  }
-  if (std::rename(temporary.c_str(), options.output.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    throw UserError("cannot write " + options.output + "; check the path passed to -o");
-  }
+  OutputFile file(options.output, "db export -o");
+  const std::int64_t rows = export_table(database, options.table, format, file.stream());
+  file.commit();
   std::fprintf(stderr, "exported %lld rows of %s to %s\n", static_cast<long long>(rows),
                options.table.c_str(), options.output.c_str());
   return 0;
@@ -202,6 +213,7 @@ int run_export(const DbCommandOptions& options) {
 
 int run_fit(const DbCommandOptions& options) {
   Database database = open_for_cli(options);
+  if (!options.embedded) require_writable(database, resolved_path(options), "fit");
   std::vector<std::string> gpus;
   if (!options.gpu.empty()) {
     const HardwareCatalog catalog = HardwareCatalog::load(database);
@@ -250,6 +262,56 @@ int run_price(const DbCommandOptions& options) {
       throw UserError("--shape for " + options.op + " takes " + std::to_string(count) + " numbers: " + what);
     }
   };
+  for (const std::int64_t value : s) {
+    if (value <= 0) {
+      throw UserError("--shape " + std::to_string(value) +
+                      ": every number of an op's shape must be positive");
+    }
+  }
+  // Past these sizes the products of shape numbers leave int64 and the prices are nonsense.
+  const std::int64_t limit = options.op == "gemm" || options.op.rfind("attention", 0) == 0
+                                 ? std::int64_t{1} << 24
+                                 : std::int64_t{1} << 50;
+  for (const std::int64_t value : s) {
+    if (value > limit) {
+      throw UserError("--shape " + std::to_string(value) + " is larger than " + std::to_string(limit) +
+                      " for " + options.op + "; give a realistic size");
+    }
+  }
+  if (s.size() == 5 && s[1] % s[2] != 0) {
+    throw UserError("--shape: " + std::to_string(s[1]) + " heads are not a multiple of " +
+                    std::to_string(s[2]) + " key/value heads; give KV_HEADS dividing HEADS");
+  }
+  const bool collective = options.op == "all_reduce" || options.op == "all_gather" ||
+                          options.op == "reduce_scatter" || options.op == "all_to_all" ||
+                          options.op == "send_recv" || options.op == "broadcast";
+  if (collective && options.op != "send_recv" &&
+      (options.group_size > cluster.world_size() || options.group_nodes > cluster.nodes ||
+       options.group_size > options.group_nodes * cluster.gpus_per_node)) {
+    throw UserError("--group-size " + std::to_string(options.group_size) + " --group-nodes " +
+                    std::to_string(options.group_nodes) + " does not fit --cluster " + cluster.short_name() +
+                    "; give at most " + std::to_string(cluster.gpus_per_node) +
+                    " ranks per node and at most " + std::to_string(cluster.nodes) + " nodes");
+  }
+  if (options.group_size < 1 || options.group_nodes < 1 || options.group_nodes > options.group_size) {
+    throw UserError("--group-size " + std::to_string(options.group_size) + " --group-nodes " +
+                    std::to_string(options.group_nodes) +
+                    ": a collective group needs at least 1 rank on 1 to group-size nodes");
+  }
+  if (options.group_nodes > 1 && options.group_size % options.group_nodes != 0) {
+    throw UserError("--group-nodes " + std::to_string(options.group_nodes) +
+                    " does not divide --group-size " + std::to_string(options.group_size) +
+                    "; give a node count that divides the group");
+  }
+  const bool attention = options.op.rfind("attention", 0) == 0;
+  for (const std::string& flag : options.price_flags_given) {
+    const bool applies = flag == "--no-causal" ? attention : collective && options.op != "send_recv";
+    if (!applies) {
+      throw UserError(flag + " does not apply to " + options.op + " (it would be ignored); drop it" +
+                      (flag == "--no-causal" ? " or price attention_fwd / attention_bwd"
+                                             : " or price a collective such as all_reduce"));
+    }
+  }
   OpCost cost;
   std::string detail;
   if (options.op == "gemm") {
@@ -270,8 +332,7 @@ int run_price(const DbCommandOptions& options) {
     const double flops = AttentionCostModel::flops(
         forward ? AttentionDirection::kForward : AttentionDirection::kBackward, shape);
     detail = fixed(flops / cost.time_s / 1e12, 1) + " TFLOP/s";
-  } else if (options.op == "all_reduce" || options.op == "all_gather" || options.op == "reduce_scatter" ||
-             options.op == "all_to_all" || options.op == "send_recv" || options.op == "broadcast") {
+  } else if (collective) {
     need(1, "BYTES");
     const CollectiveOp op = parse_collective_op(options.op);
     const CollectiveGroup group{op == CollectiveOp::kSendRecv ? 2 : options.group_size, options.group_nodes};
@@ -300,9 +361,10 @@ const Registrar kDbCommand{Command{
       sub.add_option("--db", options->database_path,
                      "Cost database file (default: $MEGATUNE_DB, else ~/.cache/megatune/costs.db)")
           ->expected(1);
-      sub.add_flag(
-          "--embedded", options->embedded,
-          "Use the data compiled into the binary (catalog + shipped measurements) instead of a file");
+      CLI::Option* db_option = sub.get_option("--db");
+      sub.add_flag("--embedded", options->embedded,
+                   "Use the data compiled into the binary (catalog + shipped measurements) instead of a file")
+          ->excludes(db_option);
       sub.fallthrough();
       CLI::App* info =
           sub.add_subcommand("info", "Schema version, rows per table, GPUs and software versions");
@@ -332,9 +394,12 @@ const Registrar kDbCommand{Command{
       price->add_option("--cluster", options->cluster, "NODESxGPUSxTYPE or a cluster JSON file")
           ->default_val("1x8xH100");
       price->add_option("--dtype", options->dtype, "bf16 | fp16 | fp8 | fp32")->default_val("bf16");
-      price->add_option("--group-size", options->group_size, "Collective group size")->default_val(8);
+      price->add_option("--group-size", options->group_size, "Collective group size")
+          ->default_val(8)
+          ->check(integer_at_least(1));
       price->add_option("--group-nodes", options->group_nodes, "Nodes the collective group spans")
-          ->default_val(1);
+          ->default_val(1)
+          ->check(integer_at_least(1));
       price->add_flag("!--no-causal", options->causal, "Attention without the causal mask");
       sub.footer(
           "Examples:\n  megatune db info\n  megatune db export --table gpu_models --format json\n"
@@ -345,7 +410,11 @@ const Registrar kDbCommand{Command{
         if (import->parsed()) return run_import(*options);
         if (exporter->parsed()) return run_export(*options);
         if (fit->parsed()) return run_fit(*options);
-        if (price->parsed()) return run_price(*options);
+        if (price->parsed()) {
+          for (const char* flag : {"--group-size", "--group-nodes", "--no-causal"})
+            if (price->count(flag) > 0) options->price_flags_given.push_back(flag);
+          return run_price(*options);
+        }
         return 1;
       };
     }}};

@@ -12,12 +12,16 @@
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/record_store.h"
+#include "layouts/input_file.h"
+#include "layouts/output_file.h"
 #include "layouts/user_error.h"
+#include "layouts/worker_threads.h"
 #include "planner/memory_model.h"
 #include "planner/plan_report.h"
 #include "planner/pricing_source.h"
 #include "planner/search.h"
 #include "tools/command_registry.h"
+#include "tools/input_checks.h"
 #include "tools/megatron_args.h"
 
 namespace megatune::tools {
@@ -29,7 +33,7 @@ struct PlanCommandOptions {
   std::string db;
   std::string output;
   int top_k = 10;
-  int threads = 0;
+  long long threads = 0;
   bool progress = false;
   bool allow_tp_across_nodes = false;
   bool no_uneven = false;
@@ -37,16 +41,6 @@ struct PlanCommandOptions {
   double headroom = 0.05;
   bool save = false;
 };
-
-void write_file(const std::string& path, const std::string& text) {
-  std::error_code ec;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw UserError("--output: cannot write " + path + "; choose a writable directory");
-  out << text;
-  if (!out.flush()) throw UserError("--output: writing " + path + " failed; check free space");
-}
 
 // "plan.json" -> "plan" + suffix, next to it.
 std::string sibling(const std::string& output, const std::string& suffix) {
@@ -85,7 +79,11 @@ int run_plan(const PlanCommandOptions& o) {
   }
   if (!a.global_batch_size) throw UserError("--global-batch-size is required (e.g. --global-batch-size 512)");
   if (o.top_k < 1) throw UserError("--top-k must be at least 1");
-  if (o.headroom < 0.0 || o.headroom >= 1.0) throw UserError("--memory-headroom must be in [0, 1)");
+  if (!(o.headroom >= 0.0 && o.headroom < 1.0)) throw UserError("--memory-headroom must be in [0, 1)");
+  bool threads_capped = false;
+  const int threads = resolve_thread_count(o.threads, "--threads", &threads_capped);
+  if (threads_capped)
+    std::fprintf(stderr, "megatune plan: --threads %lld capped to %d\n", o.threads, threads);
 
   planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster);
   planner::CostModelPricer pricer(*pricing.cost_model);
@@ -96,7 +94,7 @@ int run_plan(const PlanCommandOptions& o) {
   request.global_batch_size = *a.global_batch_size;
   request.top_k = o.top_k;
   request.memory_headroom_fraction = o.headroom;
-  request.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  request.threads = threads;
   planner::SearchSpace& space = request.space;
   space.allow_tp_across_nodes = o.allow_tp_across_nodes;
   space.uneven_layouts = !o.no_uneven;
@@ -154,15 +152,28 @@ int run_plan(const PlanCommandOptions& o) {
       planner::shell_join("megatune train", planner::megatune_train_arguments(model, winner));
   const std::string megatron =
       planner::shell_join("python pretrain_gpt.py", planner::megatron_arguments(model, winner));
-  if (o.output.empty()) {
+  // A device or FIFO as --output (/dev/stdout) takes the plan JSON alone; the argument files go next to a
+  // regular file only.
+  const std::string output_kind = o.output.empty() ? "" : non_regular_file_reason(o.output);
+  const bool siblings = !o.output.empty() && (output_kind.empty() || output_kind == "does not exist");
+  if (!siblings)
     std::printf("\nmegatune train:\n  %s\nMegatron-LM:\n  %s\n", train.c_str(), megatron.c_str());
-  } else {
+  if (siblings) {
     const std::string train_path = sibling(o.output, ".megatune.args");
     const std::string megatron_path = sibling(o.output, ".megatron.args");
-    write_file(o.output, planner::plan_json(model, cluster, result, memory));
-    write_file(train_path, train + "\n");
-    write_file(megatron_path, megatron + "\n");
+    // All three are written to temporaries first, then renamed: a failed write replaces none of them.
+    OutputFile plan_file(o.output, "--output");
+    OutputFile train_file(train_path, "--output");
+    OutputFile megatron_file(megatron_path, "--output");
+    plan_file.stream() << planner::plan_json(model, cluster, result, memory);
+    train_file.stream() << train << "\n";
+    megatron_file.stream() << megatron << "\n";
+    plan_file.commit();
+    train_file.commit();
+    megatron_file.commit();
     std::printf("\nwrote %s, %s, %s\n", o.output.c_str(), train_path.c_str(), megatron_path.c_str());
+  } else if (!o.output.empty()) {
+    write_output_file(o.output, planner::plan_json(model, cluster, result, memory), "--output");
   }
   if (o.save) {
     const std::string path = o.db.empty() ? cost_models::default_cost_database_path() : o.db;
@@ -200,12 +211,16 @@ const Registrar kPlanCommand{Command{
           ->group("Planner");
       sub.add_option("--top-k", o->top_k, "Rows of the ranked table")
           ->capture_default_str()
+          ->check(integer_at_least(1))
           ->group("Planner");
       sub.add_option(
              "--output,-o", o->output,
              "Write the plan JSON here, with <stem>.megatune.args and <stem>.megatron.args next to it")
           ->group("Planner");
-      sub.add_option("--threads", o->threads, "Simulation threads (default: all cores)")->group("Planner");
+      sub.add_option("--threads", o->threads,
+                     "Simulation threads (default 0: all cores; capped at 4 per core)")
+          ->check(integer_at_least(0))
+          ->group("Planner");
       sub.add_flag("--progress", o->progress, "Progress bar even when stderr is not a terminal")
           ->group("Planner");
       sub.add_flag("--allow-tp-across-nodes", o->allow_tp_across_nodes, "Search TP sizes larger than a node")
@@ -218,6 +233,7 @@ const Registrar kPlanCommand{Command{
           ->group("Planner");
       sub.add_option("--memory-headroom", o->headroom, "Fraction of GPU memory to keep free (0..1)")
           ->capture_default_str()
+          ->check(fraction_in(0.0, 1.0, false))
           ->group("Planner");
       sub.footer(
           "Parallel flags given (--tp, --pp, --cp, --ep, --mbs, --recompute-granularity, "

@@ -18,6 +18,7 @@
 #include "profiler/progress_bar.h"
 #include "profiler/sweep_builder.h"
 #include "tools/command_registry.h"
+#include "tools/input_checks.h"
 #ifdef MEGATUNE_HAVE_CUDA
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
@@ -231,7 +232,7 @@ const Registrar kProfileCommand{Command{
           "--model", options->model,
           "Also measure the shapes this model preset issues under the candidate layouts (e.g. llama3-1b)");
       sub.add_option("--gpus", options->gpus, "GPUs to use, one worker process each (default: all visible)")
-          ->check(CLI::PositiveNumber);
+          ->check(integer_at_least(1));
       sub.add_option("--db", options->database_path,
                      "Cost database (default: $MEGATUNE_DB or ~/.cache/megatune/costs.db)");
       sub.add_flag("--quick", options->quick, "Coarser grids: just enough points for every fit");
@@ -244,29 +245,37 @@ const Registrar kProfileCommand{Command{
       sub.add_flag("--no-fit", options->no_fit, "Do not fit cost models afterwards (see `megatune db fit`)");
       sub.add_option("--tp", options->candidates.tensor_parallel, "Candidate tensor-parallel sizes")
           ->delimiter(',')
+          ->check(integer_at_least(1))
           ->capture_default_str();
       sub.add_option("--cp", options->candidates.context_parallel, "Candidate context-parallel sizes")
           ->delimiter(',')
+          ->check(integer_at_least(1))
           ->capture_default_str();
       sub.add_option("--ep", options->candidates.expert_parallel,
                      "Candidate expert-parallel sizes (MoE models)")
           ->delimiter(',')
+          ->check(integer_at_least(1))
           ->capture_default_str();
       sub.add_option("--mbs", options->candidates.micro_batch, "Candidate micro-batch sizes")
           ->delimiter(',')
+          ->check(integer_at_least(1))
           ->capture_default_str();
       sub.add_option("--warmup", options->warmup, "Untimed runs before timing each item")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(integer_at_least(0));
       sub.add_option("--repeats", options->repeats, "Timed runs per item (the median is stored)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(integer_at_least(1));
       sub.add_flag(
           "--trace", options->trace,
           "Instead of sweeps: train --model for --train-iters steps on GPU 0 (mock data) and store the last "
           "iteration's per-op device times, joined to the step program, as a run");
       sub.add_option("--train-iters", options->train_iters, "--trace: iterations (the first ones warm up)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(integer_at_least(1));
       sub.add_option("--num-microbatches", options->num_microbatches, "--trace: micro-batches per iteration")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(integer_at_least(1));
       return [options] { return run_profile(*options); };
     }}};
 

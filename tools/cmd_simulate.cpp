@@ -1,10 +1,9 @@
 // `megatune simulate`: predict one training iteration of a given layout (step time, MFU, tokens/s, bubble,
 // exposed communication, per-stage and per-op-kind times, memory) and write a Perfetto trace.
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "cost_models/cluster_spec.h"
+#include "layouts/output_file.h"
 #include "layouts/user_error.h"
 #include "planner/chrome_trace.h"
 #include "planner/memory_model.h"
@@ -36,6 +35,20 @@ int run_simulate(const SimulateCommandOptions& o) {
   MegatronArgs with_world = a;
   if (!with_world.world_size) with_world.world_size = cluster.world_size();
   layouts::ParallelConfig config = resolve_parallel(with_world);
+  if (!a.world_size) {
+    // The world comes from --cluster: name it (not a --world-size the user never passed).
+    const long long model_parallel = static_cast<long long>(config.tp()) * config.cp() * config.pp();
+    if (cluster.world_size() % model_parallel != 0) {
+      std::string fits;
+      for (int tp = 1; tp <= cluster.world_size(); tp *= 2)
+        if (cluster.world_size() % (tp * config.cp() * config.pp()) == 0)
+          fits += (fits.empty() ? "" : ", ") + std::to_string(tp);
+      throw UserError("--tp " + std::to_string(config.tp()) + " x --cp " + std::to_string(config.cp()) +
+                      " x --pp " + std::to_string(config.pp()) + " = " + std::to_string(model_parallel) +
+                      " does not divide the " + std::to_string(cluster.world_size()) + " GPUs of --cluster " +
+                      o.cluster + (fits.empty() ? "; lower --cp or --pp" : "; use --tp " + fits));
+    }
+  }
   if (config.world_size != cluster.world_size()) {
     throw UserError("--world-size " + std::to_string(config.world_size) + " differs from --cluster " +
                     o.cluster + " (" + std::to_string(cluster.world_size()) +
@@ -96,13 +109,9 @@ int run_simulate(const SimulateCommandOptions& o) {
   }
 
   if (!o.trace.empty()) {
-    std::error_code ec;
-    const std::filesystem::path parent = std::filesystem::path(o.trace).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    std::ofstream out(o.trace, std::ios::binary | std::ios::trunc);
-    if (!out) throw UserError("--trace: cannot write " + o.trace + "; choose a writable path");
-    planner::write_chrome_trace(out, r.trace_processes, r.trace_events);
-    if (!out.flush()) throw UserError("--trace: writing " + o.trace + " failed; check free space");
+    OutputFile out(o.trace, "--trace");
+    planner::write_chrome_trace(out.stream(), r.trace_processes, r.trace_events);
+    out.commit();
     std::printf("\nwrote %s (%zu events, %zu ranks): open it in https://ui.perfetto.dev\n", o.trace.c_str(),
                 r.trace_events.size(), r.trace_processes.size());
   }

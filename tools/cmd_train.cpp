@@ -18,10 +18,13 @@
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
+#include "layouts/output_file.h"
 #include "layouts/rank_grid.h"
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
+#include "tools/input_checks.h"
 #include "tools/megatron_args.h"
+#include "tools/train_option_checks.h"
 #ifdef MEGATUNE_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
 #include "executor/cuda/nccl_communicator.h"
@@ -206,6 +209,9 @@ int run_train(TrainArgs& a) {
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);
   parallel.validate(spec);
+  validate_train_options(a.options);
+  const std::string fresh_start = check_load_path(a.options.load);  // refuses a --load that does not exist
+  if (!fresh_start.empty() && launch.rank == 0 && a.nproc <= 1) std::cout << fresh_start << std::endl;
   if (a.device.empty()) a.device = default_device();
   if (a.device != "cpu" && a.device != "cuda") throw UserError("--device must be cuda or cpu");
   if (a.dry_run) return dry_run(a, spec, parallel);
@@ -256,9 +262,9 @@ int run_train(TrainArgs& a) {
   std::cout << "memory: arena " << backend->arena_capacity_bytes() / (1 << 20) << " MiB" << std::endl;
   training.run();
   if (!a.ops_out.empty()) {
-    std::ofstream out(a.ops_out);
-    if (!out) throw UserError("--ops-out " + a.ops_out + ": cannot write the file; check the directory");
-    for (const layouts::Op& op : backend->recorder().ops()) out << layouts::to_string(op) << "\n";
+    OutputFile out(a.ops_out, "--ops-out");  // temporary + rename; a failed write (disk full) is an error
+    for (const layouts::Op& op : backend->recorder().ops()) out.stream() << layouts::to_string(op) << "\n";
+    out.commit();
   }
   if (!a.options.trace.dir.empty())
     write_trace_manifest(a, spec, parallel, backend->name(), gpu_name(*backend), run.peak_tflops);
@@ -302,6 +308,8 @@ const Registrar registrar({
       app.add_option("--train-iters", a.options.train_iters, "iterations to train (default 100)");
       app.add_option("--save", a.options.save, "checkpoint directory to save into");
       app.add_option("--load", a.options.load, "checkpoint directory to resume from (its latest iteration)");
+      app.add_flag("--overwrite-checkpoints", a.options.overwrite_checkpoints,
+                   "let --save replace the checkpoints of another run in that directory");
       app.add_option("--save-interval", a.options.save_interval, "save every N iterations (0: at the end)");
       app.add_option("--data-path", a.options.data_path,
                      "indexed dataset prefix, or W1 PREFIX1 W2 PREFIX2 ...");
@@ -314,7 +322,7 @@ const Registrar registrar({
       app.add_option("--nproc", a.nproc,
                      "ranks on this host (must equal the layout's world size): threads with --device cpu, "
                      "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")
-          ->check(CLI::Range(1, 4096));
+          ->check(integer_between(1, 4096));
       app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)");
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "layouts/user_error.h"
+#include "tools/input_checks.h"
 
 namespace megatune::tools {
 
@@ -13,6 +14,16 @@ void int_option(CLI::App& app, const std::string& names, std::optional<int>& tar
                 const std::string& help) {
   app.add_option_function<int>(
       names, [&target](const int& value) { target = value; }, help);
+}
+
+// Parallel sizes and batch sizes: whole numbers from 1 up to a bound no product of them can overflow.
+constexpr long long kMaxSize = 1 << 20;
+
+void size_option(CLI::App& app, const std::string& names, std::optional<int>& target,
+                 const std::string& help) {
+  app.add_option_function<int>(
+         names, [&target](const int& value) { target = value; }, help)
+      ->check(integer_between(1, kMaxSize));
 }
 
 void string_option(CLI::App& app, const std::string& names, std::optional<std::string>& target,
@@ -84,19 +95,20 @@ void add_model_flags(CLI::App& app, MegatronArgs& args) {
 
 void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
   const auto option = [&](auto&&... a) { int_option(app, a...); };
-  option("--world-size", args.world_size, "GPUs (default tp x cp x pp x dp)");
-  option("--tensor-model-parallel-size,--tp", args.tensor_model_parallel_size, "Tensor parallel size");
-  option("--pipeline-model-parallel-size,--pp", args.pipeline_model_parallel_size, "Pipeline parallel size");
-  option("--context-parallel-size,--cp", args.context_parallel_size, "Context parallel size");
-  option("--expert-model-parallel-size,--ep", args.expert_model_parallel_size, "Expert parallel size");
-  option("--expert-tensor-parallel-size,--etp", args.expert_tensor_parallel_size,
-         "Expert tensor parallel size (default tp)");
-  option("--data-parallel-size,--dp", args.data_parallel_size,
-         "Data parallel size (default: derived from --world-size)");
-  option("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage,
-         "Layers per virtual pipeline stage (interleaved 1F1B)");
-  option("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank,
-         "Virtual pipeline stages per rank (interleaved 1F1B)");
+  const auto sized = [&](auto&&... a) { size_option(app, a...); };
+  sized("--world-size", args.world_size, "GPUs (default tp x cp x pp x dp)");
+  sized("--tensor-model-parallel-size,--tp", args.tensor_model_parallel_size, "Tensor parallel size");
+  sized("--pipeline-model-parallel-size,--pp", args.pipeline_model_parallel_size, "Pipeline parallel size");
+  sized("--context-parallel-size,--cp", args.context_parallel_size, "Context parallel size");
+  sized("--expert-model-parallel-size,--ep", args.expert_model_parallel_size, "Expert parallel size");
+  sized("--expert-tensor-parallel-size,--etp", args.expert_tensor_parallel_size,
+        "Expert tensor parallel size (default tp)");
+  sized("--data-parallel-size,--dp", args.data_parallel_size,
+        "Data parallel size (default: derived from --world-size)");
+  sized("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage,
+        "Layers per virtual pipeline stage (interleaved 1F1B)");
+  sized("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank,
+        "Virtual pipeline stages per rank (interleaved 1F1B)");
   string_option(app, "--pipeline-model-parallel-layout", args.pipeline_model_parallel_layout,
                 "Stage layout, e.g. 'Et*3|(tt|)*29,m|L' (E embedding, t layer, m MTP, L loss)");
   option("--decoder-first-pipeline-num-layers", args.decoder_first_pipeline_num_layers,
@@ -107,14 +119,14 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
                "Count the embedding as a layer when splitting");
   app.add_flag("--account-for-loss-in-pipeline-split", args.account_for_loss_in_pipeline_split,
                "Count the loss as a layer when splitting");
-  option("--microbatch-group-size-per-virtual-pipeline-stage", args.microbatch_group_size_per_vp_stage,
-         "Interleaved schedule's microbatch group size (default pp)");
+  sized("--microbatch-group-size-per-virtual-pipeline-stage", args.microbatch_group_size_per_vp_stage,
+        "Interleaved schedule's microbatch group size (default pp)");
   app.add_flag("--sequence-parallel", args.sequence_parallel,
                "Sequence parallelism (ignored when tp = 1, like Megatron)");
   string_option(app, "--recompute-granularity", args.recompute_granularity, "selective or full");
   string_option(app, "--recompute-method", args.recompute_method, "uniform or block (full recomputation)");
-  option("--recompute-num-layers", args.recompute_num_layers,
-         "Layers per recomputation unit (full recomputation)");
+  sized("--recompute-num-layers", args.recompute_num_layers,
+        "Layers per recomputation unit (full recomputation)");
   app.add_flag("--use-distributed-optimizer", args.use_distributed_optimizer,
                "Shard optimizer state over DP");
   app.add_flag("--overlap-grad-reduce", args.overlap_grad_reduce, "Overlap gradient reduction with backward");
@@ -128,9 +140,9 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
 }
 
 void add_batch_flags(CLI::App& app, MegatronArgs& args) {
-  int_option(app, "--micro-batch-size,--mbs", args.micro_batch_size, "Sequences per microbatch (default 1)");
-  int_option(app, "--global-batch-size,--gbs", args.global_batch_size,
-             "Sequences per iteration (default micro-batch x dp)");
+  size_option(app, "--micro-batch-size,--mbs", args.micro_batch_size, "Sequences per microbatch (default 1)");
+  size_option(app, "--global-batch-size,--gbs", args.global_batch_size,
+              "Sequences per iteration (default micro-batch x dp)");
   for (CLI::Option* opt : app.get_options()) {
     if (opt->get_group() == "Options") opt->group("Batch");
   }

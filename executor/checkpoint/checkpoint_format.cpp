@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
@@ -78,12 +79,8 @@ std::optional<int64_t> read_latest_iteration(const std::string& save_root) {
   const std::string path = tracker_file_path(save_root);
   std::error_code error;
   if (!fs::exists(path, error)) return std::nullopt;
-  std::ifstream in(path);
-  std::string text;
-  if (!in || !std::getline(in, text)) {
-    throw UserError("cannot read checkpoint tracker " + path +
-                    "; check its permissions or delete it to start fresh");
-  }
+  std::string text = read_regular_file(path, "checkpoint tracker", 4096);
+  text = text.substr(0, text.find('\n'));
   text.erase(text.find_last_not_of(" \t\r\n") + 1);
   text.erase(0, text.find_first_not_of(" \t"));
   if (text == "release") {

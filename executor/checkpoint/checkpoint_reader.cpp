@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "executor/checkpoint/crc32c.h"
+#include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
@@ -19,6 +20,10 @@ namespace megatune::executor::checkpoint {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The fix for a damaged iteration: megatune loads the iteration the tracker names.
+const std::string kEarlierIteration =
+    std::string("load an earlier iteration by writing its number into ") + kTrackerFileName;
 
 std::string shape_text(TensorDType dtype, const std::vector<int64_t>& shape) {
   std::string text = tensor_dtype_name(dtype) + " [";
@@ -76,7 +81,8 @@ CheckpointReader CheckpointReader::open_directory(const std::string& iteration_d
   if (!fs::is_directory(iteration_directory, error)) {
     throw UserError("checkpoint " + iteration_directory +
                     " does not exist; the tracker names a deleted iteration: write a saved iteration into " +
-                    kTrackerFileName + " or load another with --ckpt-step");
+                    kTrackerFileName +
+                    " (a saved iteration) or point --load at another checkpoint directory");
   }
   CheckpointReader reader;
   reader.shard_directory_ = (fs::path(iteration_directory) / shard_name).string();
@@ -92,11 +98,10 @@ void CheckpointReader::load_manifest() {
   const std::string path = (fs::path(shard_directory_) / kManifestFileName).string();
   const auto corrupt = [&](const std::string& what) {
     return UserError("checkpoint manifest " + path + " " + what +
-                     "; the checkpoint is damaged: load an earlier iteration (--ckpt-step) or re-save it");
+                     "; the checkpoint is damaged: " + kEarlierIteration + " or re-save it");
   };
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw corrupt("is missing");
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (non_regular_file_reason(path) == "does not exist") throw corrupt("is missing");
+  const std::string text = read_regular_file(path, "checkpoint manifest", std::size_t{256} << 20);
   // The last line is "end <crc32c of everything before it>".
   if (text.empty() || text.back() != '\n') throw corrupt("is truncated (no final line)");
   const size_t last_start = text.rfind('\n', text.size() - 2);
@@ -174,14 +179,14 @@ void CheckpointReader::load_manifest() {
   const std::string bin = (fs::path(shard_directory_) / kTensorsFileName).string();
   std::error_code error;
   const auto actual = fs::file_size(bin, error);
-  if (error) {
-    throw UserError("checkpoint tensor file " + bin + " is missing; load an earlier iteration (--ckpt-step)");
+  if (error || !fs::is_regular_file(bin, error)) {
+    throw UserError("checkpoint tensor file " + bin + " is missing; " + kEarlierIteration);
   }
   if (static_cast<int64_t>(actual) != tensors_bin_bytes_) {
     throw UserError("checkpoint tensor file " + bin + " is " + std::to_string(actual) +
                     " bytes but its manifest says " + std::to_string(tensors_bin_bytes_) +
                     (static_cast<int64_t>(actual) < tensors_bin_bytes_ ? " (truncated)" : "") +
-                    "; the checkpoint is damaged: load an earlier iteration (--ckpt-step)");
+                    "; the checkpoint is damaged: " + kEarlierIteration);
   }
   for (const auto& tensor : tensors_) {
     if (tensor.offset_bytes + tensor.size_bytes > tensors_bin_bytes_)
@@ -210,8 +215,7 @@ void CheckpointReader::read_tensor(const std::string& name, TensorDType expected
                     "; load with the model flags it was saved with");
   }
   const std::string bin = (fs::path(shard_directory_) / kTensorsFileName).string();
-  const int fd = ::open(bin.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw UserError("cannot open checkpoint tensor file " + bin + ": " + std::strerror(errno));
+  const int fd = open_regular_file(bin, "checkpoint tensor file");
   auto* bytes = static_cast<char*>(out);
   int64_t done = 0;
   while (done < tensor->size_bytes) {
@@ -222,7 +226,7 @@ void CheckpointReader::read_tensor(const std::string& name, TensorDType expected
       const int error = got < 0 ? errno : EIO;
       ::close(fd);
       throw UserError("cannot read tensor " + name + " from " + bin + ": " + std::strerror(error) +
-                      "; the checkpoint is damaged: load an earlier iteration (--ckpt-step)");
+                      "; the checkpoint is damaged: " + kEarlierIteration);
     }
     done += got;
   }
@@ -232,7 +236,7 @@ void CheckpointReader::read_tensor(const std::string& name, TensorDType expected
     char text[64];
     std::snprintf(text, sizeof(text), " (stored %08x, read %08x)", tensor->crc32c, crc);
     throw UserError("tensor " + name + " in " + bin + " fails its CRC-32C check" + text +
-                    "; the checkpoint is corrupt: load an earlier iteration (--ckpt-step)");
+                    "; the checkpoint is corrupt: " + kEarlierIteration);
   }
 }
 

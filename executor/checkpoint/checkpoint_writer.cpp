@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "executor/checkpoint/crc32c.h"
+#include "executor/checkpoint/run_lineage.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
@@ -46,6 +47,10 @@ CheckpointWriter::CheckpointWriter(std::string save_root, int64_t iteration, Che
     throw UserError("checkpoint iteration must be non-negative, got " + std::to_string(iteration_));
   if (!is_token(options_.shard_name) || options_.shard_name.find('/') != std::string::npos) {
     throw UserError("checkpoint shard name '" + options_.shard_name + "' must be a plain file name");
+  }
+  if (!options_.run_id.empty()) {
+    require_save_owner(save_root_, options_.run_id);
+    metadata_[kRunIdMetadataKey] = options_.run_id;
   }
   create_directories_or_throw(save_root_);
   const std::string shard = shard_directory();

@@ -18,12 +18,16 @@ namespace megatune::executor::checkpoint {
 struct CheckpointWriteOptions {
   std::string shard_name = kDefaultShardName;  // this writer's part of the iteration directory
   int64_t keep_last = 0;  // > 0: after a commit delete all but the newest keep_last iteration directories
+  // The saving run's id (run_lineage.h). When set, the writer refuses a save_root owned by another run
+  // (claiming an unclaimed one, which refuses one holding another run's checkpoints) and records the id in
+  // the manifest's metadata ("run_id"), which a resumed run adopts.
+  std::string run_id;
 };
 
 class CheckpointWriter {
  public:
   // Creates <save_root> if needed and the staging directory (a stale shard left there by a crashed save is
-  // removed). Throws UserError if save_root cannot be created or written.
+  // removed). Throws UserError if save_root cannot be created or written, or belongs to another run.
   CheckpointWriter(std::string save_root, int64_t iteration, CheckpointWriteOptions options = {});
   ~CheckpointWriter();  // an uncommitted writer removes its partial shard; the checkpoint in place is
                         // untouched

@@ -37,7 +37,8 @@ std::string index_file_path(const std::string& path_prefix) { return path_prefix
 std::string data_file_path(const std::string& path_prefix) { return path_prefix + ".bin"; }
 
 IndexedDataset::Mapping IndexedDataset::map_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK and a regular-file check on the descriptor: a FIFO named like a dataset fails, never hangs.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     const int error = errno;
     if (error == ENOENT) {
@@ -51,7 +52,11 @@ IndexedDataset::Mapping IndexedDataset::map_file(const std::string& path) {
   struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
-    throw UserError("indexed dataset file " + path + " is not a regular file; pass the dataset prefix");
+    throw UserError("indexed dataset file " + path + " " +
+                    (S_ISDIR(info.st_mode)    ? "is a directory"
+                     : S_ISFIFO(info.st_mode) ? "is a FIFO"
+                                              : "is a device") +
+                    ", not a regular file; pass --data-path the prefix of a .bin/.idx pair");
   }
   Mapping mapping;
   mapping.size_bytes = static_cast<size_t>(info.st_size);

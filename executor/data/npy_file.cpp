@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "layouts/output_file.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::data {
@@ -43,10 +44,8 @@ std::vector<unsigned char> npy_bytes(NpyDType dtype, std::span<const int64_t> sh
 
 void write_npy(const std::string& path, NpyDType dtype, std::span<const int64_t> shape, const void* data) {
   const auto bytes = npy_bytes(dtype, shape, data);
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) throw UserError("cannot create " + path + ": " + std::strerror(errno));
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size();
-  if ((std::fclose(file) != 0) || !ok) throw UserError("cannot write " + path + ": check free disk space");
+  // Temporary file + rename: a failed write leaves a previous file of that name intact.
+  write_output_file(path, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), "npy file");
 }
 
 void write_gpt_dataset_indices(const std::string& prefix, const GPTDatasetIndices& indices) {

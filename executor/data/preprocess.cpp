@@ -13,6 +13,7 @@
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/indexed_dataset_writer.h"
 #include "executor/data/json_line.h"
+#include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::data {
@@ -29,6 +30,8 @@ bool is_jsonl(const std::string& path) {
 bool is_blank(const std::string& line) { return line.find_first_not_of(" \t\r\n") == std::string::npos; }
 
 std::ifstream open_input(const std::string& path) {
+  require_regular_file(path,
+                       "--input");  // a FIFO or directory fails here instead of hanging or reading nothing
   std::ifstream input(path, std::ios::binary);
   if (!input) {
     throw UserError("cannot read --input " + path +

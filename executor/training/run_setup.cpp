@@ -111,6 +111,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.data.mock.eod_token = run.data.gpt.eod_token;
   run.save = a.save;
   run.load = a.load;
+  run.overwrite_checkpoints = a.overwrite_checkpoints;
   run.save_interval = a.save_interval;
   run.log_interval = a.log_interval;
   run.flops_per_iteration = layouts::model_flops_per_iteration(spec, gbs, 1);

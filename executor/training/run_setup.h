@@ -26,6 +26,8 @@ struct TrainOptions {
   std::int64_t train_iters = 100;
   std::string save, load;
   std::int64_t save_interval = 0;
+  bool overwrite_checkpoints =
+      false;  // --overwrite-checkpoints: --save may replace another run's checkpoints
   std::vector<std::string> data_path;
   std::string split = "969,30,1";
   bool mock_data = false;

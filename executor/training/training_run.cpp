@@ -11,6 +11,7 @@
 
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
+#include "executor/checkpoint/run_lineage.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -62,6 +63,9 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
     config_.schedule = single_stage_schedule(t.model.num_layers, t.batch.num_microbatches);
   trainer_ = std::make_unique<Trainer>(t, config_.schedule, backend, communicator);
   load_checkpoint();
+  if (communicator_.world_rank() == 0)  // refuses a --save directory holding another run's checkpoints
+    checkpoint::claim_save_directory(config_.save, run_id_, run_id_resumed_ ? config_.load : "",
+                                     config_.overwrite_checkpoints);
   data::DataConfig data = config_.data;
   data.gpt.sequence_length = t.batch.seq;
   const std::int64_t train_samples = config_.train_iters * t.global_batch_size();
@@ -83,7 +87,7 @@ std::string rank_shard_name(int rank) {
 void TrainingRun::save_checkpoint() {
   const int world = communicator_.world_size(), rank = communicator_.world_rank();
   if (world == 1) {
-    checkpoint::CheckpointWriter writer(config_.save, trainer_->iteration());
+    checkpoint::CheckpointWriter writer(config_.save, trainer_->iteration(), {.run_id = run_id_});
     trainer_->save(writer);
     writer.commit();
   } else {
@@ -91,6 +95,7 @@ void TrainingRun::save_checkpoint() {
     // iteration into place and updates the tracker; nobody continues before that.
     checkpoint::CheckpointWriteOptions options;
     options.shard_name = rank_shard_name(rank);
+    if (rank == 0) options.run_id = run_id_;  // rank 0 checks the directory's owner and records the id
     checkpoint::CheckpointWriter writer(config_.save, trainer_->iteration(), options);
     trainer_->save(writer);
     writer.add_metadata("layout", config_.layout_description);
@@ -112,9 +117,8 @@ void TrainingRun::save_checkpoint() {
 }
 
 void TrainingRun::load_checkpoint() {
-  if (!has_checkpoint(config_.load)) {
-    if (!config_.load.empty())
-      log_ << "no checkpoint under --load " << config_.load << "; starting from iteration 0\n";
+  if (!has_checkpoint(config_.load)) {  // cmd_train's check_load_path said so (or refused the path)
+    run_id_ = checkpoint::new_run_id();
     return;
   }
   const int world = communicator_.world_size(), rank = communicator_.world_rank();
@@ -136,6 +140,8 @@ void TrainingRun::load_checkpoint() {
   } else {
     shards.push_back(checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(0)));
   }
+  run_id_ = checkpoint::run_id_for(&shards.front());
+  run_id_resumed_ = true;
   const std::string saved_layout =
       shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "a single rank";
   const std::string this_layout = world == 1 ? "a single rank" : config_.layout_description;

@@ -15,14 +15,15 @@ namespace megatune::executor {
 
 struct RunConfig {
   TrainerConfig trainer;
-  std::int64_t train_iters = 0;    // --train-iters
-  data::DataConfig data;           // --data-path / --mock-data, --split, sequence length, seed
-  std::string save;                // --save: checkpoint root ("" = none)
-  std::string load;                // --load: resume from its latest checkpoint when one exists
-  std::int64_t save_interval = 0;  // --save-interval (0: only at the end when --save is given)
-  std::int64_t log_interval = 10;  // --log-interval
-  double flops_per_iteration = 0;  // Megatron's model FLOPs of one iteration (recompute not counted)
-  double peak_tflops = 0;          // per GPU; 0: MFU is not printed (CPU)
+  std::int64_t train_iters = 0;        // --train-iters
+  data::DataConfig data;               // --data-path / --mock-data, --split, sequence length, seed
+  std::string save;                    // --save: checkpoint root ("" = none)
+  std::string load;                    // --load: resume from its latest checkpoint when one exists
+  std::int64_t save_interval = 0;      // --save-interval (0: only at the end when --save is given)
+  bool overwrite_checkpoints = false;  // --overwrite-checkpoints (executor/checkpoint/run_lineage.h)
+  std::int64_t log_interval = 10;      // --log-interval
+  double flops_per_iteration = 0;      // Megatron's model FLOPs of one iteration (recompute not counted)
+  double peak_tflops = 0;              // per GPU; 0: MFU is not printed (CPU)
   int gpus = 1;
   bool record_first_iteration = false;  // the backend records the ops of the first iteration run
   // Parallel runs: this rank's schedule (no items: the no-pipelining schedule of the whole model), its
@@ -59,6 +60,8 @@ class TrainingRun {
   Communicator& communicator_;
   std::ostream& log_;
   std::unique_ptr<Trainer> trainer_;
+  std::string run_id_;           // this run's id: the resumed checkpoint's, else new (run_lineage.h)
+  bool run_id_resumed_ = false;  // run_id_ came from the checkpoint under --load
   std::shared_ptr<const data::SampleDataset> train_dataset_;
   std::unique_ptr<RankTracer> tracer_;
 };

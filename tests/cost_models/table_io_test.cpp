@@ -185,13 +185,20 @@ TEST(TableIo, ImportsFilesByExtension) {
   const std::string path = directory.file("gpus.json");
   {
     std::ofstream file(path);
-    file << "[{\"name\": \"My GPU\", \"peak_bf16_tflops\": 500, \"memory_bytes\": 1000, "
+    file << "[{\"name\": \"My GPU\", \"peak_bf16_tflops\": 500, \"memory_bytes\": 80e9, "
             "\"hbm_bandwidth_bytes_per_s\": 2e12, \"source\": \"measured\"}]";
   }
   Database database = open_in_memory_cost_database();
   EXPECT_EQ(import_table_file(database, "gpu_models", path), 1);
   EXPECT_EQ(load_gpu_models(database).at(0).source, "measured");
   EXPECT_THROW(import_table_file(database, "gpu_models", directory.file("gpus.txt")), UserError);
+  {
+    std::ofstream file(path);  // a figure off by a unit is refused, not stored
+    file << "[{\"name\": \"Odd GPU\", \"peak_bf16_tflops\": 1e300, \"memory_bytes\": 80e9, "
+            "\"hbm_bandwidth_bytes_per_s\": 2e12, \"source\": \"measured\"}]";
+  }
+  EXPECT_THROW(import_table_file(database, "gpu_models", path), UserError);
+  EXPECT_EQ(load_gpu_models(database).size(), 1u);
   EXPECT_THROW(import_table_file(database, "gpu_models", directory.file("missing.csv")), UserError);
   EXPECT_EQ(table_format_from_name("json"), TableFormat::kJson);
   EXPECT_THROW(table_format_from_name("xml"), UserError);

@@ -154,7 +154,7 @@ TEST(PipelineLayout, ParseErrors) {
   e = error_of([] { PipelineLayout::parse("Et|t|L", 2); });
   EXPECT_TRUE(contains(e, "3 stages are not a multiple of --pipeline-model-parallel-size 2")) << e;
   e = error_of([] { PipelineLayout::parse("((t|)*2)*2L", 1); });
-  EXPECT_TRUE(contains(e, "invalid layer character '('")) << e;
+  EXPECT_TRUE(contains(e, "groups cannot be nested")) << e;
   e = error_of([] { PipelineLayout::parse("Et*99999999999|L", 2); });
   EXPECT_TRUE(contains(e, "beyond 1000000 symbols")) << e;
   e = error_of([] { PipelineLayout::parse("(tttttttttt|)*200000", 2); });

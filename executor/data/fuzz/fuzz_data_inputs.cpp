@@ -12,6 +12,7 @@
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/json_line.h"
+#include "layouts/fuzz/fuzz_files.h"
 #include "layouts/user_error.h"
 
 namespace {
@@ -19,21 +20,15 @@ namespace {
 namespace fs = std::filesystem;
 using namespace megatune::executor;
 
+// The fuzz work directory with the iteration directory the checkpoint reader expects.
 const fs::path& work_directory() {
-  static const fs::path directory = [] {
-    fs::path path = fs::temp_directory_path() / ("megatune_fuzz_data_" + std::to_string(::getpid()));
-    fs::create_directories(path / "iter_0000001" / "mp_rank_00");
-    return path;
-  }();
-  return directory;
+  const fs::path& path = megatune::fuzz::work_directory("data");
+  static const bool created = fs::create_directories(path / "iter_0000001" / "mp_rank_00");
+  (void)created;
+  return path;
 }
 
-void write_file(const fs::path& path, const uint8_t* data, size_t size) {
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) return;
-  if (size > 0) std::fwrite(data, 1, size, file);
-  std::fclose(file);
-}
+using megatune::fuzz::write_file;
 
 void fuzz_json(const uint8_t* data, size_t size) {
   try {

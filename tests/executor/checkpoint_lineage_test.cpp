@@ -1,0 +1,161 @@
+// A save never replaces another run's checkpoints: run ids recorded in --save directories and manifests,
+// the explicit overwrite, resuming, a deleted tracker; --load paths that do not exist or hold no checkpoint;
+// FIFOs in place of checkpoint files fail instead of hanging.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "executor/checkpoint/checkpoint_reader.h"
+#include "executor/checkpoint/checkpoint_writer.h"
+#include "executor/checkpoint/run_lineage.h"
+#include "layouts/user_error.h"
+
+namespace megatune::executor::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+class LineageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "megatune-lineage-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    base_ = pattern;
+    root_ = base_ + "/ckpt";
+  }
+  void TearDown() override { fs::remove_all(base_); }
+  // One save of `iteration` by `run_id`, the way a training run does it.
+  void save(const std::string& root, int64_t iteration, const std::string& run_id, float value = 1.0f) {
+    CheckpointWriter writer(root, iteration, {.run_id = run_id});
+    std::vector<float> weights(4, value);
+    writer.add_tensor("w", TensorDType::fp32, {4}, weights.data());
+    writer.commit();
+  }
+  static std::string error_of(const std::function<void()>& action) {
+    try {
+      action();
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  }
+  std::string base_, root_;
+};
+
+TEST_F(LineageTest, FreshDirectoryIsClaimedAndSavedInto) {
+  const std::string run = new_run_id();
+  EXPECT_EQ(run.size(), 32u);
+  EXPECT_NE(run, new_run_id());
+  claim_save_directory(root_, run, "", false);
+  EXPECT_EQ(save_directory_owner(root_), run);
+  save(root_, 10, run);
+  save(root_, 20, run);
+  const CheckpointReader reader = CheckpointReader::open_latest(root_);
+  EXPECT_EQ(reader.iteration(), 20);
+  EXPECT_EQ(run_id_for(&reader), run);  // a resumed run continues under the same id
+}
+
+TEST_F(LineageTest, AnotherRunsCheckpointsAreNeverReplaced) {
+  const std::string first = new_run_id();
+  claim_save_directory(root_, first, "", false);
+  save(root_, 100, first, 1.0f);
+  const std::string second = new_run_id();
+  const std::string message = error_of([&] { claim_save_directory(root_, second, "", false); });
+  EXPECT_NE(message.find("another run"), std::string::npos) << message;
+  EXPECT_NE(message.find("latest iteration 100"), std::string::npos) << message;
+  EXPECT_NE(message.find(kOverwriteFlag), std::string::npos) << message;
+  // A writer of the second run is refused too, and the first run's checkpoint and tracker are untouched.
+  EXPECT_NE(error_of([&] { save(root_, 10, second, 2.0f); }).find("another run"), std::string::npos);
+  EXPECT_EQ(CheckpointReader::open_latest(root_).iteration(), 100);
+  EXPECT_EQ(save_directory_owner(root_), first);
+}
+
+TEST_F(LineageTest, ExplicitOverwriteReplaces) {
+  const std::string first = new_run_id();
+  claim_save_directory(root_, first, "", false);
+  save(root_, 100, first);
+  const std::string second = new_run_id();
+  claim_save_directory(root_, second, "", true);
+  save(root_, 10, second);
+  EXPECT_EQ(CheckpointReader::open_latest(root_).iteration(), 10);
+  // Meanwhile the first run, still training, may no longer save there.
+  EXPECT_NE(error_of([&] { save(root_, 200, first); }).find("claimed by another run"), std::string::npos);
+}
+
+TEST_F(LineageTest, ResumingFromTheSameDirectoryIsAllowedEvenWithoutRecordedIds) {
+  CheckpointWriter legacy(root_, 50);  // a checkpoint from before run ids
+  legacy.commit();
+  const CheckpointReader reader = CheckpointReader::open_latest(root_);
+  const std::string run = run_id_for(&reader);
+  claim_save_directory(root_, run, root_, false);
+  save(root_, 60, run);
+  EXPECT_EQ(CheckpointReader::open_latest(root_).iteration(), 60);
+}
+
+TEST_F(LineageTest, DeletedTrackerIsNotAFreshStart) {
+  const std::string run = new_run_id();
+  claim_save_directory(root_, run, "", false);
+  save(root_, 100, run);
+  fs::remove(tracker_file_path(root_));
+  const std::string load = error_of([&] { inspect_load_directory(root_); });
+  EXPECT_NE(load.find("no latest_checkpointed_iteration.txt"), std::string::npos) << load;
+  EXPECT_NE(load.find("echo 100"), std::string::npos) << load;
+  // A run that started fresh anyway (no load) may not save over those iterations.
+  EXPECT_NE(error_of([&] { claim_save_directory(root_, new_run_id(), "", false); }).find("another run"),
+            std::string::npos);
+}
+
+TEST_F(LineageTest, LoadPathsAreChecked) {
+  const std::string missing = error_of([&] { inspect_load_directory(base_ + "/typo"); });
+  EXPECT_NE(missing.find("does not exist"), std::string::npos) << missing;
+  std::ofstream(base_ + "/file") << "x";
+  EXPECT_NE(error_of([&] { inspect_load_directory(base_ + "/file"); }).find("not a directory"),
+            std::string::npos);
+  fs::create_directories(base_ + "/empty");
+  EXPECT_EQ(inspect_load_directory(base_ + "/empty"), LoadState::kNoCheckpoint);
+  const std::string run = new_run_id();
+  claim_save_directory(root_, run, "", false);
+  save(root_, 1, run);
+  EXPECT_EQ(inspect_load_directory(root_), LoadState::kCheckpoint);
+}
+
+TEST_F(LineageTest, SaveIntoAFileIsRefused) {
+  std::ofstream(base_ + "/file") << "x";
+  EXPECT_NE(error_of([&] {
+              claim_save_directory(base_ + "/file", new_run_id(), "", false);
+            }).find("not a directory"),
+            std::string::npos);
+}
+
+TEST_F(LineageTest, FifosInPlaceOfCheckpointFilesFailFast) {
+  const std::string run = new_run_id();
+  claim_save_directory(root_, run, "", false);
+  save(root_, 1, run);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string manifest =
+      (fs::path(iteration_directory(root_, 1)) / kDefaultShardName / kManifestFileName).string();
+  fs::remove(manifest);
+  ASSERT_EQ(::mkfifo(manifest.c_str(), 0644), 0);
+  EXPECT_NE(error_of([&] { CheckpointReader::open_latest(root_); }).find("FIFO"), std::string::npos);
+  fs::remove(tracker_file_path(root_));
+  ASSERT_EQ(::mkfifo(tracker_file_path(root_).c_str(), 0644), 0);
+  EXPECT_NE(error_of([&] { read_latest_iteration(root_); }).find("FIFO"), std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+}
+
+TEST_F(LineageTest, DamageAdviceNamesNoMissingFlag) {
+  const std::string run = new_run_id();
+  claim_save_directory(root_, run, "", false);
+  save(root_, 1, run);
+  fs::remove_all(iteration_directory(root_, 1));
+  const std::string message = error_of([&] { CheckpointReader::open_latest(root_); });
+  EXPECT_EQ(message.find("--ckpt-step"), std::string::npos) << message;
+  EXPECT_NE(message.find(kTrackerFileName), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace megatune::executor::checkpoint

@@ -1,0 +1,68 @@
+// `megatune train` on bad input (CPU backend, tiny model): a --save directory holding another run's
+// checkpoints is refused unless --overwrite-checkpoints, a --load that does not exist is refused and an empty
+// one starts fresh with a line, nonsense optimizer flags and a full --ops-out device fail with one line.
+#include <gtest/gtest.h>
+
+#include "tests/tools/cli_harness.h"
+
+namespace megatune::tests {
+namespace {
+
+std::vector<std::string> train(const std::vector<std::string>& more) {
+  std::vector<std::string> args = {"train", "--model",     "tiny",           "--device",
+                                   "cpu",   "--mock-data", "--gbs",          "4",
+                                   "--mbs", "2",           "--log-interval", "5"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+void expect_refusal(const CliResult& r, const std::string& must_mention) {
+  EXPECT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.signal, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.error_lines(), 1) << r.err;
+  EXPECT_NE(r.err.find(must_mention), std::string::npos) << r.err;
+}
+
+TEST(CliTrain, SaveNeverReplacesAnotherRunsCheckpoints) {
+  TempDir dir;
+  const std::string save = dir / "ckpt";
+  ASSERT_EQ(run_megatune(train({"--train-iters", "10", "--save", save}), 120).exit_code, 0);
+  expect_refusal(run_megatune(train({"--train-iters", "4", "--save", save}), 120), "another run");
+  EXPECT_EQ(read_text(save + "/latest_checkpointed_iteration.txt"), "10\n");
+  const CliResult resumed = run_megatune(train({"--train-iters", "15", "--save", save, "--load", save}), 120);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(read_text(save + "/latest_checkpointed_iteration.txt"), "15\n");
+  const CliResult replaced =
+      run_megatune(train({"--train-iters", "4", "--save", save, "--overwrite-checkpoints"}), 120);
+  ASSERT_EQ(replaced.exit_code, 0) << replaced.err;
+  EXPECT_EQ(read_text(save + "/latest_checkpointed_iteration.txt"), "4\n");
+}
+
+TEST(CliTrain, LoadPaths) {
+  TempDir dir;
+  expect_refusal(run_megatune(train({"--train-iters", "2", "--load", dir / "typo"}), 120), "does not exist");
+  std::filesystem::create_directory(dir / "empty");
+  const CliResult fresh =
+      run_megatune(train({"--train-iters", "2", "--load", dir / "empty", "--save", dir / "empty"}), 120);
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  EXPECT_NE(fresh.out.find("starting a new run"), std::string::npos) << fresh.out;
+  std::filesystem::remove(dir / "empty/latest_checkpointed_iteration.txt");  // a deleted tracker
+  expect_refusal(
+      run_megatune(train({"--train-iters", "2", "--load", dir / "empty", "--save", dir / "empty"}), 120),
+      "no latest_checkpointed_iteration.txt");
+}
+
+TEST(CliTrain, NonsenseFlagsAndFullOutputs) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--lr", "nan"}, {"--adam-eps", "0"}, {"--adam-beta1", "2"}, {"--train-iters", "0"}}) {
+    SCOPED_TRACE(flag);
+    std::vector<std::string> more = {flag, value};
+    if (flag != "--train-iters") more.insert(more.end(), {"--train-iters", "2"});
+    expect_refusal(run_megatune(train(more), 120), flag);
+  }
+  expect_refusal(run_megatune(train({"--train-iters", "2", "--ops-out", "/dev/full"}), 120), "No space left");
+}
+
+}  // namespace
+}  // namespace megatune::tests
