@@ -40,29 +40,35 @@ void CpuBackend::round_if_bf16(Tensor t) {
     reference::round_to_bf16_inplace(f32(t) + r * t.row_stride, t.cols);
 }
 
+// Zero-element tensors (an empty pipeline stage's parameters) move nothing; their pointers may be null.
 void CpuBackend::upload(Tensor dst, const float* host) {
+  if (dst.numel() == 0) return;
   for (std::int64_t r = 0; r < dst.rows; ++r)
     std::memcpy(f32(dst) + r * dst.row_stride, host + r * dst.cols, sizeof(float) * dst.cols);
   round_if_bf16(dst);
 }
 
 void CpuBackend::download(Tensor src, float* host) {
+  if (src.numel() == 0) return;
   for (std::int64_t r = 0; r < src.rows; ++r)
     std::memcpy(host + r * src.cols, f32(src) + r * src.row_stride, sizeof(float) * src.cols);
 }
 
 void CpuBackend::upload_int32(Tensor dst, const std::int32_t* host) {
   require_contiguous(dst, "token tensor");
+  if (dst.numel() == 0) return;
   std::memcpy(dst.data, host, sizeof(std::int32_t) * dst.numel());
 }
 
 void CpuBackend::fill_zero(Tensor t) {
+  if (t.numel() == 0) return;
   for (std::int64_t r = 0; r < t.rows; ++r) std::memset(f32(t) + r * t.row_stride, 0, sizeof(float) * t.cols);
 }
 
 void CpuBackend::copy(Tensor src, Tensor dst) {
   if (src.rows != dst.rows || src.cols != dst.cols)
     throw std::logic_error("cpu backend: copy shape mismatch");
+  if (src.numel() == 0) return;
   for (std::int64_t r = 0; r < src.rows; ++r)
     std::memmove(f32(dst) + r * dst.row_stride, f32(src) + r * src.row_stride, sizeof(float) * src.cols);
   round_if_bf16(dst);
