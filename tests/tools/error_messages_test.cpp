@@ -26,7 +26,7 @@ TEST(ErrorMessages, SqliteFailuresLoseTheirSourceLocation) {
 
 TEST(ErrorMessages, CudaOutOfMemoryBecomesAdvice) {
   const std::runtime_error error(
-      "/work/executor/cuda/cuda_backend.cpp:99: cudaMalloc(&arena_, bytes) failed: out of memory");
+      "/src/megatune/executor/cuda/cuda_backend.cpp:99: cudaMalloc(&arena_, bytes) failed: out of memory");
   const std::string line = user_facing_message(error);
   EXPECT_EQ(line.find("cuda_backend.cpp"), std::string::npos) << line;
   EXPECT_NE(line.find("out of memory"), std::string::npos) << line;
