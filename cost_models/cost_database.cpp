@@ -5,10 +5,13 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <thread>
 
 #include "layouts/user_error.h"
 
@@ -252,8 +255,20 @@ Database open_cost_database(const std::string& path, const CostDatabaseOpenOptio
 
   try {
     if (!in_memory) {
-      Statement journal(database, "PRAGMA journal_mode=WAL");
-      journal.run();
+      // Switching a new file to WAL needs the file to itself: while another process creating the schema holds
+      // it, SQLite answers SQLITE_BUSY at once (no busy handler for this switch), so retry until the timeout.
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(std::max(options.busy_timeout_ms, 1000));
+      for (;;) {
+        try {
+          Statement journal(database, "PRAGMA journal_mode=WAL");
+          journal.run();
+          break;
+        } catch (const SqliteError& error) {
+          if (error.sqlite_code() != SQLITE_BUSY || std::chrono::steady_clock::now() > deadline) throw;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
     }
     database.execute("PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL");
     if (version < target) {
