@@ -43,16 +43,6 @@ BatchShape chunk_batch(const TrainerConfig& config, int slots) {
   return batch;
 }
 
-// A (1, n) view of a 1-D slice of a flat fp32 buffer.
-Tensor flat_view(Tensor buffer, std::int64_t offset, std::int64_t n) {
-  Tensor v = buffer;
-  if (buffer.data != nullptr) v.data = static_cast<float*>(buffer.data) + offset;
-  v.rows = 1;
-  v.cols = n;
-  v.row_stride = n;
-  return v;
-}
-
 // Recording and op timing off for bookkeeping collectives the step program does not hold (the logged loss).
 class RecordingPause {
  public:
@@ -368,7 +358,8 @@ void Trainer::reduce_sequence_parallel_norms() {
     std::int64_t at = 0;
     for (auto& chunk : chunks_)
       for (const ParameterEntry* e : chunk->sequence_parallel_grad_entries()) {
-        move(flat_view(chunk->grads(), e->offset, e->numel()), flat_view(sp_norm_grads_, at, e->numel()));
+        move(flat_range(backend_, chunk->grads(), e->offset, e->numel()),
+             flat_range(backend_, sp_norm_grads_, at, e->numel()));
         at += e->numel();
       }
   };
@@ -387,7 +378,7 @@ void Trainer::gather_params(int chunk, int bucket) {
   const auto [begin, end] = state.owned.at(bucket);
   const int dp = communicator_.size(CommGroup::kDataContext);
   const GPTModel& model = *chunks_[chunk];
-  const Tensor params = model.model_params().cols >= range.end ? model.model_params() : model.main_params();
+  const Tensor params = model.model_params();  // covers the buffer (compute_copy_of_every_parameter)
   OpRecorder& recorder = backend_.recorder();
   recorder.set_position(-1, chunk);
   CommHandle h = communicator_.all_gather_async(
@@ -494,7 +485,7 @@ double Trainer::world_sum(double value) {
   const float values[2] = {static_cast<float>(value), 0.0f};
   RecordingPause pause(backend_);
   backend_.upload(scalar_, values);
-  communicator_.all_reduce(CommGroup::kWorld, flat_view(scalar_, 0, 1), ReduceOp::kSum,
+  communicator_.all_reduce(CommGroup::kWorld, flat_range(backend_, scalar_, 0, 1), ReduceOp::kSum,
                            {"world_sum", -1, OpPhase::kOptimizer});
   float reduced[2];
   backend_.download(scalar_, reduced);

@@ -192,7 +192,8 @@ TEST(CliSilentNonsense, NonFiniteZeroAndNegativeFlags) {
 }
 
 TEST(CliSilentNonsense, IgnoredFlagCombinationsAreRefused) {
-  expect_one_line_refusal(run_megatune({"db", "--db", "/tmp/x.db", "--embedded", "info"}), "--embedded");
+  TempDir dir;
+  expect_one_line_refusal(run_megatune({"db", "--db", dir / "x.db", "--embedded", "info"}), "--embedded");
   expect_one_line_refusal(
       run_megatune({"db", "--embedded", "price", "gemm", "--shape", "8", "8", "8", "--group-size", "4"}),
       "--group-size does not apply to gemm");
@@ -273,15 +274,15 @@ TEST(CliUnclear, ReadOnlyDatabaseIsReadable) {
     if (std::system("command -v setpriv > /dev/null 2>&1") != 0) GTEST_SKIP() << "root without setpriv";
     as_other_user = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
   }
+  const std::string empty_csv = dir / "empty.csv";  // written before the folder turns read-only
+  write_text(empty_csv, "");
   ::chmod(db.c_str(), 0444);
   ::chmod(dir.path().c_str(), 0555);
   const CliResult info = run_megatune({"db", "--db", db, "info"}, 20, "", as_other_user);
   EXPECT_EQ(info.exit_code, 0) << info.err;
   EXPECT_NE(info.out.find("gpu_models"), std::string::npos) << info.out;
-  write_text("/tmp/megatune-cli-empty.csv", "");
   const CliResult import =
-      run_megatune({"db", "--db", db, "import", "/tmp/megatune-cli-empty.csv", "--table", "gpu_models"}, 20,
-                   "", as_other_user);
+      run_megatune({"db", "--db", db, "import", empty_csv, "--table", "gpu_models"}, 20, "", as_other_user);
   expect_one_line_refusal(import, "read-only");
   ::chmod(dir.path().c_str(), 0755);
 }
