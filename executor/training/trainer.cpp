@@ -258,7 +258,7 @@ void Trainer::build_optimizer() {
     const GradBufferLayout& buffer = *state.buffer;
     std::int64_t state_offset = 0;
     for (std::size_t b = 0; b < state.owned.size(); ++b) {
-      const auto [begin, end] = state.owned[b];
+      const std::int64_t begin = state.owned[b].first, end = state.owned[b].second;  // captured below
       const GradBucketRange& bucket = buffer.buckets()[b];
       std::int64_t at = begin;
       auto piece = [&](std::int64_t lo, std::int64_t hi, bool decay, bool counts) {
@@ -337,7 +337,7 @@ void Trainer::reduce_tied_embedding() {
       for (std::size_t b = 0; b < state.owned.size(); ++b) {
         const GradBucketRange& range = state.buffer->buckets()[b];
         if (range.end <= e.offset || range.begin >= e.offset + e.numel()) continue;
-        const auto [begin, end] = state.owned[b];
+        const std::int64_t begin = state.owned[b].first, end = state.owned[b].second;  // captured below
         communicator_.all_gather(
             CommGroup::kDataContext, flat_range(backend_, chunk->grads(), begin, end - begin),
             flat_range(backend_, chunk->grads(), range.begin, range.end - range.begin, dp),
