@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
+#include "tools/progress_bar.h"
 
 namespace megatune::tools {
 namespace {
@@ -57,31 +59,18 @@ int run_preprocess(PreprocessArgs& args) {
   std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
                args.config.input_path.c_str(), args.config.output_prefix.c_str(), keys.c_str(),
                args.tokenizer_type.c_str());
-  // A redrawn bar on a terminal; one line per report when stderr is a file or a pipe.
-  const bool terminal = ::isatty(::fileno(stderr)) != 0;
-  bool drew_bar = false;
+  // Input bytes read: redrawn on a terminal, one line per 10% when stderr is a file or a pipe.
+  ProgressBar bar(std::cerr, "preprocess", 0, ::isatty(::fileno(stderr)) != 0, ProgressBar::Units::kBytes);
   const auto result = preprocess_data(args.config, [&](const PreprocessProgress& progress) {
     const double mb = static_cast<double>(progress.input_bytes_read) / 1e6;
-    const double fraction =
-        progress.input_bytes_total > 0
-            ? static_cast<double>(progress.input_bytes_read) / static_cast<double>(progress.input_bytes_total)
-            : 1.0;
     const double rate = progress.elapsed_s > 0 ? mb / progress.elapsed_s : 0.0;
-    if (terminal) {
-      constexpr int kWidth = 30;
-      const int filled = static_cast<int>(fraction * kWidth);
-      std::fprintf(stderr, "\r  [%s%s] %5.1f%%  %lld docs  %lld tokens  %.1f MB/s ",
-                   std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-                   100.0 * fraction, static_cast<long long>(progress.documents),
-                   static_cast<long long>(progress.tokens), rate);
-      drew_bar = true;
-    } else {
-      std::fprintf(stderr, "  processed %lld documents, %lld tokens, %.1f MB (%.1f%%), %.1f MB/s\n",
-                   static_cast<long long>(progress.documents), static_cast<long long>(progress.tokens), mb,
-                   100.0 * fraction, rate);
-    }
+    char detail[96];
+    std::snprintf(detail, sizeof detail, "%lld docs, %lld tokens, %.1f MB/s",
+                  static_cast<long long>(progress.documents), static_cast<long long>(progress.tokens), rate);
+    bar.set_total(static_cast<std::size_t>(progress.input_bytes_total));
+    bar.update(static_cast<std::size_t>(progress.input_bytes_read), detail);
   });
-  if (drew_bar) std::fprintf(stderr, "\n");
+  bar.finish();
   for (const auto& output : result.outputs) {
     std::printf("%s.bin/.idx: %lld documents, %lld tokens, dtype %s\n", output.path_prefix.c_str(),
                 static_cast<long long>(output.documents), static_cast<long long>(output.tokens),
