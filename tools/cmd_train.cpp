@@ -324,6 +324,12 @@ const Registrar registrar({
                    "no loss on positions whose input is the EOD token");
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
+      app.add_option("--eval-interval", a.options.eval_interval,
+                     "validation loss every N iterations (default 1000), and once after training")
+          ->check(integer_at_least(1));
+      app.add_option("--eval-iters", a.options.eval_iters,
+                     "global batches per validation / test evaluation (default 0: none; Megatron's is 100)")
+          ->check(integer_at_least(0));
       app.add_option("--nproc", a.nproc,
                      "ranks on this host (must equal the layout's world size): threads with --device cpu, "
                      "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")

@@ -639,9 +639,11 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
   if (stage_.has_loss) loss_forward(mb, index, slot, with_gradients);
   if (with_gradients)
     forward_done_[index] = true;
-  else
-    slot_of_microbatch_[index] = -1;
+  else if (stage_.has_loss)
+    slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
 }
+
+void GPTModel::forward_only(const MicroBatch& mb, int index) { run_forward(mb, index, false); }
 
 void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with_gradients) {
   const std::int64_t T = batch_.tokens();

@@ -87,6 +87,11 @@ class GPTModel {
   int local_layers() const { return stage_.num_layers; }
   // Forward only (evaluation): mean loss over the counted tokens of `batch`.
   double evaluate(const MicroBatch& batch);
+  // Forward only of micro-batch `index` inside a pipeline (evaluation): no gradient work. The loss stage
+  // frees the slot at once; other stages keep it (stage_output(index)) until release(index), after the send.
+  void forward_only(const MicroBatch& batch, int index);
+  // Tokens of micro-batch `index` counted in its loss (loss stage; set by its forward).
+  double counted_tokens(int index) const { return counted_tokens_.at(index); }
   // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
   std::vector<double> microbatch_losses();
 

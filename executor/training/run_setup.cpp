@@ -96,6 +96,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.use_distributed_optimizer = parallel.use_distributed_optimizer;
   t.overlap_param_gather = parallel.overlap_param_gather;
   t.step = layouts::walk_rank_step(spec, parallel, rank);
+  t.forward_step = layouts::walk_rank_forward(spec, parallel, rank);
   const std::int64_t gbs = t.global_batch_size();
   t.lr = lr_schedule(a, gbs);
 
@@ -114,6 +115,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.overwrite_checkpoints = a.overwrite_checkpoints;
   run.save_interval = a.save_interval;
   run.log_interval = a.log_interval;
+  run.eval_interval = a.eval_interval;
+  run.eval_iters = a.eval_iters;
   run.flops_per_iteration = layouts::model_flops_per_iteration(spec, gbs, 1);
   run.gpus = parallel.world_size;
   run.schedule = placement.schedule;

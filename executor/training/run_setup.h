@@ -34,8 +34,10 @@ struct TrainOptions {
   bool eod_mask_loss = false;
   std::uint32_t seed = 1234;
   std::int64_t log_interval = 10;
-  bool bf16 = false;      // compute dtype bf16 (the CUDA backend always)
-  RunTraceOptions trace;  // --trace-dir, --trace-iterations
+  std::int64_t eval_interval = 1000;  // --eval-interval
+  std::int64_t eval_iters = 0;        // --eval-iters (Megatron's default is 100; 0: no evaluation)
+  bool bf16 = false;                  // compute dtype bf16 (the CUDA backend always)
+  RunTraceOptions trace;              // --trace-dir, --trace-iterations
 };
 
 // What one global rank holds of a (model, layout): coordinates, model chunks, schedule.
