@@ -17,6 +17,23 @@ double mean_or_missing(const std::vector<double>& values) {
   return sum / static_cast<double>(values.size());
 }
 
+// The time some op of either stream was running: the union of the ops' intervals.
+double busy_s(const std::vector<TracedOp>& ops) {
+  std::vector<std::pair<double, double>> intervals;
+  for (const TracedOp& op : ops) intervals.emplace_back(op.start_s, op.end_s);
+  std::sort(intervals.begin(), intervals.end());
+  double busy = 0, start = 0, end = -1;
+  for (const auto& [s, e] : intervals) {
+    if (s > end) {
+      busy += std::max(0.0, end - start);
+      start = s, end = e;
+    } else {
+      end = std::max(end, e);
+    }
+  }
+  return busy + std::max(0.0, end - start);
+}
+
 std::string provenance_of(const MeasuredRun& run) {
   std::vector<double> clocks, powers;
   for (const TracedRank& rank : run.ranks)
@@ -66,10 +83,7 @@ RunCalibrationData calibration_data(const MeasuredRun& run, const layouts::Model
     const double iterations = static_cast<double>(rank.iterations.size());
     std::vector<double> measured(program.ops.size(), 0.0);
     for (const TracedIteration& it : rank.iterations) {
-      double busy_s = 0;
-      for (const TracedOp& op : it.ops)
-        if (!op.communication_stream) busy_s += op.duration_s();
-      data.idle_s += std::max(0.0, it.step_s - busy_s) / iterations;
+      data.idle_s += std::max(0.0, it.step_s - busy_s(it.ops)) / iterations;
       for (std::size_t i = 0; i < program.ops.size(); ++i) measured[i] += it.ops[i].duration_s() / iterations;
     }
     for (std::size_t i = 0; i < program.ops.size(); ++i) {

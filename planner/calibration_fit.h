@@ -18,8 +18,8 @@ namespace megatune::planner {
 struct RunCalibrationData {
   std::string name;  // the run's folder
   std::vector<cost_models::CalibrationSample> samples;
-  // Summed over the traced ranks (each a mean over its traced iterations): step time minus the compute
-  // stream's op times, and the compute ops of the step programs.
+  // Summed over the traced ranks (each a mean over its traced iterations): step time minus the time some op
+  // of either stream was running (the union of their intervals), and the compute ops of the step programs.
   double idle_s = 0;
   std::int64_t compute_ops = 0;
   std::string provenance_json;  // one object: folder, created_utc, model, layout, device, gpu, clocks, ...

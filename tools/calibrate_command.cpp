@@ -85,7 +85,7 @@ void run_calibrate(const CalibrateOptions& o, const std::function<cost_models::D
   char line[320];
   std::snprintf(
       line, sizeof line,
-      "  gap per compute op %.2f us: the compute stream idle %.1f%% of the measured steps (host work, "
+      "  gap per compute op %.2f us: no op running %.1f%% of the measured steps (host work, "
       "launch gaps, work the step program does not list)\n"
       "  fitted ops' time error (sum |pred - meas| / sum meas): %.1f%% uncalibrated, %.1f%% calibrated "
       "(in-sample; held out: megatune compare --leave-one-out)\n",
