@@ -1,4 +1,4 @@
-// The dense stage's parameter table (forward order) and the global shapes of its TP splits.
+// A stage's parameter table (forward order: dense and MoE layers) and the global shapes of its TP splits.
 #include "layouts/parameter_table.h"
 
 namespace megatune::layouts {
@@ -35,8 +35,34 @@ class TableBuilder {
   std::vector<ParameterSpec>& out_;
 };
 
-std::string layer_name(int layer, const char* suffix) {
+std::string layer_name(int layer, const std::string& suffix) {
   return "decoder.layers." + std::to_string(layer) + "." + suffix;
+}
+
+// An MoE layer's MLP after its pre-MLP norm (Megatron's names: mlp.router, the SequentialMLP experts by
+// global index, mlp.shared_experts). Routed experts are whole on their expert-parallel rank (expert tensor
+// parallelism 1); the shared expert is split over TP like the dense MLP.
+void add_moe_mlp(TableBuilder& t, const DenseParameterShape& c, int l) {
+  using Split = TensorParallelSplit;
+  const std::int64_t h = c.hidden, glu = c.swiglu ? 2 : 1;
+  t.add(layer_name(l, "mlp.router.weight"), l, c.num_experts, h, ParameterInit::kNormal).gemm_weight = true;
+  const std::int64_t local = c.num_experts / c.ep;
+  for (std::int64_t e = c.ep_rank * local; e < (c.ep_rank + 1) * local; ++e) {
+    const std::string prefix = "mlp.experts.local_experts." + std::to_string(e) + ".";
+    t.add(layer_name(l, prefix + "linear_fc1.weight"), l, glu * c.moe_ffn, h, ParameterInit::kNormal).expert =
+        static_cast<int>(e);
+    t.add(layer_name(l, prefix + "linear_fc2.weight"), l, h, c.moe_ffn, ParameterInit::kScaledNormal).expert =
+        static_cast<int>(e);
+  }
+  if (c.shared_ffn == 0) return;
+  const std::vector<std::int64_t> parts = c.swiglu ? std::vector<std::int64_t>{c.shared_ffn, c.shared_ffn}
+                                                   : std::vector<std::int64_t>{c.shared_ffn};
+  t.add(layer_name(l, "mlp.shared_experts.linear_fc1.weight"), l, glu * c.shared_ffn / c.tp, h,
+        ParameterInit::kNormal, Split::kRows, parts)
+      .gemm_weight = true;
+  t.add(layer_name(l, "mlp.shared_experts.linear_fc2.weight"), l, h, c.shared_ffn / c.tp,
+        ParameterInit::kScaledNormal, Split::kColumns, {c.shared_ffn})
+      .gemm_weight = true;
 }
 
 }  // namespace
@@ -83,6 +109,10 @@ std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, c
                ParameterInit::kScaledNormal, Split::kColumns, {c.heads * d}));
     if (c.bias) t.add(layer_name(l, "self_attention.linear_proj.bias"), l, 1, h, ParameterInit::kZeros);
     norm(layer_name(l, "pre_mlp_layernorm"), l);
+    if (c.is_moe_layer(l)) {
+      add_moe_mlp(t, c, l);
+      continue;
+    }
     gemm(t.add(layer_name(l, "mlp.linear_fc1.weight"), l, fc1_rows, h, ParameterInit::kNormal, Split::kRows,
                fc1_parts));
     if (c.bias)
