@@ -34,6 +34,15 @@ std::vector<VirtualMicrobatch> interleaved_schedule_table(int num_microbatches, 
   return table;
 }
 
+VirtualMicrobatch interleaved_schedule_entry(int k, int num_microbatches, int vpp, int group_size) {
+  const int64_t full_group = int64_t{group_size} * vpp;  // entries of a group of group_size microbatches
+  const int64_t group_start = k / full_group * group_size;
+  const int64_t size =
+      std::min<int64_t>(group_size, num_microbatches - group_start);  // the last may be short
+  const int64_t within = k - group_start * vpp;
+  return {static_cast<int>(group_start + within % size), static_cast<int>(within / size)};
+}
+
 int warmup_forward_count(int pp, int pp_rank, int vpp, int num_microbatches, int group_size) {
   if (pp <= 1) return 0;
   const int total = num_microbatches * vpp;

@@ -68,6 +68,8 @@ struct VirtualMicrobatch {
   int chunk = 0;
 };
 std::vector<VirtualMicrobatch> interleaved_schedule_table(int num_microbatches, int vpp, int group_size);
+// Entry k of that table without building it (0 <= k < m*v; arguments as above, all positive).
+VirtualMicrobatch interleaved_schedule_entry(int k, int num_microbatches, int vpp, int group_size);
 
 // Megatron's warm-up forward count for pp rank r (get_pp_rank_microbatches): pp == 1: 0;
 // 1F1B: min(p - r - 1, m); interleaved: min(2(p - r - 1) + (v - 1) g, m v).

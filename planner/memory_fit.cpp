@@ -29,8 +29,7 @@ ParallelConfig with_full_recompute(ParallelConfig config) {
 }
 
 // The same layout with the memory savers a user can switch on without more GPUs, cheapest first.
-std::string same_gpus_advice(const layouts::ModelSpec& model, const ParallelConfig& config,
-                             std::int64_t free_bytes, const MemoryOptions& options) {
+std::string same_gpus_advice(const ParallelConfig& config, const LayoutFits& fits) {
   struct Variant {
     ParallelConfig config;
     std::string flags;
@@ -55,7 +54,7 @@ std::string same_gpus_advice(const layouts::ModelSpec& model, const ParallelConf
         {small, "--recompute-granularity full --micro-batch-size 1 --use-distributed-optimizer"});
   }
   for (const Variant& variant : variants) {
-    if (fits(model, variant.config, free_bytes, options)) return "it fits with " + variant.flags;
+    if (fits(variant.config)) return "it fits with " + variant.flags;
   }
   return "";
 }
@@ -92,7 +91,15 @@ std::string more_gpus_advice(const layouts::ModelSpec& model, const ParallelConf
 
 std::string fitting_alternatives(const layouts::ModelSpec& model, const ParallelConfig& config,
                                  std::int64_t free_bytes, const MemoryOptions& options) {
-  const std::string same = same_gpus_advice(model, config, free_bytes, options);
+  return fitting_alternatives(
+      model, config, free_bytes,
+      [&](const ParallelConfig& variant) { return fits(model, variant, free_bytes, options); }, options);
+}
+
+std::string fitting_alternatives(const layouts::ModelSpec& model, const ParallelConfig& config,
+                                 std::int64_t free_bytes, const LayoutFits& same_gpus_fit,
+                                 const MemoryOptions& options) {
+  const std::string same = same_gpus_advice(config, same_gpus_fit);
   const std::string more = more_gpus_advice(model, config, free_bytes, options);
   if (!same.empty() && !more.empty()) return same + ", or " + more;
   if (!same.empty()) return same;

@@ -4,6 +4,7 @@
 // `megatune train` refuses a model that does not fit with advice instead of a raw allocation failure.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "layouts/model_spec.h"
@@ -16,6 +17,15 @@ namespace megatune::planner {
 // --tp 4 ..." ("" when nothing within 1024 GPUs fits).
 std::string fitting_alternatives(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                                  std::int64_t free_bytes, const MemoryOptions& options = {});
+
+// Whether a layout fits, as the caller judges it (e.g. the executor's own arena sizing).
+using LayoutFits = std::function<bool(const layouts::ParallelConfig&)>;
+
+// As above, with `same_gpus_fit` judging the variants on the same GPUs (recomputation, micro-batch 1, a
+// sharded optimizer); layouts on more GPUs are judged by the memory model against free_bytes.
+std::string fitting_alternatives(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                                 std::int64_t free_bytes, const LayoutFits& same_gpus_fit,
+                                 const MemoryOptions& options = {});
 
 // Throws UserError "<model> (<layout>) needs about X per GPU (...) but the GPU has F free of T: <advice>"
 // when the predicted peak exceeds free_bytes. total_bytes may be 0 (then only the free memory is named).

@@ -107,8 +107,7 @@ std::vector<int> in_flight_microbatches_per_chunk(const layouts::ParallelConfig&
     counts[0] = live;
     return counts;
   }
-  const auto table = layouts::interleaved_schedule_table(m, vpp, g);
-  for (int k = 0; k < live && k < static_cast<int>(table.size()); ++k) ++counts[table[k].chunk];
+  for (int k = 0; k < live; ++k) ++counts[layouts::interleaved_schedule_entry(k, m, vpp, g).chunk];
   return counts;
 }
 

@@ -24,6 +24,7 @@
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
 #include "tools/megatron_args.h"
+#include "tools/train_memory_check.h"
 #include "tools/train_option_checks.h"
 #ifdef MEGATUNE_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
@@ -140,6 +141,31 @@ std::string default_device() {
 #endif
 }
 
+// A backend that only counts, in the storage sizes of `device`'s backend.
+std::unique_ptr<Backend> make_sizing_backend(const std::string& device, bool bf16) {
+  if (device != "cuda") return std::make_unique<CpuBackend>(bf16);
+#ifdef MEGATUNE_HAVE_CUDA
+  return std::make_unique<SizingBackend>(nullptr, cuda::flash_attention_unsupported);
+#else
+  return std::make_unique<SizingBackend>();
+#endif
+}
+
+// Refuses, before anything is allocated on GPU `device`, a layout whose arena does not fit its free memory.
+void require_fits_on_gpu(const TrainArgs& a, const layouts::ModelSpec& spec,
+                         const layouts::ParallelConfig& parallel, int device) {
+#ifdef MEGATUNE_HAVE_CUDA
+  TrainOptions options = a.options;
+  options.trace.dir.clear();
+  options.bf16 = true;
+  const CudaBackend::MemoryInfo memory = CudaBackend::memory_info(device);
+  require_arena_fits(spec, parallel, options, {memory.free_bytes, memory.total_bytes},
+                     [] { return make_sizing_backend("cuda", true); });
+#else
+  (void)a, (void)spec, (void)parallel, (void)device;
+#endif
+}
+
 // --dry-run: each pipeline stage's arena as the chosen backend lays it out; needs no GPU and no data.
 int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel) {
   TrainOptions options = a.options;
@@ -152,16 +178,7 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
                                    : "the CPU backend's arena (4 bytes per element)")
             << "; nothing is allocated or trained" << std::endl;
   for (int rank : one_rank_per_stage(parallel)) {
-    std::unique_ptr<Backend> sizing;
-    if (a.device == "cuda") {
-#ifdef MEGATUNE_HAVE_CUDA
-      sizing = std::make_unique<SizingBackend>(nullptr, cuda::flash_attention_unsupported);
-#else
-      sizing = std::make_unique<SizingBackend>();
-#endif
-    } else {
-      sizing = std::make_unique<CpuBackend>(options.bf16);
-    }
+    const std::unique_ptr<Backend> sizing = make_sizing_backend(a.device, options.bf16);
     const RankArena arena = size_rank_arena(spec, parallel, options, rank, *sizing);
     const layouts::DenseCoordinates& c = arena.coordinates;
     std::cout << "rank " << rank << " (pp" << c.pp << " tp" << c.tp << " dp" << c.dp << " cp" << c.cp
@@ -177,6 +194,7 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
 int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel,
                     const LaunchEnvironment& launch) {
 #ifdef MEGATUNE_HAVE_CUDA
+  require_fits_on_gpu(a, spec, parallel, launch.local_rank);
   RunConfig run = build_run_config(spec, parallel, a.options, launch.rank);
   auto backend = std::make_unique<CudaBackend>(launch.local_rank);
   run.peak_tflops = peak_tflops_of(*backend);
@@ -253,6 +271,7 @@ int run_train(TrainArgs& a) {
     return 0;
   }
 
+  if (a.device == "cuda") require_fits_on_gpu(a, spec, parallel, read_launch_environment().local_rank);
   RunConfig run = build_run_config(spec, parallel, a.options, 0);
   run.record_first_iteration = !a.ops_out.empty();
   const TrainerConfig& t = run.trainer;

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <sstream>
 
@@ -15,6 +14,8 @@
 #include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/training/arena_sizing.h"
+#include "layouts/input_file.h"
+#include "layouts/output_file.h"
 #include "layouts/user_error.h"
 #include "planner/compare_report.h"
 #include "planner/leave_one_out.h"
@@ -31,14 +32,9 @@ struct Target {
 };
 
 Target plan_target(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw UserError("--plan " + path + ": no such file; give the plan.json that megatune plan -o wrote");
-  std::ifstream in(path);
-  std::ostringstream text;
-  text << in.rdbuf();
+  const std::string text = read_regular_file(path, "--plan");  // a FIFO or a directory is refused, not read
   try {
-    const cost_models::JsonValue plan = cost_models::JsonValue::parse(text.str());
+    const cost_models::JsonValue plan = cost_models::JsonValue::parse(text);
     Target t;
     for (const cost_models::JsonValue& a : plan.at("megatune_train_args").as_array())
       t.args.push_back(a.as_string());
@@ -46,27 +42,13 @@ Target plan_target(const std::string& path) {
     t.source = "--plan " + path;
     return t;
   } catch (const cost_models::JsonParseError& e) {
-    throw UserError("--plan " + path + ": line " + std::to_string(e.line()) + ": " + e.what() +
-                    "; give the plan.json that megatune plan -o wrote");
+    throw UserError("--plan " + path + ": " + e.what() + "; give the plan.json that megatune plan -o wrote");
   } catch (const std::runtime_error& e) {
     throw UserError("--plan " + path + ": " + e.what() + "; give the plan.json that megatune plan -o wrote");
   }
 }
 
 using Resolved = ResolvedTarget;
-
-void write_atomically(const std::string& path, const std::string& flag, const std::string& contents) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw UserError(flag + " " + path + ": cannot write; choose a writable path");
-    out << contents;
-    if (!out.flush()) throw UserError(flag + " " + path + ": writing failed; check free space");
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) throw UserError(flag + " " + path + ": " + ec.message());
-}
 
 // Measured arena, the executor's own sizing and the memory model, for the rank with the largest arena.
 std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& run, const Resolved& target) {
@@ -231,15 +213,16 @@ void run_compare(const CompareOptions& o, std::ostream& out) {
   }
   if (comparisons.size() > 1) out << planner::layouts_table(comparisons);
   if (!o.html.empty()) {
-    write_atomically(o.html, "--html",
-                     comparisons.size() == 1 ? planner::comparison_html(comparisons.front())
-                                             : planner::comparison_html(comparisons));
+    write_output_file(o.html,
+                      comparisons.size() == 1 ? planner::comparison_html(comparisons.front())
+                                              : planner::comparison_html(comparisons),
+                      "--html");
     out << "\nwrote " << o.html << " (open it in a browser; it needs no network)\n";
   }
   if (!o.perfetto.empty()) {
     std::ostringstream trace;
     planner::write_comparison_trace(trace, comparisons.front());
-    write_atomically(o.perfetto, "--perfetto", trace.str());
+    write_output_file(o.perfetto, trace.str(), "--perfetto");
     out << "wrote " << o.perfetto
         << " (predicted and measured tracks per rank: open it in https://ui.perfetto.dev)\n";
   }

@@ -89,6 +89,13 @@ std::string CudaBackend::name() const {
   return "cuda:" + std::to_string(device_) + " (" + device_name_ + ")";
 }
 
+CudaBackend::MemoryInfo CudaBackend::memory_info(int device) {
+  MEGATUNE_CUDA_CHECK(cudaSetDevice(device));
+  std::size_t free_bytes = 0, total_bytes = 0;
+  MEGATUNE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return {static_cast<std::int64_t>(free_bytes), static_cast<std::int64_t>(total_bytes)};
+}
+
 std::int64_t CudaBackend::storage_bytes(DType dtype) const { return layouts::dtype_bytes(dtype); }
 
 std::int64_t CudaBackend::device_bytes() const {

@@ -26,6 +26,10 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   static int device_count();  // 0 when no GPU or no driver
+  struct MemoryInfo {
+    std::int64_t free_bytes = 0, total_bytes = 0;
+  };
+  static MemoryInfo memory_info(int device);  // cudaMemGetInfo on `device` (creates its context)
   std::string name() const override;
   std::string device_name() const { return device_name_; }
   std::int64_t storage_bytes(DType dtype) const override;

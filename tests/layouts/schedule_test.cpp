@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
 
 #include "layouts/parallel_config.h"
 #include "layouts/schedule_replay.h"
@@ -27,6 +28,14 @@ TEST(ScheduleTable, MatchesMegatronExample) {
   for (size_t k = 0; k < table.size(); ++k) {
     EXPECT_EQ(table[k].microbatch, mbs[k]) << k;
     EXPECT_EQ(table[k].chunk, chunks[k]) << k;
+  }
+  for (const auto& [m, v, g] : {std::tuple{5, 2, 3}, {8, 4, 4}, {7, 3, 2}, {1, 2, 1}, {9, 1, 4}}) {
+    const auto full = interleaved_schedule_table(m, v, g);
+    for (int k = 0; k < m * v; ++k) {
+      const VirtualMicrobatch entry = interleaved_schedule_entry(k, m, v, g);
+      EXPECT_EQ(entry.microbatch, full[k].microbatch) << m << " " << v << " " << g << " k " << k;
+      EXPECT_EQ(entry.chunk, full[k].chunk) << m << " " << v << " " << g << " k " << k;
+    }
   }
 }
 
