@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 
 #include "cost_models/json_value.h"
@@ -107,6 +108,21 @@ void apply_integer(const JsonValue& object, const char* key, int& target, const 
   target = static_cast<int>(number);
 }
 
+// A key the reader does not know would be silently ignored (a misspelling, or an override at the wrong
+// level): refused, naming the keys that are read there.
+void require_known_keys(const JsonValue& object, std::initializer_list<const char*> known,
+                        const std::string& where) {
+  for (const auto& [key, value] : object.as_object()) {
+    bool found = false;
+    std::string names;
+    for (const char* name : known) {
+      found = found || key == name;
+      names += std::string(names.empty() ? "" : ", ") + name;
+    }
+    if (!found) throw UserError(where + ": unknown key \"" + key + "\" (it would be ignored); use " + names);
+  }
+}
+
 ClusterSpec parse_cluster_file(const std::string& path, const HardwareCatalog& catalog) {
   const std::string text = read_regular_file(path, "--cluster file", std::size_t{16} << 20);
   JsonValue document;
@@ -116,6 +132,10 @@ ClusterSpec parse_cluster_file(const std::string& path, const HardwareCatalog& c
     throw UserError("cluster file " + path + ": " + error.what() + "; fix the JSON");
   }
   if (!document.is_object()) throw UserError("cluster file " + path + ": expected a JSON object");
+  require_known_keys(document,
+                     {"gpu", "nodes", "gpus_per_node", "intra_node_interconnect", "inter_node_interconnect",
+                      "gpu_overrides", "intra_node_overrides", "inter_node_overrides"},
+                     "cluster file " + path);
   auto integer = [&](const char* key, int fallback) {
     const JsonValue* value = document.find(key);
     if (value == nullptr) return fallback;
@@ -144,6 +164,10 @@ ClusterSpec parse_cluster_file(const std::string& path, const HardwareCatalog& c
   if (const JsonValue* overrides = document.find("gpu_overrides")) {
     const std::string where = "cluster file " + path + ": gpu_overrides";
     if (!overrides->is_object()) throw UserError(where + " must be an object");
+    require_known_keys(*overrides,
+                       {"memory_bytes", "peak_bf16_tflops", "peak_fp16_tflops", "peak_fp8_tflops",
+                        "hbm_bandwidth_bytes_per_s"},
+                       where);
     double memory_bytes = static_cast<double>(spec.gpu.memory_bytes);
     apply_number(*overrides, "memory_bytes", memory_bytes, where);
     spec.gpu.memory_bytes = static_cast<std::int64_t>(memory_bytes);
@@ -156,6 +180,8 @@ ClusterSpec parse_cluster_file(const std::string& path, const HardwareCatalog& c
     if (const JsonValue* overrides = document.find(key)) {
       const std::string where = "cluster file " + path + ": " + key;
       if (!overrides->is_object()) throw UserError(where + " must be an object");
+      require_known_keys(*overrides, {"bandwidth_per_direction_bytes_per_s", "latency_s", "domain_size"},
+                         where);
       Interconnect& fabric = std::string(key) == "intra_node_overrides" ? spec.intra_node : spec.inter_node;
       apply_number(*overrides, "bandwidth_per_direction_bytes_per_s",
                    fabric.bandwidth_per_direction_bytes_per_s, where);

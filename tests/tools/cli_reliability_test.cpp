@@ -211,6 +211,8 @@ TEST(CliSilentNonsense, AbsurdClusterFileValues) {
        "bandwidth_per_direction_bytes_per_s"},
       {R"({"gpu": "H100", "intra_node_overrides": {"domain_size": 8.5}})", "domain_size"},
       {R"({"gpu": "H100", "intra_node_overrides": {"latency_s": 1e9}})", "latency_s"},
+      {R"({"gpu": "H100", "memory_bytes": 1e300})", "unknown key \"memory_bytes\""},
+      {R"({"gpu": "H100", "gpu_overrides": {"memory": 8e10}})", "unknown key \"memory\""},
       {R"({"gpu": "H100", "nodes": 2.5})", "nodes"},
       {R"({"gpu": "H100", "nodes": 1e12})", "nodes"},
   };
