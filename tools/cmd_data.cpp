@@ -15,6 +15,7 @@
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/npy_file.h"
 #include "executor/data/preprocess.h"
+#include "layouts/input_file.h"
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
@@ -56,6 +57,7 @@ int run_preprocess(PreprocessArgs& args) {
     if (!keys.empty()) keys.push_back(',');
     keys += key;
   }
+  require_regular_file(args.config.input_path, "--input");  // refused in one line, before the header line
   std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
                args.config.input_path.c_str(), args.config.output_prefix.c_str(), keys.c_str(),
                args.tokenizer_type.c_str());
