@@ -55,13 +55,18 @@ case "$mode" in
     configure_and_build build-asan -DMEGATUNE_CUDA=OFF -DMEGATUNE_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
        ctest --output-on-failure -j "$jobs" -L cpu --timeout 900)
-    # 3. libFuzzer over the layout parser and validation, bounded time.
+    # 3. libFuzzer, bounded time: layout strings and parallel configurations (layouts/fuzz), cluster files and
+    #    CSV / JSON imports (cost_models/fuzz), JSONL lines, indexed datasets and checkpoint manifests
+    #    (executor/data/fuzz); each target starts from the seeds next to its source.
     CC=clang CXX=clang++ configure_and_build build-fuzz -DMEGATUNE_CUDA=OFF -DMEGATUNE_FUZZ=ON -DMEGATUNE_TESTS=OFF
     for f in build-fuzz/bin/fuzz_*; do
       [ -x "$f" ] || continue
-      mkdir -p build-fuzz/corpus/"$(basename "$f")"
+      name=$(basename "$f")
+      source=$(find layouts cost_models executor -path "*/fuzz/$name.cpp" | head -n 1)
+      seeds=$(dirname "${source:-layouts/fuzz/x}")/seeds
+      mkdir -p build-fuzz/corpus/"$name"
       "$f" -max_total_time="${MEGATUNE_FUZZ_SECONDS:-60}" -timeout=5 -rss_limit_mb=2048 \
-        build-fuzz/corpus/"$(basename "$f")" layouts/fuzz/seeds
+        build-fuzz/corpus/"$name" "$seeds"
     done
     echo "setup: all tests passed"
     ;;
