@@ -1,7 +1,9 @@
 // `megatune train` on bad input (CPU backend, tiny model): a --save directory holding another run's
 // checkpoints is refused unless --overwrite-checkpoints, a --load that does not exist is refused and an empty
-// one starts fresh with a line, nonsense optimizer flags and a full --ops-out device fail with one line.
+// one starts fresh with a line, nonsense optimizer flags and a full --ops-out device fail with one line, and
+// a model whose arena exceeds the (injected) free GPU memory is refused before anything is allocated.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include "tests/tools/cli_harness.h"
 
@@ -62,6 +64,16 @@ TEST(CliTrain, NonsenseFlagsAndFullOutputs) {
     expect_refusal(run_megatune(train(more), 120), flag);
   }
   expect_refusal(run_megatune(train({"--train-iters", "2", "--ops-out", "/dev/full"}), 120), "No space left");
+}
+
+TEST(CliTrain, AModelThatDoesNotFitTheGpuIsRefusedBeforeAllocating) {
+  // The free device memory injected (139 GiB, one H200): llama3-8b's arena is ~158 GiB.
+  ::setenv("MEGATUNE_TEST_FREE_DEVICE_MEMORY_BYTES", "149250441216", 1);
+  const CliResult r = run_megatune({"train", "--model", "llama3-8b", "--device", "cuda", "--mock-data"}, 60);
+  ::unsetenv("MEGATUNE_TEST_FREE_DEVICE_MEMORY_BYTES");
+  expect_refusal(r, "needs a 157.82 GiB arena per GPU");
+  EXPECT_NE(r.err.find("139.00 GiB free"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("it fits with --recompute-granularity full"), std::string::npos) << r.err;
 }
 
 }  // namespace
