@@ -38,9 +38,14 @@ using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::smem_address;
 
-// Loads a ROWS x D tile (rows row0.. of a strided global tensor) into swizzled shared memory; rows at or
-// beyond row_limit are zero-filled. All THREADS threads of the block take part.
-template <int ROWS, int D, int THREADS>
+// Row width in shared memory of a tile D columns wide: a multiple of 64 columns, so that the swizzle's
+// chunk slots (c ^ (r & 7)) stay inside the row (head dims 80, 96: 128; the padding is never read).
+constexpr int padded_width(int d) { return (d + 63) / 64 * 64; }
+
+// Loads a ROWS x D tile (rows row0.. of a strided global tensor) into swizzled shared memory rows of DP
+// (>= D, a multiple of 64 unless DP == D is) columns; rows at or beyond row_limit are zero-filled. All
+// THREADS threads of the block take part.
+template <int ROWS, int D, int THREADS, int DP = D>
 __device__ __forceinline__ void load_tile(__nv_bfloat16* smem, const __nv_bfloat16* gmem, int64_t row_stride,
                                           int row0, int row_limit) {
   constexpr int kChunks = ROWS * D / 8;
@@ -49,7 +54,7 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* smem, const __nv_bfloat
     const int row = i / (D / 8), chunk = i % (D / 8);
     const bool valid = row0 + row < row_limit;
     const __nv_bfloat16* src = gmem + int64_t(valid ? row0 + row : 0) * row_stride + chunk * 8;
-    cp_async_16(smem + swizzled<D>(row, chunk), src, valid);
+    cp_async_16(smem + swizzled<DP>(row, chunk), src, valid);
   }
 }
 
