@@ -34,11 +34,9 @@ struct BackwardParams {
   float* dq_accum;     // [b, seq_q, n_q, DQK]
   bf16* dk;
   bf16* dv;
-  int64_t q_stride, k_stride, v_stride, o_stride, dk_stride, dv_stride;
-  int seq_q, seq_kv, num_heads, heads_per_group;
-  int causal_offset;  // causal: query i attends keys j <= i + causal_offset
+  KernelGeometry g;
+  int64_t dk_stride, dv_stride;
   float scale, scale_log2;
-  bool causal;
   bool longest_first;  // grid (kv heads, batch, key blocks): key block 0 (the most causal work) first
 };
 
@@ -132,28 +130,28 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
   const int batch = p.longest_first ? blockIdx.y : blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kv0 = n_block * kBlockN;
-  const int64_t q_token0 = int64_t(batch) * p.seq_q, kv_token0 = int64_t(batch) * p.seq_kv;
+  const int64_t q_token0 = int64_t(batch) * p.g.seq_q, kv_token0 = int64_t(batch) * p.g.seq_kv;
 
-  load_tile<kBlockN, DQK, kThreads, kQP>(k_tile, p.k + kv_token0 * p.k_stride + int64_t(group) * DQK,
-                                         p.k_stride, kv0, p.seq_kv);
-  load_tile<kBlockN, DV, kThreads, kVP>(v_tile, p.v + kv_token0 * p.v_stride + int64_t(group) * DV,
-                                        p.v_stride, kv0, p.seq_kv);
+  load_tile<kBlockN, DQK, kThreads, kQP>(k_tile, p.k + kv_token0 * p.g.k_stride + int64_t(group) * DQK,
+                                         p.g.k_stride, kv0, p.g.seq_kv);
+  load_tile<kBlockN, DV, kThreads, kVP>(v_tile, p.v + kv_token0 * p.g.v_stride + int64_t(group) * DV,
+                                        p.g.v_stride, kv0, p.g.seq_kv);
 
-  const int m_tiles = (p.seq_q + kBlockM - 1) / kBlockM;
+  const int m_tiles = (p.g.seq_q + kBlockM - 1) / kBlockM;
   // Causal: query i sees key kv0 from i = kv0 - causal_offset on.
-  const int m_first = p.causal ? max(0, kv0 - p.causal_offset) / kBlockM : 0;
+  const int m_first = p.g.causal ? max(0, kv0 - p.g.causal_offset) / kBlockM : 0;
   const int per_head = max(0, m_tiles - m_first);
-  const int iterations = per_head * p.heads_per_group;
+  const int iterations = per_head * p.g.heads_per_group;
 
   auto issue_loads = [&](int it, int buffer) {
-    const int head = group * p.heads_per_group + it / per_head;
+    const int head = group * p.g.heads_per_group + it / per_head;
     const int q0 = (m_first + it % per_head) * kBlockM;
     load_tile<kBlockM, DQK, kThreads, kQP>(q_tiles + buffer * kBlockM * kQP,
-                                           p.q + q_token0 * p.q_stride + int64_t(head) * DQK, p.q_stride, q0,
-                                           p.seq_q);
+                                           p.q + q_token0 * p.g.q_stride + int64_t(head) * DQK, p.g.q_stride,
+                                           q0, p.g.seq_q);
     load_tile<kBlockM, DV, kThreads, kVP>(do_tiles + buffer * kBlockM * kVP,
-                                          p.d_o + q_token0 * p.o_stride + int64_t(head) * DV, p.o_stride, q0,
-                                          p.seq_q);
+                                          p.d_o + q_token0 * p.g.o_stride + int64_t(head) * DV, p.g.o_stride,
+                                          q0, p.g.seq_q);
   };
   if (iterations > 0) issue_loads(0, 0);
   cp_async_commit();
@@ -170,14 +168,14 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
     __syncthreads();
     if (it + 1 < iterations) issue_loads(it + 1, (it + 1) & 1);
     cp_async_commit();
-    const int head = group * p.heads_per_group + it / per_head;
+    const int head = group * p.g.heads_per_group + it / per_head;
     const int q0 = (m_first + it % per_head) * kBlockM;
     const bf16* q_tile = q_tiles + (it & 1) * kBlockM * kQP;
     const bf16* do_tile = do_tiles + (it & 1) * kBlockM * kVP;
-    const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_q;
+    const int64_t stats0 = (int64_t(batch) * p.g.num_heads + head) * p.g.seq_q;
 
     // A warp whose 16 key rows all lie after what the tile's last query sees: P = dS = 0.
-    const bool warp_masked = p.causal && kv0 + warp * 16 > q0 + kBlockM - 1 + p.causal_offset;
+    const bool warp_masked = p.g.causal && kv0 + warp * 16 > q0 + kBlockM - 1 + p.g.causal_offset;
 
     // S^T = K_w Q^T and dP^T = V_w dO^T (16 key rows x kBlockM query columns per warp).
     float s[kBlockM / 8][4], dp[kBlockM / 8][4];
@@ -187,30 +185,8 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
       for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
     }
     if (!warp_masked) {
-#pragma unroll
-      for (int kk = 0; kk < DQK / 16; ++kk) {
-        uint32_t a_k[4];
-        load_a<kQP>(a_k, k_tile, warp * 16, kk * 16);
-#pragma unroll
-        for (int np = 0; np < kBlockM / 16; ++np) {
-          uint32_t b[4];
-          load_b_nk<kQP>(b, q_tile, np * 16, kk * 16);
-          mma(s[2 * np], a_k, b[0], b[1]);
-          mma(s[2 * np + 1], a_k, b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < DV / 16; ++kk) {
-        uint32_t a_v[4];
-        load_a<kVP>(a_v, v_tile, warp * 16, kk * 16);
-#pragma unroll
-        for (int np = 0; np < kBlockM / 16; ++np) {
-          uint32_t b[4];
-          load_b_nk<kVP>(b, do_tile, np * 16, kk * 16);
-          mma(dp[2 * np], a_v, b[0], b[1]);
-          mma(dp[2 * np + 1], a_v, b[2], b[3]);
-        }
-      }
+      strip_times_tile_t<DQK, kQP, kBlockM>(s, k_tile, warp * 16, q_tile);
+      strip_times_tile_t<DV, kVP, kBlockM>(dp, v_tile, warp * 16, do_tile);
     }
     // P^T and dS^T in place (s <- P^T, dp <- dS^T).
 #pragma unroll
@@ -218,13 +194,13 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int q = q0 + n * 8 + 2 * (lane & 3) + c;
-        const bool q_valid = q < p.seq_q;
+        const bool q_valid = q < p.g.seq_q;
         const float lse_log2 = q_valid ? __ldg(p.lse + stats0 + q) * kLog2e : 0.0f;
         const float delta = q_valid ? __ldg(p.delta + stats0 + q) : 0.0f;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = 2 * r + c;
-          const bool visible = q_valid && !(p.causal && q + p.causal_offset < my_kv[r]);
+          const bool visible = q_valid && !(p.g.causal && q + p.g.causal_offset < my_kv[r]);
           const float prob = visible ? fast_exp2(fmaf(s[n][e], p.scale_log2, -lse_log2)) : 0.0f;
           s[n][e] = prob;
           dp[n][e] = prob * (dp[n][e] - delta);
@@ -236,28 +212,10 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
       if (warp_masked) break;
       uint32_t a_p[4], a_ds[4];
-      a_p[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      a_p[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      a_p[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a_p[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      a_ds[0] = pack_bf16(dp[2 * kk][0], dp[2 * kk][1]);
-      a_ds[1] = pack_bf16(dp[2 * kk][2], dp[2 * kk][3]);
-      a_ds[2] = pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      a_ds[3] = pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-#pragma unroll
-      for (int dpair = 0; dpair < DV / 16; ++dpair) {
-        uint32_t b[4];
-        load_b_kn<kVP>(b, do_tile, kk * 16, dpair * 16);
-        mma(dv_acc[2 * dpair], a_p, b[0], b[1]);
-        mma(dv_acc[2 * dpair + 1], a_p, b[2], b[3]);
-      }
-#pragma unroll
-      for (int dpair = 0; dpair < DQK / 16; ++dpair) {
-        uint32_t b[4];
-        load_b_kn<kQP>(b, q_tile, kk * 16, dpair * 16);
-        mma(dk_acc[2 * dpair], a_ds, b[0], b[1]);
-        mma(dk_acc[2 * dpair + 1], a_ds, b[2], b[3]);
-      }
+      accumulators_as_a(a_p, s[2 * kk], s[2 * kk + 1]);
+      accumulators_as_a(a_ds, dp[2 * kk], dp[2 * kk + 1]);
+      fragment_times_rows<DV, kVP>(dv_acc, a_p, do_tile, kk * 16);
+      fragment_times_rows<DQK, kQP>(dk_acc, a_ds, q_tile, kk * 16);
     }
     // dS (query-major) to shared memory for dQ = dS K.
 #pragma unroll
@@ -290,9 +248,9 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          if (q_row[r] >= p.seq_q) continue;
-          float* dst = p.dq_accum + ((q_token0 + q_row[r]) * p.num_heads + head) * DQK + dpair * 16 + h * 8 +
-                       2 * (lane & 3);
+          if (q_row[r] >= p.g.seq_q) continue;
+          float* dst = p.dq_accum + ((q_token0 + q_row[r]) * p.g.num_heads + head) * DQK + dpair * 16 +
+                       h * 8 + 2 * (lane & 3);
           atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc[h][2 * r], acc[h][2 * r + 1]));
         }
       }
@@ -304,7 +262,7 @@ __global__ void __launch_bounds__(BLOCK_N * 2, BLOCK_N == 64 ? 2 : 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int kv = my_kv[r];
-    if (kv >= p.seq_kv) continue;
+    if (kv >= p.g.seq_kv) continue;
     bf16* dk_row = p.dk + (kv_token0 + kv) * p.dk_stride + int64_t(group) * DQK;
     bf16* dv_row = p.dv + (kv_token0 + kv) * p.dv_stride + int64_t(group) * DV;
 #pragma unroll
@@ -520,20 +478,11 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                                 dq_accum,
                                 dk,
                                 dv,
-                                shape.q_stride(),
-                                shape.k_stride(),
-                                shape.v_stride(),
-                                shape.o_stride(),
+                                geometry_of(shape),
                                 shape.dk_stride(),
                                 shape.dv_stride(),
-                                int(shape.seq_q),
-                                int(shape.kv_len()),
-                                int(shape.num_heads),
-                                int(shape.num_heads / shape.num_kv_heads),
-                                int(shape.causal_offset),
                                 shape.scale(),
                                 shape.scale() * kLog2e,
-                                shape.causal,
                                 variant.longest_first};
     launch_mma_backward(shape, params, variant.key_rows_per_block, stream);
   }

@@ -110,4 +110,45 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16*
   ldmatrix_x4_trans(b, tile + swizzled<D>(row, chunk));
 }
 
+// acc (16 rows x N columns: N / 8 n-tiles) += A B^T over K columns, A the 16 rows row0.. of a [row][k] tile
+// and B an [n][k] tile (shared-memory row widths KP).
+template <int K, int KP, int N>
+__device__ __forceinline__ void strip_times_tile_t(float (&acc)[N / 8][4], const __nv_bfloat16* a_tile,
+                                                   int row0, const __nv_bfloat16* b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a[4];
+    load_a<KP>(a, a_tile, row0, kk * 16);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b[4];
+      load_b_nk<KP>(b, b_tile, np * 16, kk * 16);
+      mma(acc[2 * np], a, b[0], b[1]);
+      mma(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 rows x D columns) += a (a 16 x 16 fragment) times rows k0..k0+15 of a [k][n] tile (row width DP).
+template <int D, int DP>
+__device__ __forceinline__ void fragment_times_rows(float (&acc)[D / 8][4], const uint32_t (&a)[4],
+                                                    const __nv_bfloat16* tile, int k0) {
+#pragma unroll
+  for (int dpair = 0; dpair < D / 16; ++dpair) {
+    uint32_t b[4];
+    load_b_kn<DP>(b, tile, k0, dpair * 16);
+    mma(acc[2 * dpair], a, b[0], b[1]);
+    mma(acc[2 * dpair + 1], a, b[2], b[3]);
+  }
+}
+
+// The A fragment (16 x 16) of two accumulator n-tiles side by side (columns 0-7 and 8-15), as bf16.
+__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float (&left)[4],
+                                                  const float (&right)[4]) {
+  a[0] = pack_bf16(left[0], left[1]);
+  a[1] = pack_bf16(left[2], left[3]);
+  a[2] = pack_bf16(right[0], right[1]);
+  a[3] = pack_bf16(right[2], right[3]);
+}
+
 }  // namespace megatune::executor::cuda::flash

@@ -27,11 +27,8 @@ struct ForwardParams {
   const bf16* v;
   bf16* o;
   float* lse;
-  int64_t q_stride, k_stride, v_stride, o_stride;  // elements between tokens
-  int seq_q, seq_kv, num_heads, heads_per_group;
-  int causal_offset;  // causal: query i attends keys j <= i + causal_offset
-  float scale_log2;   // softmax scale * log2(e)
-  bool causal;
+  KernelGeometry g;
+  float scale_log2;  // softmax scale * log2(e)
 };
 
 template <int DQK, int DV>
@@ -57,21 +54,22 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) blocks first
   const int head = blockIdx.y, batch = blockIdx.z;
-  const int group = head / p.heads_per_group;
+  const int group = head / p.g.heads_per_group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int q0 = m_block * kBlockM;
 
-  const bf16* q_base = p.q + int64_t(batch) * p.seq_q * p.q_stride + int64_t(head) * DQK;
-  const bf16* k_base = p.k + int64_t(batch) * p.seq_kv * p.k_stride + int64_t(group) * DQK;
-  const bf16* v_base = p.v + int64_t(batch) * p.seq_kv * p.v_stride + int64_t(group) * DV;
+  const bf16* q_base = p.q + int64_t(batch) * p.g.seq_q * p.g.q_stride + int64_t(head) * DQK;
+  const bf16* k_base = p.k + int64_t(batch) * p.g.seq_kv * p.g.k_stride + int64_t(group) * DQK;
+  const bf16* v_base = p.v + int64_t(batch) * p.g.seq_kv * p.g.v_stride + int64_t(group) * DV;
 
-  int n_blocks = (p.seq_kv + kBlockN - 1) / kBlockN;
-  if (p.causal) n_blocks = max(0, min(n_blocks, (q0 + kBlockM + p.causal_offset + kBlockN - 1) / kBlockN));
+  int n_blocks = (p.g.seq_kv + kBlockN - 1) / kBlockN;
+  if (p.g.causal)
+    n_blocks = max(0, min(n_blocks, (q0 + kBlockM + p.g.causal_offset + kBlockN - 1) / kBlockN));
 
-  load_tile<kBlockM, DQK, kThreads, kQP>(q_tile, q_base, p.q_stride, q0, p.seq_q);
+  load_tile<kBlockM, DQK, kThreads, kQP>(q_tile, q_base, p.g.q_stride, q0, p.g.seq_q);
   if (n_blocks > 0) {
-    load_tile<kBlockN, DQK, kThreads, kQP>(k_tiles, k_base, p.k_stride, 0, p.seq_kv);
-    load_tile<kBlockN, DV, kThreads, kVP>(v_tiles, v_base, p.v_stride, 0, p.seq_kv);
+    load_tile<kBlockN, DQK, kThreads, kQP>(k_tiles, k_base, p.g.k_stride, 0, p.g.seq_kv);
+    load_tile<kBlockN, DV, kThreads, kVP>(v_tiles, v_base, p.g.v_stride, 0, p.g.seq_kv);
   }
   cp_async_commit();
 
@@ -92,10 +90,10 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
     __syncthreads();
     if (j + 1 < n_blocks) {
       const int buffer = (j + 1) & 1;
-      load_tile<kBlockN, DQK, kThreads, kQP>(k_tiles + buffer * kBlockN * kQP, k_base, p.k_stride,
-                                             (j + 1) * kBlockN, p.seq_kv);
-      load_tile<kBlockN, DV, kThreads, kVP>(v_tiles + buffer * kBlockN * kVP, v_base, p.v_stride,
-                                            (j + 1) * kBlockN, p.seq_kv);
+      load_tile<kBlockN, DQK, kThreads, kQP>(k_tiles + buffer * kBlockN * kQP, k_base, p.g.k_stride,
+                                             (j + 1) * kBlockN, p.g.seq_kv);
+      load_tile<kBlockN, DV, kThreads, kVP>(v_tiles + buffer * kBlockN * kVP, v_base, p.g.v_stride,
+                                            (j + 1) * kBlockN, p.g.seq_kv);
       cp_async_commit();
     }
     if constexpr (kQInRegisters) {
@@ -106,7 +104,7 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
     }
     const int kv0 = j * kBlockN;
     // Causal: this warp's rows see none of this tile -> nothing to do (still joins the barriers).
-    if (p.causal && kv0 > warp_row0 + kRowsPerWarp - 1 + p.causal_offset) continue;
+    if (p.g.causal && kv0 > warp_row0 + kRowsPerWarp - 1 + p.g.causal_offset) continue;
     const bf16* k_tile = k_tiles + (j & 1) * kBlockN * kQP;
     const bf16* v_tile = v_tiles + (j & 1) * kBlockN * kVP;
 
@@ -140,7 +138,7 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
       }
     }
     // Mask (end of the keys; causal diagonal): only tiles that cross the diagonal or the end need it.
-    if (kv0 + kBlockN > p.seq_kv || (p.causal && kv0 + kBlockN - 1 > warp_row0 + p.causal_offset)) {
+    if (kv0 + kBlockN > p.g.seq_kv || (p.g.causal && kv0 + kBlockN - 1 > warp_row0 + p.g.causal_offset)) {
 #pragma unroll
       for (int m = 0; m < M_TILES; ++m) {
 #pragma unroll
@@ -149,7 +147,7 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
           for (int e = 0; e < 4; ++e) {
             const int col = kv0 + n * 8 + 2 * (lane & 3) + (e & 1);
             const int row = warp_row0 + m * 16 + (lane >> 2) + 8 * (e >> 1);
-            if (col >= p.seq_kv || (p.causal && col > row + p.causal_offset)) s[m][n][e] = -INFINITY;
+            if (col >= p.g.seq_kv || (p.g.causal && col > row + p.g.causal_offset)) s[m][n][e] = -INFINITY;
           }
         }
       }
@@ -223,8 +221,8 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
       const int row = warp_row0 + m * 16 + (lane >> 2) + 8 * r;
-      if (row < p.seq_q) {
-        bf16* o_row = p.o + (int64_t(batch) * p.seq_q + row) * p.o_stride + int64_t(head) * DV;
+      if (row < p.g.seq_q) {
+        bf16* o_row = p.o + (int64_t(batch) * p.g.seq_q + row) * p.g.o_stride + int64_t(head) * DV;
 #pragma unroll
         for (int i = 0; i < DV / 8; ++i) {
           const int col = i * 8 + 2 * (lane & 3);
@@ -232,7 +230,7 @@ __global__ void __launch_bounds__(32 * kBlockM / (16 * M_TILES), M_TILES == 1 ? 
               __floats2bfloat162_rn(o_acc[m][i][2 * r] * inverse, o_acc[m][i][2 * r + 1] * inverse);
         }
         if ((lane & 3) == 0) {
-          p.lse[(int64_t(batch) * p.num_heads + head) * p.seq_q + row] =
+          p.lse[(int64_t(batch) * p.g.num_heads + head) * p.g.seq_q + row] =
               sum > 0.0f ? row_max[m][r] * kLn2 + logf(sum) : -INFINITY;
         }
       }
@@ -348,22 +346,7 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
                           wgmma_ping_pong);
     return;
   }
-  const ForwardParams params{q,
-                             k,
-                             v,
-                             o,
-                             lse,
-                             shape.q_stride(),
-                             shape.k_stride(),
-                             shape.v_stride(),
-                             shape.o_stride(),
-                             int(shape.seq_q),
-                             int(shape.kv_len()),
-                             int(shape.num_heads),
-                             int(shape.num_heads / shape.num_kv_heads),
-                             int(shape.causal_offset),
-                             shape.scale() * kLog2e,
-                             shape.causal};
+  const ForwardParams params{q, k, v, o, lse, geometry_of(shape), shape.scale() * kLog2e};
   with_head_dims(shape.head_dim, shape.v_dim(), [&](auto dims) {
     using Dims = decltype(dims);
     if (rows_per_warp == 16) {

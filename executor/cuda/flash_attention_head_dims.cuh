@@ -40,4 +40,17 @@ inline bool hopper_takes(const AttentionShape& s) {
          s.dk_stride() == s.k_stride() && s.dv_stride() == s.v_stride();
 }
 
+// What the mma.sync kernels read of an AttentionShape besides pointers and scales.
+struct KernelGeometry {
+  int64_t q_stride, k_stride, v_stride, o_stride;  // elements between tokens (o: o and d_o)
+  int seq_q, seq_kv, num_heads, heads_per_group;
+  int causal_offset;  // causal: query i attends keys j <= i + causal_offset
+  bool causal;
+};
+inline KernelGeometry geometry_of(const AttentionShape& s) {
+  return {s.q_stride(),         s.k_stride(),    s.v_stride(),     s.o_stride(),
+          int(s.seq_q),         int(s.kv_len()), int(s.num_heads), int(s.num_heads / s.num_kv_heads),
+          int(s.causal_offset), s.causal};
+}
+
 }  // namespace megatune::executor::cuda::flash
