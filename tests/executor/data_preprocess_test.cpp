@@ -97,7 +97,7 @@ TEST_F(PreprocessTest, TokenIdsPickTheDtypeFromTheVocabulary) {
   config.input_path = write("ids.jsonl", "{\"ids\": [1, 2, 70000]}\n{\"ids\": []}\n{\"ids\": [5]}\n");
   config.output_prefix = path("ids");
   config.json_keys = {"ids"};
-  config.tokenizer_type = TokenizerType::ids;
+  config.tokenizer.type = "ids";
   const auto result = preprocess_data(config);
   EXPECT_EQ(result.outputs[0].dtype, IndexDType::int32);  // max id + 1 >= 65500
   const IndexedDataset dataset(result.outputs[0].path_prefix);
