@@ -471,6 +471,20 @@ double Trainer::reported_loss() {
   return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
 }
 
+double Trainer::reported_load_balancing_loss() {
+  const TransformerConfig& model = config_.model;
+  if (!model.is_moe() || !model.router.has_aux_loss()) return -1.0;
+  double sum = 0.0;
+  for (auto& chunk : chunks_) sum += chunk->moe_load_balancing_loss();
+  sum /= static_cast<double>(config_.batch.num_microbatches);
+  int moe_layers = 0;
+  for (int flag : model.moe_layers) moe_layers += flag != 0 ? 1 : 0;
+  if (communicator_.world_size() > 1)
+    sum = world_sum(communicator_.rank(CommGroup::kTensor) == 0 ? sum : 0.0) /
+          static_cast<double>(config_.data_parallel_size);
+  return sum / static_cast<double>(moe_layers);
+}
+
 double Trainer::world_sum(double value) {
   if (communicator_.world_size() == 1) return value;
   const float values[2] = {static_cast<float>(value), 0.0f};
@@ -500,6 +514,7 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   StepResult result = pending_result_;
   if (result.skipped) ++skipped_iterations_;
   result.loss = reported_loss();
+  result.load_balancing_loss = reported_load_balancing_loss();
   ++iteration_;
   consumed_samples_ += config_.global_batch_size();
   backend_.synchronize();

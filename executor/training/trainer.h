@@ -66,6 +66,9 @@ struct StepResult {
   double learning_rate = 0.0;  // the rate this iteration's update used
   bool skipped = false;        // non-finite gradients: no update
   double elapsed_s = 0.0;      // wall time of the iteration (backend synchronized)
+  // MoE with a load-balancing loss: Megatron's logged load_balancing_loss (the loss / its coefficient,
+  // mean over micro-batches, MoE layers and data-parallel ranks); -1 otherwise.
+  double load_balancing_loss = -1.0;
 };
 
 // One evaluation iteration's loss over every data-parallel rank: summed token losses and counted tokens.
@@ -130,6 +133,7 @@ class Trainer {
   void reduce_sequence_parallel_norms();
   void gather_params(int chunk, int bucket);
   double reported_loss();
+  double reported_load_balancing_loss();
   TrainerConfig config_;
   layouts::RankSchedule schedule_;
   std::vector<layouts::StepItem> items_;

@@ -49,8 +49,10 @@ std::string format_log_line(const LogInterval& v) {
   }
   out << " | learning rate: " << std::scientific << std::uppercase << std::setprecision(6) << v.learning_rate
       << " | global batch size: " << std::setw(5) << v.global_batch_size
-      << " | lm loss: " << std::setprecision(6) << v.loss << std::nouppercase << std::fixed
-      << " | grad norm: " << std::setprecision(3) << v.grad_norm
+      << " | lm loss: " << std::setprecision(6) << v.loss << std::nouppercase << std::fixed;
+  if (v.load_balancing_loss >= 0)
+    out << " | load_balancing_loss: " << std::setprecision(2) << v.load_balancing_loss;
+  out << " | grad norm: " << std::setprecision(3) << v.grad_norm
       << " | number of skipped iterations: " << std::setw(3) << v.skipped_iterations << " |";
   return out.str();
 }
@@ -249,7 +251,7 @@ std::vector<IterationRecord> TrainingRun::run() {
   std::vector<MicroBatch> microbatches(t.batch.num_microbatches);
   std::vector<IterationRecord> records;
 
-  double interval_time_s = 0, interval_loss = 0;
+  double interval_time_s = 0, interval_loss = 0, interval_balance = 0;
   std::int64_t interval_iters = 0, interval_skipped = 0;
   while (trainer_->iteration() < config_.train_iters) {
     for (MicroBatch& mb : microbatches)
@@ -266,6 +268,7 @@ std::vector<IterationRecord> TrainingRun::run() {
     records.push_back(record);
     interval_time_s += record.step.elapsed_s;
     interval_loss += record.step.skipped ? 0.0 : record.step.loss;
+    interval_balance += record.step.skipped ? 0.0 : record.step.load_balancing_loss;
     interval_skipped += record.step.skipped ? 1 : 0;
     ++interval_iters;
     if (record.iteration % config_.log_interval == 0 || record.iteration == config_.train_iters) {
@@ -281,10 +284,12 @@ std::vector<IterationRecord> TrainingRun::run() {
       v.learning_rate = trainer_->current_learning_rate();
       const std::int64_t counted = interval_iters - interval_skipped;
       v.loss = counted > 0 ? interval_loss / static_cast<double>(counted) : std::nan("");
+      if (record.step.load_balancing_loss >= 0 && counted > 0)
+        v.load_balancing_loss = interval_balance / static_cast<double>(counted);
       v.grad_norm = record.step.grad_norm;
       v.skipped_iterations = interval_skipped;
       log_ << format_log_line(v) << std::endl;
-      interval_time_s = interval_loss = 0;
+      interval_time_s = interval_loss = interval_balance = 0;
       interval_iters = interval_skipped = 0;
     }
     if (do_valid && config_.eval_interval > 0 && record.iteration % config_.eval_interval == 0)

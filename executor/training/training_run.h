@@ -89,6 +89,7 @@ struct LogInterval {
   std::int64_t iteration = 0, train_iters = 0, consumed_samples = 0, global_batch_size = 0;
   double elapsed_ms_per_iteration = 0, tflops_per_gpu = 0, mfu_percent = -1, learning_rate = 0, loss = 0;
   double grad_norm = 0;
+  double load_balancing_loss = -1;  // MoE: mean over the interval; < 0: not logged
   std::int64_t skipped_iterations = 0;
 };
 std::string format_log_line(const LogInterval& interval);
