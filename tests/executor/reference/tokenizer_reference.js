@@ -10,7 +10,8 @@
 // CORPUS: a JSON file holding an array of documents (strings).
 const fs = require("fs");
 const path = require("path");
-const [modules, command, ...args] = process.argv.slice(2);
+const [modules_argument, command, ...args] = process.argv.slice(2);
+const modules = path.resolve(modules_argument);
 const need = (name) => require(path.join(modules, "node_modules", name));
 const corpus = (file) => JSON.parse(fs.readFileSync(file, "utf8"));
 const PATTERNS = {
