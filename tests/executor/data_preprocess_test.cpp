@@ -174,6 +174,30 @@ TEST_F(PreprocessTest, ReportsProgress) {
   EXPECT_EQ(reported, (std::vector<int64_t>{10, 20}));
 }
 
+TEST_F(PreprocessTest, WorkersWriteTheSameBytesAsOneThread) {
+  // More documents than one batch holds, of varied lengths, so that several batches are split over workers.
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "document " + std::to_string(i) + std::string(i % 37, 'x') + "\n";
+  PreprocessConfig config;
+  config.input_path = write("lines.txt", text);
+  config.text_document_mode = TextDocumentMode::line;
+  config.append_eod = true;
+  const auto read = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  config.output_prefix = path("one");
+  const auto one = preprocess_data(config).outputs.at(0).path_prefix;
+  config.output_prefix = path("four");
+  config.workers = 4;
+  const auto four = preprocess_data(config).outputs.at(0).path_prefix;
+  EXPECT_EQ(IndexedDataset(four).num_documents(), 20000);
+  EXPECT_EQ(read(four + ".bin"), read(one + ".bin"));
+  EXPECT_EQ(read(four + ".idx"), read(one + ".idx"));
+  config.workers = 0;
+  EXPECT_THROW(preprocess_data(config), UserError);
+}
+
 TEST(JsonLine, ParsesAndRejects) {
   const JsonLine line(
       R"( {"a": [1, -2, 3], "s": "x\"\\\/\b\f\n\r\t\ud83d\ude00", "n": null, "o": {"k": [true, false]}, "f": 1.5e3} )");
