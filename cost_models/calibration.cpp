@@ -76,6 +76,8 @@ std::vector<double> doubles(const nlohmann::json& array, std::size_t count, cons
 
 std::string correction_class_of(const layouts::Op& op) {
   if (op.is_communication()) return "";
+  // Weight-gradient GEMMs accumulate into fp32 (beta 1): a kernel of their own, with its own efficiency.
+  if (op.kind == OpKind::kGemm && op.accumulate) return "gemm_accumulate";
   return layouts::op_kind_name(op.kind);
 }
 
