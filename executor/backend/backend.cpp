@@ -3,24 +3,67 @@
 #include "executor/backend/backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
+
+#include "executor/kernels/reference_moe.h"
 
 namespace megatune::executor {
 
 AttentionShape attention_shape(const AttentionArgs& a) {
   AttentionShape s;
   s.batch = a.batch;
-  s.seq_len = a.seq;
+  s.seq_q = a.seq_q;
+  s.seq_kv = a.seq_kv;
   s.num_heads = a.heads;
   s.num_kv_heads = a.kv_heads;
   s.head_dim = a.head_dim;
-  s.causal = true;
+  s.head_dim_v = a.head_dim_v;
+  s.causal = a.causal;
+  s.causal_offset = a.causal_offset;
   s.softmax_scale = a.softmax_scale;
-  s.q_token_stride = a.qkv.row_stride;
-  s.kv_token_stride = a.qkv.row_stride;
+  s.q_token_stride = a.q.row_stride;
+  s.k_token_stride = a.k.row_stride;
+  s.v_token_stride = a.v.row_stride;
   s.o_token_stride = a.out.row_stride;
   return s;
+}
+
+AttentionShape attention_shape(const AttentionArgs& a, const AttentionGrads& g) {
+  if (g.d_out.row_stride != a.out.row_stride)
+    throw std::logic_error("attention backward: d_out must share the output's row stride");
+  AttentionShape s = attention_shape(a);
+  s.dq_token_stride = g.dq.row_stride;
+  s.dk_token_stride = g.dk.row_stride;
+  s.dv_token_stride = g.dv.row_stride;
+  return s;
+}
+
+AttentionArgs self_attention_args(Tensor qkv, Tensor out, Tensor lse, std::int64_t batch, std::int64_t seq,
+                                  std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                                  std::int64_t storage_bytes) {
+  AttentionArgs a;
+  a.q = columns_of(qkv, 0, heads * head_dim, storage_bytes);
+  a.k = columns_of(qkv, heads * head_dim, kv_heads * head_dim, storage_bytes);
+  a.v = columns_of(qkv, (heads + kv_heads) * head_dim, kv_heads * head_dim, storage_bytes);
+  a.out = out;
+  a.lse = lse;
+  a.batch = batch;
+  a.seq_q = a.seq_kv = seq;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = a.head_dim_v = head_dim;
+  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return a;
+}
+
+AttentionGrads packed_attention_grads(Tensor d_out, Tensor d_qkv, const AttentionArgs& a,
+                                      std::int64_t storage_bytes) {
+  const std::int64_t q_cols = a.heads * a.head_dim, k_cols = a.kv_heads * a.head_dim;
+  return {d_out, columns_of(d_qkv, 0, q_cols, storage_bytes),
+          columns_of(d_qkv, q_cols, k_cols, storage_bytes),
+          columns_of(d_qkv, q_cols + k_cols, a.kv_heads * a.head_dim_v, storage_bytes)};
 }
 
 namespace {
@@ -206,14 +249,14 @@ namespace {
 Op attention_op(OpKind kind, const AttentionArgs& a) {
   Op op;
   op.kind = kind;
-  op.dtype = a.qkv.dtype;
+  op.dtype = a.q.dtype;
   op.attention.batch = a.batch;
   op.attention.heads = a.heads;
   op.attention.kv_heads = a.kv_heads;
-  op.attention.seq_q = a.seq;
-  op.attention.seq_kv = a.seq;
+  op.attention.seq_q = a.seq_q;
+  op.attention.seq_kv = a.seq_kv;
   op.attention.head_dim = a.head_dim;
-  op.attention.causal = true;
+  op.attention.causal = a.causal;
   return op;
 }
 }  // namespace
@@ -224,9 +267,9 @@ void Backend::attention_forward(const AttentionArgs& args, const OpTag& tag) {
   end_op();
 }
 
-void Backend::attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv, const OpTag& tag) {
+void Backend::attention_backward(const AttentionArgs& args, const AttentionGrads& grads, const OpTag& tag) {
   begin_op(attention_op(OpKind::kAttentionBackward, args), tag);
-  do_attention_backward(args, d_out, d_qkv);
+  do_attention_backward(args, grads);
   end_op();
 }
 
@@ -274,6 +317,61 @@ void Backend::vocab_parallel_cross_entropy(Tensor logits, Tensor targets, std::i
   reduce(stats.target_logit, false, "ce_target_ar");
   reduce(stats.sum_exp, false, "ce_sum_exp_ar");
   do_cross_entropy_finish(logits, targets, vocab_offset, stats, losses, grad_scale);
+}
+
+void Backend::moe_permute(Tensor x, const MoePermutation& plan, Tensor out, const OpTag& tag) {
+  begin_op(memory_op(OpKind::kRouter, out.dtype, 2 * out.numel() * element_bytes(out)), tag);
+  do_moe_permute(x, plan, out);
+  end_op();
+}
+
+void Backend::moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out,
+                            const OpTag& tag) {
+  begin_op(memory_op(OpKind::kRouter, out.dtype, (rows.numel() + out.numel()) * element_bytes(out)), tag);
+  do_moe_unpermute(rows, plan, weighted, out);
+  end_op();
+}
+
+void Backend::moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                                     std::vector<float>& d_probs, const OpTag& tag) {
+  begin_op(memory_op(OpKind::kRouter, d_out.dtype,
+                     (d_out.numel() + rows.numel() + d_rows.numel()) * element_bytes(d_out)),
+           tag);
+  do_moe_unpermute_backward(d_out, rows, plan, d_rows, d_probs);
+  end_op();
+}
+
+namespace {
+std::vector<float> host_copy(Backend& backend, Tensor t) {
+  std::vector<float> out(static_cast<std::size_t>(t.numel()));
+  backend.download(t, out.data());
+  return out;
+}
+}  // namespace
+
+void Backend::do_moe_permute(Tensor x, const MoePermutation& plan, Tensor out) {
+  const std::vector<float> input = host_copy(*this, x);
+  std::vector<float> result(static_cast<std::size_t>(out.numel()));
+  reference::moe_permute(input.data(), plan.row_token.data(), plan.rows(), x.cols, result.data());
+  upload(out, result.data());
+}
+
+void Backend::do_moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out) {
+  const std::vector<float> input = host_copy(*this, rows);
+  std::vector<float> result(static_cast<std::size_t>(out.numel()));
+  reference::moe_unpermute(input.data(), plan.token_rows.data(), weighted ? plan.token_probs.data() : nullptr,
+                           plan.tokens, plan.topk, out.cols, result.data());
+  upload(out, result.data());
+}
+
+void Backend::do_moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                                        std::vector<float>& d_probs) {
+  const std::vector<float> dy = host_copy(*this, d_out), input = host_copy(*this, rows);
+  std::vector<float> d_input(static_cast<std::size_t>(d_rows.numel()), 0.0f);
+  d_probs.assign(static_cast<std::size_t>(plan.tokens * plan.topk), 0.0f);
+  reference::moe_unpermute_backward(dy.data(), input.data(), plan.token_rows.data(), plan.token_probs.data(),
+                                    plan.tokens, plan.topk, d_out.cols, d_input.data(), d_probs.data());
+  upload(d_rows, d_input.data());
 }
 
 void Backend::add(Tensor a, Tensor b, Tensor out, const OpTag& tag) {

@@ -45,18 +45,43 @@ struct ArenaUse {
   int allocations = 0;
 };
 
-// Causal self-attention over a packed QKV activation: row t = b * seq + s holds
-// [q (heads * head_dim) | k (kv_heads * head_dim) | v (kv_heads * head_dim)].
+// One attention call (layout and semantics: executor/kernels/attention_shape.h): queries of one block
+// against the keys / values of another, each tensor a view with its own token stride (row_stride).
+// Self-attention over a packed QKV activation is self_attention_args().
 struct AttentionArgs {
-  Tensor qkv;  // (batch * seq, (heads + 2 * kv_heads) * head_dim)
-  Tensor out;  // (batch * seq, heads * head_dim)
-  Tensor lse;  // (batch * heads, seq) fp32 log-sum-exp of the scaled scores
-  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  float softmax_scale = 0.0f;
+  Tensor q;    // (batch * seq_q, heads * head_dim)
+  Tensor k;    // (batch * seq_kv, kv_heads * head_dim)
+  Tensor v;    // (batch * seq_kv, kv_heads * head_dim_v)
+  Tensor out;  // (batch * seq_q, heads * head_dim_v)
+  Tensor lse;  // (batch * heads, seq_q) fp32 log-sum-exp of the scaled scores (natural log)
+  std::int64_t batch = 0, seq_q = 0, seq_kv = 0, heads = 0, kv_heads = 0, head_dim = 0, head_dim_v = 0;
+  bool causal = true;
+  std::int64_t causal_offset = 0;  // query i attends keys j <= i + causal_offset
+  float softmax_scale = 0.0f;      // 0: 1 / sqrt(head_dim)
 };
 
-// The kernels' view of a causal self-attention call on packed qkv (both backends launch through it).
+// The backward's tensors. d_out is laid out as out (same row stride). dq, dk, dv have the shapes of q, k, v
+// (their own row strides) and are overwritten: with out and lse merged over several key blocks (context
+// parallelism), each block's call yields that block's share, and the caller sums the shares.
+struct AttentionGrads {
+  Tensor d_out;  // (batch * seq_q, heads * head_dim_v)
+  Tensor dq;     // (batch * seq_q, heads * head_dim)
+  Tensor dk;     // (batch * seq_kv, kv_heads * head_dim)
+  Tensor dv;     // (batch * seq_kv, kv_heads * head_dim_v)
+};
+
+// Causal self-attention on a packed qkv activation [b * s, q (heads * d) | k (kv_heads * d) | v (kv_heads *
+// d)]: q, k, v are column views of qkv (storage_bytes: the backend's bytes per element of qkv's dtype).
+AttentionArgs self_attention_args(Tensor qkv, Tensor out, Tensor lse, std::int64_t batch, std::int64_t seq,
+                                  std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                                  std::int64_t storage_bytes);
+// dq, dk, dv as column views of a packed d_qkv laid out as the qkv of self_attention_args.
+AttentionGrads packed_attention_grads(Tensor d_out, Tensor d_qkv, const AttentionArgs& args,
+                                      std::int64_t storage_bytes);
+
+// The kernels' view of a call: sizes and every tensor's token stride (both backends launch through it).
 AttentionShape attention_shape(const AttentionArgs& args);
+AttentionShape attention_shape(const AttentionArgs& args, const AttentionGrads& grads);
 
 // y = norm(x [+ residual]) * gamma [+ beta]; with a residual, sum_out receives x + residual (the norm's
 // input, which the backward reads).
@@ -74,6 +99,18 @@ struct NormArgs {
   // A recompute: mean / rstd already hold x's statistics (written by the forward), so a backend may apply
   // them instead of reducing again; out must come out as the forward's (no residual with this).
   bool stats_given = false;
+};
+
+// Where an MoE layer's token copies go (host side: routing runs on the host, as Megatron brings the token
+// counts to the host): the expert-sorted rows r = 0..R-1 each copy token row_token[r]; token t's j-th
+// choice is row token_rows[t * topk + j] (-1: dropped) weighted by token_probs[t * topk + j].
+struct MoePermutation {
+  std::int64_t tokens = 0;
+  int topk = 0;
+  std::vector<std::int32_t> row_token;   // (R)
+  std::vector<std::int32_t> token_rows;  // (T, k)
+  std::vector<float> token_probs;        // (T, k)
+  std::int64_t rows() const { return static_cast<std::int64_t>(row_token.size()); }
 };
 
 // One parameter tensor as the multi-tensor optimizer sees it (views into the flat buffers).
@@ -160,8 +197,14 @@ class Backend {
   void rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
             float theta, bool inverse, const OpTag& tag);
   void attention_forward(const AttentionArgs& args, const OpTag& tag);
-  // d_qkv (same layout as qkv) from d_out; uses args.out and args.lse from the forward.
-  void attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv, const OpTag& tag);
+  // grads.dq, dk, dv (overwritten) from grads.d_out; uses args.out and args.lse from the forward (or merged).
+  void attention_backward(const AttentionArgs& args, const AttentionGrads& grads, const OpTag& tag);
+  // Empty when this backend's kernels run the attention shape; else why not, in words for a user (the
+  // model asks when it is configured, before it allocates). The reference kernels take every shape.
+  virtual std::string attention_unsupported(const AttentionShape& shape) const {
+    (void)shape;
+    return {};
+  }
   // Linear layer with a fused GELU (cuBLASLt GELU_AUX_BIAS where it can): args.c = pre (T, n) =
   // x . w^T [+ bias], kept for the backward; out (T, n) = gelu(pre). Records one GEMM op (args' shape).
   void linear_gelu_forward(const GemmArgs& args, Tensor out, const OpTag& tag);
@@ -189,6 +232,15 @@ class Backend {
   void vocab_parallel_cross_entropy(Tensor logits, Tensor targets, std::int64_t vocab_offset, Tensor losses,
                                     float grad_scale, const CrossEntropyStats& stats,
                                     const StatsReduce& reduce, const OpTag& tag);
+  // MoE permutation: out (R, h) = the rows of x (T, h) in the expert-sorted order of `plan`.
+  void moe_permute(Tensor x, const MoePermutation& plan, Tensor out, const OpTag& tag);
+  // out (T, h) = for each token the sum over its choices of rows (R, h), weighted by the plan's
+  // probabilities when `weighted` (the combine), else 1 (the permutation's backward).
+  void moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out, const OpTag& tag);
+  // Backward of the weighted combine: d_rows (R, h) and, on the host, d_probs (T * k) = the gradient of
+  // each choice's probability.
+  void moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                              std::vector<float>& d_probs, const OpTag& tag);
   void add(Tensor a, Tensor b, Tensor out, const OpTag& tag);  // out = a + b (out may alias a)
   void cast(Tensor src, Tensor dst, const OpTag& tag);         // e.g. fp32 main params -> model dtype
   // t *= factor in place (gradients scaled to the mean over data-parallel ranks); fp32 on CUDA.
@@ -262,7 +314,7 @@ class Backend {
   virtual void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                        std::int64_t head_dim, float theta, bool inverse) = 0;
   virtual void do_attention_forward(const AttentionArgs& args) = 0;
-  virtual void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) = 0;
+  virtual void do_attention_backward(const AttentionArgs& args, const AttentionGrads& grads) = 0;
   // Default: the unfused composition (GEMM, then the activation kernel).
   virtual void do_linear_gelu_forward(const GemmArgs& args, Tensor out);
   virtual void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) = 0;
@@ -276,6 +328,12 @@ class Backend {
                                                const CrossEntropyStats& stats) = 0;
   virtual void do_cross_entropy_finish(Tensor logits, Tensor targets, std::int64_t vocab_offset,
                                        const CrossEntropyStats& stats, Tensor losses, float grad_scale) = 0;
+  // The MoE permutation kernels. Default: the reference kernels over host copies (download, compute,
+  // upload), correct on any backend; a backend overrides them with device kernels.
+  virtual void do_moe_permute(Tensor x, const MoePermutation& plan, Tensor out);
+  virtual void do_moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out);
+  virtual void do_moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                                         std::vector<float>& d_probs);
   virtual void do_add(Tensor a, Tensor b, Tensor out) = 0;
   virtual void do_cast(Tensor src, Tensor dst) = 0;
   virtual void do_scale(Tensor t, float factor) = 0;
