@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "executor/parallel/context_parallel_split.h"
 #include "layouts/step_program.h"
 #include "layouts/user_error.h"
 
@@ -109,6 +110,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     throw std::invalid_argument("GPTModel: stage layers outside the model");
   tp_rank_ = communicator_.rank(CommGroup::kTensor);
   tp_size_ = communicator_.size(CommGroup::kTensor);
+  cp_rank_ = communicator_.rank(CommGroup::kContext);
+  cp_size_ = communicator_.size(CommGroup::kContext);
   if (tp_size_ != config_.tensor_parallel_size)
     throw std::invalid_argument("GPTModel: the communicator's tensor-parallel group has " +
                                 std::to_string(tp_size_) + " ranks, the model config " +
@@ -116,6 +119,12 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   if (batch_.seq > config_.max_seq && config_.position == PositionEmbedding::kLearned)
     throw UserError("--seq-length " + std::to_string(batch_.seq) + " exceeds --max-position-embeddings " +
                     std::to_string(config_.max_seq));
+  // Context parallelism: this rank holds its two chunks of every sequence (batch_.seq is from here on the
+  // local sequence) at their global positions.
+  if (batch_.seq % (2 * cp_size_) != 0 && cp_size_ > 1)
+    throw std::invalid_argument("GPTModel: the sequence does not split into 2 x cp chunks");
+  positions_ = context_parallel_positions(batch_.seq, cp_size_, cp_rank_);
+  batch_.seq /= cp_size_;
   const std::int64_t T = batch_.tokens(), h = config_.hidden, total = layout_.total_elements();
   if (sp() && T % tp_size_ != 0)
     throw UserError("--sequence-parallel: micro-batch tokens (" + std::to_string(T) +
@@ -508,7 +517,7 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
-                  config_.rope_theta, false, {"rope", l, phase});
+                  config_.rope_theta, false, {"rope", l, phase}, positions_);
   backend_.attention_forward(attention_args(a), {"attn", l, phase});
   gemm_linear(a.attn, w.proj_w, row_bias ? w.proj_b : Tensor{}, fc2_out_, "proj");
   const Tensor proj = reduce_from_full(fc2_out_, reduced_, "proj_ar", "proj_rs", l, phase);
@@ -579,7 +588,7 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   backend_.attention_backward(attention_args(a), d_attn_, d_qkv_, {"attn", l, kB});
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
-                  config_.rope_theta, true, {"rope", l, kB});
+                  config_.rope_theta, true, {"rope", l, kB}, positions_);
   if (recompute_shared)
     backend_.norm_forward(
         with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
@@ -611,7 +620,7 @@ void GPTModel::embedding_forward(const MicroBatch& mb, int slot) {
     position = view(model_params_, layout_.find("embedding.position_embeddings.weight"));
   const Tensor full = sp() ? full_scratch_ : output;
   backend_.embedding_forward(tokens, view(model_params_, layout_.find("embedding.word_embeddings.weight")),
-                             position, batch_.seq, full, {"embedding", -1, kF});
+                             position, batch_.seq, full, {"embedding", -1, kF}, positions_);
   reduce_from_full(full, output, "embedding_ar", "embedding_rs", -1, kF);
 }
 
@@ -766,7 +775,7 @@ void GPTModel::embedding_backward(int slot) {
     d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));
   backend_.embedding_backward(slots_[slot].tokens, d_embedding, batch_.seq,
                               view(grads_, layout_.find("embedding.word_embeddings.weight")), d_position,
-                              {"embedding", -1, kB});
+                              {"embedding", -1, kB}, positions_);
 }
 
 std::vector<double> GPTModel::microbatch_losses() {

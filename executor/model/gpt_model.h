@@ -23,7 +23,7 @@ using MicroBatch = data::MicroBatch;
 
 struct BatchShape {
   std::int64_t micro_batch = 1;
-  std::int64_t seq = 64;
+  std::int64_t seq = 64;     // the whole sequence; GPTModel::batch() holds a CP rank's local share
   int num_microbatches = 1;  // per iteration (gradient accumulation)
   // Largest chunk of logits the LM head + loss hold at once (layouts::loss_chunk_rows; the step program's
   // StepProgramOptions::loss_chunk_logits_bytes must agree).
@@ -89,6 +89,8 @@ class GPTModel {
   double evaluate(const MicroBatch& batch);
   // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
   std::vector<double> microbatch_losses();
+  // Tokens each micro-batch of the iteration counted in its loss (the loss stage, after the forwards).
+  const std::vector<double>& counted_tokens() const { return counted_tokens_; }
 
   const TransformerConfig& config() const { return config_; }
   const BatchShape& batch() const { return batch_; }
@@ -169,7 +171,9 @@ class GPTModel {
   ParameterLayout layout_;
   std::vector<LayerParameters> layer_parameters_;  // per local layer
   int tp_rank_ = 0, tp_size_ = 1;
-  std::int64_t rows_ = 0;  // rows of the residual stream on this rank: T, or T / tp under SP
+  int cp_rank_ = 0, cp_size_ = 1;
+  SequencePositions positions_;  // global positions of the local sequence (context parallelism)
+  std::int64_t rows_ = 0;        // rows of the residual stream on this rank: T, or T / tp under SP
 
   Tensor model_params_;  // (1, model_copy_elements_) compute dtype; aliases main_params_ when fp32
   std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)

@@ -90,7 +90,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.compute_dtype = a.bf16 ? DType::kBF16 : DType::kFP32;
   t.optimizer = {a.weight_decay, a.adam_beta1, a.adam_beta2, a.adam_eps, a.clip_grad};
   t.seed = a.seed;
-  t.data_parallel_size = parallel.dp() * parallel.cp();
+  t.data_parallel_size = parallel.dp();
+  t.context_parallel_size = parallel.cp();
   t.chunks = placement.chunks;
   t.overlap_grad_reduce = parallel.overlap_grad_reduce;
   t.use_distributed_optimizer = parallel.use_distributed_optimizer;
