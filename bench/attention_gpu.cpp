@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
               "bwd TF/s", "fwd+bwd TF/s", "");
   for (const Config& c : configs) {
     AttentionShape shape{.batch = c.b,
-                         .seq_len = c.s,
+                         .seq_q = c.s,
                          .num_heads = c.h,
                          .num_kv_heads = c.kv,
                          .head_dim = c.d,

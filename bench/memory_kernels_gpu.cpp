@@ -135,9 +135,9 @@ int run() {
     const double ms = median_ms(
         [&] { cuda::rope_forward_inplace(s, big, big + s.packed_k_offset(), 500000.0f, 0, nullptr); }, 3,
         repeats);
-    report(name.c_str(), 2.0 * s.batch * s.seq_len * (s.num_heads + s.num_kv_heads) * s.head_dim * 2, ms);
+    report(name.c_str(), 2.0 * s.batch * s.seq_q * (s.num_heads + s.num_kv_heads) * s.head_dim * 2, ms);
   };
-  rope({.batch = 2, .seq_len = 4096, .num_heads = 32, .num_kv_heads = 8, .head_dim = 64},
+  rope({.batch = 2, .seq_q = 4096, .num_heads = 32, .num_kv_heads = 8, .head_dim = 64},
        "RoPE forward in place, llama-1b qkv (q and k)");
   // Other token counts and head splits (tensor parallelism divides the heads, context parallelism and short
   // sequences the tokens): the shapes the planner's profile sweeps.
@@ -149,7 +149,7 @@ int run() {
                                                        {2048, 4, 1, 128},
                                                        {8192, 4, 1, 128},
                                                        {8192, 8, 2, 64}})
-    rope({.batch = 1, .seq_len = seq, .num_heads = heads, .num_kv_heads = kv_heads, .head_dim = head_dim},
+    rope({.batch = 1, .seq_q = seq, .num_heads = heads, .num_kv_heads = kv_heads, .head_dim = head_dim},
          "RoPE forward in place, " + std::to_string(seq) + " tokens, " + std::to_string(heads) + " / " +
              std::to_string(kv_heads) + " heads of " + std::to_string(head_dim));
   {  // one 512 MiB LM-head chunk of llama-1b's vocabulary: the logits read twice, the gradient written

@@ -27,6 +27,7 @@
 #include "tools/train_option_checks.h"
 #ifdef MEGATUNE_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/flash_attention.h"
 #include "executor/cuda/nccl_communicator.h"
 #endif
 
@@ -153,7 +154,11 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
   for (int rank : one_rank_per_stage(parallel)) {
     std::unique_ptr<Backend> sizing;
     if (a.device == "cuda") {
+#ifdef MEGATUNE_HAVE_CUDA
+      sizing = std::make_unique<SizingBackend>(nullptr, cuda::flash_attention_unsupported);
+#else
       sizing = std::make_unique<SizingBackend>();
+#endif
     } else {
       sizing = std::make_unique<CpuBackend>(options.bf16);
     }

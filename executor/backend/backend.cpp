@@ -3,6 +3,7 @@
 #include "executor/backend/backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -13,16 +14,56 @@ namespace megatune::executor {
 AttentionShape attention_shape(const AttentionArgs& a) {
   AttentionShape s;
   s.batch = a.batch;
-  s.seq_len = a.seq;
+  s.seq_q = a.seq_q;
+  s.seq_kv = a.seq_kv;
   s.num_heads = a.heads;
   s.num_kv_heads = a.kv_heads;
   s.head_dim = a.head_dim;
-  s.causal = true;
+  s.head_dim_v = a.head_dim_v;
+  s.causal = a.causal;
+  s.causal_offset = a.causal_offset;
   s.softmax_scale = a.softmax_scale;
-  s.q_token_stride = a.qkv.row_stride;
-  s.kv_token_stride = a.qkv.row_stride;
+  s.q_token_stride = a.q.row_stride;
+  s.k_token_stride = a.k.row_stride;
+  s.v_token_stride = a.v.row_stride;
   s.o_token_stride = a.out.row_stride;
   return s;
+}
+
+AttentionShape attention_shape(const AttentionArgs& a, const AttentionGrads& g) {
+  if (g.d_out.row_stride != a.out.row_stride)
+    throw std::logic_error("attention backward: d_out must share the output's row stride");
+  AttentionShape s = attention_shape(a);
+  s.dq_token_stride = g.dq.row_stride;
+  s.dk_token_stride = g.dk.row_stride;
+  s.dv_token_stride = g.dv.row_stride;
+  return s;
+}
+
+AttentionArgs self_attention_args(Tensor qkv, Tensor out, Tensor lse, std::int64_t batch, std::int64_t seq,
+                                  std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                                  std::int64_t storage_bytes) {
+  AttentionArgs a;
+  a.q = columns_of(qkv, 0, heads * head_dim, storage_bytes);
+  a.k = columns_of(qkv, heads * head_dim, kv_heads * head_dim, storage_bytes);
+  a.v = columns_of(qkv, (heads + kv_heads) * head_dim, kv_heads * head_dim, storage_bytes);
+  a.out = out;
+  a.lse = lse;
+  a.batch = batch;
+  a.seq_q = a.seq_kv = seq;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = a.head_dim_v = head_dim;
+  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return a;
+}
+
+AttentionGrads packed_attention_grads(Tensor d_out, Tensor d_qkv, const AttentionArgs& a,
+                                      std::int64_t storage_bytes) {
+  const std::int64_t q_cols = a.heads * a.head_dim, k_cols = a.kv_heads * a.head_dim;
+  return {d_out, columns_of(d_qkv, 0, q_cols, storage_bytes),
+          columns_of(d_qkv, q_cols, k_cols, storage_bytes),
+          columns_of(d_qkv, q_cols + k_cols, a.kv_heads * a.head_dim_v, storage_bytes)};
 }
 
 namespace {
@@ -246,14 +287,14 @@ namespace {
 Op attention_op(OpKind kind, const AttentionArgs& a) {
   Op op;
   op.kind = kind;
-  op.dtype = a.qkv.dtype;
+  op.dtype = a.q.dtype;
   op.attention.batch = a.batch;
   op.attention.heads = a.heads;
   op.attention.kv_heads = a.kv_heads;
-  op.attention.seq_q = a.seq;
-  op.attention.seq_kv = a.seq;
+  op.attention.seq_q = a.seq_q;
+  op.attention.seq_kv = a.seq_kv;
   op.attention.head_dim = a.head_dim;
-  op.attention.causal = true;
+  op.attention.causal = a.causal;
   return op;
 }
 }  // namespace
@@ -264,9 +305,9 @@ void Backend::attention_forward(const AttentionArgs& args, const OpTag& tag) {
   end_op();
 }
 
-void Backend::attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv, const OpTag& tag) {
+void Backend::attention_backward(const AttentionArgs& args, const AttentionGrads& grads, const OpTag& tag) {
   begin_op(attention_op(OpKind::kAttentionBackward, args), tag);
-  do_attention_backward(args, d_out, d_qkv);
+  do_attention_backward(args, grads);
   end_op();
 }
 

@@ -46,14 +46,19 @@ struct ArenaUse {
   int allocations = 0;
 };
 
-// Causal self-attention over a packed QKV activation: row t = b * seq + s holds
-// [q (heads * head_dim) | k (kv_heads * head_dim) | v (kv_heads * head_dim)].
+// One attention call (layout and semantics: executor/kernels/attention_shape.h): queries of one block
+// against the keys / values of another, each tensor a view with its own token stride (row_stride).
+// Self-attention over a packed QKV activation is self_attention_args().
 struct AttentionArgs {
-  Tensor qkv;  // (batch * seq, (heads + 2 * kv_heads) * head_dim)
-  Tensor out;  // (batch * seq, heads * head_dim)
-  Tensor lse;  // (batch * heads, seq) fp32 log-sum-exp of the scaled scores
-  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  float softmax_scale = 0.0f;
+  Tensor q;    // (batch * seq_q, heads * head_dim)
+  Tensor k;    // (batch * seq_kv, kv_heads * head_dim)
+  Tensor v;    // (batch * seq_kv, kv_heads * head_dim_v)
+  Tensor out;  // (batch * seq_q, heads * head_dim_v)
+  Tensor lse;  // (batch * heads, seq_q) fp32 log-sum-exp of the scaled scores (natural log)
+  std::int64_t batch = 0, seq_q = 0, seq_kv = 0, heads = 0, kv_heads = 0, head_dim = 0, head_dim_v = 0;
+  bool causal = true;
+  std::int64_t causal_offset = 0;  // query i attends keys j <= i + causal_offset
+  float softmax_scale = 0.0f;      // 0: 1 / sqrt(head_dim)
 };
 
 // Global positions of the tokens of one local sequence, as runs of consecutive positions (context
@@ -63,8 +68,28 @@ struct PositionRun {
 };
 using SequencePositions = std::vector<PositionRun>;
 
-// The kernels' view of a causal self-attention call on packed qkv (both backends launch through it).
+// The backward's tensors. d_out is laid out as out (same row stride). dq, dk, dv have the shapes of q, k, v
+// (their own row strides) and are overwritten: with out and lse merged over several key blocks (context
+// parallelism), each block's call yields that block's share, and the caller sums the shares.
+struct AttentionGrads {
+  Tensor d_out;  // (batch * seq_q, heads * head_dim_v)
+  Tensor dq;     // (batch * seq_q, heads * head_dim)
+  Tensor dk;     // (batch * seq_kv, kv_heads * head_dim)
+  Tensor dv;     // (batch * seq_kv, kv_heads * head_dim_v)
+};
+
+// Causal self-attention on a packed qkv activation [b * s, q (heads * d) | k (kv_heads * d) | v (kv_heads *
+// d)]: q, k, v are column views of qkv (storage_bytes: the backend's bytes per element of qkv's dtype).
+AttentionArgs self_attention_args(Tensor qkv, Tensor out, Tensor lse, std::int64_t batch, std::int64_t seq,
+                                  std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                                  std::int64_t storage_bytes);
+// dq, dk, dv as column views of a packed d_qkv laid out as the qkv of self_attention_args.
+AttentionGrads packed_attention_grads(Tensor d_out, Tensor d_qkv, const AttentionArgs& args,
+                                      std::int64_t storage_bytes);
+
+// The kernels' view of a call: sizes and every tensor's token stride (both backends launch through it).
 AttentionShape attention_shape(const AttentionArgs& args);
+AttentionShape attention_shape(const AttentionArgs& args, const AttentionGrads& grads);
 
 // y = norm(x [+ residual]) * gamma [+ beta]; with a residual, sum_out receives x + residual (the norm's
 // input, which the backward reads).
@@ -179,8 +204,14 @@ class Backend {
   void rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
             float theta, bool inverse, const OpTag& tag, const SequencePositions& positions = {});
   void attention_forward(const AttentionArgs& args, const OpTag& tag);
-  // d_qkv (same layout as qkv) from d_out; uses args.out and args.lse from the forward.
-  void attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv, const OpTag& tag);
+  // grads.dq, dk, dv (overwritten) from grads.d_out; uses args.out and args.lse from the forward (or merged).
+  void attention_backward(const AttentionArgs& args, const AttentionGrads& grads, const OpTag& tag);
+  // Empty when this backend's kernels run the attention shape; else why not, in words for a user (the
+  // model asks when it is configured, before it allocates). The reference kernels take every shape.
+  virtual std::string attention_unsupported(const AttentionShape& shape) const {
+    (void)shape;
+    return {};
+  }
   // Linear layer with a fused GELU (cuBLASLt GELU_AUX_BIAS where it can): args.c = pre (T, n) =
   // x . w^T [+ bias], kept for the backward; out (T, n) = gelu(pre). Records one GEMM op (args' shape).
   void linear_gelu_forward(const GemmArgs& args, Tensor out, const OpTag& tag);
@@ -286,7 +317,7 @@ class Backend {
   virtual void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                        std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) = 0;
   virtual void do_attention_forward(const AttentionArgs& args) = 0;
-  virtual void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) = 0;
+  virtual void do_attention_backward(const AttentionArgs& args, const AttentionGrads& grads) = 0;
   // Default: the unfused composition (GEMM, then the activation kernel).
   virtual void do_linear_gelu_forward(const GemmArgs& args, Tensor out);
   virtual void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) = 0;

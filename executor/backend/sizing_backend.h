@@ -13,13 +13,18 @@ namespace megatune::executor {
 class SizingBackend final : public Backend {
  public:
   // scratch_bytes answers Backend::scratch_bytes (the kernel workspace the model allocates from the arena);
-  // none by default.
-  explicit SizingBackend(std::function<std::int64_t(const ScratchNeeds&)> scratch_bytes = {})
-      : scratch_bytes_(std::move(scratch_bytes)) {}
+  // none by default. attention_unsupported answers Backend::attention_unsupported for the backend being
+  // sized (the CUDA kernels' rule); by default every shape is taken.
+  explicit SizingBackend(std::function<std::int64_t(const ScratchNeeds&)> scratch_bytes = {},
+                         std::function<std::string(const AttentionShape&)> attention_unsupported = {})
+      : scratch_bytes_(std::move(scratch_bytes)), attention_unsupported_(std::move(attention_unsupported)) {}
   std::string name() const override { return "sizing"; }
   std::int64_t storage_bytes(DType dtype) const override { return layouts::dtype_bytes(dtype); }
   std::int64_t scratch_bytes(const ScratchNeeds& needs) const override {
     return scratch_bytes_ ? scratch_bytes_(needs) : 0;
+  }
+  std::string attention_unsupported(const AttentionShape& shape) const override {
+    return attention_unsupported_ ? attention_unsupported_(shape) : std::string();
   }
 
   void upload(Tensor, const float*) override { refuse(); }
@@ -45,7 +50,7 @@ class SizingBackend final : public Backend {
     refuse();
   }
   void do_attention_forward(const AttentionArgs&) override { refuse(); }
-  void do_attention_backward(const AttentionArgs&, Tensor, Tensor) override { refuse(); }
+  void do_attention_backward(const AttentionArgs&, const AttentionGrads&) override { refuse(); }
   void do_activation_forward(ActivationKind, Tensor, Tensor) override { refuse(); }
   void do_activation_backward(ActivationKind, Tensor, Tensor, Tensor) override { refuse(); }
   void do_activation_backward_recompute(ActivationKind, Tensor, Tensor, Tensor, Tensor) override { refuse(); }
@@ -69,6 +74,7 @@ class SizingBackend final : public Backend {
  private:
   [[noreturn]] static void refuse();
   std::function<std::int64_t(const ScratchNeeds&)> scratch_bytes_;
+  std::function<std::string(const AttentionShape&)> attention_unsupported_;
 };
 
 // One line per arena label with GiB and share, then the total; for logs and benchmark output.

@@ -24,4 +24,13 @@ struct Tensor {
   bool contiguous() const { return row_stride == cols; }
 };
 
+// Columns [first_col, first_col + cols) of t, same rows and row stride (storage_bytes: the backend's bytes
+// per element of t's dtype).
+inline Tensor columns_of(Tensor t, std::int64_t first_col, std::int64_t cols, std::int64_t storage_bytes) {
+  Tensor v = t;
+  if (t.data != nullptr) v.data = static_cast<char*>(t.data) + first_col * storage_bytes;
+  v.cols = cols;
+  return v;
+}
+
 }  // namespace megatune::executor

@@ -141,12 +141,12 @@ void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::
                          std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) {
   AttentionShape s;
   s.batch = qkv.rows / seq;
-  s.seq_len = seq;
+  s.seq_q = seq;
   s.num_heads = heads;
   s.num_kv_heads = kv_heads;
   s.head_dim = head_dim;
   s.q_token_stride = qkv.row_stride;
-  s.kv_token_stride = qkv.row_stride;
+  s.k_token_stride = qkv.row_stride;
   float* q = f32(qkv);
   float* k = q + s.packed_k_offset();
   if (inverse) {
@@ -158,23 +158,16 @@ void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::
 }
 
 void CpuBackend::do_attention_forward(const AttentionArgs& a) {
-  const AttentionShape s = attention_shape(a);
-  const float* qkv = f32(a.qkv);
-  reference::attention_forward(s, qkv, qkv + s.packed_k_offset(), qkv + s.packed_v_offset(), f32(a.out),
-                               f32(a.lse));
+  reference::attention_forward(attention_shape(a), f32(a.q), f32(a.k), f32(a.v), f32(a.out), f32(a.lse));
   round_if_bf16(a.out);
 }
 
-void CpuBackend::do_attention_backward(const AttentionArgs& a, Tensor d_out, Tensor d_qkv) {
-  const AttentionShape s = attention_shape(a);
-  if (d_out.row_stride != a.out.row_stride || d_qkv.row_stride != a.qkv.row_stride)
-    throw std::logic_error("cpu backend: attention gradients must share the forward strides");
-  const float* qkv = f32(a.qkv);
-  float* dqkv = f32(d_qkv);
-  reference::attention_backward(s, qkv, qkv + s.packed_k_offset(), qkv + s.packed_v_offset(), f32(a.out),
-                                f32(a.lse), f32(d_out), dqkv, dqkv + s.packed_k_offset(),
-                                dqkv + s.packed_v_offset());
-  round_if_bf16(d_qkv);
+void CpuBackend::do_attention_backward(const AttentionArgs& a, const AttentionGrads& g) {
+  reference::attention_backward(attention_shape(a, g), f32(a.q), f32(a.k), f32(a.v), f32(a.out), f32(a.lse),
+                                f32(g.d_out), f32(g.dq), f32(g.dk), f32(g.dv));
+  round_if_bf16(g.dq);
+  round_if_bf16(g.dk);
+  round_if_bf16(g.dv);
 }
 
 void CpuBackend::do_activation_forward(ActivationKind kind, Tensor in, Tensor out) {

@@ -45,7 +45,7 @@ class CpuBackend final : public Backend {
   void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
                float theta, bool inverse, std::int64_t position_offset) override;
   void do_attention_forward(const AttentionArgs& args) override;
-  void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) override;
+  void do_attention_backward(const AttentionArgs& args, const AttentionGrads& grads) override;
   void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) override;
   void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) override;
   void do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,

@@ -330,12 +330,12 @@ void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std:
                           std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) {
   AttentionShape s;
   s.batch = qkv.rows / seq;
-  s.seq_len = seq;
+  s.seq_q = seq;
   s.num_heads = heads;
   s.num_kv_heads = kv_heads;
   s.head_dim = head_dim;
   s.q_token_stride = qkv.row_stride;
-  s.kv_token_stride = qkv.row_stride;
+  s.k_token_stride = qkv.row_stride;
   bf16* q = b16(qkv);
   bf16* k = q + s.packed_k_offset();
   if (inverse) {
@@ -345,22 +345,18 @@ void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std:
   }
 }
 
-void CudaBackend::do_attention_forward(const AttentionArgs& a) {
-  const AttentionShape s = attention_shape(a);
-  const bf16* qkv = b16(a.qkv);
-  cuda::flash_attention_forward(s, qkv, qkv + s.packed_k_offset(), qkv + s.packed_v_offset(), b16(a.out),
-                                f32(a.lse), compute_);
+std::string CudaBackend::attention_unsupported(const AttentionShape& shape) const {
+  return cuda::flash_attention_unsupported(shape);
 }
 
-void CudaBackend::do_attention_backward(const AttentionArgs& a, Tensor d_out, Tensor d_qkv) {
-  AttentionShape s = attention_shape(a);
-  if (d_out.row_stride != a.out.row_stride || d_qkv.row_stride != a.qkv.row_stride)
-    throw std::logic_error("cuda backend: attention gradients must share the forward strides");
-  const bf16* qkv = b16(a.qkv);
-  bf16* dqkv = b16(d_qkv);
-  cuda::flash_attention_backward(s, qkv, qkv + s.packed_k_offset(), qkv + s.packed_v_offset(), b16(a.out),
-                                 f32(a.lse), b16(d_out), dqkv, dqkv + s.packed_k_offset(),
-                                 dqkv + s.packed_v_offset(), scratch_.data,
+void CudaBackend::do_attention_forward(const AttentionArgs& a) {
+  cuda::flash_attention_forward(attention_shape(a), b16(a.q), b16(a.k), b16(a.v), b16(a.out), f32(a.lse),
+                                compute_);
+}
+
+void CudaBackend::do_attention_backward(const AttentionArgs& a, const AttentionGrads& g) {
+  cuda::flash_attention_backward(attention_shape(a, g), b16(a.q), b16(a.k), b16(a.v), b16(a.out), f32(a.lse),
+                                 b16(g.d_out), b16(g.dq), b16(g.dk), b16(g.dv), scratch_.data,
                                  static_cast<std::size_t>(scratch_.numel() * 4), compute_);
 }
 

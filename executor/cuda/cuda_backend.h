@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
 
   std::int64_t scratch_bytes(const ScratchNeeds& needs) const override;
+  std::string attention_unsupported(const AttentionShape& shape) const override;
   void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
   std::vector<TimedOp> timed_ops() override;
   std::int64_t device_memory_used_bytes() override;
@@ -85,7 +86,7 @@ class CudaBackend final : public Backend {
   void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
                float theta, bool inverse, std::int64_t position_offset) override;
   void do_attention_forward(const AttentionArgs& args) override;
-  void do_attention_backward(const AttentionArgs& args, Tensor d_out, Tensor d_qkv) override;
+  void do_attention_backward(const AttentionArgs& args, const AttentionGrads& grads) override;
   void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) override;
   void do_activation_backward(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in) override;
   void do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,

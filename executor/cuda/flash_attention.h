@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <string>
 
 #include "executor/kernels/attention_shape.h"
 
@@ -13,9 +14,12 @@ namespace megatune::executor::cuda {
 
 using bf16 = __nv_bfloat16;
 
-// True when these kernels take the shape: head_dim 64 or 128, all token strides multiples of 8 elements
-// (16-byte rows). Pointers must be 16-byte aligned (checked at launch).
+// True when these kernels take the shape: head_dim 64 or 128 (v alike), self-attention (seq_kv == seq_q,
+// causal offset 0), k and v sharing a token stride and the gradients the forward's strides, all token
+// strides multiples of 8 elements (16-byte rows). Pointers must be 16-byte aligned (checked at launch).
 bool flash_attention_supports(const AttentionShape& shape);
+// Empty when flash_attention_supports(shape) (for a valid shape), else why not in one phrase for a user.
+std::string flash_attention_unsupported(const AttentionShape& shape);
 
 // o [b, s, n_q, d] (o_stride) and lse [b, n_q, s] fp32 (natural log, scale included) from q, k, v (for a
 // packed qkv: q = qkv, k = qkv + shape.packed_k_offset(), v = qkv + shape.packed_v_offset()).

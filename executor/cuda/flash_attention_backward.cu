@@ -8,6 +8,7 @@
 // causal mask (every head's key block 0 before any key block 1), which shortens the tail.
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention.h"
@@ -333,7 +334,7 @@ size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // fp32 elements of the dQ accumulator: the sequence rounded up to the tiled layout's 64 rows (the row layout
 // uses the first b * s * n_q * d of them).
 size_t dq_accum_elements(const AttentionShape& shape) {
-  return size_t(shape.batch) * size_t(shape.num_heads) * size_t(hopper::dq_row_blocks(shape.seq_len)) * 64 *
+  return size_t(shape.batch) * size_t(shape.num_heads) * size_t(hopper::dq_row_blocks(shape.seq_q)) * 64 *
          size_t(shape.head_dim);
 }
 
@@ -347,7 +348,7 @@ void launch_backward_main(const AttentionShape& shape, const BackwardParams& par
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
-  const unsigned key_blocks = unsigned((shape.seq_len + BLOCK_N - 1) / BLOCK_N);
+  const unsigned key_blocks = unsigned((shape.seq_q + BLOCK_N - 1) / BLOCK_N);
   const dim3 grid = params.longest_first
                         ? dim3(unsigned(shape.num_kv_heads), unsigned(shape.batch), key_blocks)
                         : dim3(key_blocks, unsigned(shape.num_kv_heads), unsigned(shape.batch));
@@ -358,7 +359,7 @@ void launch_backward_main(const AttentionShape& shape, const BackwardParams& par
 }  // namespace
 
 size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape) {
-  const size_t tokens = size_t(shape.batch) * size_t(shape.seq_len);
+  const size_t tokens = size_t(shape.batch) * size_t(shape.seq_q);
   // dQ's fp32 accumulator, delta = rowsum(dO o O), and lse in base 2.
   return align256(dq_accum_elements(shape) * sizeof(float)) +
          2 * align256(tokens * size_t(shape.num_heads) * sizeof(float));
@@ -384,8 +385,7 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   if (variant.wgmma_warpgroups < 0 || variant.wgmma_warpgroups > 2)
     throw std::invalid_argument("flash_attention_backward_variant: wgmma_warpgroups must be 0, 1 or 2");
   if (!flash_attention_supports(shape))
-    throw std::invalid_argument(
-        "flash_attention_backward: needs head_dim 64 or 128 and token strides % 8 == 0");
+    throw std::invalid_argument("flash_attention_backward: " + flash_attention_unsupported(shape));
   for (const void* ptr :
        {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v),
         static_cast<const void*>(o), static_cast<const void*>(d_o), static_cast<const void*>(dq),
@@ -395,7 +395,7 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   }
   if (workspace_bytes < flash_attention_backward_workspace_bytes(shape))
     throw std::invalid_argument("flash_attention_backward: workspace smaller than the queried size");
-  const int64_t tokens = shape.batch * shape.seq_len;
+  const int64_t tokens = shape.batch * shape.seq_q;
   const size_t dq_bytes = dq_accum_elements(shape) * sizeof(float);
   auto* dq_accum = static_cast<float*>(workspace);
   auto* delta = reinterpret_cast<float*>(static_cast<char*>(workspace) + align256(dq_bytes));
@@ -412,9 +412,9 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                         dk,
                         dv,
                         shape.q_stride(),
-                        shape.kv_stride(),
+                        shape.k_stride(),
                         shape.o_stride(),
-                        int(shape.seq_len),
+                        int(shape.seq_q),
                         int(shape.num_heads),
                         int(shape.num_heads / shape.num_kv_heads),
                         shape.scale(),
@@ -432,11 +432,11 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   if (shape.head_dim == 64)
     flash_backward_preprocess_kernel<64><<<preprocess_blocks, 256, 0, stream>>>(
         o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, dq_tiled, shape.o_stride(),
-        int(shape.seq_len), int(shape.num_heads), rows);
+        int(shape.seq_q), int(shape.num_heads), rows);
   else
     flash_backward_preprocess_kernel<128><<<preprocess_blocks, 256, 0, stream>>>(
         o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, dq_tiled, shape.o_stride(),
-        int(shape.seq_len), int(shape.num_heads), rows);
+        int(shape.seq_q), int(shape.num_heads), rows);
   MEGATUNE_CUDA_CHECK_LAUNCH();
   const hopper::BackwardArgs hopper_args{q,
                                          k,
@@ -448,10 +448,10 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                                          dk,
                                          dv,
                                          shape.q_stride(),
-                                         shape.kv_stride(),
+                                         shape.k_stride(),
                                          shape.o_stride(),
                                          int(shape.batch),
-                                         int(shape.seq_len),
+                                         int(shape.seq_q),
                                          int(shape.num_heads),
                                          int(shape.num_kv_heads),
                                          int(shape.head_dim),
@@ -475,8 +475,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   const unsigned convert_blocks = unsigned(std::min<int64_t>((vectors + 255) / 256, 132 * 16));
   if (dq_tiled)
     flash_backward_convert_dq_tiles_kernel<<<convert_blocks, 256, 0, stream>>>(
-        dq_accum, dq, shape.q_stride(), int(shape.seq_len), int(shape.num_heads), int(shape.head_dim),
-        vectors, shape.scale());
+        dq_accum, dq, shape.q_stride(), int(shape.seq_q), int(shape.num_heads), int(shape.head_dim), vectors,
+        shape.scale());
   else
     flash_backward_convert_dq_kernel<<<convert_blocks, 256, 0, stream>>>(
         dq_accum, dq, shape.q_stride(), shape.num_heads * shape.head_dim / 8, vectors, shape.scale());

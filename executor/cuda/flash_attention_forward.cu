@@ -3,6 +3,7 @@
 // computes S = Q K^T and O += P V with mma.sync, and keeps the softmax online in fp32 registers (base-2
 // exponent).
 #include <stdexcept>
+#include <string>
 
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/flash_attention.h"
@@ -237,7 +238,7 @@ void launch_forward(const ForwardParams& params, const AttentionShape& shape, cu
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
-  const dim3 grid(unsigned((shape.seq_len + kBlockM - 1) / kBlockM), unsigned(shape.num_heads),
+  const dim3 grid(unsigned((shape.seq_q + kBlockM - 1) / kBlockM), unsigned(shape.num_heads),
                   unsigned(shape.batch));
   flash_forward_kernel<D, M_TILES><<<grid, threads, smem, stream>>>(params);
   MEGATUNE_CUDA_CHECK_LAUNCH();
@@ -247,15 +248,29 @@ bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
+std::string flash_attention_unsupported(const AttentionShape& shape) {
+  const std::string d = std::to_string(shape.head_dim), dv = std::to_string(shape.v_dim());
+  if ((shape.head_dim != 64 && shape.head_dim != 128) || shape.v_dim() != shape.head_dim)
+    return "head dim " + d + (shape.v_dim() != shape.head_dim ? " with v head dim " + dv : std::string()) +
+           ": the CUDA attention kernels take head dims 64 and 128 (q, k and v alike)";
+  if (shape.kv_len() != shape.seq_q || (shape.causal && shape.causal_offset != 0))
+    return "the CUDA attention kernels take self-attention only (seq_kv == seq_q, causal offset 0)";
+  if (shape.k_stride() != shape.v_stride() || shape.dq_stride() != shape.q_stride() ||
+      shape.dk_stride() != shape.k_stride() || shape.dv_stride() != shape.v_stride())
+    return "the CUDA attention kernels need k and v to share a token stride, and dq, dk, dv the forward's";
+  if (shape.q_stride() % 8 != 0 || shape.k_stride() % 8 != 0 || shape.o_stride() % 8 != 0)
+    return "the CUDA attention kernels need token strides that are multiples of 8 elements";
+  if (shape.seq_q >= (int64_t(1) << 30)) return "the CUDA attention kernels take sequences below 2^30 tokens";
+  return {};
+}
+
 bool flash_attention_supports(const AttentionShape& shape) {
-  return (shape.head_dim == 64 || shape.head_dim == 128) && shape.q_stride() % 8 == 0 &&
-         shape.kv_stride() % 8 == 0 && shape.o_stride() % 8 == 0 && shape.seq_len < (int64_t(1) << 30) &&
-         shape.num_heads % shape.num_kv_heads == 0;
+  return shape.num_heads % shape.num_kv_heads == 0 && flash_attention_unsupported(shape).empty();
 }
 
 void flash_attention_forward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                              bf16* o, float* lse, cudaStream_t stream) {
-  const bool warp_specialized = hopper::warp_specialized_takes(shape.batch * shape.seq_len);
+  const bool warp_specialized = hopper::warp_specialized_takes(shape.batch * shape.seq_q);
   flash_attention_forward_variant(shape, q, k, v, o, lse, stream, kDefaultForwardRowsPerWarp, 0,
                                   warp_specialized);
 }
@@ -266,8 +281,7 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
                                      bool wgmma_ping_pong) {
   validate_attention_shape(shape);
   if (!flash_attention_supports(shape))
-    throw std::invalid_argument(
-        "flash_attention_forward: needs head_dim 64 or 128 and token strides % 8 == 0");
+    throw std::invalid_argument("flash_attention_forward: " + flash_attention_unsupported(shape));
   if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(o))
     throw std::invalid_argument("flash_attention_forward: q, k, v, o must be 16-byte aligned");
   ForwardParams params{q,
@@ -276,9 +290,9 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
                        o,
                        lse,
                        shape.q_stride(),
-                       shape.kv_stride(),
+                       shape.k_stride(),
                        shape.o_stride(),
-                       int(shape.seq_len),
+                       int(shape.seq_q),
                        int(shape.num_heads),
                        int(shape.num_heads / shape.num_kv_heads),
                        shape.scale() * kLog2e,
@@ -298,10 +312,10 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
                                    o,
                                    lse,
                                    shape.q_stride(),
-                                   shape.kv_stride(),
+                                   shape.k_stride(),
                                    shape.o_stride(),
                                    int(shape.batch),
-                                   int(shape.seq_len),
+                                   int(shape.seq_q),
                                    int(shape.num_heads),
                                    int(shape.num_heads / shape.num_kv_heads),
                                    int(shape.head_dim),

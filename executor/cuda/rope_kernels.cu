@@ -72,7 +72,7 @@ __global__ void rope_vector_kernel(bf16* q, bf16* k, int64_t q_stride, int64_t k
 
 bool vector_path(const AttentionShape& shape, const bf16* q, const bf16* k) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return (shape.head_dim / 2) % 8 == 0 && shape.q_stride() % 8 == 0 && shape.kv_stride() % 8 == 0 &&
+  return (shape.head_dim / 2) % 8 == 0 && shape.q_stride() % 8 == 0 && shape.k_stride() % 8 == 0 &&
          (q == nullptr || aligned(q)) && (k == nullptr || aligned(k));
 }
 
@@ -80,25 +80,25 @@ void launch(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t 
             float direction, cudaStream_t stream) {
   validate_attention_shape(shape);
   if (shape.head_dim % 2 != 0) throw std::invalid_argument("rope: head_dim must be even");
-  const int64_t tokens = shape.batch * shape.seq_len, half = shape.head_dim / 2;
+  const int64_t tokens = shape.batch * shape.seq_q, half = shape.head_dim / 2;
   if (vector_path(shape, q, k)) {
     const int q_heads = q != nullptr ? int(shape.num_heads) : 0;
     const int kv_heads = k != nullptr ? int(shape.num_kv_heads) : 0;
     rope_vector_kernel<<<detail::grid_for(tokens * (half / 8), kThreads), kThreads, 0, stream>>>(
-        q, k, shape.q_stride(), shape.kv_stride(), q_heads, kv_heads, shape.seq_len, tokens,
+        q, k, shape.q_stride(), shape.k_stride(), q_heads, kv_heads, shape.seq_q, tokens,
         int(shape.head_dim), theta, position_offset, direction);
     MEGATUNE_CUDA_CHECK_LAUNCH();
     return;
   }
   if (q != nullptr) {
     rope_kernel<<<detail::grid_for(tokens * shape.num_heads * half, kThreads), kThreads, 0, stream>>>(
-        q, shape.q_stride(), shape.num_heads, shape.seq_len, tokens, shape.head_dim, theta, position_offset,
+        q, shape.q_stride(), shape.num_heads, shape.seq_q, tokens, shape.head_dim, theta, position_offset,
         direction);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   }
   if (k != nullptr) {
     rope_kernel<<<detail::grid_for(tokens * shape.num_kv_heads * half, kThreads), kThreads, 0, stream>>>(
-        k, shape.kv_stride(), shape.num_kv_heads, shape.seq_len, tokens, shape.head_dim, theta,
+        k, shape.k_stride(), shape.num_kv_heads, shape.seq_q, tokens, shape.head_dim, theta,
         position_offset, direction);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   }

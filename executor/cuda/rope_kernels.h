@@ -12,7 +12,7 @@ namespace megatune::executor::cuda {
 
 using bf16 = __nv_bfloat16;
 
-// q with shape.q_stride(), k with shape.kv_stride(); head_dim even. theta: 10000 or 500000 (Llama 3).
+// q with shape.q_stride(), k with shape.k_stride(); head_dim even. theta: 10000 or 500000 (Llama 3).
 void rope_forward_inplace(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t position_offset,
                           cudaStream_t stream);
 void rope_backward_inplace(const AttentionShape& shape, bf16* dq, bf16* dk, float theta,

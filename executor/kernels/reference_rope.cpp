@@ -14,10 +14,10 @@ void rotate_heads(float* base, int64_t token_stride, int64_t heads, const Attent
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(d));
   for (int64_t b = 0; b < shape.batch; ++b) {
-    for (int64_t s = 0; s < shape.seq_len; ++s) {
+    for (int64_t s = 0; s < shape.seq_q; ++s) {
       const float position = float(position_offset + s);
       for (int64_t h = 0; h < heads; ++h) {
-        float* x = base + (b * shape.seq_len + s) * token_stride + h * d;
+        float* x = base + (b * shape.seq_q + s) * token_stride + h * d;
         for (int64_t i = 0; i < half; ++i) {
           const float angle = position * inv_freq[i];
           const float c = std::cos(angle), sn = direction * std::sin(angle);
@@ -41,14 +41,14 @@ void rope_forward_inplace(const AttentionShape& shape, float* q, float* k, float
                           int64_t position_offset) {
   check(shape);
   rotate_heads(q, shape.q_stride(), shape.num_heads, shape, theta, position_offset, 1.0f);
-  rotate_heads(k, shape.kv_stride(), shape.num_kv_heads, shape, theta, position_offset, 1.0f);
+  rotate_heads(k, shape.k_stride(), shape.num_kv_heads, shape, theta, position_offset, 1.0f);
 }
 
 void rope_backward_inplace(const AttentionShape& shape, float* dq, float* dk, float theta,
                            int64_t position_offset) {
   check(shape);
   rotate_heads(dq, shape.q_stride(), shape.num_heads, shape, theta, position_offset, -1.0f);
-  rotate_heads(dk, shape.kv_stride(), shape.num_kv_heads, shape, theta, position_offset, -1.0f);
+  rotate_heads(dk, shape.k_stride(), shape.num_kv_heads, shape, theta, position_offset, -1.0f);
 }
 
 }  // namespace megatune::executor::reference

@@ -130,6 +130,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     throw UserError("--sequence-parallel: micro-batch tokens (" + std::to_string(T) +
                     ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
   rows_ = sp() ? T / tp_size_ : T;
+  require_attention_support();
   index_layer_parameters();
   if (batch_.activation_slots < 1) throw std::invalid_argument("GPTModel: activation_slots must be >= 1");
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
@@ -486,17 +487,19 @@ NormArgs GPTModel::norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor g
 }
 
 AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
-  AttentionArgs a;
-  a.qkv = acts.qkv;
-  a.out = acts.attn;
-  a.lse = acts.lse;
-  a.batch = batch_.micro_batch;
-  a.seq = batch_.seq;
-  a.heads = config_.heads_per_rank();
-  a.kv_heads = config_.kv_heads_per_rank();
-  a.head_dim = config_.head_dim;
-  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  return a;
+  return self_attention_args(acts.qkv, acts.attn, acts.lse, batch_.micro_batch, batch_.seq,
+                             config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
+                             backend_.storage_bytes(compute_dtype_));
+}
+
+void GPTModel::require_attention_support() const {
+  if (stage_.num_layers == 0) return;
+  const std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
+  if (!gap.empty())
+    throw UserError(
+        "the " + backend_.name() + " backend cannot run this model's attention (--kv-channels " +
+        std::to_string(config_.head_dim) + "): " + gap +
+        "; pick --kv-channels (or --hidden-size / --num-attention-heads) accordingly, or --device cpu");
 }
 
 GPTModel::LayerActivations& GPTModel::activations_for(int slot, int local_layer) {
@@ -585,7 +588,10 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   const Tensor d_proj = gather_to_full(d_mid_, full_scratch_, "proj_grad_ag", l, kB);
   dgrad(d_proj, w.proj_w, d_attn_, "proj_dgrad");
   wgrad(d_proj, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
-  backend_.attention_backward(attention_args(a), d_attn_, d_qkv_, {"attn", l, kB});
+  const AttentionArgs attention = attention_args(a);
+  backend_.attention_backward(
+      attention, packed_attention_grads(d_attn_, d_qkv_, attention, backend_.storage_bytes(compute_dtype_)),
+      {"attn", l, kB});
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
                   config_.rope_theta, true, {"rope", l, kB}, positions_);

@@ -160,6 +160,8 @@ class GPTModel {
   NormArgs norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
                      Tensor mean, Tensor rstd) const;
   AttentionArgs attention_args(const LayerActivations& acts) const;
+  // UserError when the backend's attention kernels cannot run this model's attention shape.
+  void require_attention_support() const;
 
   TransformerConfig config_;
   BatchShape batch_;

@@ -12,17 +12,17 @@ TimingSamples CudaKernelRunner::time_attention(const AttentionItem& item, const 
   if (item.dtype != layouts::DType::kBF16 || s.seq_q != s.seq_kv || s.kv_heads <= 0) return std::nullopt;
   executor::AttentionShape shape;
   shape.batch = s.batch;
-  shape.seq_len = s.seq_q;
+  shape.seq_q = s.seq_q;
   shape.num_heads = s.heads;
   shape.num_kv_heads = s.kv_heads;
   shape.head_dim = s.head_dim;
   shape.causal = s.causal;
   if (!ec::flash_attention_supports(shape)) return std::nullopt;
 
-  const std::int64_t tokens = shape.batch * shape.seq_len;
+  const std::int64_t tokens = shape.batch * shape.seq_q;
   const std::int64_t qkv_elements = tokens * shape.packed_token_stride();
   const std::int64_t o_elements = tokens * shape.num_heads * shape.head_dim;
-  const std::int64_t lse_elements = shape.batch * shape.num_heads * shape.seq_len;
+  const std::int64_t lse_elements = shape.batch * shape.num_heads * shape.seq_q;
   const std::size_t workspace_bytes = item.backward ? ec::flash_attention_backward_workspace_bytes(shape) : 0;
   arena_.begin(DeviceArena::rounded(qkv_elements * 2) * 2 + DeviceArena::rounded(o_elements * 2) * 2 +
                DeviceArena::rounded(lse_elements * 4) + DeviceArena::rounded(workspace_bytes));

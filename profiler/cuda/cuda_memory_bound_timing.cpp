@@ -110,8 +110,8 @@ TimingSamples CudaKernelRunner::time_memory_bound(const MemoryBoundItem& item, c
       if (head_dim % 2 != 0) return std::nullopt;
       executor::AttentionShape shape;
       shape.num_heads = 32, shape.num_kv_heads = 8, shape.head_dim = head_dim;
-      shape.seq_len = at_least_one(bytes / (4 * (shape.num_heads + shape.num_kv_heads) * head_dim));
-      const std::int64_t elements = shape.seq_len * shape.packed_token_stride();
+      shape.seq_q = at_least_one(bytes / (4 * (shape.num_heads + shape.num_kv_heads) * head_dim));
+      const std::int64_t elements = shape.seq_q * shape.packed_token_stride();
       arena_.begin(DeviceArena::rounded(elements * 2));
       auto* qkv = arena_.take<ec::bf16>(elements);
       fill_uniform_bf16(qkv, elements, -1.0f, 1.0f, fill_seed_++, stream_);

@@ -32,7 +32,7 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
   MEGATUNE_REQUIRE_GPU();
   const Case c = GetParam();
   AttentionShape shape{.batch = c.batch,
-                       .seq_len = c.seq,
+                       .seq_q = c.seq,
                        .num_heads = c.heads,
                        .num_kv_heads = c.kv_heads,
                        .head_dim = c.head_dim,
@@ -40,11 +40,11 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
   const int64_t tokens = c.batch * c.seq, d = c.head_dim;
   if (!c.packed) {  // separate q [b,s,n_q,d], k/v [b,s,n_kv,d] (k and v in one buffer, kv stride padded)
     shape.q_token_stride = c.heads * d;
-    shape.kv_token_stride = 2 * c.kv_heads * d + 8;
+    shape.k_token_stride = shape.v_token_stride = 2 * c.kv_heads * d + 8;
   }
   ASSERT_TRUE(cuda::flash_attention_supports(shape));
   // One host buffer for q, one for k|v, laid out with the strides above.
-  const int64_t q_elems = tokens * shape.q_stride(), kv_elems = tokens * shape.kv_stride();
+  const int64_t q_elems = tokens * shape.q_stride(), kv_elems = tokens * shape.k_stride();
   std::vector<float> q_host = test::random_bf16_values(q_elems, 1);
   std::vector<float> kv_host = c.packed ? q_host : test::random_bf16_values(kv_elems, 2);
   const float* q_ptr = q_host.data();
@@ -158,12 +158,12 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
     const auto& dkv_want = c.packed ? dq_ref : dkv_ref;
     const int64_t k_off = c.packed ? shape.packed_k_offset() : 0;
     const int64_t v_off = c.packed ? shape.packed_v_offset() : kv_width;
-    EXPECT_LT(test::relative_error(slice(dkv_got, shape.kv_stride(), k_off, kv_width),
-                                   slice(dkv_want, shape.kv_stride(), k_off, kv_width)),
+    EXPECT_LT(test::relative_error(slice(dkv_got, shape.k_stride(), k_off, kv_width),
+                                   slice(dkv_want, shape.k_stride(), k_off, kv_width)),
               2e-2)
         << "dk, " << name;
-    EXPECT_LT(test::relative_error(slice(dkv_got, shape.kv_stride(), v_off, kv_width),
-                                   slice(dkv_want, shape.kv_stride(), v_off, kv_width)),
+    EXPECT_LT(test::relative_error(slice(dkv_got, shape.k_stride(), v_off, kv_width),
+                                   slice(dkv_want, shape.k_stride(), v_off, kv_width)),
               2e-2)
         << "dv, " << name;
   }
@@ -179,7 +179,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 1000, 2, 2, 64, true, false}, Case{1, 384, 2, 2, 64, false, true}));
 
 TEST(FlashAttentionGpuApi, RejectsUnsupportedShapes) {
-  AttentionShape shape{.batch = 1, .seq_len = 16, .num_heads = 2, .num_kv_heads = 1, .head_dim = 96};
+  AttentionShape shape{.batch = 1, .seq_q = 16, .num_heads = 2, .num_kv_heads = 1, .head_dim = 96};
   EXPECT_FALSE(cuda::flash_attention_supports(shape));
   EXPECT_THROW(cuda::flash_attention_forward(shape, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
                std::invalid_argument);

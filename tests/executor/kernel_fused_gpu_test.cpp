@@ -115,8 +115,8 @@ TEST(RopeGpu, MatchesReferenceOnPackedQkv) {
   for (const Case c : {Case{128, 32, 8}, Case{64, 4, 2}, Case{256, 4, 2}, Case{48, 4, 2}, Case{8, 4, 2}}) {
     const int64_t head_dim = c.head_dim;
     AttentionShape shape{
-        .batch = 2, .seq_len = 1000, .num_heads = c.heads, .num_kv_heads = c.kv_heads, .head_dim = head_dim};
-    const int64_t n = shape.batch * shape.seq_len * shape.packed_token_stride();
+        .batch = 2, .seq_q = 1000, .num_heads = c.heads, .num_kv_heads = c.kv_heads, .head_dim = head_dim};
+    const int64_t n = shape.batch * shape.seq_q * shape.packed_token_stride();
     auto qkv = test::random_bf16_values(n, 7);
     DeviceBuffer<bf16> qkv_d(n);
     test::upload_bf16(qkv_d, qkv);
@@ -127,7 +127,7 @@ TEST(RopeGpu, MatchesReferenceOnPackedQkv) {
     const auto got = test::download_bf16(qkv_d);
     EXPECT_LT(test::relative_error(got, want), 5e-3) << "head_dim " << head_dim;
     // v (the last n_kv * d of each token) is untouched.
-    for (int64_t t = 0; t < shape.batch * shape.seq_len; ++t)
+    for (int64_t t = 0; t < shape.batch * shape.seq_q; ++t)
       for (int64_t x = shape.packed_v_offset(); x < shape.packed_token_stride(); ++x)
         ASSERT_EQ(got[t * shape.packed_token_stride() + x], qkv[t * shape.packed_token_stride() + x]);
     cuda::rope_backward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 500000.0f, 0,

@@ -133,15 +133,15 @@ TEST_P(ReferenceNorm, OutputIsNormalized) {
 INSTANTIATE_TEST_SUITE_P(Kinds, ReferenceNorm, ::testing::Values(NormKind::kLayerNorm, NormKind::kRMSNorm));
 
 TEST(ReferenceRope, RotationPreservesNormAndBackwardInverts) {
-  AttentionShape shape{.batch = 2, .seq_len = 5, .num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
-  auto qkv = random_vector(shape.batch * shape.seq_len * shape.packed_token_stride(), 14);
+  AttentionShape shape{.batch = 2, .seq_q = 5, .num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
+  auto qkv = random_vector(shape.batch * shape.seq_q * shape.packed_token_stride(), 14);
   const auto original = qkv;
   rope_forward_inplace(shape, qkv.data(), qkv.data() + shape.packed_k_offset(), 10000.0f);
   // Position 0 is not rotated; v untouched; norms of each pair preserved.
   for (int64_t h = 0; h < shape.num_heads + shape.num_kv_heads; ++h)
     for (int64_t x = 0; x < shape.head_dim; ++x) EXPECT_FLOAT_EQ(qkv[h * 8 + x], original[h * 8 + x]);
   const int64_t t = shape.packed_token_stride();
-  for (int64_t tok = 0; tok < shape.batch * shape.seq_len; ++tok) {
+  for (int64_t tok = 0; tok < shape.batch * shape.seq_q; ++tok) {
     for (int64_t x = shape.packed_v_offset(); x < t; ++x) EXPECT_EQ(qkv[tok * t + x], original[tok * t + x]);
     for (int64_t h = 0; h < shape.num_heads + shape.num_kv_heads; ++h)
       for (int64_t i = 0; i < 4; ++i) {

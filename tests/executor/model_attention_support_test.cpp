@@ -1,0 +1,79 @@
+// GPTModel asks its backend whether the attention kernels take the model's attention shape when it is
+// configured: an unsupported shape is one UserError line, before anything is allocated.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "executor/backend/sizing_backend.h"
+#include "executor/cpu/cpu_backend.h"
+#include "executor/model/gpt_model.h"
+#include "executor/parallel/communicator.h"
+#include "layouts/model_spec.h"
+#include "layouts/user_error.h"
+
+namespace megatune::executor {
+namespace {
+
+// The tiny preset (4 heads, 2 query groups) with --kv-channels 80 (or another head dim).
+TransformerConfig tiny_with_head_dim(std::int64_t head_dim) {
+  layouts::ModelSpec spec = layouts::model_preset("tiny");
+  spec.kv_channels = head_dim;
+  return transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
+}
+
+BatchShape tiny_batch() {
+  BatchShape b;
+  b.micro_batch = 1;
+  b.seq = 8;
+  return b;
+}
+
+// The rule of a backend whose kernels take head dims 64 and 128 only, as the CUDA backend's did.
+std::string only_64_and_128(const AttentionShape& shape) {
+  return shape.head_dim == 64 || shape.head_dim == 128 ? std::string()
+                                                       : "head dim " + std::to_string(shape.head_dim);
+}
+
+TEST(ModelAttentionSupport, UnsupportedShapeIsRefusedBeforeAnyAllocation) {
+  std::string seen_shape;
+  SizingBackend backend(nullptr, [&](const AttentionShape& shape) {
+    seen_shape = std::to_string(shape.seq_q) + "x" + std::to_string(shape.kv_len()) + " " +
+                 std::to_string(shape.num_heads) + "/" + std::to_string(shape.num_kv_heads) + " d" +
+                 std::to_string(shape.head_dim) + " stride " + std::to_string(shape.q_stride());
+    return only_64_and_128(shape);
+  });
+  SingleRankCommunicator communicator{backend};
+  backend.begin_sizing();
+  try {
+    GPTModel model(tiny_with_head_dim(80), tiny_batch(), RecomputeGranularity::kNone, DType::kBF16, backend,
+                   communicator);
+    FAIL() << "a head-dim-80 model was configured on a backend without head-dim-80 attention";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--kv-channels 80"), std::string::npos) << what;
+    EXPECT_NE(what.find("head dim 80"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "one line: " << what;
+  }
+  EXPECT_TRUE(backend.arena_breakdown().empty()) << "nothing allocated before the refusal";
+  // The model asked with its real attention call: packed qkv of 4 + 2 + 2 heads of 80.
+  EXPECT_EQ(seen_shape, "8x8 4/2 d80 stride 640");
+}
+
+TEST(ModelAttentionSupport, SupportedShapesConfigure) {
+  const TransformerConfig config = tiny_with_head_dim(64);
+  SizingBackend backend(nullptr, only_64_and_128);
+  SingleRankCommunicator communicator{backend};
+  backend.begin_sizing();
+  GPTModel model(config, tiny_batch(), RecomputeGranularity::kNone, DType::kBF16, backend, communicator);
+  EXPECT_FALSE(backend.arena_breakdown().empty());
+  // The reference kernels of the CPU backend take every head dim.
+  CpuBackend cpu;
+  SingleRankCommunicator cpu_communicator{cpu};
+  cpu.begin_sizing();
+  GPTModel cpu_model(tiny_with_head_dim(80), tiny_batch(), RecomputeGranularity::kNone, DType::kFP32, cpu,
+                     cpu_communicator);
+  EXPECT_FALSE(cpu.arena_breakdown().empty());
+}
+
+}  // namespace
+}  // namespace megatune::executor
