@@ -131,6 +131,16 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
                     ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
   rows_ = sp() ? T / tp_size_ : T;
   require_attention_support();
+  if (cp_size_ > 1 && stage_.num_layers > 0) {
+    RingAttentionShape ring;
+    ring.batch = batch_.micro_batch;
+    ring.local_seq = batch_.seq;
+    ring.heads = config_.heads_per_rank();
+    ring.kv_heads = config_.kv_heads_per_rank();
+    ring.head_dim = config_.head_dim;
+    ring.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+    ring_ = std::make_unique<RingAttention>(ring, compute_dtype_, backend_, communicator_);
+  }
   index_layer_parameters();
   if (batch_.activation_slots < 1) throw std::invalid_argument("GPTModel: activation_slots must be >= 1");
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
@@ -198,9 +208,15 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     shared_attn_ = backend_.allocate(compute_dtype_, T, attn_w, "recomputed attention (shared)");
     shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
                                     "recomputed attention (shared)");
+    const Tensor shared_kv =
+        cp_size_ > 1
+            ? backend_.allocate(compute_dtype_, T, 2 * config_.kv_heads_per_rank() * config_.head_dim,
+                                "recomputed attention (shared)")
+            : Tensor{};
     auto share = [&](LayerActivations& acts) {
       acts.attn = shared_attn_;
       acts.lse = shared_lse_;
+      acts.cp_kv = shared_kv;
     };
     share(full_recompute_set_);
     for (Slot& slot : slots_)
@@ -279,6 +295,9 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
     a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), "saved: attention output");
     a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
                               "saved: attention output");
+    if (cp_size_ > 1)
+      a.cp_kv = backend_.allocate(compute_dtype_, T, 2 * config_.kv_heads_per_rank() * config_.head_dim,
+                                  "saved: context-parallel K,V block");
   }
   a.mid = backend_.allocate(compute_dtype_, rows_, h, "saved: mid residual");
   a.ln2 = norm2_out_;
@@ -502,6 +521,25 @@ void GPTModel::require_attention_support() const {
         "; pick --kv-channels (or --hidden-size / --num-attention-heads) accordingly, or --device cpu");
 }
 
+void GPTModel::core_attention_forward(LayerActivations& a, int layer, OpPhase phase) {
+  if (ring_) {
+    ring_->forward(a.qkv, a.attn, a.lse, a.cp_kv, layer, phase);
+    return;
+  }
+  backend_.attention_forward(attention_args(a), {"attn", layer, phase});
+}
+
+void GPTModel::core_attention_backward(LayerActivations& a, int layer) {
+  if (ring_) {
+    ring_->backward(a.qkv, a.attn, a.lse, a.cp_kv, d_attn_, d_qkv_, layer);
+    return;
+  }
+  const AttentionArgs attention = attention_args(a);
+  backend_.attention_backward(
+      attention, packed_attention_grads(d_attn_, d_qkv_, attention, backend_.storage_bytes(compute_dtype_)),
+      {"attn", layer, kB});
+}
+
 GPTModel::LayerActivations& GPTModel::activations_for(int slot, int local_layer) {
   return recompute_ == RecomputeGranularity::kFull ? full_recompute_set_ : slots_[slot].saved[local_layer];
 }
@@ -521,7 +559,7 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
                   config_.rope_theta, false, {"rope", l, phase}, positions_);
-  backend_.attention_forward(attention_args(a), {"attn", l, phase});
+  core_attention_forward(a, l, phase);
   gemm_linear(a.attn, w.proj_w, row_bias ? w.proj_b : Tensor{}, fc2_out_, "proj");
   const Tensor proj = reduce_from_full(fc2_out_, reduced_, "proj_ar", "proj_rs", l, phase);
   // The residual add fused into the pre-MLP norm: a.mid = bf16(proj output + input), a.ln2 = norm(a.mid).
@@ -583,15 +621,11 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
                          d_ln2, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.
-  if (recompute_ == RecomputeGranularity::kSelective)
-    backend_.attention_forward(attention_args(a), {"attn", l, kR});
+  if (recompute_ == RecomputeGranularity::kSelective) core_attention_forward(a, l, kR);
   const Tensor d_proj = gather_to_full(d_mid_, full_scratch_, "proj_grad_ag", l, kB);
   dgrad(d_proj, w.proj_w, d_attn_, "proj_dgrad");
   wgrad(d_proj, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
-  const AttentionArgs attention = attention_args(a);
-  backend_.attention_backward(
-      attention, packed_attention_grads(d_attn_, d_qkv_, attention, backend_.storage_bytes(compute_dtype_)),
-      {"attn", l, kB});
+  core_attention_backward(a, l);
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
                   config_.rope_theta, true, {"rope", l, kB}, positions_);

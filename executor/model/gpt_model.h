@@ -4,6 +4,7 @@
 // and Megatron's tensor- and sequence-parallel communication through a Communicator.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "executor/backend/backend.h"
@@ -11,6 +12,7 @@
 #include "executor/model/parameter_layout.h"
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/communicator.h"
+#include "executor/parallel/ring_attention.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
 
@@ -130,6 +132,7 @@ class GPTModel {
     Tensor qkv;                 // (T, qkv_width) after RoPE (saved)
     Tensor attn;                // (T, heads * d) attention output (saved; shared under recomputation)
     Tensor lse;                 // (b * heads, s) fp32 (saved; shared under recomputation)
+    Tensor cp_kv;               // (T, 2 kv width) the ring's last K,V block (context parallelism; as lse)
     Tensor mid;                 // (T, h) residual after attention (= input + proj) (saved)
     Tensor ln2;                 // (T, h) pre-MLP norm output (shared)
     Tensor ln2_mean, ln2_rstd;  // (T, 1) fp32 (saved)
@@ -160,6 +163,9 @@ class GPTModel {
   NormArgs norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
                      Tensor mean, Tensor rstd) const;
   AttentionArgs attention_args(const LayerActivations& acts) const;
+  // Core attention (attn, lse from qkv; d_qkv_ from d_attn_): one kernel, or the context-parallel ring.
+  void core_attention_forward(LayerActivations& acts, int layer, layouts::OpPhase phase);
+  void core_attention_backward(LayerActivations& acts, int layer);
   // UserError when the backend's attention kernels cannot run this model's attention shape.
   void require_attention_support() const;
 
@@ -174,8 +180,9 @@ class GPTModel {
   std::vector<LayerParameters> layer_parameters_;  // per local layer
   int tp_rank_ = 0, tp_size_ = 1;
   int cp_rank_ = 0, cp_size_ = 1;
-  SequencePositions positions_;  // global positions of the local sequence (context parallelism)
-  std::int64_t rows_ = 0;        // rows of the residual stream on this rank: T, or T / tp under SP
+  SequencePositions positions_;          // global positions of the local sequence (context parallelism)
+  std::unique_ptr<RingAttention> ring_;  // context parallelism's attention (cp > 1)
+  std::int64_t rows_ = 0;                // rows of the residual stream on this rank: T, or T / tp under SP
 
   Tensor model_params_;  // (1, model_copy_elements_) compute dtype; aliases main_params_ when fp32
   std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)

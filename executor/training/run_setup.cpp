@@ -12,9 +12,6 @@
 namespace megatune::executor {
 
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank) {
-  if (config.cp() > 1)
-    throw UserError("--context-parallel-size " + std::to_string(config.cp()) +
-                    ": the executor does not run context parallelism yet; use --context-parallel-size 1");
   if (config.ep() > 1)
     throw UserError("--expert-model-parallel-size " + std::to_string(config.ep()) +
                     ": the executor does not run expert parallelism yet; use 1");
