@@ -19,13 +19,38 @@ std::int64_t layer_expert_params(const ModelSpec& model, const StepShape& s, boo
   return moe ? routed_expert_parameters(model, static_cast<int>(s.experts / s.ep), s.etp) : 0;
 }
 
-// The gradient-buffer elements of one stage entry: from the parameter table for dense GPT / Llama entries
-// (each parameter padded to the buffer's alignment), the unpadded count otherwise (MoE, MLA, MTP, which the
-// executor does not run yet).
+// The gradient-buffer elements of one stage entry: from the parameter table for dense GPT / Llama /
+// DeepSeek-style entries, MLA and MTP layers included (each parameter padded to the buffer's alignment), the
+// unpadded count for MoE layers (which the executor does not run yet).
 std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const PipelineStage& stage,
                              LayerSymbol symbol, int layer, std::int64_t dense) {
-  if (s.mla || symbol == LayerSymbol::kMtp || (symbol == LayerSymbol::kDecoder && model.is_moe_layer(layer)))
+  if ((symbol == LayerSymbol::kDecoder && model.is_moe_layer(layer)) ||
+      (symbol == LayerSymbol::kMtp && model.mtp_layer_is_moe()))
     return dense;
+  const DenseParameterShape shape = parameter_table_shape(model, s);
+  StageContents contents;
+  contents.num_layers = 0;
+  if (symbol == LayerSymbol::kDecoder) {
+    contents.first_layer = layer;
+    contents.num_layers = 1;
+  } else if (symbol == LayerSymbol::kMtp) {
+    contents.first_mtp_layer = -3 - layer;
+    contents.num_mtp_layers = 1;
+  }
+  contents.has_embedding = symbol == LayerSymbol::kEmbedding;
+  contents.has_loss = symbol == LayerSymbol::kLoss;
+  std::int64_t n = 0;
+  for (const ParameterSpec& p : stage_parameter_table(shape, contents)) {
+    // A tied head is the stage's own embedding table (counted with E) when the stage holds the embedding.
+    const bool head_copy = p.layer == -2 && p.name == "embedding.word_embeddings.weight";
+    if (!(head_copy && stage.has_embedding)) n += aligned_elements(p.numel());
+  }
+  return n;
+}
+
+}  // namespace
+
+DenseParameterShape parameter_table_shape(const ModelSpec& model, const StepShape& s) {
   DenseParameterShape shape;
   shape.num_layers = model.num_layers;
   shape.hidden = s.hidden;
@@ -42,24 +67,14 @@ std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const P
   shape.bias = model.add_bias_linear;
   shape.tp = s.tp;
   shape.sequence_parallel = s.sp;
-  StageContents contents;
-  contents.num_layers = 0;
-  if (symbol == LayerSymbol::kDecoder) {
-    contents.first_layer = layer;
-    contents.num_layers = 1;
-  }
-  contents.has_embedding = symbol == LayerSymbol::kEmbedding;
-  contents.has_loss = symbol == LayerSymbol::kLoss;
-  std::int64_t n = 0;
-  for (const ParameterSpec& p : stage_parameter_table(shape, contents)) {
-    // A tied head is the stage's own embedding table (counted with E) when the stage holds the embedding.
-    const bool head_copy = p.layer == -2 && p.name == "embedding.word_embeddings.weight";
-    if (!(head_copy && stage.has_embedding)) n += aligned_elements(p.numel());
-  }
-  return n;
+  shape.mla = s.mla;
+  shape.q_lora_rank = model.q_lora_rank;
+  shape.kv_lora_rank = model.kv_lora_rank;
+  shape.qk_head_dim = model.qk_head_dim;
+  shape.qk_pos_emb_head_dim = model.qk_pos_emb_head_dim;
+  shape.v_head_dim = model.v_head_dim;
+  return shape;
 }
-
-}  // namespace
 
 StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, const PipelineStage& stage) {
   StageParameters p;
@@ -198,11 +213,19 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
                 DType::kFP32);
       break;
     case OptimizerStep::kSequenceParallelNormGradReduce: {
+      // The parameters the table marks (norms; MLA's replicated down-projections and latent norms).
       std::int64_t norm_params = 0;
-      for (const PipelineStage& stage : stages)
-        norm_params += static_cast<std::int64_t>(stage.num_decoder_layers + stage.num_mtp_layers) * 2 *
-                           shape.hidden * (shape.rms ? 1 : 2) +
-                       (stage.has_loss ? shape.hidden * (shape.rms ? 1 : 2) : 0);
+      for (const PipelineStage& stage : stages) {
+        StageContents contents;
+        contents.first_layer = stage.first_decoder_layer;
+        contents.num_layers = stage.num_decoder_layers;
+        contents.has_embedding = stage.has_embedding;
+        contents.has_loss = stage.has_loss;
+        contents.first_mtp_layer = stage.first_mtp_layer;
+        contents.num_mtp_layers = stage.num_mtp_layers;
+        for (const ParameterSpec& p : stage_parameter_table(parameter_table_shape(model, shape), contents))
+          if (p.sequence_parallel_grad) norm_params += p.numel();
+      }
       o.comm_as(OpRole::kSequenceParallelNormGrad, OpKind::kAllReduce, "sp_norm_grad_ar",
                 norm_params * grad_bytes, CommGroup::kTensor, shape.tp, DType::kFP32);
       break;

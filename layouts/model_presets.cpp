@@ -54,6 +54,28 @@ ModelSpec make_preset(std::string_view name) {
     m.vocab_size = 256;  // byte-level
     return m;
   }
+  if (name == "tiny-mixtral") {
+    // Mixtral-shaped (every layer MoE, 8 experts, top-2, no shared expert) at the tiny preset's size.
+    ModelSpec m = make_preset("tiny");
+    m.name = "tiny-mixtral";
+    m.num_experts = 8;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 64;
+    return m;
+  }
+  if (name == "tiny-deepseek-v3") {
+    // DeepSeek-V3's MoE shape at the tiny preset's size (standard attention, no MTP): a first dense layer,
+    // then MoE layers of 16 fine-grained experts (top-4) and one shared expert.
+    ModelSpec m = make_preset("tiny");
+    m.name = "tiny-deepseek-v3";
+    m.num_layers = 4;
+    m.num_experts = 16;
+    m.moe_router_topk = 4;
+    m.moe_ffn_hidden_size = 32;
+    m.moe_shared_expert_intermediate_size = 32;
+    m.moe_layer_pattern = {0, 1, 1, 1};
+    return m;
+  }
   // GPT-3 paper shapes (Brown et al. 2020, Table 2.1), GPT-2 vocabulary, 2048 positions.
   if (name == "gpt-125m") return gpt("gpt-125m", 12, 768, 12);
   if (name == "gpt-1.3b") return gpt("gpt-1.3b", 24, 2048, 16);
@@ -111,8 +133,9 @@ ModelSpec make_preset(std::string_view name) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",      "gpt-125m",  "gpt-1.3b",   "gpt-2.7b",    "gpt3-175b",    "llama3-1b",
-          "llama3-3b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "deepseek-v3"};
+  return {"tiny",       "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",   "gpt-1.3b",
+          "gpt-2.7b",   "gpt3-175b",    "llama3-1b",        "llama3-3b",  "llama3-8b",
+          "llama3-70b", "llama3-405b",  "mixtral-8x7b",     "deepseek-v3"};
 }
 
 ModelSpec model_preset(std::string_view name) { return make_preset(name); }

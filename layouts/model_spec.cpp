@@ -184,12 +184,13 @@ int64_t attention_parameters(const ModelSpec& m, int tp) {
   int64_t params = norm_parameters(m);  // input norm
   if (m.multi_latent_attention) {
     const int64_t qk = m.qk_head_dim + m.qk_pos_emb_head_dim;
+    const int64_t latent_norm = m.normalization == Normalization::kLayerNorm ? 2 : 1;  // per latent feature
     if (m.q_lora_rank > 0) {
-      params += h * m.q_lora_rank + m.q_lora_rank /* q norm (RMSNorm) */ + m.q_lora_rank * n_h * qk / tp;
+      params += h * m.q_lora_rank + latent_norm * m.q_lora_rank /* q norm */ + m.q_lora_rank * n_h * qk / tp;
     } else {
       params += h * n_h * qk / tp;
     }
-    params += h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank /* kv norm */ +
+    params += h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + latent_norm * m.kv_lora_rank /* kv norm */ +
               m.kv_lora_rank * n_h * (m.qk_head_dim + m.v_head_dim) / tp;
     params += n_h * m.v_head_dim / tp * h;
     if (m.add_bias_linear) params += h;

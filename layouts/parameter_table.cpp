@@ -1,4 +1,5 @@
-// The dense stage's parameter table (forward order) and the global shapes of its TP splits.
+// A stage's parameter table (forward order: dense, MoE, MLA and MTP layers) and the global shapes of its TP
+// splits.
 #include "layouts/parameter_table.h"
 
 namespace megatune::layouts {
@@ -48,23 +49,150 @@ std::int64_t ParameterSpec::global_cols() const {
   return split == TensorParallelSplit::kColumns ? parts_sum(global_parts) : cols;
 }
 
+namespace {
+
+class StageTable {
+  using Split = TensorParallelSplit;
+
+ public:
+  StageTable(const DenseParameterShape& c, std::vector<ParameterSpec>& out) : c_(c), t_(out) {}
+
+  ParameterSpec& add(std::string name, int layer, std::int64_t rows, std::int64_t cols, ParameterInit init,
+                     TensorParallelSplit split = TensorParallelSplit::kReplicated,
+                     std::vector<std::int64_t> parts = {}) {
+    return t_.add(std::move(name), layer, rows, cols, init, split, std::move(parts));
+  }
+
+  void norm(const std::string& prefix, int layer, std::int64_t width) {
+    t_.add(prefix + ".weight", layer, 1, width, ParameterInit::kOnes).sequence_parallel_grad =
+        c_.sequence_parallel;
+    if (c_.layernorm)
+      t_.add(prefix + ".bias", layer, 1, width, ParameterInit::kZeros).sequence_parallel_grad =
+          c_.sequence_parallel;
+  }
+  void norm(const std::string& prefix, int layer) { norm(prefix, layer, c_.hidden); }
+
+  // A GEMM weight (out rows on this rank, in columns).
+  ParameterSpec& gemm(std::string name, int layer, std::int64_t rows, std::int64_t cols,
+                      ParameterInit init = ParameterInit::kNormal, Split split = Split::kReplicated,
+                      std::vector<std::int64_t> parts = {}) {
+    ParameterSpec& p = t_.add(std::move(name), layer, rows, cols, init, split, std::move(parts));
+    p.gemm_weight = true;
+    return p;
+  }
+
+  // One transformer layer; `prefix` ends with '.' ("decoder.layers.3.").
+  void layer(const std::string& prefix, int layer) {
+    const std::int64_t h = c_.hidden, tp = c_.tp, d = c_.head_dim, ffn = c_.ffn;
+    norm(prefix + "input_layernorm", layer);
+    if (c_.mla) {
+      mla_attention(prefix + "self_attention.", layer);
+    } else {
+      const std::vector<std::int64_t> qkv_parts = {c_.heads * d, c_.groups * d, c_.groups * d};
+      const std::int64_t qkv_rows = (c_.heads + 2 * c_.groups) * d / tp;
+      gemm(prefix + "self_attention.linear_qkv.weight", layer, qkv_rows, h, ParameterInit::kNormal,
+           Split::kRows, qkv_parts);
+      if (c_.bias)
+        t_.add(prefix + "self_attention.linear_qkv.bias", layer, 1, qkv_rows, ParameterInit::kZeros,
+               Split::kColumns, qkv_parts);
+    }
+    const std::int64_t proj_in = c_.heads * (c_.mla ? c_.v_head_dim : d);
+    gemm(prefix + "self_attention.linear_proj.weight", layer, h, proj_in / tp, ParameterInit::kScaledNormal,
+         Split::kColumns, {proj_in});
+    if (c_.bias) t_.add(prefix + "self_attention.linear_proj.bias", layer, 1, h, ParameterInit::kZeros);
+    norm(prefix + "pre_mlp_layernorm", layer);
+    if (c_.is_moe_layer(layer)) {
+      moe_mlp(prefix + "mlp.", layer);
+      return;
+    }
+    const std::vector<std::int64_t> fc1_parts =
+        c_.swiglu ? std::vector<std::int64_t>{ffn, ffn} : std::vector<std::int64_t>{ffn};
+    const std::int64_t fc1_rows = (c_.swiglu ? 2 : 1) * ffn / tp;
+    gemm(prefix + "mlp.linear_fc1.weight", layer, fc1_rows, h, ParameterInit::kNormal, Split::kRows,
+         fc1_parts);
+    if (c_.bias)
+      t_.add(prefix + "mlp.linear_fc1.bias", layer, 1, fc1_rows, ParameterInit::kZeros, Split::kColumns,
+             fc1_parts);
+    gemm(prefix + "mlp.linear_fc2.weight", layer, h, ffn / tp, ParameterInit::kScaledNormal, Split::kColumns,
+         {ffn});
+    if (c_.bias) t_.add(prefix + "mlp.linear_fc2.bias", layer, 1, h, ParameterInit::kZeros);
+  }
+
+  // An MoE layer's MLP after its pre-MLP norm (Megatron's names: mlp.router, the SequentialMLP experts by
+  // global index, mlp.shared_experts). Routed experts are whole on their expert-parallel rank (expert tensor
+  // parallelism 1); the shared expert is split over TP like the dense MLP.
+  void moe_mlp(const std::string& prefix, int layer) {
+    const std::int64_t h = c_.hidden, glu = c_.swiglu ? 2 : 1;
+    gemm(prefix + "router.weight", layer, c_.num_experts, h);
+    const std::int64_t local = c_.num_experts / c_.ep;
+    for (std::int64_t e = c_.ep_rank * local; e < (c_.ep_rank + 1) * local; ++e) {
+      const std::string expert = prefix + "experts.local_experts." + std::to_string(e) + ".";
+      t_.add(expert + "linear_fc1.weight", layer, glu * c_.moe_ffn, h, ParameterInit::kNormal).expert =
+          static_cast<int>(e);
+      t_.add(expert + "linear_fc2.weight", layer, h, c_.moe_ffn, ParameterInit::kScaledNormal).expert =
+          static_cast<int>(e);
+    }
+    if (c_.shared_ffn == 0) return;
+    const std::vector<std::int64_t> parts = c_.swiglu
+                                                ? std::vector<std::int64_t>{c_.shared_ffn, c_.shared_ffn}
+                                                : std::vector<std::int64_t>{c_.shared_ffn};
+    gemm(prefix + "shared_experts.linear_fc1.weight", layer, glu * c_.shared_ffn / c_.tp, h,
+         ParameterInit::kNormal, Split::kRows, parts);
+    gemm(prefix + "shared_experts.linear_fc2.weight", layer, h, c_.shared_ffn / c_.tp,
+         ParameterInit::kScaledNormal, Split::kColumns, {c_.shared_ffn});
+  }
+
+  // Megatron's MLA projections (no biases): the down-projections are replicated over TP (their gradients,
+  // like the latent norms', computed on sequence shards under SP, are all-reduced over TP), the
+  // up-projections column-parallel over heads.
+  void mla_attention(const std::string& prefix, int layer) {
+    const std::int64_t h = c_.hidden, tp = c_.tp, n = c_.heads;
+    const std::vector<std::int64_t> q_parts = {n * c_.qk_head_dim, n * c_.qk_pos_emb_head_dim};
+    const std::int64_t q_rows = n * (c_.qk_head_dim + c_.qk_pos_emb_head_dim) / tp;
+    if (c_.q_lora_rank > 0) {
+      gemm(prefix + "linear_q_down_proj.weight", layer, c_.q_lora_rank, h).sequence_parallel_grad =
+          c_.sequence_parallel;
+      norm(prefix + "q_layernorm", layer, c_.q_lora_rank);
+      gemm(prefix + "linear_q_up_proj.weight", layer, q_rows, c_.q_lora_rank, ParameterInit::kNormal,
+           Split::kRows, q_parts);
+    } else {
+      gemm(prefix + "linear_q_proj.weight", layer, q_rows, h, ParameterInit::kNormal, Split::kRows, q_parts);
+    }
+    gemm(prefix + "linear_kv_down_proj.weight", layer, c_.kv_lora_rank + c_.qk_pos_emb_head_dim, h)
+        .sequence_parallel_grad = c_.sequence_parallel;
+    norm(prefix + "kv_layernorm", layer, c_.kv_lora_rank);
+    gemm(prefix + "linear_kv_up_proj.weight", layer, n * (c_.qk_head_dim + c_.v_head_dim) / tp,
+         c_.kv_lora_rank, ParameterInit::kNormal, Split::kRows, {n * c_.qk_head_dim, n * c_.v_head_dim});
+  }
+
+  // MTP layer k: enorm, hnorm, eh_proj ([embedding | hidden] 2h -> h, column-parallel, no bias), the
+  // transformer layer, the final norm.
+  void mtp_layer(int k) {
+    const int layer = -3 - k;
+    norm(mtp_parameter(k, "enorm"), layer);
+    norm(mtp_parameter(k, "hnorm"), layer);
+    gemm(mtp_parameter(k, "eh_proj.weight"), layer, c_.hidden / c_.tp, 2 * c_.hidden, ParameterInit::kNormal,
+         Split::kRows, {c_.hidden});
+    this->layer(mtp_parameter(k, "transformer_layer."), layer);
+    norm(mtp_parameter(k, "final_layernorm"), layer);
+  }
+
+ private:
+  const DenseParameterShape& c_;
+  TableBuilder t_;
+};
+
+}  // namespace
+
+std::string mtp_parameter(int mtp_layer, const std::string& suffix) {
+  return "mtp.layers." + std::to_string(mtp_layer) + "." + suffix;
+}
+
 std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, const StageContents& stage) {
   using Split = TensorParallelSplit;
   std::vector<ParameterSpec> out;
-  TableBuilder t(out);
-  const std::int64_t h = c.hidden, tp = c.tp, d = c.head_dim, ffn = c.ffn, vocab = c.vocab_padded;
-  const std::vector<std::int64_t> qkv_parts = {c.heads * d, c.groups * d, c.groups * d};
-  const std::int64_t qkv_rows = (c.heads + 2 * c.groups) * d / tp;
-  const std::vector<std::int64_t> fc1_parts =
-      c.swiglu ? std::vector<std::int64_t>{ffn, ffn} : std::vector<std::int64_t>{ffn};
-  const std::int64_t fc1_rows = (c.swiglu ? 2 : 1) * ffn / tp;
-  auto norm = [&](const std::string& prefix, int layer) {
-    t.add(prefix + ".weight", layer, 1, h, ParameterInit::kOnes).sequence_parallel_grad = c.sequence_parallel;
-    if (c.layernorm)
-      t.add(prefix + ".bias", layer, 1, h, ParameterInit::kZeros).sequence_parallel_grad =
-          c.sequence_parallel;
-  };
-  auto gemm = [&](ParameterSpec& p) { p.gemm_weight = true; };
+  StageTable t(c, out);
+  const std::int64_t h = c.hidden, tp = c.tp, vocab = c.vocab_padded;
   if (stage.has_embedding) {
     t.add("embedding.word_embeddings.weight", -1, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
           {vocab});
@@ -72,35 +200,17 @@ std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, c
       t.add("embedding.position_embeddings.weight", -1, c.max_positions, h, ParameterInit::kNormal);
   }
   const int layers = stage.num_layers < 0 ? c.num_layers - stage.first_layer : stage.num_layers;
-  for (int l = stage.first_layer; l < stage.first_layer + layers; ++l) {
-    norm(layer_name(l, "input_layernorm"), l);
-    gemm(t.add(layer_name(l, "self_attention.linear_qkv.weight"), l, qkv_rows, h, ParameterInit::kNormal,
-               Split::kRows, qkv_parts));
-    if (c.bias)
-      t.add(layer_name(l, "self_attention.linear_qkv.bias"), l, 1, qkv_rows, ParameterInit::kZeros,
-            Split::kColumns, qkv_parts);
-    gemm(t.add(layer_name(l, "self_attention.linear_proj.weight"), l, h, c.heads * d / tp,
-               ParameterInit::kScaledNormal, Split::kColumns, {c.heads * d}));
-    if (c.bias) t.add(layer_name(l, "self_attention.linear_proj.bias"), l, 1, h, ParameterInit::kZeros);
-    norm(layer_name(l, "pre_mlp_layernorm"), l);
-    gemm(t.add(layer_name(l, "mlp.linear_fc1.weight"), l, fc1_rows, h, ParameterInit::kNormal, Split::kRows,
-               fc1_parts));
-    if (c.bias)
-      t.add(layer_name(l, "mlp.linear_fc1.bias"), l, 1, fc1_rows, ParameterInit::kZeros, Split::kColumns,
-            fc1_parts);
-    gemm(t.add(layer_name(l, "mlp.linear_fc2.weight"), l, h, ffn / tp, ParameterInit::kScaledNormal,
-               Split::kColumns, {ffn}));
-    if (c.bias) t.add(layer_name(l, "mlp.linear_fc2.bias"), l, 1, h, ParameterInit::kZeros);
-  }
+  for (int l = stage.first_layer; l < stage.first_layer + layers; ++l) t.layer(layer_name(l, ""), l);
+  for (int k = stage.first_mtp_layer; k < stage.first_mtp_layer + stage.num_mtp_layers; ++k) t.mtp_layer(k);
   if (stage.has_loss) {
-    norm("decoder.final_layernorm", -2);
+    t.norm("decoder.final_layernorm", -2);
     // Untied: the output layer. Tied on a stage without the embedding (pp > 1): the last stage's own copy of
     // the word embedding (same name and initial values; its gradient is all-reduced with the first stage's).
     if (!c.tied)
-      gemm(t.add("output_layer.weight", -2, vocab / tp, h, ParameterInit::kNormal, Split::kRows, {vocab}));
+      t.gemm("output_layer.weight", -2, vocab / tp, h, ParameterInit::kNormal, Split::kRows, {vocab});
     else if (!stage.has_embedding)
-      gemm(t.add("embedding.word_embeddings.weight", -2, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
-                 {vocab}));
+      t.gemm("embedding.word_embeddings.weight", -2, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
+             {vocab});
     else
       out.front().gemm_weight = true;  // the tied head is the embedding table
   }

@@ -1,8 +1,10 @@
-// The parameter table of a dense GPT / Llama pipeline stage: every parameter's name, shape on one
-// tensor-parallel rank, tensor-parallel split (Megatron's TP plan: column-parallel QKV / fc1 and the
-// vocab-parallel embedding and LM head split their rows, row-parallel proj / fc2 their columns, the rest is
-// replicated), initialization and weight-decay class. One home for these facts: the executor's
-// ParameterLayout, its checkpoints and the step program's gradient-buffer sizes read it.
+// The parameter table of a GPT / Llama / Mixtral / DeepSeek-style pipeline stage: every parameter's name,
+// shape on one tensor-parallel rank, tensor-parallel split (Megatron's TP plan: column-parallel QKV / fc1 /
+// MLA up-projections / MTP eh_proj and the vocab-parallel embedding and LM head split their rows,
+// row-parallel proj / fc2 their columns, the rest (norms, MLA down-projections) is replicated; MoE layers: a
+// replicated router, this expert-parallel rank's experts, a shared expert split like the dense MLP),
+// initialization and weight-decay class. One home for these facts: the executor's ParameterLayout, its
+// checkpoints and the step program's gradient-buffer sizes read it.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,29 +23,51 @@ struct DenseParameterShape {
   bool layernorm = false, swiglu = false, learned_positions = false, tied = true, bias = false;
   int tp = 1;
   bool sequence_parallel = false;
+  // Mixture of experts: moe_layers[l] != 0 makes decoder layer l an MoE layer (empty: a dense model). Each
+  // MoE layer holds a router (num_experts, h), the experts of this expert-parallel rank (num_experts / ep
+  // of them, from ep_rank * num_experts / ep; fc1 and fc2 of moe_ffn, no biases) and, when shared_ffn > 0,
+  // a shared expert (an MLP of shared_ffn split over TP like the dense MLP, no biases).
+  std::vector<int> moe_layers;
+  std::int64_t num_experts = 0, moe_ffn = 0, shared_ffn = 0;
+  int ep = 1, ep_rank = 0;
+  bool is_moe_layer(int layer) const {
+    return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[layer] != 0;
+  }
+  // Multi-latent attention (--multi-latent-attention): q_lora_rank 0 is one query projection.
+  bool mla = false;
+  std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
 };
 
 // What a stage holds: decoder layers [first_layer, first_layer + num_layers) (global numbering; -1: all),
-// the embedding, the final norm + LM head + loss.
+// the embedding, the final norm + LM head + loss, and MTP layers [first_mtp_layer, first_mtp_layer +
+// num_mtp_layers) (each: enorm, hnorm, eh_proj, one transformer layer, its final norm).
 struct StageContents {
   int first_layer = 0;
   int num_layers = -1;
   bool has_embedding = true;
   bool has_loss = true;
+  int first_mtp_layer = 0;
+  int num_mtp_layers = 0;
 };
 
 struct ParameterSpec {
-  std::string name;                 // Megatron-like: "decoder.layers.3.mlp.linear_fc1.weight"
-  int layer = -1;                   // global decoder layer; -1 embedding, -2 final norm / output layer
+  std::string name;  // Megatron-like: "decoder.layers.3.mlp.linear_fc1.weight", "mtp.layers.0.eh_proj.weight"
+  // Global decoder layer; -1 embedding, -2 final norm / output layer, -3 - k MTP layer k (the step program's
+  // numbering).
+  int layer = -1;
   std::int64_t rows = 0, cols = 0;  // on one TP rank; 1-D parameters have rows == 1
   ParameterInit init = ParameterInit::kNormal;
   bool weight_decay = true;  // false for 1-D parameters
   TensorParallelSplit split = TensorParallelSplit::kReplicated;
   // The unsharded tensor concatenates parts along the split dimension, each split over TP on its own (QKV:
-  // [q | k | v]; SwiGLU fc1: [gate | up]); global sizes of the parts (one part: the whole dimension).
+  // [q | k | v]; SwiGLU fc1: [gate | up]; MLA q up-projection: [q_nope | q_pos_emb], kv up-projection:
+  // [k_nope | v]); global sizes of the parts (one part: the whole dimension). Inside a part the rows are
+  // head-major; the rotary rows of a head are in rotate-half order (Megatron's MLA RoPE de-interleaves the
+  // head's rotary features first: the same function of the weights up to this fixed row order).
   std::vector<std::int64_t> global_parts;
   bool sequence_parallel_grad = false;  // a norm under SP: its gradient is all-reduced over TP
   bool gemm_weight = false;             // read by a GEMM (linear layers, the LM head)
+  int expert = -1;  // a routed expert's weight: its global expert index (reduced over expert-dp)
   std::int64_t numel() const { return rows * cols; }
   std::int64_t global_rows() const;
   std::int64_t global_cols() const;
@@ -53,6 +77,9 @@ struct ParameterSpec {
 // "embedding.word_embeddings.weight".
 std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& shape,
                                                  const StageContents& stage);
+
+// "mtp.layers.<k>.<suffix>"; an MTP layer's transformer layer is "mtp.layers.<k>.transformer_layer.<...>".
+std::string mtp_parameter(int mtp_layer, const std::string& suffix);
 
 // Elements each parameter occupies in the flat parameter and gradient buffers (starts 64-element aligned).
 constexpr std::int64_t kParameterAlignElements = 64;

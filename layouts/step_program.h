@@ -64,6 +64,7 @@
 #include "layouts/model_spec.h"
 #include "layouts/op.h"
 #include "layouts/parallel_config.h"
+#include "layouts/parameter_table.h"
 #include "layouts/pipeline_layout.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
@@ -153,6 +154,8 @@ struct StageParameters {
   std::vector<std::int64_t> dense_buffer_per_layer_reverse;
 };
 StageParameters stage_parameters(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage);
+// The parameter table's shape (layouts/parameter_table.h) of the model on one TP rank of `shape`.
+DenseParameterShape parameter_table_shape(const ModelSpec& model, const StepShape& shape);
 
 // Gradient-reduction ops of one chunk (bucketed) and the index into StageParameters' reverse order after
 // which each becomes ready.

@@ -31,6 +31,7 @@ struct PlanCommandOptions {
   MegatronArgs args;
   std::string cluster = "1x8xH100";
   std::string db;
+  bool no_calibration = false;  // --no-calibration
   std::string output;
   int top_k = 10;
   long long threads = 0;
@@ -85,7 +86,7 @@ int run_plan(const PlanCommandOptions& o) {
   if (threads_capped)
     std::fprintf(stderr, "megatune plan: --threads %lld capped to %d\n", o.threads, threads);
 
-  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster);
+  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster, !o.no_calibration);
   planner::CostModelPricer pricer(*pricing.cost_model);
 
   planner::PlanRequest request;
@@ -208,6 +209,9 @@ const Registrar kPlanCommand{Command{
           ->group("Planner");
       sub.add_option("--db", o->db,
                      "Cost database (default: the default database if it exists, else the embedded catalog)")
+          ->group("Planner");
+      sub.add_flag("--no-calibration", o->no_calibration,
+                   "Price without the corrections fitted from traced runs (megatune db calibrate)")
           ->group("Planner");
       sub.add_option("--top-k", o->top_k, "Rows of the ranked table")
           ->capture_default_str()

@@ -310,6 +310,16 @@ const Registrar registrar({
       app.add_option("--init-method-std", a.options.init_method_std, "std of the normal initialization");
       app.add_option("--norm-epsilon", a.options.norm_epsilon, "LayerNorm / RMSNorm epsilon");
       app.add_option("--rotary-base", a.options.rotary_base, "RoPE theta (10000; Llama 3: 500000)");
+      app.add_option("--moe-router-score-function", a.options.moe_router_score_function,
+                     "MoE router scores: softmax | sigmoid");
+      app.add_flag("--moe-router-pre-softmax", a.options.moe_router_pre_softmax,
+                   "MoE: softmax over all experts before the top-k");
+      app.add_option("--moe-router-load-balancing-type", a.options.moe_router_load_balancing_type,
+                     "MoE load-balancing loss: aux_loss | seq_aux_loss | none");
+      app.add_option("--moe-aux-loss-coeff", a.options.moe_aux_loss_coeff,
+                     "MoE load-balancing loss coefficient (default 0)");
+      app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,
+                     "MoE expert capacity factor: tokens over capacity are dropped (default: dropless)");
       app.add_option("--train-iters", a.options.train_iters, "iterations to train (default 100)");
       app.add_option("--save", a.options.save, "checkpoint directory to save into");
       app.add_option("--load", a.options.load, "checkpoint directory to resume from (its latest iteration)");
@@ -324,6 +334,12 @@ const Registrar registrar({
                    "no loss on positions whose input is the EOD token");
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
+      app.add_option("--eval-interval", a.options.eval_interval,
+                     "validation loss every N iterations (default 1000), and once after training")
+          ->check(integer_at_least(1));
+      app.add_option("--eval-iters", a.options.eval_iters,
+                     "global batches per validation / test evaluation (default 0: none; Megatron's is 100)")
+          ->check(integer_at_least(0));
       app.add_option("--nproc", a.nproc,
                      "ranks on this host (must equal the layout's world size): threads with --device cpu, "
                      "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")

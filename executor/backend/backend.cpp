@@ -8,6 +8,7 @@
 #include <string>
 
 #include "layouts/context_parallel.h"
+#include "executor/kernels/reference_moe.h"
 
 namespace megatune::executor {
 
@@ -355,6 +356,61 @@ void Backend::vocab_parallel_cross_entropy(Tensor logits, Tensor targets, std::i
   reduce(stats.target_logit, false, "ce_target_ar");
   reduce(stats.sum_exp, false, "ce_sum_exp_ar");
   do_cross_entropy_finish(logits, targets, vocab_offset, stats, losses, grad_scale);
+}
+
+void Backend::moe_permute(Tensor x, const MoePermutation& plan, Tensor out, const OpTag& tag) {
+  begin_op(memory_op(OpKind::kRouter, out.dtype, 2 * out.numel() * element_bytes(out)), tag);
+  do_moe_permute(x, plan, out);
+  end_op();
+}
+
+void Backend::moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out,
+                            const OpTag& tag) {
+  begin_op(memory_op(OpKind::kRouter, out.dtype, (rows.numel() + out.numel()) * element_bytes(out)), tag);
+  do_moe_unpermute(rows, plan, weighted, out);
+  end_op();
+}
+
+void Backend::moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                                     std::vector<float>& d_probs, const OpTag& tag) {
+  begin_op(memory_op(OpKind::kRouter, d_out.dtype,
+                     (d_out.numel() + rows.numel() + d_rows.numel()) * element_bytes(d_out)),
+           tag);
+  do_moe_unpermute_backward(d_out, rows, plan, d_rows, d_probs);
+  end_op();
+}
+
+namespace {
+std::vector<float> host_copy(Backend& backend, Tensor t) {
+  std::vector<float> out(static_cast<std::size_t>(t.numel()));
+  backend.download(t, out.data());
+  return out;
+}
+}  // namespace
+
+void Backend::do_moe_permute(Tensor x, const MoePermutation& plan, Tensor out) {
+  const std::vector<float> input = host_copy(*this, x);
+  std::vector<float> result(static_cast<std::size_t>(out.numel()));
+  reference::moe_permute(input.data(), plan.row_token.data(), plan.rows(), x.cols, result.data());
+  upload(out, result.data());
+}
+
+void Backend::do_moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out) {
+  const std::vector<float> input = host_copy(*this, rows);
+  std::vector<float> result(static_cast<std::size_t>(out.numel()));
+  reference::moe_unpermute(input.data(), plan.token_rows.data(), weighted ? plan.token_probs.data() : nullptr,
+                           plan.tokens, plan.topk, out.cols, result.data());
+  upload(out, result.data());
+}
+
+void Backend::do_moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                                        std::vector<float>& d_probs) {
+  const std::vector<float> dy = host_copy(*this, d_out), input = host_copy(*this, rows);
+  std::vector<float> d_input(static_cast<std::size_t>(d_rows.numel()), 0.0f);
+  d_probs.assign(static_cast<std::size_t>(plan.tokens * plan.topk), 0.0f);
+  reference::moe_unpermute_backward(dy.data(), input.data(), plan.token_rows.data(), plan.token_probs.data(),
+                                    plan.tokens, plan.topk, d_out.cols, d_input.data(), d_probs.data());
+  upload(d_rows, d_input.data());
 }
 
 void Backend::add(Tensor a, Tensor b, Tensor out, const OpTag& tag) {

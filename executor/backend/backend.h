@@ -119,6 +119,18 @@ struct AttentionMergeArgs {
   Tensor block_lse;  // (batch * heads, queries) fp32
 };
 
+// Where an MoE layer's token copies go (host side: routing runs on the host, as Megatron brings the token
+// counts to the host): the expert-sorted rows r = 0..R-1 each copy token row_token[r]; token t's j-th
+// choice is row token_rows[t * topk + j] (-1: dropped) weighted by token_probs[t * topk + j].
+struct MoePermutation {
+  std::int64_t tokens = 0;
+  int topk = 0;
+  std::vector<std::int32_t> row_token;   // (R)
+  std::vector<std::int32_t> token_rows;  // (T, k)
+  std::vector<float> token_probs;        // (T, k)
+  std::int64_t rows() const { return static_cast<std::int64_t>(row_token.size()); }
+};
+
 // One parameter tensor as the multi-tensor optimizer sees it (views into the flat buffers).
 struct OptimizerTensor {
   Tensor main_param;   // fp32 (1, numel)
@@ -239,6 +251,15 @@ class Backend {
   void vocab_parallel_cross_entropy(Tensor logits, Tensor targets, std::int64_t vocab_offset, Tensor losses,
                                     float grad_scale, const CrossEntropyStats& stats,
                                     const StatsReduce& reduce, const OpTag& tag);
+  // MoE permutation: out (R, h) = the rows of x (T, h) in the expert-sorted order of `plan`.
+  void moe_permute(Tensor x, const MoePermutation& plan, Tensor out, const OpTag& tag);
+  // out (T, h) = for each token the sum over its choices of rows (R, h), weighted by the plan's
+  // probabilities when `weighted` (the combine), else 1 (the permutation's backward).
+  void moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out, const OpTag& tag);
+  // Backward of the weighted combine: d_rows (R, h) and, on the host, d_probs (T * k) = the gradient of
+  // each choice's probability.
+  void moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                              std::vector<float>& d_probs, const OpTag& tag);
   void add(Tensor a, Tensor b, Tensor out, const OpTag& tag);  // out = a + b (out may alias a)
   // For each of the sequences of dst (rows seq each; dst and src contiguous): its rows [first, first + n)
   // += src's n rows of that sequence, n = src.rows / sequences. One op.
@@ -331,6 +352,12 @@ class Backend {
                                                const CrossEntropyStats& stats) = 0;
   virtual void do_cross_entropy_finish(Tensor logits, Tensor targets, std::int64_t vocab_offset,
                                        const CrossEntropyStats& stats, Tensor losses, float grad_scale) = 0;
+  // The MoE permutation kernels. Default: the reference kernels over host copies (download, compute,
+  // upload), correct on any backend; a backend overrides them with device kernels.
+  virtual void do_moe_permute(Tensor x, const MoePermutation& plan, Tensor out);
+  virtual void do_moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out);
+  virtual void do_moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                                         std::vector<float>& d_probs);
   virtual void do_add(Tensor a, Tensor b, Tensor out) = 0;
   virtual void do_attention_merge(const AttentionMergeArgs& args) = 0;
   virtual void do_cast(Tensor src, Tensor dst) = 0;

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "executor/model/linear_gemm.h"
 #include "executor/parallel/context_parallel_split.h"
 #include "layouts/step_program.h"
 #include "layouts/user_error.h"
@@ -26,64 +27,6 @@ using layouts::OpPhase;
 constexpr OpPhase kF = OpPhase::kForward;
 constexpr OpPhase kB = OpPhase::kBackward;
 constexpr layouts::OpRole kTpRole = layouts::OpRole::kTensorParallel;
-
-// The three GEMMs of a linear layer with weight (out, in) over m tokens (layouts/step_program.h's shapes):
-// y = x . W^T (+ bias); dx = dy . W; dW (+)= dy^T . x into the fp32 grad buffer (+ the bias gradient).
-GemmArgs linear_forward_args(Tensor x, Tensor weight, Tensor y, Tensor bias, std::int64_t m) {
-  GemmArgs g;
-  g.a = x;
-  g.b = weight;
-  g.transpose_b = true;
-  g.c = y;
-  g.bias = bias;
-  g.m = m;
-  g.n = weight.rows;
-  g.k = weight.cols;
-  return g;
-}
-GemmArgs linear_data_grad_args(Tensor dy, Tensor weight, Tensor dx, std::int64_t m) {
-  GemmArgs g;
-  g.a = dy;
-  g.b = weight;
-  g.c = dx;
-  g.m = m;
-  g.n = weight.cols;
-  g.k = weight.rows;
-  return g;
-}
-GemmArgs linear_weight_grad_args(Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias,
-                                 std::int64_t tokens) {
-  GemmArgs g;
-  g.a = dy;
-  g.transpose_a = true;
-  g.b = x;
-  g.c = d_weight;
-  g.bias_grad = d_bias;
-  g.m = weight.rows;
-  g.n = weight.cols;
-  g.k = tokens;
-  g.accumulate = true;
-  return g;
-}
-
-Tensor rows_of(Tensor t, std::int64_t first_row, std::int64_t rows, std::int64_t storage_bytes) {
-  Tensor v = t;
-  v.data = static_cast<char*>(t.data) + first_row * t.row_stride * storage_bytes;
-  v.rows = rows;
-  return v;
-}
-
-// A (rows, cols) contiguous view `offset` elements into a flat buffer (null data stays null: sizing mode).
-Tensor carve(Tensor buffer, std::int64_t offset, std::int64_t rows, std::int64_t cols,
-             std::int64_t storage_bytes) {
-  if (offset + rows * cols > buffer.numel()) throw std::logic_error("carve: view exceeds its buffer");
-  Tensor v = buffer;
-  if (buffer.data != nullptr) v.data = static_cast<char*>(buffer.data) + offset * storage_bytes;
-  v.rows = rows;
-  v.cols = cols;
-  v.row_stride = cols;
-  return v;
-}
 
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -269,6 +212,11 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   }
   d_attn_ = carve(mlp_scratch_, 0, T, attn_w, storage);
   d_qkv_ = carve(mlp_scratch_, T * attn_w, T, qkv_w, storage);
+  int moe_count = 0;
+  for (const LayerParameters& p : layer_parameters_) moe_count += p.moe_local >= 0 ? 1 : 0;
+  if (moe_count > 0)
+    moe_ = std::make_unique<MoeLayers>(config_, T, batch_.seq, moe_count, batch_.activation_slots,
+                                       compute_dtype_, backend_);
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
   slot_of_microbatch_.assign(batch_.num_microbatches, -1);
   forward_done_.assign(batch_.num_microbatches, false);
@@ -336,6 +284,7 @@ void GPTModel::index_layer_parameters() {
     const auto it = by_name.find(layer_parameter(l, suffix));
     return it == by_name.end() ? nullptr : it->second;
   };
+  int moe_layers = 0;
   for (int i = 0; i < stage_.num_layers; ++i) {
     const int l = stage_.first_layer + i;
     LayerParameters p;
@@ -351,8 +300,46 @@ void GPTModel::index_layer_parameters() {
     p.fc1_b = find(l, "mlp.linear_fc1.bias");
     p.fc2_w = find(l, "mlp.linear_fc2.weight");
     p.fc2_b = find(l, "mlp.linear_fc2.bias");
+    if (config_.is_moe_layer(l)) {
+      p.moe_local = moe_layers++;
+      p.router = find(l, "mlp.router.weight");
+      p.shared_fc1 = find(l, "mlp.shared_experts.linear_fc1.weight");
+      p.shared_fc2 = find(l, "mlp.shared_experts.linear_fc2.weight");
+      const std::int64_t local = config_.local_experts(), first = config_.expert_parallel_rank * local;
+      for (std::int64_t e = first; e < first + local; ++e) {
+        const std::string prefix = "mlp.experts.local_experts." + std::to_string(e) + ".";
+        p.expert_fc1.push_back(find(l, (prefix + "linear_fc1.weight").c_str()));
+        p.expert_fc2.push_back(find(l, (prefix + "linear_fc2.weight").c_str()));
+      }
+    }
     layer_parameters_.push_back(p);
   }
+}
+
+MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
+  const LayerParameters& p = layer_parameters_.at(l - stage_.first_layer);
+  auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
+  MoeLayerWeights w;
+  w.router = get(p.router);
+  for (const ParameterEntry* e : p.expert_fc1) w.fc1.push_back(get(e));
+  for (const ParameterEntry* e : p.expert_fc2) w.fc2.push_back(get(e));
+  w.shared_fc1 = get(p.shared_fc1);
+  w.shared_fc2 = get(p.shared_fc2);
+  return w;
+}
+
+void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, bool accumulate) {
+  // The MoE block reads its input (the pre-MLP norm output) again: recomputed unless a full-recompute
+  // re-run of the layer has just written it.
+  const LayerWeights w = layer_weights(model_params_, l);
+  if (recompute_ != RecomputeGranularity::kFull)
+    backend_.norm_forward(
+        with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
+        {"pre_mlp_norm", l, OpPhase::kRecompute});
+  const float aux_loss_scale =
+      static_cast<float>(1.0 / (batch_.num_microbatches * batch_.gradient_average_ranks));
+  moe_->backward(moe_weights(model_params_, l), moe_weights(grads_, l), a.ln2, d_out, d_hidden_, moe_slot_,
+                 layer_parameters_.at(l - stage_.first_layer).moe_local, l, accumulate, aux_loss_scale);
 }
 
 GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
@@ -434,6 +421,7 @@ void GPTModel::zero_gradients() {
   for (const Tensor& t : zeroed_grads_) backend_.fill_zero(t);
   layer_grads_written_.assign(stage_.num_layers, false);
   head_grad_written_ = false;
+  if (moe_) moe_->reset_logged_load_balancing_loss();
 }
 
 Tensor GPTModel::reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label,
@@ -567,6 +555,12 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
       norm_args(proj, input, a.mid, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
       {"pre_mlp_norm", l, phase});
   gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, phase);
+  const int moe_local = layer_parameters_.at(l - stage_.first_layer).moe_local;
+  if (moe_local >= 0) {
+    moe_->forward(moe_weights(model_params_, l), a.ln2, fc2_out_, moe_slot_, moe_local, l, phase);
+    backend_.add(a.mid, fc2_out_, output, {"residual2", l, phase});
+    return;
+  }
   if (config_.activation == ActivationKind::kGelu) {
     // fc1 with bias and GELU fused in the GEMM's epilogue; a.fc1 keeps the pre-activation for the backward.
     backend_.linear_gelu_forward(linear_forward_args(a.ln2, w.fc1_w, a.fc1, w.fc1_b, T), a.act,
@@ -606,17 +600,21 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   // gradient (in place over the saved fc1 output, which nothing reads afterwards) and recomputes the
   // activation output (in place over the data gradient) for fc2's weight gradient.
   const Tensor d_out = gather_to_full(d_res_, full_scratch_, "fc2_grad_ag", l, kB);
-  dgrad(d_out, w.fc2_w, a.act, "fc2_dgrad");
-  backend_.activation_backward_recompute(config_.activation, a.fc1, a.act, a.fc1, a.act, {"act", l, kB});
-  wgrad(d_out, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
-  const Tensor d_fc1 = a.fc1;
-  if (recompute_shared)
-    backend_.norm_forward(
-        with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
-        {"pre_mlp_norm", l, kR});
-  gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, kB);
-  dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
-  wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
+  if (config_.is_moe_layer(l)) {
+    moe_mlp_backward(l, a, d_out, accumulate);
+  } else {
+    dgrad(d_out, w.fc2_w, a.act, "fc2_dgrad");
+    backend_.activation_backward_recompute(config_.activation, a.fc1, a.act, a.fc1, a.act, {"act", l, kB});
+    wgrad(d_out, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
+    const Tensor d_fc1 = a.fc1;
+    if (recompute_shared)
+      backend_.norm_forward(
+          with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
+          {"pre_mlp_norm", l, kR});
+    gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, kB);
+    dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
+    wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
+  }
   const Tensor d_ln2 = reduce_from_full(d_hidden_, d_hidden_shard_, "fc1_dgrad_ar", "fc1_dgrad_rs", l, kB);
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
                          d_ln2, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
@@ -675,6 +673,7 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
                         static_cast<std::int64_t>(mb.loss_mask.size()) != T)))
     throw std::invalid_argument("micro-batch size does not match micro_batch * seq");
   const int slot = slot_of(index);
+  moe_slot_ = slot;
   if (stage_.has_embedding) embedding_forward(mb, slot);
   Slot& s = slots_[slot];
   for (int i = 0; i < stage_.num_layers; ++i)
@@ -682,9 +681,11 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
   if (stage_.has_loss) loss_forward(mb, index, slot, with_gradients);
   if (with_gradients)
     forward_done_[index] = true;
-  else
-    slot_of_microbatch_[index] = -1;
+  else if (stage_.has_loss)
+    slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
 }
+
+void GPTModel::forward_only(const MicroBatch& mb, int index) { run_forward(mb, index, false); }
 
 void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with_gradients) {
   const std::int64_t T = batch_.tokens();
@@ -782,6 +783,7 @@ void GPTModel::backward(int index, int begin, int end) {
   if (begin < 0 || begin > end || end > count)
     throw std::out_of_range("backward: entry range outside the stage");
   const int slot = slot_of(index);
+  moe_slot_ = slot;
   Slot& s = slots_[slot];
   const int loss_entries = stage_.has_loss ? 1 : 0;
   if (begin == 0 && !stage_.has_loss) backend_.copy(s.output_grad, d_res_);

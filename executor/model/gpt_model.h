@@ -9,6 +9,7 @@
 
 #include "executor/backend/backend.h"
 #include "executor/data/data_loader.h"
+#include "executor/model/moe_layer.h"
 #include "executor/model/parameter_layout.h"
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/communicator.h"
@@ -89,6 +90,11 @@ class GPTModel {
   int local_layers() const { return stage_.num_layers; }
   // Forward only (evaluation): mean loss over the counted tokens of `batch`.
   double evaluate(const MicroBatch& batch);
+  // Forward only of micro-batch `index` inside a pipeline (evaluation): no gradient work. The loss stage
+  // frees the slot at once; other stages keep it (stage_output(index)) until release(index), after the send.
+  void forward_only(const MicroBatch& batch, int index);
+  // Tokens of micro-batch `index` counted in its loss (loss stage; set by its forward).
+  double counted_tokens(int index) const { return counted_tokens_.at(index); }
   // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
   std::vector<double> microbatch_losses();
   // Tokens each micro-batch of the iteration counted in its loss (the loss stage, after the forwards).
@@ -106,6 +112,11 @@ class GPTModel {
   Tensor view(Tensor buffer, const ParameterEntry& entry) const;
   // The LM head's weight: the word embedding when tied, else output_layer.weight (loss stage only).
   const ParameterEntry& head_entry() const;
+  // MoE: the sum over this stage's MoE layers and the iteration's forwards (since zero_gradients()) of the
+  // load-balancing loss / its coefficient, each micro-batch weighted 1 / micro-batches (Megatron's logged
+  // value before its mean over the MoE layers); 0 for a dense model.
+  double moe_load_balancing_loss() const { return moe_ ? moe_->logged_load_balancing_loss() : 0.0; }
+  const MoeLayers* moe_layers() const { return moe_.get(); }
   // Norm parameters whose gradients are all-reduced over TP after the schedule (sequence parallelism).
   std::vector<const ParameterEntry*> sequence_parallel_grad_entries() const;
 
@@ -120,7 +131,13 @@ class GPTModel {
     const ParameterEntry *norm1_w = nullptr, *norm1_b = nullptr, *qkv_w = nullptr, *qkv_b = nullptr,
                          *proj_w = nullptr, *proj_b = nullptr, *norm2_w = nullptr, *norm2_b = nullptr,
                          *fc1_w = nullptr, *fc1_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr;
+    // MoE layers: the router, this rank's experts, the shared expert; moe_local: index among the stage's
+    // MoE layers (-1: a dense layer).
+    const ParameterEntry *router = nullptr, *shared_fc1 = nullptr, *shared_fc2 = nullptr;
+    std::vector<const ParameterEntry*> expert_fc1, expert_fc2;
+    int moe_local = -1;
   };
+  MoeLayerWeights moe_weights(Tensor buffer, int layer) const;
   void index_layer_parameters();
   // What one layer's backward reads. "saved" tensors are per layer (one shared set under full
   // recomputation); the norm outputs and the activation output are views of buffers shared by all layers:
@@ -151,6 +168,8 @@ class GPTModel {
   LayerActivations allocate_layer_activations(bool with_attention);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
   void layer_backward(int layer, LayerActivations& acts, Tensor input);
+  // An MoE layer's MLP backward: d_hidden_ = the gradient of the pre-MLP norm output from d_out.
+  void moe_mlp_backward(int layer, LayerActivations& acts, Tensor d_out, bool accumulate);
   LayerActivations& activations_for(int slot, int local_layer);
   int slot_of(int index);  // acquires a slot on first use
   // Tensor-parallel regions (megatron.md §4); no-ops at TP size 1. reduce_from_full: the sum over TP of a
@@ -226,6 +245,8 @@ class GPTModel {
   Tensor d_res_, d_mid_, d_hidden_, d_attn_, d_qkv_;
   Tensor d_hidden_shard_;               // (rows, h) the reduced input gradient (aliases d_hidden_ without SP)
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
+  std::unique_ptr<MoeLayers> moe_;      // the stage's MoE layers (null for a dense stage)
+  int moe_slot_ = 0;                    // the activation slot of the micro-batch being run
 };
 
 }  // namespace megatune::executor

@@ -27,6 +27,12 @@ layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& c) {
   s.bias = c.bias;
   s.tp = c.tensor_parallel_size;
   s.sequence_parallel = c.sequence_parallel;
+  s.moe_layers = c.moe_layers;
+  s.num_experts = c.num_experts;
+  s.moe_ffn = c.moe_ffn_hidden;
+  s.shared_ffn = c.shared_expert_ffn;
+  s.ep = c.expert_parallel_size;
+  s.ep_rank = c.expert_parallel_rank;
   return s;
 }
 

@@ -27,6 +27,15 @@ void TransformerConfig::validate() const {
   require(position != PositionEmbedding::kRope || head_dim % 2 == 0,
           "RoPE needs an even head dimension (--kv-channels)");
   require(max_seq >= 1, "--seq-length must be >= 1");
+  if (!is_moe()) return;
+  require(moe_ffn_hidden >= 1, "--moe-ffn-hidden-size must be >= 1");
+  require(static_cast<int>(moe_layers.size()) == num_layers,
+          "--moe-layer-freq must give one entry per layer (" + std::to_string(num_layers) + ")");
+  require(expert_parallel_size >= 1 && num_experts % expert_parallel_size == 0,
+          "--expert-model-parallel-size must divide --num-experts (" + std::to_string(num_experts) + ")");
+  require(shared_expert_ffn % tensor_parallel_size == 0,
+          "--tensor-model-parallel-size must divide --moe-shared-expert-intermediate-size");
+  router.validate(num_experts);
 }
 
 std::string TransformerConfig::describe() const {
@@ -36,6 +45,9 @@ std::string TransformerConfig::describe() const {
       << (activation == ActivationKind::kSwiglu ? " SwiGLU" : " GELU")
       << (position == PositionEmbedding::kRope ? " RoPE" : " learned-pos")
       << (tied_embeddings ? " tied" : " untied") << (bias ? " bias" : " no-bias");
+  if (is_moe())
+    out << " MoE " << num_experts << " experts top-" << router.topk << " ffn " << moe_ffn_hidden
+        << (shared_expert_ffn > 0 ? " shared " + std::to_string(shared_expert_ffn) : "");
   return out.str();
 }
 
@@ -45,8 +57,12 @@ namespace megatune::executor {
 
 TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp, float rope_theta,
                                           float norm_eps, float init_std) {
-  if (spec.is_moe())
-    throw UserError("--num-experts: the executor does not run MoE models yet; drop --num-experts");
+  if (spec.is_moe() && tp > 1)
+    throw UserError("--num-experts with --tensor-model-parallel-size " + std::to_string(tp) +
+                    ": the executor runs MoE models at tensor-parallel size 1 only; use "
+                    "--tensor-model-parallel-size 1");
+  if (spec.is_moe() && spec.add_bias_linear)
+    throw UserError("--num-experts: the executor's experts have no biases; add --disable-bias-linear");
   if (spec.multi_latent_attention)
     throw UserError("--multi-latent-attention: the executor does not run MLA yet; use standard attention");
   if (spec.mtp_num_layers > 0)
@@ -71,6 +87,14 @@ TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp
   c.norm_eps = norm_eps;
   c.init_std = init_std;
   c.tensor_parallel_size = tp;
+  if (spec.is_moe()) {
+    c.num_experts = spec.num_experts;
+    c.moe_ffn_hidden = spec.moe_ffn_size();
+    c.shared_expert_ffn = spec.moe_shared_expert_intermediate_size;
+    c.router.num_experts = spec.num_experts;
+    c.router.topk = spec.moe_router_topk;
+    for (int l = 0; l < spec.num_layers; ++l) c.moe_layers.push_back(spec.is_moe_layer(l) ? 1 : 0);
+  }
   c.validate();
   return c;
 }

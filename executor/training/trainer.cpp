@@ -9,6 +9,7 @@
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/parallel/context_parallel_split.h"
+#include "executor/training/recording_pause.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -43,24 +44,6 @@ BatchShape chunk_batch(const TrainerConfig& config, int slots) {
   batch.compute_copy_of_every_parameter = config.use_distributed_optimizer;
   return batch;
 }
-
-// Recording and op timing off for bookkeeping collectives the step program does not hold (the logged loss).
-class RecordingPause {
- public:
-  explicit RecordingPause(Backend& backend)
-      : backend_(backend), was_(backend.recorder().enabled()), timing_(backend.op_timing()) {
-    backend_.recorder().set_enabled(false);
-    backend_.set_op_timing(false);
-  }
-  ~RecordingPause() {
-    backend_.recorder().set_enabled(was_);
-    backend_.set_op_timing(timing_);
-  }
-
- private:
-  Backend& backend_;
-  bool was_, timing_;
-};
 
 }  // namespace
 
@@ -179,6 +162,12 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
         "context-parallel size (" +
         std::to_string(config_.gradient_reduction_size()) + ") must divide 64; use powers of two");
   items_ = config_.step ? config_.step->items : items_from_schedule(schedule_, chunks);
+  if (config_.forward_step) {
+    forward_items_ = config_.forward_step->items;
+  } else {
+    for (const layouts::StepItem& item : items_)
+      if (item.kind == layouts::StepItemKind::kForward) forward_items_.push_back(item);
+  }
   slots_per_chunk_ = activation_slots_per_chunk(schedule_, chunks);
   backend_.begin_sizing();
   build(true);
@@ -299,7 +288,7 @@ void Trainer::build_optimizer() {
   backend_.prepare_optimizer(std::move(tensors));
 }
 
-void Trainer::run_p2p(const layouts::StepItem& item) {
+void Trainer::run_p2p(const layouts::StepItem& item, bool evaluation) {
   std::vector<P2pTransferArgs> transfers;
   for (const layouts::StepTransfer& t : item.transfers) {
     GPTModel& model = *chunks_.at(t.chunk);
@@ -319,9 +308,11 @@ void Trainer::run_p2p(const layouts::StepItem& item) {
     transfers.push_back(a);
   }
   communicator_.batch_p2p(CommGroup::kPipeline, transfers);
-  // A sent input gradient ends its micro-batch's use of the chunk's activation slot.
+  // A sent input gradient ends its micro-batch's use of the chunk's activation slot; in an evaluation pass
+  // a sent activation does.
+  const P2pTensor last_use = evaluation ? P2pTensor::kActivation : P2pTensor::kGradient;
   for (const layouts::StepTransfer& t : item.transfers)
-    if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient)
+    if (t.direction == P2pDirection::kSend && t.tensor == last_use)
       chunks_.at(t.chunk)->release(t.microbatch);
 }
 
@@ -507,6 +498,20 @@ std::vector<double> Trainer::context_parallel_losses(GPTModel& chunk) {
   return losses;
 }
 
+double Trainer::reported_load_balancing_loss() {
+  const TransformerConfig& model = config_.model;
+  if (!model.is_moe() || !model.router.has_aux_loss()) return -1.0;
+  double sum = 0.0;
+  for (auto& chunk : chunks_) sum += chunk->moe_load_balancing_loss();
+  sum /= static_cast<double>(config_.batch.num_microbatches);
+  int moe_layers = 0;
+  for (int flag : model.moe_layers) moe_layers += flag != 0 ? 1 : 0;
+  if (communicator_.world_size() > 1)
+    sum = world_sum(communicator_.rank(CommGroup::kTensor) == 0 ? sum : 0.0) /
+          static_cast<double>(config_.gradient_reduction_size());
+  return sum / static_cast<double>(moe_layers);
+}
+
 double Trainer::world_sum(double value) {
   if (communicator_.world_size() == 1) return value;
   const float values[2] = {static_cast<float>(value), 0.0f};
@@ -542,6 +547,7 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   StepResult result = pending_result_;
   if (result.skipped) ++skipped_iterations_;
   result.loss = reported_loss();
+  result.load_balancing_loss = reported_load_balancing_loss();
   ++iteration_;
   consumed_samples_ += config_.global_batch_size();
   backend_.synchronize();

@@ -56,6 +56,9 @@ struct TrainerConfig {
   // The rank's walk of the iteration (layouts::walk_rank_step): the items the trainer interprets. Absent:
   // the schedule's forwards, backwards and p2p, then the grad norm and AdamW (a single rank).
   std::optional<layouts::RankStep> step;
+  // The rank's forward-only walk (layouts::walk_rank_forward) that evaluation interprets. Absent: the
+  // forwards of `step`'s items (a single rank).
+  std::optional<layouts::RankStep> forward_step;
   std::int64_t global_batch_size() const {
     return batch.micro_batch * batch.num_microbatches * data_parallel_size;
   }
@@ -67,6 +70,15 @@ struct StepResult {
   double learning_rate = 0.0;  // the rate this iteration's update used
   bool skipped = false;        // non-finite gradients: no update
   double elapsed_s = 0.0;      // wall time of the iteration (backend synchronized)
+  // MoE with a load-balancing loss: Megatron's logged load_balancing_loss (the loss / its coefficient,
+  // mean over micro-batches, MoE layers and data-parallel ranks); -1 otherwise.
+  double load_balancing_loss = -1.0;
+};
+
+// One evaluation iteration's loss over every data-parallel rank: summed token losses and counted tokens.
+struct EvaluationResult {
+  double loss_sum = 0.0;
+  double tokens = 0.0;
 };
 
 class Trainer {
@@ -84,6 +96,11 @@ class Trainer {
   // rank's share of the global batch). Every rank of the job calls it; the loss is the iteration's mean over
   // the data-parallel ranks, reported on every rank.
   StepResult train_step(const std::vector<MicroBatch>& microbatches);
+
+  // Forward only over `microbatches` (this data-parallel rank's share of one global batch; evaluation, no
+  // gradient, no update), interpreting the forward-only walk. Every rank of the job calls it; the result,
+  // summed over the data-parallel ranks, is reported on every rank.
+  EvaluationResult evaluate(const std::vector<MicroBatch>& microbatches);
 
   // Checkpointed state: tensors "model.<param>", "optimizer.exp_avg.<param>", "optimizer.exp_avg_sq.<param>"
   // (fp32), and metadata iteration, consumed_samples, skipped_iterations, model_config.
@@ -114,16 +131,18 @@ class Trainer {
   void upload_moments(std::size_t chunk, const std::vector<float>& exp_avg,
                       const std::vector<float>& exp_avg_sq);
   void run_items(const std::vector<MicroBatch>& microbatches);
-  void run_p2p(const layouts::StepItem& item);
+  void run_p2p(const layouts::StepItem& item, bool evaluation = false);
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
   void reduce_tied_embedding();
   void reduce_sequence_parallel_norms();
   void gather_params(int chunk, int bucket);
   double reported_loss();
   std::vector<double> context_parallel_losses(GPTModel& chunk);
+  double reported_load_balancing_loss();
   TrainerConfig config_;
   layouts::RankSchedule schedule_;
   std::vector<layouts::StepItem> items_;
+  std::vector<layouts::StepItem> forward_items_;  // the evaluation pass
   Backend& backend_;
   Communicator& communicator_;
   LearningRateSchedule schedule_lr_;

@@ -183,8 +183,17 @@ TEST(JsonLine, ParsesAndRejects) {
   EXPECT_THROW(line.string_field("a"), JsonLineError);
   EXPECT_THROW(line.string_field("missing"), JsonLineError);
   EXPECT_THROW(JsonLine(R"({"a": [1.5]})").integer_array_field("a"), JsonLineError);
-  for (const char* bad : {"", "[1]", "{", "{\"a\" 1}", "{\"a\": 1,}", "{\"a\": tru}", "{\"a\": \"\\x\"}",
-                          "{\"a\": 1} x", "{\"a\": \"\\ud800\"}", "{\"a\": 01}", "{\"a\": -}"}) {
+  EXPECT_THROW(JsonLine(R"({"a": [18446744073709551615]})").integer_array_field("a"), JsonLineError);
+  try {
+    JsonLine(R"({"a": 1, "b" 2})");
+    FAIL();
+  } catch (const JsonLineError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected ':' at column 14"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
+  }
+  for (const char* bad :
+       {"", "[1]", "{", "{\"a\" 1}", "{\"a\": 1,}", "{\"a\": tru}", "{\"a\": \"\\x\"}", "{\"a\": 1} x",
+        "{\"a\": \"\\ud800\"}", "{\"a\": 01}", "{\"a\": -}", "{\"a\": 1e999}"}) {
     EXPECT_THROW(JsonLine{bad}, JsonLineError) << bad;
   }
 }

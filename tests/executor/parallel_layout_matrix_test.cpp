@@ -81,8 +81,10 @@ Trained train(const layouts::ModelSpec& model, const Layout& l) {
   std::ostringstream log;
   Trained out;
   std::mutex mutex;
+  TrainOptions o = options();
+  if (model.is_moe()) o.moe_aux_loss_coeff = 1e-2;
   const std::vector<IterationRecord> records =
-      train_on_threads(model, config, options(), log, [&](int rank, TrainingRun& run) {
+      train_on_threads(model, config, o, log, [&](int rank, TrainingRun& run) {
         Trainer& trainer = run.trainer();
         const int tp_rank = layouts::RankGrid::from_config(config).dense_coordinates(rank).tp;
         std::lock_guard<std::mutex> lock(mutex);
@@ -103,7 +105,9 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
   SCOPED_TRACE(l.name);
   static std::map<std::string, Trained> reference_cache;
   const std::string key = model.normalization == layouts::Normalization::kLayerNorm ? "gpt" : "llama";
-  const std::string ref_key = key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied");
+  const std::string ref_key =
+      key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied") +
+      (model.is_moe() ? "-moe" + std::to_string(model.moe_shared_expert_intermediate_size) : "");
   if (!reference_cache.count(ref_key)) reference_cache[ref_key] = train(model, Layout{"single"});
   const Trained& single = reference_cache[ref_key];
   const Trained parallel = train(model, l);
@@ -169,6 +173,34 @@ INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return name + (std::get<1>(info.param) ? "_gpt" : "_llama") +
                                   (std::get<2>(info.param) ? "_tied" : "_untied");
+                         });
+
+// MoE (4 experts, top-2, softmax, aux loss; expert-parallel size 1): the expert weights are ordinary
+// data-parallel parameters there, so every layout's curve is the single rank's.
+const std::vector<Layout>& moe_matrix() {
+  static const std::vector<Layout> layouts = {
+      {"pp2 1f1b", 1, 2},
+      {"pp2 custom", 1, 2, 1, 0, false, false, false, "Ett|ttL"},
+  };
+  return layouts;
+}
+
+class MoeLayoutMatrix : public ::testing::TestWithParam<int> {};
+
+TEST_P(MoeLayoutMatrix, ReproducesTheSingleRankRun) {
+  layouts::ModelSpec model = llama_tiny(false);
+  model.num_experts = 4;
+  model.moe_router_topk = 2;
+  model.moe_ffn_hidden_size = 64;
+  expect_matches_single_rank(model, moe_matrix().at(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, MoeLayoutMatrix, ::testing::Range(0, static_cast<int>(moe_matrix().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           std::string name = moe_matrix().at(info.param).name;
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
                          });
 
 }  // namespace

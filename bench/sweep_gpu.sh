@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Predicted vs measured on one GPU over a sweep of layouts (the simulator-accuracy targets):
+# gpt-1.3b (seq 2048, global batch 32) at micro-batch 1/2/4/8 x recompute none/selective/full, llama3-1b at
+# seq 4096 and llama3-3b at seq 4096.
+#   bash bench/sweep_gpu.sh predict MEGATUNE OUT.tsv   -> each layout's predicted step time and memory (no GPU)
+#   bash bench/sweep_gpu.sh measure MEGATUNE OUT_DIR   -> on the GPU: each layout trained with --trace-dir
+#                                                         into OUT_DIR/<name>/ (log in OUT_DIR/<name>.log)
+# Then, anywhere: megatune compare --run OUT_DIR/<name> ... (one --run per layout) for the errors and tau.
+set -uo pipefail
+mode=${1:?predict|measure}; B=${2:?megatune binary}; out=${3:?output}
+layouts=()
+for mbs in 1 2 4 8; do
+  for rc in none selective full; do
+    flags="--model gpt-1.3b --seq-length 2048 --gbs 32 --mbs $mbs"
+    [ "$rc" = selective ] && flags+=" --recompute-granularity selective"
+    [ "$rc" = full ] && flags+=" --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+    layouts+=("gpt-1.3b_mbs${mbs}_${rc}|$flags")
+  done
+done
+layouts+=("llama3-1b_seq4096_mbs2|--model llama3-1b --seq-length 4096 --gbs 32 --mbs 2")
+layouts+=("llama3-3b_seq4096_mbs1|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 1")
+layouts+=("llama3-3b_seq4096_mbs2_selective|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 2 --recompute-granularity selective")
+
+case "$mode" in
+  predict)
+    printf 'layout\tpredicted_step_s\tpredicted_mfu_pct\tpredicted_memory_gib\n' > "$out"
+    for entry in "${layouts[@]}"; do
+      name=${entry%%|*}; flags=${entry#*|}
+      # shellcheck disable=SC2086
+      report=$("$B" simulate $flags --cluster 1x1xH200) || exit 1
+      step=$(awk '/^  step time/ {print $3}' <<< "$report")
+      mfu=$(awk '/^  MFU/ {print $2}' <<< "$report")
+      mem=$(awk '/^  total/ {print $2}' <<< "$report")
+      printf '%s\t%s\t%s\t%s\n' "$name" "$step" "$mfu" "$mem" >> "$out"
+    done
+    column -t "$out"
+    ;;
+  measure)
+    export NCCL_NVLS_ENABLE=0
+    mkdir -p "$out"
+    nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$out/gpu.txt"
+    for entry in "${layouts[@]}"; do
+      name=${entry%%|*}; flags=${entry#*|}
+      # shellcheck disable=SC2086
+      "$B" train $flags --mock-data --train-iters 6 --lr 1e-4 --log-interval 1 \
+        --trace-dir "$out/$name" --trace-iterations 3:3 > "$out/$name.log" 2>&1
+      echo "$name rc=$? $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$out/$name.log" | tail -1)"
+    done
+    ;;
+  *) echo "usage: $0 predict|measure MEGATUNE OUT" >&2; exit 2 ;;
+esac
