@@ -74,16 +74,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
                     ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
   rows_ = sp() ? T / tp_size_ : T;
   require_attention_support();
-  if (cp_size_ > 1 && stage_.num_layers > 0) {
-    RingAttentionShape ring;
-    ring.batch = batch_.micro_batch;
-    ring.local_seq = batch_.seq;
-    ring.heads = config_.heads_per_rank();
-    ring.kv_heads = config_.kv_heads_per_rank();
-    ring.head_dim = config_.head_dim;
-    ring.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-    ring_ = std::make_unique<RingAttention>(ring, compute_dtype_, backend_, communicator_);
-  }
+  if (cp_size_ > 1 && stage_.num_layers > 0)
+    ring_ = std::make_unique<RingAttention>(ring_shape(), compute_dtype_, backend_, communicator_);
   index_layer_parameters();
   if (batch_.activation_slots < 1) throw std::invalid_argument("GPTModel: activation_slots must be >= 1");
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
@@ -501,12 +493,29 @@ AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
 
 void GPTModel::require_attention_support() const {
   if (stage_.num_layers == 0) return;
-  const std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
+  std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
+  for (const layouts::RingBlock block :
+       {layouts::RingBlock::kFirstHalfKeys, layouts::RingBlock::kSecondHalfQueries})
+    if (gap.empty() && cp_size_ > 1) {
+      gap = backend_.attention_unsupported(ring_kernel_shape(ring_shape(), block));
+      if (!gap.empty()) gap = "context parallelism's ring: " + gap;
+    }
   if (!gap.empty())
     throw UserError(
         "the " + backend_.name() + " backend cannot run this model's attention (--kv-channels " +
         std::to_string(config_.head_dim) + "): " + gap +
         "; pick --kv-channels (or --hidden-size / --num-attention-heads) accordingly, or --device cpu");
+}
+
+RingAttentionShape GPTModel::ring_shape() const {
+  RingAttentionShape ring;
+  ring.batch = batch_.micro_batch;
+  ring.local_seq = batch_.seq;
+  ring.heads = config_.heads_per_rank();
+  ring.kv_heads = config_.kv_heads_per_rank();
+  ring.head_dim = config_.head_dim;
+  ring.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  return ring;
 }
 
 void GPTModel::core_attention_forward(LayerActivations& a, int layer, OpPhase phase) {

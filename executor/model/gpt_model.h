@@ -185,6 +185,7 @@ class GPTModel {
   // Core attention (attn, lse from qkv; d_qkv_ from d_attn_): one kernel, or the context-parallel ring.
   void core_attention_forward(LayerActivations& acts, int layer, layouts::OpPhase phase);
   void core_attention_backward(LayerActivations& acts, int layer);
+  RingAttentionShape ring_shape() const;
   // UserError when the backend's attention kernels cannot run this model's attention shape.
   void require_attention_support() const;
 

@@ -26,6 +26,23 @@ Tensor flat_view(Tensor flat, std::int64_t rows, std::int64_t cols) {
 
 }  // namespace
 
+AttentionShape ring_kernel_shape(const RingAttentionShape& shape, RingBlock block) {
+  const RingBlockSpan span = layouts::ring_block_span(block, shape.local_seq);
+  AttentionShape s;
+  s.batch = block == RingBlock::kDiagonal ? shape.batch : 1;
+  s.seq_q = span.queries;
+  s.seq_kv = span.keys;
+  s.num_heads = shape.heads;
+  s.num_kv_heads = shape.kv_heads;
+  s.head_dim = shape.head_dim;
+  s.causal = span.causal;
+  s.softmax_scale = shape.softmax_scale;
+  s.q_token_stride = shape.q_width() + shape.kv_width();  // the packed qkv
+  s.k_token_stride = s.v_token_stride = shape.kv_width();
+  s.o_token_stride = s.dq_token_stride = shape.q_width();
+  return s;
+}
+
 RingAttention::RingAttention(const RingAttentionShape& shape, DType dtype, Backend& backend,
                              Communicator& communicator)
     : shape_(shape), backend_(backend), communicator_(communicator) {

@@ -25,6 +25,10 @@ struct RingAttentionShape {
   std::int64_t kv_width() const { return 2 * kv_heads * head_dim; }  // [k | v] per token
 };
 
+// The kernels' view of the ring's attention calls for `block` (sizes and token strides, the backward's dQ,
+// dK,dV into the ring's scratch): what a backend must run (Backend::attention_unsupported).
+AttentionShape ring_kernel_shape(const RingAttentionShape& shape, layouts::RingBlock block);
+
 class RingAttention {
  public:
   // Allocates the ring's scratch from the backend's arena (in sizing mode, only
