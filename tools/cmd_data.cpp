@@ -28,9 +28,7 @@ using namespace megatune::executor::data;
 
 struct PreprocessArgs {
   PreprocessConfig config;
-  std::string tokenizer_type = "byte";
   std::string text_document = "paragraph";
-  int workers = 1;
 };
 
 struct SampleArgs {
@@ -48,7 +46,6 @@ struct SampleArgs {
 };
 
 int run_preprocess(PreprocessArgs& args) {
-  args.config.tokenizer_type = args.tokenizer_type == "ids" ? TokenizerType::ids : TokenizerType::byte;
   args.config.text_document_mode = args.text_document == "line"   ? TextDocumentMode::line
                                    : args.text_document == "file" ? TextDocumentMode::file
                                                                   : TextDocumentMode::paragraph;
@@ -60,7 +57,7 @@ int run_preprocess(PreprocessArgs& args) {
   require_regular_file(args.config.input_path, "--input");  // refused in one line, before the header line
   std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
                args.config.input_path.c_str(), args.config.output_prefix.c_str(), keys.c_str(),
-               args.tokenizer_type.c_str());
+               args.config.tokenizer.type.c_str());
   // Input bytes read: redrawn on a terminal, one line per 10% when stderr is a file or a pipe.
   ProgressBar bar(std::cerr, "preprocess", 0, ::isatty(::fileno(stderr)) != 0, ProgressBar::Units::kBytes);
   const auto result = preprocess_data(args.config, [&](const PreprocessProgress& progress) {
@@ -166,12 +163,30 @@ const Registrar registrar{Command{
       preprocess->add_option("--output-prefix", c.output_prefix, "output path prefix")->required();
       preprocess->add_option("--json-keys", c.json_keys, "JSON keys to extract (one output each)")
           ->default_val(std::vector<std::string>{"text"});
+      auto& t = c.tokenizer;
       preprocess
-          ->add_option("--tokenizer-type", preprocess_args->tokenizer_type,
-                       "byte: one token per byte, EOD 256, vocab 257 (Megatron pads it to a multiple of 128 "
-                       "x TP: 384 at TP 1); "
-                       "ids: the key holds token id arrays")
-          ->check(CLI::IsMember({"byte", "ids"}));
+          ->add_option(
+              "--tokenizer-type", t.type,
+              "byte (default): one token per byte, EOD 256, vocab 257 (Megatron pads it to a multiple "
+              "of 128 x TP: 384 at TP 1); ids: the key holds token id arrays; Megatron's "
+              "GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer")
+          ->check(CLI::IsMember({"byte", "ids", "GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer",
+                                 "SentencePieceTokenizer"}));
+      preprocess->add_option("--vocab-file", t.vocab_file, "GPT2BPETokenizer: GPT-2's vocab.json");
+      preprocess->add_option("--merge-file", t.merge_file, "GPT2BPETokenizer: GPT-2's merges.txt");
+      preprocess->add_option("--tokenizer-model", t.tokenizer_model,
+                             "HuggingFaceTokenizer: tokenizer.json; TikTokenizer: tiktoken ranks (.tiktoken "
+                             "lines or Megatron's .json); SentencePieceTokenizer: the .model file");
+      preprocess
+          ->add_option("--tiktoken-pattern", t.tiktoken_pattern,
+                       "TikTokenizer pre-tokenizer: v1 (Megatron's) or cl100k (cl100k_base's, Llama 3's)")
+          ->default_val("v1");
+      preprocess
+          ->add_option("--tiktoken-num-special-tokens", t.tiktoken_num_special_tokens,
+                       "TikTokenizer: ids below it are special tokens, a rank r is id r + it (default 1000)")
+          ->check(integer_at_least(3));
+      preprocess->add_option("--tiktoken-special-tokens", t.tiktoken_special_tokens,
+                             "TikTokenizer: the special tokens in id order (default <unk> <s> </s>)");
       preprocess->add_flag("--append-eod", c.append_eod, "append the EOD token to each document");
       preprocess
           ->add_option("--vocab-size", c.vocab_size,
@@ -187,9 +202,9 @@ const Registrar registrar{Command{
       preprocess->add_option("--log-interval", c.log_interval_documents, "progress line every N documents")
           ->check(integer_at_least(1));
       preprocess
-          ->add_option("--workers", preprocess_args->workers,
-                       "accepted for Megatron compatibility; tokenization runs in one thread (I/O bound)")
-          ->check(integer_at_least(1));
+          ->add_option("--workers", c.workers,
+                       "tokenizing threads (the output is identical for any count; default 1)")
+          ->check(integer_between(1, 1024));
 
       auto info_prefix = std::make_shared<std::string>();
       CLI::App* info = app.add_subcommand("info", "validate a dataset prefix and print its statistics");
