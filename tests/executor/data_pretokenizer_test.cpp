@@ -140,6 +140,9 @@ TEST_F(BadTokenizerFiles, AreOneLineNamingTheFlag) {
 
   TokenizerFiles sp{.type = "SentencePieceTokenizer", .tokenizer_model = write("m.model", "not a model")};
   EXPECT_NE(error_of(sp).find("SentencePiece"), std::string::npos);
+  EXPECT_EQ(error_of(sp).find(".cc"), std::string::npos);  // no library source locations
+  hf.tokenizer_model = write("vocab-like.json", "{\"model\": 3}");
+  EXPECT_NE(error_of(hf).find("\"model\" is not an object"), std::string::npos);
   for (const auto& files : {gpt2, hf, tiktoken, sp}) EXPECT_EQ(error_of(files).find('\n'), std::string::npos);
 }
 
