@@ -146,7 +146,7 @@ TEST_F(TokenizerReference, HuggingFaceTokenizerJsonEqualsTokenizersJs) {
 }
 
 TEST_F(TokenizerReference, TikTokenizerEqualsTiktokenWithMegatronsIdOffset) {
-  for (const char* pattern : {"v1", "cl100k"}) {
+  for (const char* pattern : {"v1", "v2", "cl100k"}) {
     SCOPED_TRACE(pattern);
     Ids expected = reference(std::string("tiktoken ") + corpus_json_ + " " + pattern);
     for (auto& ids : expected)
