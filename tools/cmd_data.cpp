@@ -179,8 +179,9 @@ const Registrar registrar{Command{
                              "lines or Megatron's .json); SentencePieceTokenizer: the .model file");
       preprocess
           ->add_option("--tiktoken-pattern", t.tiktoken_pattern,
-                       "TikTokenizer pre-tokenizer: v1 (Megatron's) or cl100k (cl100k_base's, Llama 3's)")
-          ->default_val("v1");
+                       "TikTokenizer pre-tokenizer: v2 (default) or v1 (Megatron's), cl100k (cl100k_base's, "
+                       "Llama 3's)")
+          ->default_val("v2");
       preprocess
           ->add_option("--tiktoken-num-special-tokens", t.tiktoken_num_special_tokens,
                        "TikTokenizer: ids below it are special tokens, a rank r is id r + it (default 1000)")

@@ -134,11 +134,13 @@ ByteLevelBpeSpec tiktoken_spec(const TokenizerFiles& files) {
   ByteLevelBpeSpec spec;
   if (files.tiktoken_pattern == "v1") {
     spec.pattern = PreTokenizerPattern::kTiktokenV1;
+  } else if (files.tiktoken_pattern == "v2") {
+    spec.pattern = PreTokenizerPattern::kTiktokenV2;
   } else if (files.tiktoken_pattern == "cl100k") {
     spec.pattern = PreTokenizerPattern::kCl100k;
   } else {
     throw UserError("--tiktoken-pattern " + files.tiktoken_pattern +
-                    " is not available; give v1 (Megatron's) or cl100k (cl100k_base's and Llama 3's)");
+                    " is not available; give v1 or v2 (Megatron's) or cl100k (cl100k_base's and Llama 3's)");
   }
   std::vector<std::string> special = files.tiktoken_special_tokens;
   if (special.empty()) special = {"<unk>", "<s>", "</s>"};

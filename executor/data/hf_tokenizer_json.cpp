@@ -84,6 +84,7 @@ void read_post_processor(const json& node, const std::string& path, ByteLevelBpe
 }
 
 void read_model(const json& model, const std::string& path, ByteLevelBpeSpec& spec) {
+  if (!model.is_object()) refuse(path, "its \"model\" is not an object; give a tokenizer.json");
   if (type_of(model) != "BPE") refuse(path, "model type " + type_of(model) + " is not BPE");
   if (model.value("byte_fallback", false) || !model.value("continuing_subword_prefix", json()).is_null() ||
       !model.value("end_of_word_suffix", json()).is_null())

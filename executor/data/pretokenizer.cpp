@@ -14,6 +14,7 @@ struct CodePoint {
   char32_t value;
   std::uint32_t offset;  // byte offset in the text
   bool letter, number, space;
+  bool upper_like, lower_like;  // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], [\p{Ll}\p{Lm}\p{Lo}\p{M}]
 };
 
 std::vector<CodePoint> decode(std::string_view text) {
@@ -22,8 +23,13 @@ std::vector<CodePoint> decode(std::string_view text) {
   for (std::size_t i = 0, length = 0; i < text.size(); i += length) {
     const char32_t value = decode_utf8_at(text, i, length);
     const UnicodeCategory category = unicode_category(value);
+    const bool mark = category == UnicodeCategory::kMn || category == UnicodeCategory::kMc ||
+                      category == UnicodeCategory::kMe;
+    const bool either = mark || category == UnicodeCategory::kLm || category == UnicodeCategory::kLo;
     out.push_back({value, static_cast<std::uint32_t>(i), is_letter(category), is_number(category),
-                   is_white_space(value)});
+                   is_white_space(value),
+                   either || category == UnicodeCategory::kLu || category == UnicodeCategory::kLt,
+                   either || category == UnicodeCategory::kLl});
   }
   return out;
 }
@@ -34,6 +40,8 @@ struct PatternRules {
   int max_digits = 0;                 // \p{N}{1,max} (0: ' ?\p{N}+')
   bool punctuation_newlines = false;  // ' ?[^\s\p{L}\p{N}]+[\r\n]*' (else without [\r\n]*)
   bool newline_rule = false;          // \s*[\r\n]+
+  bool cased_words = false;           // v2's two word alternatives instead of the letter one
+  bool punctuation_slashes = false;   // v2: ' ?[^\s\p{L}\p{N}]+[\r\n/]*'
 };
 
 PatternRules rules_of(PreTokenizerPattern pattern) {
@@ -44,6 +52,8 @@ PatternRules rules_of(PreTokenizerPattern pattern) {
       return {true, true, true, 3, true, true};
     case PreTokenizerPattern::kTiktokenV1:
       return {false, false, true, 1, true, true};
+    case PreTokenizerPattern::kTiktokenV2:
+      return {false, false, true, 1, true, true, true, true};
   }
   return {};
 }
@@ -56,7 +66,11 @@ class Scanner {
   std::size_t match(std::size_t i) const {
     std::size_t end = 0;
     if (r_.contractions && (end = contraction(i)) > i) return end;
-    if ((end = letters(i)) > i) return end;
+    if (r_.cased_words) {
+      if ((end = cased_word(i, true)) > i || (end = cased_word(i, false)) > i) return end;
+    } else if ((end = letters(i)) > i) {
+      return end;
+    }
     if ((end = numbers(i)) > i) return end;
     if ((end = punctuation(i)) > i) return end;
     return spaces(i);
@@ -93,6 +107,32 @@ class Scanner {
     return j;
   }
 
+  bool upper_like(std::size_t i) const { return i < c_.size() && c_[i].upper_like; }
+  bool lower_like(std::size_t i) const { return i < c_.size() && c_[i].lower_like; }
+  bool prefix(std::size_t i) const { return i < c_.size() && !newline(i) && !letter(i) && !number(i); }
+  std::size_t lower_run(std::size_t j) const {
+    while (lower_like(j)) ++j;
+    return j;
+  }
+
+  // v2's P?U*L+ (lower_required) or P?U+L* with P = [^\r\n\p{L}\p{N}], U and L the upper- and lower-like
+  // classes (which share Lm, Lo and marks): the prefix is tried first, then given back; U* gives back
+  // characters until L+ can start.
+  std::size_t cased_word(std::size_t i, bool lower_required) const {
+    for (const std::size_t j : {prefix(i) ? i + 1 : i, i}) {
+      std::size_t upper_end = j;
+      while (upper_like(upper_end)) ++upper_end;
+      if (lower_required) {
+        for (std::size_t u = upper_end + 1; u-- > j;)
+          if (lower_like(u)) return lower_run(u);
+      } else if (upper_end > j) {
+        return lower_run(upper_end);
+      }
+      if (j == i) break;
+    }
+    return i;
+  }
+
   std::size_t numbers(std::size_t i) const {
     std::size_t j = i;
     if (r_.max_digits == 0) {
@@ -110,7 +150,7 @@ class Scanner {
     if (!other(j)) return i;
     while (other(j)) ++j;
     if (r_.punctuation_newlines)
-      while (newline(j)) ++j;
+      while (newline(j) || (r_.punctuation_slashes && is(j, U'/'))) ++j;
     return j;
   }
 
@@ -141,13 +181,17 @@ std::string pretokenizer_regex(PreTokenizerPattern pattern) {
              R"(\s*[\r\n]+|\s+(?!\S)|\s+)";
     case PreTokenizerPattern::kTiktokenV1:
       return R"([^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)";
+    case PreTokenizerPattern::kTiktokenV2:
+      return R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|)"
+             R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|)"
+             R"( ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   }
   return {};
 }
 
 std::optional<PreTokenizerPattern> pretokenizer_pattern_of(std::string_view regex) {
-  for (PreTokenizerPattern p :
-       {PreTokenizerPattern::kGpt2, PreTokenizerPattern::kCl100k, PreTokenizerPattern::kTiktokenV1})
+  for (PreTokenizerPattern p : {PreTokenizerPattern::kGpt2, PreTokenizerPattern::kCl100k,
+                                PreTokenizerPattern::kTiktokenV1, PreTokenizerPattern::kTiktokenV2})
     if (regex == pretokenizer_regex(p)) return p;
   return std::nullopt;
 }

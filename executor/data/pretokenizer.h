@@ -1,5 +1,5 @@
 // Pre-tokenizers of byte-level BPE tokenizers: the regular expressions of GPT-2, of cl100k_base (also Llama
-// 3's) and of Megatron's TikTokenizer "v1", hand-coded (std::regex has neither \p{L} / \p{N} nor the
+// 3's) and of Megatron's TikTokenizer "v1" and "v2", hand-coded (std::regex has neither \p{L} / \p{N} nor the
 // lookahead they use). Each splits UTF-8 text into the pieces that regex's successive matches give.
 #pragma once
 #include <optional>
@@ -10,10 +10,13 @@
 namespace megatune::executor::data {
 
 enum class PreTokenizerPattern {
-  kGpt2,       // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-  kCl100k,     // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
-               // \s*[\r\n]+|\s+(?!\S)|\s+
-  kTiktokenV1  // [^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+
+  kGpt2,        // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  kCl100k,      // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+                // \s*[\r\n]+|\s+(?!\S)|\s+
+  kTiktokenV1,  // [^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+
+  kTiktokenV2   // [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|
+                // [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|
+                // ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+ (Megatron's "v2", o200k-like)
 };
 
 // The regular expression text of a pattern, as the tokenizer files write it.

@@ -24,9 +24,9 @@ class SentencePieceTokenizer : public TextTokenizer {
   explicit SentencePieceTokenizer(const std::string& path) {
     require_regular_file(path, "--tokenizer-model");
     const auto status = processor_.Load(path);
-    if (!status.ok())
-      throw UserError("--tokenizer-model " + path + " is not a SentencePiece model (" + status.ToString() +
-                      "); give the .model file spm_train wrote");
+    if (!status.ok())  // its message names the library's sources: not shown
+      throw UserError("--tokenizer-model " + path +
+                      " is not a SentencePiece model; give the .model file spm_train wrote");
     vocab_size_ = processor_.GetPieceSize();
     const auto piece_or = [&](int id, const char* fallback) {
       return id >= 0 && id < processor_.GetPieceSize() ? processor_.IdToPiece(id) : std::string(fallback);

