@@ -52,6 +52,7 @@ std::string provenance_of(const MeasuredRun& run) {
     }
   const nlohmann::json j = {{"run", run.dir},
                             {"created_utc", run.created_utc},
+                            {"megatune_commit", run.megatune_commit},
                             {"model", run.model},
                             {"layout", run.layout},
                             {"micro_batch_size", run.micro_batch_size},

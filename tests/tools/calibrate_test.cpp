@@ -64,6 +64,7 @@ TEST_F(CalibrateTest, StoresTheCalibrationWithProvenanceAndSimulateUsesItByDefau
     EXPECT_EQ(runs[0].at("device"), "cpu");
     EXPECT_TRUE(runs[0].contains("sm_clock_mhz"));
     EXPECT_TRUE(runs[0].contains("created_utc"));
+    EXPECT_FALSE(runs[0].at("megatune_commit").get<std::string>().empty());  // the build's commit
   }
 
   const std::vector<std::string> simulate = {"simulate", "--db",  db,   "--model", "tiny", "--cluster",
