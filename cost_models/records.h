@@ -144,8 +144,8 @@ struct RunOp {
 };
 
 // calibrations: corrections fitted from traced runs (calibration.h), appended; a GPU is priced with its
-// newest row. `runs_json` is the provenance: per run its folder, creation time, model, layout, device, GPU,
-// backend, timing method, mean SM clock and board power (-1: not sampled) and command line.
+// newest row. `runs_json` is the provenance: per run its folder, creation time, megatune commit, model,
+// layout, device, GPU, backend, timing method, mean SM clock and board power (-1: not sampled) and command.
 struct CalibrationRecord {
   std::int64_t id = 0;      // assigned by the database
   std::string gpu;          // gpu_models.name whose prices are corrected

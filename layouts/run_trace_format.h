@@ -4,6 +4,7 @@
 //
 // DIR/run.json (written last, when every rank's file is in place: its presence marks a complete run):
 //   {"format": "megatune-run-trace", "version": 1, "created_utc": "2026-12-01T09:00:00Z",
+//    "megatune_commit": "653b93d1a2b4",           the build's git commit (+ "-dirty"); absent in older traces
 //    "command": ["megatune", "train", ...],      the whole command line
 //    "model_args": ["--model", "tiny", ...],     the model / parallel / batch flags (Megatron names), enough
 //    to

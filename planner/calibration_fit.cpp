@@ -34,6 +34,15 @@ double busy_s(const std::vector<TracedOp>& ops) {
   return busy + std::max(0.0, end - start);
 }
 
+// The command line with --trace-dir's value replaced by the run's folder as it was read (where the trace
+// was first written says nothing once the folder has moved).
+std::vector<std::string> command_of(const MeasuredRun& run) {
+  std::vector<std::string> command = run.command;
+  for (std::size_t i = 0; i + 1 < command.size(); ++i)
+    if (command[i] == "--trace-dir") command[i + 1] = run.dir;
+  return command;
+}
+
 std::string provenance_of(const MeasuredRun& run) {
   std::vector<double> clocks, powers;
   for (const TracedRank& rank : run.ranks)
@@ -43,6 +52,7 @@ std::string provenance_of(const MeasuredRun& run) {
     }
   const nlohmann::json j = {{"run", run.dir},
                             {"created_utc", run.created_utc},
+                            {"megatune_commit", run.megatune_commit},
                             {"model", run.model},
                             {"layout", run.layout},
                             {"micro_batch_size", run.micro_batch_size},
@@ -53,7 +63,7 @@ std::string provenance_of(const MeasuredRun& run) {
                             {"timing", run.timing},
                             {"sm_clock_mhz", mean_or_missing(clocks)},
                             {"power_w", mean_or_missing(powers)},
-                            {"command", run.command}};
+                            {"command", command_of(run)}};
   return j.dump();
 }
 

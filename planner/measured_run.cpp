@@ -204,6 +204,7 @@ MeasuredRun read_measured_run(const std::string& dir) {
   run.cluster = r.str("cluster");
   run.timing = r.str("timing");
   run.created_utc = r.str("created_utc");
+  if (manifest.find("megatune_commit") != nullptr) run.megatune_commit = r.str("megatune_commit");
   run.world_size = static_cast<int>(r.integer("world_size"));
   run.micro_batch_size = static_cast<int>(r.integer("micro_batch_size"));
   run.global_batch_size = static_cast<int>(r.integer("global_batch_size"));

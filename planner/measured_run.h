@@ -49,6 +49,7 @@ struct MeasuredRun {
   std::string dir;
   std::vector<std::string> command, model_args;
   std::string model, layout, device, backend, gpu, cluster, timing, created_utc;
+  std::string megatune_commit;  // "" in a trace written before the field existed
   int world_size = 1, micro_batch_size = 1, global_batch_size = 1;
   double model_flops_per_iteration = 0, peak_tflops = 0;
   std::int64_t trace_first_iteration = 0, trace_iterations = 0;

@@ -292,6 +292,14 @@ void CpuBackend::on_op_end() {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start_).count();
 }
 
+void CpuBackend::end_timed_op_now(std::size_t from_last) {
+  if (!op_timing() || timed_.size() <= from_last) return;
+  TimedOp& t = timed_[timed_.size() - 1 - from_last];
+  const double now_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first_start_).count();
+  t.ms = std::max(t.ms, now_ms - t.start_ms);
+}
+
 std::vector<Backend::TimedOp> CpuBackend::timed_ops() {
   std::vector<TimedOp> out = std::move(timed_);
   timed_.clear();

@@ -27,6 +27,10 @@ class CpuBackend final : public Backend {
 
   void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
   std::vector<TimedOp> timed_ops() override;
+  // With op timing on: ends the timed op `from_last` places before the newest one now. The Communicator
+  // records a collective (a zero-length bracket) just before the transfer runs; the ThreadCommunicator
+  // calls this when its transfer is done, so the op covers the exchange and the wait for the peers.
+  void end_timed_op_now(std::size_t from_last);
 
  protected:
   // Host-clock op timing (the kernels run synchronously on the calling thread).

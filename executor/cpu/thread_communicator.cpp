@@ -2,6 +2,7 @@
 // members' float buffers directly between two rendezvous of the ThreadWorld.
 #include "executor/cpu/thread_communicator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -47,6 +48,7 @@ void ThreadCommunicator::collective(CommGroup group, const char* op, Tensor inpu
   fill(all, me, result.data());
   world_.depart(g, me);  // nobody reads our input any more: safe to overwrite it (in-place collectives)
   cpu_.upload(output, result.data());
+  cpu_.end_timed_op_now(0);  // the collective's op (recorded just before) covers the exchange
 }
 
 CommHandle ThreadCommunicator::do_all_reduce(CommGroup group, Tensor tensor, ReduceOp op) {
@@ -122,6 +124,10 @@ CommHandle ThreadCommunicator::do_batch_p2p(CommGroup group, const std::vector<P
       const float* data = floats(t.tensor);
       world_.post(group, me, t.peer_rank, std::vector<float>(data, data + t.tensor.numel()));
     }
+  // The transfers were recorded as ops just before, sends then receives: each receive's op ends when its
+  // data is in place.
+  std::size_t receives_left = static_cast<std::size_t>(
+      std::count_if(transfers.begin(), transfers.end(), [](const P2pTransferArgs& t) { return !t.send; }));
   for (const P2pTransferArgs& t : transfers) {
     if (t.send) continue;
     const std::vector<float> data = world_.take(group, t.peer_rank, me);
@@ -130,6 +136,7 @@ CommHandle ThreadCommunicator::do_batch_p2p(CommGroup group, const std::vector<P
                   std::to_string(data.size()) + " elements from rank " + std::to_string(t.peer_rank) +
                   " into a tensor of " + std::to_string(t.tensor.numel()));
     cpu_.upload(t.tensor, data.data());
+    cpu_.end_timed_op_now(--receives_left);
   }
   return nullptr;
 }

@@ -1,6 +1,11 @@
 // RankTracer and the run manifest: JSON lines in the traced-run format (layouts/run_trace_format.h).
 #include "executor/training/run_trace.h"
 
+#include "git_commit.h"  // generated at build time (executor/CMakeLists.txt)
+#ifndef MEGATUNE_GIT_COMMIT
+#define MEGATUNE_GIT_COMMIT "unknown"
+#endif
+
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -148,7 +153,8 @@ void write_run_manifest(const RunManifest& m) {
   std::ostringstream out;
   out << "{\n  \"format\": \"" << layouts::kRunTraceFormat
       << "\",\n  \"version\": " << layouts::kRunTraceVersion << ",\n  \"created_utc\": \"" << utc_now()
-      << "\",\n  \"command\": " << string_array(m.command)
+      << "\",\n  \"megatune_commit\": " << json_quote(MEGATUNE_GIT_COMMIT)
+      << ",\n  \"command\": " << string_array(m.command)
       << ",\n  \"model_args\": " << string_array(m.model_args) << ",\n  \"model\": " << json_quote(m.model)
       << ",\n  \"parameters\": " << m.parameters << ",\n  \"layout\": " << json_quote(m.layout)
       << ",\n  \"world_size\": " << m.world_size << ",\n  \"micro_batch_size\": " << m.micro_batch_size

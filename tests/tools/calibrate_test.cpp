@@ -47,21 +47,24 @@ TEST_F(CalibrateTest, StoresTheCalibrationWithProvenanceAndSimulateUsesItByDefau
 
   {
     cost_models::Database database = cost_models::open_cost_database(db);
+    // A new database starts with the shipped data (its H200 calibration too); ours is the newest row.
     const std::vector<cost_models::CalibrationRecord> rows = cost_models::load_calibrations(database);
-    ASSERT_EQ(rows.size(), 1u);
-    EXPECT_EQ(rows[0].gpu, "H200 SXM");
-    EXPECT_EQ(rows[0].n_runs, 2);
-    EXPECT_GT(rows[0].n_ops, 0);
+    ASSERT_FALSE(rows.empty());
+    const cost_models::CalibrationRecord& row = rows.back();
+    EXPECT_EQ(row.gpu, "H200 SXM");
+    EXPECT_EQ(row.n_runs, 2);
+    EXPECT_GT(row.n_ops, 0);
     // H200 prices are far below CPU op times; the calibrated error is recorded too (its size depends on
     // how noisy the CPU's op times were).
-    EXPECT_GT(rows[0].op_error_before, 0.5);
-    EXPECT_GE(rows[0].op_error_after, 0.0);
-    const nlohmann::json runs = nlohmann::json::parse(rows[0].runs_json);
+    EXPECT_GT(row.op_error_before, 0.5);
+    EXPECT_GE(row.op_error_after, 0.0);
+    const nlohmann::json runs = nlohmann::json::parse(row.runs_json);
     ASSERT_EQ(runs.size(), 2u);
     EXPECT_EQ(runs[0].at("run"), path("mbs1"));
     EXPECT_EQ(runs[0].at("device"), "cpu");
     EXPECT_TRUE(runs[0].contains("sm_clock_mhz"));
     EXPECT_TRUE(runs[0].contains("created_utc"));
+    EXPECT_FALSE(runs[0].at("megatune_commit").get<std::string>().empty());  // the build's commit
   }
 
   const std::vector<std::string> simulate = {"simulate", "--db",  db,   "--model", "tiny", "--cluster",
@@ -89,6 +92,26 @@ TEST_F(CalibrateTest, LeaveOneOutPrintsEveryRunBeforeAndAfter) {
   EXPECT_NE(embedded.out.find("mbs1"), std::string::npos);
   EXPECT_NE(embedded.out.find("mbs2"), std::string::npos);
   EXPECT_NE(embedded.out.find("calibrated (leave-one-out): mean"), std::string::npos) << embedded.out;
+}
+
+TEST_F(CalibrateTest, AnUnreadableStoredCalibrationIsOneLineNamingTheFix) {
+  const std::string db = path("broken.db");
+  {
+    cost_models::Database database = cost_models::open_cost_database(db);
+    cost_models::CalibrationRecord row;
+    row.gpu = "H200 SXM";
+    row.params_json = "{\"classes\": 7}";
+    cost_models::insert_calibration(database, row);
+  }
+  const std::vector<std::string> simulate = {"simulate",  "--db",     db,      "--model", "tiny",
+                                             "--cluster", "1x1xH200", "--gbs", "4"};
+  const CliResult r = run_megatune(simulate);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.error_lines(), 1) << r.err;
+  EXPECT_NE(r.err.find("--no-calibration"), std::string::npos) << r.err;
+  std::vector<std::string> off = simulate;
+  off.push_back("--no-calibration");
+  EXPECT_EQ(run_megatune(off).exit_code, 0);
 }
 
 TEST_F(CalibrateTest, BadInputsGiveOneClearLine) {

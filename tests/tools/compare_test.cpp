@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -246,6 +247,18 @@ TEST_F(CompareTest, ParallelLayoutOnThreadsJoinsEveryRank) {
   for (const nlohmann::json& e : trace.at("traceEvents"))
     if (e.at("ph") == "X") pids.insert(e.at("pid").get<int>());
   EXPECT_EQ(pids.size(), 8u);  // predicted and measured of 4 ranks
+
+  // Communication on CPU threads is timed: the last stage's first receive waits for the first stage's
+  // whole forward of micro-batch 0 (tens of kernels), far longer than an empty bracket.
+  const planner::MeasuredRun measured = planner::read_measured_run(run_dir);
+  for (const planner::TracedRank& rank : measured.ranks) {
+    if (rank.pp != 1) continue;
+    const auto& ops = rank.iterations.front().ops;
+    const auto recv =
+        std::find_if(ops.begin(), ops.end(), [](const planner::TracedOp& op) { return op.kind == "recv"; });
+    ASSERT_NE(recv, ops.end());
+    EXPECT_GT(recv->duration_s(), 5e-6) << "rank " << rank.rank;
+  }
 
   // --save: one run per rank, every op with both times.
   const std::string db = (dir_ / "runs.db").string();
