@@ -106,6 +106,7 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
   sized("--tensor-model-parallel-size,--tp", args.tensor_model_parallel_size, "Tensor parallel size");
   sized("--pipeline-model-parallel-size,--pp", args.pipeline_model_parallel_size, "Pipeline parallel size");
   sized("--context-parallel-size,--cp", args.context_parallel_size, "Context parallel size");
+  string_option(app, "--cp-comm-type", args.cp_comm_type, "Context-parallel attention: p2p (the ring)");
   sized("--expert-model-parallel-size,--ep", args.expert_model_parallel_size, "Expert parallel size");
   sized("--expert-tensor-parallel-size,--etp", args.expert_tensor_parallel_size,
         "Expert tensor parallel size (default tp)");
@@ -235,6 +236,14 @@ layouts::ParallelConfig resolve_parallel(const MegatronArgs& args) {
       throw UserError(
           "--pipeline-model-parallel-layout is empty: give a layout such as 'Et*3|(tt|)*29,m|L' or drop it");
     }
+  }
+  if (args.cp_comm_type && *args.cp_comm_type != "p2p") {
+    const std::string& type = *args.cp_comm_type;
+    const bool megatron = type == "all_gather" || type == "a2a" || type == "a2a+p2p";
+    throw UserError(
+        "--cp-comm-type '" + type + "' " +
+        (megatron ? "is not run or priced by megatune yet" : "is not one of p2p, all_gather, a2a, a2a+p2p") +
+        ": use --cp-comm-type p2p (Megatron's default ring)");
   }
   if (args.recompute_granularity)
     c.recompute_granularity = layouts::parse_recompute_granularity(*args.recompute_granularity);

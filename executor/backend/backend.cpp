@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "layouts/context_parallel.h"
 #include "executor/kernels/reference_moe.h"
+#include "layouts/context_parallel.h"
 
 namespace megatune::executor {
 
@@ -420,9 +420,11 @@ void Backend::add(Tensor a, Tensor b, Tensor out, const OpTag& tag) {
 }
 
 void Backend::add_rows(Tensor dst, Tensor src, std::int64_t seq, std::int64_t first, const OpTag& tag) {
-  const std::int64_t sequences = dst.rows / seq, n = src.rows / sequences;
-  if (dst.rows % seq != 0 || src.rows % sequences != 0 || first + n > seq || src.cols != dst.cols)
+  const std::int64_t sequences = seq > 0 ? dst.rows / seq : 0;
+  if (sequences == 0 || dst.rows % seq != 0 || src.rows % sequences != 0 || first < 0 ||
+      first + src.rows / sequences > seq || src.cols != dst.cols)
     throw std::logic_error("add_rows: the source rows do not fit the target's sequences");
+  const std::int64_t n = src.rows / sequences;
   begin_op(memory_op(OpKind::kElementwise, dst.dtype, 3 * src.numel() * element_bytes(src)), tag);
   for (std::int64_t s = 0; s < sequences; ++s) {
     const Tensor target = row_slice(dst, s * seq + first, n);

@@ -480,6 +480,15 @@ double Trainer::reported_loss() {
   return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
 }
 
+const std::vector<MicroBatch>& Trainer::context_parallel_share(const std::vector<MicroBatch>& microbatches) {
+  if (config_.context_parallel_size == 1) return microbatches;
+  cp_local_.resize(microbatches.size());
+  for (std::size_t i = 0; i < microbatches.size(); ++i)
+    context_parallel_slice(microbatches[i], config_.context_parallel_size,
+                           communicator_.rank(CommGroup::kContext), cp_local_[i]);
+  return cp_local_;
+}
+
 std::vector<double> Trainer::context_parallel_losses(GPTModel& chunk) {
   std::vector<double> losses = chunk.microbatch_losses();
   if (config_.context_parallel_size == 1) return losses;
@@ -533,13 +542,7 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   param_gathers_.clear();
   for (auto& chunk : chunks_) chunk->zero_gradients();
   pending_result_ = StepResult{};
-  if (config_.context_parallel_size > 1) {
-    cp_local_.resize(microbatches.size());
-    for (std::size_t i = 0; i < microbatches.size(); ++i)
-      context_parallel_slice(microbatches[i], config_.context_parallel_size,
-                             communicator_.rank(CommGroup::kContext), cp_local_[i]);
-  }
-  run_items(config_.context_parallel_size > 1 ? cp_local_ : microbatches);
+  run_items(context_parallel_share(microbatches));
   if (!config_.overlap_param_gather) {
     for (CommHandle& h : param_gathers_) h->wait();
     param_gathers_.clear();

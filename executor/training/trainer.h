@@ -138,6 +138,8 @@ class Trainer {
   void gather_params(int chunk, int bucket);
   double reported_loss();
   std::vector<double> context_parallel_losses(GPTModel& chunk);
+  // This CP rank's share of each micro-batch (the micro-batches themselves without context parallelism).
+  const std::vector<MicroBatch>& context_parallel_share(const std::vector<MicroBatch>& microbatches);
   double reported_load_balancing_loss();
   TrainerConfig config_;
   layouts::RankSchedule schedule_;

@@ -10,14 +10,16 @@ EvaluationResult Trainer::evaluate(const std::vector<MicroBatch>& microbatches) 
   if (static_cast<int>(microbatches.size()) != config_.batch.num_microbatches)
     throw std::invalid_argument("evaluate: wrong number of micro-batches");
   const RecordingPause pause(backend_);  // the step program holds training iterations only
+  const std::vector<MicroBatch>& local = context_parallel_share(microbatches);
   for (const layouts::StepItem& item : forward_items_) {
     if (item.kind == layouts::StepItemKind::kForward)
-      chunks_.at(item.chunk)->forward_only(microbatches.at(item.microbatch), item.microbatch);
+      chunks_.at(item.chunk)->forward_only(local.at(item.microbatch), item.microbatch);
     else if (item.kind == layouts::StepItemKind::kP2p)
       run_p2p(item, /*evaluation=*/true);
   }
   // Megatron's evaluate(): the last stage's (loss sum, token count) summed over micro-batches and the
-  // data-parallel ranks; each tensor-parallel rank holds the same losses, rank 0 of the group counts them.
+  // data-parallel and context-parallel ranks (a CP rank's sums are its tokens'); each tensor-parallel rank
+  // holds the same losses, rank 0 of the group counts them.
   EvaluationResult result;
   bool holds_loss = false;
   for (auto& chunk : chunks_) {

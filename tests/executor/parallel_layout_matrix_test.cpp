@@ -152,6 +152,7 @@ const std::vector<Layout>& matrix() {
       {"cp2", 1, 1, 1, 0, false, false, false, "", 2},
       {"tp2 sp cp2", 2, 1, 1, 0, true, false, false, "", 2},
       {"cp2 pp2", 1, 2, 1, 0, false, false, false, "", 2},
+      {"cp4", 1, 1, 1, 0, false, false, false, "", 4},
   };
   return layouts;
 }

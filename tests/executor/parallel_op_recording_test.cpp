@@ -96,7 +96,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true},
                       Case{"cp2_llama", 1, 1, 1, 0, false, false, false, false, "", false, 2},
                       Case{"tp2_sp_cp2_gpt_tied", 2, 1, 1, 0, true, false, true, true, "", false, 2},
-                      Case{"cp2_pp2_dp2_overlap", 1, 2, 2, 0, false, true, false, false, "", false, 2}),
+                      Case{"cp2_pp2_dp2_overlap", 1, 2, 2, 0, false, true, false, false, "", false, 2},
+                      Case{"cp4_gpt", 1, 1, 1, 0, false, false, true, false, "", false, 4}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

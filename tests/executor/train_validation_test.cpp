@@ -1,6 +1,6 @@
 // Validation and test loss (Megatron's evaluate): the logged validation loss equals an independent
 // forward over the same samples, the log lines follow Megatron's framed format, and every parallel layout
-// (TP, PP with its forward-only schedule, interleaved PP, DP) reports the single-rank losses.
+// (TP, PP with its forward-only schedule, interleaved PP, DP, CP) reports the single-rank losses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,11 +30,13 @@ TrainOptions options() {
   return o;
 }
 
-layouts::ParallelConfig layout(const layouts::ModelSpec& model, int tp, int pp, int dp, int vpp = 0) {
+layouts::ParallelConfig layout(const layouts::ModelSpec& model, int tp, int pp, int dp, int vpp = 0,
+                               int cp = 1) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = tp;
   c.pipeline_model_parallel_size = pp;
-  c.world_size = tp * pp * dp;
+  c.context_parallel_size = cp;
+  c.world_size = tp * pp * dp * cp;
   c.micro_batch_size = 2;
   c.global_batch_size = 8;
   c.num_virtual_stages_per_pipeline_rank = vpp;
@@ -121,11 +123,13 @@ TEST(TrainValidation, ParallelLayoutsReportTheSingleRankLosses) {
   ASSERT_EQ(single.size(), 4u);
   struct Case {
     const char* name;
-    int tp, pp, dp, vpp;
+    int tp, pp, dp, vpp, cp;
   };
-  for (const Case& c : {Case{"tp2 pp2 dp2", 2, 2, 2, 0}, Case{"pp2 vpp2", 1, 2, 1, 2}}) {
+  for (const Case& c : {Case{"tp2 pp2 dp2", 2, 2, 2, 0, 1}, Case{"pp2 vpp2", 1, 2, 1, 2, 1},
+                        Case{"cp2 pp2", 1, 2, 1, 0, 2}}) {
     SCOPED_TRACE(c.name);
-    const std::vector<EvaluationRecord> parallel = evaluations(model, layout(model, c.tp, c.pp, c.dp, c.vpp));
+    const std::vector<EvaluationRecord> parallel =
+        evaluations(model, layout(model, c.tp, c.pp, c.dp, c.vpp, c.cp));
     ASSERT_EQ(parallel.size(), single.size());
     for (std::size_t i = 0; i < single.size(); ++i) {
       EXPECT_EQ(parallel[i].tokens, single[i].tokens);

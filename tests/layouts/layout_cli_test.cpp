@@ -116,6 +116,10 @@ TEST(MegatronArgs, ErrorsNameTheFlag) {
   EXPECT_TRUE(contains(error("--model llama3-8b --pp 4 --pipeline-model-parallel-layout Et*8|t*8|t*8|t*7L"),
                        "holds 31 decoder layers t but --num-layers is 32"));
   EXPECT_TRUE(contains(error("--model tiny --moe-layer-freq [1,1,1]"), "--moe-layer-freq '[1,1,1]'"));
+  EXPECT_TRUE(contains(error("--model tiny --cp 2 --cp-comm-type a2a"),
+                       "--cp-comm-type 'a2a' is not run or priced by megatune yet: use --cp-comm-type p2p"));
+  EXPECT_TRUE(contains(error("--model tiny --cp 2 --cp-comm-type ring"), "is not one of p2p, all_gather"));
+  EXPECT_EQ(error("--model tiny --cp 2 --cp-comm-type p2p"), "");
 }
 
 TEST(LayoutReport, JsonAndRankFilter) {
