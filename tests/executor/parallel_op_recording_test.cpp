@@ -7,10 +7,10 @@
 #include <sstream>
 
 #include "executor/training/thread_run.h"
-#include "tests/executor/parallel_test_models.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
+#include "tests/executor/parallel_test_models.h"
 
 namespace megatune::executor {
 namespace {
@@ -21,9 +21,13 @@ struct Case {
   bool sp = false, overlap = false, gpt = false, tied = false;
   std::string layout;
   bool dist_opt = false;
+  enum class Mla { kNone, kQLora, kQProj } mla = Mla::kNone;  // deepseek-v3-tiny, with or without q_lora_rank
 };
 
-layouts::ModelSpec model_of(const Case& c) { return c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied); }
+layouts::ModelSpec model_of(const Case& c) {
+  if (c.mla != Case::Mla::kNone) return test::deepseek_tiny(c.mla == Case::Mla::kQLora);
+  return c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied);
+}
 
 layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   layouts::ParallelConfig p;
@@ -82,14 +86,18 @@ TEST_P(ParallelOpRecording, EveryRankIssuesItsStepProgram) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ParallelOpRecording,
-    ::testing::Values(Case{"tp2_llama", 2}, Case{"tp2_sp_gpt_tied", 2, 1, 1, 0, true, false, true, true},
-                      Case{"dp2_overlap", 1, 1, 2, 0, false, true},
-                      Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true},
-                      Case{"pp2_vpp2", 1, 2, 1, 2},
-                      Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
-                      Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
-                      Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
-                      Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true}),
+    ::testing::Values(
+        Case{"tp2_llama", 2}, Case{"tp2_sp_gpt_tied", 2, 1, 1, 0, true, false, true, true},
+        Case{"dp2_overlap", 1, 1, 2, 0, false, true},
+        Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true}, Case{"pp2_vpp2", 1, 2, 1, 2},
+        Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
+        Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
+        Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
+        Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true},
+        Case{"mla_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, Case::Mla::kQLora},
+        Case{"mla_q_proj_tp2", 2, 1, 1, 0, false, false, false, false, "", false, Case::Mla::kQProj},
+        Case{"mla_q_proj_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, Case::Mla::kQProj},
+        Case{"mla_tp2_pp2", 2, 2, 1, 0, false, false, false, false, "", false, Case::Mla::kQLora}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace
