@@ -1,6 +1,9 @@
 // Benchmark: megatune's flash attention forward/backward (bf16, causal) on the shapes of
 // shared/anchors/sdpa_bench.py, plus a cuBLASLt bf16 GEMM ceiling through GemmRunner. CUDA-event timing,
-// warm-up, median of repeats, fresh random inputs. FLOPs: fwd 4 b n s^2 d (/2 causal), bwd 2.5 x fwd.
+// warm-up, median of repeats, fresh random inputs. FLOPs: AttentionShape's (attended pairs: s(s+1)/2 causal;
+// fwd 2 (d + d_v), bwd 2 (3 d + 2 d_v) per pair and head).
+// --sweep: every compiled head dim (q/k, v) at b * s = 16k tokens, s 2048 and 4096, causal and not, the
+// shapes of bench/peer/sdpa_head_dims.py (torch SDPA's FlashAttention-2 and cuDNN backends).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -26,6 +29,61 @@ double median_ms(const std::function<void()>& body) { return megatune::bench::me
 using megatune::bench::device_alloc;
 using megatune::bench::fill_random;
 
+// The head-dim sweep: one SWEEP line per shape with the default kernels' times, and the mma.sync forward
+// variants' where the wgmma kernels do not take the shape.
+void head_dim_sweep() {
+  struct Dims {
+    int d, dv;
+  };
+  for (const Dims dims :
+       {Dims{64, 64}, Dims{80, 80}, Dims{96, 96}, Dims{128, 128}, Dims{192, 128}, Dims{256, 256}}) {
+    for (const int s : {2048, 4096}) {
+      for (const bool causal : {true, false}) {
+        const int b = 16384 / s, h = dims.d <= 96 ? 32 : 16;
+        AttentionShape shape{.batch = b,
+                             .seq_q = s,
+                             .num_heads = h,
+                             .num_kv_heads = h,
+                             .head_dim = dims.d,
+                             .head_dim_v = dims.dv,
+                             .causal = causal};
+        const size_t tokens = size_t(b) * s, qkv_elems = tokens * shape.packed_token_stride();
+        const size_t o_elems = tokens * h * dims.dv;
+        auto* qkv = device_alloc<cuda::bf16>(qkv_elems);
+        auto* dqkv = device_alloc<cuda::bf16>(qkv_elems);
+        auto* o = device_alloc<cuda::bf16>(o_elems);
+        auto* d_o = device_alloc<cuda::bf16>(o_elems);
+        auto* lse = device_alloc<float>(size_t(b) * h * s);
+        const size_t ws_bytes = cuda::flash_attention_backward_workspace_bytes(shape);
+        auto* ws = device_alloc<unsigned char>(ws_bytes);
+        fill_random(qkv, qkv_elems, 1);
+        fill_random(d_o, o_elems, 2);
+        const cuda::bf16 *q = qkv, *k = qkv + shape.packed_k_offset(), *v = qkv + shape.packed_v_offset();
+        const double fwd = median_ms([&] { cuda::flash_attention_forward(shape, q, k, v, o, lse, nullptr); });
+        const bool mma = dims.d != dims.dv || (dims.d != 64 && dims.d != 128);
+        auto rows = [&](int rows_per_warp) {
+          return median_ms(
+              [&] { cuda::flash_attention_forward_variant(shape, q, k, v, o, lse, nullptr, rows_per_warp); });
+        };
+        const double fwd16 = mma ? rows(16) : 0.0, fwd32 = mma ? rows(32) : 0.0;
+        cuda::flash_attention_forward(shape, q, k, v, o, lse, nullptr);
+        const double bwd = median_ms([&] {
+          cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
+                                         dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr);
+        });
+        std::printf(
+            "SWEEP d=%d dv=%d B=%d H=%d T=%d causal=%d fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.1f "
+            "bwd_tflops=%.1f "
+            "fwd_rows16_ms=%.3f fwd_rows32_ms=%.3f\n",
+            dims.d, dims.dv, b, h, s, int(causal), fwd, bwd, shape.forward_flops() / fwd / 1e9,
+            shape.backward_flops() / bwd / 1e9, fwd16, fwd32);
+        std::fflush(stdout);
+        cudaFree(qkv), cudaFree(dqkv), cudaFree(o), cudaFree(d_o), cudaFree(lse), cudaFree(ws);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,6 +98,10 @@ int main(int argc, char** argv) {
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
   std::printf("device %s, driver API %d, runtime %d\n", prop.name, driver, runtime);
+  if (argc > 1 && std::string(argv[1]) == "--sweep") {
+    head_dim_sweep();
+    return 0;
+  }
 
   struct Config {
     int b, h, s, d, kv;
@@ -52,12 +114,8 @@ int main(int argc, char** argv) {
   std::printf("%-28s %10s %10s %10s %12s %12s %14s\n", "shape (causal)", "fwd ms", "bwd ms", "fwd TF/s",
               "bwd TF/s", "fwd+bwd TF/s", "");
   for (const Config& c : configs) {
-    AttentionShape shape{.batch = c.b,
-                         .seq_q = c.s,
-                         .num_heads = c.h,
-                         .num_kv_heads = c.kv,
-                         .head_dim = c.d,
-                         .causal = true};
+    AttentionShape shape{
+        .batch = c.b, .seq_q = c.s, .num_heads = c.h, .num_kv_heads = c.kv, .head_dim = c.d, .causal = true};
     const size_t tokens = size_t(c.b) * c.s;
     const size_t qkv_elems = tokens * shape.packed_token_stride(), o_elems = tokens * c.h * c.d;
     auto* qkv = device_alloc<cuda::bf16>(qkv_elems);

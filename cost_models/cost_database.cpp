@@ -129,6 +129,21 @@ CREATE TABLE run_ops (
   PRIMARY KEY (run_id, op_id));
 )sql";
   }
+  if (from_version == 2) {
+    return R"sql(
+CREATE TABLE calibrations (
+  id INTEGER PRIMARY KEY,
+  gpu TEXT NOT NULL,
+  params_json TEXT NOT NULL,
+  runs_json TEXT NOT NULL DEFAULT '[]',
+  n_runs INTEGER NOT NULL DEFAULT 0 CHECK (n_runs >= 0),
+  n_ops INTEGER NOT NULL DEFAULT 0 CHECK (n_ops >= 0),
+  op_error_before REAL NOT NULL DEFAULT 0,
+  op_error_after REAL NOT NULL DEFAULT 0,
+  calibrated_at TEXT NOT NULL DEFAULT '');
+CREATE INDEX calibrations_by_gpu ON calibrations (gpu, id);
+)sql";
+  }
   throw std::logic_error("no cost-database migration from schema version " + std::to_string(from_version));
 }
 
@@ -435,6 +450,18 @@ const std::vector<TableDescription>& cost_database_tables() {
                     {"measured_s", T::kReal, false}},
                    {"run_id", "op_id"},
                    "run_id, op_id"});
+    all.push_back({"calibrations",
+                   {{"id", T::kInteger, false},
+                    {"gpu", T::kText, true},
+                    {"params_json", T::kText, true},
+                    {"runs_json", T::kText, false},
+                    {"n_runs", T::kInteger, false},
+                    {"n_ops", T::kInteger, false},
+                    {"op_error_before", T::kReal, false},
+                    {"op_error_after", T::kReal, false},
+                    {"calibrated_at", T::kText, false}},
+                   {"id"},
+                   "id"});
     return all;
   }();
   return tables;

@@ -12,8 +12,8 @@ namespace megatune::cost_models {
 // PRAGMA application_id of a megatune database ("MGTN"); any other non-zero id is a foreign file.
 inline constexpr std::int32_t kCostDatabaseApplicationId = 0x4D47544E;
 // PRAGMA user_version written by this build. Version 1: hardware and measurement tables; version 2: plans,
-// runs and run_ops.
-inline constexpr int kCostDatabaseSchemaVersion = 2;
+// runs and run_ops; version 3: calibrations.
+inline constexpr int kCostDatabaseSchemaVersion = 3;
 
 struct CostDatabaseOpenOptions {
   bool create_if_missing = true;

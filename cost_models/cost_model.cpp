@@ -83,6 +83,7 @@ CostModel::CostModel(Database& database, const ClusterSpec& cluster, const Analy
       if (known != nullptr && known->name == cluster_.gpu.name) gpu_names.push_back(std::move(name));
     }
   }
+  gpu_names_ = gpu_names;
   auto rows_of_all_names = [&](auto load) {
     auto rows = load(gpu_names.front());
     for (std::size_t i = 1; i < gpu_names.size(); ++i) {
@@ -258,6 +259,11 @@ OpCost CostModel::collective(CollectiveOp op, double bytes, const CollectiveGrou
 }
 
 OpCost CostModel::price(const layouts::Op& op, CollectiveGroup group) const {
+  const OpCost raw = uncalibrated_price(op, group);
+  return calibration_ ? calibration_->apply(op, raw) : raw;
+}
+
+OpCost CostModel::uncalibrated_price(const layouts::Op& op, CollectiveGroup group) const {
   switch (op.kind) {
     case layouts::OpKind::kGemm:
       return gemm(op.m, op.n, op.k, op.dtype);

@@ -4,8 +4,12 @@
 // CostModel may be shared by threads.
 #pragma once
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "cost_models/attention_cost_model.h"
+#include "cost_models/calibration.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/collective_cost_model.h"
 #include "cost_models/gemm_cost_model.h"
@@ -47,10 +51,19 @@ class CostModel {
   // A memory-bound kernel kind (kNorm, kRope, kOptimizer, ...) moving `bytes`.
   OpCost memory_bound(layouts::OpKind kind, double bytes) const;
   OpCost collective(CollectiveOp op, double bytes, const CollectiveGroup& group) const;
-  // Prices one step-program op. For a communication op, `group` gives its size and the nodes it spans
-  // (nodes defaults to 1 when left at {0, 0}: size then comes from op.group_size); kSend/kRecv are priced
-  // as one send_recv of op.bytes.
+  // Prices one step-program op, with the calibration when one is set (set_calibration). For a communication
+  // op, `group` gives its size and the nodes it spans (nodes defaults to 1 when left at {0, 0}: size then
+  // comes from op.group_size); kSend/kRecv are priced as one send_recv of op.bytes.
   OpCost price(const layouts::Op& op, CollectiveGroup group = {0, 0}) const;
+  // The same without the calibration: the per-op models' own price.
+  OpCost uncalibrated_price(const layouts::Op& op, CollectiveGroup group = {0, 0}) const;
+
+  // Corrections fitted from traced runs (calibration.h), applied by price(); nullopt removes them. Set it
+  // before sharing the model between threads.
+  void set_calibration(std::optional<Calibration> calibration) { calibration_ = std::move(calibration); }
+  const std::optional<Calibration>& calibration() const { return calibration_; }
+  // The names the database's rows may give this GPU (its catalog name first, then aliases found there).
+  const std::vector<std::string>& gpu_names() const { return gpu_names_; }
 
   const ClusterSpec& cluster() const { return cluster_; }
   const GpuModel& gpu() const { return cluster_.gpu; }
@@ -73,6 +86,8 @@ class CostModel {
   MemoryBoundCostModel memory_bound_;
   CollectiveCostModel collective_;
   CostModelSources sources_;
+  std::vector<std::string> gpu_names_;
+  std::optional<Calibration> calibration_;
   std::unique_ptr<Cache> cache_;
 };
 

@@ -1,288 +1,153 @@
-// JsonValue: strict recursive-descent parser (RFC 8259, with line:column errors) and writer.
+// JsonValue: a document model over nlohmann-json's parser (SAX, with line:column errors) and serializer.
 #include "cost_models/json_value.h"
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
+#include <iterator>
+#include <nlohmann/json.hpp>
 
-#include "layouts/json_quote.h"
+#include "layouts/json_syntax_error.h"
 
 namespace megatune::cost_models {
 namespace {
 
 constexpr int kMaxDepth = 256;
 
-class Parser {
+// A char iterator that records how far the parser has read, so that an error the document builder finds
+// (nesting too deep) carries a position as the library's own syntax errors do.
+class CountingIterator {
  public:
-  explicit Parser(std::string_view text) : text_(text) {}
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
 
-  JsonValue parse_document() {
-    skip_space();
-    JsonValue value = parse_value(0);
-    skip_space();
-    if (position_ != text_.size()) fail("unexpected text after the JSON value");
-    return value;
+  CountingIterator(const char* at, const char* begin, std::size_t* furthest)
+      : at_(at), begin_(begin), furthest_(furthest) {}
+  reference operator*() const { return *at_; }
+  CountingIterator& operator++() {
+    ++at_;
+    const auto read = static_cast<std::size_t>(at_ - begin_);
+    if (read > *furthest_) *furthest_ = read;
+    return *this;
+  }
+  CountingIterator operator++(int) {
+    CountingIterator before = *this;
+    ++*this;
+    return before;
+  }
+  bool operator==(const CountingIterator& other) const { return at_ == other.at_; }
+
+ private:
+  const char* at_;
+  const char* begin_;
+  std::size_t* furthest_;
+};
+
+// Builds a JsonValue from the parser's events; the first problem stops the parse.
+class DocumentBuilder : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  DocumentBuilder(std::string_view text, const std::size_t* bytes_read)
+      : text_(text), bytes_read_(bytes_read) {}
+
+  JsonValue take() { return std::move(root_); }
+  [[noreturn]] void fail(std::size_t offset, const std::string& problem) const {
+    const layouts::JsonTextPosition at = layouts::json_text_position(text_, offset);
+    throw JsonParseError(
+        "line " + std::to_string(at.line) + ", column " + std::to_string(at.column) + ": " + problem, at.line,
+        at.column);
+  }
+  [[noreturn]] void fail_here(const std::string& problem) const {
+    fail(layouts::json_error_offset(*bytes_read_), problem);
+  }
+
+  bool null() override { return add(JsonValue(nullptr)); }
+  bool boolean(bool value) override { return add(JsonValue(value)); }
+  bool number_integer(number_integer_t value) override { return add(JsonValue(static_cast<double>(value))); }
+  bool number_unsigned(number_unsigned_t value) override {
+    return add(JsonValue(static_cast<double>(value)));
+  }
+  bool number_float(number_float_t value, const string_t&) override { return add(JsonValue(value)); }
+  bool string(string_t& value) override { return add(JsonValue(std::move(value))); }
+  bool binary(binary_t&) override { return false; }  // JSON text has no binary values
+  bool start_object(std::size_t) override { return open(JsonValue(JsonValue::Object{})); }
+  bool key(string_t& name) override {
+    key_ = std::move(name);
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(JsonValue(JsonValue::Array{})); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t bytes_read, const std::string&,
+                   const nlohmann::detail::exception& error) override {
+    fail(layouts::json_error_offset(bytes_read), layouts::json_error_problem(error.what()));
   }
 
  private:
-  [[noreturn]] void fail(const std::string& problem) const {
-    int line = 1, column = 1;
-    for (std::size_t i = 0; i < position_ && i < text_.size(); ++i) {
-      if (text_[i] == '\n') {
-        ++line;
-        column = 1;
-      } else {
-        ++column;
-      }
+  // Places a finished value into the innermost open container (or as the document).
+  JsonValue* place(JsonValue value) {
+    if (open_.empty()) {
+      root_ = std::move(value);
+      return &root_;
     }
-    throw JsonParseError(
-        "line " + std::to_string(line) + ", column " + std::to_string(column) + ": " + problem, line, column);
+    JsonValue& parent = *open_.back();
+    if (parent.is_array()) return &parent.push_back(std::move(value));
+    return &parent.set(std::move(key_), std::move(value));  // a repeated key keeps the last value
   }
-
-  void skip_space() {
-    while (position_ < text_.size() && (text_[position_] == ' ' || text_[position_] == '\t' ||
-                                        text_[position_] == '\n' || text_[position_] == '\r')) {
-      ++position_;
-    }
+  bool add(JsonValue value) {
+    place(std::move(value));
+    return true;
   }
-
-  bool consume(std::string_view literal) {
-    if (text_.substr(position_, literal.size()) == literal) {
-      position_ += literal.size();
-      return true;
-    }
-    return false;
+  bool open(JsonValue container) {
+    if (static_cast<int>(open_.size()) >= kMaxDepth)
+      fail_here("nesting deeper than " + std::to_string(kMaxDepth));
+    open_.push_back(place(std::move(container)));
+    return true;
   }
-
-  JsonValue parse_value(int depth) {
-    if (depth > kMaxDepth) fail("nesting deeper than " + std::to_string(kMaxDepth));
-    if (position_ >= text_.size()) fail("unexpected end of input, expected a value");
-    const char c = text_[position_];
-    if (c == '{') return parse_object(depth);
-    if (c == '[') return parse_array(depth);
-    if (c == '"') return JsonValue(parse_string());
-    if (consume("true")) return JsonValue(true);
-    if (consume("false")) return JsonValue(false);
-    if (consume("null")) return JsonValue(nullptr);
-    if (c == '-' || (c >= '0' && c <= '9')) return JsonValue(parse_number());
-    fail(std::string("unexpected character '") + c + "', expected a value");
-  }
-
-  JsonValue parse_object(int depth) {
-    ++position_;  // {
-    JsonValue::Object members;
-    skip_space();
-    if (position_ < text_.size() && text_[position_] == '}') {
-      ++position_;
-      return JsonValue(std::move(members));
-    }
-    while (true) {
-      skip_space();
-      if (position_ >= text_.size() || text_[position_] != '"') fail("expected a string key");
-      std::string key = parse_string();
-      skip_space();
-      if (position_ >= text_.size() || text_[position_] != ':')
-        fail("expected ':' after key \"" + key + "\"");
-      ++position_;
-      skip_space();
-      JsonValue value = parse_value(depth + 1);
-      bool replaced = false;
-      for (auto& [existing, slot] : members) {
-        if (existing == key) {
-          slot = std::move(value);
-          replaced = true;
-          break;
-        }
-      }
-      if (!replaced) members.emplace_back(std::move(key), std::move(value));
-      skip_space();
-      if (position_ < text_.size() && text_[position_] == ',') {
-        ++position_;
-        continue;
-      }
-      if (position_ < text_.size() && text_[position_] == '}') {
-        ++position_;
-        return JsonValue(std::move(members));
-      }
-      fail("expected ',' or '}' in object");
-    }
-  }
-
-  JsonValue parse_array(int depth) {
-    ++position_;  // [
-    JsonValue::Array items;
-    skip_space();
-    if (position_ < text_.size() && text_[position_] == ']') {
-      ++position_;
-      return JsonValue(std::move(items));
-    }
-    while (true) {
-      skip_space();
-      items.push_back(parse_value(depth + 1));
-      skip_space();
-      if (position_ < text_.size() && text_[position_] == ',') {
-        ++position_;
-        continue;
-      }
-      if (position_ < text_.size() && text_[position_] == ']') {
-        ++position_;
-        return JsonValue(std::move(items));
-      }
-      fail("expected ',' or ']' in array");
-    }
-  }
-
-  unsigned parse_hex4() {
-    if (position_ + 4 > text_.size()) fail("truncated \\u escape");
-    unsigned value = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = text_[position_++];
-      value <<= 4;
-      if (c >= '0' && c <= '9') {
-        value |= static_cast<unsigned>(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        value |= static_cast<unsigned>(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        value |= static_cast<unsigned>(c - 'A' + 10);
-      } else {
-        fail("bad hex digit in \\u escape");
-      }
-    }
-    return value;
-  }
-
-  static void append_utf8(std::string& out, unsigned code_point) {
-    if (code_point < 0x80) {
-      out += static_cast<char>(code_point);
-    } else if (code_point < 0x800) {
-      out += static_cast<char>(0xC0 | (code_point >> 6));
-      out += static_cast<char>(0x80 | (code_point & 0x3F));
-    } else if (code_point < 0x10000) {
-      out += static_cast<char>(0xE0 | (code_point >> 12));
-      out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code_point & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (code_point >> 18));
-      out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code_point & 0x3F));
-    }
-  }
-
-  std::string parse_string() {
-    ++position_;  // opening quote
-    std::string out;
-    while (true) {
-      if (position_ >= text_.size()) fail("unterminated string");
-      const char c = text_[position_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (position_ >= text_.size()) fail("unterminated escape");
-      const char escape = text_[position_++];
-      switch (escape) {
-        case '"':
-        case '\\':
-        case '/':
-          out += escape;
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned code_point = parse_hex4();
-          if (code_point >= 0xD800 && code_point < 0xDC00) {
-            if (!consume("\\u")) fail("unpaired surrogate in \\u escape");
-            const unsigned low = parse_hex4();
-            if (low < 0xDC00 || low >= 0xE000) fail("bad low surrogate in \\u escape");
-            code_point = 0x10000 + ((code_point - 0xD800) << 10) + (low - 0xDC00);
-          } else if (code_point >= 0xDC00 && code_point < 0xE000) {
-            fail("unpaired surrogate in \\u escape");
-          }
-          append_utf8(out, code_point);
-          break;
-        }
-        default:
-          fail(std::string("bad escape '\\") + escape + "'");
-      }
-    }
-  }
-
-  double parse_number() {
-    const std::size_t start = position_;
-    if (text_[position_] == '-') ++position_;
-    auto digits = [&] {
-      const std::size_t first = position_;
-      while (position_ < text_.size() && text_[position_] >= '0' && text_[position_] <= '9') ++position_;
-      return position_ - first;
-    };
-    if (position_ < text_.size() && text_[position_] == '0') {
-      ++position_;
-    } else if (digits() == 0) {
-      fail("bad number");
-    }
-    if (position_ < text_.size() && text_[position_] == '.') {
-      ++position_;
-      if (digits() == 0) fail("bad number: digits expected after '.'");
-    }
-    if (position_ < text_.size() && (text_[position_] == 'e' || text_[position_] == 'E')) {
-      ++position_;
-      if (position_ < text_.size() && (text_[position_] == '+' || text_[position_] == '-')) ++position_;
-      if (digits() == 0) fail("bad number: digits expected in exponent");
-    }
-    const std::string number(text_.substr(start, position_ - start));
-    const double value = std::strtod(number.c_str(), nullptr);
-    if (!std::isfinite(value)) fail("number out of range: " + number);
-    return value;
+  bool close() {
+    open_.pop_back();
+    return true;
   }
 
   std::string_view text_;
-  std::size_t position_ = 0;
+  const std::size_t* bytes_read_;
+  JsonValue root_;
+  std::vector<JsonValue*> open_;  // the containers being filled, outermost first
+  std::string key_;
 };
 
-void write_string(std::string& out, const std::string& text) { out += layouts::json_quote(text); }
-
-void write_number(std::string& out, double value) {
-  if (!std::isfinite(value)) {
-    out += "null";
-    return;
-  }
-  char text[40];
-  if (value == std::floor(value) && std::fabs(value) < 9.007199254740992e15) {
-    std::snprintf(text, sizeof text, "%.0f", value);
-  } else {
-    std::snprintf(text, sizeof text, "%.17g", value);
-    // Prefer the shortest form that round-trips.
-    for (int precision = 6; precision < 17; ++precision) {
-      char shorter[40];
-      std::snprintf(shorter, sizeof shorter, "%.*g", precision, value);
-      if (std::strtod(shorter, nullptr) == value) {
-        std::snprintf(text, sizeof text, "%s", shorter);
-        break;
-      }
+// The library's document for one value; integral numbers print without a fraction or exponent.
+nlohmann::ordered_json to_library(const JsonValue& value) {
+  if (value.is_null()) return nullptr;
+  if (value.is_bool()) return value.as_bool();
+  if (value.is_string()) return value.as_string();
+  if (value.is_number()) {
+    const double number = value.as_number();
+    if (number == std::floor(number) && std::fabs(number) < 9.007199254740992e15) {
+      return static_cast<std::int64_t>(number);
     }
+    return number;  // the shortest text that round-trips; NaN and infinities print as null
   }
-  out += text;
+  if (value.is_array()) {
+    nlohmann::ordered_json items = nlohmann::ordered_json::array();
+    for (const JsonValue& item : value.as_array()) items.push_back(to_library(item));
+    return items;
+  }
+  nlohmann::ordered_json members = nlohmann::ordered_json::object();
+  for (const auto& [name, member] : value.as_object()) members[name] = to_library(member);
+  return members;
 }
 
 }  // namespace
 
-JsonValue JsonValue::parse(std::string_view text) { return Parser(text).parse_document(); }
+JsonValue JsonValue::parse(std::string_view text) {
+  std::size_t bytes_read = 0;
+  DocumentBuilder builder(text, &bytes_read);
+  const CountingIterator first(text.data(), text.data(), &bytes_read);
+  const CountingIterator last(text.data() + text.size(), text.data(), &bytes_read);
+  nlohmann::json::sax_parse(first, last, &builder);
+  return builder.take();
+}
 
 const char* JsonValue::type_name() const {
   switch (value_.index()) {
@@ -384,51 +249,8 @@ JsonValue& JsonValue::push_back(JsonValue value) {
   return items.back();
 }
 
-namespace {
-void dump_to(std::string& out, const JsonValue& value, int indent, int level) {
-  auto newline = [&](int depth) {
-    if (indent < 0) return;
-    out += '\n';
-    out.append(static_cast<std::size_t>(indent * depth), ' ');
-  };
-  if (value.is_null()) {
-    out += "null";
-  } else if (value.is_bool()) {
-    out += value.as_bool() ? "true" : "false";
-  } else if (value.is_number()) {
-    write_number(out, value.as_number());
-  } else if (value.is_string()) {
-    write_string(out, value.as_string());
-  } else if (value.is_array()) {
-    const auto& items = value.as_array();
-    out += '[';
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      if (i > 0) out += indent < 0 ? "," : ",";
-      newline(level + 1);
-      dump_to(out, items[i], indent, level + 1);
-    }
-    if (!items.empty()) newline(level);
-    out += ']';
-  } else {
-    const auto& members = value.as_object();
-    out += '{';
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      if (i > 0) out += ",";
-      newline(level + 1);
-      write_string(out, members[i].first);
-      out += indent < 0 ? ":" : ": ";
-      dump_to(out, members[i].second, indent, level + 1);
-    }
-    if (!members.empty()) newline(level);
-    out += '}';
-  }
-}
-}  // namespace
-
 std::string JsonValue::dump(int indent) const {
-  std::string out;
-  dump_to(out, *this, indent, 0);
-  return out;
+  return to_library(*this).dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace megatune::cost_models

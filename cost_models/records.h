@@ -143,6 +143,21 @@ struct RunOp {
   bool operator==(const RunOp&) const = default;
 };
 
+// calibrations: corrections fitted from traced runs (calibration.h), appended; a GPU is priced with its
+// newest row. `runs_json` is the provenance: per run its folder, creation time, model, layout, device, GPU,
+// backend, timing method, mean SM clock and board power (-1: not sampled) and command line.
+struct CalibrationRecord {
+  std::int64_t id = 0;      // assigned by the database
+  std::string gpu;          // gpu_models.name whose prices are corrected
+  std::string params_json;  // Calibration::to_json
+  std::string runs_json = "[]";
+  int n_runs = 0, n_ops = 0;
+  // Over the fitted ops: sum |predicted - measured| / sum measured, uncalibrated and calibrated.
+  double op_error_before = 0, op_error_after = 0;
+  std::string calibrated_at;
+  bool operator==(const CalibrationRecord&) const = default;
+};
+
 // Current UTC time as ISO-8601 ("2026-11-29T22:30:00Z").
 std::string utc_now_iso8601();
 

@@ -54,10 +54,32 @@ ModelSpec make_preset(std::string_view name) {
     m.vocab_size = 256;  // byte-level
     return m;
   }
-  if (name == "deepseek-v3-tiny") {
+  if (name == "tiny-mixtral") {
+    // Mixtral-shaped (every layer MoE, 8 experts, top-2, no shared expert) at the tiny preset's size.
+    ModelSpec m = make_preset("tiny");
+    m.name = "tiny-mixtral";
+    m.num_experts = 8;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 64;
+    return m;
+  }
+  if (name == "tiny-deepseek-v3") {
+    // DeepSeek-V3's MoE shape at the tiny preset's size (standard attention, no MTP): a first dense layer,
+    // then MoE layers of 16 fine-grained experts (top-4) and one shared expert.
+    ModelSpec m = make_preset("tiny");
+    m.name = "tiny-deepseek-v3";
+    m.num_layers = 4;
+    m.num_experts = 16;
+    m.moe_router_topk = 4;
+    m.moe_ffn_hidden_size = 32;
+    m.moe_shared_expert_intermediate_size = 32;
+    m.moe_layer_pattern = {0, 1, 1, 1};
+    return m;
+  }
+  if (name == "tiny-deepseek-v3-mla") {
     // DeepSeek-V3's attention at CPU-test size: multi-latent attention (q and kv latents, decoupled RoPE,
     // q/k heads of 24 + 8, v heads of 16) on a dense Llama-style body.
-    ModelSpec m = llama("deepseek-v3-tiny", 4, 64, 4, 0, 128, /*tied=*/false);
+    ModelSpec m = llama("tiny-deepseek-v3-mla", 4, 64, 4, 0, 128, /*tied=*/false);
     m.seq_length = 32;
     m.max_position_embeddings = 32;
     m.vocab_size = 256;  // byte-level
@@ -126,9 +148,9 @@ ModelSpec make_preset(std::string_view name) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",         "gpt-125m",    "gpt-1.3b",        "gpt-2.7b",   "gpt3-175b",
-          "llama3-1b",    "llama3-3b",   "llama3-8b",       "llama3-70b", "llama3-405b",
-          "mixtral-8x7b", "deepseek-v3", "deepseek-v3-tiny"};
+  return {"tiny",       "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",    "gpt-1.3b",
+          "gpt-2.7b",   "gpt3-175b",    "llama3-1b",        "llama3-3b",   "llama3-8b",
+          "llama3-70b", "llama3-405b",  "mixtral-8x7b",     "deepseek-v3", "tiny-deepseek-v3-mla"};
 }
 
 ModelSpec model_preset(std::string_view name) { return make_preset(name); }

@@ -1,4 +1,5 @@
-// The dense stage's parameter table (forward order) and the global shapes of its TP splits.
+// A stage's parameter table (forward order: dense, MoE, MLA and MTP layers) and the global shapes of its TP
+// splits.
 #include "layouts/parameter_table.h"
 
 namespace megatune::layouts {
@@ -100,6 +101,10 @@ class StageTable {
          Split::kColumns, {proj_in});
     if (c_.bias) t_.add(prefix + "self_attention.linear_proj.bias", layer, 1, h, ParameterInit::kZeros);
     norm(prefix + "pre_mlp_layernorm", layer);
+    if (c_.is_moe_layer(layer)) {
+      moe_mlp(prefix + "mlp.", layer);
+      return;
+    }
     const std::vector<std::int64_t> fc1_parts =
         c_.swiglu ? std::vector<std::int64_t>{ffn, ffn} : std::vector<std::int64_t>{ffn};
     const std::int64_t fc1_rows = (c_.swiglu ? 2 : 1) * ffn / tp;
@@ -111,6 +116,30 @@ class StageTable {
     gemm(prefix + "mlp.linear_fc2.weight", layer, h, ffn / tp, ParameterInit::kScaledNormal, Split::kColumns,
          {ffn});
     if (c_.bias) t_.add(prefix + "mlp.linear_fc2.bias", layer, 1, h, ParameterInit::kZeros);
+  }
+
+  // An MoE layer's MLP after its pre-MLP norm (Megatron's names: mlp.router, the SequentialMLP experts by
+  // global index, mlp.shared_experts). Routed experts are whole on their expert-parallel rank (expert tensor
+  // parallelism 1); the shared expert is split over TP like the dense MLP.
+  void moe_mlp(const std::string& prefix, int layer) {
+    const std::int64_t h = c_.hidden, glu = c_.swiglu ? 2 : 1;
+    gemm(prefix + "router.weight", layer, c_.num_experts, h);
+    const std::int64_t local = c_.num_experts / c_.ep;
+    for (std::int64_t e = c_.ep_rank * local; e < (c_.ep_rank + 1) * local; ++e) {
+      const std::string expert = prefix + "experts.local_experts." + std::to_string(e) + ".";
+      t_.add(expert + "linear_fc1.weight", layer, glu * c_.moe_ffn, h, ParameterInit::kNormal).expert =
+          static_cast<int>(e);
+      t_.add(expert + "linear_fc2.weight", layer, h, c_.moe_ffn, ParameterInit::kScaledNormal).expert =
+          static_cast<int>(e);
+    }
+    if (c_.shared_ffn == 0) return;
+    const std::vector<std::int64_t> parts = c_.swiglu
+                                                ? std::vector<std::int64_t>{c_.shared_ffn, c_.shared_ffn}
+                                                : std::vector<std::int64_t>{c_.shared_ffn};
+    gemm(prefix + "shared_experts.linear_fc1.weight", layer, glu * c_.shared_ffn / c_.tp, h,
+         ParameterInit::kNormal, Split::kRows, parts);
+    gemm(prefix + "shared_experts.linear_fc2.weight", layer, h, c_.shared_ffn / c_.tp,
+         ParameterInit::kScaledNormal, Split::kColumns, {c_.shared_ffn});
   }
 
   // Megatron's MLA projections (no biases): the down-projections are replicated over TP (their gradients,

@@ -120,14 +120,14 @@ void build_no_pipelining(RankSchedule& s) {
   RankScheduleBuilder b(s, 1, 1, 0);
   for (int mb = 0; mb < s.num_microbatches; ++mb) {
     b.forward(mb, 0);
-    b.backward(mb, 0);
+    if (!s.forward_only) b.backward(mb, 0);
   }
 }
 
 void build_one_f_one_b(RankSchedule& s) {
   const int p = s.pp, r = s.pp_rank, m = s.num_microbatches;
   RankScheduleBuilder b(s, p, 1, r);
-  const int warmup = std::min(p - r - 1, m);
+  const int warmup = s.forward_only ? m : std::min(p - r - 1, m);  // forward_only: all of them
   const int remaining = m - warmup;
   s.num_warmup_forwards = warmup;
   s.all_forwards_in_warmup = remaining == 0;
@@ -153,7 +153,7 @@ void build_one_f_one_b(RankSchedule& s) {
     if (!last_iteration) b.recv_activation(0);
     b.flush();
   }
-  for (int i = 0; i < warmup; ++i) {
+  for (int i = 0; i < warmup && !s.forward_only; ++i) {
     b.recv_gradient(0);  // recv_backward
     b.flush();
     b.backward(remaining + i, 0);
@@ -192,7 +192,7 @@ void build_interleaved(RankSchedule& s) {
     return recv;
   };
 
-  int warmup = std::min(2 * (p - r - 1) + (v - 1) * g, total);
+  const int warmup = s.forward_only ? total : std::min(2 * (p - r - 1) + (v - 1) * g, total);
   const bool all_warmup = warmup >= total;
   const int remaining = total - warmup;
   s.num_warmup_forwards = warmup;
@@ -228,6 +228,7 @@ void build_interleaved(RankSchedule& s) {
     if (recv_next) b.recv_gradient(next_backward_chunk);
     b.flush();
   }
+  if (s.forward_only) return;
   if (all_warmup) {
     b.recv_gradient(v - 1);  // recv_backward(is_vp_last_stage(v - 1))
     b.flush();
@@ -244,46 +245,29 @@ void build_interleaved(RankSchedule& s) {
   }
 }
 
-}  // namespace
-
-RankSchedule build_rank_schedule(const PipelineLayout& layout, int num_microbatches, int group_size,
-                                 int pp_rank) {
-  RankSchedule s;
-  s.pp = layout.pp();
-  s.vpp = layout.vpp();
-  s.pp_rank = pp_rank;
-  s.num_microbatches = num_microbatches;
+void check_schedule_request(const RankSchedule& s) {
   if (s.pp < 1 || s.vpp < 1) throw UserError("pipeline layout is empty: give at least one stage");
-  if (pp_rank < 0 || pp_rank >= s.pp) {
-    throw UserError("pipeline rank " + std::to_string(pp_rank) +
+  if (s.pp_rank < 0 || s.pp_rank >= s.pp) {
+    throw UserError("pipeline rank " + std::to_string(s.pp_rank) +
                     " is outside --pipeline-model-parallel-size " + std::to_string(s.pp));
   }
-  if (num_microbatches < 1) {
+  if (s.num_microbatches < 1) {
     throw UserError("the schedule needs at least one microbatch: raise --global-batch-size");
   }
-  if (int64_t{num_microbatches} * s.vpp > 100'000'000) {
+  if (int64_t{s.num_microbatches} * s.vpp > 100'000'000) {
     throw UserError(
-        std::to_string(num_microbatches) + " microbatches x " + std::to_string(s.vpp) +
+        std::to_string(s.num_microbatches) + " microbatches x " + std::to_string(s.vpp) +
         " chunks is too many schedule steps: lower --global-batch-size or raise --micro-batch-size");
   }
-  if (s.pp == 1) {
-    if (s.vpp > 1) {
-      throw UserError(
-          "virtual pipeline stages need --pipeline-model-parallel-size > 1 (Megatron's no-pipelining "
-          "schedule does not support model chunks): use one stage per rank or raise pp");
-    }
-    s.kind = ScheduleKind::kNoPipelining;
-    build_no_pipelining(s);
-    return s;
+  if (s.pp == 1 && s.vpp > 1) {
+    throw UserError(
+        "virtual pipeline stages need --pipeline-model-parallel-size > 1 (Megatron's no-pipelining "
+        "schedule does not support model chunks): use one stage per rank or raise pp");
   }
-  if (s.vpp == 1) {
-    s.kind = ScheduleKind::kOneForwardOneBackward;
-    build_one_f_one_b(s);
-    return s;
-  }
-  s.kind = ScheduleKind::kInterleaved;
-  s.microbatch_group_size = group_size > 0 ? group_size : s.pp;
-  const int g = s.microbatch_group_size;
+}
+
+void check_interleaving(const RankSchedule& s) {
+  const int g = s.microbatch_group_size, num_microbatches = s.num_microbatches;
   if (g < s.pp || g > num_microbatches) {
     throw UserError("--microbatch-group-size-per-virtual-pipeline-stage " + std::to_string(g) +
                     " must lie in [pp = " + std::to_string(s.pp) + ", microbatches = " +
@@ -295,13 +279,50 @@ RankSchedule build_rank_schedule(const PipelineLayout& layout, int num_microbatc
                     " for microbatch group size " + std::to_string(g) +
                     ": make the microbatch count a multiple of the group size or leave a remainder >= pp");
   }
-  build_interleaved(s);
+}
+
+RankSchedule schedule_header(const PipelineLayout& layout, int num_microbatches, int group_size,
+                             int pp_rank) {
+  RankSchedule s;
+  s.pp = layout.pp();
+  s.vpp = layout.vpp();
+  s.pp_rank = pp_rank;
+  s.num_microbatches = num_microbatches;
+  check_schedule_request(s);
+  s.kind = s.pp == 1    ? ScheduleKind::kNoPipelining
+           : s.vpp == 1 ? ScheduleKind::kOneForwardOneBackward
+                        : ScheduleKind::kInterleaved;
+  if (s.kind == ScheduleKind::kInterleaved) {
+    s.microbatch_group_size = group_size > 0 ? group_size : s.pp;
+    check_interleaving(s);
+  }
   return s;
 }
 
-RankSchedule build_schedule(const ModelSpec& model, const ParallelConfig& config, int pp_rank) {
+}  // namespace
+
+RankSchedule build_rank_schedule(const PipelineLayout& layout, int num_microbatches, int group_size,
+                                 int pp_rank, bool forward_only) {
+  RankSchedule s = schedule_header(layout, num_microbatches, group_size, pp_rank);
+  s.forward_only = forward_only;
+  switch (s.kind) {
+    case ScheduleKind::kNoPipelining:
+      build_no_pipelining(s);
+      break;
+    case ScheduleKind::kOneForwardOneBackward:
+      build_one_f_one_b(s);
+      break;
+    case ScheduleKind::kInterleaved:
+      build_interleaved(s);
+      break;
+  }
+  return s;
+}
+
+RankSchedule build_schedule(const ModelSpec& model, const ParallelConfig& config, int pp_rank,
+                            bool forward_only) {
   return build_rank_schedule(config.resolved_pipeline_layout(model), config.num_microbatches(),
-                             config.micro_batch_group_size(), pp_rank);
+                             config.micro_batch_group_size(), pp_rank, forward_only);
 }
 
 std::vector<RankSchedule> build_all_schedules(const ModelSpec& model, const ParallelConfig& config) {

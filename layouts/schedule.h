@@ -56,6 +56,7 @@ struct RankSchedule {
   int microbatch_group_size = 0;  // interleaved only
   int num_warmup_forwards = 0;    // forwards before the first backward (Megatron's num_warmup_microbatches)
   bool all_forwards_in_warmup = false;
+  bool forward_only = false;  // evaluation: forwards and activation transfers only
   std::vector<ScheduleItem> items;
 };
 
@@ -74,10 +75,13 @@ int warmup_forward_count(int pp, int pp_rank, int vpp, int num_microbatches, int
 
 // Builds the schedule of one pp rank for a layout (pp and vpp from the layout). Throws UserError on the
 // interleaving constraints (p <= g <= m, m % g == 0 or >= p) and pp == 1 with several chunks.
+// forward_only (Megatron's forward_only=True, evaluation): every forward is a warm-up forward, in the
+// training schedule's forward order, with its receive and send of activations; no backward, no gradient.
 RankSchedule build_rank_schedule(const PipelineLayout& layout, int num_microbatches, int group_size,
-                                 int pp_rank);
+                                 int pp_rank, bool forward_only = false);
 // Same for a validated (model, config).
-RankSchedule build_schedule(const ModelSpec& model, const ParallelConfig& config, int pp_rank);
+RankSchedule build_schedule(const ModelSpec& model, const ParallelConfig& config, int pp_rank,
+                            bool forward_only = false);
 std::vector<RankSchedule> build_all_schedules(const ModelSpec& model, const ParallelConfig& config);
 
 // Largest number of (microbatch, chunk) forwards whose backward has not run yet, over the schedule:

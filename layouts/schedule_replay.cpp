@@ -170,7 +170,8 @@ ReplayResult replay_schedules(const std::vector<RankSchedule>& schedules, const 
   }
   for (int s = 0; s < num_stages; ++s) {
     for (int mb = 0; mb < m; ++mb) {
-      if (result.forward_round[s][mb] < 0 || result.backward_round[s][mb] < 0) {
+      const bool backward_missing = !schedules.front().forward_only && result.backward_round[s][mb] < 0;
+      if (result.forward_round[s][mb] < 0 || backward_missing) {
         return fail("stage " + std::to_string(s) + " never ran forward and backward of microbatch " +
                     std::to_string(mb));
       }

@@ -21,8 +21,8 @@ struct ReplayResult {
 // runs when its inputs arrived (F of a non-first stage needs its activation received, B of a non-last
 // stage its gradient); a p2p group blocks until each transfer meets the peer's matching transfer in the
 // peer's current group (same tensor, microbatch and chunks, opposite direction). Also checks that every
-// (mb, chunk) runs F and B exactly once per rank and that F of stage s follows F of stage s-1 for the
-// same microbatch and B of stage s follows B of stage s+1.
+// (mb, chunk) runs F and B (F only in forward_only schedules) exactly once per rank and that F of stage s
+// follows F of stage s-1 for the same microbatch and B of stage s follows B of stage s+1.
 ReplayResult replay_schedules(const std::vector<RankSchedule>& schedules, const PipelineLayout& layout);
 
 }  // namespace megatune::layouts

@@ -138,8 +138,10 @@ class Walker {
 
 }  // namespace
 
-RankStep walk_rank_step(const ModelSpec& model, const ParallelConfig& config, int rank,
-                        const StepProgramOptions& options) {
+namespace {
+
+RankStep walk(const ModelSpec& model, const ParallelConfig& config, int rank,
+              const StepProgramOptions& options, bool forward_only) {
   const RankGrid grid = RankGrid::from_config(config);
   if (rank < 0 || rank >= grid.world_size()) {
     throw std::out_of_range("rank " + std::to_string(rank) + " outside the world of " +
@@ -149,13 +151,18 @@ RankStep walk_rank_step(const ModelSpec& model, const ParallelConfig& config, in
   step.rank = rank;
   step.coordinates = grid.dense_coordinates(rank);
   step.shape = resolve_step_shape(model, config);
+  const std::vector<int> ring = grid.comm_group_members(rank, CommGroup::kContext);
+  const int cp = static_cast<int>(ring.size()), cp_rank = step.coordinates.cp;
+  step.shape.cp_ring = {cp_rank, ring.at((cp_rank + 1) % cp), ring.at((cp_rank + cp - 1) % cp)};
   const PipelineLayout layout = config.resolved_pipeline_layout(model);
-  const RankSchedule schedule = build_schedule(model, config, step.coordinates.pp);
+  const RankSchedule schedule = build_schedule(model, config, step.coordinates.pp, forward_only);
   step.schedule_kind = schedule.kind;
   for (const PipelineStage* stage : layout.stages_of_rank(step.coordinates.pp)) {
     step.stages.push_back(*stage);
-    step.buckets.push_back(grad_sync_buckets(step.shape, config, stage_parameters(model, step.shape, *stage),
-                                             stage->vpp_rank, options));
+    step.buckets.push_back(forward_only ? std::vector<GradBucket>{}
+                                        : grad_sync_buckets(step.shape, config,
+                                                            stage_parameters(model, step.shape, *stage),
+                                                            stage->vpp_rank, options));
   }
   std::vector<int> last_backward(step.stages.size(), -1);
   for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i)
@@ -176,8 +183,19 @@ RankStep walk_rank_step(const ModelSpec& model, const ParallelConfig& config, in
         break;
     }
   }
-  walker.after_schedule(step.shape);
+  if (!forward_only) walker.after_schedule(step.shape);
   return step;
+}
+
+}  // namespace
+
+RankStep walk_rank_step(const ModelSpec& model, const ParallelConfig& config, int rank,
+                        const StepProgramOptions& options) {
+  return walk(model, config, rank, options, false);
+}
+
+RankStep walk_rank_forward(const ModelSpec& model, const ParallelConfig& config, int rank) {
+  return walk(model, config, rank, {}, true);
 }
 
 std::string format_rank_step(const RankStep& step) {

@@ -85,6 +85,10 @@ struct RankStep {
 RankStep walk_rank_step(const ModelSpec& model, const ParallelConfig& config, int rank,
                         const StepProgramOptions& options = {});
 
+// The forward-only walk of the same rank (evaluation, Megatron's forward_only=True): the items of
+// build_schedule(..., forward_only) — kForward and kP2p only, no buckets, no optimizer steps.
+RankStep walk_rank_forward(const ModelSpec& model, const ParallelConfig& config, int rank);
+
 // Compact text of the items, separated by spaces: F<mb>.<chunk>, B<mb>.<chunk> (a segment adds
 // {<begin>-<end>}, its entry range), p2p groups in brackets as format_schedule writes them with the peer's
 // global rank (+a0.0@r3), G<chunk>.<bucket>@<ready entry> for a bucket, P<chunk>.<bucket> for a param

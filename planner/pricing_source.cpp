@@ -4,7 +4,9 @@
 
 #include <filesystem>
 
+#include "cost_models/calibration_store.h"
 #include "cost_models/cost_database.h"
+#include "cost_models/embedded_data.h"
 #include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
@@ -31,7 +33,25 @@ std::string describe_sources(const cost_models::CostModel& model) {
 
 }  // namespace
 
-PricingSource open_pricing_source(const std::string& database_path, const cost_models::ClusterSpec& cluster) {
+std::string apply_stored_calibration(cost_models::Database& database, cost_models::CostModel& model,
+                                     bool use) {
+  const std::optional<cost_models::CalibrationRecord> row =
+      cost_models::load_latest_calibration(database, model.gpu_names());
+  if (!row) return "";
+  const std::string where = "row " + std::to_string(row->id) + ", " + row->calibrated_at;
+  if (!use) return "; calibration off (--no-calibration; " + where + " not applied)";
+  try {
+    model.set_calibration(cost_models::Calibration::from_json(row->params_json));
+  } catch (const std::exception& error) {
+    throw UserError("cost database " + database.path() + ": calibration " + where + " is unreadable (" +
+                    error.what() + "); run `megatune db calibrate` again, or pass --no-calibration");
+  }
+  return "; calibrated from " + std::to_string(row->n_runs) + " traced run" + (row->n_runs == 1 ? "" : "s") +
+         " (" + where + "): " + model.calibration()->summary();
+}
+
+PricingSource open_pricing_source(const std::string& database_path, const cost_models::ClusterSpec& cluster,
+                                  bool use_calibration) {
   PricingSource source;
   std::string path = database_path;
   if (path.empty()) {
@@ -48,8 +68,10 @@ PricingSource open_pricing_source(const std::string& database_path, const cost_m
     if (!reason.empty()) throw UserError("--db " + path + " " + reason + "; give a cost database file");
   }
   if (path.empty()) {
-    source.cost_model = cost_models::CostModel::from_embedded(cluster);
-    source.description = "embedded data: " + describe_sources(*source.cost_model);
+    cost_models::Database embedded = cost_models::open_embedded_cost_database();
+    source.cost_model = std::make_unique<cost_models::CostModel>(embedded, cluster);
+    source.description = "embedded data: " + describe_sources(*source.cost_model) +
+                         apply_stored_calibration(embedded, *source.cost_model, use_calibration);
     return source;
   }
   cost_models::CostDatabaseOpenOptions options;
@@ -57,7 +79,8 @@ PricingSource open_pricing_source(const std::string& database_path, const cost_m
   options.read_only = true;
   source.database.emplace(cost_models::open_cost_database(path, options));
   source.cost_model = std::make_unique<cost_models::CostModel>(*source.database, cluster);
-  source.description = path + ": " + describe_sources(*source.cost_model);
+  source.description = path + ": " + describe_sources(*source.cost_model) +
+                       apply_stored_calibration(*source.database, *source.cost_model, use_calibration);
   return source;
 }
 

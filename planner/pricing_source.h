@@ -19,7 +19,15 @@ struct PricingSource {
 };
 
 // `database_path` empty: the default database (cost_models::default_cost_database_path) when that file
-// exists, else the embedded data. A given path must exist (UserError naming it otherwise).
-PricingSource open_pricing_source(const std::string& database_path, const cost_models::ClusterSpec& cluster);
+// exists, else the embedded data. A given path must exist (UserError naming it otherwise). With
+// `use_calibration`, the newest calibration of the cluster's GPU (megatune db calibrate) corrects the prices
+// and the description says so; without it, the description says that a stored calibration was left out.
+PricingSource open_pricing_source(const std::string& database_path, const cost_models::ClusterSpec& cluster,
+                                  bool use_calibration = true);
+// The description's calibration clause ("; calibrated from 12 traced runs (row 3, 2026-12-01T12:00:00Z):
+// gemm 1.12x, ...") for the newest calibration of the model's GPU in `database`, applying it to the model
+// when `use` holds; "" when the database holds none.
+std::string apply_stored_calibration(cost_models::Database& database, cost_models::CostModel& model,
+                                     bool use);
 
 }  // namespace megatune::planner

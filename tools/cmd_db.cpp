@@ -18,6 +18,7 @@
 #include "cost_models/table_io.h"
 #include "layouts/output_file.h"
 #include "layouts/user_error.h"
+#include "tools/calibrate_command.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
 
@@ -45,6 +46,8 @@ struct DbCommandOptions {
   int group_nodes = 1;
   bool causal = true;
   std::vector<std::string> price_flags_given;  // --group-size / --group-nodes / --no-causal when passed
+  // calibrate
+  CalibrateOptions calibrate;
 };
 
 std::string resolved_path(const DbCommandOptions& options) {
@@ -374,8 +377,9 @@ const Registrar kDbCommand{Command{
       import->add_option("--table", options->table, "Target table")->required();
       CLI::App* exporter = sub.add_subcommand("export", "Export a table as CSV or JSON");
       exporter->add_option("--table", options->table, "Table to export")->required();
-      exporter->add_option("--format", options->format,
-                           "csv or json (default: from -o's extension, else csv)");
+      exporter
+          ->add_option("--format", options->format, "csv or json (default: from -o's extension, else csv)")
+          ->check(CLI::IsMember({"csv", "json"}));
       exporter->add_option("-o,--output", options->output, "Output file (default: standard output)");
       CLI::App* fit = sub.add_subcommand("fit", "Fit cost models from the measurements and store them");
       fit->add_option("--gpu", options->gpu, "Only this GPU (default: every GPU with measurements)");
@@ -393,7 +397,9 @@ const Registrar kDbCommand{Command{
           ->required();
       price->add_option("--cluster", options->cluster, "NODESxGPUSxTYPE or a cluster JSON file")
           ->default_val("1x8xH100");
-      price->add_option("--dtype", options->dtype, "bf16 | fp16 | fp8 | fp32")->default_val("bf16");
+      price->add_option("--dtype", options->dtype, "bf16 | fp16 | fp8 | fp32")
+          ->default_val("bf16")
+          ->check(CLI::IsMember({"bf16", "fp16", "fp8", "fp32", "tf32"}, CLI::ignore_case));
       price->add_option("--group-size", options->group_size, "Collective group size")
           ->default_val(8)
           ->check(integer_at_least(1));
@@ -401,11 +407,27 @@ const Registrar kDbCommand{Command{
           ->default_val(1)
           ->check(integer_at_least(1));
       price->add_flag("!--no-causal", options->causal, "Attention without the causal mask");
+      CLI::App* calibrate = sub.add_subcommand(
+          "calibrate", "Fit corrections from traced runs (train --trace-dir) and store them with provenance");
+      calibrate->add_option("--run", options->calibrate.runs, "the --trace-dir of a megatune train run")
+          ->required();
+      calibrate->add_option("--cluster", options->calibrate.cluster,
+                            "the GPU whose prices are corrected, as NODESxGPUSxTYPE (default: the run's own; "
+                            "required for a CPU run)");
       sub.footer(
           "Examples:\n  megatune db info\n  megatune db export --table gpu_models --format json\n"
           "  megatune db import timings.csv --table kernel_timings\n  megatune db fit --gpu H200\n"
-          "  megatune db price gemm --shape 8192 8192 8192 --cluster 1x8xH200");
-      return [options, info, import, exporter, fit, price]() {
+          "  megatune db price gemm --shape 8192 8192 8192 --cluster 1x8xH200\n"
+          "  megatune db calibrate --run run-mbs1 --run run-mbs4");
+      return [options, info, import, exporter, fit, price, calibrate]() {
+        if (calibrate->parsed()) {
+          if (options->embedded)
+            throw UserError("db calibrate writes the database: pass --db FILE (or none), not --embedded");
+          options->calibrate.database_given = !options->database_path.empty();
+          run_calibrate(
+              options->calibrate, [&] { return open_for_cli(*options); }, std::cout);
+          return 0;
+        }
         if (info->parsed()) return run_info(*options);
         if (import->parsed()) return run_import(*options);
         if (exporter->parsed()) return run_export(*options);

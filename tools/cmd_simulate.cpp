@@ -19,6 +19,7 @@ struct SimulateCommandOptions {
   MegatronArgs args;
   std::string cluster = "1x8xH100";
   std::string db;
+  bool no_calibration = false;  // --no-calibration
   std::string trace;
   bool all_ranks = false;
   std::string granularity;  // "pass" | "kernel"; default: kernel with --trace, else pass
@@ -56,7 +57,7 @@ int run_simulate(const SimulateCommandOptions& o) {
   }
   config.validate(model);
 
-  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster);
+  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster, !o.no_calibration);
   planner::CostModelPricer pricer(*pricing.cost_model);
   planner::SimulationOptions options;
   options.all_ranks = o.all_ranks;
@@ -64,12 +65,9 @@ int run_simulate(const SimulateCommandOptions& o) {
   if (o.granularity.empty()) {
     options.granularity = options.record_trace ? planner::SimulationGranularity::kKernel
                                                : planner::SimulationGranularity::kPass;
-  } else if (o.granularity == "pass") {
-    options.granularity = planner::SimulationGranularity::kPass;
-  } else if (o.granularity == "kernel") {
-    options.granularity = planner::SimulationGranularity::kKernel;
-  } else {
-    throw UserError("--granularity " + o.granularity + ": use pass or kernel");
+  } else {  // checked while parsing: pass or kernel
+    options.granularity = o.granularity == "pass" ? planner::SimulationGranularity::kPass
+                                                  : planner::SimulationGranularity::kKernel;
   }
   const planner::SimulationResult r = planner::simulate(model, config, pricer, options);
 
@@ -132,6 +130,9 @@ const Registrar kSimulateCommand{Command{
       sub.add_option("--db", o->db,
                      "Cost database (default: the default database if it exists, else the embedded catalog)")
           ->group("Simulator");
+      sub.add_flag("--no-calibration", o->no_calibration,
+                   "Price without the corrections fitted from traced runs (megatune db calibrate)")
+          ->group("Simulator");
       sub.add_option("--trace", o->trace, "Write a Chrome-trace/Perfetto JSON timeline here")
           ->group("Simulator");
       sub.add_flag("--all-ranks", o->all_ranks,
@@ -139,6 +140,7 @@ const Registrar kSimulateCommand{Command{
           ->group("Simulator");
       sub.add_option("--granularity", o->granularity,
                      "pass or kernel (default: kernel with --trace, else pass)")
+          ->check(CLI::IsMember({"pass", "kernel"}))
           ->group("Simulator");
       sub.footer(
           "Example:\n  megatune simulate --model llama3-8b --cluster 1x8xH100 --tp 2 --pp 2 --gbs 64 "

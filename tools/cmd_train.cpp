@@ -218,7 +218,6 @@ int run_train(TrainArgs& a) {
   const std::string fresh_start = check_load_path(a.options.load);  // refuses a --load that does not exist
   if (!fresh_start.empty() && launch.rank == 0 && a.nproc <= 1) std::cout << fresh_start << std::endl;
   if (a.device.empty()) a.device = default_device();
-  if (a.device != "cpu" && a.device != "cuda") throw UserError("--device must be cuda or cpu");
   if (a.dry_run) return dry_run(a, spec, parallel);
   if (a.options.mock_data == !a.options.data_path.empty())
     throw UserError("give exactly one of --data-path PREFIX and --mock-data");
@@ -291,7 +290,8 @@ const Registrar registrar({
       app.add_option("--min-lr", a.options.min_lr, "learning rate floor of the decay");
       app.add_option("--lr-warmup-init", a.options.lr_warmup_init, "learning rate at the start of warm-up");
       app.add_option("--lr-decay-style", a.options.lr_decay_style,
-                     "constant | linear | cosine | inverse-square-root | WSD");
+                     "constant | linear | cosine | inverse-square-root | WSD")
+          ->check(CLI::IsMember({"constant", "linear", "cosine", "inverse-square-root", "WSD", "wsd"}));
       app.add_option("--lr-warmup-iters", a.options.lr_warmup_iters, "warm-up iterations");
       app.add_option("--lr-warmup-fraction", a.options.lr_warmup_fraction,
                      "warm-up as a fraction of the decay");
@@ -300,7 +300,8 @@ const Registrar registrar({
       app.add_option("--lr-wsd-decay-iters", a.options.lr_wsd_decay_iters,
                      "WSD: iterations of the final anneal");
       app.add_option("--lr-wsd-decay-style", a.options.lr_wsd_decay_style,
-                     "WSD anneal: exponential | linear | cosine | minus_sqrt");
+                     "WSD anneal: exponential | linear | cosine | minus_sqrt")
+          ->check(CLI::IsMember({"exponential", "linear", "cosine", "minus_sqrt"}));
       app.add_option("--weight-decay", a.options.weight_decay,
                      "AdamW decoupled weight decay (not on 1-D params)");
       app.add_option("--clip-grad", a.options.clip_grad, "global gradient-norm clip (0: off)");
@@ -310,6 +311,16 @@ const Registrar registrar({
       app.add_option("--init-method-std", a.options.init_method_std, "std of the normal initialization");
       app.add_option("--norm-epsilon", a.options.norm_epsilon, "LayerNorm / RMSNorm epsilon");
       app.add_option("--rotary-base", a.options.rotary_base, "RoPE theta (10000; Llama 3: 500000)");
+      app.add_option("--moe-router-score-function", a.options.moe_router_score_function,
+                     "MoE router scores: softmax | sigmoid");
+      app.add_flag("--moe-router-pre-softmax", a.options.moe_router_pre_softmax,
+                   "MoE: softmax over all experts before the top-k");
+      app.add_option("--moe-router-load-balancing-type", a.options.moe_router_load_balancing_type,
+                     "MoE load-balancing loss: aux_loss | seq_aux_loss | none");
+      app.add_option("--moe-aux-loss-coeff", a.options.moe_aux_loss_coeff,
+                     "MoE load-balancing loss coefficient (default 0)");
+      app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,
+                     "MoE expert capacity factor: tokens over capacity are dropped (default: dropless)");
       app.add_option("--train-iters", a.options.train_iters, "iterations to train (default 100)");
       app.add_option("--save", a.options.save, "checkpoint directory to save into");
       app.add_option("--load", a.options.load, "checkpoint directory to resume from (its latest iteration)");
@@ -324,11 +335,18 @@ const Registrar registrar({
                    "no loss on positions whose input is the EOD token");
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
+      app.add_option("--eval-interval", a.options.eval_interval,
+                     "validation loss every N iterations (default 1000), and once after training")
+          ->check(integer_at_least(1));
+      app.add_option("--eval-iters", a.options.eval_iters,
+                     "global batches per validation / test evaluation (default 0: none; Megatron's is 100)")
+          ->check(integer_at_least(0));
       app.add_option("--nproc", a.nproc,
                      "ranks on this host (must equal the layout's world size): threads with --device cpu, "
                      "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")
           ->check(integer_between(1, 4096));
-      app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)");
+      app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)")
+          ->check(CLI::IsMember({"cuda", "cpu"}));
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,
                      "write the ops the first iteration issued (layouts::Op text, one a line) to FILE");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "cost_models/cluster_spec.h"
@@ -16,9 +17,10 @@
 #include "executor/training/arena_sizing.h"
 #include "layouts/user_error.h"
 #include "planner/compare_report.h"
+#include "planner/leave_one_out.h"
 #include "planner/measured_run.h"
 #include "planner/pricing_source.h"
-#include "tools/megatron_args.h"
+#include "tools/traced_run_target.h"
 
 namespace megatune::tools {
 namespace {
@@ -27,13 +29,6 @@ struct Target {
   std::vector<std::string> args;
   std::string cluster, source;
 };
-
-std::vector<std::string> split_words(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> words;
-  for (std::string w; in >> w;) words.push_back(w);
-  return words;
-}
 
 Target plan_target(const std::string& path) {
   std::error_code ec;
@@ -58,28 +53,7 @@ Target plan_target(const std::string& path) {
   }
 }
 
-struct Resolved {
-  layouts::ModelSpec model;
-  layouts::ParallelConfig config;
-};
-
-Resolved resolve_target(std::vector<std::string> args, const std::string& source) {
-  CLI::App app{"compare target"};
-  app.allow_extras();
-  MegatronArgs megatron;
-  add_model_flags(app, megatron);
-  add_parallel_flags(app, megatron);
-  add_batch_flags(app, megatron);
-  std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
-  try {
-    app.parse(args);
-  } catch (const CLI::ParseError& e) {
-    throw UserError(source + ": " + e.what() + "; give Megatron flags such as --model tiny --tp 2");
-  }
-  Resolved r{resolve_model(megatron), resolve_parallel(megatron)};
-  r.config.validate(r.model);
-  return r;
-}
+using Resolved = ResolvedTarget;
 
 void write_atomically(const std::string& path, const std::string& flag, const std::string& contents) {
   const std::string temporary = path + ".tmp";
@@ -188,7 +162,7 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
                     " GPUs, the layout " + std::to_string(resolved.config.world_size) +
                     " ranks; give --cluster with as many GPUs (e.g. 1x" +
                     std::to_string(resolved.config.world_size) + "xH200)");
-  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster);
+  planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster, !o.no_calibration);
   planner::CostModelPricer pricer(*pricing.cost_model);
   planner::SimulationOptions options;
   options.granularity = planner::SimulationGranularity::kKernel;
@@ -207,8 +181,44 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
 
 }  // namespace
 
+// --leave-one-out: every run predicted from a calibration fitted on the others.
+void run_leave_one_out(const CompareOptions& o, std::ostream& out) {
+  planner::parse_hold_out(o.hold_out);  // a bad value is reported before the runs are read
+  if (o.runs.size() < 2)
+    throw UserError(
+        "--leave-one-out needs at least two --run directories (each is predicted from the others)");
+  std::vector<planner::CalibrationCase> cases;
+  std::optional<cost_models::ClusterSpec> cluster;
+  for (const std::string& dir : o.runs) {
+    TracedRunTarget t = read_traced_run(dir);
+    const cost_models::ClusterSpec spec =
+        cost_models::parse_cluster_spec(o.cluster.empty() ? t.run.cluster : o.cluster);
+    if (spec.world_size() != t.target.config.world_size)
+      throw UserError("--run " + dir + " has " + std::to_string(t.target.config.world_size) +
+                      " ranks, its cluster " + std::to_string(spec.world_size()) +
+                      " GPUs; give --cluster 1x" + std::to_string(t.target.config.world_size) + "x<GPU>");
+    if (cluster && spec.gpu.name != cluster->gpu.name)
+      throw UserError("--run " + dir + " ran on " + spec.gpu.name + ", the first run on " +
+                      cluster->gpu.name + ": evaluate one GPU at a time (or name it with --cluster)");
+    if (!cluster) cluster = spec;
+    cases.push_back({std::move(t.run), std::move(t.target.model), std::move(t.target.config)});
+  }
+  planner::PricingSource pricing = planner::open_pricing_source(o.db, *cluster, false);
+  out << "simulated on " << cluster->gpu.name << "; priced from: " << pricing.description << "\n";
+  const planner::HoldOut hold_out = planner::parse_hold_out(o.hold_out);
+  out << planner::leave_one_out_table(planner::leave_one_out(cases, *pricing.cost_model, hold_out), hold_out);
+}
+
 void run_compare(const CompareOptions& o, std::ostream& out) {
   if (o.runs.empty()) throw UserError("--run DIR is required: the --trace-dir of a megatune train run");
+  if (o.leave_one_out) {
+    if (!o.simulate_args.empty() || !o.plan.empty() || !o.html.empty() || !o.perfetto.empty() || o.save)
+      throw UserError(
+          "--leave-one-out prints one table: leave out --simulate-args, --plan, --html, --perfetto "
+          "and --save");
+    run_leave_one_out(o, out);
+    return;
+  }
   if (!o.simulate_args.empty() && !o.plan.empty())
     throw UserError("give only one of --simulate-args and --plan");
   if (o.runs.size() > 1 && (!o.simulate_args.empty() || !o.plan.empty() || !o.perfetto.empty()))

@@ -19,6 +19,11 @@ struct CompareOptions {
   int top = 15;                   // --top: worst ops listed per rank
   int rank = -1;                  // --rank: only this rank's tables (-1: every rank)
   bool save = false;              // --save: store each rank as a run (runs + run_ops) in the --db database
+  bool no_calibration = false;    // --no-calibration: price without the stored calibration
+  // --leave-one-out: for each run, calibrate on the others and predict it (step time before and after);
+  // replaces the per-run reports.
+  bool leave_one_out = false;
+  std::string hold_out = "run";  // --hold-out run|shape|model: what --leave-one-out holds out together
 };
 
 // Writes the report to `out` and the requested files (temporary file + rename); UserError on bad input.

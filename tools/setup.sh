@@ -8,9 +8,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 jobs=$(nproc 2>/dev/null || echo 2)
 
-need=(build-essential cmake git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev)
+need=(build-essential cmake git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev
+      libsentencepiece-dev sentencepiece)
 # chromium: the compare test opens its HTML report headless (installing it took 25 s on the CPU machine).
-[ "$mode" = test ] && need+=(clang libclang-rt-dev chromium)
+# nodejs + npm: the tokenizer tests install their reference tokenizers (npm packages) into the build tree.
+[ "$mode" = test ] && need+=(clang libclang-rt-dev chromium nodejs npm)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,16 +24,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-configure_and_build() {  # dir, extra cmake args...
+configure_and_build() {  # dir, extra cmake args... [-- targets...] (no targets: everything)
   local dir=$1; shift
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" > "$dir.configure.log" 2>&1 ||
+  local args=() targets=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+  [ $# -gt 0 ] && { shift; targets=("$@"); }
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "${args[@]}" > "$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; exit 1; }
-  cmake --build "$dir" -j "$jobs"
+  if [ ${#targets[@]} -gt 0 ]; then
+    cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  else
+    cmake --build "$dir" -j "$jobs"
+  fi
 }
 
 case "$mode" in
   plan)
-    configure_and_build build
+    # Only what the main job runs: the megatune executable (no tests, benchmarks or fuzz targets).
+    configure_and_build build -- megatune
     shift || true
     if ./build/bin/megatune plan --help > /dev/null 2>&1; then
       ./build/bin/megatune plan --model llama3-70b --cluster 8x8xH200 --global-batch-size 512 --seq-length 4096 -o plan.json "$@"

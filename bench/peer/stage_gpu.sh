@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stages what bench/peer/run_gpu.sh needs into .gpu/ (git-ignored): the executor's GPU tests, megatune, the
-# benches and shared/anchors' sdpa_bench.py, stripped, as one xz archive (.gpu/bins.tar.xz, which run_gpu.sh
+# benches, shared/anchors' sdpa_bench.py and bench/peer/sdpa_head_dims.py, stripped, as one xz archive (.gpu/bins.tar.xz, which run_gpu.sh
 # unpacks on the device: unpacked they exceed a device call's 64 MiB carry limit), and the real-text corpus
 # (.corpus/, built by make_text_corpus.py) as another unless --no-corpus.
 #   bash bench/peer/stage_gpu.sh BUILD_DIR [ANCHORS_DIR] [--no-corpus]
@@ -17,6 +17,7 @@ cp "$build"/bin/{megatune,bench_train_gpu,bench_attention_gpu,bench_optimizer_gp
 cp "$build"/tests/executor_*_gpu_test "$staging"/
 strip "$staging"/* 2>/dev/null || true
 if [ -f "$anchors/sdpa_bench.py" ]; then cp "$anchors/sdpa_bench.py" "$staging"/; fi
+cp bench/peer/sdpa_head_dims.py "$staging"/
 rm -rf .gpu && mkdir -p .gpu
 tar cJf .gpu/bins.tar.xz -C "$staging" .
 if [ "$corpus" = 1 ] && [ -f .corpus/text_text_document.bin ]; then

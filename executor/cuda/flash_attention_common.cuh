@@ -38,9 +38,14 @@ using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::smem_address;
 
-// Loads a ROWS x D tile (rows row0.. of a strided global tensor) into swizzled shared memory; rows at or
-// beyond row_limit are zero-filled. All THREADS threads of the block take part.
-template <int ROWS, int D, int THREADS>
+// Row width in shared memory of a tile D columns wide: a multiple of 64 columns, so that the swizzle's
+// chunk slots (c ^ (r & 7)) stay inside the row (head dims 80, 96: 128; the padding is never read).
+constexpr int padded_width(int d) { return (d + 63) / 64 * 64; }
+
+// Loads a ROWS x D tile (rows row0.. of a strided global tensor) into swizzled shared memory rows of DP
+// (>= D, a multiple of 64 unless DP == D is) columns; rows at or beyond row_limit are zero-filled. All
+// THREADS threads of the block take part.
+template <int ROWS, int D, int THREADS, int DP = D>
 __device__ __forceinline__ void load_tile(__nv_bfloat16* smem, const __nv_bfloat16* gmem, int64_t row_stride,
                                           int row0, int row_limit) {
   constexpr int kChunks = ROWS * D / 8;
@@ -49,7 +54,7 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* smem, const __nv_bfloat
     const int row = i / (D / 8), chunk = i % (D / 8);
     const bool valid = row0 + row < row_limit;
     const __nv_bfloat16* src = gmem + int64_t(valid ? row0 + row : 0) * row_stride + chunk * 8;
-    cp_async_16(smem + swizzled<D>(row, chunk), src, valid);
+    cp_async_16(smem + swizzled<DP>(row, chunk), src, valid);
   }
 }
 
@@ -103,6 +108,47 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16*
   const int lane = threadIdx.x & 31;
   const int row = k0 + (lane & 7) + (((lane >> 3) & 1) << 3), chunk = (n0 >> 3) + (lane >> 4);
   ldmatrix_x4_trans(b, tile + swizzled<D>(row, chunk));
+}
+
+// acc (16 rows x N columns: N / 8 n-tiles) += A B^T over K columns, A the 16 rows row0.. of a [row][k] tile
+// and B an [n][k] tile (shared-memory row widths KP).
+template <int K, int KP, int N>
+__device__ __forceinline__ void strip_times_tile_t(float (&acc)[N / 8][4], const __nv_bfloat16* a_tile,
+                                                   int row0, const __nv_bfloat16* b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a[4];
+    load_a<KP>(a, a_tile, row0, kk * 16);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b[4];
+      load_b_nk<KP>(b, b_tile, np * 16, kk * 16);
+      mma(acc[2 * np], a, b[0], b[1]);
+      mma(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 rows x D columns) += a (a 16 x 16 fragment) times rows k0..k0+15 of a [k][n] tile (row width DP).
+template <int D, int DP>
+__device__ __forceinline__ void fragment_times_rows(float (&acc)[D / 8][4], const uint32_t (&a)[4],
+                                                    const __nv_bfloat16* tile, int k0) {
+#pragma unroll
+  for (int dpair = 0; dpair < D / 16; ++dpair) {
+    uint32_t b[4];
+    load_b_kn<DP>(b, tile, k0, dpair * 16);
+    mma(acc[2 * dpair], a, b[0], b[1]);
+    mma(acc[2 * dpair + 1], a, b[2], b[3]);
+  }
+}
+
+// The A fragment (16 x 16) of two accumulator n-tiles side by side (columns 0-7 and 8-15), as bf16.
+__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float (&left)[4],
+                                                  const float (&right)[4]) {
+  a[0] = pack_bf16(left[0], left[1]);
+  a[1] = pack_bf16(left[2], left[3]);
+  a[2] = pack_bf16(right[0], right[1]);
+  a[3] = pack_bf16(right[2], right[3]);
 }
 
 }  // namespace megatune::executor::cuda::flash

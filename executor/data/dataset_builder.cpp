@@ -99,7 +99,7 @@ TrainValidTestDatasets build_train_valid_test_datasets(const DataConfig& config,
     for (size_t d = 0; d < sources.size(); ++d) {
       const auto bounds = split_boundaries(normalized_split, sources[d]->num_sequences());
       if (bounds[part + 1] <= bounds[part]) {
-        if (requested > 0) {
+        if (requested > 0 && !(part > 0 && config.skip_empty_evaluation_splits)) {
           throw UserError("--split " + config.split + " leaves the " + split_name + " split of " +
                           sources[d]->description() + " without sequences but " + std::to_string(requested) +
                           " " + split_name + " samples are needed; give that split a share or use more data");

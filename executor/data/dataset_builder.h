@@ -29,6 +29,9 @@ struct DataConfig {
   std::string split = "969,30,1";      // --split
   GPTDatasetConfig gpt;                // sequence length, seed, eod, vocab check
   MockDataConfig mock;                 // used with mock_data (vocab_size and eod_token are taken from gpt)
+  // A validation or test split that --split leaves without sequences is not built (null) instead of a
+  // UserError (training evaluates the splits that hold data).
+  bool skip_empty_evaluation_splits = false;
 };
 
 struct TrainValidTestDatasets {

@@ -1,9 +1,10 @@
-// Minimal JSON reader for one JSONL line: parses an object and extracts a string field (escapes and
-// \u surrogate pairs decoded to UTF-8) or an array of integers. Errors carry a message without location;
-// the caller names the file and line.
+// JsonLine: one JSONL line read by nlohmann-json: an object whose string fields (escapes and \u surrogate
+// pairs decoded to UTF-8) or integer-array fields the caller asks for. Errors carry the column; the caller
+// names the file and line.
 #pragma once
 #include <cstdint>
-#include <optional>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -15,8 +16,8 @@ struct JsonLineError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The top-level fields of one JSON object line (values kept as raw JSON text). Throws JsonLineError if
-// the line is not one complete, valid JSON object.
+// The top-level fields of one JSON object line. Throws JsonLineError if the line is not one complete,
+// valid JSON object.
 class JsonLine {
  public:
   explicit JsonLine(std::string_view line);
@@ -27,8 +28,8 @@ class JsonLine {
   std::vector<int64_t> integer_array_field(std::string_view key) const;
 
  private:
-  std::optional<std::string_view> raw(std::string_view key) const;
-  std::vector<std::pair<std::string, std::string_view>> fields_;  // key -> raw value text
+  const nlohmann::json& field(std::string_view key) const;  // throws when missing
+  std::shared_ptr<const nlohmann::json> object_;
 };
 
 }  // namespace megatune::executor::data

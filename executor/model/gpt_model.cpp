@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "executor/model/linear_gemm.h"
+#include "executor/parallel/context_parallel_split.h"
 #include "layouts/step_program.h"
 #include "layouts/user_error.h"
 
@@ -26,25 +27,6 @@ using layouts::OpPhase;
 constexpr OpPhase kF = OpPhase::kForward;
 constexpr OpPhase kB = OpPhase::kBackward;
 constexpr layouts::OpRole kTpRole = layouts::OpRole::kTensorParallel;
-
-Tensor rows_of(Tensor t, std::int64_t first_row, std::int64_t rows, std::int64_t storage_bytes) {
-  Tensor v = t;
-  v.data = static_cast<char*>(t.data) + first_row * t.row_stride * storage_bytes;
-  v.rows = rows;
-  return v;
-}
-
-// A (rows, cols) contiguous view `offset` elements into a flat buffer (null data stays null: sizing mode).
-Tensor carve(Tensor buffer, std::int64_t offset, std::int64_t rows, std::int64_t cols,
-             std::int64_t storage_bytes) {
-  if (offset + rows * cols > buffer.numel()) throw std::logic_error("carve: view exceeds its buffer");
-  Tensor v = buffer;
-  if (buffer.data != nullptr) v.data = static_cast<char*>(buffer.data) + offset * storage_bytes;
-  v.rows = rows;
-  v.cols = cols;
-  v.row_stride = cols;
-  return v;
-}
 
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -71,6 +53,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     throw std::invalid_argument("GPTModel: stage layers outside the model");
   tp_rank_ = communicator_.rank(CommGroup::kTensor);
   tp_size_ = communicator_.size(CommGroup::kTensor);
+  cp_rank_ = communicator_.rank(CommGroup::kContext);
+  cp_size_ = communicator_.size(CommGroup::kContext);
   if (tp_size_ != config_.tensor_parallel_size)
     throw std::invalid_argument("GPTModel: the communicator's tensor-parallel group has " +
                                 std::to_string(tp_size_) + " ranks, the model config " +
@@ -78,15 +62,27 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   if (batch_.seq > config_.max_seq && config_.position == PositionEmbedding::kLearned)
     throw UserError("--seq-length " + std::to_string(batch_.seq) + " exceeds --max-position-embeddings " +
                     std::to_string(config_.max_seq));
+  // Context parallelism: this rank holds its two chunks of every sequence (batch_.seq is from here on the
+  // local sequence) at their global positions.
+  if (batch_.seq % (2 * cp_size_) != 0 && cp_size_ > 1)
+    throw std::invalid_argument("GPTModel: the sequence does not split into 2 x cp chunks");
+  positions_ = context_parallel_positions(batch_.seq, cp_size_, cp_rank_);
+  batch_.seq /= cp_size_;
   const std::int64_t T = batch_.tokens(), h = config_.hidden, total = layout_.total_elements();
   if (sp() && T % tp_size_ != 0)
     throw UserError("--sequence-parallel: micro-batch tokens (" + std::to_string(T) +
                     ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
   rows_ = sp() ? T / tp_size_ : T;
+  if (config_.mla && cp_size_ > 1)
+    throw UserError("--multi-latent-attention with --context-parallel-size " + std::to_string(cp_size_) +
+                    ": the executor runs multi-latent attention without context parallelism; use "
+                    "--context-parallel-size 1");
   if (config_.mla)
     mla_ = std::make_unique<MlaAttention>(config_, batch_.micro_batch, batch_.seq, rows_, compute_dtype_,
                                           backend_, communicator_);
   require_attention_support();
+  if (cp_size_ > 1 && stage_.num_layers > 0)
+    ring_ = std::make_unique<RingAttention>(ring_shape(), compute_dtype_, backend_, communicator_);
   index_layer_parameters();
   if (batch_.activation_slots < 1) throw std::invalid_argument("GPTModel: activation_slots must be >= 1");
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
@@ -154,9 +150,15 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     shared_attn_ = backend_.allocate(compute_dtype_, T, attn_w, "recomputed attention (shared)");
     shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
                                     "recomputed attention (shared)");
+    const Tensor shared_kv =
+        cp_size_ > 1
+            ? backend_.allocate(compute_dtype_, T, 2 * config_.kv_heads_per_rank() * config_.head_dim,
+                                "recomputed attention (shared)")
+            : Tensor{};
     auto share = [&](LayerActivations& acts) {
       acts.attn = shared_attn_;
       acts.lse = shared_lse_;
+      acts.cp_kv = shared_kv;
     };
     share(full_recompute_set_);
     for (Slot& slot : slots_)
@@ -209,6 +211,11 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   }
   d_attn_ = carve(mlp_scratch_, 0, T, attn_w, storage);
   d_qkv_ = carve(mlp_scratch_, T * attn_w, T, qkv_w, storage);
+  int moe_count = 0;
+  for (const LayerParameters& p : layer_parameters_) moe_count += p.moe_local >= 0 ? 1 : 0;
+  if (moe_count > 0)
+    moe_ = std::make_unique<MoeLayers>(config_, T, batch_.seq, moe_count, batch_.activation_slots,
+                                       compute_dtype_, backend_);
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
   slot_of_microbatch_.assign(batch_.num_microbatches, -1);
   forward_done_.assign(batch_.num_microbatches, false);
@@ -238,6 +245,9 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
     a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), "saved: attention output");
     a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
                               "saved: attention output");
+    if (cp_size_ > 1)
+      a.cp_kv = backend_.allocate(compute_dtype_, T, 2 * config_.kv_heads_per_rank() * config_.head_dim,
+                                  "saved: context-parallel K,V block");
   }
   a.mid = backend_.allocate(compute_dtype_, rows_, h, "saved: mid residual");
   a.ln2 = norm2_out_;
@@ -276,6 +286,7 @@ void GPTModel::index_layer_parameters() {
     const auto it = by_name.find(layer_parameter(l, suffix));
     return it == by_name.end() ? nullptr : it->second;
   };
+  int moe_layers = 0;
   for (int i = 0; i < stage_.num_layers; ++i) {
     const int l = stage_.first_layer + i;
     LayerParameters p;
@@ -300,8 +311,46 @@ void GPTModel::index_layer_parameters() {
     p.kv_norm_w = find(l, "self_attention.kv_layernorm.weight");
     p.kv_norm_b = find(l, "self_attention.kv_layernorm.bias");
     p.kv_up = find(l, "self_attention.linear_kv_up_proj.weight");
+    if (config_.is_moe_layer(l)) {
+      p.moe_local = moe_layers++;
+      p.router = find(l, "mlp.router.weight");
+      p.shared_fc1 = find(l, "mlp.shared_experts.linear_fc1.weight");
+      p.shared_fc2 = find(l, "mlp.shared_experts.linear_fc2.weight");
+      const std::int64_t local = config_.local_experts(), first = config_.expert_parallel_rank * local;
+      for (std::int64_t e = first; e < first + local; ++e) {
+        const std::string prefix = "mlp.experts.local_experts." + std::to_string(e) + ".";
+        p.expert_fc1.push_back(find(l, (prefix + "linear_fc1.weight").c_str()));
+        p.expert_fc2.push_back(find(l, (prefix + "linear_fc2.weight").c_str()));
+      }
+    }
     layer_parameters_.push_back(p);
   }
+}
+
+MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
+  const LayerParameters& p = layer_parameters_.at(l - stage_.first_layer);
+  auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
+  MoeLayerWeights w;
+  w.router = get(p.router);
+  for (const ParameterEntry* e : p.expert_fc1) w.fc1.push_back(get(e));
+  for (const ParameterEntry* e : p.expert_fc2) w.fc2.push_back(get(e));
+  w.shared_fc1 = get(p.shared_fc1);
+  w.shared_fc2 = get(p.shared_fc2);
+  return w;
+}
+
+void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, bool accumulate) {
+  // The MoE block reads its input (the pre-MLP norm output) again: recomputed unless a full-recompute
+  // re-run of the layer has just written it.
+  const LayerWeights w = layer_weights(model_params_, l);
+  if (recompute_ != RecomputeGranularity::kFull)
+    backend_.norm_forward(
+        with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
+        {"pre_mlp_norm", l, OpPhase::kRecompute});
+  const float aux_loss_scale =
+      static_cast<float>(1.0 / (batch_.num_microbatches * batch_.gradient_average_ranks));
+  moe_->backward(moe_weights(model_params_, l), moe_weights(grads_, l), a.ln2, d_out, d_hidden_, moe_slot_,
+                 layer_parameters_.at(l - stage_.first_layer).moe_local, l, accumulate, aux_loss_scale);
 }
 
 GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
@@ -385,6 +434,7 @@ void GPTModel::zero_gradients() {
   for (const Tensor& t : zeroed_grads_) backend_.fill_zero(t);
   layer_grads_written_.assign(stage_.num_layers, false);
   head_grad_written_ = false;
+  if (moe_) moe_->reset_logged_load_balancing_loss();
 }
 
 Tensor GPTModel::reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label,
@@ -465,7 +515,13 @@ AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
 
 void GPTModel::require_attention_support() const {
   if (stage_.num_layers == 0) return;
-  const std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
+  std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
+  for (const layouts::RingBlock block :
+       {layouts::RingBlock::kFirstHalfKeys, layouts::RingBlock::kSecondHalfQueries})
+    if (gap.empty() && cp_size_ > 1) {
+      gap = backend_.attention_unsupported(ring_kernel_shape(ring_shape(), block));
+      if (!gap.empty()) gap = "context parallelism's ring: " + gap;
+    }
   if (!gap.empty() && config_.mla)
     throw UserError("the " + backend_.name() +
                     " backend cannot run this model's multi-latent attention (q/k " + "head dim " +
@@ -477,6 +533,36 @@ void GPTModel::require_attention_support() const {
         "the " + backend_.name() + " backend cannot run this model's attention (--kv-channels " +
         std::to_string(config_.head_dim) + "): " + gap +
         "; pick --kv-channels (or --hidden-size / --num-attention-heads) accordingly, or --device cpu");
+}
+
+RingAttentionShape GPTModel::ring_shape() const {
+  RingAttentionShape ring;
+  ring.batch = batch_.micro_batch;
+  ring.local_seq = batch_.seq;
+  ring.heads = config_.heads_per_rank();
+  ring.kv_heads = config_.kv_heads_per_rank();
+  ring.head_dim = config_.head_dim;
+  ring.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  return ring;
+}
+
+void GPTModel::core_attention_forward(LayerActivations& a, int layer, OpPhase phase) {
+  if (ring_) {
+    ring_->forward(a.qkv, a.attn, a.lse, a.cp_kv, layer, phase);
+    return;
+  }
+  backend_.attention_forward(attention_args(a), {"attn", layer, phase});
+}
+
+void GPTModel::core_attention_backward(LayerActivations& a, int layer) {
+  if (ring_) {
+    ring_->backward(a.qkv, a.attn, a.lse, a.cp_kv, d_attn_, d_qkv_, layer);
+    return;
+  }
+  const AttentionArgs attention = attention_args(a);
+  backend_.attention_backward(
+      attention, packed_attention_grads(d_attn_, d_qkv_, attention, backend_.storage_bytes(compute_dtype_)),
+      {"attn", layer, kB});
 }
 
 GPTModel::LayerActivations& GPTModel::activations_for(int slot, int local_layer) {
@@ -504,9 +590,9 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
     gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
     if (config_.position == PositionEmbedding::kRope)
       backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(),
-                    config_.head_dim, config_.rope_theta, false, {"rope", l, phase});
+                    config_.head_dim, config_.rope_theta, false, {"rope", l, phase}, positions_);
   }
-  backend_.attention_forward(attention_args(a), {"attn", l, phase});
+  core_attention_forward(a, l, phase);
   gemm_linear(a.attn, w.proj_w, row_bias ? w.proj_b : Tensor{}, fc2_out_, "proj");
   const Tensor proj = reduce_from_full(fc2_out_, reduced_, "proj_ar", "proj_rs", l, phase);
   // The residual add fused into the pre-MLP norm: a.mid = bf16(proj output + input), a.ln2 = norm(a.mid).
@@ -514,6 +600,12 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
       norm_args(proj, input, a.mid, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
       {"pre_mlp_norm", l, phase});
   gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, phase);
+  const int moe_local = layer_parameters_.at(l - stage_.first_layer).moe_local;
+  if (moe_local >= 0) {
+    moe_->forward(moe_weights(model_params_, l), a.ln2, fc2_out_, moe_slot_, moe_local, l, phase);
+    backend_.add(a.mid, fc2_out_, output, {"residual2", l, phase});
+    return;
+  }
   if (config_.activation == ActivationKind::kGelu) {
     // fc1 with bias and GELU fused in the GEMM's epilogue; a.fc1 keeps the pre-activation for the backward.
     backend_.linear_gelu_forward(linear_forward_args(a.ln2, w.fc1_w, a.fc1, w.fc1_b, T), a.act,
@@ -553,36 +645,36 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   // gradient (in place over the saved fc1 output, which nothing reads afterwards) and recomputes the
   // activation output (in place over the data gradient) for fc2's weight gradient.
   const Tensor d_out = gather_to_full(d_res_, full_scratch_, "fc2_grad_ag", l, kB);
-  dgrad(d_out, w.fc2_w, a.act, "fc2_dgrad");
-  backend_.activation_backward_recompute(config_.activation, a.fc1, a.act, a.fc1, a.act, {"act", l, kB});
-  wgrad(d_out, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
-  const Tensor d_fc1 = a.fc1;
-  if (recompute_shared)
-    backend_.norm_forward(
-        with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
-        {"pre_mlp_norm", l, kR});
-  gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, kB);
-  dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
-  wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
+  if (config_.is_moe_layer(l)) {
+    moe_mlp_backward(l, a, d_out, accumulate);
+  } else {
+    dgrad(d_out, w.fc2_w, a.act, "fc2_dgrad");
+    backend_.activation_backward_recompute(config_.activation, a.fc1, a.act, a.fc1, a.act, {"act", l, kB});
+    wgrad(d_out, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
+    const Tensor d_fc1 = a.fc1;
+    if (recompute_shared)
+      backend_.norm_forward(
+          with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
+          {"pre_mlp_norm", l, kR});
+    gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, kB);
+    dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
+    wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
+  }
   const Tensor d_ln2 = reduce_from_full(d_hidden_, d_hidden_shard_, "fc1_dgrad_ar", "fc1_dgrad_rs", l, kB);
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
                          d_ln2, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.
-  if (recompute_ == RecomputeGranularity::kSelective)
-    backend_.attention_forward(attention_args(a), {"attn", l, kR});
+  if (recompute_ == RecomputeGranularity::kSelective) core_attention_forward(a, l, kR);
   const Tensor d_proj = gather_to_full(d_mid_, full_scratch_, "proj_grad_ag", l, kB);
   dgrad(d_proj, w.proj_w, d_attn_, "proj_dgrad");
   wgrad(d_proj, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
   if (mla_) {
     mla_backward(l, a, input, accumulate);
   } else {
-    const AttentionArgs attention = attention_args(a);
-    backend_.attention_backward(
-        attention, packed_attention_grads(d_attn_, d_qkv_, attention, backend_.storage_bytes(compute_dtype_)),
-        {"attn", l, kB});
+    core_attention_backward(a, l);
     if (config_.position == PositionEmbedding::kRope)
       backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(),
-                    config_.head_dim, config_.rope_theta, true, {"rope", l, kB});
+                    config_.head_dim, config_.rope_theta, true, {"rope", l, kB}, positions_);
     if (recompute_shared)
       backend_.norm_forward(
           with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
@@ -629,7 +721,7 @@ void GPTModel::embedding_forward(const MicroBatch& mb, int slot) {
     position = view(model_params_, layout_.find("embedding.position_embeddings.weight"));
   const Tensor full = sp() ? full_scratch_ : output;
   backend_.embedding_forward(tokens, view(model_params_, layout_.find("embedding.word_embeddings.weight")),
-                             position, batch_.seq, full, {"embedding", -1, kF});
+                             position, batch_.seq, full, {"embedding", -1, kF}, positions_);
   reduce_from_full(full, output, "embedding_ar", "embedding_rs", -1, kF);
 }
 
@@ -644,6 +736,7 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
                         static_cast<std::int64_t>(mb.loss_mask.size()) != T)))
     throw std::invalid_argument("micro-batch size does not match micro_batch * seq");
   const int slot = slot_of(index);
+  moe_slot_ = slot;
   if (stage_.has_embedding) embedding_forward(mb, slot);
   Slot& s = slots_[slot];
   for (int i = 0; i < stage_.num_layers; ++i)
@@ -651,9 +744,11 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
   if (stage_.has_loss) loss_forward(mb, index, slot, with_gradients);
   if (with_gradients)
     forward_done_[index] = true;
-  else
-    slot_of_microbatch_[index] = -1;
+  else if (stage_.has_loss)
+    slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
 }
+
+void GPTModel::forward_only(const MicroBatch& mb, int index) { run_forward(mb, index, false); }
 
 void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with_gradients) {
   const std::int64_t T = batch_.tokens();
@@ -751,6 +846,7 @@ void GPTModel::backward(int index, int begin, int end) {
   if (begin < 0 || begin > end || end > count)
     throw std::out_of_range("backward: entry range outside the stage");
   const int slot = slot_of(index);
+  moe_slot_ = slot;
   Slot& s = slots_[slot];
   const int loss_entries = stage_.has_loss ? 1 : 0;
   if (begin == 0 && !stage_.has_loss) backend_.copy(s.output_grad, d_res_);
@@ -784,7 +880,7 @@ void GPTModel::embedding_backward(int slot) {
     d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));
   backend_.embedding_backward(slots_[slot].tokens, d_embedding, batch_.seq,
                               view(grads_, layout_.find("embedding.word_embeddings.weight")), d_position,
-                              {"embedding", -1, kB});
+                              {"embedding", -1, kB}, positions_);
 }
 
 std::vector<double> GPTModel::microbatch_losses() {

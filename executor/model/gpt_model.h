@@ -10,9 +10,11 @@
 #include "executor/backend/backend.h"
 #include "executor/data/data_loader.h"
 #include "executor/model/mla_attention.h"
+#include "executor/model/moe_layer.h"
 #include "executor/model/parameter_layout.h"
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/communicator.h"
+#include "executor/parallel/ring_attention.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
 
@@ -25,7 +27,7 @@ using MicroBatch = data::MicroBatch;
 
 struct BatchShape {
   std::int64_t micro_batch = 1;
-  std::int64_t seq = 64;
+  std::int64_t seq = 64;     // the whole sequence; GPTModel::batch() holds a CP rank's local share
   int num_microbatches = 1;  // per iteration (gradient accumulation)
   // Largest chunk of logits the LM head + loss hold at once (layouts::loss_chunk_rows; the step program's
   // StepProgramOptions::loss_chunk_logits_bytes must agree).
@@ -89,8 +91,15 @@ class GPTModel {
   int local_layers() const { return stage_.num_layers; }
   // Forward only (evaluation): mean loss over the counted tokens of `batch`.
   double evaluate(const MicroBatch& batch);
+  // Forward only of micro-batch `index` inside a pipeline (evaluation): no gradient work. The loss stage
+  // frees the slot at once; other stages keep it (stage_output(index)) until release(index), after the send.
+  void forward_only(const MicroBatch& batch, int index);
+  // Tokens of micro-batch `index` counted in its loss (loss stage; set by its forward).
+  double counted_tokens(int index) const { return counted_tokens_.at(index); }
   // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
   std::vector<double> microbatch_losses();
+  // Tokens each micro-batch of the iteration counted in its loss (the loss stage, after the forwards).
+  const std::vector<double>& counted_tokens() const { return counted_tokens_; }
 
   const TransformerConfig& config() const { return config_; }
   const BatchShape& batch() const { return batch_; }
@@ -104,6 +113,11 @@ class GPTModel {
   Tensor view(Tensor buffer, const ParameterEntry& entry) const;
   // The LM head's weight: the word embedding when tied, else output_layer.weight (loss stage only).
   const ParameterEntry& head_entry() const;
+  // MoE: the sum over this stage's MoE layers and the iteration's forwards (since zero_gradients()) of the
+  // load-balancing loss / its coefficient, each micro-batch weighted 1 / micro-batches (Megatron's logged
+  // value before its mean over the MoE layers); 0 for a dense model.
+  double moe_load_balancing_loss() const { return moe_ ? moe_->logged_load_balancing_loss() : 0.0; }
+  const MoeLayers* moe_layers() const { return moe_.get(); }
   // Norm parameters whose gradients are all-reduced over TP after the schedule (sequence parallelism).
   std::vector<const ParameterEntry*> sequence_parallel_grad_entries() const;
 
@@ -122,7 +136,13 @@ class GPTModel {
     // Multi-latent attention (MlaAttention::Weights' shapes).
     const ParameterEntry *q_down = nullptr, *q_norm_w = nullptr, *q_norm_b = nullptr, *q_up = nullptr,
                          *kv_down = nullptr, *kv_norm_w = nullptr, *kv_norm_b = nullptr, *kv_up = nullptr;
+    // MoE layers: the router, this rank's experts, the shared expert; moe_local: index among the stage's
+    // MoE layers (-1: a dense layer).
+    const ParameterEntry *router = nullptr, *shared_fc1 = nullptr, *shared_fc2 = nullptr;
+    std::vector<const ParameterEntry*> expert_fc1, expert_fc2;
+    int moe_local = -1;
   };
+  MoeLayerWeights moe_weights(Tensor buffer, int layer) const;
   void index_layer_parameters();
   // What one layer's backward reads. "saved" tensors are per layer (one shared set under full
   // recomputation); the norm outputs and the activation output are views of buffers shared by all layers:
@@ -134,6 +154,7 @@ class GPTModel {
     Tensor qkv;                 // (T, qkv_width) after RoPE (saved)
     Tensor attn;                // (T, heads * d) attention output (saved; shared under recomputation)
     Tensor lse;                 // (b * heads, s) fp32 (saved; shared under recomputation)
+    Tensor cp_kv;               // (T, 2 kv width) the ring's last K,V block (context parallelism; as lse)
     Tensor mid;                 // (T, h) residual after attention (= input + proj) (saved)
     Tensor ln2;                 // (T, h) pre-MLP norm output (shared)
     Tensor ln2_mean, ln2_rstd;  // (T, 1) fp32 (saved)
@@ -156,6 +177,8 @@ class GPTModel {
   // Multi-latent attention's backward from the attention output's gradient (d_attn_) to the input norm
   // output's gradient (d_hidden_shard_).
   void mla_backward(int layer, LayerActivations& acts, Tensor input, bool accumulate);
+  // An MoE layer's MLP backward: d_hidden_ = the gradient of the pre-MLP norm output from d_out.
+  void moe_mlp_backward(int layer, LayerActivations& acts, Tensor d_out, bool accumulate);
   LayerActivations& activations_for(int slot, int local_layer);
   int slot_of(int index);  // acquires a slot on first use
   // Tensor-parallel regions (megatron.md §4); no-ops at TP size 1. reduce_from_full: the sum over TP of a
@@ -168,6 +191,10 @@ class GPTModel {
   NormArgs norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
                      Tensor mean, Tensor rstd) const;
   AttentionArgs attention_args(const LayerActivations& acts) const;
+  // Core attention (attn, lse from qkv; d_qkv_ from d_attn_): one kernel, or the context-parallel ring.
+  void core_attention_forward(LayerActivations& acts, int layer, layouts::OpPhase phase);
+  void core_attention_backward(LayerActivations& acts, int layer);
+  RingAttentionShape ring_shape() const;
   // UserError when the backend's attention kernels cannot run this model's attention shape.
   void require_attention_support() const;
 
@@ -182,7 +209,10 @@ class GPTModel {
   std::vector<LayerParameters> layer_parameters_;  // per local layer
   std::unique_ptr<MlaAttention> mla_;              // multi-latent attention (shared by the layers)
   int tp_rank_ = 0, tp_size_ = 1;
-  std::int64_t rows_ = 0;  // rows of the residual stream on this rank: T, or T / tp under SP
+  int cp_rank_ = 0, cp_size_ = 1;
+  SequencePositions positions_;          // global positions of the local sequence (context parallelism)
+  std::unique_ptr<RingAttention> ring_;  // context parallelism's attention (cp > 1)
+  std::int64_t rows_ = 0;                // rows of the residual stream on this rank: T, or T / tp under SP
 
   Tensor model_params_;  // (1, model_copy_elements_) compute dtype; aliases main_params_ when fp32
   std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)
@@ -226,6 +256,8 @@ class GPTModel {
   Tensor d_res_, d_mid_, d_hidden_, d_attn_, d_qkv_;
   Tensor d_hidden_shard_;               // (rows, h) the reduced input gradient (aliases d_hidden_ without SP)
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
+  std::unique_ptr<MoeLayers> moe_;      // the stage's MoE layers (null for a dense stage)
+  int moe_slot_ = 0;                    // the activation slot of the micro-batch being run
 };
 
 }  // namespace megatune::executor

@@ -33,6 +33,12 @@ layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& c) {
   s.qk_head_dim = c.qk_head_dim;
   s.qk_pos_emb_head_dim = c.qk_pos_emb_head_dim;
   s.v_head_dim = c.v_head_dim;
+  s.moe_layers = c.moe_layers;
+  s.num_experts = c.num_experts;
+  s.moe_ffn = c.moe_ffn_hidden;
+  s.shared_ffn = c.shared_expert_ffn;
+  s.ep = c.expert_parallel_size;
+  s.ep_rank = c.expert_parallel_rank;
   return s;
 }
 

@@ -39,6 +39,15 @@ void TransformerConfig::validate() const {
         position == PositionEmbedding::kRope && qk_pos_emb_head_dim % 2 == 0,
         "--multi-latent-attention needs --position-embedding-type rope and an even --qk-pos-emb-head-dim");
   }
+  if (!is_moe()) return;
+  require(moe_ffn_hidden >= 1, "--moe-ffn-hidden-size must be >= 1");
+  require(static_cast<int>(moe_layers.size()) == num_layers,
+          "--moe-layer-freq must give one entry per layer (" + std::to_string(num_layers) + ")");
+  require(expert_parallel_size >= 1 && num_experts % expert_parallel_size == 0,
+          "--expert-model-parallel-size must divide --num-experts (" + std::to_string(num_experts) + ")");
+  require(shared_expert_ffn % tensor_parallel_size == 0,
+          "--tensor-model-parallel-size must divide --moe-shared-expert-intermediate-size");
+  router.validate(num_experts);
 }
 
 std::string TransformerConfig::describe() const {
@@ -51,6 +60,9 @@ std::string TransformerConfig::describe() const {
   if (mla)
     out << " MLA q_lora " << q_lora_rank << " kv_lora " << kv_lora_rank << " qk " << qk_head_dim << "+"
         << qk_pos_emb_head_dim << " v " << v_head_dim;
+  if (is_moe())
+    out << " MoE " << num_experts << " experts top-" << router.topk << " ffn " << moe_ffn_hidden
+        << (shared_expert_ffn > 0 ? " shared " + std::to_string(shared_expert_ffn) : "");
   return out.str();
 }
 
@@ -60,8 +72,12 @@ namespace megatune::executor {
 
 TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp, float rope_theta,
                                           float norm_eps, float init_std) {
-  if (spec.is_moe())
-    throw UserError("--num-experts: the executor does not run MoE models yet; drop --num-experts");
+  if (spec.is_moe() && tp > 1)
+    throw UserError("--num-experts with --tensor-model-parallel-size " + std::to_string(tp) +
+                    ": the executor runs MoE models at tensor-parallel size 1 only; use "
+                    "--tensor-model-parallel-size 1");
+  if (spec.is_moe() && spec.add_bias_linear)
+    throw UserError("--num-experts: the executor's experts have no biases; add --disable-bias-linear");
   if (spec.mtp_num_layers > 0)
     throw UserError("--mtp-num-layers: the executor does not run MTP yet; set it to 0");
   TransformerConfig c;
@@ -93,6 +109,14 @@ TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp
     c.qk_pos_emb_head_dim = spec.qk_pos_emb_head_dim;
     c.v_head_dim = spec.v_head_dim;
     c.head_dim = spec.qk_head_dim + spec.qk_pos_emb_head_dim;
+  }
+  if (spec.is_moe()) {
+    c.num_experts = spec.num_experts;
+    c.moe_ffn_hidden = spec.moe_ffn_size();
+    c.shared_expert_ffn = spec.moe_shared_expert_intermediate_size;
+    c.router.num_experts = spec.num_experts;
+    c.router.topk = spec.moe_router_topk;
+    for (int l = 0; l < spec.num_layers; ++l) c.moe_layers.push_back(spec.is_moe_layer(l) ? 1 : 0);
   }
   c.validate();
   return c;

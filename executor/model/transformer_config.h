@@ -2,8 +2,10 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "executor/backend/backend.h"
+#include "executor/model/moe_router.h"
 
 namespace megatune::executor {
 
@@ -32,6 +34,14 @@ struct TransformerConfig {
   // (queries and keys), kv_heads == heads; q_lora_rank 0 is one query projection.
   bool mla = false;
   std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
+  // Mixture of experts (num_experts == 0: dense). moe_layers[l] != 0: layer l is an MoE layer.
+  std::vector<int> moe_layers;
+  std::int64_t num_experts = 0;
+  std::int64_t moe_ffn_hidden = 0;     // --moe-ffn-hidden-size
+  std::int64_t shared_expert_ffn = 0;  // --moe-shared-expert-intermediate-size; 0: none
+  MoeRouterConfig router;              // top-k, score function, load balancing, capacity
+  int expert_parallel_size = 1;        // --expert-model-parallel-size; experts below are per EP rank
+  int expert_parallel_rank = 0;
 
   // Per-TP-rank sizes.
   std::int64_t heads_per_rank() const { return heads / tensor_parallel_size; }
@@ -45,6 +55,12 @@ struct TransformerConfig {
     return activation == ActivationKind::kSwiglu ? 2 * ffn_per_rank() : ffn_per_rank();
   }
   std::int64_t vocab_per_rank() const { return vocab_size / tensor_parallel_size; }
+  bool is_moe() const { return num_experts > 0; }
+  bool is_moe_layer(int layer) const {
+    return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[layer] != 0;
+  }
+  std::int64_t local_experts() const { return num_experts / expert_parallel_size; }
+  std::int64_t glu_factor() const { return activation == ActivationKind::kSwiglu ? 2 : 1; }
   // Throws UserError naming the bad field.
   void validate() const;
   std::string describe() const;
@@ -58,8 +74,9 @@ struct ModelSpec;
 
 namespace megatune::executor {
 
-// The executor's shape of a layouts::ModelSpec on one TP rank (vocabulary padded like Megatron).
-// UserError for features the executor does not run yet (MoE, MTP).
+// The executor's shape of a layouts::ModelSpec on one TP rank (vocabulary padded like Megatron); MoE layers
+// with the router's defaults (top-k from the spec). UserError for features the executor does not run yet
+// (MTP, MoE with tensor parallelism or linear biases).
 TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tensor_parallel_size,
                                           float rope_theta, float norm_eps, float init_std);
 

@@ -12,12 +12,13 @@
 namespace megatune::executor {
 
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank) {
-  if (config.cp() > 1)
-    throw UserError("--context-parallel-size " + std::to_string(config.cp()) +
-                    ": the executor does not run context parallelism yet; use --context-parallel-size 1");
   if (config.ep() > 1)
     throw UserError("--expert-model-parallel-size " + std::to_string(config.ep()) +
                     ": the executor does not run expert parallelism yet; use 1");
+  if (model.is_moe() && config.dp() > 1)
+    throw UserError("--num-experts with data-parallel size " + std::to_string(config.dp()) +
+                    ": the executor does not reduce expert gradients over data-parallel ranks yet; use a "
+                    "world size of tensor x pipeline parallel size");
   const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
   if (rank < 0 || rank >= grid.world_size())
     throw std::out_of_range("rank " + std::to_string(rank) + " outside the world of " +
@@ -83,6 +84,19 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
       transformer_config_from(spec, parallel.tp(), static_cast<float>(a.rotary_base),
                               static_cast<float>(a.norm_epsilon), static_cast<float>(a.init_method_std));
   t.model.sequence_parallel = parallel.sequence_parallel_enabled();
+  if (t.model.is_moe()) {
+    MoeRouterConfig& router = t.model.router;
+    router.score_function = parse_router_score_function(a.moe_router_score_function);
+    router.pre_softmax = a.moe_router_pre_softmax;
+    router.load_balancing = parse_load_balancing_type(a.moe_router_load_balancing_type);
+    router.aux_loss_coeff = a.moe_aux_loss_coeff;
+    if (a.moe_expert_capacity_factor) {
+      if (!(*a.moe_expert_capacity_factor > 0.0))
+        throw UserError("--moe-expert-capacity-factor must be > 0 (leave it out for dropless routing)");
+      router.capacity_factor = *a.moe_expert_capacity_factor;
+    }
+    t.model.validate();
+  }
   t.batch.micro_batch = parallel.micro_batch_size;
   t.batch.seq = spec.seq_length;
   t.batch.num_microbatches = parallel.num_microbatches();
@@ -90,12 +104,14 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.compute_dtype = a.bf16 ? DType::kBF16 : DType::kFP32;
   t.optimizer = {a.weight_decay, a.adam_beta1, a.adam_beta2, a.adam_eps, a.clip_grad};
   t.seed = a.seed;
-  t.data_parallel_size = parallel.dp() * parallel.cp();
+  t.data_parallel_size = parallel.dp();
+  t.context_parallel_size = parallel.cp();
   t.chunks = placement.chunks;
   t.overlap_grad_reduce = parallel.overlap_grad_reduce;
   t.use_distributed_optimizer = parallel.use_distributed_optimizer;
   t.overlap_param_gather = parallel.overlap_param_gather;
   t.step = layouts::walk_rank_step(spec, parallel, rank);
+  t.forward_step = layouts::walk_rank_forward(spec, parallel, rank);
   const std::int64_t gbs = t.global_batch_size();
   t.lr = lr_schedule(a, gbs);
 
@@ -114,6 +130,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.overwrite_checkpoints = a.overwrite_checkpoints;
   run.save_interval = a.save_interval;
   run.log_interval = a.log_interval;
+  run.eval_interval = a.eval_interval;
+  run.eval_iters = a.eval_iters;
   run.flops_per_iteration = layouts::model_flops_per_iteration(spec, gbs, 1);
   run.gpus = parallel.world_size;
   run.schedule = placement.schedule;

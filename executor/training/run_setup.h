@@ -34,8 +34,16 @@ struct TrainOptions {
   bool eod_mask_loss = false;
   std::uint32_t seed = 1234;
   std::int64_t log_interval = 10;
-  bool bf16 = false;      // compute dtype bf16 (the CUDA backend always)
-  RunTraceOptions trace;  // --trace-dir, --trace-iterations
+  std::int64_t eval_interval = 1000;  // --eval-interval
+  std::int64_t eval_iters = 0;        // --eval-iters (Megatron's default is 100; 0: no evaluation)
+  bool bf16 = false;                  // compute dtype bf16 (the CUDA backend always)
+  // MoE router (Megatron's defaults).
+  std::string moe_router_score_function = "softmax";        // --moe-router-score-function
+  bool moe_router_pre_softmax = false;                      // --moe-router-pre-softmax
+  std::string moe_router_load_balancing_type = "aux_loss";  // --moe-router-load-balancing-type
+  double moe_aux_loss_coeff = 0.0;                          // --moe-aux-loss-coeff
+  std::optional<double> moe_expert_capacity_factor;         // --moe-expert-capacity-factor (unset: dropless)
+  RunTraceOptions trace;                                    // --trace-dir, --trace-iterations
 };
 
 // What one global rank holds of a (model, layout): coordinates, model chunks, schedule.

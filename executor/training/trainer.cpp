@@ -8,6 +8,8 @@
 
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
+#include "executor/parallel/context_parallel_split.h"
+#include "executor/training/recording_pause.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -38,28 +40,10 @@ std::vector<StageSpan> resolved_chunks(const TrainerConfig& config) {
 BatchShape chunk_batch(const TrainerConfig& config, int slots) {
   BatchShape batch = config.batch;
   batch.activation_slots = slots;
-  batch.gradient_average_ranks = config.data_parallel_size;
+  batch.gradient_average_ranks = config.gradient_reduction_size();
   batch.compute_copy_of_every_parameter = config.use_distributed_optimizer;
   return batch;
 }
-
-// Recording and op timing off for bookkeeping collectives the step program does not hold (the logged loss).
-class RecordingPause {
- public:
-  explicit RecordingPause(Backend& backend)
-      : backend_(backend), was_(backend.recorder().enabled()), timing_(backend.op_timing()) {
-    backend_.recorder().set_enabled(false);
-    backend_.set_op_timing(false);
-  }
-  ~RecordingPause() {
-    backend_.recorder().set_enabled(was_);
-    backend_.set_op_timing(timing_);
-  }
-
- private:
-  Backend& backend_;
-  bool was_, timing_;
-};
 
 }  // namespace
 
@@ -165,16 +149,25 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
     throw std::invalid_argument("the communicator's pipeline group has " +
                                 std::to_string(communicator_.size(CommGroup::kPipeline)) +
                                 " ranks, the schedule " + std::to_string(schedule_.pp));
-  if (communicator_.size(CommGroup::kDataContext) != config_.data_parallel_size)
-    throw std::invalid_argument("the communicator's data-parallel group has " +
-                                std::to_string(communicator_.size(CommGroup::kDataContext)) +
-                                " ranks, the trainer config " + std::to_string(config_.data_parallel_size));
-  if (config_.use_distributed_optimizer && 64 % config_.data_parallel_size != 0)
+  if (communicator_.size(CommGroup::kDataContext) != config_.gradient_reduction_size() ||
+      communicator_.size(CommGroup::kContext) != config_.context_parallel_size)
+    throw std::invalid_argument(
+        "the communicator's dp-cp group has " + std::to_string(communicator_.size(CommGroup::kDataContext)) +
+        " ranks and its cp group " + std::to_string(communicator_.size(CommGroup::kContext)) +
+        ", the trainer config dp " + std::to_string(config_.data_parallel_size) + " x cp " +
+        std::to_string(config_.context_parallel_size));
+  if (config_.use_distributed_optimizer && 64 % config_.gradient_reduction_size() != 0)
     throw UserError(
-        "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel "
-        "size (" +
-        std::to_string(config_.data_parallel_size) + ") must divide 64; use a power of two");
+        "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel x "
+        "context-parallel size (" +
+        std::to_string(config_.gradient_reduction_size()) + ") must divide 64; use powers of two");
   items_ = config_.step ? config_.step->items : items_from_schedule(schedule_, chunks);
+  if (config_.forward_step) {
+    forward_items_ = config_.forward_step->items;
+  } else {
+    for (const layouts::StepItem& item : items_)
+      if (item.kind == layouts::StepItemKind::kForward) forward_items_.push_back(item);
+  }
   slots_per_chunk_ = activation_slots_per_chunk(schedule_, chunks);
   backend_.begin_sizing();
   build(true);
@@ -238,6 +231,8 @@ void Trainer::build(bool sizing) {
                        ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
                        : Tensor{};
   scalar_ = backend_.allocate(DType::kFP32, 1, 2, "grad norm and loss reductions");
+  cp_loss_sums_ =
+      backend_.allocate(DType::kFP32, 1, 2 * config_.batch.num_microbatches, "grad norm and loss reductions");
   grad_norm_ = std::make_unique<GlobalGradNorm>(backend_);
   if (!sizing) build_optimizer();
 }
@@ -293,7 +288,7 @@ void Trainer::build_optimizer() {
   backend_.prepare_optimizer(std::move(tensors));
 }
 
-void Trainer::run_p2p(const layouts::StepItem& item) {
+void Trainer::run_p2p(const layouts::StepItem& item, bool evaluation) {
   std::vector<P2pTransferArgs> transfers;
   for (const layouts::StepTransfer& t : item.transfers) {
     GPTModel& model = *chunks_.at(t.chunk);
@@ -313,9 +308,11 @@ void Trainer::run_p2p(const layouts::StepItem& item) {
     transfers.push_back(a);
   }
   communicator_.batch_p2p(CommGroup::kPipeline, transfers);
-  // A sent input gradient ends its micro-batch's use of the chunk's activation slot.
+  // A sent input gradient ends its micro-batch's use of the chunk's activation slot; in an evaluation pass
+  // a sent activation does.
+  const P2pTensor last_use = evaluation ? P2pTensor::kActivation : P2pTensor::kGradient;
   for (const layouts::StepTransfer& t : item.transfers)
-    if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient)
+    if (t.direction == P2pDirection::kSend && t.tensor == last_use)
       chunks_.at(t.chunk)->release(t.microbatch);
 }
 
@@ -466,18 +463,53 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
 
 double Trainer::reported_loss() {
   // The last pipeline stage holds the losses; their mean over the data-parallel ranks is what Megatron logs.
+  // Under context parallelism a micro-batch's loss is the sum of its CP ranks' token losses over the sum of
+  // their counted tokens.
   bool holds_loss = false;
   double sum = 0.0;
   for (auto& chunk : chunks_)
     if (chunk->stage().has_loss) {
       holds_loss = true;
-      const std::vector<double> losses = chunk->microbatch_losses();  // synchronizes
+      const std::vector<double> losses = context_parallel_losses(*chunk);  // synchronizes
       for (double l : losses) sum += l;
       sum /= static_cast<double>(losses.size());
     }
   if (communicator_.world_size() == 1) return sum;
-  const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0;
+  const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0 &&
+                      communicator_.rank(CommGroup::kContext) == 0;
   return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
+}
+
+std::vector<double> Trainer::context_parallel_losses(GPTModel& chunk) {
+  std::vector<double> losses = chunk.microbatch_losses();
+  if (config_.context_parallel_size == 1) return losses;
+  const std::size_t m = losses.size();
+  std::vector<float> sums(2 * m);  // (loss sum, counted tokens) per micro-batch
+  for (std::size_t i = 0; i < m; ++i) {
+    sums[2 * i] = static_cast<float>(losses[i] * chunk.counted_tokens()[i]);
+    sums[2 * i + 1] = static_cast<float>(chunk.counted_tokens()[i]);
+  }
+  RecordingPause pause(backend_);
+  backend_.upload(cp_loss_sums_, sums.data());
+  communicator_.all_reduce(CommGroup::kContext, cp_loss_sums_, ReduceOp::kSum,
+                           {"cp_loss_sum", -1, OpPhase::kOptimizer});
+  backend_.download(cp_loss_sums_, sums.data());
+  for (std::size_t i = 0; i < m; ++i) losses[i] = sums[2 * i + 1] > 0 ? sums[2 * i] / sums[2 * i + 1] : 0.0;
+  return losses;
+}
+
+double Trainer::reported_load_balancing_loss() {
+  const TransformerConfig& model = config_.model;
+  if (!model.is_moe() || !model.router.has_aux_loss()) return -1.0;
+  double sum = 0.0;
+  for (auto& chunk : chunks_) sum += chunk->moe_load_balancing_loss();
+  sum /= static_cast<double>(config_.batch.num_microbatches);
+  int moe_layers = 0;
+  for (int flag : model.moe_layers) moe_layers += flag != 0 ? 1 : 0;
+  if (communicator_.world_size() > 1)
+    sum = world_sum(communicator_.rank(CommGroup::kTensor) == 0 ? sum : 0.0) /
+          static_cast<double>(config_.gradient_reduction_size());
+  return sum / static_cast<double>(moe_layers);
 }
 
 double Trainer::world_sum(double value) {
@@ -501,7 +533,13 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   param_gathers_.clear();
   for (auto& chunk : chunks_) chunk->zero_gradients();
   pending_result_ = StepResult{};
-  run_items(microbatches);
+  if (config_.context_parallel_size > 1) {
+    cp_local_.resize(microbatches.size());
+    for (std::size_t i = 0; i < microbatches.size(); ++i)
+      context_parallel_slice(microbatches[i], config_.context_parallel_size,
+                             communicator_.rank(CommGroup::kContext), cp_local_[i]);
+  }
+  run_items(config_.context_parallel_size > 1 ? cp_local_ : microbatches);
   if (!config_.overlap_param_gather) {
     for (CommHandle& h : param_gathers_) h->wait();
     param_gathers_.clear();
@@ -509,6 +547,7 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   StepResult result = pending_result_;
   if (result.skipped) ++skipped_iterations_;
   result.loss = reported_loss();
+  result.load_balancing_loss = reported_load_balancing_loss();
   ++iteration_;
   consumed_samples_ += config_.global_batch_size();
   backend_.synchronize();

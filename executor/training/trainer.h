@@ -43,6 +43,10 @@ struct TrainerConfig {
   LrScheduleConfig lr;
   std::uint64_t seed = 1234;   // --seed: parameter initialization
   int data_parallel_size = 1;  // global batch = micro_batch * num_microbatches * dp
+  // --context-parallel-size: each micro-batch's sequences are split over the CP group (train_step takes them
+  // whole); replicated weights' gradients are averaged over dp * cp.
+  int context_parallel_size = 1;
+  int gradient_reduction_size() const { return data_parallel_size * context_parallel_size; }
   // This rank's model chunks (pipeline stages it holds, in virtual-stage order); empty: the whole model.
   std::vector<StageSpan> chunks;
   bool overlap_grad_reduce = false;  // --overlap-grad-reduce: a bucket's reduction starts once it is complete
@@ -52,6 +56,9 @@ struct TrainerConfig {
   // The rank's walk of the iteration (layouts::walk_rank_step): the items the trainer interprets. Absent:
   // the schedule's forwards, backwards and p2p, then the grad norm and AdamW (a single rank).
   std::optional<layouts::RankStep> step;
+  // The rank's forward-only walk (layouts::walk_rank_forward) that evaluation interprets. Absent: the
+  // forwards of `step`'s items (a single rank).
+  std::optional<layouts::RankStep> forward_step;
   std::int64_t global_batch_size() const {
     return batch.micro_batch * batch.num_microbatches * data_parallel_size;
   }
@@ -63,6 +70,15 @@ struct StepResult {
   double learning_rate = 0.0;  // the rate this iteration's update used
   bool skipped = false;        // non-finite gradients: no update
   double elapsed_s = 0.0;      // wall time of the iteration (backend synchronized)
+  // MoE with a load-balancing loss: Megatron's logged load_balancing_loss (the loss / its coefficient,
+  // mean over micro-batches, MoE layers and data-parallel ranks); -1 otherwise.
+  double load_balancing_loss = -1.0;
+};
+
+// One evaluation iteration's loss over every data-parallel rank: summed token losses and counted tokens.
+struct EvaluationResult {
+  double loss_sum = 0.0;
+  double tokens = 0.0;
 };
 
 class Trainer {
@@ -80,6 +96,11 @@ class Trainer {
   // rank's share of the global batch). Every rank of the job calls it; the loss is the iteration's mean over
   // the data-parallel ranks, reported on every rank.
   StepResult train_step(const std::vector<MicroBatch>& microbatches);
+
+  // Forward only over `microbatches` (this data-parallel rank's share of one global batch; evaluation, no
+  // gradient, no update), interpreting the forward-only walk. Every rank of the job calls it; the result,
+  // summed over the data-parallel ranks, is reported on every rank.
+  EvaluationResult evaluate(const std::vector<MicroBatch>& microbatches);
 
   // Checkpointed state: tensors "model.<param>", "optimizer.exp_avg.<param>", "optimizer.exp_avg_sq.<param>"
   // (fp32), and metadata iteration, consumed_samples, skipped_iterations, model_config.
@@ -110,19 +131,23 @@ class Trainer {
   void upload_moments(std::size_t chunk, const std::vector<float>& exp_avg,
                       const std::vector<float>& exp_avg_sq);
   void run_items(const std::vector<MicroBatch>& microbatches);
-  void run_p2p(const layouts::StepItem& item);
+  void run_p2p(const layouts::StepItem& item, bool evaluation = false);
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
   void reduce_tied_embedding();
   void reduce_sequence_parallel_norms();
   void gather_params(int chunk, int bucket);
   double reported_loss();
+  std::vector<double> context_parallel_losses(GPTModel& chunk);
+  double reported_load_balancing_loss();
   TrainerConfig config_;
   layouts::RankSchedule schedule_;
   std::vector<layouts::StepItem> items_;
+  std::vector<layouts::StepItem> forward_items_;  // the evaluation pass
   Backend& backend_;
   Communicator& communicator_;
   LearningRateSchedule schedule_lr_;
   std::vector<int> slots_per_chunk_;
+  std::vector<MicroBatch> cp_local_;  // this CP rank's share of the iteration's micro-batches (cp > 1)
   std::vector<std::unique_ptr<GPTModel>> chunks_;
   // Per chunk: the grad buffer's buckets, their reduction, and the AdamW moments (the whole buffer, or with
   // the distributed optimizer this rank's shard of every bucket, back to back).
@@ -138,6 +163,7 @@ class Trainer {
   StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)
   Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
   Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions
+  Tensor cp_loss_sums_;   // (1, 2 * micro-batches) fp32: the CP group's loss sums and counted tokens
   std::int64_t iteration_ = 0;
   std::int64_t consumed_samples_ = 0;
   std::int64_t skipped_iterations_ = 0;

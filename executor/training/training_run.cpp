@@ -6,12 +6,14 @@
 #include <ctime>
 #include <filesystem>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/checkpoint/run_lineage.h"
+#include "executor/data/gpt_dataset_indices.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -47,10 +49,20 @@ std::string format_log_line(const LogInterval& v) {
   }
   out << " | learning rate: " << std::scientific << std::uppercase << std::setprecision(6) << v.learning_rate
       << " | global batch size: " << std::setw(5) << v.global_batch_size
-      << " | lm loss: " << std::setprecision(6) << v.loss << std::nouppercase << std::fixed
-      << " | grad norm: " << std::setprecision(3) << v.grad_norm
+      << " | lm loss: " << std::setprecision(6) << v.loss << std::nouppercase << std::fixed;
+  if (v.load_balancing_loss >= 0)
+    out << " | load_balancing_loss: " << std::setprecision(2) << v.load_balancing_loss;
+  out << " | grad norm: " << std::setprecision(3) << v.grad_norm
       << " | number of skipped iterations: " << std::setw(3) << v.skipped_iterations << " |";
   return out.str();
+}
+
+std::string format_evaluation_lines(const std::string& prefix, double loss) {
+  std::ostringstream line;
+  line << std::scientific << std::uppercase << std::setprecision(6) << " validation loss at " << prefix
+       << " | lm loss value: " << loss << " | lm loss PPL: " << std::exp(std::min(20.0, loss)) << " | ";
+  const std::string dashes(line.str().size() + 1, '-');
+  return dashes + "\n" + line.str() + "\n" + dashes;
 }
 
 TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& communicator, std::ostream& log)
@@ -58,6 +70,8 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
   if (config_.train_iters <= 0) throw UserError("--train-iters must be >= 1");
   if (config_.log_interval <= 0) throw UserError("--log-interval must be >= 1");
   if (config_.save_interval < 0) throw UserError("--save-interval must be >= 0");
+  if (config_.eval_iters < 0) throw UserError("--eval-iters must be >= 0");
+  if (config_.eval_interval < 0) throw UserError("--eval-interval must be >= 0");
   const TrainerConfig& t = config_.trainer;
   if (config_.schedule.items.empty())
     config_.schedule = single_stage_schedule(t.model.num_layers, t.batch.num_microbatches);
@@ -68,9 +82,24 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
                                      config_.overwrite_checkpoints);
   data::DataConfig data = config_.data;
   data.gpt.sequence_length = t.batch.seq;
-  const std::int64_t train_samples = config_.train_iters * t.global_batch_size();
-  train_dataset_ = data::build_train_valid_test_datasets(data, {train_samples, 0, 0}).train;
+  data.skip_empty_evaluation_splits = true;
+  // Megatron's sample counts: train_iters, (train_iters / eval_interval + 1) * eval_iters and eval_iters
+  // global batches; a split of weight 0 is not evaluated.
+  const std::int64_t gbs = t.global_batch_size(), train_samples = config_.train_iters * gbs;
+  const std::array<double, 3> weights = data::parse_split(data.split);
+  const std::int64_t evaluations =
+      config_.eval_interval > 0 ? config_.train_iters / config_.eval_interval + 1 : 1;
+  const std::int64_t valid_samples = weights[1] > 0 ? evaluations * config_.eval_iters * gbs : 0;
+  const std::int64_t test_samples = weights[2] > 0 ? config_.eval_iters * gbs : 0;
+  const data::TrainValidTestDatasets datasets =
+      data::build_train_valid_test_datasets(data, {train_samples, valid_samples, test_samples});
+  train_dataset_ = datasets.train;
+  valid_dataset_ = datasets.valid;
+  test_dataset_ = datasets.test;
   if (!train_dataset_) throw UserError("--split gives the training split no data; give it a non-zero weight");
+  if (valid_samples > 0 && !valid_dataset_) log_ << "no validation: --split leaves its split no sequences\n";
+  if (test_samples > 0 && !test_dataset_)
+    log_ << "no test evaluation: --split leaves its split no sequences\n";
   if (!config_.trace.dir.empty()) tracer_ = std::make_unique<RankTracer>(config_.trace, backend_);
 }
 
@@ -169,6 +198,29 @@ void TrainingRun::load_checkpoint() {
        << " (consumed samples " << trainer_->consumed_samples() << ")\n";
 }
 
+void TrainingRun::evaluate(data::PretrainingDataLoader& loader, const std::string& split, bool final) {
+  const TrainerConfig& t = config_.trainer;
+  std::vector<MicroBatch> microbatches(t.batch.num_microbatches);
+  EvaluationRecord record;
+  record.iteration = trainer_->iteration();
+  record.split = split;
+  record.final = final;
+  double loss_sum = 0;
+  for (std::int64_t i = 0; i < config_.eval_iters; ++i) {
+    for (MicroBatch& mb : microbatches)
+      if (!loader.next(mb))
+        throw UserError("the " + split + " data ran out before --eval-iters; lower --eval-iters");
+    const EvaluationResult result = trainer_->evaluate(microbatches);
+    loss_sum += result.loss_sum;
+    record.tokens += result.tokens;
+  }
+  record.loss = record.tokens > 0 ? loss_sum / record.tokens : std::nan("");
+  std::string prefix = "iteration " + std::to_string(record.iteration);
+  if (final) prefix += " on " + split + " set";
+  log_ << format_evaluation_lines(prefix, record.loss) << std::endl;
+  evaluations_.push_back(record);
+}
+
 std::vector<IterationRecord> TrainingRun::run() {
   const TrainerConfig& t = config_.trainer;
   data::DataLoaderConfig loader_config;
@@ -178,10 +230,28 @@ std::vector<IterationRecord> TrainingRun::run() {
   loader_config.data_parallel_size = t.data_parallel_size;
   loader_config.consumed_samples = trainer_->consumed_samples();
   data::PretrainingDataLoader loader(train_dataset_, loader_config);
+  // The validation split is read on across evaluations; a resumed run skips what the evaluations before
+  // its checkpoint read.
+  const bool do_valid = valid_dataset_ && config_.eval_iters > 0,
+             do_test = test_dataset_ && config_.eval_iters > 0;
+  std::optional<data::PretrainingDataLoader> valid_loader, test_loader;
+  if (do_valid) {
+    data::DataLoaderConfig valid_config = loader_config;
+    valid_config.consumed_samples =
+        config_.eval_interval > 0
+            ? trainer_->iteration() / config_.eval_interval * config_.eval_iters * t.global_batch_size()
+            : 0;
+    valid_loader.emplace(valid_dataset_, valid_config);
+  }
+  if (do_test) {
+    data::DataLoaderConfig test_config = loader_config;
+    test_config.consumed_samples = 0;
+    test_loader.emplace(test_dataset_, test_config);
+  }
   std::vector<MicroBatch> microbatches(t.batch.num_microbatches);
   std::vector<IterationRecord> records;
 
-  double interval_time_s = 0, interval_loss = 0;
+  double interval_time_s = 0, interval_loss = 0, interval_balance = 0;
   std::int64_t interval_iters = 0, interval_skipped = 0;
   while (trainer_->iteration() < config_.train_iters) {
     for (MicroBatch& mb : microbatches)
@@ -198,6 +268,7 @@ std::vector<IterationRecord> TrainingRun::run() {
     records.push_back(record);
     interval_time_s += record.step.elapsed_s;
     interval_loss += record.step.skipped ? 0.0 : record.step.loss;
+    interval_balance += record.step.skipped ? 0.0 : record.step.load_balancing_loss;
     interval_skipped += record.step.skipped ? 1 : 0;
     ++interval_iters;
     if (record.iteration % config_.log_interval == 0 || record.iteration == config_.train_iters) {
@@ -213,15 +284,21 @@ std::vector<IterationRecord> TrainingRun::run() {
       v.learning_rate = trainer_->current_learning_rate();
       const std::int64_t counted = interval_iters - interval_skipped;
       v.loss = counted > 0 ? interval_loss / static_cast<double>(counted) : std::nan("");
+      if (record.step.load_balancing_loss >= 0 && counted > 0)
+        v.load_balancing_loss = interval_balance / static_cast<double>(counted);
       v.grad_norm = record.step.grad_norm;
       v.skipped_iterations = interval_skipped;
       log_ << format_log_line(v) << std::endl;
-      interval_time_s = interval_loss = 0;
+      interval_time_s = interval_loss = interval_balance = 0;
       interval_iters = interval_skipped = 0;
     }
+    if (do_valid && config_.eval_interval > 0 && record.iteration % config_.eval_interval == 0)
+      evaluate(*valid_loader, "validation", false);
     if (!config_.save.empty() && config_.save_interval > 0 && record.iteration % config_.save_interval == 0)
       save_checkpoint();
   }
+  if (do_valid) evaluate(*valid_loader, "validation", true);
+  if (do_test) evaluate(*test_loader, "test", true);
   const bool saved_last = config_.save_interval > 0 && trainer_->iteration() % config_.save_interval == 0;
   if (!config_.save.empty() && !records.empty() && !saved_last) save_checkpoint();
   if (tracer_) tracer_->finish();

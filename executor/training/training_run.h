@@ -22,8 +22,12 @@ struct RunConfig {
   std::int64_t save_interval = 0;      // --save-interval (0: only at the end when --save is given)
   bool overwrite_checkpoints = false;  // --overwrite-checkpoints (executor/checkpoint/run_lineage.h)
   std::int64_t log_interval = 10;      // --log-interval
-  double flops_per_iteration = 0;      // Megatron's model FLOPs of one iteration (recompute not counted)
-  double peak_tflops = 0;              // per GPU; 0: MFU is not printed (CPU)
+  // Validation (Megatron's evaluate): every eval_interval iterations and after training, eval_iters global
+  // batches of the validation split; after training also eval_iters of the test split. 0 = none.
+  std::int64_t eval_interval = 1000;  // --eval-interval
+  std::int64_t eval_iters = 0;        // --eval-iters
+  double flops_per_iteration = 0;     // Megatron's model FLOPs of one iteration (recompute not counted)
+  double peak_tflops = 0;             // per GPU; 0: MFU is not printed (CPU)
   int gpus = 1;
   bool record_first_iteration = false;  // the backend records the ops of the first iteration run
   // Parallel runs: this rank's schedule (no items: the no-pipelining schedule of the whole model), its
@@ -41,6 +45,15 @@ struct IterationRecord {
   StepResult step;
 };
 
+// One evaluation: after `iteration`, over eval_iters global batches of the validation or test split.
+struct EvaluationRecord {
+  std::int64_t iteration = 0;
+  std::string split;   // "validation" | "test"
+  bool final = false;  // the evaluation after training (Megatron's "on validation set" / "on test set")
+  double loss = 0.0;   // summed token losses / counted tokens, over every data-parallel rank
+  double tokens = 0.0;
+};
+
 class TrainingRun {
  public:
   // `log` receives the run's lines (Megatron format); `ops` (optional) is called after each iteration with
@@ -50,11 +63,15 @@ class TrainingRun {
   // Runs from the current iteration to train_iters; returns every iteration's result.
   std::vector<IterationRecord> run();
   Trainer& trainer() { return *trainer_; }
+  // Every evaluation run so far, in order (the same on every rank).
+  const std::vector<EvaluationRecord>& evaluations() const { return evaluations_; }
   // Writes a checkpoint of the current state under config.save.
   void save_checkpoint();
 
  private:
   void load_checkpoint();
+  // eval_iters global batches of `loader`'s split, logged as Megatron's framed validation line.
+  void evaluate(data::PretrainingDataLoader& loader, const std::string& split, bool final);
   RunConfig config_;
   Backend& backend_;
   Communicator& communicator_;
@@ -62,7 +79,8 @@ class TrainingRun {
   std::unique_ptr<Trainer> trainer_;
   std::string run_id_;           // this run's id: the resumed checkpoint's, else new (run_lineage.h)
   bool run_id_resumed_ = false;  // run_id_ came from the checkpoint under --load
-  std::shared_ptr<const data::SampleDataset> train_dataset_;
+  std::shared_ptr<const data::SampleDataset> train_dataset_, valid_dataset_, test_dataset_;
+  std::vector<EvaluationRecord> evaluations_;
   std::unique_ptr<RankTracer> tracer_;
 };
 
@@ -71,8 +89,12 @@ struct LogInterval {
   std::int64_t iteration = 0, train_iters = 0, consumed_samples = 0, global_batch_size = 0;
   double elapsed_ms_per_iteration = 0, tflops_per_gpu = 0, mfu_percent = -1, learning_rate = 0, loss = 0;
   double grad_norm = 0;
+  double load_balancing_loss = -1;  // MoE: mean over the interval; < 0: not logged
   std::int64_t skipped_iterations = 0;
 };
 std::string format_log_line(const LogInterval& interval);
+// Megatron's evaluate_and_print_results lines: the " validation loss at PREFIX | lm loss value: X | lm loss
+// PPL: Y | " line between two dashed lines of its length + 1 (PPL = exp(min(20, loss))).
+std::string format_evaluation_lines(const std::string& prefix, double loss);
 
 }  // namespace megatune::executor

@@ -30,7 +30,16 @@ TEST(JsonValue, ErrorsCarryLineAndColumn) {
     FAIL();
   } catch (const JsonParseError& error) {
     EXPECT_EQ(error.line(), 3);
-    EXPECT_EQ(error.column(), 8);
+    EXPECT_EQ(error.column(), 11);  // the byte the parser stopped at: the newline after "tru"
+    EXPECT_EQ(std::string(error.what()).rfind("line 3, column 11: syntax error", 0), 0u) << error.what();
+  }
+  try {
+    JsonValue::parse("[1,\n 2e999]");
+    FAIL();
+  } catch (const JsonParseError& error) {
+    EXPECT_EQ(error.line(), 2);
+    EXPECT_NE(std::string(error.what()).find("column 6: number overflow parsing '2e999'"), std::string::npos)
+        << error.what();
   }
   for (const char* bad : {"", "[1,]", "{\"a\" 1}", "01", "1.", "\"abc", "[1] 2", "{\"a\":1,}", "\"\\x\"",
                           "nul", "\"\\ud800\"", "1e999"}) {
@@ -38,6 +47,8 @@ TEST(JsonValue, ErrorsCarryLineAndColumn) {
   }
   std::string deep(1000, '[');
   EXPECT_THROW(JsonValue::parse(deep), JsonParseError);
+  EXPECT_EQ(JsonValue::parse(std::string(200, '[') + std::string(200, ']')).as_array().size(), 1u);
+  EXPECT_EQ(JsonValue::parse(R"({"k": 1, "k": 2})").at("k").as_number(), 2);  // the last value wins
 }
 
 TEST(JsonValue, TypedAccessorsRefuseOtherTypes) {

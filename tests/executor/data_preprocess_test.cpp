@@ -97,7 +97,7 @@ TEST_F(PreprocessTest, TokenIdsPickTheDtypeFromTheVocabulary) {
   config.input_path = write("ids.jsonl", "{\"ids\": [1, 2, 70000]}\n{\"ids\": []}\n{\"ids\": [5]}\n");
   config.output_prefix = path("ids");
   config.json_keys = {"ids"};
-  config.tokenizer_type = TokenizerType::ids;
+  config.tokenizer.type = "ids";
   const auto result = preprocess_data(config);
   EXPECT_EQ(result.outputs[0].dtype, IndexDType::int32);  // max id + 1 >= 65500
   const IndexedDataset dataset(result.outputs[0].path_prefix);
@@ -174,6 +174,30 @@ TEST_F(PreprocessTest, ReportsProgress) {
   EXPECT_EQ(reported, (std::vector<int64_t>{10, 20}));
 }
 
+TEST_F(PreprocessTest, WorkersWriteTheSameBytesAsOneThread) {
+  // More documents than one batch holds, of varied lengths, so that several batches are split over workers.
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "document " + std::to_string(i) + std::string(i % 37, 'x') + "\n";
+  PreprocessConfig config;
+  config.input_path = write("lines.txt", text);
+  config.text_document_mode = TextDocumentMode::line;
+  config.append_eod = true;
+  const auto read = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  config.output_prefix = path("one");
+  const auto one = preprocess_data(config).outputs.at(0).path_prefix;
+  config.output_prefix = path("four");
+  config.workers = 4;
+  const auto four = preprocess_data(config).outputs.at(0).path_prefix;
+  EXPECT_EQ(IndexedDataset(four).num_documents(), 20000);
+  EXPECT_EQ(read(four + ".bin"), read(one + ".bin"));
+  EXPECT_EQ(read(four + ".idx"), read(one + ".idx"));
+  config.workers = 0;
+  EXPECT_THROW(preprocess_data(config), UserError);
+}
+
 TEST(JsonLine, ParsesAndRejects) {
   const JsonLine line(
       R"( {"a": [1, -2, 3], "s": "x\"\\\/\b\f\n\r\t\ud83d\ude00", "n": null, "o": {"k": [true, false]}, "f": 1.5e3} )");
@@ -183,8 +207,17 @@ TEST(JsonLine, ParsesAndRejects) {
   EXPECT_THROW(line.string_field("a"), JsonLineError);
   EXPECT_THROW(line.string_field("missing"), JsonLineError);
   EXPECT_THROW(JsonLine(R"({"a": [1.5]})").integer_array_field("a"), JsonLineError);
-  for (const char* bad : {"", "[1]", "{", "{\"a\" 1}", "{\"a\": 1,}", "{\"a\": tru}", "{\"a\": \"\\x\"}",
-                          "{\"a\": 1} x", "{\"a\": \"\\ud800\"}", "{\"a\": 01}", "{\"a\": -}"}) {
+  EXPECT_THROW(JsonLine(R"({"a": [18446744073709551615]})").integer_array_field("a"), JsonLineError);
+  try {
+    JsonLine(R"({"a": 1, "b" 2})");
+    FAIL();
+  } catch (const JsonLineError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected ':' at column 14"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
+  }
+  for (const char* bad :
+       {"", "[1]", "{", "{\"a\" 1}", "{\"a\": 1,}", "{\"a\": tru}", "{\"a\": \"\\x\"}", "{\"a\": 1} x",
+        "{\"a\": \"\\ud800\"}", "{\"a\": 01}", "{\"a\": -}", "{\"a\": 1e999}"}) {
     EXPECT_THROW(JsonLine{bad}, JsonLineError) << bad;
   }
 }

@@ -10,36 +10,13 @@
 #include "executor/cpu/cpu_backend.h"
 #include "executor/model/gpt_model.h"
 #include "executor/parallel/communicator.h"
+#include "tests/executor/small_models.h"
 
 namespace megatune::executor {
 namespace {
 
-TransformerConfig gpt_like() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden = 16;
-  c.heads = 2;
-  c.kv_heads = 2;
-  c.head_dim = 8;
-  c.ffn_hidden = 32;
-  c.vocab_size = 32;
-  c.max_seq = 8;
-  c.init_std = 0.2f;
-  return c;
-}
-
-TransformerConfig llama_like() {
-  TransformerConfig c = gpt_like();
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 4;
-  c.norm = NormKind::kRMSNorm;
-  c.activation = ActivationKind::kSwiglu;
-  c.position = PositionEmbedding::kRope;
-  c.tied_embeddings = false;
-  c.bias = false;
-  return c;
-}
+TransformerConfig gpt_like() { return test::gradient_check_model(false); }
+TransformerConfig llama_like() { return test::gradient_check_model(true); }
 
 // Multi-latent attention: q/k heads of 6 + 4 (decoupled RoPE), v heads of 4; q_lora_rank 0 is one query
 // projection.

@@ -3,7 +3,7 @@
 // weights after training. Tolerance: fp32 on the CPU, relative 2e-5 on each iteration's loss; on each weight
 // relative 1e-4 plus an absolute 2e-5 (AdamW moves a parameter whose gradient is ~0, e.g. a bias, by up to
 // lr per step whatever the gradient's rounding, lr 3e-3): TP, PP and DP change the order of floating-point
-// sums only. The multi-latent-attention model (deepseek-v3-tiny) runs its own, smaller matrix.
+// sums only. The multi-latent-attention model (tiny-deepseek-v3-mla) runs its own, smaller matrix.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +23,7 @@ namespace {
 
 constexpr int kIterations = 20;
 
-using test::deepseek_tiny;
+using test::deepseek_mla_tiny;
 using test::gpt_tiny;
 using test::llama_tiny;
 
@@ -45,13 +45,15 @@ struct Layout {
   int tp = 1, pp = 1, dp = 1, vpp = 0;
   bool sp = false, dist_opt = false, overlap = false;
   std::string layout_string;
+  int cp = 1;
 };
 
 layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = l.tp;
   c.pipeline_model_parallel_size = l.pp;
-  c.world_size = l.tp * l.pp * l.dp;
+  c.context_parallel_size = l.cp;
+  c.world_size = l.tp * l.pp * l.dp * l.cp;
   c.sequence_parallel = l.sp;
   c.micro_batch_size = 2;
   c.global_batch_size = 8;
@@ -80,8 +82,10 @@ Trained train(const layouts::ModelSpec& model, const Layout& l) {
   std::ostringstream log;
   Trained out;
   std::mutex mutex;
+  TrainOptions o = options();
+  if (model.is_moe()) o.moe_aux_loss_coeff = 1e-2;
   const std::vector<IterationRecord> records =
-      train_on_threads(model, config, options(), log, [&](int rank, TrainingRun& run) {
+      train_on_threads(model, config, o, log, [&](int rank, TrainingRun& run) {
         Trainer& trainer = run.trainer();
         const int tp_rank = layouts::RankGrid::from_config(config).dense_coordinates(rank).tp;
         std::lock_guard<std::mutex> lock(mutex);
@@ -104,7 +108,9 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
   const std::string key = model.multi_latent_attention ? "mla-q" + std::to_string(model.q_lora_rank)
                           : model.normalization == layouts::Normalization::kLayerNorm ? "gpt"
                                                                                       : "llama";
-  const std::string ref_key = key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied");
+  const std::string ref_key =
+      key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied") +
+      (model.is_moe() ? "-moe" + std::to_string(model.moe_shared_expert_intermediate_size) : "");
   if (!reference_cache.count(ref_key)) reference_cache[ref_key] = train(model, Layout{"single"});
   const Trained& single = reference_cache[ref_key];
   const Trained parallel = train(model, l);
@@ -146,6 +152,9 @@ const std::vector<Layout>& matrix() {
       {"tp2 pp2 dp2", 2, 2, 2},
       {"tp2 sp pp2 dp2 overlap", 2, 2, 2, 0, true, false, true},
       {"tp2 pp2 vpp2 dp2 dist-opt overlaps", 2, 2, 2, 2, false, true, true},
+      {"cp2", 1, 1, 1, 0, false, false, false, "", 2},
+      {"tp2 sp cp2", 2, 1, 1, 0, true, false, false, "", 2},
+      {"cp2 pp2", 1, 2, 1, 0, false, false, false, "", 2},
   };
   return layouts;
 }
@@ -192,7 +201,7 @@ class MlaLayoutMatrix : public ::testing::TestWithParam<int> {};
 
 TEST_P(MlaLayoutMatrix, ReproducesTheSingleRankRun) {
   const MlaCase& c = mla_matrix().at(GetParam());
-  expect_matches_single_rank(deepseek_tiny(c.q_lora), c.layout);
+  expect_matches_single_rank(deepseek_mla_tiny(c.q_lora), c.layout);
 }
 
 INSTANTIATE_TEST_SUITE_P(MultiLatentAttention, MlaLayoutMatrix,
@@ -203,6 +212,34 @@ INSTANTIATE_TEST_SUITE_P(MultiLatentAttention, MlaLayoutMatrix,
                            for (char& ch : name)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return name + (c.q_lora ? "_q_lora" : "_q_proj");
+                         });
+
+// MoE (4 experts, top-2, softmax, aux loss; expert-parallel size 1): the expert weights are ordinary
+// data-parallel parameters there, so every layout's curve is the single rank's.
+const std::vector<Layout>& moe_matrix() {
+  static const std::vector<Layout> layouts = {
+      {"pp2 1f1b", 1, 2},
+      {"pp2 custom", 1, 2, 1, 0, false, false, false, "Ett|ttL"},
+  };
+  return layouts;
+}
+
+class MoeLayoutMatrix : public ::testing::TestWithParam<int> {};
+
+TEST_P(MoeLayoutMatrix, ReproducesTheSingleRankRun) {
+  layouts::ModelSpec model = llama_tiny(false);
+  model.num_experts = 4;
+  model.moe_router_topk = 2;
+  model.moe_ffn_hidden_size = 64;
+  expect_matches_single_rank(model, moe_matrix().at(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, MoeLayoutMatrix, ::testing::Range(0, static_cast<int>(moe_matrix().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           std::string name = moe_matrix().at(info.param).name;
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
                          });
 
 }  // namespace

@@ -21,11 +21,16 @@ struct Case {
   bool sp = false, overlap = false, gpt = false, tied = false;
   std::string layout;
   bool dist_opt = false;
-  enum class Mla { kNone, kQLora, kQProj } mla = Mla::kNone;  // deepseek-v3-tiny, with or without q_lora_rank
+  int cp = 1;
+  enum class Mla {
+    kNone,
+    kQLora,
+    kQProj
+  } mla = Mla::kNone;  // tiny-deepseek-v3-mla, with or without q_lora_rank
 };
 
 layouts::ModelSpec model_of(const Case& c) {
-  if (c.mla != Case::Mla::kNone) return test::deepseek_tiny(c.mla == Case::Mla::kQLora);
+  if (c.mla != Case::Mla::kNone) return test::deepseek_mla_tiny(c.mla == Case::Mla::kQLora);
   return c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied);
 }
 
@@ -33,7 +38,8 @@ layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   layouts::ParallelConfig p;
   p.tensor_model_parallel_size = c.tp;
   p.pipeline_model_parallel_size = c.pp;
-  p.world_size = c.tp * c.pp * c.dp;
+  p.context_parallel_size = c.cp;
+  p.world_size = c.tp * c.pp * c.dp * c.cp;
   p.sequence_parallel = c.sp;
   p.micro_batch_size = 2;
   p.global_batch_size = 4 * c.dp;
@@ -94,10 +100,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
         Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
         Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true},
-        Case{"mla_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, Case::Mla::kQLora},
-        Case{"mla_q_proj_tp2", 2, 1, 1, 0, false, false, false, false, "", false, Case::Mla::kQProj},
-        Case{"mla_q_proj_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, Case::Mla::kQProj},
-        Case{"mla_tp2_pp2", 2, 2, 1, 0, false, false, false, false, "", false, Case::Mla::kQLora}),
+        Case{"cp2_llama", 1, 1, 1, 0, false, false, false, false, "", false, 2},
+        Case{"tp2_sp_cp2_gpt_tied", 2, 1, 1, 0, true, false, true, true, "", false, 2},
+        Case{"cp2_pp2_dp2_overlap", 1, 2, 2, 0, false, true, false, false, "", false, 2},
+        Case{"mla_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQLora},
+        Case{"mla_q_proj_tp2", 2, 1, 1, 0, false, false, false, false, "", false, 1, Case::Mla::kQProj},
+        Case{"mla_q_proj_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQProj},
+        Case{"mla_tp2_pp2", 2, 2, 1, 0, false, false, false, false, "", false, 1, Case::Mla::kQLora}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -12,10 +12,10 @@
 namespace megatune::layouts {
 namespace {
 
-// The deepseek-v3-tiny preset (MLA, qk 24 + 8, v 16) with 2 layers, one MTP layer and the given query
+// The tiny-deepseek-v3-mla preset (MLA, qk 24 + 8, v 16) with 2 layers, one MTP layer and the given query
 // compression.
 ModelSpec tiny_mla(int q_lora_rank) {
-  ModelSpec m = model_preset("deepseek-v3-tiny");
+  ModelSpec m = model_preset("tiny-deepseek-v3-mla");
   m.num_layers = 2;
   m.q_lora_rank = q_lora_rank;
   m.mtp_num_layers = 1;

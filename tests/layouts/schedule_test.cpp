@@ -117,6 +117,52 @@ TEST(Schedule, EmptyAndEmbeddingOnlyStagesStillRelay) {
   }
 }
 
+TEST(Schedule, ForwardOnlyRelaysActivationsOnly) {
+  const auto layout = PipelineLayout::uniform(4, 2);
+  const auto r0 = build_rank_schedule(layout, 3, 0, 0, /*forward_only=*/true);
+  const auto r1 = build_rank_schedule(layout, 3, 0, 1, /*forward_only=*/true);
+  EXPECT_EQ(format_schedule(r0), "F0.0 [+a0.0@1] F1.0 [+a1.0@1] F2.0 [+a2.0@1]");
+  EXPECT_EQ(format_schedule(r1), "[-a0.0@0] F0.0 [-a1.0@0] F1.0 [-a2.0@0] F2.0");
+  EXPECT_EQ(format_schedule(build_rank_schedule(PipelineLayout::uniform(4, 1), 2, 0, 0, true)), "F0.0 F1.0");
+  EXPECT_TRUE(replay_schedules({r0, r1}, layout).ok);
+}
+
+// Forward-only schedules of random layouts (interleaved included) run every forward once, in the training
+// schedule's forward order, and replay without deadlock.
+TEST(Schedule, ForwardOnlyRandomLayoutsReplayCleanly) {
+  std::mt19937 rng(20261201);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int p = 1 + static_cast<int>(rng() % 6);
+    const int v = p == 1 ? 1 : 1 + static_cast<int>(rng() % 3);
+    std::vector<std::vector<LayerSymbol>> contents(p * v);
+    for (auto& stage : contents) stage.assign(rng() % 3, LayerSymbol::kDecoder);
+    contents.front().insert(contents.front().begin(), LayerSymbol::kEmbedding);
+    contents.back().push_back(LayerSymbol::kLoss);
+    const auto layout = PipelineLayout::from_stages(contents, p);
+    const int m = v > 1 ? 2 * p : 1 + static_cast<int>(rng() % 8);
+    const int g = v > 1 ? p : 0;
+    SCOPED_TRACE("p=" + std::to_string(p) + " v=" + std::to_string(v) + " m=" + std::to_string(m));
+    std::vector<RankSchedule> schedules;
+    for (int r = 0; r < p; ++r) {
+      schedules.push_back(build_rank_schedule(layout, m, g, r, true));
+      const RankSchedule training = build_rank_schedule(layout, m, g, r);
+      std::string training_forwards, forwards;
+      for (const auto& item : training.items)
+        if (item.kind == ScheduleItemKind::kForward)
+          training_forwards += std::to_string(item.microbatch) + "." + std::to_string(item.chunk) + " ";
+      for (const auto& item : schedules.back().items) {
+        ASSERT_NE(item.kind, ScheduleItemKind::kBackward);
+        for (const auto& t : item.transfers) ASSERT_EQ(t.tensor, P2pTensor::kActivation);
+        if (item.kind == ScheduleItemKind::kForward)
+          forwards += std::to_string(item.microbatch) + "." + std::to_string(item.chunk) + " ";
+      }
+      EXPECT_EQ(forwards, training_forwards);
+    }
+    const auto replay = replay_schedules(schedules, layout);
+    ASSERT_TRUE(replay.ok) << replay.error;
+  }
+}
+
 TEST(Replay, DetectsDeadlockAndMismatch) {
   const auto layout = PipelineLayout::uniform(4, 2);
   auto schedules = all_ranks(layout, 2, 0);

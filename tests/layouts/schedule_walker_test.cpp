@@ -312,7 +312,8 @@ TEST(ScheduleWalker, EveryStepProgramOpHasItsRole) {
       {"grad_norm_ar", OpRole::kGradNormReduce},
       {"cp_kv_send", OpRole::kContextParallelRing},
       {"cp_kv_recv", OpRole::kContextParallelRing},
-      {"cp_kv_dkv_send", OpRole::kContextParallelRing},
+      {"cp_dkv_send", OpRole::kContextParallelRing},
+      {"cp_dkv_recv", OpRole::kContextParallelRing},
       {"cp_kv_ag", OpRole::kContextParallelGather},
       {"cp_dkv_rs", OpRole::kContextParallelGather},
       {"dispatch_a2a", OpRole::kExpertDispatch},
@@ -380,6 +381,28 @@ TEST(ScheduleWalker, SameWorkComparesTheRole) {
   b.role = OpRole::kSequenceParallelNormGrad;
   EXPECT_FALSE(a.same_work(b));
   EXPECT_STREQ(op_role_name(b.role), "sequence_parallel_norm_grad");
+}
+
+TEST(ScheduleWalker, ForwardWalkHasForwardsAndActivationTransfersOnly) {
+  const ModelSpec model = tiny_with_layers(4);
+  ParallelConfig config = config_for(8, 2, 2, 8);
+  config.validate(model);
+  for (int rank = 0; rank < config.world_size; ++rank) {
+    const RankStep step = walk_rank_forward(model, config, rank);
+    const RankSchedule schedule = build_schedule(model, config, step.coordinates.pp, /*forward_only=*/true);
+    EXPECT_EQ(format_schedule(schedule_of_walk(step)), format_schedule(schedule)) << "rank " << rank;
+    int forwards = 0;
+    for (const StepItem& item : step.items) {
+      EXPECT_TRUE(item.kind == StepItemKind::kForward || item.kind == StepItemKind::kP2p);
+      forwards += item.kind == StepItemKind::kForward ? 1 : 0;
+    }
+    EXPECT_EQ(forwards, config.num_microbatches());
+  }
+  // The peers are global ranks: pp rank 0 of tp rank 1 (rank 1) sends to pp rank 1 of tp rank 1.
+  const RankStep first = walk_rank_forward(model, config, 1);
+  ASSERT_GE(first.items.size(), 2u);
+  EXPECT_EQ(first.items[1].transfers.at(0).peer_rank,
+            RankGrid::from_config(config).rank_of({.tp = 1, .pp = 1}));
 }
 
 }  // namespace

@@ -1,0 +1,175 @@
+// MoeLayers: router, permutation, local experts, combine and shared expert, forward and backward.
+#include "executor/model/moe_layer.h"
+
+#include <stdexcept>
+
+#include "executor/model/linear_gemm.h"
+
+namespace megatune::executor {
+namespace {
+
+using layouts::OpPhase;
+constexpr OpPhase kB = OpPhase::kBackward;
+
+}  // namespace
+
+MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers,
+                     int slots, DType compute_dtype, Backend& backend)
+    : config_(config), tokens_(tokens), seq_(seq), layers_(layers), dtype_(compute_dtype), backend_(backend) {
+  if (tokens % seq != 0) throw std::invalid_argument("MoeLayers: tokens must be whole sequences");
+  const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_hidden,
+                     shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
+  max_rows_ = tokens_ * config_.router.topk;  // dropless: every choice of every token
+  saved_.resize(static_cast<std::size_t>(slots * layers));
+  for (Saved& s : saved_) {
+    s.permuted = backend_.allocate(dtype_, max_rows_, h, "saved: MoE permuted tokens and expert outputs");
+    s.fc1 = backend_.allocate(dtype_, max_rows_, glu * ffn, "saved: MoE expert fc1 outputs");
+    s.expert_out = backend_.allocate(dtype_, max_rows_, h, "saved: MoE permuted tokens and expert outputs");
+    if (shared > 0)
+      s.shared_fc1 = backend_.allocate(dtype_, tokens_, glu * shared, "saved: MoE expert fc1 outputs");
+  }
+  if (layers == 0) return;
+  act_ = backend_.allocate(dtype_, max_rows_, ffn, "MoE scratch (shared)");
+  d_rows_ = backend_.allocate(dtype_, max_rows_, h, "MoE scratch (shared)");
+  d_x_rows_ = backend_.allocate(dtype_, max_rows_, h, "MoE scratch (shared)");
+  logits_ = backend_.allocate(dtype_, tokens_, config_.num_experts, "MoE scratch (shared)");
+  d_logits_ = backend_.allocate(dtype_, tokens_, config_.num_experts, "MoE scratch (shared)");
+  if (shared > 0) shared_act_ = backend_.allocate(dtype_, tokens_, shared, "MoE scratch (shared)");
+}
+
+Tensor MoeLayers::rows(Tensor t, std::int64_t first, std::int64_t count) const {
+  return rows_of(t, first, count, backend_.storage_bytes(t.dtype));
+}
+
+void MoeLayers::build_permutation(Saved& s) const {
+  // Megatron's permute: the kept (token, choice) pairs sorted by expert, tokens in order within an expert.
+  const MoeRouting& r = s.routing;
+  const int k = r.topk;
+  const std::int64_t local = config_.local_experts(), first_expert = config_.expert_parallel_rank * local;
+  MoePermutation& p = s.plan;
+  p.tokens = r.tokens;
+  p.topk = k;
+  p.row_token.clear();
+  p.token_rows.assign(static_cast<std::size_t>(r.tokens * k), -1);
+  p.token_probs.assign(static_cast<std::size_t>(r.tokens * k), 0.0f);
+  s.expert_offset.assign(static_cast<std::size_t>(local + 1), 0);
+  for (std::int64_t e = 0; e < local; ++e) {
+    s.expert_offset[e] = static_cast<std::int64_t>(p.row_token.size());
+    for (std::int64_t t = 0; t < r.tokens; ++t)
+      for (int j = 0; j < k; ++j) {
+        const std::int64_t i = t * k + j;
+        if (r.expert[i] != first_expert + e || !r.kept[i]) continue;
+        p.token_rows[i] = static_cast<std::int32_t>(p.row_token.size());
+        p.token_probs[i] = r.prob[i];
+        p.row_token.push_back(static_cast<std::int32_t>(t));
+      }
+  }
+  s.expert_offset[local] = static_cast<std::int64_t>(p.row_token.size());
+}
+
+void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, int local, int layer,
+                        OpPhase phase) {
+  Saved& s = saved(slot, local);
+  backend_.gemm(linear_forward_args(x, w.router, logits_, {}, tokens_), {"router", layer, phase});
+  std::vector<float> logits(static_cast<std::size_t>(logits_.numel()));
+  backend_.download(logits_, logits.data());
+  s.routing = route_tokens(logits.data(), tokens_, seq_, config_.router, nullptr);
+  if (phase != OpPhase::kRecompute && config_.router.has_aux_loss())
+    logged_aux_loss_ += s.routing.aux_loss / config_.router.aux_loss_coeff;
+  build_permutation(s);
+  const std::int64_t R = s.plan.rows();
+  backend_.moe_permute(x, s.plan, rows(s.permuted, 0, R), {"permute", layer, phase});
+  experts_forward(w, s, layer, phase);
+  backend_.moe_unpermute(rows(s.expert_out, 0, R), s.plan, true, y, {"unpermute", layer, phase});
+  if (config_.shared_expert_ffn > 0) shared_forward(w, x, y, s, layer, phase);
+}
+
+void MoeLayers::experts_forward(const MoeLayerWeights& w, Saved& s, int layer, OpPhase phase) {
+  for (std::size_t e = 0; e + 1 < s.expert_offset.size(); ++e) {
+    const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
+    if (n == 0) continue;
+    const Tensor fc1 = rows(s.fc1, first, n), act = rows(act_, first, n);
+    backend_.gemm(linear_forward_args(rows(s.permuted, first, n), w.fc1[e], fc1, {}, n),
+                  {"expert_fc1", layer, phase});
+    backend_.activation_forward(config_.activation, fc1, act, {"expert_act", layer, phase});
+    backend_.gemm(linear_forward_args(act, w.fc2[e], rows(s.expert_out, first, n), {}, n),
+                  {"expert_fc2", layer, phase});
+  }
+}
+
+void MoeLayers::shared_forward(const MoeLayerWeights& w, Tensor x, Tensor y, Saved& s, int layer,
+                               OpPhase phase) {
+  backend_.gemm(linear_forward_args(x, w.shared_fc1, s.shared_fc1, {}, tokens_),
+                {"shared_fc1", layer, phase});
+  backend_.activation_forward(config_.activation, s.shared_fc1, shared_act_, {"shared_act", layer, phase});
+  GemmArgs fc2 = linear_forward_args(shared_act_, w.shared_fc2, y, {}, tokens_);
+  fc2.accumulate = true;  // y = routed output + shared expert output
+  backend_.gemm(fc2, {"shared_fc2", layer, phase});
+}
+
+void MoeLayers::backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
+                         int slot, int local, int layer, bool accumulate, float aux_loss_scale) {
+  Saved& s = saved(slot, local);
+  const std::int64_t R = s.plan.rows();
+  std::vector<float> d_probs;
+  backend_.moe_unpermute_backward(d_y, rows(s.expert_out, 0, R), s.plan, rows(d_rows_, 0, R), d_probs,
+                                  {"unpermute", layer, kB});
+  experts_backward(w, g, s, layer);
+  backend_.moe_unpermute(rows(d_x_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
+  if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, d_y, d_x, s, layer, accumulate);
+  router_backward(w, g, x, d_x, s, d_probs, layer, accumulate, aux_loss_scale);
+}
+
+void MoeLayers::experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer) {
+  // Per expert as the dense MLP's backward: fc2's data gradient into the activation scratch, one pass
+  // turning it into fc1's output gradient (over the saved fc1 output) and recomputing the activation output,
+  // then the weight gradients (accumulated: an expert's gradient is zeroed per iteration, since an expert
+  // may see no token in a micro-batch).
+  for (std::size_t e = 0; e + 1 < s.expert_offset.size(); ++e) {
+    const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
+    if (n == 0) continue;
+    const Tensor d_out = rows(d_rows_, first, n), fc1 = rows(s.fc1, first, n), act = rows(act_, first, n);
+    backend_.gemm(linear_data_grad_args(d_out, w.fc2[e], act, n), {"expert_fc2_dgrad", layer, kB});
+    backend_.activation_backward_recompute(config_.activation, fc1, act, fc1, act, {"expert_act", layer, kB});
+    backend_.gemm(linear_weight_grad_args(d_out, act, w.fc2[e], g.fc2[e], {}, n),
+                  {"expert_fc2_wgrad", layer, kB});
+    backend_.gemm(linear_data_grad_args(fc1, w.fc1[e], rows(d_x_rows_, first, n), n),
+                  {"expert_fc1_dgrad", layer, kB});
+    backend_.gemm(linear_weight_grad_args(fc1, rows(s.permuted, first, n), w.fc1[e], g.fc1[e], {}, n),
+                  {"expert_fc1_wgrad", layer, kB});
+  }
+}
+
+void MoeLayers::shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y,
+                                Tensor d_x, Saved& s, int layer, bool accumulate) {
+  auto wgrad = [&](Tensor dy, Tensor in, Tensor weight, Tensor d_weight, const char* label) {
+    GemmArgs args = linear_weight_grad_args(dy, in, weight, d_weight, {}, tokens_);
+    args.accumulate = accumulate;
+    backend_.gemm(args, {label, layer, kB});
+  };
+  backend_.gemm(linear_data_grad_args(d_y, w.shared_fc2, shared_act_, tokens_),
+                {"shared_fc2_dgrad", layer, kB});
+  backend_.activation_backward_recompute(config_.activation, s.shared_fc1, shared_act_, s.shared_fc1,
+                                         shared_act_, {"shared_act", layer, kB});
+  wgrad(d_y, shared_act_, w.shared_fc2, g.shared_fc2, "shared_fc2_wgrad");
+  GemmArgs dgrad = linear_data_grad_args(s.shared_fc1, w.shared_fc1, d_x, tokens_);
+  dgrad.accumulate = true;
+  backend_.gemm(dgrad, {"shared_fc1_dgrad", layer, kB});
+  wgrad(s.shared_fc1, x, w.shared_fc1, g.shared_fc1, "shared_fc1_wgrad");
+}
+
+void MoeLayers::router_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_x,
+                                Saved& s, const std::vector<float>& d_probs, int layer, bool accumulate,
+                                float aux_loss_scale) {
+  std::vector<float> d_logits(static_cast<std::size_t>(d_logits_.numel()));
+  route_tokens_backward(s.routing, config_.router, d_probs.data(), aux_loss_scale, d_logits.data());
+  backend_.upload(d_logits_, d_logits.data());
+  GemmArgs dgrad = linear_data_grad_args(d_logits_, w.router, d_x, tokens_);
+  dgrad.accumulate = true;
+  backend_.gemm(dgrad, {"router_dgrad", layer, kB});
+  GemmArgs wgrad = linear_weight_grad_args(d_logits_, x, w.router, g.router, {}, tokens_);
+  wgrad.accumulate = accumulate;
+  backend_.gemm(wgrad, {"router_wgrad", layer, kB});
+}
+
+}  // namespace megatune::executor

@@ -1,0 +1,82 @@
+// MoeLayers: the MoE MLP blocks of a pipeline stage, as Megatron's MoELayer runs them with the alltoall
+// dispatcher at expert-parallel size 1: router GEMM -> routing on the host (moe_router.h) -> permute the
+// token copies into expert order -> per local expert fc1, activation, fc2 over its rows -> unpermute
+// (weighted by the routing probabilities) -> + the shared expert's MLP; and the backward of all of it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "executor/backend/backend.h"
+#include "executor/model/moe_router.h"
+#include "executor/model/transformer_config.h"
+
+namespace megatune::executor {
+
+// One MoE layer's weights (or their gradients) on this rank.
+struct MoeLayerWeights {
+  Tensor router;                  // (E, h)
+  std::vector<Tensor> fc1;        // per local expert (glu * F_moe, h)
+  std::vector<Tensor> fc2;        // per local expert (h, F_moe)
+  Tensor shared_fc1, shared_fc2;  // (glu * F_shared / tp, h), (h, F_shared / tp); empty without one
+};
+
+class MoeLayers {
+ public:
+  // Buffers for `layers` local MoE layers (local index 0..layers-1), `slots` micro-batches in flight,
+  // micro-batches of `tokens` rows in sequences of `seq`.
+  MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers, int slots,
+            DType compute_dtype, Backend& backend);
+
+  // y (T, h) = the MoE MLP of x (T, h) (the pre-MLP norm output); keeps what the backward needs in
+  // (slot, local). `layer` (global) and `phase` tag the ops. Adds the micro-batch's load-balancing loss
+  // (divided by its coefficient, as Megatron logs it) to the logged sum unless phase is a recompute.
+  void forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, int local, int layer,
+               layouts::OpPhase phase);
+  // d_x (T, h) from d_y (T, h); weight gradients into g: experts always accumulate, the router and the
+  // shared expert when `accumulate` (else the first write overwrites). aux_loss_scale: the factor the
+  // load-balancing loss's gradient carries (1 / (micro-batches * data-parallel ranks)).
+  void backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
+                int slot, int local, int layer, bool accumulate, float aux_loss_scale);
+
+  // Sum over the forward passes since the last reset of the load-balancing loss / coefficient.
+  double logged_load_balancing_loss() const { return logged_aux_loss_; }
+  void reset_logged_load_balancing_loss() { logged_aux_loss_ = 0.0; }
+  // The routing of (slot, local)'s last forward (tests).
+  const MoeRouting& routing(int slot, int local) const { return saved(slot, local).routing; }
+
+ private:
+  struct Saved {
+    MoeRouting routing;
+    MoePermutation plan;
+    std::vector<std::int64_t> expert_offset;  // (local experts + 1) first row of each local expert
+    Tensor permuted;                          // (R_max, h) the token copies in expert order
+    Tensor fc1;         // (R_max, glu * F_moe) pre-activation (its gradient in the backward)
+    Tensor expert_out;  // (R_max, h) fc2 outputs
+    Tensor shared_fc1;  // (T, glu * F_shared / tp) pre-activation
+  };
+  Saved& saved(int slot, int local) { return saved_[slot * layers_ + local]; }
+  const Saved& saved(int slot, int local) const { return saved_[slot * layers_ + local]; }
+  void build_permutation(Saved& s) const;
+  void experts_forward(const MoeLayerWeights& w, Saved& s, int layer, layouts::OpPhase phase);
+  void experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer);
+  void shared_forward(const MoeLayerWeights& w, Tensor x, Tensor y, Saved& s, int layer,
+                      layouts::OpPhase phase);
+  void shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
+                       Saved& s, int layer, bool accumulate);
+  void router_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_x, Saved& s,
+                       const std::vector<float>& d_probs, int layer, bool accumulate, float aux_loss_scale);
+  Tensor rows(Tensor t, std::int64_t first, std::int64_t count) const;
+
+  TransformerConfig config_;
+  std::int64_t tokens_ = 0, seq_ = 0, max_rows_ = 0;
+  int layers_ = 0;
+  DType dtype_;
+  Backend& backend_;
+  std::vector<Saved> saved_;  // (slot, local)
+  // Shared by the layers: the activation output (R_max, F_moe) (recomputed in the backward), the gradient
+  // rows (R_max, h) twice, the logits and their gradient (T, E), the shared expert's activation (T, F_s).
+  Tensor act_, d_rows_, d_x_rows_, logits_, d_logits_, shared_act_;
+  double logged_aux_loss_ = 0.0;
+};
+
+}  // namespace megatune::executor

@@ -1,0 +1,236 @@
+// MoE routing on the host: score functions, top-k, capacity drop, load-balancing losses and their backward.
+#include "executor/model/moe_router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "layouts/user_error.h"
+
+namespace megatune::executor {
+namespace {
+
+constexpr double kSigmoidNormEps = 1e-20;  // Megatron's epsilon in the sigmoid probabilities' normalization
+
+void softmax(const float* x, std::int64_t n, float* out) {
+  const float top = *std::max_element(x, x + n);
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - top));
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<float>(std::exp(static_cast<double>(x[i] - top)) / sum);
+}
+
+float sigmoid(float x) { return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))); }
+
+// The k largest of scores (n), in descending order; ties go to the lower index.
+void top_k(const float* scores, std::int64_t n, int k, std::int32_t* out) {
+  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int32_t a, std::int32_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  });
+  std::copy(order.begin(), order.begin() + k, out);
+}
+
+// y = J^T g of the softmax s (n): s * (g - <s, g>), accumulated into y.
+void softmax_backward(const float* s, const float* g, std::int64_t n, float* y) {
+  double dot = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) dot += static_cast<double>(s[i]) * g[i];
+  for (std::int64_t i = 0; i < n; ++i) y[i] += static_cast<float>(s[i] * (g[i] - dot));
+}
+
+// The experts and probabilities of one token (row of E logits).
+void choose(const float* logits, const MoeRouterConfig& c, const float* expert_bias, std::int32_t* expert,
+            float* prob) {
+  const std::int64_t E = c.num_experts;
+  const int k = c.topk;
+  std::vector<float> scores(static_cast<std::size_t>(E));
+  if (c.score_function == RouterScoreFunction::kSoftmax) {
+    if (c.pre_softmax) {
+      softmax(logits, E, scores.data());
+      top_k(scores.data(), E, k, expert);
+      for (int j = 0; j < k; ++j) prob[j] = scores[expert[j]];
+    } else {
+      top_k(logits, E, k, expert);
+      std::vector<float> chosen(static_cast<std::size_t>(k));
+      for (int j = 0; j < k; ++j) chosen[j] = logits[expert[j]];
+      softmax(chosen.data(), k, prob);
+    }
+    return;
+  }
+  for (std::int64_t e = 0; e < E; ++e) scores[e] = sigmoid(logits[e]);
+  std::vector<float> for_choice = scores;
+  if (expert_bias != nullptr)
+    for (std::int64_t e = 0; e < E; ++e) for_choice[e] += expert_bias[e];
+  top_k(for_choice.data(), E, k, expert);
+  double sum = 0.0;
+  for (int j = 0; j < k; ++j) sum += scores[expert[j]];
+  for (int j = 0; j < k; ++j)
+    prob[j] = k > 1 ? static_cast<float>(scores[expert[j]] / (sum + kSigmoidNormEps)) : scores[expert[j]];
+}
+
+// Megatron's apply_router_token_dropping (drop policy "probs"): each expert keeps its `capacity` most
+// probable tokens, capacity = ceil(T * k / E * factor); probabilities are not renormalized.
+void drop_over_capacity(MoeRouting& r, const MoeRouterConfig& c) {
+  const std::int64_t T = r.tokens, E = c.num_experts;
+  const int k = c.topk;
+  const auto capacity = static_cast<std::int64_t>(
+      std::ceil(static_cast<double>(T * k) / static_cast<double>(E) * c.capacity_factor));
+  if (capacity > T) return;
+  std::vector<std::vector<std::int64_t>> slots(static_cast<std::size_t>(E));  // (token * k + j) per expert
+  for (std::int64_t i = 0; i < T * k; ++i) slots[r.expert[i]].push_back(i);
+  for (std::vector<std::int64_t>& s : slots) {
+    if (static_cast<std::int64_t>(s.size()) <= capacity) continue;
+    std::stable_sort(s.begin(), s.end(),
+                     [&](std::int64_t a, std::int64_t b) { return r.prob[a] > r.prob[b]; });
+    for (std::size_t i = static_cast<std::size_t>(capacity); i < s.size(); ++i) r.kept[s[i]] = 0;
+  }
+}
+
+// The scores the load-balancing loss differentiates (T, E): softmax of the logits, or the sigmoid scores
+// normalized per token; and the gradient of the score with respect to the logits applied to g (one row).
+void aux_scores(const float* logits, const MoeRouterConfig& c, float* scores) {
+  const std::int64_t E = c.num_experts;
+  if (c.score_function == RouterScoreFunction::kSoftmax) {
+    softmax(logits, E, scores);
+    return;
+  }
+  double sum = 0.0;
+  for (std::int64_t e = 0; e < E; ++e) sum += scores[e] = sigmoid(logits[e]);
+  for (std::int64_t e = 0; e < E; ++e) scores[e] = static_cast<float>(scores[e] / (sum + kSigmoidNormEps));
+}
+void aux_scores_backward(const float* logits, const MoeRouterConfig& c, const float* g, float* d_logits) {
+  const std::int64_t E = c.num_experts;
+  std::vector<float> s(static_cast<std::size_t>(E));
+  if (c.score_function == RouterScoreFunction::kSoftmax) {
+    softmax(logits, E, s.data());
+    softmax_backward(s.data(), g, E, d_logits);
+    return;
+  }
+  double sum = 0.0, dot = 0.0;
+  for (std::int64_t e = 0; e < E; ++e) sum += s[e] = sigmoid(logits[e]);
+  const double denominator = sum + kSigmoidNormEps;
+  for (std::int64_t e = 0; e < E; ++e) dot += g[e] * (s[e] / denominator);
+  for (std::int64_t e = 0; e < E; ++e)
+    d_logits[e] += static_cast<float>((g[e] - dot) / denominator * s[e] * (1.0f - s[e]));
+}
+
+// Megatron's switch load-balancing loss per group of tokens (the micro-batch for aux_loss, each sequence
+// for seq_aux_loss, averaged over the sequences): coeff * E / (k * n^2) * sum_e P_e * f_e over a group of n
+// tokens, P_e the summed scores, f_e the tokens the scores' own top-k gives expert e.
+void load_balancing_loss(MoeRouting& r, const MoeRouterConfig& c) {
+  const std::int64_t T = r.tokens, E = c.num_experts;
+  const int k = c.topk;
+  const std::int64_t group = c.load_balancing == LoadBalancingType::kSeqAuxLoss ? r.seq : T;
+  const double groups = static_cast<double>(T / group);
+  std::vector<float> scores(static_cast<std::size_t>(T * E));
+  for (std::int64_t t = 0; t < T; ++t) aux_scores(&r.logits[t * E], c, &scores[t * E]);
+  r.aux_loss_grad.assign(static_cast<std::size_t>(T * E), 0.0f);
+  const double scale = c.aux_loss_coeff * static_cast<double>(E) /
+                       (k * static_cast<double>(group) * static_cast<double>(group) * groups);
+  std::vector<std::int32_t> top(static_cast<std::size_t>(k));
+  for (std::int64_t first = 0; first < T; first += group) {
+    std::vector<double> counts(static_cast<std::size_t>(E), 0.0), summed(static_cast<std::size_t>(E), 0.0);
+    for (std::int64_t t = first; t < first + group; ++t) {
+      top_k(&scores[t * E], E, k, top.data());
+      for (int j = 0; j < k; ++j) counts[top[j]] += 1.0;
+      for (std::int64_t e = 0; e < E; ++e) summed[e] += scores[t * E + e];
+    }
+    for (std::int64_t e = 0; e < E; ++e) r.aux_loss += scale * summed[e] * counts[e];
+    std::vector<float> g(static_cast<std::size_t>(E));
+    for (std::int64_t e = 0; e < E; ++e) g[e] = static_cast<float>(scale * counts[e]);
+    for (std::int64_t t = first; t < first + group; ++t)
+      aux_scores_backward(&r.logits[t * E], c, g.data(), &r.aux_loss_grad[t * E]);
+  }
+}
+
+}  // namespace
+
+RouterScoreFunction parse_router_score_function(std::string_view text) {
+  if (text == "softmax") return RouterScoreFunction::kSoftmax;
+  if (text == "sigmoid") return RouterScoreFunction::kSigmoid;
+  throw UserError("--moe-router-score-function: unknown value '" + std::string(text) +
+                  "'; use softmax or sigmoid");
+}
+
+LoadBalancingType parse_load_balancing_type(std::string_view text) {
+  if (text == "aux_loss") return LoadBalancingType::kAuxLoss;
+  if (text == "seq_aux_loss") return LoadBalancingType::kSeqAuxLoss;
+  if (text == "none") return LoadBalancingType::kNone;
+  throw UserError("--moe-router-load-balancing-type: unknown value '" + std::string(text) +
+                  "'; use aux_loss, seq_aux_loss or none");
+}
+
+void MoeRouterConfig::validate(std::int64_t experts) const {
+  if (topk < 1 || topk > experts)
+    throw UserError("--moe-router-topk must lie in [1, --num-experts] (got " + std::to_string(topk) +
+                    " for " + std::to_string(experts) + " experts)");
+  if (aux_loss_coeff < 0.0) throw UserError("--moe-aux-loss-coeff must be >= 0");
+  if (pre_softmax && score_function != RouterScoreFunction::kSoftmax)
+    throw UserError("--moe-router-pre-softmax applies to --moe-router-score-function softmax only");
+  if (enable_expert_bias && score_function != RouterScoreFunction::kSigmoid)
+    throw UserError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid");
+}
+
+MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t seq, const MoeRouterConfig& c,
+                        const float* expert_bias) {
+  const std::int64_t E = c.num_experts;
+  const int k = c.topk;
+  MoeRouting r;
+  r.tokens = tokens;
+  r.seq = seq;
+  r.topk = k;
+  r.logits.assign(logits, logits + tokens * E);
+  r.expert.resize(static_cast<std::size_t>(tokens * k));
+  r.prob.resize(static_cast<std::size_t>(tokens * k));
+  r.kept.assign(static_cast<std::size_t>(tokens * k), 1);
+  for (std::int64_t t = 0; t < tokens; ++t)
+    choose(logits + t * E, c, expert_bias, &r.expert[t * k], &r.prob[t * k]);
+  if (c.drops_tokens()) drop_over_capacity(r, c);
+  r.tokens_per_expert.assign(static_cast<std::size_t>(E), 0);
+  for (std::int64_t i = 0; i < tokens * k; ++i) r.tokens_per_expert[r.expert[i]] += r.kept[i];
+  if (c.has_aux_loss()) load_balancing_loss(r, c);
+  return r;
+}
+
+void route_tokens_backward(const MoeRouting& r, const MoeRouterConfig& c, const float* d_prob,
+                           float aux_loss_scale, float* d_logits) {
+  const std::int64_t E = c.num_experts, T = r.tokens;
+  const int k = c.topk;
+  std::fill(d_logits, d_logits + T * E, 0.0f);
+  std::vector<float> dp(static_cast<std::size_t>(k)), p(static_cast<std::size_t>(k)),
+      row(static_cast<std::size_t>(E));
+  for (std::int64_t t = 0; t < T; ++t) {
+    const float* z = &r.logits[t * E];
+    float* dz = d_logits + t * E;
+    const std::int32_t* top = &r.expert[t * k];
+    for (int j = 0; j < k; ++j) {  // a dropped choice's weight is 0 whatever its probability
+      dp[j] = r.kept[t * k + j] ? d_prob[t * k + j] : 0.0f;
+      p[j] = r.prob[t * k + j];
+    }
+    if (c.score_function == RouterScoreFunction::kSoftmax && !c.pre_softmax) {
+      std::vector<float> dz_top(static_cast<std::size_t>(k), 0.0f);
+      softmax_backward(p.data(), dp.data(), k, dz_top.data());
+      for (int j = 0; j < k; ++j) dz[top[j]] += dz_top[j];
+    } else if (c.score_function == RouterScoreFunction::kSoftmax) {
+      softmax(z, E, row.data());
+      std::vector<float> ds(static_cast<std::size_t>(E), 0.0f);
+      for (int j = 0; j < k; ++j) ds[top[j]] += dp[j];
+      softmax_backward(row.data(), ds.data(), E, dz);
+    } else {
+      double sum = 0.0, dot = 0.0;
+      for (int j = 0; j < k; ++j) sum += sigmoid(z[top[j]]);
+      for (int j = 0; j < k; ++j) dot += static_cast<double>(dp[j]) * p[j];
+      for (int j = 0; j < k; ++j) {
+        const float s = sigmoid(z[top[j]]);
+        const double d_score = k > 1 ? (dp[j] - dot) / (sum + kSigmoidNormEps) : dp[j];
+        dz[top[j]] += static_cast<float>(d_score * s * (1.0f - s));
+      }
+    }
+  }
+  if (r.aux_loss_grad.empty()) return;
+  for (std::int64_t i = 0; i < T * E; ++i) d_logits[i] += aux_loss_scale * r.aux_loss_grad[i];
+}
+
+}  // namespace megatune::executor

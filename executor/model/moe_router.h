@@ -1,0 +1,62 @@
+// MoE routing on the host, as Megatron's TopKRouter does it: router logits -> score function (softmax
+// after or before the top-k; sigmoid with an optional expert bias that steers only the choice) -> top-k
+// experts and their probabilities -> token drop by expert capacity; the load-balancing losses (aux_loss,
+// seq_aux_loss) and the backward of all of it to the logits.
+#pragma once
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace megatune::executor {
+
+enum class RouterScoreFunction { kSoftmax, kSigmoid };
+enum class LoadBalancingType { kAuxLoss, kSeqAuxLoss, kNone };
+
+// Parses Megatron's flag values; UserError naming the flag for anything else.
+RouterScoreFunction parse_router_score_function(std::string_view text);  // softmax | sigmoid
+LoadBalancingType parse_load_balancing_type(std::string_view text);      // aux_loss | seq_aux_loss | none
+
+struct MoeRouterConfig {
+  std::int64_t num_experts = 0;                                        // --num-experts
+  int topk = 2;                                                        // --moe-router-topk
+  RouterScoreFunction score_function = RouterScoreFunction::kSoftmax;  // --moe-router-score-function
+  bool pre_softmax = false;                                            // --moe-router-pre-softmax
+  LoadBalancingType load_balancing = LoadBalancingType::kAuxLoss;      // --moe-router-load-balancing-type
+  double aux_loss_coeff = 0.0;                                         // --moe-aux-loss-coeff
+  double capacity_factor = 0.0;     // --moe-expert-capacity-factor; <= 0: dropless
+  bool enable_expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid routing only)
+  bool drops_tokens() const { return capacity_factor > 0.0; }
+  bool has_aux_loss() const { return load_balancing != LoadBalancingType::kNone && aux_loss_coeff > 0.0; }
+  // Throws UserError naming the flag.
+  void validate(std::int64_t experts) const;
+};
+
+// One micro-batch's routing: T tokens, each with its top-k experts in descending score order.
+struct MoeRouting {
+  std::int64_t tokens = 0, seq = 0;
+  int topk = 0;
+  std::vector<float> logits;                    // (T, E) the router's logits (the backward reads them)
+  std::vector<std::int32_t> expert;             // (T, k) chosen expert
+  std::vector<float> prob;                      // (T, k) its routing probability before the drop
+  std::vector<std::uint8_t> kept;               // (T, k) 0 where the expert's capacity dropped the token
+  std::vector<std::int64_t> tokens_per_expert;  // (E) tokens each expert processes (after the drop)
+  // Load-balancing loss of the micro-batch with the coefficient applied (0 without one), and its
+  // gradient with respect to the logits (T, E), before the loss scaling.
+  double aux_loss = 0.0;
+  std::vector<float> aux_loss_grad;
+};
+
+// The probability a token's k-th choice is weighted with: prob, or 0 where it was dropped.
+inline float routed_prob(const MoeRouting& r, std::int64_t i) { return r.kept[i] ? r.prob[i] : 0.0f; }
+
+// Routes T = tokens rows of logits (T, E) in sequences of `seq` tokens (rows b * seq + s); expert_bias
+// (E, may be null) is added to the sigmoid scores for the choice only.
+MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t seq,
+                        const MoeRouterConfig& config, const float* expert_bias);
+
+// d_logits (T, E) = d(probabilities)/d(logits)^T d_prob + aux_loss_scale * the aux loss gradient, from the
+// gradient of the loss with respect to each chosen probability, d_prob (T, k).
+void route_tokens_backward(const MoeRouting& routing, const MoeRouterConfig& config, const float* d_prob,
+                           float aux_loss_scale, float* d_logits);
+
+}  // namespace megatune::executor

@@ -1,0 +1,161 @@
+// The MoE router on the host (executor/model/moe_router.h): each score function's and load-balancing loss's
+// gradient against central finite differences, the top-k choice, the capacity drop and the aux loss's value.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "executor/model/moe_router.h"
+#include "layouts/user_error.h"
+
+namespace megatune::executor {
+namespace {
+
+constexpr std::int64_t kTokens = 6, kSeq = 3, kExperts = 5;
+
+std::vector<float> random_values(std::int64_t n, unsigned seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// L = sum over kept choices of weight * probability + aux_scale * aux loss.
+double objective(const MoeRouting& r, const std::vector<float>& weights, float aux_scale) {
+  double sum = aux_scale * r.aux_loss;
+  for (std::size_t i = 0; i < r.prob.size(); ++i)
+    sum += weights[i] * routed_prob(r, static_cast<std::int64_t>(i));
+  return sum;
+}
+
+void check_gradient(const MoeRouterConfig& config) {
+  std::vector<float> logits = random_values(kTokens * kExperts, 3, 1.0f);
+  const std::vector<float> weights = random_values(kTokens * config.topk, 5, 1.0f);
+  const float aux_scale = 0.7f;
+  const MoeRouting routing = route_tokens(logits.data(), kTokens, kSeq, config, nullptr);
+  std::vector<float> analytic(logits.size());
+  route_tokens_backward(routing, config, weights.data(), aux_scale, analytic.data());
+  const float step = 1e-3f;
+  int compared = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    const float saved = logits[i];
+    logits[i] = saved + step;
+    const MoeRouting plus = route_tokens(logits.data(), kTokens, kSeq, config, nullptr);
+    logits[i] = saved - step;
+    const MoeRouting minus = route_tokens(logits.data(), kTokens, kSeq, config, nullptr);
+    logits[i] = saved;
+    // The objective is piecewise smooth: compare where the choice stayed the same.
+    if (plus.expert != routing.expert || minus.expert != routing.expert || plus.kept != routing.kept ||
+        minus.kept != routing.kept)
+      continue;
+    const double numeric =
+        (objective(plus, weights, aux_scale) - objective(minus, weights, aux_scale)) / (2 * step);
+    EXPECT_NEAR(numeric, analytic[i], 2e-3 + 1e-2 * std::fabs(numeric)) << "logit " << i;
+    ++compared;
+  }
+  EXPECT_GT(compared, static_cast<int>(logits.size()) * 3 / 4);
+}
+
+MoeRouterConfig config(int topk) {
+  MoeRouterConfig c;
+  c.num_experts = kExperts;
+  c.topk = topk;
+  c.aux_loss_coeff = 0.1;
+  return c;
+}
+
+TEST(MoeRouter, SoftmaxAfterTopKGradientMatchesFiniteDifferences) { check_gradient(config(2)); }
+
+TEST(MoeRouter, PreSoftmaxGradientMatchesFiniteDifferences) {
+  MoeRouterConfig c = config(2);
+  c.pre_softmax = true;
+  check_gradient(c);
+}
+
+TEST(MoeRouter, SigmoidGradientMatchesFiniteDifferences) {
+  MoeRouterConfig c = config(3);
+  c.score_function = RouterScoreFunction::kSigmoid;
+  check_gradient(c);
+  c.topk = 1;  // one choice: the sigmoid score itself, not normalized
+  check_gradient(c);
+}
+
+TEST(MoeRouter, SequenceAuxLossGradientMatchesFiniteDifferences) {
+  MoeRouterConfig c = config(2);
+  c.load_balancing = LoadBalancingType::kSeqAuxLoss;
+  check_gradient(c);
+  c.score_function = RouterScoreFunction::kSigmoid;
+  check_gradient(c);
+}
+
+TEST(MoeRouter, CapacityDropGradientMatchesFiniteDifferences) {
+  MoeRouterConfig c = config(2);
+  c.capacity_factor = 0.5;
+  check_gradient(c);
+}
+
+TEST(MoeRouter, ChoosesTheLargestScoresInOrder) {
+  MoeRouterConfig c = config(2);
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.0f, 0.5f};
+  const MoeRouting r = route_tokens(logits.data(), 1, 1, c, nullptr);
+  EXPECT_EQ(r.expert, (std::vector<std::int32_t>{1, 3}));
+  const double p1 = 1.0 / (1.0 + std::exp(-1.0));  // softmax over the two chosen logits
+  EXPECT_NEAR(r.prob[0], p1, 1e-6);
+  EXPECT_NEAR(r.prob[1], 1.0 - p1, 1e-6);
+  EXPECT_EQ(r.tokens_per_expert, (std::vector<std::int64_t>{0, 1, 0, 1, 0}));
+}
+
+TEST(MoeRouter, ExpertBiasSteersTheChoiceButNotTheProbabilities) {
+  MoeRouterConfig c = config(1);
+  c.score_function = RouterScoreFunction::kSigmoid;
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.0f, 0.5f};
+  const std::vector<float> bias = {0.0f, 0.0f, 0.0f, 0.0f, 1.0f};
+  const MoeRouting r = route_tokens(logits.data(), 1, 1, c, bias.data());
+  EXPECT_EQ(r.expert, (std::vector<std::int32_t>{4}));
+  EXPECT_NEAR(r.prob[0], 1.0 / (1.0 + std::exp(-0.5)), 1e-6);
+}
+
+TEST(MoeRouter, CapacityKeepsTheMostProbableTokensOfEachExpert) {
+  MoeRouterConfig c = config(1);
+  c.num_experts = 2;
+  c.capacity_factor = 1.0;  // capacity ceil(4 * 1 / 2) = 2 tokens per expert
+  c.aux_loss_coeff = 0.0;
+  c.pre_softmax = true;  // probabilities over both experts (top-1 after the softmax would give 1 to all)
+  // Every token prefers expert 0, with rising confidence.
+  const std::vector<float> logits = {1.0f, 0.0f, 2.0f, 0.0f, 3.0f, 0.0f, 4.0f, 0.0f};
+  const MoeRouting r = route_tokens(logits.data(), 4, 4, c, nullptr);
+  EXPECT_EQ(r.kept, (std::vector<std::uint8_t>{0, 0, 1, 1}));
+  EXPECT_EQ(r.tokens_per_expert, (std::vector<std::int64_t>{2, 0}));
+  EXPECT_EQ(routed_prob(r, 0), 0.0f);
+  EXPECT_NEAR(routed_prob(r, 3), 1.0 / (1.0 + std::exp(-4.0)), 1e-6);
+}
+
+TEST(MoeRouter, AuxLossOfUniformScoresIsItsCoefficient) {
+  // P_e = T / E for every expert, and the k chosen experts' counts sum to T * k: the loss is the coefficient.
+  for (LoadBalancingType type : {LoadBalancingType::kAuxLoss, LoadBalancingType::kSeqAuxLoss}) {
+    MoeRouterConfig c = config(2);
+    c.load_balancing = type;
+    const std::vector<float> logits(kTokens * kExperts, 0.25f);
+    EXPECT_NEAR(route_tokens(logits.data(), kTokens, kSeq, c, nullptr).aux_loss, 0.1, 1e-7);
+  }
+  MoeRouterConfig none = config(2);
+  none.load_balancing = LoadBalancingType::kNone;
+  const std::vector<float> logits = random_values(kTokens * kExperts, 1, 1.0f);
+  const MoeRouting r = route_tokens(logits.data(), kTokens, kSeq, none, nullptr);
+  EXPECT_EQ(r.aux_loss, 0.0);
+  EXPECT_TRUE(r.aux_loss_grad.empty());
+}
+
+TEST(MoeRouter, BadFlagsAreUserErrors) {
+  EXPECT_THROW(parse_router_score_function("tanh"), UserError);
+  EXPECT_THROW(parse_load_balancing_type("sinkhorn"), UserError);
+  MoeRouterConfig c = config(6);
+  EXPECT_THROW(c.validate(kExperts), UserError);
+  c = config(2);
+  c.enable_expert_bias = true;  // softmax
+  EXPECT_THROW(c.validate(kExperts), UserError);
+}
+
+}  // namespace
+}  // namespace megatune::executor

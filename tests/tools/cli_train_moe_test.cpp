@@ -1,0 +1,96 @@
+// `megatune train` of the tiny MoE presets on the CPU backend: tiny-mixtral (softmax top-2, aux loss) and
+// tiny-deepseek-v3 (sigmoid routing, sequence aux loss, shared expert, a first dense layer) learn byte-level
+// text (falling loss) and log Megatron's load_balancing_loss; bad MoE flags fail with one line.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "tests/tools/cli_harness.h"
+
+namespace megatune::tests {
+namespace {
+
+// Byte-level text in Megatron's format: this repository's MoE sources.
+std::string make_corpus(const TempDir& dir) {
+  std::string text;
+  for (const char* file :
+       {"executor/model/moe_layer.cpp", "executor/model/moe_router.cpp", "executor/model/gpt_model.cpp"})
+    text += read_text(std::string(MEGATUNE_SOURCE_DIR) + "/" + file) + "\n\n";
+  write_text(dir / "corpus.txt", text);
+  const CliResult r = run_megatune(
+      {"data", "preprocess", "--input", dir / "corpus.txt", "--output-prefix", dir / "corpus"}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return dir / "corpus_text_document";
+}
+
+std::vector<double> logged(const std::string& out, const std::string& field) {
+  std::vector<double> values;
+  const std::regex pattern("\\| " + field + ": ([0-9.E+-]+)");
+  for (std::sregex_iterator it(out.begin(), out.end(), pattern), end; it != end; ++it)
+    values.push_back(std::stod((*it)[1].str()));
+  return values;
+}
+
+CliResult train(const std::string& model, const std::string& data, const std::vector<std::string>& more) {
+  std::vector<std::string> args = {"train", "--model", model,   "--device",      "cpu",  "--data-path",
+                                   data,    "--split", "1,0,0", "--train-iters", "40",   "--gbs",
+                                   "8",     "--mbs",   "2",     "--lr",          "3e-3", "--log-interval",
+                                   "10"};
+  args.insert(args.end(), more.begin(), more.end());
+  return run_megatune(args, 120);
+}
+
+void expect_learns(const CliResult& r) {
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<double> loss = logged(r.out, "lm loss"), balance = logged(r.out, "load_balancing_loss");
+  ASSERT_EQ(loss.size(), 4u) << r.out;
+  EXPECT_GT(loss.front(), 4.0) << r.out;
+  EXPECT_LT(loss.back(), loss.front() - 1.0) << r.out;
+  ASSERT_EQ(balance.size(), 4u) << r.out;
+  for (double b : balance) {  // 1 for perfectly balanced routing, at most E / k
+    EXPECT_GT(b, 0.9) << r.out;
+    EXPECT_LT(b, 2.0) << r.out;
+  }
+}
+
+TEST(CliTrainMoe, TinyMixtralLearnsText) {
+  TempDir dir;
+  const std::string data = make_corpus(dir);
+  expect_learns(train("tiny-mixtral", data, {"--moe-aux-loss-coeff", "1e-2"}));
+}
+
+TEST(CliTrainMoe, TinyDeepSeekV3ShapeLearnsTextWithSigmoidRouting) {
+  TempDir dir;
+  const std::string data = make_corpus(dir);
+  expect_learns(
+      train("tiny-deepseek-v3", data,
+            {"--moe-router-score-function", "sigmoid", "--moe-router-load-balancing-type", "seq_aux_loss",
+             "--moe-aux-loss-coeff", "1e-3", "--moe-expert-capacity-factor", "1.5"}));
+}
+
+TEST(CliTrainMoe, BadMoeFlagsFailWithOneLine) {
+  const std::vector<std::string> base = {"train", "--model",     "tiny-mixtral",  "--device",
+                                         "cpu",   "--mock-data", "--gbs",         "4",
+                                         "--mbs", "2",           "--train-iters", "2"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return run_megatune(args, 60);
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--moe-router-score-function", "tanh"}, "--moe-router-score-function"},
+      {{"--moe-router-load-balancing-type", "sinkhorn"}, "--moe-router-load-balancing-type"},
+      {{"--moe-expert-capacity-factor", "-1"}, "--moe-expert-capacity-factor"},
+      {{"--moe-aux-loss-coeff", "-0.1"}, "--moe-aux-loss-coeff"},
+      {{"--moe-router-topk", "9"}, "--moe-router-topk"},
+  };
+  for (const auto& [flags, mention] : cases) {
+    const CliResult r = with(flags);
+    EXPECT_EQ(r.exit_code, 1) << flags[0] << ": " << r.err;
+    EXPECT_EQ(r.error_lines(), 1) << r.err;
+    EXPECT_NE(r.err.find(mention), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace megatune::tests
