@@ -22,11 +22,10 @@ struct Case {
   std::string layout;
   bool dist_opt = false;
   int cp = 1;
-  enum class Mla {
-    kNone,
-    kQLora,
-    kQProj
-  } mla = Mla::kNone;  // tiny-deepseek-v3-mla, with or without q_lora_rank
+  // tiny-deepseek-v3-mla, with or without q_lora_rank
+  enum class Mla { kNone, kQLora, kQProj };
+  Mla mla = Mla::kNone;
+  layouts::RecomputeGranularity recompute = layouts::RecomputeGranularity::kNone;
 };
 
 layouts::ModelSpec model_of(const Case& c) {
@@ -48,6 +47,11 @@ layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   p.pipeline_model_parallel_layout = c.layout;
   p.overlap_grad_reduce = c.overlap;
   p.use_distributed_optimizer = c.dist_opt;
+  p.recompute_granularity = c.recompute;
+  if (c.recompute == layouts::RecomputeGranularity::kFull) {
+    p.recompute_method = layouts::RecomputeMethod::kUniform;
+    p.recompute_num_layers = 1;
+  }
   p.overlap_param_gather = c.dist_opt && c.overlap;
   p.validate(m);
   return p;
@@ -106,7 +110,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"mla_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQLora},
         Case{"mla_q_proj_tp2", 2, 1, 1, 0, false, false, false, false, "", false, 1, Case::Mla::kQProj},
         Case{"mla_q_proj_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQProj},
-        Case{"mla_tp2_pp2", 2, 2, 1, 0, false, false, false, false, "", false, 1, Case::Mla::kQLora}),
+        Case{"mla_tp2_pp2", 2, 2, 1, 0, false, false, false, false, "", false, 1, Case::Mla::kQLora},
+        Case{"mla_tp2_sp_selective", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQLora,
+             layouts::RecomputeGranularity::kSelective},
+        Case{"mla_q_proj_tp2_sp_full", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQProj,
+             layouts::RecomputeGranularity::kFull}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace
