@@ -76,6 +76,21 @@ ModelSpec make_preset(std::string_view name) {
     m.moe_layer_pattern = {0, 1, 1, 1};
     return m;
   }
+  if (name == "tiny-deepseek-v3-mla") {
+    // DeepSeek-V3's attention at CPU-test size: multi-latent attention (q and kv latents, decoupled RoPE,
+    // q/k heads of 24 + 8, v heads of 16) on a dense Llama-style body.
+    ModelSpec m = llama("tiny-deepseek-v3-mla", 4, 64, 4, 0, 128, /*tied=*/false);
+    m.seq_length = 32;
+    m.max_position_embeddings = 32;
+    m.vocab_size = 256;  // byte-level
+    m.multi_latent_attention = true;
+    m.q_lora_rank = 32;
+    m.kv_lora_rank = 32;
+    m.qk_head_dim = 24;
+    m.qk_pos_emb_head_dim = 8;
+    m.v_head_dim = 16;
+    return m;
+  }
   // GPT-3 paper shapes (Brown et al. 2020, Table 2.1), GPT-2 vocabulary, 2048 positions.
   if (name == "gpt-125m") return gpt("gpt-125m", 12, 768, 12);
   if (name == "gpt-1.3b") return gpt("gpt-1.3b", 24, 2048, 16);
@@ -133,9 +148,9 @@ ModelSpec make_preset(std::string_view name) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",       "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",   "gpt-1.3b",
-          "gpt-2.7b",   "gpt3-175b",    "llama3-1b",        "llama3-3b",  "llama3-8b",
-          "llama3-70b", "llama3-405b",  "mixtral-8x7b",     "deepseek-v3"};
+  return {"tiny",       "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",    "gpt-1.3b",
+          "gpt-2.7b",   "gpt3-175b",    "llama3-1b",        "llama3-3b",   "llama3-8b",
+          "llama3-70b", "llama3-405b",  "mixtral-8x7b",     "deepseek-v3", "tiny-deepseek-v3-mla"};
 }
 
 ModelSpec model_preset(std::string_view name) { return make_preset(name); }

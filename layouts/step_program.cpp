@@ -7,6 +7,7 @@
 #include <string>
 
 #include "layouts/context_parallel.h"
+#include "layouts/mla_ops.h"
 #include "layouts/op_sink.h"
 #include "layouts/schedule_walker.h"
 
@@ -127,22 +128,14 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
   const AttentionShape a = attention_shape(s);
   if (!recompute_core_only) {
     o.memory(OpKind::kNorm, "input_norm", norm_bytes(s));
-    if (s.sp)
-      o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     if (s.mla) {
-      const std::int64_t qk = model.qk_head_dim + model.qk_pos_emb_head_dim;
-      if (model.q_lora_rank > 0) {
-        o.gemm("q_down", s.tokens, model.q_lora_rank, s.hidden);
-        o.gemm("q_up", s.tokens, s.heads * qk / s.tp, model.q_lora_rank);
-      } else {
-        o.gemm("q_up", s.tokens, s.heads * qk / s.tp, s.hidden);
-      }
-      o.gemm("kv_down", s.tokens, model.kv_lora_rank + model.qk_pos_emb_head_dim, s.hidden);
-      o.gemm("kv_up", s.tokens, s.heads * (model.qk_head_dim + model.v_head_dim) / s.tp, model.kv_lora_rank);
+      mla_projections_forward(o, model, s);
     } else {
+      if (s.sp)
+        o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
       o.gemm("qkv", s.tokens, qkv_out(s), s.hidden);
+      if (s.rope) o.memory(OpKind::kRope, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
     }
-    if (s.rope) o.memory(OpKind::kRope, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
     if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
       const std::int64_t kv_bytes = context_parallel_kv_bytes(s.tokens, a.kv_heads, s.head_dim, kAct);
       o.comm(OpKind::kAllGather, "cp_kv_ag", kv_bytes * s.cp, CommGroup::kContext, s.cp);
@@ -162,6 +155,18 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
   if (s.sp) o.comm(OpKind::kAllGather, "proj_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("proj", s.tokens, s.hidden, proj_in);
+  if (s.mla) {
+    // The input norm's output (gathered without --q-lora-rank under SP) first, then the attention core and
+    // the projections' backward (MlaAttention's order).
+    if (s.recompute != RecomputeGranularity::kFull)
+      o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
+    if (s.sp && model.q_lora_rank == 0)
+      o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+    context_attention_backward(o, s, options);
+    mla_projections_backward(o, model, s);
+    o.memory(OpKind::kNormBackward, "input_norm", 3 * s.tokens_sp * s.hidden * kAct);
+    return;
+  }
   const std::int64_t kv_bytes = context_parallel_kv_bytes(s.tokens, a.kv_heads, s.head_dim, kAct);
   context_attention_backward(o, s, options);
   if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
@@ -174,20 +179,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   if (s.recompute != RecomputeGranularity::kFull)
     o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
   if (s.sp) o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  if (s.mla) {
-    const std::int64_t qk = model.qk_head_dim + model.qk_pos_emb_head_dim;
-    o.gemm_backward("kv_up", s.tokens, s.heads * (model.qk_head_dim + model.v_head_dim) / s.tp,
-                    model.kv_lora_rank);
-    o.gemm_backward("kv_down", s.tokens, model.kv_lora_rank + model.qk_pos_emb_head_dim, s.hidden);
-    if (model.q_lora_rank > 0) {
-      o.gemm_backward("q_up", s.tokens, s.heads * qk / s.tp, model.q_lora_rank);
-      o.gemm_backward("q_down", s.tokens, model.q_lora_rank, s.hidden);
-    } else {
-      o.gemm_backward("q_up", s.tokens, s.heads * qk / s.tp, s.hidden);
-    }
-  } else {
-    o.gemm_backward("qkv", s.tokens, qkv_out(s), s.hidden);
-  }
+  o.gemm_backward("qkv", s.tokens, qkv_out(s), s.hidden);
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "qkv_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else

@@ -73,6 +73,13 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     throw UserError("--sequence-parallel: micro-batch tokens (" + std::to_string(T) +
                     ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
   rows_ = sp() ? T / tp_size_ : T;
+  if (config_.mla && cp_size_ > 1)
+    throw UserError("--multi-latent-attention with --context-parallel-size " + std::to_string(cp_size_) +
+                    ": the executor runs multi-latent attention without context parallelism; use "
+                    "--context-parallel-size 1");
+  if (config_.mla)
+    mla_ = std::make_unique<MlaAttention>(config_, batch_.micro_batch, batch_.seq, rows_, compute_dtype_,
+                                          backend_, communicator_);
   require_attention_support();
   if (cp_size_ > 1 && stage_.num_layers > 0)
     ring_ = std::make_unique<RingAttention>(ring_shape(), compute_dtype_, backend_, communicator_);
@@ -230,7 +237,10 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
   a.ln1 = norm1_out_;
   a.ln1_mean = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
   a.ln1_rstd = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
-  a.qkv = backend_.allocate(compute_dtype_, T, config_.qkv_width(), "saved: qkv");
+  if (mla_)
+    a.mla = mla_->allocate_saved();
+  else
+    a.qkv = backend_.allocate(compute_dtype_, T, config_.qkv_width(), "saved: qkv");
   if (with_attention) {
     a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), "saved: attention output");
     a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
@@ -292,6 +302,15 @@ void GPTModel::index_layer_parameters() {
     p.fc1_b = find(l, "mlp.linear_fc1.bias");
     p.fc2_w = find(l, "mlp.linear_fc2.weight");
     p.fc2_b = find(l, "mlp.linear_fc2.bias");
+    p.q_down = find(l, "self_attention.linear_q_down_proj.weight");
+    p.q_norm_w = find(l, "self_attention.q_layernorm.weight");
+    p.q_norm_b = find(l, "self_attention.q_layernorm.bias");
+    p.q_up = find(l, config_.q_lora_rank > 0 ? "self_attention.linear_q_up_proj.weight"
+                                             : "self_attention.linear_q_proj.weight");
+    p.kv_down = find(l, "self_attention.linear_kv_down_proj.weight");
+    p.kv_norm_w = find(l, "self_attention.kv_layernorm.weight");
+    p.kv_norm_b = find(l, "self_attention.kv_layernorm.bias");
+    p.kv_up = find(l, "self_attention.linear_kv_up_proj.weight");
     if (config_.is_moe_layer(l)) {
       p.moe_local = moe_layers++;
       p.router = find(l, "mlp.router.weight");
@@ -350,6 +369,8 @@ GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
   w.fc1_b = get(p.fc1_b);
   w.fc2_w = get(p.fc2_w);
   w.fc2_b = get(p.fc2_b);
+  w.mla = {get(p.q_down),  get(p.q_norm_w),  get(p.q_norm_b),  get(p.q_up),
+           get(p.kv_down), get(p.kv_norm_w), get(p.kv_norm_b), get(p.kv_up)};
   return w;
 }
 
@@ -486,6 +507,7 @@ NormArgs GPTModel::norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor g
 }
 
 AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
+  if (mla_) return mla_->attention_args(acts.mla, acts.attn, acts.lse);
   return self_attention_args(acts.qkv, acts.attn, acts.lse, batch_.micro_batch, batch_.seq,
                              config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
                              backend_.storage_bytes(compute_dtype_));
@@ -500,6 +522,12 @@ void GPTModel::require_attention_support() const {
       gap = backend_.attention_unsupported(ring_kernel_shape(ring_shape(), block));
       if (!gap.empty()) gap = "context parallelism's ring: " + gap;
     }
+  if (!gap.empty() && config_.mla)
+    throw UserError("the " + backend_.name() +
+                    " backend cannot run this model's multi-latent attention (q/k " + "head dim " +
+                    std::to_string(config_.head_dim) + " = --qk-head-dim + --qk-pos-emb-head-dim, " +
+                    "--v-head-dim " + std::to_string(config_.v_head_dim) + "): " + gap +
+                    "; pick those dims accordingly, or --device cpu");
   if (!gap.empty())
     throw UserError(
         "the " + backend_.name() + " backend cannot run this model's attention (--kv-channels " +
@@ -551,11 +579,19 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   };
   backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd),
                         {"input_norm", l, phase});
-  gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, phase);
-  gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
-  if (config_.position == PositionEmbedding::kRope)
-    backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
-                  config_.rope_theta, false, {"rope", l, phase}, positions_);
+  if (mla_) {
+    // Only the one query projection (no --q-lora-rank) reads the gathered input.
+    const Tensor x_full = config_.q_lora_rank > 0
+                              ? norm1_shard_
+                              : gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, phase);
+    mla_->forward(l, w.mla, norm1_shard_, x_full, a.mla, phase);
+  } else {
+    gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, phase);
+    gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
+    if (config_.position == PositionEmbedding::kRope)
+      backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(),
+                    config_.head_dim, config_.rope_theta, false, {"rope", l, phase}, positions_);
+  }
   core_attention_forward(a, l, phase);
   gemm_linear(a.attn, w.proj_w, row_bias ? w.proj_b : Tensor{}, fc2_out_, "proj");
   const Tensor proj = reduce_from_full(fc2_out_, reduced_, "proj_ar", "proj_rs", l, phase);
@@ -632,20 +668,38 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   const Tensor d_proj = gather_to_full(d_mid_, full_scratch_, "proj_grad_ag", l, kB);
   dgrad(d_proj, w.proj_w, d_attn_, "proj_dgrad");
   wgrad(d_proj, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
-  core_attention_backward(a, l);
-  if (config_.position == PositionEmbedding::kRope)
-    backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
-                  config_.rope_theta, true, {"rope", l, kB}, positions_);
-  if (recompute_shared)
-    backend_.norm_forward(
-        with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
-        {"input_norm", l, kR});
-  gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, kB);
-  dgrad(d_qkv_, w.qkv_w, d_hidden_, "qkv_dgrad");
-  wgrad(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, "qkv_wgrad");
-  const Tensor d_ln1 = reduce_from_full(d_hidden_, d_hidden_shard_, "qkv_dgrad_ar", "qkv_dgrad_rs", l, kB);
+  if (mla_) {
+    mla_backward(l, a, input, accumulate);
+  } else {
+    core_attention_backward(a, l);
+    if (config_.position == PositionEmbedding::kRope)
+      backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(),
+                    config_.head_dim, config_.rope_theta, true, {"rope", l, kB}, positions_);
+    if (recompute_shared)
+      backend_.norm_forward(
+          with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
+          {"input_norm", l, kR});
+    gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, kB);
+    dgrad(d_qkv_, w.qkv_w, d_hidden_, "qkv_dgrad");
+    wgrad(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, "qkv_wgrad");
+    reduce_from_full(d_hidden_, d_hidden_shard_, "qkv_dgrad_ar", "qkv_dgrad_rs", l, kB);
+  }
+  const Tensor d_ln1 = d_hidden_shard_;  // the input norm output's gradient
   backend_.norm_backward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd),
                          d_ln1, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"input_norm", l, kB});
+}
+
+void GPTModel::mla_backward(int l, LayerActivations& a, Tensor input, bool accumulate) {
+  const LayerWeights w = layer_weights(model_params_, l);
+  const LayerWeights g = layer_weights(grads_, l);
+  if (recompute_ != RecomputeGranularity::kFull)
+    backend_.norm_forward(
+        with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
+        {"input_norm", l, OpPhase::kRecompute});
+  const Tensor x_full =
+      config_.q_lora_rank > 0 ? norm1_shard_ : gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, kB);
+  mla_->backward(l, w.mla, g.mla, a.mla, a.attn, a.lse, d_attn_, norm1_shard_, x_full, d_hidden_shard_,
+                 sp() ? d_hidden_ : d_hidden_shard_, accumulate);
 }
 
 void GPTModel::forward(const MicroBatch& mb, int index) { run_forward(mb, index, true); }

@@ -9,6 +9,7 @@
 
 #include "executor/backend/backend.h"
 #include "executor/data/data_loader.h"
+#include "executor/model/mla_attention.h"
 #include "executor/model/moe_layer.h"
 #include "executor/model/parameter_layout.h"
 #include "executor/model/transformer_config.h"
@@ -123,6 +124,7 @@ class GPTModel {
  private:
   struct LayerWeights {
     Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+    MlaAttention::Weights mla;  // multi-latent attention's projections (instead of qkv)
   };
   // A layer's parameters in the layout (null where the model has none: LayerNorm biases under RMSNorm,
   // linear biases without --add-bias-linear). Shapes on this TP rank: norms (1, h); qkv (qkv_width, h);
@@ -131,6 +133,9 @@ class GPTModel {
     const ParameterEntry *norm1_w = nullptr, *norm1_b = nullptr, *qkv_w = nullptr, *qkv_b = nullptr,
                          *proj_w = nullptr, *proj_b = nullptr, *norm2_w = nullptr, *norm2_b = nullptr,
                          *fc1_w = nullptr, *fc1_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr;
+    // Multi-latent attention (MlaAttention::Weights' shapes).
+    const ParameterEntry *q_down = nullptr, *q_norm_w = nullptr, *q_norm_b = nullptr, *q_up = nullptr,
+                         *kv_down = nullptr, *kv_norm_w = nullptr, *kv_norm_b = nullptr, *kv_up = nullptr;
     // MoE layers: the router, this rank's experts, the shared expert; moe_local: index among the stage's
     // MoE layers (-1: a dense layer).
     const ParameterEntry *router = nullptr, *shared_fc1 = nullptr, *shared_fc2 = nullptr;
@@ -156,6 +161,7 @@ class GPTModel {
     Tensor fc1;                 // (T, fc1_width) pre-activation (saved; the backward overwrites it with its
                                 // gradient)
     Tensor act;                 // (T, ffn) activation output (shared)
+    MlaAttention::Saved mla;    // multi-latent attention's latents, q, k, v (saved; instead of qkv)
   };
   // Forward of one micro-batch; with_gradients: also the LM head's backward GEMMs (per loss chunk) and the
   // bookkeeping for backward(); without (evaluation): the losses only.
@@ -168,6 +174,9 @@ class GPTModel {
   LayerActivations allocate_layer_activations(bool with_attention);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
   void layer_backward(int layer, LayerActivations& acts, Tensor input);
+  // Multi-latent attention's backward from the attention output's gradient (d_attn_) to the input norm
+  // output's gradient (d_hidden_shard_).
+  void mla_backward(int layer, LayerActivations& acts, Tensor input, bool accumulate);
   // An MoE layer's MLP backward: d_hidden_ = the gradient of the pre-MLP norm output from d_out.
   void moe_mlp_backward(int layer, LayerActivations& acts, Tensor d_out, bool accumulate);
   LayerActivations& activations_for(int slot, int local_layer);
@@ -198,6 +207,7 @@ class GPTModel {
   StageSpan stage_;
   ParameterLayout layout_;
   std::vector<LayerParameters> layer_parameters_;  // per local layer
+  std::unique_ptr<MlaAttention> mla_;              // multi-latent attention (shared by the layers)
   int tp_rank_ = 0, tp_size_ = 1;
   int cp_rank_ = 0, cp_size_ = 1;
   SequencePositions positions_;          // global positions of the local sequence (context parallelism)

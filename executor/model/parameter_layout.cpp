@@ -27,6 +27,12 @@ layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& c) {
   s.bias = c.bias;
   s.tp = c.tensor_parallel_size;
   s.sequence_parallel = c.sequence_parallel;
+  s.mla = c.mla;
+  s.q_lora_rank = c.q_lora_rank;
+  s.kv_lora_rank = c.kv_lora_rank;
+  s.qk_head_dim = c.qk_head_dim;
+  s.qk_pos_emb_head_dim = c.qk_pos_emb_head_dim;
+  s.v_head_dim = c.v_head_dim;
   s.moe_layers = c.moe_layers;
   s.num_experts = c.num_experts;
   s.moe_ffn = c.moe_ffn_hidden;

@@ -24,9 +24,21 @@ void TransformerConfig::validate() const {
               kv_heads % tensor_parallel_size == 0 && ffn_hidden % tensor_parallel_size == 0 &&
               vocab_size % tensor_parallel_size == 0,
           "--tensor-model-parallel-size must divide heads, query groups, FFN size and padded vocabulary");
-  require(position != PositionEmbedding::kRope || head_dim % 2 == 0,
+  require(position != PositionEmbedding::kRope || mla || head_dim % 2 == 0,
           "RoPE needs an even head dimension (--kv-channels)");
   require(max_seq >= 1, "--seq-length must be >= 1");
+  if (mla) {
+    require(kv_lora_rank >= 1 && qk_head_dim >= 1 && qk_pos_emb_head_dim >= 1 && v_head_dim >= 1 &&
+                q_lora_rank >= 0,
+            "--multi-latent-attention needs --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim and "
+            "--v-head-dim >= 1");
+    require(
+        head_dim == qk_head_dim + qk_pos_emb_head_dim && kv_heads == heads,
+        "multi-latent attention: head_dim must be qk_head_dim + qk_pos_emb_head_dim, one kv head per head");
+    require(
+        position == PositionEmbedding::kRope && qk_pos_emb_head_dim % 2 == 0,
+        "--multi-latent-attention needs --position-embedding-type rope and an even --qk-pos-emb-head-dim");
+  }
   if (!is_moe()) return;
   require(moe_ffn_hidden >= 1, "--moe-ffn-hidden-size must be >= 1");
   require(static_cast<int>(moe_layers.size()) == num_layers,
@@ -45,6 +57,9 @@ std::string TransformerConfig::describe() const {
       << (activation == ActivationKind::kSwiglu ? " SwiGLU" : " GELU")
       << (position == PositionEmbedding::kRope ? " RoPE" : " learned-pos")
       << (tied_embeddings ? " tied" : " untied") << (bias ? " bias" : " no-bias");
+  if (mla)
+    out << " MLA q_lora " << q_lora_rank << " kv_lora " << kv_lora_rank << " qk " << qk_head_dim << "+"
+        << qk_pos_emb_head_dim << " v " << v_head_dim;
   if (is_moe())
     out << " MoE " << num_experts << " experts top-" << router.topk << " ffn " << moe_ffn_hidden
         << (shared_expert_ffn > 0 ? " shared " + std::to_string(shared_expert_ffn) : "");
@@ -63,8 +78,6 @@ TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp
                     "--tensor-model-parallel-size 1");
   if (spec.is_moe() && spec.add_bias_linear)
     throw UserError("--num-experts: the executor's experts have no biases; add --disable-bias-linear");
-  if (spec.multi_latent_attention)
-    throw UserError("--multi-latent-attention: the executor does not run MLA yet; use standard attention");
   if (spec.mtp_num_layers > 0)
     throw UserError("--mtp-num-layers: the executor does not run MTP yet; set it to 0");
   TransformerConfig c;
@@ -87,6 +100,16 @@ TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp
   c.norm_eps = norm_eps;
   c.init_std = init_std;
   c.tensor_parallel_size = tp;
+  if (spec.multi_latent_attention) {
+    c.mla = true;
+    c.kv_heads = c.heads;
+    c.q_lora_rank = spec.q_lora_rank;
+    c.kv_lora_rank = spec.kv_lora_rank;
+    c.qk_head_dim = spec.qk_head_dim;
+    c.qk_pos_emb_head_dim = spec.qk_pos_emb_head_dim;
+    c.v_head_dim = spec.v_head_dim;
+    c.head_dim = spec.qk_head_dim + spec.qk_pos_emb_head_dim;
+  }
   if (spec.is_moe()) {
     c.num_experts = spec.num_experts;
     c.moe_ffn_hidden = spec.moe_ffn_size();

@@ -30,6 +30,10 @@ struct TransformerConfig {
   float init_std = 0.02f;
   int tensor_parallel_size = 1;    // shapes below are per TP rank when > 1
   bool sequence_parallel = false;  // --sequence-parallel (tp > 1): norms and residuals on sequence shards
+  // Multi-latent attention (--multi-latent-attention): head_dim is then qk_head_dim + qk_pos_emb_head_dim
+  // (queries and keys), kv_heads == heads; q_lora_rank 0 is one query projection.
+  bool mla = false;
+  std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
   // Mixture of experts (num_experts == 0: dense). moe_layers[l] != 0: layer l is an MoE layer.
   std::vector<int> moe_layers;
   std::int64_t num_experts = 0;
@@ -42,8 +46,10 @@ struct TransformerConfig {
   // Per-TP-rank sizes.
   std::int64_t heads_per_rank() const { return heads / tensor_parallel_size; }
   std::int64_t kv_heads_per_rank() const { return kv_heads / tensor_parallel_size; }
-  std::int64_t qkv_width() const { return (heads_per_rank() + 2 * kv_heads_per_rank()) * head_dim; }
-  std::int64_t attention_width() const { return heads_per_rank() * head_dim; }
+  // The fused QKV projection's out-features (0 under MLA, which has no fused projection).
+  std::int64_t qkv_width() const { return mla ? 0 : (heads_per_rank() + 2 * kv_heads_per_rank()) * head_dim; }
+  std::int64_t value_head_dim() const { return mla ? v_head_dim : head_dim; }
+  std::int64_t attention_width() const { return heads_per_rank() * value_head_dim(); }
   std::int64_t ffn_per_rank() const { return ffn_hidden / tensor_parallel_size; }
   std::int64_t fc1_width() const {
     return activation == ActivationKind::kSwiglu ? 2 * ffn_per_rank() : ffn_per_rank();
@@ -70,7 +76,7 @@ namespace megatune::executor {
 
 // The executor's shape of a layouts::ModelSpec on one TP rank (vocabulary padded like Megatron); MoE layers
 // with the router's defaults (top-k from the spec). UserError for features the executor does not run yet
-// (MLA, MTP, MoE with tensor parallelism or linear biases).
+// (MTP, MoE with tensor parallelism or linear biases).
 TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tensor_parallel_size,
                                           float rope_theta, float norm_eps, float init_std);
 

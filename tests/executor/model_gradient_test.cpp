@@ -1,6 +1,6 @@
 // GPTModel on the CPU backend (float): every parameter tensor's gradient against central finite differences,
 // for GPT (LayerNorm, GELU, learned positions, tied head, biases) and Llama (RMSNorm, SwiGLU, RoPE, GQA,
-// untied head, no biases) shapes, with and without recomputation.
+// untied head, no biases) and DeepSeek-V3 (multi-latent attention) shapes, with and without recomputation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +17,22 @@ namespace {
 
 TransformerConfig gpt_like() { return test::gradient_check_model(false); }
 TransformerConfig llama_like() { return test::gradient_check_model(true); }
+
+// Multi-latent attention: q/k heads of 6 + 4 (decoupled RoPE), v heads of 4; q_lora_rank 0 is one query
+// projection.
+TransformerConfig mla_like(std::int64_t q_lora_rank) {
+  TransformerConfig c = llama_like();
+  c.heads = 2;
+  c.kv_heads = 2;
+  c.mla = true;
+  c.q_lora_rank = q_lora_rank;
+  c.kv_lora_rank = 8;
+  c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 4;
+  c.head_dim = 10;
+  return c;
+}
 
 MicroBatch random_batch(const BatchShape& shape, std::int64_t vocab, unsigned seed) {
   std::mt19937 rng(seed);
@@ -100,6 +116,14 @@ TEST(ModelGradient, GptShapeMatchesFiniteDifferences) {
 
 TEST(ModelGradient, LlamaShapeMatchesFiniteDifferences) {
   check_gradients(llama_like(), RecomputeGranularity::kNone);
+}
+
+TEST(ModelGradient, MultiLatentAttentionMatchesFiniteDifferences) {
+  check_gradients(mla_like(6), RecomputeGranularity::kNone);
+  check_gradients(mla_like(0), RecomputeGranularity::kSelective);
+  TransformerConfig layernorm = mla_like(6);
+  layernorm.norm = NormKind::kLayerNorm;  // latent norms with their bias
+  check_gradients(layernorm, RecomputeGranularity::kFull);
 }
 
 // 12 tokens x 32 vocab x 2 bytes = 768 bytes of logits: a 200-byte budget runs the LM head and the loss in 4

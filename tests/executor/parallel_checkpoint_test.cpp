@@ -51,11 +51,10 @@ struct RunResult {
   std::string log;
 };
 
-RunResult train(const layouts::ParallelConfig& c, TrainOptions o) {
+RunResult train(const layouts::ParallelConfig& c, TrainOptions o, const layouts::ModelSpec& m = gpt_tiny()) {
   std::ostringstream log;
   RunResult r;
-  for (const IterationRecord& rec : train_on_threads(gpt_tiny(), c, o, log))
-    r.losses.push_back(rec.step.loss);
+  for (const IterationRecord& rec : train_on_threads(m, c, o, log)) r.losses.push_back(rec.step.loss);
   r.log = log.str();
   return r;
 }
@@ -136,6 +135,24 @@ TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
       EXPECT_NEAR(resumed.losses[i], whole.losses[3 + i], 2e-5 * whole.losses[3 + i])
           << "iteration " << 4 + i;
   }
+}
+
+// Multi-latent attention's parameters (replicated down-projections, column-parallel up-projections with two
+// parts each) reshard like the rest.
+TEST_F(ParallelCheckpoint, MultiLatentAttentionReshardsFromTp2IntoOneRank) {
+  const layouts::ModelSpec m = test::deepseek_mla_tiny(/*q_lora=*/true);
+  const layouts::ParallelConfig saved = layout(m, 2, 1, 1, /*sp=*/true);
+  const RunResult whole = train(saved, options(4), m);
+  TrainOptions first = options(2);
+  first.save = dir_.string();
+  train(saved, first, m);
+  TrainOptions second = options(4);
+  second.load = dir_.string();
+  const RunResult resumed = train(layout(m, 1, 1, 1), second, m);
+  EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_NEAR(resumed.losses[i], whole.losses[2 + i], 2e-5 * whole.losses[2 + i]) << "iteration " << 3 + i;
 }
 
 // Context-parallel ranks hold replicated weights: a cp2 run resumes bit-exactly under its own layout and

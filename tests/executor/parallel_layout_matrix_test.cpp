@@ -3,7 +3,7 @@
 // weights after training. Tolerance: fp32 on the CPU, relative 2e-5 on each iteration's loss; on each weight
 // relative 1e-4 plus an absolute 2e-5 (AdamW moves a parameter whose gradient is ~0, e.g. a bias, by up to
 // lr per step whatever the gradient's rounding, lr 3e-3): TP, PP and DP change the order of floating-point
-// sums only.
+// sums only. The multi-latent-attention model (tiny-deepseek-v3-mla) runs its own, smaller matrix.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +23,7 @@ namespace {
 
 constexpr int kIterations = 20;
 
+using test::deepseek_mla_tiny;
 using test::gpt_tiny;
 using test::llama_tiny;
 
@@ -104,7 +105,9 @@ Trained train(const layouts::ModelSpec& model, const Layout& l) {
 void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l) {
   SCOPED_TRACE(l.name);
   static std::map<std::string, Trained> reference_cache;
-  const std::string key = model.normalization == layouts::Normalization::kLayerNorm ? "gpt" : "llama";
+  const std::string key = model.multi_latent_attention ? "mla-q" + std::to_string(model.q_lora_rank)
+                          : model.normalization == layouts::Normalization::kLayerNorm ? "gpt"
+                                                                                      : "llama";
   const std::string ref_key =
       key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied") +
       (model.is_moe() ? "-moe" + std::to_string(model.moe_shared_expert_intermediate_size) : "");
@@ -174,6 +177,42 @@ INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return name + (std::get<1>(info.param) ? "_gpt" : "_llama") +
                                   (std::get<2>(info.param) ? "_tied" : "_untied");
+                         });
+
+// Multi-latent attention: its TP plan (replicated down-projections, latents gathered / reduced over TP),
+// with and without query compression, and pipelining.
+struct MlaCase {
+  Layout layout;
+  bool q_lora = true;
+};
+
+const std::vector<MlaCase>& mla_matrix() {
+  static const std::vector<MlaCase> cases = {
+      {{"tp2", 2}, false},
+      {{"tp2", 2}, true},
+      {{"tp2 sp", 2, 1, 1, 0, true}, false},
+      {{"tp2 sp", 2, 1, 1, 0, true}, true},
+      {{"pp2 1f1b", 1, 2}, true},
+      {{"tp2 sp pp2 dp2 overlap", 2, 2, 2, 0, true, false, true}, true},
+  };
+  return cases;
+}
+
+class MlaLayoutMatrix : public ::testing::TestWithParam<int> {};
+
+TEST_P(MlaLayoutMatrix, ReproducesTheSingleRankRun) {
+  const MlaCase& c = mla_matrix().at(GetParam());
+  expect_matches_single_rank(deepseek_mla_tiny(c.q_lora), c.layout);
+}
+
+INSTANTIATE_TEST_SUITE_P(MultiLatentAttention, MlaLayoutMatrix,
+                         ::testing::Range(0, static_cast<int>(mla_matrix().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           const MlaCase& c = mla_matrix().at(info.param);
+                           std::string name = c.layout.name;
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name + (c.q_lora ? "_q_lora" : "_q_proj");
                          });
 
 // MoE (4 experts, top-2, softmax, aux loss; expert-parallel size 1): the expert weights are ordinary

@@ -22,9 +22,14 @@ struct Case {
   std::string layout;
   bool dist_opt = false;
   int cp = 1;
+  // tiny-deepseek-v3-mla, with or without q_lora_rank
+  enum class Mla { kNone, kQLora, kQProj };
+  Mla mla = Mla::kNone;
+  layouts::RecomputeGranularity recompute = layouts::RecomputeGranularity::kNone;
 };
 
 layouts::ModelSpec model_of(const Case& c) {
+  if (c.mla != Case::Mla::kNone) return test::deepseek_mla_tiny(c.mla == Case::Mla::kQLora);
   return c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied);
 }
 
@@ -42,6 +47,11 @@ layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   p.pipeline_model_parallel_layout = c.layout;
   p.overlap_grad_reduce = c.overlap;
   p.use_distributed_optimizer = c.dist_opt;
+  p.recompute_granularity = c.recompute;
+  if (c.recompute == layouts::RecomputeGranularity::kFull) {
+    p.recompute_method = layouts::RecomputeMethod::kUniform;
+    p.recompute_num_layers = 1;
+  }
   p.overlap_param_gather = c.dist_opt && c.overlap;
   p.validate(m);
   return p;
@@ -86,18 +96,26 @@ TEST_P(ParallelOpRecording, EveryRankIssuesItsStepProgram) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ParallelOpRecording,
-    ::testing::Values(Case{"tp2_llama", 2}, Case{"tp2_sp_gpt_tied", 2, 1, 1, 0, true, false, true, true},
-                      Case{"dp2_overlap", 1, 1, 2, 0, false, true},
-                      Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true},
-                      Case{"pp2_vpp2", 1, 2, 1, 2},
-                      Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
-                      Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
-                      Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
-                      Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true},
-                      Case{"cp2_llama", 1, 1, 1, 0, false, false, false, false, "", false, 2},
-                      Case{"tp2_sp_cp2_gpt_tied", 2, 1, 1, 0, true, false, true, true, "", false, 2},
-                      Case{"cp2_pp2_dp2_overlap", 1, 2, 2, 0, false, true, false, false, "", false, 2},
-                      Case{"cp4_gpt", 1, 1, 1, 0, false, false, true, false, "", false, 4}),
+    ::testing::Values(
+        Case{"tp2_llama", 2}, Case{"tp2_sp_gpt_tied", 2, 1, 1, 0, true, false, true, true},
+        Case{"dp2_overlap", 1, 1, 2, 0, false, true},
+        Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true}, Case{"pp2_vpp2", 1, 2, 1, 2},
+        Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
+        Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
+        Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
+        Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true},
+        Case{"cp2_llama", 1, 1, 1, 0, false, false, false, false, "", false, 2},
+        Case{"tp2_sp_cp2_gpt_tied", 2, 1, 1, 0, true, false, true, true, "", false, 2},
+        Case{"cp2_pp2_dp2_overlap", 1, 2, 2, 0, false, true, false, false, "", false, 2},
+        Case{"cp4_gpt", 1, 1, 1, 0, false, false, true, false, "", false, 4},
+        Case{"mla_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQLora},
+        Case{"mla_q_proj_tp2", 2, 1, 1, 0, false, false, false, false, "", false, 1, Case::Mla::kQProj},
+        Case{"mla_q_proj_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQProj},
+        Case{"mla_tp2_pp2", 2, 2, 1, 0, false, false, false, false, "", false, 1, Case::Mla::kQLora},
+        Case{"mla_tp2_sp_selective", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQLora,
+             layouts::RecomputeGranularity::kSelective},
+        Case{"mla_q_proj_tp2_sp_full", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQProj,
+             layouts::RecomputeGranularity::kFull}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -12,27 +12,12 @@
 namespace megatune::layouts {
 namespace {
 
-// A small DeepSeek-V3-shaped dense model: MLA (qk 24 + 8, v 16) and one MTP layer.
+// The tiny-deepseek-v3-mla preset (MLA, qk 24 + 8, v 16) with 2 layers, one MTP layer and the given query
+// compression.
 ModelSpec tiny_mla(int q_lora_rank) {
-  ModelSpec m;
-  m.name = "custom";
+  ModelSpec m = model_preset("tiny-deepseek-v3-mla");
   m.num_layers = 2;
-  m.hidden_size = 64;
-  m.ffn_hidden_size = 128;
-  m.num_attention_heads = 4;
-  m.seq_length = 32;
-  m.vocab_size = 256;
-  m.normalization = Normalization::kRMSNorm;
-  m.activation = Activation::kSwiglu;
-  m.position_embedding = PositionEmbedding::kRope;
-  m.untie_embeddings_and_output_weights = true;
-  m.add_bias_linear = false;
-  m.multi_latent_attention = true;
   m.q_lora_rank = q_lora_rank;
-  m.kv_lora_rank = 32;
-  m.qk_head_dim = 24;
-  m.qk_pos_emb_head_dim = 8;
-  m.v_head_dim = 16;
   m.mtp_num_layers = 1;
   m.validate();
   return m;
