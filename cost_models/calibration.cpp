@@ -76,6 +76,8 @@ std::vector<double> doubles(const nlohmann::json& array, std::size_t count, cons
 
 std::string correction_class_of(const layouts::Op& op) {
   if (op.is_communication()) return "";
+  // Weight-gradient GEMMs accumulate into fp32 (beta 1): a kernel of their own, with its own efficiency.
+  if (op.kind == OpKind::kGemm && op.accumulate) return "gemm_accumulate";
   return layouts::op_kind_name(op.kind);
 }
 
@@ -96,6 +98,20 @@ std::vector<std::string> correction_feature_names(const layouts::Op& op) {
   if (op.kind == OpKind::kAttentionForward || op.kind == OpKind::kAttentionBackward)
     return {"log_flops", "log_head_dim"};
   return {"log_bytes"};
+}
+
+std::string training_shape_key(const layouts::Op& op) {
+  std::string key = correction_class_of(op) + " ";
+  const layouts::AttentionShape& a = op.attention;
+  if (op.kind == OpKind::kGemm) {
+    key += std::to_string(op.m) + "x" + std::to_string(op.n) + "x" + std::to_string(op.k);
+  } else if (op.kind == OpKind::kAttentionForward || op.kind == OpKind::kAttentionBackward) {
+    for (std::int64_t v : {a.batch, a.heads, a.kv_heads, a.seq_q, a.seq_kv}) key += std::to_string(v) + "x";
+    key += std::to_string(a.head_dim) + (a.causal ? " causal" : " full");
+  } else {
+    key += std::to_string(op.bytes);
+  }
+  return key + " " + dtype_name(op.dtype);
 }
 
 double CorrectionClass::factor(const std::vector<double>& features) const {
@@ -123,7 +139,28 @@ Calibration Calibration::fit(const std::vector<CalibrationSample>& samples, doub
     fit_class(c, members, options);
     calibration.classes_.push_back(std::move(c));
   }
+  if (options.per_shape_residuals) calibration.fit_shape_residuals(samples, options);
   return calibration;
+}
+
+void Calibration::fit_shape_residuals(const std::vector<CalibrationSample>& samples,
+                                      const CalibrationFitOptions& options) {
+  struct Totals {
+    double measured_s = 0, corrected_s = 0;
+    int n = 0;
+  };
+  std::map<std::string, Totals> by_shape;
+  for (const CalibrationSample& s : samples) {
+    if (correction_class_of(s.op).empty() || !(s.predicted_s > 0) || !(s.measured_s > 0)) continue;
+    Totals& t = by_shape[training_shape_key(s.op)];
+    t.measured_s += s.measured_s;
+    t.corrected_s += s.predicted_s * class_factor(s.op);
+    t.n += 1;
+  }
+  for (const auto& [key, t] : by_shape) {
+    const double shrink = t.n / (t.n + options.shape_shrinkage);
+    shape_residuals_[key] = std::exp(shrink * std::log(t.measured_s / t.corrected_s));
+  }
 }
 
 const CorrectionClass* Calibration::find(const std::string& name) const {
@@ -132,12 +169,20 @@ const CorrectionClass* Calibration::find(const std::string& name) const {
   return nullptr;
 }
 
-double Calibration::factor(const layouts::Op& op) const {
+double Calibration::class_factor(const layouts::Op& op) const {
   const std::string name = correction_class_of(op);
   if (name.empty()) return 1.0;
   const CorrectionClass* c = find(name);
   if (c == nullptr && !is_matrix_kind(op.kind)) c = find(kPooledMemoryBound);
   return c == nullptr ? 1.0 : c->factor(correction_features(op));
+}
+
+double Calibration::factor(const layouts::Op& op) const {
+  if (op.is_communication()) return 1.0;
+  const double by_class = class_factor(op);
+  if (shape_residuals_.empty()) return by_class;
+  const auto residual = shape_residuals_.find(training_shape_key(op));
+  return residual == shape_residuals_.end() ? by_class : by_class * residual->second;
 }
 
 OpCost Calibration::apply(const layouts::Op& op, const OpCost& raw) const {
@@ -157,7 +202,10 @@ std::string Calibration::to_json() const {
                        {"ops", c.ops},
                        {"predicted_s", c.predicted_s},
                        {"measured_s", c.measured_s}});
-  return nlohmann::json{{"gap_per_compute_op_s", gap_per_compute_op_s_}, {"classes", classes}}.dump();
+  return nlohmann::json{{"gap_per_compute_op_s", gap_per_compute_op_s_},
+                        {"classes", classes},
+                        {"shape_residuals", shape_residuals_}}
+      .dump();
 }
 
 Calibration Calibration::from_json(const std::string& text) {
@@ -178,6 +226,8 @@ Calibration Calibration::from_json(const std::string& text) {
       c.measured_s = e.value("measured_s", 0.0);
       calibration.classes_.push_back(std::move(c));
     }
+    if (const auto residuals = j.find("shape_residuals"); residuals != j.end())
+      calibration.shape_residuals_ = residuals->get<std::map<std::string, double>>();
     return calibration;
   } catch (const nlohmann::json::exception& error) {
     throw std::runtime_error(std::string("calibration parameters: ") + error.what());
@@ -198,6 +248,7 @@ std::string Calibration::summary() const {
     text += item;
   }
   if (sorted.size() > kListed) text += " and " + std::to_string(sorted.size() - kListed) + " more classes";
+  if (!shape_residuals_.empty()) text += "; " + std::to_string(shape_residuals_.size()) + " shapes as traced";
   std::snprintf(item, sizeof item, "%sgap %.2f us per compute op", text.empty() ? "" : "; ",
                 gap_per_compute_op_s_ * 1e6);
   return text + item;

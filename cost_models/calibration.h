@@ -13,10 +13,14 @@
 // the fitted range when applied: an unseen shape gets the correction of the nearest fitted one, never an
 // extrapolation. So the correction carries the training condition (sustained clocks under the power cap,
 // kernels back to back) and the shape dependence the isolated-kernel profile misses.
+// On top of the class correction, each shape seen in the traced runs keeps its own residual (measured over
+// class-corrected time, shrunk towards 1 when seen rarely): the step's kernels as they ran in training, for
+// the shapes a run has already executed; shapes never traced get the class correction alone.
 // Besides: the mean idle time of the compute stream per compute op in a step (host work and launch gaps
 // between kernels, and work the step program does not list), added to every compute op's price.
 // Communication is not corrected (its measured time includes waiting for the peers).
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +51,9 @@ struct CalibrationFitOptions {
   double slope_penalty = 0.05;
   // A class needs this many samples to get a correction of its own.
   int min_ops_per_class = 2;
+  // Keep a residual per traced shape; its log is shrunk by n / (n + shape_shrinkage) for n samples.
+  bool per_shape_residuals = true;
+  double shape_shrinkage = 2.0;
 };
 
 class Calibration {
@@ -62,6 +69,8 @@ class Calibration {
   OpCost apply(const layouts::Op& op, const OpCost& raw) const;
   double gap_per_compute_op_s() const { return gap_per_compute_op_s_; }
   const std::vector<CorrectionClass>& classes() const { return classes_; }
+  // Residuals per traced shape (training_shape_key), on top of the class correction.
+  const std::map<std::string, double>& shape_residuals() const { return shape_residuals_; }
   bool empty() const { return classes_.empty() && gap_per_compute_op_s_ == 0; }
 
   // The parameters as JSON (what the calibrations table stores) and back; from_json throws
@@ -74,7 +83,11 @@ class Calibration {
 
  private:
   const CorrectionClass* find(const std::string& name) const;
+  double class_factor(const layouts::Op& op) const;
+  void fit_shape_residuals(const std::vector<CalibrationSample>& samples,
+                           const CalibrationFitOptions& options);
   std::vector<CorrectionClass> classes_;
+  std::map<std::string, double> shape_residuals_;
   double gap_per_compute_op_s_ = 0;
 };
 
@@ -82,5 +95,8 @@ class Calibration {
 std::string correction_class_of(const layouts::Op& op);
 std::vector<double> correction_features(const layouts::Op& op);
 std::vector<std::string> correction_feature_names(const layouts::Op& op);
+// The work of an op without its place in the schedule: "gemm_accumulate 4096x2048x8192 bf16",
+// "attention_bwd 4x16x16x2048x2048x64 causal bf16", "norm 16777216 bf16".
+std::string training_shape_key(const layouts::Op& op);
 
 }  // namespace megatune::cost_models

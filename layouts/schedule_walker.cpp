@@ -151,6 +151,9 @@ RankStep walk(const ModelSpec& model, const ParallelConfig& config, int rank,
   step.rank = rank;
   step.coordinates = grid.dense_coordinates(rank);
   step.shape = resolve_step_shape(model, config);
+  const std::vector<int> ring = grid.comm_group_members(rank, CommGroup::kContext);
+  const int cp = static_cast<int>(ring.size()), cp_rank = step.coordinates.cp;
+  step.shape.cp_ring = {cp_rank, ring.at((cp_rank + 1) % cp), ring.at((cp_rank + cp - 1) % cp)};
   const PipelineLayout layout = config.resolved_pipeline_layout(model);
   const RankSchedule schedule = build_schedule(model, config, step.coordinates.pp, forward_only);
   step.schedule_kind = schedule.kind;

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "layouts/context_parallel.h"
 #include "layouts/op_sink.h"
 #include "layouts/schedule_walker.h"
 
@@ -26,28 +27,83 @@ AttentionShape attention_shape(const StepShape& s) {
   return a;
 }
 
-// Core attention of one layer. cp == 1 or all-gathered K,V: one kernel over (s/cp, s). Ring (p2p): step 0
-// over the rank's own two chunks (s/cp x s/cp, causal), then cp - 1 steps each over half the keys of a peer
-// (s/cp x s/(2cp), no mask), each preceded by the ring transfer it overlaps (K,V forward; K,V + dK,dV
-// backward). The causal work adds up to 1/cp of the full sequence's.
-void attention_with_context(OpSink& o, const StepShape& s, const StepProgramOptions& options, OpKind kind) {
+// One ring transfer (a kSend to send_peer and a kRecv from recv_peer, global ranks) over the CP group.
+void ring_transfer(OpSink& o, const StepShape& s, RingPayload payload, bool backward) {
+  if (payload == RingPayload::kNone) return;
+  const std::int64_t kv_bytes =
+      context_parallel_kv_bytes(s.tokens, attention_shape(s).kv_heads, s.head_dim, kAct);
+  const bool both = payload == RingPayload::kKvAndDkv;
+  const char* send = payload == RingPayload::kKv ? "cp_kv_send" : both ? "cp_kv_dkv_send" : "cp_dkv_send";
+  const char* recv = payload == RingPayload::kKv ? "cp_kv_recv" : both ? "cp_kv_dkv_recv" : "cp_dkv_recv";
+  for (const bool is_send : {true, false}) {
+    Op& op = o.add(is_send ? OpKind::kSend : OpKind::kRecv, is_send ? send : recv);
+    op.role = OpRole::kContextParallelRing;
+    op.bytes = both ? 2 * kv_bytes : kv_bytes;
+    op.group = CommGroup::kContext;
+    op.group_size = s.cp;
+    // Forward: K,V towards the next CP rank; backward the other way round.
+    op.peer_rank = is_send == backward ? s.cp_ring.prev_rank : s.cp_ring.next_rank;
+  }
+}
+
+// The kernels of one ring block: the diagonal over the whole micro-batch, a half block per sequence (its
+// queries or keys are every sequence's half: no single batch stride covers them).
+void ring_block_kernels(OpSink& o, const StepShape& s, OpKind kind, RingBlock block) {
+  const RingBlockSpan span = ring_block_span(block, s.seq_local);
+  AttentionShape a = attention_shape(s);
+  a.seq_q = span.queries;
+  a.seq_kv = span.keys;
+  a.causal = span.causal;
+  const std::int64_t calls = block == RingBlock::kDiagonal ? 1 : s.micro_batch;
+  if (block != RingBlock::kDiagonal) a.batch = 1;
+  for (std::int64_t c = 0; c < calls; ++c) o.attention(kind, "attn", a);
+}
+
+// Core attention of one layer, forward. cp == 1 or all-gathered K,V: one kernel over (s/cp, s). Ring (p2p,
+// layouts/context_parallel.h): the rank's K,V packed into one buffer, then cp steps, each posting the
+// transfer of the next block before the kernels of the block it holds (which it overlaps); every block
+// after the first is merged into the output by its log-sum-exp.
+void context_attention_forward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
   AttentionShape a = attention_shape(s);
   if (s.cp == 1 || options.cp_comm == ContextParallelComm::kAllGather) {
-    o.attention(kind, "attn", a);
+    o.attention(OpKind::kAttentionForward, "attn", a);
     return;
   }
-  const bool backward = kind == OpKind::kAttentionBackward;
-  const std::int64_t kv_bytes = 2 * s.tokens * a.kv_heads * s.head_dim * kAct * (backward ? 2 : 1);
-  a.seq_kv = s.seq_local;
-  o.attention(kind, "attn", a);
-  AttentionShape half = a;
-  half.seq_kv = s.seq_local / 2;
-  half.causal = false;
-  for (int step = 1; step < s.cp; ++step) {
-    o.comm(OpKind::kSend, backward ? "cp_kv_dkv_send" : "cp_kv_send", kv_bytes, CommGroup::kContext, s.cp);
-    o.comm(OpKind::kRecv, backward ? "cp_kv_dkv_recv" : "cp_kv_recv", kv_bytes, CommGroup::kContext, s.cp);
-    o.attention(kind, "attn", half);
+  const std::int64_t kv_bytes = context_parallel_kv_bytes(s.tokens, a.kv_heads, s.head_dim, kAct);
+  o.memory(OpKind::kElementwise, "cp_kv_pack", 2 * kv_bytes);
+  for (int step = 0; step < s.cp; ++step) {
+    ring_transfer(o, s, ring_forward_payload(s.cp, step), false);
+    const RingBlock block =
+        ring_block(s.cp_ring.cp_rank, ring_forward_key_rank(s.cp, s.cp_ring.cp_rank, step));
+    ring_block_kernels(o, s, OpKind::kAttentionForward, block);
+    if (step == 0) continue;
+    const std::int64_t rows = s.micro_batch * ring_block_span(block, s.seq_local).queries;
+    o.memory(OpKind::kElementwise, "cp_attn_merge", attention_merge_bytes(rows, a.heads, s.head_dim, kAct));
   }
+}
+
+// Backward of the ring: cp steps over the blocks in reverse order, each posting the transfer of the next K,V
+// block with the dK,dV partial sum of the held one before its kernels, then adding the block's dQ into the
+// rank's and its dK,dV into the partial sum that arrived; the complete dQ and own dK,dV are unpacked into the
+// qkv gradient at the end.
+void context_attention_backward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
+  AttentionShape a = attention_shape(s);
+  if (s.cp == 1 || options.cp_comm == ContextParallelComm::kAllGather) {
+    o.attention(OpKind::kAttentionBackward, "attn", a);
+    return;
+  }
+  const std::int64_t q_width = a.heads * s.head_dim, kv_width = 2 * a.kv_heads * s.head_dim;
+  for (int step = 0; step < s.cp; ++step) {
+    ring_transfer(o, s, ring_backward_payload(s.cp, step), true);
+    const RingBlock block =
+        ring_block(s.cp_ring.cp_rank, ring_backward_key_rank(s.cp, s.cp_ring.cp_rank, step));
+    ring_block_kernels(o, s, OpKind::kAttentionBackward, block);
+    const RingBlockSpan span = ring_block_span(block, s.seq_local);
+    o.memory(OpKind::kElementwise, "cp_dq_add", 3 * s.micro_batch * span.queries * q_width * kAct);
+    o.memory(OpKind::kElementwise, "cp_dkv_add", 3 * s.micro_batch * span.keys * kv_width * kAct);
+  }
+  o.memory(OpKind::kElementwise, "cp_dq_unpack", 2 * s.tokens * q_width * kAct);
+  o.memory(OpKind::kElementwise, "cp_dkv_unpack", 2 * s.tokens * kv_width * kAct);
 }
 
 std::int64_t norm_bytes(const StepShape& s) { return 2 * s.tokens_sp * s.hidden * kAct; }
@@ -87,14 +143,12 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
       o.gemm("qkv", s.tokens, qkv_out(s), s.hidden);
     }
     if (s.rope) o.memory(OpKind::kRope, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
-    if (s.cp > 1) {
-      const std::int64_t kv_bytes = 2 * s.tokens * a.kv_heads * s.head_dim * kAct;
-      if (options.cp_comm == ContextParallelComm::kAllGather) {
-        o.comm(OpKind::kAllGather, "cp_kv_ag", kv_bytes * s.cp, CommGroup::kContext, s.cp);
-      }
+    if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
+      const std::int64_t kv_bytes = context_parallel_kv_bytes(s.tokens, a.kv_heads, s.head_dim, kAct);
+      o.comm(OpKind::kAllGather, "cp_kv_ag", kv_bytes * s.cp, CommGroup::kContext, s.cp);
     }
   }
-  attention_with_context(o, s, options, OpKind::kAttentionForward);
+  context_attention_forward(o, s, options);
   if (recompute_core_only) return;
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
   o.gemm("proj", s.tokens, s.hidden, proj_in);
@@ -108,8 +162,8 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
   if (s.sp) o.comm(OpKind::kAllGather, "proj_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("proj", s.tokens, s.hidden, proj_in);
-  const std::int64_t kv_bytes = 2 * s.tokens * a.kv_heads * s.head_dim * kAct;
-  attention_with_context(o, s, options, OpKind::kAttentionBackward);
+  const std::int64_t kv_bytes = context_parallel_kv_bytes(s.tokens, a.kv_heads, s.head_dim, kAct);
+  context_attention_backward(o, s, options);
   if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
     o.comm(OpKind::kReduceScatter, "cp_dkv_rs", kv_bytes * s.cp, CommGroup::kContext, s.cp);
   }

@@ -12,10 +12,14 @@
 //   by tp (qkv, fc1, q_up, kv_up, logits), row-parallel in-features (proj, fc2).
 // - SwiGLU fc1 produces 2 * ffn columns. Attention: heads / tp query heads, groups / tp kv heads, causal.
 //   Without context parallelism one kernel over (s, s). Context parallelism (cp_comm_type p2p, the
-//   load-balanced ring): a first kernel over the rank's own chunks (s/cp x s/cp, causal), then cp - 1 ring
-//   steps, each a kSend + kRecv of the K,V chunk (K,V + dK,dV in backward: twice the bytes) followed by the
-//   kernel it overlaps, over (s/cp x s/(2 cp)) without mask. all_gather: one all-gather of K,V, one kernel
-//   over (s/cp, s), a reduce-scatter of dK,dV after its backward.
+//   load-balanced ring of layouts/context_parallel.h): the K,V of the rank packed ("cp_kv_pack"), then cp
+//   steps, each a kSend + kRecv of the next block (peers: the next / previous CP rank) followed by the
+//   kernels of the held block that it overlaps (the diagonal over the micro-batch, a half block once per
+//   sequence) and, after the first step, the log-sum-exp merge of its partial output ("cp_attn_merge").
+//   Backward: cp steps in reverse block order, the transfer carrying K,V, K,V + dK,dV or dK,dV
+//   (ring_backward_payload), the block's kernels, the dQ and dK,dV adds; then the two unpacks into the qkv
+//   gradient. all_gather: one all-gather of K,V, one kernel over (s/cp, s), a reduce-scatter of dK,dV after
+//   its backward.
 // - Memory-bound bytes = bytes read + bytes written, bf16 activations (fp32 for the loss).
 // - Communication bytes follow nccl-tests (layouts/op.h): for all-gather and reduce-scatter the full
 //   (gathered) tensor. TP/SP collectives per megatron.md §4: without SP an all-reduce after proj and
@@ -100,6 +104,11 @@ struct StepShape {
   bool sp = false, swiglu = false, rms = false, rope = false, tied = true, mla = false;
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
   std::int64_t p2p_bytes = 0;  // one pipeline activation (or gradient) tensor
+  // The rank's place in its context-parallel ring (walk_rank_step sets it per rank): CP index and the global
+  // ranks of the next and previous members.
+  struct ContextRing {
+    int cp_rank = 0, next_rank = -1, prev_rank = -1;
+  } cp_ring;
 };
 StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "layouts/user_error.h"
 #include "planner/simulator.h"
 
 namespace megatune::planner {
@@ -27,10 +28,41 @@ double simulated_step(const CalibrationCase& c, const cost_models::CostModel& co
   return simulate(c.model, c.config, pricer, options).step_time_s;
 }
 
+std::string group_key(const CalibrationCase& c, HoldOut hold_out) {
+  switch (hold_out) {
+    case HoldOut::kRun:
+      return c.run.dir;
+    case HoldOut::kShape:
+      return c.model.name + " seq " + std::to_string(c.model.seq_length) + " mbs " +
+             std::to_string(c.config.micro_batch_size);
+    case HoldOut::kModel:
+      break;
+  }
+  return c.model.name;
+}
+
 }  // namespace
 
+HoldOut parse_hold_out(const std::string& name) {
+  for (HoldOut h : {HoldOut::kRun, HoldOut::kShape, HoldOut::kModel})
+    if (name == hold_out_name(h)) return h;
+  throw UserError("--hold-out " + name + ": use run, shape (model, seq length and micro-batch) or model");
+}
+
+const char* hold_out_name(HoldOut hold_out) {
+  switch (hold_out) {
+    case HoldOut::kRun:
+      return "run";
+    case HoldOut::kShape:
+      return "shape";
+    case HoldOut::kModel:
+      break;
+  }
+  return "model";
+}
+
 std::vector<LeaveOneOutRow> leave_one_out(const std::vector<CalibrationCase>& cases,
-                                          cost_models::CostModel& cost_model,
+                                          cost_models::CostModel& cost_model, HoldOut hold_out,
                                           const cost_models::CalibrationFitOptions& options) {
   cost_model.set_calibration(std::nullopt);
   std::vector<RunCalibrationData> data;
@@ -39,12 +71,17 @@ std::vector<LeaveOneOutRow> leave_one_out(const std::vector<CalibrationCase>& ca
   std::vector<LeaveOneOutRow> rows;
   for (std::size_t held_out = 0; held_out < cases.size(); ++held_out) {
     const CalibrationCase& c = cases[held_out];
-    LeaveOneOutRow row{c.run.dir, c.run.model, c.run.layout, measured_step(c.run), 0, 0};
+    const std::string group = group_key(c, hold_out);
+    LeaveOneOutRow row{c.run.dir, c.run.model, c.run.layout, group, measured_step(c.run), 0, 0};
     cost_model.set_calibration(std::nullopt);
     row.uncalibrated_step_s = simulated_step(c, cost_model);
     std::vector<RunCalibrationData> others;
     for (std::size_t j = 0; j < cases.size(); ++j)
-      if (j != held_out) others.push_back(data[j]);
+      if (group_key(cases[j], hold_out) != group) others.push_back(data[j]);
+    if (others.empty())
+      throw UserError("--hold-out " + std::string(hold_out_name(hold_out)) + ": every run is in the group '" +
+                      group + "', so none is left to calibrate on; add runs of other " +
+                      (hold_out == HoldOut::kModel ? "models" : "shapes") + " or hold out by run");
     cost_model.set_calibration(fit_calibration(others, cost_model.gpu().name, options).calibration);
     row.calibrated_step_s = simulated_step(c, cost_model);
     rows.push_back(std::move(row));
@@ -53,8 +90,9 @@ std::vector<LeaveOneOutRow> leave_one_out(const std::vector<CalibrationCase>& ca
   return rows;
 }
 
-std::string leave_one_out_table(const std::vector<LeaveOneOutRow>& rows) {
-  std::string out = "leave-one-out: each run predicted from a calibration fitted on the other runs\n";
+std::string leave_one_out_table(const std::vector<LeaveOneOutRow>& rows, HoldOut hold_out) {
+  std::string out = std::string("leave-one-out (held out by ") + hold_out_name(hold_out) +
+                    "): each run predicted from a calibration fitted on the runs outside its group\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %-28s %-34s %11s %11s %8s %11s %8s\n", "run", "layout", "measured",
                 "uncalib.", "error", "calibrated", "error");

@@ -1,6 +1,7 @@
 // run_calibrate: traced runs -> per-op samples against the database's own prices -> a Calibration row.
 #include "tools/calibrate_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -91,7 +92,17 @@ void run_calibrate(const CalibrateOptions& o, const std::function<cost_models::D
       "(in-sample; held out: megatune compare --leave-one-out)\n",
       fitted.calibration.gap_per_compute_op_s() * 1e6, step_s > 0 ? 100 * idle_s / step_s : 0.0,
       100 * fitted.record.op_error_before, 100 * fitted.record.op_error_after);
-  out << line << "simulate, plan and compare on " << gpu
+  out << line;
+  if (!fitted.calibration.shape_residuals().empty()) {
+    double low = 1e300, high = 0;
+    for (const auto& [key, residual] : fitted.calibration.shape_residuals())
+      low = std::min(low, residual), high = std::max(high, residual);
+    std::snprintf(line, sizeof line,
+                  "  %zu traced shapes keep their own residual on top of their class (%.2fx to %.2fx)\n",
+                  fitted.calibration.shape_residuals().size(), low, high);
+    out << line;
+  }
+  out << "simulate, plan and compare on " << gpu
       << " now price with it from this database (--no-calibration leaves it out)\n";
 }
 

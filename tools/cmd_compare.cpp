@@ -37,6 +37,9 @@ const Registrar kCompareCommand{Command{
       sub.add_flag("--leave-one-out", o->leave_one_out,
                    "with several --run: predict each from a calibration fitted on the others; print the step "
                    "time error before and after calibration");
+      sub.add_option("--hold-out", o->hold_out,
+                     "with --leave-one-out, what is held out together: run (default), shape (runs of one model, "
+                     "seq length and micro-batch) or model");
       sub.footer(
           "Example:\n  megatune train --model tiny --device cpu --mock-data --train-iters 5 --gbs 4 --mbs 2 "
           "--trace-dir run1\n  megatune compare --run run1 --html run1.html --perfetto run1.trace.json\n"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "layouts/user_error.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
+#include "tools/progress_bar.h"
 
 namespace megatune::tools {
 namespace {
@@ -25,9 +27,7 @@ using namespace megatune::executor::data;
 
 struct PreprocessArgs {
   PreprocessConfig config;
-  std::string tokenizer_type = "byte";
   std::string text_document = "paragraph";
-  int workers = 1;
 };
 
 struct SampleArgs {
@@ -45,7 +45,6 @@ struct SampleArgs {
 };
 
 int run_preprocess(PreprocessArgs& args) {
-  args.config.tokenizer_type = args.tokenizer_type == "ids" ? TokenizerType::ids : TokenizerType::byte;
   args.config.text_document_mode = args.text_document == "line"   ? TextDocumentMode::line
                                    : args.text_document == "file" ? TextDocumentMode::file
                                                                   : TextDocumentMode::paragraph;
@@ -56,32 +55,19 @@ int run_preprocess(PreprocessArgs& args) {
   }
   std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
                args.config.input_path.c_str(), args.config.output_prefix.c_str(), keys.c_str(),
-               args.tokenizer_type.c_str());
-  // A redrawn bar on a terminal; one line per report when stderr is a file or a pipe.
-  const bool terminal = ::isatty(::fileno(stderr)) != 0;
-  bool drew_bar = false;
+               args.config.tokenizer.type.c_str());
+  // Input bytes read: redrawn on a terminal, one line per 10% when stderr is a file or a pipe.
+  ProgressBar bar(std::cerr, "preprocess", 0, ::isatty(::fileno(stderr)) != 0, ProgressBar::Units::kBytes);
   const auto result = preprocess_data(args.config, [&](const PreprocessProgress& progress) {
     const double mb = static_cast<double>(progress.input_bytes_read) / 1e6;
-    const double fraction =
-        progress.input_bytes_total > 0
-            ? static_cast<double>(progress.input_bytes_read) / static_cast<double>(progress.input_bytes_total)
-            : 1.0;
     const double rate = progress.elapsed_s > 0 ? mb / progress.elapsed_s : 0.0;
-    if (terminal) {
-      constexpr int kWidth = 30;
-      const int filled = static_cast<int>(fraction * kWidth);
-      std::fprintf(stderr, "\r  [%s%s] %5.1f%%  %lld docs  %lld tokens  %.1f MB/s ",
-                   std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-                   100.0 * fraction, static_cast<long long>(progress.documents),
-                   static_cast<long long>(progress.tokens), rate);
-      drew_bar = true;
-    } else {
-      std::fprintf(stderr, "  processed %lld documents, %lld tokens, %.1f MB (%.1f%%), %.1f MB/s\n",
-                   static_cast<long long>(progress.documents), static_cast<long long>(progress.tokens), mb,
-                   100.0 * fraction, rate);
-    }
+    char detail[96];
+    std::snprintf(detail, sizeof detail, "%lld docs, %lld tokens, %.1f MB/s",
+                  static_cast<long long>(progress.documents), static_cast<long long>(progress.tokens), rate);
+    bar.set_total(static_cast<std::size_t>(progress.input_bytes_total));
+    bar.update(static_cast<std::size_t>(progress.input_bytes_read), detail);
   });
-  if (drew_bar) std::fprintf(stderr, "\n");
+  bar.finish();
   for (const auto& output : result.outputs) {
     std::printf("%s.bin/.idx: %lld documents, %lld tokens, dtype %s\n", output.path_prefix.c_str(),
                 static_cast<long long>(output.documents), static_cast<long long>(output.tokens),
@@ -175,12 +161,30 @@ const Registrar registrar{Command{
       preprocess->add_option("--output-prefix", c.output_prefix, "output path prefix")->required();
       preprocess->add_option("--json-keys", c.json_keys, "JSON keys to extract (one output each)")
           ->default_val(std::vector<std::string>{"text"});
+      auto& t = c.tokenizer;
       preprocess
-          ->add_option("--tokenizer-type", preprocess_args->tokenizer_type,
-                       "byte: one token per byte, EOD 256, vocab 257 (Megatron pads it to a multiple of 128 "
-                       "x TP: 384 at TP 1); "
-                       "ids: the key holds token id arrays")
-          ->check(CLI::IsMember({"byte", "ids"}));
+          ->add_option(
+              "--tokenizer-type", t.type,
+              "byte (default): one token per byte, EOD 256, vocab 257 (Megatron pads it to a multiple "
+              "of 128 x TP: 384 at TP 1); ids: the key holds token id arrays; Megatron's "
+              "GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer")
+          ->check(CLI::IsMember({"byte", "ids", "GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer",
+                                 "SentencePieceTokenizer"}));
+      preprocess->add_option("--vocab-file", t.vocab_file, "GPT2BPETokenizer: GPT-2's vocab.json");
+      preprocess->add_option("--merge-file", t.merge_file, "GPT2BPETokenizer: GPT-2's merges.txt");
+      preprocess->add_option("--tokenizer-model", t.tokenizer_model,
+                             "HuggingFaceTokenizer: tokenizer.json; TikTokenizer: tiktoken ranks (.tiktoken "
+                             "lines or Megatron's .json); SentencePieceTokenizer: the .model file");
+      preprocess
+          ->add_option("--tiktoken-pattern", t.tiktoken_pattern,
+                       "TikTokenizer pre-tokenizer: v1 (Megatron's) or cl100k (cl100k_base's, Llama 3's)")
+          ->default_val("v1");
+      preprocess
+          ->add_option("--tiktoken-num-special-tokens", t.tiktoken_num_special_tokens,
+                       "TikTokenizer: ids below it are special tokens, a rank r is id r + it (default 1000)")
+          ->check(integer_at_least(3));
+      preprocess->add_option("--tiktoken-special-tokens", t.tiktoken_special_tokens,
+                             "TikTokenizer: the special tokens in id order (default <unk> <s> </s>)");
       preprocess->add_flag("--append-eod", c.append_eod, "append the EOD token to each document");
       preprocess
           ->add_option("--vocab-size", c.vocab_size,
@@ -196,9 +200,9 @@ const Registrar registrar{Command{
       preprocess->add_option("--log-interval", c.log_interval_documents, "progress line every N documents")
           ->check(integer_at_least(1));
       preprocess
-          ->add_option("--workers", preprocess_args->workers,
-                       "accepted for Megatron compatibility; tokenization runs in one thread (I/O bound)")
-          ->check(integer_at_least(1));
+          ->add_option("--workers", c.workers,
+                       "tokenizing threads (the output is identical for any count; default 1)")
+          ->check(integer_between(1, 1024));
 
       auto info_prefix = std::make_shared<std::string>();
       CLI::App* info = app.add_subcommand("info", "validate a dataset prefix and print its statistics");

@@ -377,8 +377,9 @@ const Registrar kDbCommand{Command{
       import->add_option("--table", options->table, "Target table")->required();
       CLI::App* exporter = sub.add_subcommand("export", "Export a table as CSV or JSON");
       exporter->add_option("--table", options->table, "Table to export")->required();
-      exporter->add_option("--format", options->format,
-                           "csv or json (default: from -o's extension, else csv)");
+      exporter
+          ->add_option("--format", options->format, "csv or json (default: from -o's extension, else csv)")
+          ->check(CLI::IsMember({"csv", "json"}));
       exporter->add_option("-o,--output", options->output, "Output file (default: standard output)");
       CLI::App* fit = sub.add_subcommand("fit", "Fit cost models from the measurements and store them");
       fit->add_option("--gpu", options->gpu, "Only this GPU (default: every GPU with measurements)");
@@ -396,7 +397,9 @@ const Registrar kDbCommand{Command{
           ->required();
       price->add_option("--cluster", options->cluster, "NODESxGPUSxTYPE or a cluster JSON file")
           ->default_val("1x8xH100");
-      price->add_option("--dtype", options->dtype, "bf16 | fp16 | fp8 | fp32")->default_val("bf16");
+      price->add_option("--dtype", options->dtype, "bf16 | fp16 | fp8 | fp32")
+          ->default_val("bf16")
+          ->check(CLI::IsMember({"bf16", "fp16", "fp8", "fp32", "tf32"}, CLI::ignore_case));
       price->add_option("--group-size", options->group_size, "Collective group size")
           ->default_val(8)
           ->check(integer_at_least(1));

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -23,6 +25,7 @@
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
 #include "tools/megatron_args.h"
+#include "tools/progress_bar.h"
 
 namespace megatune::tools {
 namespace {
@@ -47,23 +50,6 @@ struct PlanCommandOptions {
 std::string sibling(const std::string& output, const std::string& suffix) {
   std::filesystem::path p(output);
   return (p.parent_path() / (p.stem().string() + suffix)).string();
-}
-
-// Redraws at most every 100 ms (and at the end) on stderr.
-void draw_progress(std::int64_t done, std::int64_t total) {
-  static auto last = std::chrono::steady_clock::time_point{};
-  static std::int64_t last_done = -1;
-  const auto now = std::chrono::steady_clock::now();
-  if (done == last_done || (done < total && now - last < std::chrono::milliseconds(100))) return;
-  last = now;
-  last_done = done;
-  const int width = 30;
-  const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-  std::fprintf(stderr, "\rsearching [%s%s] %lld/%lld candidates", std::string(filled, '#').c_str(),
-               std::string(width - filled, '.').c_str(), static_cast<long long>(done),
-               static_cast<long long>(total));
-  if (done >= total) std::fputc('\n', stderr);
-  std::fflush(stderr);
 }
 
 int run_plan(const PlanCommandOptions& o) {
@@ -117,14 +103,21 @@ int run_plan(const PlanCommandOptions& o) {
   if (a.sequence_parallel) space.sequence_parallel = {true};
   if (a.tensor_model_parallel_size && *a.tensor_model_parallel_size > cluster.gpus_per_node)
     space.allow_tp_across_nodes = true;
-  const bool show_progress = o.progress || isatty(STDERR_FILENO);
-  if (show_progress) request.progress = draw_progress;
+  std::unique_ptr<ProgressBar> bar;  // candidates simulated, on stderr
+  if (o.progress || isatty(STDERR_FILENO)) {
+    bar = std::make_unique<ProgressBar>(std::cerr, "searching", 0, isatty(STDERR_FILENO) != 0);
+    request.progress = [&bar](std::int64_t done, std::int64_t total) {
+      bar->set_total(static_cast<std::size_t>(total));
+      bar->update(static_cast<std::size_t>(done), "candidates");
+    };
+  }
 
   std::printf("planning %s (seq %d, global batch %d) on %s\npriced from: %s\n", model.name.c_str(),
               model.seq_length, *a.global_batch_size, cluster.describe().c_str(),
               pricing.description.c_str());
   std::fflush(stdout);
   const planner::PlanResult result = planner::plan(request, pricer);
+  if (bar) bar->finish();
   const planner::PlanStatistics& st = result.statistics;
 
   std::printf("\n%s", planner::format_plan_table(result).c_str());

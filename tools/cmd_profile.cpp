@@ -15,7 +15,7 @@
 #include "layouts/model_spec.h"
 #include "layouts/user_error.h"
 #include "profiler/profile_session.h"
-#include "profiler/progress_bar.h"
+#include "tools/progress_bar.h"
 #include "profiler/sweep_builder.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"

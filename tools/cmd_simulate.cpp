@@ -65,12 +65,9 @@ int run_simulate(const SimulateCommandOptions& o) {
   if (o.granularity.empty()) {
     options.granularity = options.record_trace ? planner::SimulationGranularity::kKernel
                                                : planner::SimulationGranularity::kPass;
-  } else if (o.granularity == "pass") {
-    options.granularity = planner::SimulationGranularity::kPass;
-  } else if (o.granularity == "kernel") {
-    options.granularity = planner::SimulationGranularity::kKernel;
-  } else {
-    throw UserError("--granularity " + o.granularity + ": use pass or kernel");
+  } else {  // checked while parsing: pass or kernel
+    options.granularity = o.granularity == "pass" ? planner::SimulationGranularity::kPass
+                                                  : planner::SimulationGranularity::kKernel;
   }
   const planner::SimulationResult r = planner::simulate(model, config, pricer, options);
 
@@ -143,6 +140,7 @@ const Registrar kSimulateCommand{Command{
           ->group("Simulator");
       sub.add_option("--granularity", o->granularity,
                      "pass or kernel (default: kernel with --trace, else pass)")
+          ->check(CLI::IsMember({"pass", "kernel"}))
           ->group("Simulator");
       sub.footer(
           "Example:\n  megatune simulate --model llama3-8b --cluster 1x8xH100 --tp 2 --pp 2 --gbs 64 "

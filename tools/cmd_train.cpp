@@ -218,7 +218,6 @@ int run_train(TrainArgs& a) {
   const std::string fresh_start = check_load_path(a.options.load);  // refuses a --load that does not exist
   if (!fresh_start.empty() && launch.rank == 0 && a.nproc <= 1) std::cout << fresh_start << std::endl;
   if (a.device.empty()) a.device = default_device();
-  if (a.device != "cpu" && a.device != "cuda") throw UserError("--device must be cuda or cpu");
   if (a.dry_run) return dry_run(a, spec, parallel);
   if (a.options.mock_data == !a.options.data_path.empty())
     throw UserError("give exactly one of --data-path PREFIX and --mock-data");
@@ -291,7 +290,8 @@ const Registrar registrar({
       app.add_option("--min-lr", a.options.min_lr, "learning rate floor of the decay");
       app.add_option("--lr-warmup-init", a.options.lr_warmup_init, "learning rate at the start of warm-up");
       app.add_option("--lr-decay-style", a.options.lr_decay_style,
-                     "constant | linear | cosine | inverse-square-root | WSD");
+                     "constant | linear | cosine | inverse-square-root | WSD")
+          ->check(CLI::IsMember({"constant", "linear", "cosine", "inverse-square-root", "WSD", "wsd"}));
       app.add_option("--lr-warmup-iters", a.options.lr_warmup_iters, "warm-up iterations");
       app.add_option("--lr-warmup-fraction", a.options.lr_warmup_fraction,
                      "warm-up as a fraction of the decay");
@@ -300,7 +300,8 @@ const Registrar registrar({
       app.add_option("--lr-wsd-decay-iters", a.options.lr_wsd_decay_iters,
                      "WSD: iterations of the final anneal");
       app.add_option("--lr-wsd-decay-style", a.options.lr_wsd_decay_style,
-                     "WSD anneal: exponential | linear | cosine | minus_sqrt");
+                     "WSD anneal: exponential | linear | cosine | minus_sqrt")
+          ->check(CLI::IsMember({"exponential", "linear", "cosine", "minus_sqrt"}));
       app.add_option("--weight-decay", a.options.weight_decay,
                      "AdamW decoupled weight decay (not on 1-D params)");
       app.add_option("--clip-grad", a.options.clip_grad, "global gradient-norm clip (0: off)");
@@ -344,7 +345,8 @@ const Registrar registrar({
                      "ranks on this host (must equal the layout's world size): threads with --device cpu, "
                      "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")
           ->check(integer_between(1, 4096));
-      app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)");
+      app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)")
+          ->check(CLI::IsMember({"cuda", "cpu"}));
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,
                      "write the ops the first iteration issued (layouts::Op text, one a line) to FILE");

@@ -183,6 +183,7 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
 
 // --leave-one-out: every run predicted from a calibration fitted on the others.
 void run_leave_one_out(const CompareOptions& o, std::ostream& out) {
+  planner::parse_hold_out(o.hold_out);  // a bad value is reported before the runs are read
   if (o.runs.size() < 2)
     throw UserError(
         "--leave-one-out needs at least two --run directories (each is predicted from the others)");
@@ -204,7 +205,8 @@ void run_leave_one_out(const CompareOptions& o, std::ostream& out) {
   }
   planner::PricingSource pricing = planner::open_pricing_source(o.db, *cluster, false);
   out << "simulated on " << cluster->gpu.name << "; priced from: " << pricing.description << "\n";
-  out << planner::leave_one_out_table(planner::leave_one_out(cases, *pricing.cost_model));
+  const planner::HoldOut hold_out = planner::parse_hold_out(o.hold_out);
+  out << planner::leave_one_out_table(planner::leave_one_out(cases, *pricing.cost_model, hold_out), hold_out);
 }
 
 void run_compare(const CompareOptions& o, std::ostream& out) {

@@ -23,6 +23,7 @@ struct CompareOptions {
   // --leave-one-out: for each run, calibrate on the others and predict it (step time before and after);
   // replaces the per-run reports.
   bool leave_one_out = false;
+  std::string hold_out = "run";  // --hold-out run|shape|model: what --leave-one-out holds out together
 };
 
 // Writes the report to `out` and the requested files (temporary file + rename); UserError on bad input.

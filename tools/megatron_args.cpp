@@ -26,9 +26,9 @@ void size_option(CLI::App& app, const std::string& names, std::optional<int>& ta
       ->check(integer_between(1, kMaxSize));
 }
 
-void string_option(CLI::App& app, const std::string& names, std::optional<std::string>& target,
-                   const std::string& help) {
-  app.add_option_function<std::string>(
+CLI::Option* string_option(CLI::App& app, const std::string& names, std::optional<std::string>& target,
+                           const std::string& help) {
+  return app.add_option_function<std::string>(
       names, [&target](const std::string& value) { target = value; }, help);
 }
 
@@ -64,9 +64,15 @@ void add_model_flags(CLI::App& app, MegatronArgs& args) {
   model("--vocab-size", args.vocab_size, "Tokenizer vocabulary (padded like Megatron)");
   model("--make-vocab-size-divisible-by", args.make_vocab_size_divisible_by,
         "Vocabulary padding multiple (default 128)");
-  string_option(app, "--normalization", args.normalization, "LayerNorm or RMSNorm");
+  add_choice_option(
+      app, "--normalization", args.normalization,
+      {{"LayerNorm", layouts::Normalization::kLayerNorm}, {"RMSNorm", layouts::Normalization::kRMSNorm}},
+      "LayerNorm or RMSNorm");
   app.add_flag("--swiglu", args.swiglu, "SwiGLU MLP activation (default GELU)");
-  string_option(app, "--position-embedding-type", args.position_embedding_type, "learned_absolute or rope");
+  add_choice_option(app, "--position-embedding-type", args.position_embedding_type,
+                    {{"learned_absolute", layouts::PositionEmbedding::kLearnedAbsolute},
+                     {"rope", layouts::PositionEmbedding::kRope}},
+                    "learned_absolute or rope");
   app.add_flag("--untie-embeddings-and-output-weights", args.untie_embeddings_and_output_weights,
                "Separate output layer weights");
   app.add_flag("--disable-bias-linear", args.disable_bias_linear, "No biases in linear layers");
@@ -123,8 +129,10 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
         "Interleaved schedule's microbatch group size (default pp)");
   app.add_flag("--sequence-parallel", args.sequence_parallel,
                "Sequence parallelism (ignored when tp = 1, like Megatron)");
-  string_option(app, "--recompute-granularity", args.recompute_granularity, "selective or full");
-  string_option(app, "--recompute-method", args.recompute_method, "uniform or block (full recomputation)");
+  string_option(app, "--recompute-granularity", args.recompute_granularity, "selective or full")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
+  string_option(app, "--recompute-method", args.recompute_method, "uniform or block (full recomputation)")
+      ->check(CLI::IsMember({"none", "uniform", "block"}));
   sized("--recompute-num-layers", args.recompute_num_layers,
         "Layers per recomputation unit (full recomputation)");
   app.add_flag("--use-distributed-optimizer", args.use_distributed_optimizer,
@@ -179,26 +187,9 @@ layouts::ModelSpec resolve_model(const MegatronArgs& args) {
   set(m.moe_ffn_hidden_size, args.moe_ffn_hidden_size);
   set(m.moe_shared_expert_intermediate_size, args.moe_shared_expert_intermediate_size);
   set(m.mtp_num_layers, args.mtp_num_layers);
-  if (args.normalization) {
-    if (*args.normalization == "LayerNorm") {
-      m.normalization = Normalization::kLayerNorm;
-    } else if (*args.normalization == "RMSNorm") {
-      m.normalization = Normalization::kRMSNorm;
-    } else {
-      throw UserError("--normalization '" + *args.normalization + "' is unknown: use LayerNorm or RMSNorm");
-    }
-  }
+  if (args.normalization) m.normalization = *args.normalization;
   if (args.swiglu) m.activation = Activation::kSwiglu;
-  if (args.position_embedding_type) {
-    if (*args.position_embedding_type == "learned_absolute") {
-      m.position_embedding = PositionEmbedding::kLearnedAbsolute;
-    } else if (*args.position_embedding_type == "rope") {
-      m.position_embedding = PositionEmbedding::kRope;
-    } else {
-      throw UserError("--position-embedding-type '" + *args.position_embedding_type +
-                      "' is unknown: use learned_absolute or rope");
-    }
-  }
+  if (args.position_embedding_type) m.position_embedding = *args.position_embedding_type;
   if (args.untie_embeddings_and_output_weights) m.untie_embeddings_and_output_weights = true;
   if (args.disable_bias_linear && args.add_bias_linear) {
     throw UserError("--disable-bias-linear and --add-bias-linear contradict each other: give one");

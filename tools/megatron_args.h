@@ -16,9 +16,9 @@ struct MegatronArgs {
   std::string model_preset;  // --model
   std::optional<int> num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups,
       kv_channels, seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
-  std::optional<std::string> normalization;            // LayerNorm | RMSNorm
-  bool swiglu = false;                                 // --swiglu
-  std::optional<std::string> position_embedding_type;  // learned_absolute | rope
+  std::optional<layouts::Normalization> normalization;                // --normalization LayerNorm | RMSNorm
+  bool swiglu = false;                                                // --swiglu
+  std::optional<layouts::PositionEmbedding> position_embedding_type;  // learned_absolute | rope
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;    // --disable-bias-linear
   bool add_bias_linear = false;        // --add-bias-linear (force on)

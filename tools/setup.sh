@@ -8,9 +8,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 jobs=$(nproc 2>/dev/null || echo 2)
 
-need=(build-essential cmake git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev)
+need=(build-essential cmake git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev
+      libsentencepiece-dev sentencepiece)
 # chromium: the compare test opens its HTML report headless (installing it took 25 s on the CPU machine).
-[ "$mode" = test ] && need+=(clang libclang-rt-dev chromium)
+# nodejs + npm: the tokenizer tests install their reference tokenizers (npm packages) into the build tree.
+[ "$mode" = test ] && need+=(clang libclang-rt-dev chromium nodejs npm)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "layouts/context_parallel.h"
 #include "executor/kernels/reference_moe.h"
 
 namespace megatune::executor {
@@ -73,6 +74,13 @@ using layouts::OpKind;
 
 std::int64_t element_bytes(const Tensor& t) { return t.is_int32 ? 4 : layouts::dtype_bytes(t.dtype); }
 
+// Calls f(first row, run) for every run of every sequence of `seq` rows in `rows`.
+template <typename F>
+void for_each_run(std::int64_t rows, std::int64_t seq, const SequencePositions& positions, F f) {
+  for (std::int64_t first = 0; first < rows; first += seq)
+    for (const PositionRun& run : positions) f(first + run.local_begin, run);
+}
+
 Op memory_op(OpKind kind, DType dtype, std::int64_t bytes) {
   Op op;
   op.kind = kind;
@@ -95,6 +103,13 @@ void Backend::begin_op(layouts::Op op, const OpTag& tag, int microbatch, int chu
   if (op_observer_ != nullptr) op_observer_->op_begin(observed_ops_++, op);
   if (op_timing_) on_op_begin(op);
   if (recorder_.enabled()) recorder_.append(std::move(op));
+}
+
+Tensor Backend::row_slice(Tensor t, std::int64_t first, std::int64_t rows) const {
+  const std::int64_t bytes = t.is_int32 ? 4 : storage_bytes(t.dtype);
+  if (t.data != nullptr) t.data = static_cast<char*>(t.data) + first * t.row_stride * bytes;
+  t.rows = rows;
+  return t;
 }
 
 void Backend::end_op() {
@@ -204,20 +219,36 @@ void Backend::bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag) {
 }
 
 void Backend::embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
-                                Tensor out, const OpTag& tag) {
+                                Tensor out, const OpTag& tag, const SequencePositions& positions) {
   // Bytes as the step program counts them: the rows written plus the ids read (int64 in Megatron).
   begin_op(memory_op(OpKind::kEmbedding, out.dtype, out.numel() * element_bytes(out) + tokens.numel() * 8),
            tag);
-  do_embedding_forward(tokens, table, position_table, seq, out);
+  if (position_table.empty() || positions.empty()) {
+    do_embedding_forward(tokens, table, position_table, seq, out);
+  } else {
+    for_each_run(tokens.rows, seq, positions, [&](std::int64_t row, const PositionRun& run) {
+      do_embedding_forward(row_slice(tokens, row, run.length), table,
+                           row_slice(position_table, run.global_begin, run.length), run.length,
+                           row_slice(out, row, run.length));
+    });
+  }
   end_op();
 }
 
 void Backend::embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
-                                 Tensor d_position_table, const OpTag& tag) {
+                                 Tensor d_position_table, const OpTag& tag,
+                                 const SequencePositions& positions) {
   begin_op(memory_op(OpKind::kEmbeddingBackward, d_out.dtype,
                      d_out.numel() * (element_bytes(d_out) + 4) + tokens.numel() * 8),
            tag);
-  do_embedding_backward(tokens, d_out, seq, d_table, d_position_table);
+  if (d_position_table.empty() || positions.empty()) {
+    do_embedding_backward(tokens, d_out, seq, d_table, d_position_table);
+  } else {
+    for_each_run(tokens.rows, seq, positions, [&](std::int64_t row, const PositionRun& run) {
+      do_embedding_backward(row_slice(tokens, row, run.length), row_slice(d_out, row, run.length), run.length,
+                            d_table, row_slice(d_position_table, run.global_begin, run.length));
+    });
+  }
   end_op();
 }
 
@@ -237,11 +268,19 @@ void Backend::norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residua
 }
 
 void Backend::rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                   std::int64_t head_dim, float theta, bool inverse, const OpTag& tag) {
+                   std::int64_t head_dim, float theta, bool inverse, const OpTag& tag,
+                   const SequencePositions& positions) {
   begin_op(memory_op(inverse ? OpKind::kRopeBackward : OpKind::kRope, qkv.dtype,
                      2 * qkv.rows * (heads + kv_heads) * head_dim * element_bytes(qkv)),
            tag);
-  do_rope(qkv, seq, heads, kv_heads, head_dim, theta, inverse);
+  if (positions.empty()) {
+    do_rope(qkv, seq, heads, kv_heads, head_dim, theta, inverse, 0);
+  } else {
+    for_each_run(qkv.rows, seq, positions, [&](std::int64_t row, const PositionRun& run) {
+      do_rope(row_slice(qkv, row, run.length), run.length, heads, kv_heads, head_dim, theta, inverse,
+              run.global_begin);
+    });
+  }
   end_op();
 }
 
@@ -377,6 +416,28 @@ void Backend::do_moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePerm
 void Backend::add(Tensor a, Tensor b, Tensor out, const OpTag& tag) {
   begin_op(memory_op(OpKind::kElementwise, out.dtype, 3 * out.numel() * element_bytes(out)), tag);
   do_add(a, b, out);
+  end_op();
+}
+
+void Backend::add_rows(Tensor dst, Tensor src, std::int64_t seq, std::int64_t first, const OpTag& tag) {
+  const std::int64_t sequences = dst.rows / seq, n = src.rows / sequences;
+  if (dst.rows % seq != 0 || src.rows % sequences != 0 || first + n > seq || src.cols != dst.cols)
+    throw std::logic_error("add_rows: the source rows do not fit the target's sequences");
+  begin_op(memory_op(OpKind::kElementwise, dst.dtype, 3 * src.numel() * element_bytes(src)), tag);
+  for (std::int64_t s = 0; s < sequences; ++s) {
+    const Tensor target = row_slice(dst, s * seq + first, n);
+    do_add(target, row_slice(src, s * n, n), target);
+  }
+  end_op();
+}
+
+void Backend::attention_merge(const AttentionMergeArgs& args, const OpTag& tag) {
+  const AttentionMergeShape& s = args.shape;
+  begin_op(memory_op(OpKind::kElementwise, args.out.dtype,
+                     layouts::attention_merge_bytes(s.batch * s.queries, s.heads, s.head_dim,
+                                                    element_bytes(args.out))),
+           tag);
+  do_attention_merge(args);
   end_op();
 }
 

@@ -11,6 +11,7 @@
 #include "executor/backend/op_recorder.h"
 #include "executor/backend/tensor.h"
 #include "executor/kernels/adamw_hyper.h"
+#include "executor/kernels/attention_merge.h"
 #include "executor/kernels/attention_shape.h"
 #include "executor/kernels/norm_kind.h"
 
@@ -60,6 +61,13 @@ struct AttentionArgs {
   float softmax_scale = 0.0f;      // 0: 1 / sqrt(head_dim)
 };
 
+// Global positions of the tokens of one local sequence, as runs of consecutive positions (context
+// parallelism's load-balanced split holds two chunks of the sequence). Empty: positions 0 .. seq - 1.
+struct PositionRun {
+  std::int64_t local_begin = 0, length = 0, global_begin = 0;
+};
+using SequencePositions = std::vector<PositionRun>;
+
 // The backward's tensors. d_out is laid out as out (same row stride). dq, dk, dv have the shapes of q, k, v
 // (their own row strides) and are overwritten: with out and lse merged over several key blocks (context
 // parallelism), each block's call yields that block's share, and the caller sums the shares.
@@ -99,6 +107,16 @@ struct NormArgs {
   // A recompute: mean / rstd already hold x's statistics (written by the forward), so a backend may apply
   // them instead of reducing again; out must come out as the forward's (no residual with this).
   bool stats_given = false;
+};
+
+// Log-sum-exp merge of a key block's partial attention output into the running one (context parallelism's
+// ring; layouts in executor/kernels/attention_merge.h).
+struct AttentionMergeArgs {
+  AttentionMergeShape shape;
+  Tensor out;        // (batch * seq, heads * head_dim) running output, updated
+  Tensor lse;        // (batch * heads, seq) fp32, updated
+  Tensor block_out;  // (batch * queries, heads * head_dim)
+  Tensor block_lse;  // (batch * heads, queries) fp32
 };
 
 // Where an MoE layer's token copies go (host side: routing runs on the host, as Megatron brings the token
@@ -182,20 +200,21 @@ class Backend {
   // ---- kernels. Each records one Op (kind + shape) when recording is on, then runs.
   void gemm(const GemmArgs& args, const OpTag& tag);
   void bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag);  // d_bias (1, n) fp32 += column sums
+  // Token t of each sequence of `seq` adds position_table row positions(t) (one op, the runs one call each).
   void embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq, Tensor out,
-                         const OpTag& tag);
+                         const OpTag& tag, const SequencePositions& positions = {});
   // d_table (V, h) fp32 += scatter of d_out rows; d_position_table (S, h) likewise when given.
   void embedding_backward(Tensor tokens, Tensor d_out, std::int64_t seq, Tensor d_table,
-                          Tensor d_position_table, const OpTag& tag);
+                          Tensor d_position_table, const OpTag& tag, const SequencePositions& positions = {});
   void norm_forward(const NormArgs& args, const OpTag& tag);
   // d_x (T, h) = norm'(d_out) [+ d_residual]; reads the norm input (args.sum_out when a residual was fused,
   // else args.x); d_gamma / d_beta (fp32 grads) accumulate.
   void norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
                      Tensor d_beta, const OpTag& tag);
-  // Rotary embedding (rotate-half convention, positions s = row % seq) on the q and k parts of qkv, in place;
-  // inverse = true applies the transpose rotation (the backward).
+  // Rotary embedding (rotate-half convention, positions s = row % seq, or `positions` of s) on the q and k
+  // parts of qkv, in place; inverse = true applies the transpose rotation (the backward).
   void rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-            float theta, bool inverse, const OpTag& tag);
+            float theta, bool inverse, const OpTag& tag, const SequencePositions& positions = {});
   void attention_forward(const AttentionArgs& args, const OpTag& tag);
   // grads.dq, dk, dv (overwritten) from grads.d_out; uses args.out and args.lse from the forward (or merged).
   void attention_backward(const AttentionArgs& args, const AttentionGrads& grads, const OpTag& tag);
@@ -242,7 +261,11 @@ class Backend {
   void moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
                               std::vector<float>& d_probs, const OpTag& tag);
   void add(Tensor a, Tensor b, Tensor out, const OpTag& tag);  // out = a + b (out may alias a)
-  void cast(Tensor src, Tensor dst, const OpTag& tag);         // e.g. fp32 main params -> model dtype
+  // For each of the sequences of dst (rows seq each; dst and src contiguous): its rows [first, first + n)
+  // += src's n rows of that sequence, n = src.rows / sequences. One op.
+  void add_rows(Tensor dst, Tensor src, std::int64_t seq, std::int64_t first, const OpTag& tag);
+  void attention_merge(const AttentionMergeArgs& args, const OpTag& tag);
+  void cast(Tensor src, Tensor dst, const OpTag& tag);  // e.g. fp32 main params -> model dtype
   // t *= factor in place (gradients scaled to the mean over data-parallel ranks); fp32 on CUDA.
   void scale(Tensor t, float factor, const OpTag& tag);
 
@@ -311,8 +334,9 @@ class Backend {
   virtual void do_norm_forward(const NormArgs& args) = 0;
   virtual void do_norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x,
                                 Tensor d_gamma, Tensor d_beta) = 0;
+  // Positions position_offset + row % seq.
   virtual void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                       std::int64_t head_dim, float theta, bool inverse) = 0;
+                       std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) = 0;
   virtual void do_attention_forward(const AttentionArgs& args) = 0;
   virtual void do_attention_backward(const AttentionArgs& args, const AttentionGrads& grads) = 0;
   // Default: the unfused composition (GEMM, then the activation kernel).
@@ -335,6 +359,7 @@ class Backend {
   virtual void do_moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
                                          std::vector<float>& d_probs);
   virtual void do_add(Tensor a, Tensor b, Tensor out) = 0;
+  virtual void do_attention_merge(const AttentionMergeArgs& args) = 0;
   virtual void do_cast(Tensor src, Tensor dst) = 0;
   virtual void do_scale(Tensor t, float factor) = 0;
   virtual float do_grad_norm() = 0;
@@ -346,6 +371,8 @@ class Backend {
  private:
   void begin_op(layouts::Op op, const OpTag& tag, int microbatch = -2, int chunk = -2);
   void end_op();
+  // Rows [first, first + rows) of t (null data stays null: sizing mode).
+  Tensor row_slice(Tensor t, std::int64_t first, std::int64_t rows) const;
   bool op_timing_ = false;
   OpObserver* op_observer_ = nullptr;
   std::size_t observed_ops_ = 0;

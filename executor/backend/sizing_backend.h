@@ -45,7 +45,8 @@ class SizingBackend final : public Backend {
   void do_embedding_backward(Tensor, Tensor, std::int64_t, Tensor, Tensor) override { refuse(); }
   void do_norm_forward(const NormArgs&) override { refuse(); }
   void do_norm_backward(const NormArgs&, Tensor, Tensor, Tensor, Tensor, Tensor) override { refuse(); }
-  void do_rope(Tensor, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, bool) override {
+  void do_rope(Tensor, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, bool,
+               std::int64_t) override {
     refuse();
   }
   void do_attention_forward(const AttentionArgs&) override { refuse(); }
@@ -63,6 +64,7 @@ class SizingBackend final : public Backend {
     refuse();
   }
   void do_add(Tensor, Tensor, Tensor) override { refuse(); }
+  void do_attention_merge(const AttentionMergeArgs&) override { refuse(); }
   void do_cast(Tensor, Tensor) override { refuse(); }
   void do_scale(Tensor, float) override { refuse(); }
   float do_grad_norm() override { refuse(); }

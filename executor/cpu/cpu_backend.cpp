@@ -9,6 +9,7 @@
 #include "executor/kernels/attention_shape.h"
 #include "executor/kernels/reference_activation.h"
 #include "executor/kernels/reference_attention.h"
+#include "executor/kernels/reference_attention_merge.h"
 #include "executor/kernels/reference_cross_entropy.h"
 #include "executor/kernels/reference_elementwise.h"
 #include "executor/kernels/reference_embedding.h"
@@ -137,7 +138,7 @@ void CpuBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_resi
 }
 
 void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                         std::int64_t head_dim, float theta, bool inverse) {
+                         std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) {
   AttentionShape s;
   s.batch = qkv.rows / seq;
   s.seq_q = seq;
@@ -149,9 +150,9 @@ void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::
   float* q = f32(qkv);
   float* k = q + s.packed_k_offset();
   if (inverse) {
-    reference::rope_backward_inplace(s, q, k, theta);
+    reference::rope_backward_inplace(s, q, k, theta, position_offset);
   } else {
-    reference::rope_forward_inplace(s, q, k, theta);
+    reference::rope_forward_inplace(s, q, k, theta, position_offset);
   }
   round_if_bf16(qkv);
 }
@@ -237,6 +238,14 @@ void CpuBackend::do_add(Tensor a, Tensor b, Tensor out) {
 }
 
 void CpuBackend::do_cast(Tensor src, Tensor dst) { copy(src, dst); }
+
+void CpuBackend::do_attention_merge(const AttentionMergeArgs& a) {
+  require_contiguous(a.block_out, "attention merge block output");
+  AttentionMergeShape shape = a.shape;
+  shape.out_stride = a.out.row_stride;
+  reference::attention_merge(shape, f32(a.out), f32(a.lse), f32(a.block_out), f32(a.block_lse));
+  round_if_bf16(a.out);
+}
 
 void CpuBackend::do_scale(Tensor t, float factor) {
   for (std::int64_t r = 0; r < t.rows; ++r)

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "executor/cuda/activation_kernels.h"
+#include "executor/cuda/attention_merge_kernels.h"
 #include "executor/cuda/cross_entropy_kernels.h"
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/elementwise_kernels.h"
@@ -326,7 +327,7 @@ void CudaBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_res
 }
 
 void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                          std::int64_t head_dim, float theta, bool inverse) {
+                          std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) {
   AttentionShape s;
   s.batch = qkv.rows / seq;
   s.seq_q = seq;
@@ -338,9 +339,9 @@ void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std:
   bf16* q = b16(qkv);
   bf16* k = q + s.packed_k_offset();
   if (inverse) {
-    cuda::rope_backward_inplace(s, q, k, theta, 0, compute_);
+    cuda::rope_backward_inplace(s, q, k, theta, position_offset, compute_);
   } else {
-    cuda::rope_forward_inplace(s, q, k, theta, 0, compute_);
+    cuda::rope_forward_inplace(s, q, k, theta, position_offset, compute_);
   }
 }
 
@@ -424,6 +425,13 @@ void CudaBackend::do_add(Tensor a, Tensor b, Tensor out) {
 }
 
 void CudaBackend::do_cast(Tensor src, Tensor dst) { copy(src, dst); }
+
+void CudaBackend::do_attention_merge(const AttentionMergeArgs& a) {
+  require_contiguous(a.block_out, "attention merge block output");
+  AttentionMergeShape shape = a.shape;
+  shape.out_stride = a.out.row_stride;
+  cuda::attention_merge(shape, b16(a.out), f32(a.lse), b16(a.block_out), f32(a.block_lse), compute_);
+}
 
 void CudaBackend::prepare_optimizer(std::vector<OptimizerTensor> tensors) {
   std::vector<cuda::AdamWTensor> table, norm_table;

@@ -1,5 +1,5 @@
-// preprocess_data: text/JSONL -> Megatron indexed datasets with the byte or ids tokenizer, written under
-// temporary names and renamed into place only on success.
+// preprocess_data: text/JSONL -> Megatron indexed datasets, tokenized in batches on the tokenizer pool,
+// written under temporary names and renamed into place only on success.
 #include "executor/data/preprocess.h"
 
 #include <unistd.h>
@@ -9,10 +9,10 @@
 #include <fstream>
 #include <memory>
 
-#include "executor/data/byte_tokenizer.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/indexed_dataset_writer.h"
 #include "executor/data/json_line.h"
+#include "executor/data/tokenizer_pool.h"
 #include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
@@ -48,6 +48,34 @@ struct PendingOutput {
   std::unique_ptr<IndexedDatasetWriter> writer;
 };
 
+// Documents read but not yet tokenized: their texts and the output each goes to, in input order.
+struct DocumentBatch {
+  std::vector<std::string> texts;
+  std::vector<std::size_t> outputs;
+  std::size_t bytes = 0;
+  bool full() const { return texts.size() >= 8192 || bytes >= (std::size_t{8} << 20); }
+};
+
+// The largest id of a token-id JSONL input (its vocabulary when none is given): a first pass.
+int64_t max_token_id(const std::string& path, const std::vector<std::string>& keys, int64_t at_least) {
+  std::ifstream input = open_input(path);
+  std::string line;
+  int64_t line_number = 0, max_id = at_least;
+  while (std::getline(input, line)) {
+    ++line_number;
+    if (is_blank(line)) continue;
+    try {
+      const JsonLine json(line);
+      for (const auto& key : keys)
+        for (const int64_t id : json.integer_array_field(key)) max_id = std::max(max_id, id);
+    } catch (const JsonLineError& e) {
+      throw UserError(path + ":" + std::to_string(line_number) + ": " + e.what() +
+                      "; fix the line or remove it");
+    }
+  }
+  return max_id;
+}
+
 }  // namespace
 
 PreprocessResult preprocess_data(const PreprocessConfig& config,
@@ -59,13 +87,15 @@ PreprocessResult preprocess_data(const PreprocessConfig& config,
   if (config.output_prefix.empty())
     throw UserError("--output-prefix is empty; give a path prefix for the outputs");
   if (config.json_keys.empty()) throw UserError("--json-keys is empty; give the key that holds the text");
+  if (config.workers < 1 || config.workers > 1024)
+    throw UserError("--workers " + std::to_string(config.workers) + " is outside 1..1024");
   std::error_code error;
   if (!fs::is_regular_file(config.input_path, error)) {
     throw UserError("--input " + config.input_path +
                     " is not a readable file; give an existing .txt or .jsonl file");
   }
   const bool jsonl = is_jsonl(config.input_path);
-  const bool ids = config.tokenizer_type == TokenizerType::ids;
+  const bool ids = config.tokenizer.type == "ids";
   if (ids && !jsonl) {
     throw UserError("--tokenizer-type ids needs a .jsonl --input whose lines hold token id arrays, got " +
                     config.input_path);
@@ -74,40 +104,28 @@ PreprocessResult preprocess_data(const PreprocessConfig& config,
       jsonl ? config.json_keys : std::vector<std::string>{config.json_keys.front()};
   const int64_t input_bytes_total = static_cast<int64_t>(fs::file_size(config.input_path, error));
 
-  // Vocabulary and EOD.
-  int64_t vocab_size = ByteTokenizer::kVocabSize;
-  int64_t eod_token = ByteTokenizer::kEodToken;
+  // Tokenizer, vocabulary and EOD.
+  std::unique_ptr<TextTokenizer> tokenizer;
+  int64_t vocab_size = 0, eod_token = config.eod_token;
   if (ids) {
-    eod_token = config.eod_token;
     if (config.append_eod && eod_token < 0) {
       throw UserError(
           "--append-eod with --tokenizer-type ids needs --eod-token (the EOD id of your tokenizer)");
     }
-    vocab_size = config.vocab_size;
-    if (vocab_size <= 0) {  // first pass: the largest id decides the dtype
-      std::ifstream input = open_input(config.input_path);
-      std::string line;
-      int64_t line_number = 0;
-      int64_t max_id = std::max<int64_t>(eod_token, 0);
-      while (std::getline(input, line)) {
-        ++line_number;
-        if (is_blank(line)) continue;
-        try {
-          const JsonLine json(line);
-          for (const auto& key : keys) {
-            for (const int64_t id : json.integer_array_field(key)) max_id = std::max(max_id, id);
-          }
-        } catch (const JsonLineError& e) {
-          throw UserError(config.input_path + ":" + std::to_string(line_number) + ": " + e.what() +
-                          "; fix the line or remove it");
-        }
-      }
-      vocab_size = max_id + 1;
-    }
+    vocab_size = config.vocab_size > 0
+                     ? config.vocab_size
+                     : max_token_id(config.input_path, keys, std::max<int64_t>(eod_token, 0)) + 1;
     if (config.append_eod && eod_token >= vocab_size) {
       throw UserError("--eod-token " + std::to_string(eod_token) + " is outside --vocab-size " +
                       std::to_string(vocab_size));
     }
+  } else {
+    tokenizer = make_tokenizer(config.tokenizer);
+    vocab_size = tokenizer->vocab_size();
+    eod_token = tokenizer->eod_id();
+    if (config.append_eod && eod_token < 0)
+      throw UserError("--append-eod: --tokenizer-type " + config.tokenizer.type +
+                      " has no end-of-document token");
   }
   const IndexDType dtype = optimal_index_dtype(vocab_size);
 
@@ -154,32 +172,21 @@ PreprocessResult preprocess_data(const PreprocessConfig& config,
     PreprocessProgress progress;
     progress.input_bytes_total = input_bytes_total;
     int64_t documents = 0;
-    std::vector<int32_t> tokens;
-    std::vector<int64_t> token_ids;
-    // Adds one document's tokens (already in `tokens`/`token_ids`) to output `o`.
-    const auto add_document = [&](PendingOutput& pending, bool use_ids) {
-      if (use_ids) {
-        if (config.append_eod && !token_ids.empty()) token_ids.push_back(eod_token);
-        for (const int64_t id : token_ids) {
-          if (id < 0 || id >= vocab_size) {
-            throw UserError("token id " + std::to_string(id) + " is outside --vocab-size " +
-                            std::to_string(vocab_size));
-          }
+    // Adds one document's tokens to output `o` (EOD appended when asked; Megatron ends the document even
+    // when it is empty: a document of zero sequences).
+    const auto add_document = [&](PendingOutput& pending, std::vector<int64_t>& tokens) {
+      if (config.append_eod && !tokens.empty()) tokens.push_back(eod_token);
+      for (const int64_t id : tokens) {
+        if (id < 0 || id >= vocab_size) {
+          throw UserError("token id " + std::to_string(id) + " is outside --vocab-size " +
+                          std::to_string(vocab_size));
         }
-        if (!token_ids.empty())
-          pending.writer->add_sequence(std::span<const int64_t>(token_ids));
-        else
-          ++result.skipped_empty_documents;
-        pending.output.tokens += static_cast<int64_t>(token_ids.size());
-      } else {
-        if (config.append_eod && !tokens.empty()) tokens.push_back(static_cast<int32_t>(eod_token));
-        if (!tokens.empty())
-          pending.writer->add_sequence(std::span<const int32_t>(tokens));
-        else
-          ++result.skipped_empty_documents;
-        pending.output.tokens += static_cast<int64_t>(tokens.size());
       }
-      // Megatron ends the document even when it is empty (a document of zero sequences).
+      if (!tokens.empty())
+        pending.writer->add_sequence(std::span<const int64_t>(tokens));
+      else
+        ++result.skipped_empty_documents;
+      pending.output.tokens += static_cast<int64_t>(tokens.size());
       pending.writer->end_document();
       ++pending.output.documents;
     };
@@ -194,6 +201,27 @@ PreprocessResult preprocess_data(const PreprocessConfig& config,
         on_progress(progress);
       }
     };
+    std::unique_ptr<TokenizerPool> pool;
+    if (tokenizer) pool = std::make_unique<TokenizerPool>(*tokenizer, config.workers);
+    DocumentBatch batch;
+    std::vector<std::vector<int32_t>> batch_ids;
+    std::vector<int64_t> tokens;
+    // Tokenizes the batch on the pool and writes its documents in input order.
+    const auto flush_batch = [&] {
+      pool->tokenize(batch.texts, batch_ids);
+      for (std::size_t d = 0; d < batch.texts.size(); ++d) {
+        tokens.assign(batch_ids[d].begin(), batch_ids[d].end());
+        add_document(outputs[batch.outputs[d]], tokens);
+        if (batch.outputs[d] + 1 == outputs.size()) report();
+      }
+      batch = DocumentBatch{};
+    };
+    const auto add_text = [&](std::size_t output, std::string text) {
+      batch.bytes += text.size();
+      batch.texts.push_back(std::move(text));
+      batch.outputs.push_back(output);
+      if (batch.full()) flush_batch();
+    };
 
     std::ifstream input = open_input(config.input_path);
     std::string line;
@@ -205,14 +233,13 @@ PreprocessResult preprocess_data(const PreprocessConfig& config,
         if (is_blank(line)) continue;
         try {
           const JsonLine json(line);
-          for (auto& pending : outputs) {
-            if (ids) {
-              token_ids = json.integer_array_field(pending.output.json_key);
-            } else {
-              tokens.clear();
-              ByteTokenizer::tokenize(json.string_field(pending.output.json_key), tokens);
+          for (std::size_t o = 0; o < outputs.size(); ++o) {
+            if (!ids) {
+              add_text(o, json.string_field(outputs[o].output.json_key));
+              continue;
             }
-            add_document(pending, ids);
+            tokens = json.integer_array_field(outputs[o].output.json_key);
+            add_document(outputs[o], tokens);
           }
         } catch (const JsonLineError& e) {
           throw UserError(config.input_path + ":" + std::to_string(line_number) + ": " + e.what() +
@@ -220,18 +247,14 @@ PreprocessResult preprocess_data(const PreprocessConfig& config,
         } catch (const UserError& e) {
           throw UserError(config.input_path + ":" + std::to_string(line_number) + ": " + e.what());
         }
-        report();
+        if (ids) report();
       }
     } else {
-      PendingOutput& pending = outputs.front();
       std::string document;
       const auto flush = [&] {
         if (document.empty()) return;
-        tokens.clear();
-        ByteTokenizer::tokenize(document, tokens);
-        add_document(pending, false);
+        add_text(0, std::move(document));
         document.clear();
-        report();
       };
       while (std::getline(input, line)) {
         ++line_number;
@@ -259,6 +282,7 @@ PreprocessResult preprocess_data(const PreprocessConfig& config,
       }
       flush();
     }
+    if (pool && !batch.texts.empty()) flush_batch();
     if (input.bad()) throw UserError("error reading --input " + config.input_path);
     for (auto& pending : outputs) {
       pending.writer->finalize();

@@ -1,5 +1,6 @@
-// preprocess_data: Megatron's tools/preprocess_data.py for megatune's tokenizers: text or JSONL in,
-// {output_prefix}_{key}_document.bin/.idx out.
+// preprocess_data: Megatron's tools/preprocess_data.py: text or JSONL in, tokenized by Megatron's tokenizer
+// types (or megatune's byte tokenizer, or given ids) on --workers threads, {output_prefix}_{key}_document
+// .bin/.idx out.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -7,17 +8,19 @@
 #include <vector>
 
 #include "executor/data/index_dtype.h"
+#include "executor/data/tokenizer.h"
 
 namespace megatune::executor::data {
 
-enum class TokenizerType { byte, ids };
 enum class TextDocumentMode { paragraph, line, file };
 
 struct PreprocessConfig {
   std::string input_path;  // .jsonl/.json: one JSON object per line; anything else: plain text
   std::string output_prefix;
   std::vector<std::string> json_keys{"text"};  // --json-keys
-  TokenizerType tokenizer_type = TokenizerType::byte;
+  // --tokenizer-type and its files (tokenizer.h); type "ids": the key holds token id arrays.
+  TokenizerFiles tokenizer;
+  int workers = 1;  // --workers: tokenizing threads (the output is the same for any count)
   // Plain-text input: a document is a paragraph (lines up to a blank line; the default), a line, or the
   // whole file. Newlines inside a document are kept as byte 10.
   TextDocumentMode text_document_mode = TextDocumentMode::paragraph;

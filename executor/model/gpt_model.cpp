@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "executor/model/linear_gemm.h"
+#include "executor/parallel/context_parallel_split.h"
 #include "layouts/step_program.h"
 #include "layouts/user_error.h"
 
@@ -52,6 +53,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     throw std::invalid_argument("GPTModel: stage layers outside the model");
   tp_rank_ = communicator_.rank(CommGroup::kTensor);
   tp_size_ = communicator_.size(CommGroup::kTensor);
+  cp_rank_ = communicator_.rank(CommGroup::kContext);
+  cp_size_ = communicator_.size(CommGroup::kContext);
   if (tp_size_ != config_.tensor_parallel_size)
     throw std::invalid_argument("GPTModel: the communicator's tensor-parallel group has " +
                                 std::to_string(tp_size_) + " ranks, the model config " +
@@ -59,12 +62,20 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   if (batch_.seq > config_.max_seq && config_.position == PositionEmbedding::kLearned)
     throw UserError("--seq-length " + std::to_string(batch_.seq) + " exceeds --max-position-embeddings " +
                     std::to_string(config_.max_seq));
+  // Context parallelism: this rank holds its two chunks of every sequence (batch_.seq is from here on the
+  // local sequence) at their global positions.
+  if (batch_.seq % (2 * cp_size_) != 0 && cp_size_ > 1)
+    throw std::invalid_argument("GPTModel: the sequence does not split into 2 x cp chunks");
+  positions_ = context_parallel_positions(batch_.seq, cp_size_, cp_rank_);
+  batch_.seq /= cp_size_;
   const std::int64_t T = batch_.tokens(), h = config_.hidden, total = layout_.total_elements();
   if (sp() && T % tp_size_ != 0)
     throw UserError("--sequence-parallel: micro-batch tokens (" + std::to_string(T) +
                     ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
   rows_ = sp() ? T / tp_size_ : T;
   require_attention_support();
+  if (cp_size_ > 1 && stage_.num_layers > 0)
+    ring_ = std::make_unique<RingAttention>(ring_shape(), compute_dtype_, backend_, communicator_);
   index_layer_parameters();
   if (batch_.activation_slots < 1) throw std::invalid_argument("GPTModel: activation_slots must be >= 1");
   main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
@@ -132,9 +143,15 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     shared_attn_ = backend_.allocate(compute_dtype_, T, attn_w, "recomputed attention (shared)");
     shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
                                     "recomputed attention (shared)");
+    const Tensor shared_kv =
+        cp_size_ > 1
+            ? backend_.allocate(compute_dtype_, T, 2 * config_.kv_heads_per_rank() * config_.head_dim,
+                                "recomputed attention (shared)")
+            : Tensor{};
     auto share = [&](LayerActivations& acts) {
       acts.attn = shared_attn_;
       acts.lse = shared_lse_;
+      acts.cp_kv = shared_kv;
     };
     share(full_recompute_set_);
     for (Slot& slot : slots_)
@@ -218,6 +235,9 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
     a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), "saved: attention output");
     a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
                               "saved: attention output");
+    if (cp_size_ > 1)
+      a.cp_kv = backend_.allocate(compute_dtype_, T, 2 * config_.kv_heads_per_rank() * config_.head_dim,
+                                  "saved: context-parallel K,V block");
   }
   a.mid = backend_.allocate(compute_dtype_, rows_, h, "saved: mid residual");
   a.ln2 = norm2_out_;
@@ -473,12 +493,48 @@ AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
 
 void GPTModel::require_attention_support() const {
   if (stage_.num_layers == 0) return;
-  const std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
+  std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
+  for (const layouts::RingBlock block :
+       {layouts::RingBlock::kFirstHalfKeys, layouts::RingBlock::kSecondHalfQueries})
+    if (gap.empty() && cp_size_ > 1) {
+      gap = backend_.attention_unsupported(ring_kernel_shape(ring_shape(), block));
+      if (!gap.empty()) gap = "context parallelism's ring: " + gap;
+    }
   if (!gap.empty())
     throw UserError(
         "the " + backend_.name() + " backend cannot run this model's attention (--kv-channels " +
         std::to_string(config_.head_dim) + "): " + gap +
         "; pick --kv-channels (or --hidden-size / --num-attention-heads) accordingly, or --device cpu");
+}
+
+RingAttentionShape GPTModel::ring_shape() const {
+  RingAttentionShape ring;
+  ring.batch = batch_.micro_batch;
+  ring.local_seq = batch_.seq;
+  ring.heads = config_.heads_per_rank();
+  ring.kv_heads = config_.kv_heads_per_rank();
+  ring.head_dim = config_.head_dim;
+  ring.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  return ring;
+}
+
+void GPTModel::core_attention_forward(LayerActivations& a, int layer, OpPhase phase) {
+  if (ring_) {
+    ring_->forward(a.qkv, a.attn, a.lse, a.cp_kv, layer, phase);
+    return;
+  }
+  backend_.attention_forward(attention_args(a), {"attn", layer, phase});
+}
+
+void GPTModel::core_attention_backward(LayerActivations& a, int layer) {
+  if (ring_) {
+    ring_->backward(a.qkv, a.attn, a.lse, a.cp_kv, d_attn_, d_qkv_, layer);
+    return;
+  }
+  const AttentionArgs attention = attention_args(a);
+  backend_.attention_backward(
+      attention, packed_attention_grads(d_attn_, d_qkv_, attention, backend_.storage_bytes(compute_dtype_)),
+      {"attn", layer, kB});
 }
 
 GPTModel::LayerActivations& GPTModel::activations_for(int slot, int local_layer) {
@@ -499,8 +555,8 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
-                  config_.rope_theta, false, {"rope", l, phase});
-  backend_.attention_forward(attention_args(a), {"attn", l, phase});
+                  config_.rope_theta, false, {"rope", l, phase}, positions_);
+  core_attention_forward(a, l, phase);
   gemm_linear(a.attn, w.proj_w, row_bias ? w.proj_b : Tensor{}, fc2_out_, "proj");
   const Tensor proj = reduce_from_full(fc2_out_, reduced_, "proj_ar", "proj_rs", l, phase);
   // The residual add fused into the pre-MLP norm: a.mid = bf16(proj output + input), a.ln2 = norm(a.mid).
@@ -572,18 +628,14 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
                          d_ln2, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.
-  if (recompute_ == RecomputeGranularity::kSelective)
-    backend_.attention_forward(attention_args(a), {"attn", l, kR});
+  if (recompute_ == RecomputeGranularity::kSelective) core_attention_forward(a, l, kR);
   const Tensor d_proj = gather_to_full(d_mid_, full_scratch_, "proj_grad_ag", l, kB);
   dgrad(d_proj, w.proj_w, d_attn_, "proj_dgrad");
   wgrad(d_proj, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
-  const AttentionArgs attention = attention_args(a);
-  backend_.attention_backward(
-      attention, packed_attention_grads(d_attn_, d_qkv_, attention, backend_.storage_bytes(compute_dtype_)),
-      {"attn", l, kB});
+  core_attention_backward(a, l);
   if (config_.position == PositionEmbedding::kRope)
     backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
-                  config_.rope_theta, true, {"rope", l, kB});
+                  config_.rope_theta, true, {"rope", l, kB}, positions_);
   if (recompute_shared)
     backend_.norm_forward(
         with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
@@ -615,7 +667,7 @@ void GPTModel::embedding_forward(const MicroBatch& mb, int slot) {
     position = view(model_params_, layout_.find("embedding.position_embeddings.weight"));
   const Tensor full = sp() ? full_scratch_ : output;
   backend_.embedding_forward(tokens, view(model_params_, layout_.find("embedding.word_embeddings.weight")),
-                             position, batch_.seq, full, {"embedding", -1, kF});
+                             position, batch_.seq, full, {"embedding", -1, kF}, positions_);
   reduce_from_full(full, output, "embedding_ar", "embedding_rs", -1, kF);
 }
 
@@ -774,7 +826,7 @@ void GPTModel::embedding_backward(int slot) {
     d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));
   backend_.embedding_backward(slots_[slot].tokens, d_embedding, batch_.seq,
                               view(grads_, layout_.find("embedding.word_embeddings.weight")), d_position,
-                              {"embedding", -1, kB});
+                              {"embedding", -1, kB}, positions_);
 }
 
 std::vector<double> GPTModel::microbatch_losses() {

@@ -13,6 +13,7 @@
 #include "executor/model/parameter_layout.h"
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/communicator.h"
+#include "executor/parallel/ring_attention.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
 
@@ -25,7 +26,7 @@ using MicroBatch = data::MicroBatch;
 
 struct BatchShape {
   std::int64_t micro_batch = 1;
-  std::int64_t seq = 64;
+  std::int64_t seq = 64;     // the whole sequence; GPTModel::batch() holds a CP rank's local share
   int num_microbatches = 1;  // per iteration (gradient accumulation)
   // Largest chunk of logits the LM head + loss hold at once (layouts::loss_chunk_rows; the step program's
   // StepProgramOptions::loss_chunk_logits_bytes must agree).
@@ -96,6 +97,8 @@ class GPTModel {
   double counted_tokens(int index) const { return counted_tokens_.at(index); }
   // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
   std::vector<double> microbatch_losses();
+  // Tokens each micro-batch of the iteration counted in its loss (the loss stage, after the forwards).
+  const std::vector<double>& counted_tokens() const { return counted_tokens_; }
 
   const TransformerConfig& config() const { return config_; }
   const BatchShape& batch() const { return batch_; }
@@ -146,6 +149,7 @@ class GPTModel {
     Tensor qkv;                 // (T, qkv_width) after RoPE (saved)
     Tensor attn;                // (T, heads * d) attention output (saved; shared under recomputation)
     Tensor lse;                 // (b * heads, s) fp32 (saved; shared under recomputation)
+    Tensor cp_kv;               // (T, 2 kv width) the ring's last K,V block (context parallelism; as lse)
     Tensor mid;                 // (T, h) residual after attention (= input + proj) (saved)
     Tensor ln2;                 // (T, h) pre-MLP norm output (shared)
     Tensor ln2_mean, ln2_rstd;  // (T, 1) fp32 (saved)
@@ -178,6 +182,10 @@ class GPTModel {
   NormArgs norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
                      Tensor mean, Tensor rstd) const;
   AttentionArgs attention_args(const LayerActivations& acts) const;
+  // Core attention (attn, lse from qkv; d_qkv_ from d_attn_): one kernel, or the context-parallel ring.
+  void core_attention_forward(LayerActivations& acts, int layer, layouts::OpPhase phase);
+  void core_attention_backward(LayerActivations& acts, int layer);
+  RingAttentionShape ring_shape() const;
   // UserError when the backend's attention kernels cannot run this model's attention shape.
   void require_attention_support() const;
 
@@ -191,7 +199,10 @@ class GPTModel {
   ParameterLayout layout_;
   std::vector<LayerParameters> layer_parameters_;  // per local layer
   int tp_rank_ = 0, tp_size_ = 1;
-  std::int64_t rows_ = 0;  // rows of the residual stream on this rank: T, or T / tp under SP
+  int cp_rank_ = 0, cp_size_ = 1;
+  SequencePositions positions_;          // global positions of the local sequence (context parallelism)
+  std::unique_ptr<RingAttention> ring_;  // context parallelism's attention (cp > 1)
+  std::int64_t rows_ = 0;                // rows of the residual stream on this rank: T, or T / tp under SP
 
   Tensor model_params_;  // (1, model_copy_elements_) compute dtype; aliases main_params_ when fp32
   std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)

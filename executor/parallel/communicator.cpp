@@ -111,7 +111,11 @@ void Communicator::all_to_all(CommGroup group, Tensor input, Tensor output, cons
 }
 
 void Communicator::batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers) {
-  if (transfers.empty()) return;
+  wait_on(batch_p2p_async(group, transfers));
+}
+
+CommHandle Communicator::batch_p2p_async(CommGroup group, const std::vector<P2pTransferArgs>& transfers) {
+  if (transfers.empty()) return nullptr;
   // Recorded sends first, then receives (the order of layouts::build_step_program).
   for (int pass = 0; pass < 2; ++pass)
     for (const P2pTransferArgs& t : transfers) {
@@ -120,7 +124,7 @@ void Communicator::batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>
       record(t.send ? OpKind::kSend : OpKind::kRecv, group, logical_bytes(t.tensor), t.tensor.dtype, t.tag,
              t.peer_rank, t.microbatch, t.chunk);
     }
-  wait_on(do_batch_p2p(group, transfers));
+  return do_batch_p2p(group, transfers);
 }
 
 void SingleRankCommunicator::abort(const std::string& message) { throw std::runtime_error(message); }

@@ -72,6 +72,9 @@ class Communicator {
   // Posts every transfer together and returns when all of them met their peers' matching transfers (each
   // transfer is recorded as one kSend / kRecv op with its peer).
   void batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers);
+  // The same, returning at once: the handle's wait() completes it (context parallelism's ring overlaps its
+  // transfers with attention). The tensors stay untouched until then.
+  CommHandle batch_p2p_async(CommGroup group, const std::vector<P2pTransferArgs>& transfers);
 
   // Ends the job: every rank's pending and later calls throw std::runtime_error carrying `message` (the
   // failing rank's reason). Safe to call from any thread, more than once.

@@ -12,9 +12,6 @@
 namespace megatune::executor {
 
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank) {
-  if (config.cp() > 1)
-    throw UserError("--context-parallel-size " + std::to_string(config.cp()) +
-                    ": the executor does not run context parallelism yet; use --context-parallel-size 1");
   if (config.ep() > 1)
     throw UserError("--expert-model-parallel-size " + std::to_string(config.ep()) +
                     ": the executor does not run expert parallelism yet; use 1");
@@ -107,7 +104,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.compute_dtype = a.bf16 ? DType::kBF16 : DType::kFP32;
   t.optimizer = {a.weight_decay, a.adam_beta1, a.adam_beta2, a.adam_eps, a.clip_grad};
   t.seed = a.seed;
-  t.data_parallel_size = parallel.dp() * parallel.cp();
+  t.data_parallel_size = parallel.dp();
+  t.context_parallel_size = parallel.cp();
   t.chunks = placement.chunks;
   t.overlap_grad_reduce = parallel.overlap_grad_reduce;
   t.use_distributed_optimizer = parallel.use_distributed_optimizer;

@@ -8,6 +8,7 @@
 
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
+#include "executor/parallel/context_parallel_split.h"
 #include "executor/training/recording_pause.h"
 #include "layouts/user_error.h"
 
@@ -39,7 +40,7 @@ std::vector<StageSpan> resolved_chunks(const TrainerConfig& config) {
 BatchShape chunk_batch(const TrainerConfig& config, int slots) {
   BatchShape batch = config.batch;
   batch.activation_slots = slots;
-  batch.gradient_average_ranks = config.data_parallel_size;
+  batch.gradient_average_ranks = config.gradient_reduction_size();
   batch.compute_copy_of_every_parameter = config.use_distributed_optimizer;
   return batch;
 }
@@ -148,15 +149,18 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
     throw std::invalid_argument("the communicator's pipeline group has " +
                                 std::to_string(communicator_.size(CommGroup::kPipeline)) +
                                 " ranks, the schedule " + std::to_string(schedule_.pp));
-  if (communicator_.size(CommGroup::kDataContext) != config_.data_parallel_size)
-    throw std::invalid_argument("the communicator's data-parallel group has " +
-                                std::to_string(communicator_.size(CommGroup::kDataContext)) +
-                                " ranks, the trainer config " + std::to_string(config_.data_parallel_size));
-  if (config_.use_distributed_optimizer && 64 % config_.data_parallel_size != 0)
+  if (communicator_.size(CommGroup::kDataContext) != config_.gradient_reduction_size() ||
+      communicator_.size(CommGroup::kContext) != config_.context_parallel_size)
+    throw std::invalid_argument(
+        "the communicator's dp-cp group has " + std::to_string(communicator_.size(CommGroup::kDataContext)) +
+        " ranks and its cp group " + std::to_string(communicator_.size(CommGroup::kContext)) +
+        ", the trainer config dp " + std::to_string(config_.data_parallel_size) + " x cp " +
+        std::to_string(config_.context_parallel_size));
+  if (config_.use_distributed_optimizer && 64 % config_.gradient_reduction_size() != 0)
     throw UserError(
-        "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel "
-        "size (" +
-        std::to_string(config_.data_parallel_size) + ") must divide 64; use a power of two");
+        "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel x "
+        "context-parallel size (" +
+        std::to_string(config_.gradient_reduction_size()) + ") must divide 64; use powers of two");
   items_ = config_.step ? config_.step->items : items_from_schedule(schedule_, chunks);
   if (config_.forward_step) {
     forward_items_ = config_.forward_step->items;
@@ -227,6 +231,8 @@ void Trainer::build(bool sizing) {
                        ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
                        : Tensor{};
   scalar_ = backend_.allocate(DType::kFP32, 1, 2, "grad norm and loss reductions");
+  cp_loss_sums_ =
+      backend_.allocate(DType::kFP32, 1, 2 * config_.batch.num_microbatches, "grad norm and loss reductions");
   grad_norm_ = std::make_unique<GlobalGradNorm>(backend_);
   if (!sizing) build_optimizer();
 }
@@ -457,18 +463,39 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
 
 double Trainer::reported_loss() {
   // The last pipeline stage holds the losses; their mean over the data-parallel ranks is what Megatron logs.
+  // Under context parallelism a micro-batch's loss is the sum of its CP ranks' token losses over the sum of
+  // their counted tokens.
   bool holds_loss = false;
   double sum = 0.0;
   for (auto& chunk : chunks_)
     if (chunk->stage().has_loss) {
       holds_loss = true;
-      const std::vector<double> losses = chunk->microbatch_losses();  // synchronizes
+      const std::vector<double> losses = context_parallel_losses(*chunk);  // synchronizes
       for (double l : losses) sum += l;
       sum /= static_cast<double>(losses.size());
     }
   if (communicator_.world_size() == 1) return sum;
-  const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0;
+  const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0 &&
+                      communicator_.rank(CommGroup::kContext) == 0;
   return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
+}
+
+std::vector<double> Trainer::context_parallel_losses(GPTModel& chunk) {
+  std::vector<double> losses = chunk.microbatch_losses();
+  if (config_.context_parallel_size == 1) return losses;
+  const std::size_t m = losses.size();
+  std::vector<float> sums(2 * m);  // (loss sum, counted tokens) per micro-batch
+  for (std::size_t i = 0; i < m; ++i) {
+    sums[2 * i] = static_cast<float>(losses[i] * chunk.counted_tokens()[i]);
+    sums[2 * i + 1] = static_cast<float>(chunk.counted_tokens()[i]);
+  }
+  RecordingPause pause(backend_);
+  backend_.upload(cp_loss_sums_, sums.data());
+  communicator_.all_reduce(CommGroup::kContext, cp_loss_sums_, ReduceOp::kSum,
+                           {"cp_loss_sum", -1, OpPhase::kOptimizer});
+  backend_.download(cp_loss_sums_, sums.data());
+  for (std::size_t i = 0; i < m; ++i) losses[i] = sums[2 * i + 1] > 0 ? sums[2 * i] / sums[2 * i + 1] : 0.0;
+  return losses;
 }
 
 double Trainer::reported_load_balancing_loss() {
@@ -481,7 +508,7 @@ double Trainer::reported_load_balancing_loss() {
   for (int flag : model.moe_layers) moe_layers += flag != 0 ? 1 : 0;
   if (communicator_.world_size() > 1)
     sum = world_sum(communicator_.rank(CommGroup::kTensor) == 0 ? sum : 0.0) /
-          static_cast<double>(config_.data_parallel_size);
+          static_cast<double>(config_.gradient_reduction_size());
   return sum / static_cast<double>(moe_layers);
 }
 
@@ -506,7 +533,13 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   param_gathers_.clear();
   for (auto& chunk : chunks_) chunk->zero_gradients();
   pending_result_ = StepResult{};
-  run_items(microbatches);
+  if (config_.context_parallel_size > 1) {
+    cp_local_.resize(microbatches.size());
+    for (std::size_t i = 0; i < microbatches.size(); ++i)
+      context_parallel_slice(microbatches[i], config_.context_parallel_size,
+                             communicator_.rank(CommGroup::kContext), cp_local_[i]);
+  }
+  run_items(config_.context_parallel_size > 1 ? cp_local_ : microbatches);
   if (!config_.overlap_param_gather) {
     for (CommHandle& h : param_gathers_) h->wait();
     param_gathers_.clear();

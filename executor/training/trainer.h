@@ -43,6 +43,10 @@ struct TrainerConfig {
   LrScheduleConfig lr;
   std::uint64_t seed = 1234;   // --seed: parameter initialization
   int data_parallel_size = 1;  // global batch = micro_batch * num_microbatches * dp
+  // --context-parallel-size: each micro-batch's sequences are split over the CP group (train_step takes them
+  // whole); replicated weights' gradients are averaged over dp * cp.
+  int context_parallel_size = 1;
+  int gradient_reduction_size() const { return data_parallel_size * context_parallel_size; }
   // This rank's model chunks (pipeline stages it holds, in virtual-stage order); empty: the whole model.
   std::vector<StageSpan> chunks;
   bool overlap_grad_reduce = false;  // --overlap-grad-reduce: a bucket's reduction starts once it is complete
@@ -133,6 +137,7 @@ class Trainer {
   void reduce_sequence_parallel_norms();
   void gather_params(int chunk, int bucket);
   double reported_loss();
+  std::vector<double> context_parallel_losses(GPTModel& chunk);
   double reported_load_balancing_loss();
   TrainerConfig config_;
   layouts::RankSchedule schedule_;
@@ -142,6 +147,7 @@ class Trainer {
   Communicator& communicator_;
   LearningRateSchedule schedule_lr_;
   std::vector<int> slots_per_chunk_;
+  std::vector<MicroBatch> cp_local_;  // this CP rank's share of the iteration's micro-batches (cp > 1)
   std::vector<std::unique_ptr<GPTModel>> chunks_;
   // Per chunk: the grad buffer's buckets, their reduction, and the AdamW moments (the whole buffer, or with
   // the distributed optimizer this rank's shard of every bucket, back to back).
@@ -157,6 +163,7 @@ class Trainer {
   StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)
   Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
   Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions
+  Tensor cp_loss_sums_;   // (1, 2 * micro-batches) fp32: the CP group's loss sums and counted tokens
   std::int64_t iteration_ = 0;
   std::int64_t consumed_samples_ = 0;
   std::int64_t skipped_iterations_ = 0;

@@ -55,7 +55,9 @@ TEST(Calibration, RecoversAShapeDependentGemmCorrectionAtAnUnseenShape) {
 
 TEST(Calibration, ClampsToTheFittedRangeAndConservesTheClassTotal) {
   const std::vector<CalibrationSample> samples = gemm_samples({1024, 2048, 4096});
-  const Calibration c = Calibration::fit(samples, 0.0);
+  CalibrationFitOptions class_only;
+  class_only.per_shape_residuals = false;
+  const Calibration c = Calibration::fit(samples, 0.0, class_only);
   // Far outside the range: the factor of the largest fitted shape, not an extrapolation.
   EXPECT_DOUBLE_EQ(c.factor(gemm(1 << 20, 8192, 2048)), c.factor(gemm(4096, 8192, 2048)));
   double corrected = 0, measured = 0;
@@ -64,6 +66,29 @@ TEST(Calibration, ClampsToTheFittedRangeAndConservesTheClassTotal) {
     measured += s.measured_s;
   }
   EXPECT_NEAR(corrected, measured, 1e-9 * measured);
+}
+
+TEST(Calibration, TracedShapesKeepTheirOwnResidualAndUnseenShapesTheClassCorrection) {
+  // The middle shape ran 1.5x slower than the class trend (a shape the profile measured too fast).
+  std::vector<CalibrationSample> samples;
+  for (std::int64_t m : {1024, 2048, 4096})
+    for (int repeat = 0; repeat < 8; ++repeat) {
+      const Op op = gemm(m, 4096, 4096);
+      samples.push_back({op, 1e-3, (m == 2048 ? 1.5e-3 : 1e-3)});
+    }
+  const Calibration c = Calibration::fit(samples, 0.0);
+  const double shrink = 8.0 / (8.0 + CalibrationFitOptions{}.shape_shrinkage);
+  const Op middle = gemm(2048, 4096, 4096);
+  const Op unseen = gemm(3072, 4096, 4096);
+  ASSERT_EQ(c.shape_residuals().size(), 3u);
+  EXPECT_TRUE(c.shape_residuals().count(training_shape_key(middle)));
+  EXPECT_GT(c.factor(middle), 1.3);
+  EXPECT_LT(c.factor(middle) / c.factor(gemm(4096, 4096, 4096)), std::pow(1.5, shrink) * 1.3);
+  EXPECT_LT(c.factor(unseen), c.factor(middle));
+  EXPECT_EQ(training_shape_key(middle), "gemm 2048x4096x4096 bf16");
+  EXPECT_NE(c.summary().find("3 shapes as traced"), std::string::npos);
+  // The residuals survive the JSON.
+  EXPECT_DOUBLE_EQ(Calibration::from_json(c.to_json()).factor(middle), c.factor(middle));
 }
 
 TEST(Calibration, OneShapeGivesAPlainFactorAndUnseenKindsUseThePooledMemoryBoundClass) {

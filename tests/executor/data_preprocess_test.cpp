@@ -97,7 +97,7 @@ TEST_F(PreprocessTest, TokenIdsPickTheDtypeFromTheVocabulary) {
   config.input_path = write("ids.jsonl", "{\"ids\": [1, 2, 70000]}\n{\"ids\": []}\n{\"ids\": [5]}\n");
   config.output_prefix = path("ids");
   config.json_keys = {"ids"};
-  config.tokenizer_type = TokenizerType::ids;
+  config.tokenizer.type = "ids";
   const auto result = preprocess_data(config);
   EXPECT_EQ(result.outputs[0].dtype, IndexDType::int32);  // max id + 1 >= 65500
   const IndexedDataset dataset(result.outputs[0].path_prefix);
@@ -172,6 +172,30 @@ TEST_F(PreprocessTest, ReportsProgress) {
     EXPECT_LE(progress.input_bytes_read, progress.input_bytes_total);
   });
   EXPECT_EQ(reported, (std::vector<int64_t>{10, 20}));
+}
+
+TEST_F(PreprocessTest, WorkersWriteTheSameBytesAsOneThread) {
+  // More documents than one batch holds, of varied lengths, so that several batches are split over workers.
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "document " + std::to_string(i) + std::string(i % 37, 'x') + "\n";
+  PreprocessConfig config;
+  config.input_path = write("lines.txt", text);
+  config.text_document_mode = TextDocumentMode::line;
+  config.append_eod = true;
+  const auto read = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  config.output_prefix = path("one");
+  const auto one = preprocess_data(config).outputs.at(0).path_prefix;
+  config.output_prefix = path("four");
+  config.workers = 4;
+  const auto four = preprocess_data(config).outputs.at(0).path_prefix;
+  EXPECT_EQ(IndexedDataset(four).num_documents(), 20000);
+  EXPECT_EQ(read(four + ".bin"), read(one + ".bin"));
+  EXPECT_EQ(read(four + ".idx"), read(one + ".idx"));
+  config.workers = 0;
+  EXPECT_THROW(preprocess_data(config), UserError);
 }
 
 TEST(JsonLine, ParsesAndRejects) {

@@ -8,7 +8,9 @@
 #include "executor/cpu/cpu_backend.h"
 #include "executor/model/gpt_model.h"
 #include "executor/parallel/communicator.h"
+#include "executor/training/arena_sizing.h"
 #include "layouts/model_spec.h"
+#include "layouts/parallel_config.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -73,6 +75,35 @@ TEST(ModelAttentionSupport, SupportedShapesConfigure) {
   GPTModel cpu_model(tiny_with_head_dim(80), tiny_batch(), RecomputeGranularity::kNone, DType::kFP32, cpu,
                      cpu_communicator);
   EXPECT_FALSE(cpu.arena_breakdown().empty());
+}
+
+// Under context parallelism the ring's half blocks (seq_q != seq_kv, no mask) are asked too: a backend
+// with self-attention kernels only refuses the layout when the model is configured.
+TEST(ModelAttentionSupport, ContextParallelRingShapesAreAskedToo) {
+  const auto self_attention_only = [](const AttentionShape& shape) {
+    return shape.kv_len() == shape.seq_q ? std::string() : std::string("self-attention only");
+  };
+  layouts::ModelSpec spec = layouts::model_preset("tiny");
+  spec.kv_channels = 64;
+  layouts::ParallelConfig config;
+  config.context_parallel_size = 2;
+  config.world_size = 2;
+  config.micro_batch_size = 1;
+  config.global_batch_size = 1;
+  config.validate(spec);
+  SizingBackend backend(nullptr, self_attention_only);
+  try {
+    size_rank_arena(spec, config, TrainOptions{}, 0, backend);
+    FAIL() << "the ring's blocks were not asked";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("context parallelism's ring: self-attention only"),
+              std::string::npos)
+        << e.what();
+  }
+  config.context_parallel_size = 1;
+  config.world_size = 1;
+  SizingBackend plain(nullptr, self_attention_only);
+  EXPECT_GT(size_rank_arena(spec, config, TrainOptions{}, 0, plain).total_bytes, 0);
 }
 
 }  // namespace

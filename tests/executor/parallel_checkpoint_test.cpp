@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "executor/training/thread_run.h"
-#include "tests/executor/parallel_test_models.h"
 #include "layouts/model_spec.h"
+#include "tests/executor/parallel_test_models.h"
 
 namespace megatune::executor {
 namespace {
@@ -21,11 +21,12 @@ namespace fs = std::filesystem;
 layouts::ModelSpec gpt_tiny() { return test::gpt_tiny(/*tied=*/true); }
 
 layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false,
-                               bool dist_opt = false) {
+                               bool dist_opt = false, int cp = 1) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = tp;
   c.pipeline_model_parallel_size = pp;
-  c.world_size = tp * pp * dp;
+  c.context_parallel_size = cp;
+  c.world_size = tp * pp * dp * cp;
   c.sequence_parallel = sp;
   c.use_distributed_optimizer = dist_opt;
   c.micro_batch_size = 2;
@@ -68,6 +69,21 @@ class ParallelCheckpoint : public ::testing::Test {
     fs::remove_all(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+  // Trains 6 iterations whole, and 3 saved into dir_ then 3 more resumed from it, under `c`: the resumed
+  // losses equal the whole run's. Returns the whole run; `second` becomes the resuming run's options.
+  RunResult expect_bit_exact_resume(const layouts::ParallelConfig& c, TrainOptions& second) {
+    const RunResult whole = train(c, options(6));
+    TrainOptions first = options(3);
+    first.save = dir_.string();
+    train(c, first);
+    second = options(6);
+    second.load = dir_.string();
+    const RunResult resumed = train(c, second);
+    EXPECT_EQ(resumed.losses.size(), 3u);
+    for (std::size_t i = 0; i < 3 && i < resumed.losses.size(); ++i)
+      EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
+    return whole;
+  }
   fs::path dir_;
 };
 
@@ -91,15 +107,8 @@ TEST_F(ParallelCheckpoint, ResumesBitExactlyUnderTheSameLayout) {
 TEST_F(ParallelCheckpoint, DistributedOptimizerShardsResumeBitExactlyAndRefuseAnotherLayout) {
   const layouts::ModelSpec m = gpt_tiny();
   const layouts::ParallelConfig c = layout(m, 1, 2, 2, false, /*dist_opt=*/true);
-  const RunResult whole = train(c, options(6));
-  TrainOptions first = options(3);
-  first.save = dir_.string();
-  train(c, first);
-  TrainOptions second = options(6);
-  second.load = dir_.string();
-  const RunResult resumed = train(c, second);
-  ASSERT_EQ(resumed.losses.size(), 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
+  TrainOptions second;
+  expect_bit_exact_resume(c, second);
   try {
     train(layout(m, 1, 1, 1), second);
     FAIL() << "a distributed-optimizer checkpoint loaded under another layout";
@@ -126,6 +135,21 @@ TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
     for (int i = 0; i < 3; ++i)
       EXPECT_NEAR(resumed.losses[i], whole.losses[3 + i], 2e-5 * whole.losses[3 + i])
           << "iteration " << 4 + i;
+  }
+}
+
+// Context-parallel ranks hold replicated weights: a cp2 run resumes bit-exactly under its own layout and
+// reshards into one without CP (and back).
+TEST_F(ParallelCheckpoint, ContextParallelRunsSaveAndReshardLikeAnyOther) {
+  const layouts::ModelSpec m = gpt_tiny();
+  TrainOptions second;
+  const RunResult whole = expect_bit_exact_resume(layout(m, 1, 1, 1, false, false, /*cp=*/2), second);
+  for (const layouts::ParallelConfig& target : {layout(m, 1, 1, 1), layout(m, 2, 1, 1, true, false, 2)}) {
+    SCOPED_TRACE("tp" + std::to_string(target.tp()) + " cp" + std::to_string(target.cp()));
+    const RunResult moved = train(target, second);
+    ASSERT_EQ(moved.losses.size(), 3u);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_NEAR(moved.losses[i], whole.losses[3 + i], 2e-5 * whole.losses[3 + i]) << "iteration " << 4 + i;
   }
 }
 

@@ -44,13 +44,15 @@ struct Layout {
   int tp = 1, pp = 1, dp = 1, vpp = 0;
   bool sp = false, dist_opt = false, overlap = false;
   std::string layout_string;
+  int cp = 1;
 };
 
 layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = l.tp;
   c.pipeline_model_parallel_size = l.pp;
-  c.world_size = l.tp * l.pp * l.dp;
+  c.context_parallel_size = l.cp;
+  c.world_size = l.tp * l.pp * l.dp * l.cp;
   c.sequence_parallel = l.sp;
   c.micro_batch_size = 2;
   c.global_batch_size = 8;
@@ -147,6 +149,9 @@ const std::vector<Layout>& matrix() {
       {"tp2 pp2 dp2", 2, 2, 2},
       {"tp2 sp pp2 dp2 overlap", 2, 2, 2, 0, true, false, true},
       {"tp2 pp2 vpp2 dp2 dist-opt overlaps", 2, 2, 2, 2, false, true, true},
+      {"cp2", 1, 1, 1, 0, false, false, false, "", 2},
+      {"tp2 sp cp2", 2, 1, 1, 0, true, false, false, "", 2},
+      {"cp2 pp2", 1, 2, 1, 0, false, false, false, "", 2},
   };
   return layouts;
 }

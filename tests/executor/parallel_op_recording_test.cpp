@@ -7,10 +7,10 @@
 #include <sstream>
 
 #include "executor/training/thread_run.h"
-#include "tests/executor/parallel_test_models.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
+#include "tests/executor/parallel_test_models.h"
 
 namespace megatune::executor {
 namespace {
@@ -21,15 +21,19 @@ struct Case {
   bool sp = false, overlap = false, gpt = false, tied = false;
   std::string layout;
   bool dist_opt = false;
+  int cp = 1;
 };
 
-layouts::ModelSpec model_of(const Case& c) { return c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied); }
+layouts::ModelSpec model_of(const Case& c) {
+  return c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied);
+}
 
 layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   layouts::ParallelConfig p;
   p.tensor_model_parallel_size = c.tp;
   p.pipeline_model_parallel_size = c.pp;
-  p.world_size = c.tp * c.pp * c.dp;
+  p.context_parallel_size = c.cp;
+  p.world_size = c.tp * c.pp * c.dp * c.cp;
   p.sequence_parallel = c.sp;
   p.micro_batch_size = 2;
   p.global_batch_size = 4 * c.dp;
@@ -89,7 +93,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
                       Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
                       Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
-                      Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true}),
+                      Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true},
+                      Case{"cp2_llama", 1, 1, 1, 0, false, false, false, false, "", false, 2},
+                      Case{"tp2_sp_cp2_gpt_tied", 2, 1, 1, 0, true, false, true, true, "", false, 2},
+                      Case{"cp2_pp2_dp2_overlap", 1, 2, 2, 0, false, true, false, false, "", false, 2}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

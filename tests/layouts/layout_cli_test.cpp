@@ -105,7 +105,8 @@ TEST(MegatronArgs, ErrorsNameTheFlag) {
   };
   EXPECT_TRUE(contains(error("--model llama3-8b --tp 3"),
                        "--tensor-model-parallel-size 3 does not divide --num-attention-heads 32"));
-  EXPECT_TRUE(contains(error("--model llama3-8b --normalization BatchNorm"), "--normalization 'BatchNorm'"));
+  EXPECT_TRUE(contains(error("--model llama3-8b --normalization BatchNorm"),
+                       "--normalization: BatchNorm not in {LayerNorm,RMSNorm}"));
   EXPECT_TRUE(contains(error("--model nope"), "--model 'nope' is not a known preset"));
   EXPECT_TRUE(contains(error("--hidden-size 64"), "--num-layers 0 must be a positive integer"));
   EXPECT_TRUE(

@@ -27,7 +27,7 @@ class CalibrateTest : public ::testing::Test {
   static void TearDownTestSuite() { delete dir_; }
   static std::string path(const std::string& name) { return *dir_ / name; }
 
-  // The step time that `megatune simulate` prints for the runs' layout (mbs 1).
+  // The step time that `megatune simulate` prints (s, 3 decimals: so simulate many micro-batches).
   static double simulated_step_s(const std::string& out) {
     const std::size_t at = out.find("step time");
     return at == std::string::npos ? -1.0 : std::stod(out.substr(out.find_first_of("0123456789", at)));
@@ -64,8 +64,8 @@ TEST_F(CalibrateTest, StoresTheCalibrationWithProvenanceAndSimulateUsesItByDefau
     EXPECT_TRUE(runs[0].contains("created_utc"));
   }
 
-  const std::vector<std::string> simulate = {"simulate", "--db",  db,  "--model", "tiny", "--cluster",
-                                             "1x1xH200", "--gbs", "4", "--mbs",   "1"};
+  const std::vector<std::string> simulate = {"simulate", "--db",  db,   "--model", "tiny", "--cluster",
+                                             "1x1xH200", "--gbs", "64", "--mbs",   "1"};
   const CliResult calibrated = run_megatune(simulate);
   ASSERT_EQ(calibrated.exit_code, 0) << calibrated.err;
   EXPECT_NE(calibrated.out.find("calibrated from 2 traced runs"), std::string::npos) << calibrated.out;

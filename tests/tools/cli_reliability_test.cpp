@@ -225,6 +225,28 @@ TEST(CliSilentNonsense, AbsurdClusterFileValues) {
       run_megatune({"plan", "--model", "llama3-8b", "--cluster", "300000x4xH100", "--gbs", "8"}), "GPUs");
 }
 
+TEST(CliSilentNonsense, UnknownChoicesAreRefusedWhileParsing) {
+  expect_one_line_refusal(run_megatune(with(kSmallPlan, {"--recompute-granularity", "partial"})),
+                          "--recompute-granularity: partial not in {none,selective,full}");
+  expect_one_line_refusal(run_megatune({"layout", "--model", "llama3-8b", "--normalization", "BatchNorm"}),
+                          "--normalization: BatchNorm not in {LayerNorm,RMSNorm}");
+  expect_one_line_refusal(run_megatune({"simulate", "--model", "tiny", "--cluster", "1x1xH100", "--gbs", "8",
+                                        "--granularity", "op"}),
+                          "--granularity: op not in {pass,kernel}");
+  expect_one_line_refusal(run_megatune({"train", "--model", "tiny", "--mock-data", "--device", "gpu"}),
+                          "--device: gpu not in {cuda,cpu}");
+  expect_one_line_refusal(
+      run_megatune({"db", "--embedded", "export", "--table", "gpu_models", "--format", "xml"}),
+      "--format: xml not in {csv,json}");
+  // Valid names still reach the model: no learned position table, norms without a bias.
+  const CliResult rope = run_megatune({"layout", "--model", "gpt-125m", "--position-embedding-type", "rope",
+                                       "--normalization", "RMSNorm", "--gbs", "8"});
+  EXPECT_EQ(rope.exit_code, 0) << rope.err;
+  EXPECT_NE(rope.out.find("123.67M params"), std::string::npos) << rope.out;
+  EXPECT_NE(run_megatune({"layout", "--model", "gpt-125m", "--gbs", "8"}).out.find("125.26M params"),
+            std::string::npos);
+}
+
 // ---- unclear messages ----
 
 TEST(CliUnclear, RangeMessagesStateTheRealBound) {

@@ -1,11 +1,11 @@
 // Progress bar rendering and durations; the log mode prints one line per 10%.
-#include "profiler/progress_bar.h"
+#include "tools/progress_bar.h"
 
 #include <gtest/gtest.h>
 
 #include <sstream>
 
-namespace megatune::profiler {
+namespace megatune::tools {
 namespace {
 
 TEST(ProgressBar, Render) {
@@ -26,7 +26,10 @@ TEST(ProgressBar, LogModePrintsEachDecileOnce) {
   for (const char c : text) lines += c == '\n';
   EXPECT_EQ(lines, 11);  // 0%, 10%, ..., 100%
   EXPECT_NE(text.find("100/100 100%"), std::string::npos);
+  EXPECT_NE(text.find("  item\n"), std::string::npos);  // the detail in log lines too
+  EXPECT_EQ(ProgressBar::render(2500000, 10000000, 1.0, 4, ProgressBar::Units::kBytes),
+            "[#   ] 2.5/10.0 MB  25% eta 3s");
 }
 
 }  // namespace
-}  // namespace megatune::profiler
+}  // namespace megatune::tools

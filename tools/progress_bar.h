@@ -1,27 +1,34 @@
 // ProgressBar: one line on a terminal redrawn in place ("[#####     ] 120/480 25% eta 1m20s  gemm ..."),
-// or, when the stream is not a terminal (logs), one line per 10% so logs stay short.
+// or, when the stream is not a terminal (logs), one line per 10% so logs stay short. The one progress bar
+// of the CLI: profile sweeps, the plan search, data preprocessing.
 #pragma once
 #include <chrono>
 #include <cstddef>
 #include <iosfwd>
 #include <string>
 
-namespace megatune::profiler {
+namespace megatune::tools {
 
 class ProgressBar {
  public:
+  enum class Units { kItems, kBytes };  // "40/100" or "40.0/100.0 MB"
+
   // `interactive`: redraw in place (pass isatty(fileno(stderr)) for std::cerr).
-  ProgressBar(std::ostream& out, std::string label, std::size_t total, bool interactive);
+  ProgressBar(std::ostream& out, std::string label, std::size_t total, bool interactive,
+              Units units = Units::kItems);
+  void set_total(std::size_t total) { total_ = total; }  // when the total is known only once work runs
   void update(std::size_t done, const std::string& detail = "");
   void finish();  // ends the line (idempotent)
   // "[####      ] 40/100  40% eta 12s" for `done` of `total` after `elapsed_s` (pure, for tests).
-  static std::string render(std::size_t done, std::size_t total, double elapsed_s, int width = 30);
+  static std::string render(std::size_t done, std::size_t total, double elapsed_s, int width = 30,
+                            Units units = Units::kItems);
 
  private:
   std::ostream& out_;
   std::string label_;
   std::size_t total_;
   bool interactive_;
+  Units units_;
   bool finished_ = false;
   int last_decile_ = -1;
   std::chrono::steady_clock::time_point start_;
@@ -30,4 +37,4 @@ class ProgressBar {
 
 std::string format_duration(double seconds);  // "850ms", "12s", "3m05s", "1h02m"
 
-}  // namespace megatune::profiler
+}  // namespace megatune::tools

@@ -1,11 +1,11 @@
 // ProgressBar rendering.
-#include "profiler/progress_bar.h"
+#include "tools/progress_bar.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <ostream>
 
-namespace megatune::profiler {
+namespace megatune::tools {
 
 std::string format_duration(double seconds) {
   char text[32];
@@ -23,20 +23,28 @@ std::string format_duration(double seconds) {
   return text;
 }
 
-ProgressBar::ProgressBar(std::ostream& out, std::string label, std::size_t total, bool interactive)
+ProgressBar::ProgressBar(std::ostream& out, std::string label, std::size_t total, bool interactive,
+                         Units units)
     : out_(out),
       label_(std::move(label)),
       total_(total),
       interactive_(interactive),
+      units_(units),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
-std::string ProgressBar::render(std::size_t done, std::size_t total, double elapsed_s, int width) {
+std::string ProgressBar::render(std::size_t done, std::size_t total, double elapsed_s, int width,
+                                Units units) {
   const double fraction = total == 0 ? 1.0 : std::min(1.0, double(done) / double(total));
   const int filled = static_cast<int>(fraction * width + 1e-9);
   std::string bar = "[" + std::string(filled, '#') + std::string(width - filled, ' ') + "]";
   char text[96];
-  std::snprintf(text, sizeof text, " %zu/%zu %3.0f%%", done, total, fraction * 100.0);
+  if (units == Units::kBytes) {
+    std::snprintf(text, sizeof text, " %.1f/%.1f MB %3.0f%%", double(done) / 1e6, double(total) / 1e6,
+                  fraction * 100.0);
+  } else {
+    std::snprintf(text, sizeof text, " %zu/%zu %3.0f%%", done, total, fraction * 100.0);
+  }
   std::string out = bar + text;
   if (done > 0 && done < total) {
     out += " eta " + format_duration(elapsed_s / double(done) * double(total - done));
@@ -52,7 +60,7 @@ void ProgressBar::update(std::size_t done, const std::string& detail) {
   if (interactive_) {
     if (done < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
-    std::string line = label_ + " " + render(done, total_, elapsed);
+    std::string line = label_ + " " + render(done, total_, elapsed, 30, units_);
     if (!detail.empty()) line += "  " + detail;
     if (line.size() > 118) line.resize(118);
     out_ << "\r" << line << "\x1b[K" << std::flush;
@@ -61,7 +69,9 @@ void ProgressBar::update(std::size_t done, const std::string& detail) {
   const int decile = total_ == 0 ? 10 : static_cast<int>(10 * std::min(done, total_) / total_);
   if (decile == last_decile_) return;
   last_decile_ = decile;
-  out_ << label_ << " " << render(done, total_, elapsed) << "\n" << std::flush;
+  out_ << label_ << " " << render(done, total_, elapsed, 30, units_) << (detail.empty() ? "" : "  ") << detail
+       << "\n"
+       << std::flush;
 }
 
 void ProgressBar::finish() {
@@ -70,4 +80,4 @@ void ProgressBar::finish() {
   if (interactive_) out_ << "\n" << std::flush;
 }
 
-}  // namespace megatune::profiler
+}  // namespace megatune::tools
