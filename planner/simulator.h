@@ -30,7 +30,7 @@ struct SimulationOptions {
 };
 
 inline constexpr int kOpKindCount = static_cast<int>(layouts::OpKind::kBroadcast) + 1;
-inline constexpr int kProvenanceCount = 4;
+inline constexpr int kProvenanceCount = 5;
 
 struct KindTime {
   double total_s = 0.0;

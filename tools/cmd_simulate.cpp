@@ -86,9 +86,11 @@ int run_simulate(const SimulateCommandOptions& o) {
   std::printf("  ranks replayed   %10d   (%s, %s level)\n", r.simulated_ranks,
               o.all_ranks ? "all ranks" : "one per pipeline stage",
               options.granularity == planner::SimulationGranularity::kKernel ? "kernel" : "pass");
-  std::printf("  ops priced       measured %lld, interpolated %lld, fitted %lld, analytic %lld\n",
-              static_cast<long long>(r.provenance_counts[0]), static_cast<long long>(r.provenance_counts[1]),
-              static_cast<long long>(r.provenance_counts[2]), static_cast<long long>(r.provenance_counts[3]));
+  std::printf(
+      "  ops priced       measured %lld, interpolated %lld, fitted %lld, transferred %lld, analytic %lld\n",
+      static_cast<long long>(r.provenance_counts[0]), static_cast<long long>(r.provenance_counts[1]),
+      static_cast<long long>(r.provenance_counts[2]), static_cast<long long>(r.provenance_counts[3]),
+      static_cast<long long>(r.provenance_counts[4]));
   std::printf("\n  %-4s %-6s %11s %11s %11s %11s %11s\n", "pp", "rank", "finish (s)", "compute", "exp. comm",
               "waiting", "async comm");
   for (const planner::StageReport& s : r.stages) {

@@ -24,6 +24,12 @@ const ClusterSpec& h100_cluster() {
   return cluster;
 }
 
+// Prices from a database without measurements: every kernel is priced analytically.
+std::unique_ptr<CostModel> analytic_h100_model() {
+  Database empty = open_in_memory_cost_database();
+  return std::make_unique<CostModel>(empty, h100_cluster());
+}
+
 // A made-up but smooth GEMM efficiency: small shapes are inefficient, large ones approach 0.8.
 double synthetic_gemm_efficiency(double m, double n, double k) {
   const double x = 0.9 * std::log(m / 256) + 0.8 * std::log(n / 256) + 0.6 * std::log(k / 256) - 2.0;
@@ -59,7 +65,7 @@ void fill_gemm_grid(Database& database) {
 }
 
 TEST(GemmCost, EmptyDatabaseIsTheRoofline) {
-  const auto model = CostModel::from_embedded(h100_cluster());
+  const auto model = analytic_h100_model();
   const OpCost big = model->gemm(8192, 8192, 8192);
   EXPECT_EQ(big.provenance, Provenance::kAnalytic);
   const AnalyticDefaults defaults;
@@ -208,7 +214,7 @@ layouts::AttentionShape attention_shape(std::int64_t batch, std::int64_t heads, 
 }
 
 TEST(AttentionCost, AnalyticHalvesCausalAndBackwardIsTwoAndAHalfForward) {
-  const auto model = CostModel::from_embedded(h100_cluster());
+  const auto model = analytic_h100_model();
   const double launch = model->defaults().kernel_launch_latency_s;
   const auto causal = attention_shape(2, 32, 4096, 128, true);
   const auto full = attention_shape(2, 32, 4096, 128, false);
@@ -276,7 +282,7 @@ TEST(AttentionCost, ProvenanceFollowsTheMeasurements) {
 }
 
 TEST(MemoryBoundCost, ProvenanceAndBandwidth) {
-  const auto empty = CostModel::from_embedded(h100_cluster());
+  const auto empty = analytic_h100_model();
   const OpCost analytic = empty->memory_bound(OpKind::kNorm, 1e9);
   EXPECT_EQ(analytic.provenance, Provenance::kAnalytic);
   EXPECT_NEAR(analytic.time_s, 3e-6 + 1e9 / (3.35e12 * 0.8), 1e-12);
