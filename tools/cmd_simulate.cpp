@@ -23,6 +23,10 @@ struct SimulateCommandOptions {
   std::string trace;
   bool all_ranks = false;
   std::string granularity;  // "pass" | "kernel"; default: kernel with --trace, else pass
+  // Gradient buffers and their reduction: fp32 (Megatron's default for bf16 training, also set by
+  // --accumulate-allreduce-grads-in-fp32) or bf16 (--grad-reduce-in-bf16).
+  bool grad_reduce_in_bf16 = false;
+  bool accumulate_allreduce_grads_in_fp32 = false;
 };
 
 int run_simulate(const SimulateCommandOptions& o) {
@@ -62,6 +66,7 @@ int run_simulate(const SimulateCommandOptions& o) {
   planner::SimulationOptions options;
   options.all_ranks = o.all_ranks;
   options.record_trace = !o.trace.empty();
+  options.step.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
   if (o.granularity.empty()) {
     options.granularity = options.record_trace ? planner::SimulationGranularity::kKernel
                                                : planner::SimulationGranularity::kPass;
@@ -83,6 +88,10 @@ int run_simulate(const SimulateCommandOptions& o) {
   std::printf("  tokens/s         %10.0f\n", r.tokens_per_s);
   std::printf("  pipeline bubble  %10.1f %%\n", 100.0 * r.bubble_fraction);
   std::printf("  exposed comm     %10.3f s   (critical stage pp%d)\n", r.exposed_comm_s, r.critical_stage);
+  std::printf("  grad reduction   %10s   (%s)\n", o.grad_reduce_in_bf16 ? "bf16" : "fp32",
+              o.grad_reduce_in_bf16
+                  ? "--grad-reduce-in-bf16: bf16 grad buffers, 2 B per gradient"
+                  : "fp32 main-grad buffers, 4 B per gradient; --grad-reduce-in-bf16 halves it");
   std::printf("  ranks replayed   %10d   (%s, %s level)\n", r.simulated_ranks,
               o.all_ranks ? "all ranks" : "one per pipeline stage",
               options.granularity == planner::SimulationGranularity::kKernel ? "kernel" : "pass");
@@ -99,7 +108,10 @@ int run_simulate(const SimulateCommandOptions& o) {
   }
   std::printf("\ntime per op kind on pp rank %d (one iteration):\n%s", r.critical_stage,
               r.kind_table().c_str());
-  const planner::MemoryEstimate memory = planner::peak_memory(model, config);
+  planner::MemoryOptions memory_options;
+  memory_options.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
+  memory_options.step = options.step;
+  const planner::MemoryEstimate memory = planner::peak_memory(model, config, memory_options);
   std::printf("\n%s  capacity %26s\n", memory.itemize().c_str(),
               planner::format_bytes(static_cast<double>(pricer.memory_capacity_bytes())).c_str());
   if (memory.total_bytes > pricer.memory_capacity_bytes()) {
@@ -139,6 +151,14 @@ const Registrar kSimulateCommand{Command{
           ->group("Simulator");
       sub.add_flag("--all-ranks", o->all_ranks,
                    "Replay every rank (default: one representative per pipeline stage)")
+          ->group("Simulator");
+      CLI::Option* bf16_grads =
+          sub.add_flag("--grad-reduce-in-bf16", o->grad_reduce_in_bf16,
+                       "Reduce gradients in bf16 (bf16 grad buffers; default: fp32 for bf16 training)")
+              ->group("Simulator");
+      sub.add_flag("--accumulate-allreduce-grads-in-fp32", o->accumulate_allreduce_grads_in_fp32,
+                   "Accumulate and reduce gradients in fp32 (Megatron's default for bf16 training)")
+          ->excludes(bf16_grads)
           ->group("Simulator");
       sub.add_option("--granularity", o->granularity,
                      "pass or kernel (default: kernel with --trace, else pass)")
