@@ -27,6 +27,7 @@ struct SimulateCommandOptions {
   // --accumulate-allreduce-grads-in-fp32) or bf16 (--grad-reduce-in-bf16).
   bool grad_reduce_in_bf16 = false;
   bool accumulate_allreduce_grads_in_fp32 = false;
+  bool tp_comm_overlap = false;  // --tp-comm-overlap
 };
 
 int run_simulate(const SimulateCommandOptions& o) {
@@ -60,6 +61,11 @@ int run_simulate(const SimulateCommandOptions& o) {
                     " GPUs): drop --world-size or change --cluster");
   }
   config.validate(model);
+  if (o.tp_comm_overlap && !config.sequence_parallel_enabled()) {
+    throw UserError(
+        "--tp-comm-overlap overlaps the all-gathers and reduce-scatters of sequence parallelism: "
+        "add --sequence-parallel with --tp > 1, or drop --tp-comm-overlap");
+  }
 
   planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster, !o.no_calibration);
   planner::CostModelPricer pricer(*pricing.cost_model);
@@ -67,6 +73,7 @@ int run_simulate(const SimulateCommandOptions& o) {
   options.all_ranks = o.all_ranks;
   options.record_trace = !o.trace.empty();
   options.step.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
+  options.tp_comm_overlap = o.tp_comm_overlap;
   if (o.granularity.empty()) {
     options.granularity = options.record_trace ? planner::SimulationGranularity::kKernel
                                                : planner::SimulationGranularity::kPass;
@@ -92,6 +99,7 @@ int run_simulate(const SimulateCommandOptions& o) {
               o.grad_reduce_in_bf16
                   ? "--grad-reduce-in-bf16: bf16 grad buffers, 2 B per gradient"
                   : "fp32 main-grad buffers, 4 B per gradient; --grad-reduce-in-bf16 halves it");
+  std::printf("  tp comm overlap  %10s\n", o.tp_comm_overlap ? "on" : "off");
   std::printf("  ranks replayed   %10d   (%s, %s level)\n", r.simulated_ranks,
               o.all_ranks ? "all ranks" : "one per pipeline stage",
               options.granularity == planner::SimulationGranularity::kKernel ? "kernel" : "pass");
@@ -151,6 +159,10 @@ const Registrar kSimulateCommand{Command{
           ->group("Simulator");
       sub.add_flag("--all-ranks", o->all_ranks,
                    "Replay every rank (default: one representative per pipeline stage)")
+          ->group("Simulator");
+      sub.add_flag(
+             "--tp-comm-overlap", o->tp_comm_overlap,
+             "Overlap TP all-gathers/reduce-scatters with their GEMMs in chunks (needs --sequence-parallel)")
           ->group("Simulator");
       CLI::Option* bf16_grads =
           sub.add_flag("--grad-reduce-in-bf16", o->grad_reduce_in_bf16,
