@@ -1,10 +1,44 @@
 // CollectiveCostModel: measured/interpolated/fitted per configuration, else flat (one node) or hierarchical
-// (across nodes) latency-bandwidth forms from the catalog.
+// (across nodes) latency-bandwidth forms from the catalog, the hierarchical phases pipelined in chunks.
 #include "cost_models/collective_cost_model.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace megatune::cost_models {
+
+namespace {
+
+// The unit a hierarchical collective is pipelined in across its NVLink and network phases (NCCL's default
+// NCCL_BUFFSIZE, 4 MiB): a message up to this size runs its phases one after the other.
+constexpr double kPipelineChunkBytes = 4.0 * 1024 * 1024;
+
+// One level of a hierarchical collective: its price, its latency share, and whether it crosses nodes.
+struct Phase {
+  OpCost cost;
+  double latency_s;
+  bool over_network;
+};
+
+// The phases of a hierarchical collective run chunk by chunk as NCCL pipelines them: the result lies
+// between the busier fabric's time and the naive sum of the phases.
+OpCost pipelined(const std::vector<Phase>& phases, double bytes) {
+  // NVLink phases share the NVLink links and network phases the NICs; the two fabrics work at once on
+  // successive chunks, so the busier fabric sets the time and the other adds one chunk's pass.
+  double latency_s = 0, nvlink_s = 0, network_s = 0;
+  Provenance provenance = Provenance::kMeasured;
+  for (const Phase& phase : phases) {
+    const double phase_latency_s = std::min(phase.cost.time_s, phase.latency_s);
+    latency_s += phase_latency_s;
+    (phase.over_network ? network_s : nvlink_s) += phase.cost.time_s - phase_latency_s;
+    provenance = weaker(provenance, phase.cost.provenance);
+  }
+  const double chunk_fraction = std::min(1.0, kPipelineChunkBytes / bytes);
+  return {latency_s + std::max(nvlink_s, network_s) + std::min(nvlink_s, network_s) * chunk_fraction,
+          provenance};
+}
+
+}  // namespace
 
 CollectiveCostModel::CollectiveCostModel(const ClusterSpec& cluster, const AnalyticDefaults& defaults)
     : cluster_(cluster), defaults_(defaults) {}
@@ -76,24 +110,28 @@ OpCost CollectiveCostModel::cost(CollectiveOp op, double bytes, const Collective
   }
   const int per_node = std::max(1, group.size / nodes);
   if (per_node == 1) return level_cost(op, bytes, group.size, nodes);
-  auto sum = [](OpCost a, OpCost b) {
-    return OpCost{a.time_s + b.time_s, weaker(a.provenance, b.provenance)};
-  };
   const double shard = bytes / per_node;
+  const double intra_latency_s = intra_node_latency_s();
+  const double inter_latency_s = inter_node_latency_s();
   switch (op) {
     case CollectiveOp::kAllReduce:
       // Reduce-scatter inside each node, all-reduce of the 1/g shard across nodes, all-gather inside each
       // node.
-      return sum(sum(level_cost(CollectiveOp::kReduceScatter, bytes, per_node, 1),
-                     level_cost(CollectiveOp::kAllReduce, shard, nodes, nodes)),
-                 level_cost(CollectiveOp::kAllGather, bytes, per_node, 1));
+      return pipelined(
+          {{level_cost(CollectiveOp::kReduceScatter, bytes, per_node, 1), intra_latency_s, false},
+           {level_cost(CollectiveOp::kAllReduce, shard, nodes, nodes), inter_latency_s, true},
+           {level_cost(CollectiveOp::kAllGather, bytes, per_node, 1), intra_latency_s, false}},
+          bytes);
     case CollectiveOp::kAllGather:
       // Across nodes among ranks of one local index (gathering S/g), then inside each node (gathering S).
-      return sum(level_cost(CollectiveOp::kAllGather, shard, nodes, nodes),
-                 level_cost(CollectiveOp::kAllGather, bytes, per_node, 1));
+      return pipelined({{level_cost(CollectiveOp::kAllGather, shard, nodes, nodes), inter_latency_s, true},
+                        {level_cost(CollectiveOp::kAllGather, bytes, per_node, 1), intra_latency_s, false}},
+                       bytes);
     case CollectiveOp::kReduceScatter:
-      return sum(level_cost(CollectiveOp::kReduceScatter, bytes, per_node, 1),
-                 level_cost(CollectiveOp::kReduceScatter, shard, nodes, nodes));
+      return pipelined(
+          {{level_cost(CollectiveOp::kReduceScatter, bytes, per_node, 1), intra_latency_s, false},
+           {level_cost(CollectiveOp::kReduceScatter, shard, nodes, nodes), inter_latency_s, true}},
+          bytes);
     case CollectiveOp::kAllToAll: {
       // (n - g)/n of each rank's buffer leaves the node over its NIC while (g - 1)/n moves over NVLink.
       const double n = group.size;
@@ -104,8 +142,9 @@ OpCost CollectiveCostModel::cost(CollectiveOp op, double bytes, const Collective
     case CollectiveOp::kSendRecv:
       return level_cost(CollectiveOp::kSendRecv, bytes, 2, 2);
     case CollectiveOp::kBroadcast:
-      return sum(level_cost(CollectiveOp::kBroadcast, bytes, nodes, nodes),
-                 level_cost(CollectiveOp::kBroadcast, bytes, per_node, 1));
+      return pipelined({{level_cost(CollectiveOp::kBroadcast, bytes, nodes, nodes), inter_latency_s, true},
+                        {level_cost(CollectiveOp::kBroadcast, bytes, per_node, 1), intra_latency_s, false}},
+                       bytes);
   }
   return level_cost(op, bytes, group.size, nodes);
 }

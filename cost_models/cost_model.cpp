@@ -130,6 +130,7 @@ CostModel::CostModel(Database& database, const ClusterSpec& cluster, const Analy
     ++sources_.collective_measurements;
   }
 
+  bool has_kernel_fits = false;
   for (const FittedModel& row :
        rows_of_all_names([&](const std::string& name) { return load_fitted_models(database, name); })) {
     try {
@@ -152,6 +153,7 @@ CostModel::CostModel(Database& database, const ClusterSpec& cluster, const Analy
         continue;  // a model kind of a newer megatune: not ours to use
       }
       ++sources_.stored_fits;
+      if (row.model_kind != kFitCollective) has_kernel_fits = true;
     } catch (const std::exception& error) {
       throw UserError("cost database " + database.path() + ": fitted model " + row.model_kind + "/" +
                       row.gpu + "/" + row.variant + " is unreadable (" + error.what() +
@@ -194,6 +196,29 @@ CostModel::CostModel(Database& database, const ClusterSpec& cluster, const Analy
       ++sources_.in_memory_fits;
     }
   }
+  const int kernel_measurements =
+      sources_.gemm_measurements + sources_.attention_measurements + sources_.memory_bound_measurements;
+  if (kernel_measurements == 0 && !has_kernel_fits) attach_profiled_gpu(database);
+}
+
+void CostModel::attach_profiled_gpu(Database& database) {
+  const HardwareCatalog catalog = HardwareCatalog::load(database);
+  Statement rows(database,
+                 "SELECT gpu, COUNT(*) AS n FROM kernel_timings WHERE op_kind = 'gemm' GROUP BY gpu "
+                 "ORDER BY n DESC, gpu");
+  while (rows.step()) {
+    const std::string name = rows.column_text(0);
+    const std::string stripped = name.rfind("NVIDIA ", 0) == 0 ? name.substr(7) : name;
+    const GpuModel* gpu = catalog.find_gpu(stripped);
+    if (gpu == nullptr) gpu = HardwareCatalog::embedded().find_gpu(stripped);
+    if (gpu == nullptr || gpu->name == cluster_.gpu.name) continue;
+    ClusterSpec profiled_cluster = cluster_;
+    profiled_cluster.gpu = *gpu;
+    profiled_ = std::make_unique<CostModel>(database, profiled_cluster, defaults_);
+    transfer_.emplace(*gpu, cluster_.gpu, defaults_.kernel_launch_latency_s);
+    sources_.kernels_transferred_from = gpu->name;
+    return;
+  }
 }
 
 CostModel::~CostModel() = default;
@@ -209,6 +234,11 @@ double CostModel::peak_flops_per_s(layouts::DType dtype) const {
 }
 
 OpCost CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, layouts::DType dtype) const {
+  if (transfer_) {
+    const OpCost profiled = profiled_->gemm(m, n, k, dtype);
+    if (profiled.provenance != Provenance::kAnalytic)
+      return {transfer_->gemm_time_s(profiled.time_s, m, n, k, dtype), Provenance::kTransferred};
+  }
   // Only an interpolation scans the measured table; every other price is cheaper than the cache lookup.
   if (!gemm_.has_measurements(dtype)) return gemm_.cost(m, n, k, dtype);
   const PricedKey key{{m, n, k, 0}, static_cast<int>(dtype)};
@@ -241,16 +271,35 @@ OpCost cached_attention(std::mutex& mutex, std::unordered_map<PricedKey, OpCost,
 }  // namespace
 
 OpCost CostModel::attention_forward(const layouts::AttentionShape& shape, layouts::DType dtype) const {
+  if (transfer_) {
+    const OpCost profiled = profiled_->attention_forward(shape, dtype);
+    if (profiled.provenance != Provenance::kAnalytic) {
+      return {transfer_->attention_time_s(profiled.time_s, AttentionDirection::kForward, shape, dtype),
+              Provenance::kTransferred};
+    }
+  }
   return cached_attention(cache_->mutex, cache_->prices, attention_, AttentionDirection::kForward, shape,
                           dtype);
 }
 
 OpCost CostModel::attention_backward(const layouts::AttentionShape& shape, layouts::DType dtype) const {
+  if (transfer_) {
+    const OpCost profiled = profiled_->attention_backward(shape, dtype);
+    if (profiled.provenance != Provenance::kAnalytic) {
+      return {transfer_->attention_time_s(profiled.time_s, AttentionDirection::kBackward, shape, dtype),
+              Provenance::kTransferred};
+    }
+  }
   return cached_attention(cache_->mutex, cache_->prices, attention_, AttentionDirection::kBackward, shape,
                           dtype);
 }
 
 OpCost CostModel::memory_bound(layouts::OpKind kind, double bytes) const {
+  if (transfer_) {
+    const OpCost profiled = profiled_->memory_bound(kind, bytes);
+    if (profiled.provenance != Provenance::kAnalytic)
+      return {transfer_->memory_bound_time_s(profiled.time_s), Provenance::kTransferred};
+  }
   return memory_bound_.cost(kind, bytes);
 }
 

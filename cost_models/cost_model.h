@@ -13,6 +13,7 @@
 #include "cost_models/cluster_spec.h"
 #include "cost_models/collective_cost_model.h"
 #include "cost_models/gemm_cost_model.h"
+#include "cost_models/gpu_transfer.h"
 #include "cost_models/memory_bound_cost_model.h"
 #include "cost_models/op_cost.h"
 #include "cost_models/sqlite_database.h"
@@ -28,12 +29,16 @@ struct CostModelSources {
   int collective_measurements = 0;
   int stored_fits = 0;     // fitted_models rows used
   int in_memory_fits = 0;  // fits made at construction because the database had measurements but no fit
+  // The profiled GPU whose kernel prices were transferred (gpu_transfer.h), "" when none was.
+  std::string kernels_transferred_from;
 };
 
 class CostModel {
  public:
   // Reads what `database` holds for `cluster.gpu.name` (when a shape was measured with several software
   // versions, the newest measurement wins). The cluster's GPU and fabric figures come from `cluster`.
+  // When the database holds no kernel measurements or fits for this GPU, GEMM, attention and memory-bound
+  // kernels are priced from the GPU with the most GEMM measurements there, transferred (gpu_transfer.h).
   CostModel(Database& database, const ClusterSpec& cluster, const AnalyticDefaults& defaults = {});
   // From the data compiled into the binary only: the catalog and any shipped measurements (embedded_data.h).
   static std::unique_ptr<CostModel> from_embedded(const ClusterSpec& cluster,
@@ -89,6 +94,10 @@ class CostModel {
   std::vector<std::string> gpu_names_;
   std::optional<Calibration> calibration_;
   std::unique_ptr<Cache> cache_;
+  // The profiled GPU's model and the transfer to this one, when kernels are transferred.
+  std::unique_ptr<CostModel> profiled_;
+  std::optional<GpuTransfer> transfer_;
+  void attach_profiled_gpu(Database& database);
 };
 
 }  // namespace megatune::cost_models

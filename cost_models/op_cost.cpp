@@ -18,6 +18,8 @@ const char* provenance_name(Provenance provenance) {
       return "interpolated";
     case Provenance::kFitted:
       return "fitted";
+    case Provenance::kTransferred:
+      return "transferred";
     case Provenance::kAnalytic:
       return "analytic";
   }

@@ -13,6 +13,7 @@ enum class Provenance : unsigned char {
   kMeasured,      // this exact shape was measured on this GPU
   kInterpolated,  // between measured neighbours
   kFitted,        // a model fitted to measurements of this GPU
+  kTransferred,   // another GPU's measured price at this shape, scaled by peak FLOP/s and bandwidth
   kAnalytic,      // datasheet roofline / latency-bandwidth with default efficiencies
 };
 const char* provenance_name(Provenance provenance);

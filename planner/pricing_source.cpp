@@ -15,10 +15,20 @@ namespace megatune::planner {
 namespace {
 
 // "H200 SXM: 412 GEMM, 30 attention, 120 memory-bound, 126 collective measurements; 20 fits", or, with no
-// measurements for the cluster's GPU, "H100 SXM datasheet figures; analytic prices".
+// measurements for the cluster's GPU, "H100 SXM datasheet figures; analytic prices", or, when another
+// GPU's kernel measurements were transferred, "A100 SXM 80GB: GEMM, attention, memory-bound transferred
+// from H200 SXM measurements scaled by peak FLOP/s and bandwidth; collectives analytic".
 std::string describe_sources(const cost_models::CostModel& model) {
   const cost_models::CostModelSources& s = model.sources();
   const std::string& gpu = model.gpu().name;
+  if (!s.kernels_transferred_from.empty()) {
+    return gpu + " (" + model.gpu().source + " figures): GEMM, attention, memory-bound transferred from " +
+           s.kernels_transferred_from + " measurements scaled by peak FLOP/s and bandwidth; collectives " +
+           (s.collective_measurements > 0
+                ? "from " + std::to_string(s.collective_measurements) + " measurements"
+                : std::string("analytic (") + model.cluster().intra_node.name + ", " +
+                      model.cluster().inter_node.name + " datasheet figures)");
+  }
   const int measurements = s.gemm_measurements + s.attention_measurements + s.memory_bound_measurements +
                            s.collective_measurements;
   if (measurements == 0 && s.stored_fits == 0) {

@@ -13,6 +13,7 @@
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
 #include "planner/event_engine.h"
+#include "planner/tp_comm_overlap.h"
 
 namespace megatune::planner {
 
@@ -198,10 +199,13 @@ class Builder {
         b.provenance.push_back(op ? cost_models::provenance_name(last_provenance_) : "-");
       }
     };
+    std::vector<cost_models::Provenance> provenances;
+    const std::vector<double> times_s = price_all(ops, sim, &provenances);
+    const std::vector<double> kept_s = stream_times_s(ops, times_s);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
-      // A CP ring step is one transfer: priced on its send, its recv is free.
-      const double t = op.kind == OpKind::kRecv ? 0.0 : price(op, sim);
+      const double t = times_s[i];
+      last_provenance_ = provenances[i];
       b.kinds[static_cast<int>(op.kind)].total_s += t;
       b.kinds[static_cast<int>(op.kind)].count += 1;
       if (is_cp_ring(op)) {
@@ -213,7 +217,7 @@ class Builder {
         waited = true;
       }
       SimTask task;
-      task.duration_s = t;
+      task.duration_s = kept_s[i];
       task.op_index = static_cast<int>(i);
       if (!op.is_communication()) {
         task.kind = TaskKind::kCompute;
@@ -262,17 +266,39 @@ class Builder {
     PassCost forward, backward;
   };
 
+  // Every op's priced time, in order (a CP ring step is one transfer: priced on its send, its recv is free);
+  // with `provenances`, also each price's provenance.
+  std::vector<double> price_all(const std::vector<Op>& ops, int sim,
+                                std::vector<cost_models::Provenance>* provenances = nullptr) {
+    std::vector<double> times_s;
+    times_s.reserve(ops.size());
+    for (const Op& op : ops) {
+      times_s.push_back(op.kind == OpKind::kRecv ? 0.0 : price(op, sim));
+      if (provenances != nullptr) provenances->push_back(last_provenance_);
+    }
+    return times_s;
+  }
+
+  // The time each op holds its stream: its price, less what --tp-comm-overlap hides behind a GEMM.
+  std::vector<double> stream_times_s(const std::vector<Op>& ops, const std::vector<double>& times_s) const {
+    if (!options_.tp_comm_overlap) return times_s;
+    return tp_overlapped_times_s(ops, times_s, config_.tp());
+  }
+
   PassCost price_ops(const std::vector<Op>& ops, int sim) {
     PassCost c;
     double ring_s = 0.0;
-    for (const Op& op : ops) {
-      const double t = op.kind == OpKind::kRecv ? 0.0 : price(op, sim);
+    const std::vector<double> times_s = price_all(ops, sim);
+    const std::vector<double> kept_s = stream_times_s(ops, times_s);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      const double t = times_s[i];
       c.kinds[static_cast<int>(op.kind)].total_s += t;
       c.kinds[static_cast<int>(op.kind)].count += 1;
       if (is_cp_ring(op)) {
         ring_s += t;
       } else if (op.is_communication()) {
-        c.comm_s += t;
+        c.comm_s += kept_s[i];
       } else {
         c.compute_s += t;
         if ((op.kind == OpKind::kAttentionForward || op.kind == OpKind::kAttentionBackward) && ring_s > 0) {

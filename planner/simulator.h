@@ -27,10 +27,13 @@ struct SimulationOptions {
   bool record_trace = false;
   bool record_op_timeline = false;  // kernel level: fill SimulationResult::op_timelines
   layouts::StepProgramOptions step;
+  // Megatron's --tp-comm-overlap: TP all-gathers and reduce-scatters overlap their GEMMs in chunks
+  // (tp_comm_overlap.h); needs sequence parallelism.
+  bool tp_comm_overlap = false;
 };
 
 inline constexpr int kOpKindCount = static_cast<int>(layouts::OpKind::kBroadcast) + 1;
-inline constexpr int kProvenanceCount = 4;
+inline constexpr int kProvenanceCount = 5;
 
 struct KindTime {
   double total_s = 0.0;

@@ -7,6 +7,7 @@
 #include "cost_models/cost_database.h"
 #include "cost_models/embedded_data.h"
 #include "cost_models/hardware_catalog.h"
+#include "cost_models/plausible_ranges.h"
 #include "cost_models/record_store.h"
 #include "layouts/user_error.h"
 #include "tests/cost_models/test_paths.h"
@@ -59,9 +60,40 @@ TEST(HardwareCatalog, PeakPerDtype) {
   EXPECT_THROW(peak_tflops(catalog.gpu("A100"), layouts::DType::kFP8), UserError);
 }
 
+TEST(HardwareCatalog, EveryGenerationHasItsDatasheetFigures) {
+  const HardwareCatalog& catalog = HardwareCatalog::embedded();
+  EXPECT_DOUBLE_EQ(catalog.gpu("V100 16GB").peak_fp16_tflops, 125);
+  EXPECT_EQ(catalog.gpu("V100").memory_bytes, 34359738368);
+  EXPECT_DOUBLE_EQ(catalog.gpu("Tesla V100-SXM2-16GB").hbm_bandwidth_bytes_per_s, 0.9e12);
+  EXPECT_THROW(peak_tflops(catalog.gpu("V100"), layouts::DType::kFP8), UserError);
+  EXPECT_DOUBLE_EQ(peak_tflops(catalog.gpu("V100"), layouts::DType::kFP32), 15.7);  // no TF32 cores
+  EXPECT_DOUBLE_EQ(catalog.gpu("H100 PCIe").peak_bf16_tflops, 756);
+  EXPECT_DOUBLE_EQ(catalog.gpu("A100 80GB SXM").hbm_bandwidth_bytes_per_s, 2.039e12);
+  EXPECT_DOUBLE_EQ(catalog.interconnect("NVLink2").bandwidth_per_direction_bytes_per_s, 150e9);
+  for (const char* name : {"V100 SXM2 16GB", "V100 SXM2 32GB", "A100 SXM 40GB", "A100 SXM 80GB", "H100 SXM",
+                           "H100 PCIe", "H200 SXM", "B200"}) {
+    const GpuModel& gpu = catalog.gpu(name);
+    EXPECT_NO_THROW(check_plausible("peak_bf16_tflops", gpu.peak_bf16_tflops, name));
+    EXPECT_NO_THROW(check_plausible("memory_bytes", static_cast<double>(gpu.memory_bytes), name));
+    EXPECT_NO_THROW(check_plausible("hbm_bandwidth_bytes_per_s", gpu.hbm_bandwidth_bytes_per_s, name));
+    // The ridge point of a datasheet GPU lies between 50 and 500 FLOP per byte.
+    const double ridge_flops_per_byte = gpu.peak_bf16_tflops * 1e12 / gpu.hbm_bandwidth_bytes_per_s;
+    EXPECT_GT(ridge_flops_per_byte, 50) << name;
+    EXPECT_LT(ridge_flops_per_byte, 500) << name;
+    const Interconnect& nvlink = catalog.interconnect(gpu.default_intra_node_interconnect);
+    const Interconnect& network = catalog.interconnect(gpu.default_inter_node_interconnect);
+    EXPECT_NO_THROW(check_plausible("bandwidth_per_direction_bytes_per_s",
+                                    nvlink.bandwidth_per_direction_bytes_per_s, name));
+    EXPECT_NO_THROW(check_plausible("bandwidth_per_direction_bytes_per_s",
+                                    network.bandwidth_per_direction_bytes_per_s, name));
+    EXPECT_GT(nvlink.bandwidth_per_direction_bytes_per_s, network.bandwidth_per_direction_bytes_per_s)
+        << name;
+  }
+}
+
 TEST(HardwareCatalog, UnknownNamesListTheKnownOnes) {
   try {
-    HardwareCatalog::embedded().gpu("V100");
+    HardwareCatalog::embedded().gpu("K80");
     FAIL();
   } catch (const UserError& error) {
     EXPECT_NE(std::string(error.what()).find("H100 SXM"), std::string::npos);
@@ -120,7 +152,7 @@ TEST(ClusterSpec, RejectsBadShortForms) {
   EXPECT_NE(cluster_error("0x8xH100").find("at least 1"), std::string::npos);
   EXPECT_NE(cluster_error("ax8xH100").find("node count"), std::string::npos);
   EXPECT_NE(cluster_error("2x-8xH100").find("GPUs per node"), std::string::npos);
-  EXPECT_NE(cluster_error("2x8xV100").find("unknown GPU"), std::string::npos);
+  EXPECT_NE(cluster_error("2x8xK80").find("unknown GPU"), std::string::npos);
   EXPECT_NE(cluster_error("1x16xH100").find("exceed the NVLink4 domain of 8"), std::string::npos);
   EXPECT_NE(cluster_error("2x8x").find("NODESxGPUSxTYPE"), std::string::npos);
   EXPECT_NE(cluster_error("99999999x8xH100").find("node count"), std::string::npos);
@@ -160,8 +192,7 @@ TEST(ClusterSpec, ParsesAClusterFile) {
     file << R"({"nodes": 2, )";
   }
   EXPECT_NE(cluster_error(bad).find("fix the JSON"), std::string::npos);
-  EXPECT_NE(cluster_error(directory.file("missing.json")).find("does not exist"),
-            std::string::npos);
+  EXPECT_NE(cluster_error(directory.file("missing.json")).find("does not exist"), std::string::npos);
 }
 
 }  // namespace

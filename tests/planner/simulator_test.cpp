@@ -1,5 +1,6 @@
 // Simulator against closed forms: pipeline bubbles of 1F1B and interleaved 1F1B with equal stages and free
-// communication, ring all-reduce time, overlap of gradient reduction, and the trace format.
+// communication, ring all-reduce time and its gradient dtype, overlap of gradient reduction, and the trace
+// format.
 #include "planner/simulator.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +104,23 @@ TEST(Simulator, RingAllReduceOfGradientsCosts2NMinus1OverNSOverB) {
     EXPECT_NEAR(r.step_time_s, 2.0 * (n - 1) / n * bytes / 100e9, 1e-9) << n;
     EXPECT_NEAR(r.exposed_comm_s, r.step_time_s, 1e-12);
   }
+}
+
+TEST(Simulator, GradReduceInBf16HalvesTheReducedBytes) {
+  StubPricer pricer;
+  pricer.per_op_s = 0.0;
+  pricer.ring_bandwidth_bytes_per_s = 100e9;
+  const layouts::ModelSpec model = layouts::model_preset("llama3-1b");
+  layouts::ParallelConfig config;
+  config.world_size = 4;
+  config.global_batch_size = 4;
+  config.validate(model);
+  const double ring_s = 2.0 * 3 / 4 * model.parameter_counts(1).total / 100e9;  // per byte of gradient
+  SimulationOptions fp32_grads;  // Megatron's default for bf16 training: fp32 main-grad buffers
+  EXPECT_NEAR(simulate(model, config, pricer, fp32_grads).exposed_comm_s, 4 * ring_s, 1e-9);
+  SimulationOptions bf16_grads;
+  bf16_grads.step.grad_reduce_in_bf16 = true;  // --grad-reduce-in-bf16
+  EXPECT_NEAR(simulate(model, config, pricer, bf16_grads).exposed_comm_s, 2 * ring_s, 1e-9);
 }
 
 TEST(Simulator, CostModelPricesIntraNodeAllReduceAsRing) {

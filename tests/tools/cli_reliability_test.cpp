@@ -228,6 +228,33 @@ TEST(CliSilentNonsense, AbsurdClusterFileValues) {
       run_megatune({"plan", "--model", "llama3-8b", "--cluster", "300000x4xH100", "--gbs", "8"}), "GPUs");
 }
 
+// The seconds printed on simulate's "exposed comm" line.
+double exposed_comm_s(const CliResult& r) {
+  const std::size_t at = r.out.find("exposed comm");
+  EXPECT_NE(at, std::string::npos) << r.out;
+  return at == std::string::npos ? 0.0 : std::stod(r.out.substr(at + std::string("exposed comm").size()));
+}
+
+TEST(CliSimulate, CommunicationFlagsChangeTheExposedTime) {
+  const std::vector<std::string> base{"simulate", "--model", "llama3-8b", "--cluster", "1x8xH100",
+                                      "--gbs",    "8",       "--tp",      "2",         "--sequence-parallel"};
+  const CliResult blocking = run_megatune(base);
+  const CliResult overlapped = run_megatune(with(base, {"--tp-comm-overlap"}));
+  const CliResult bf16_grads = run_megatune(with(base, {"--grad-reduce-in-bf16"}));
+  ASSERT_EQ(blocking.exit_code, 0) << blocking.err;
+  ASSERT_EQ(overlapped.exit_code, 0) << overlapped.err;
+  ASSERT_EQ(bf16_grads.exit_code, 0) << bf16_grads.err;
+  EXPECT_LT(exposed_comm_s(overlapped), exposed_comm_s(blocking));
+  EXPECT_LT(exposed_comm_s(bf16_grads), exposed_comm_s(blocking));
+  EXPECT_NE(bf16_grads.out.find("bf16 grad buffers, 2 B per gradient"), std::string::npos) << bf16_grads.out;
+  expect_one_line_refusal(run_megatune({"simulate", "--model", "llama3-8b", "--cluster", "1x8xH100", "--gbs",
+                                        "8", "--tp", "2", "--tp-comm-overlap"}),
+                          "add --sequence-parallel");
+  expect_one_line_refusal(
+      run_megatune(with(base, {"--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"})),
+      "--grad-reduce-in-bf16 excludes --accumulate-allreduce-grads-in-fp32");
+}
+
 TEST(CliSilentNonsense, UnknownChoicesAreRefusedWhileParsing) {
   expect_one_line_refusal(run_megatune(with(kSmallPlan, {"--recompute-granularity", "partial"})),
                           "--recompute-granularity: partial not in {none,selective,full}");
