@@ -10,6 +10,7 @@
 #include "planner/pricing_source.h"
 #include "planner/simulator.h"
 #include "tools/command_registry.h"
+#include "tools/executor_memory_model.h"
 #include "tools/megatron_args.h"
 
 namespace megatune::tools {
@@ -23,6 +24,7 @@ struct SimulateCommandOptions {
   std::string trace;
   bool all_ranks = false;
   std::string granularity;  // "pass" | "kernel"; default: kernel with --trace, else pass
+  planner::MemoryModelKind memory_model = planner::MemoryModelKind::kMegatune;  // --memory-model
 };
 
 int run_simulate(const SimulateCommandOptions& o) {
@@ -97,8 +99,9 @@ int run_simulate(const SimulateCommandOptions& o) {
   }
   std::printf("\ntime per op kind on pp rank %d (one iteration):\n%s", r.critical_stage,
               r.kind_table().c_str());
-  const planner::MemoryEstimate memory = planner::peak_memory(model, config);
-  std::printf("\n%s  capacity %26s\n", memory.itemize().c_str(),
+  const planner::MemoryEstimate memory = peak_memory_function(o.memory_model)(model, config, {});
+  std::printf("\nmemory model: %s\n%s  capacity %26s\n", planner::memory_model_name(o.memory_model),
+              memory.itemize().c_str(),
               planner::format_bytes(static_cast<double>(pricer.memory_capacity_bytes())).c_str());
   if (memory.total_bytes > pricer.memory_capacity_bytes()) {
     std::printf(
@@ -138,6 +141,7 @@ const Registrar kSimulateCommand{Command{
       sub.add_flag("--all-ranks", o->all_ranks,
                    "Replay every rank (default: one representative per pipeline stage)")
           ->group("Simulator");
+      add_memory_model_flag(sub, o->memory_model, "Simulator");
       sub.add_option("--granularity", o->granularity,
                      "pass or kernel (default: kernel with --trace, else pass)")
           ->check(CLI::IsMember({"pass", "kernel"}))
