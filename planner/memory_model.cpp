@@ -219,6 +219,10 @@ MemoryEstimate peak_memory(const layouts::ModelSpec& model, const layouts::Paral
   return best;
 }
 
+const char* memory_model_name(MemoryModelKind kind) {
+  return kind == MemoryModelKind::kMegatune ? "megatune" : "megatron";
+}
+
 std::string format_bytes(double bytes) {
   char buf[32];
   const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -232,14 +236,16 @@ std::string format_bytes(double bytes) {
 std::string MemoryEstimate::itemize() const {
   std::ostringstream out;
   out << "memory of pp rank " << pp_rank << ":\n";
+  int width = 26;
+  for (const MemoryItem& item : items) width = std::max(width, static_cast<int>(item.name.size()));
   for (const MemoryItem& item : items) {
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-26s %12s  %s\n", item.name.c_str(),
+    char line[512];
+    std::snprintf(line, sizeof line, "  %-*s %12s  %s\n", width, item.name.c_str(),
                   format_bytes(item.bytes).c_str(), item.detail.c_str());
     out << line;
   }
-  char line[128];
-  std::snprintf(line, sizeof line, "  %-26s %12s\n", "total", format_bytes(total_bytes).c_str());
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-*s %12s\n", width, "total", format_bytes(total_bytes).c_str());
   out << line;
   return out.str();
 }

@@ -2,6 +2,7 @@
 // (weights, gradients, optimizer state, activations of in-flight microbatches, logits, buffers, margins).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,15 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
 // The rank with the largest total.
 MemoryEstimate peak_memory(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                            const MemoryOptions& options = {});
+
+// Which model judges whether a layout fits: the executor's own arena (megatune trains the plan; its sizing
+// pass, injected by the caller because the planner may not depend on the executor) or Megatron-LM's
+// (the peak_memory above, for plans run with Megatron).
+enum class MemoryModelKind { kMegatune, kMegatron };
+const char* memory_model_name(MemoryModelKind kind);  // "megatune" / "megatron"
+// The peak of a (model, layout) over its pipeline ranks, by some memory model; thread-safe.
+using PeakMemoryFunction = std::function<MemoryEstimate(
+    const layouts::ModelSpec&, const layouts::ParallelConfig&, const MemoryOptions&)>;
 
 std::string format_bytes(double bytes);  // "12.3 GiB"
 

@@ -345,6 +345,11 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
   std::vector<PlanCandidate> survivors;
   std::int64_t smallest_oom = INT64_MAX;
   std::string smallest_oom_desc;
+  // An injected memory model (the executor's sizing pass, milliseconds per layout) judges only the candidates
+  // that would be simulated, in lower-bound order; Megatron's closed-form model judges every one up front.
+  const bool deferred_memory = static_cast<bool>(request.peak_memory_of);
+  MemoryOptions memory_options = request.memory;
+  memory_options.step = request.step;
   std::string first_invalid;
   for (int tp : tps) {
     if (tp > world || world % tp != 0) continue;
@@ -420,8 +425,10 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
                       if (stats.invalid++ == 0) first_invalid = describe(c) + ": " + e.what();
                       continue;
                     }
-                    MemoryOptions memory_options = request.memory;
-                    memory_options.step = request.step;
+                    if (deferred_memory) {  // sized later, only if simulated (see run_one)
+                      survivors.push_back(std::move(c));
+                      continue;
+                    }
                     MemoryEstimate peak = peak_memory(model, cfg, memory_options);
                     c.peak_memory_bytes = peak.total_bytes;
                     c.peak_memory_pp_rank = peak.pp_rank;
@@ -485,12 +492,27 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
     std::lock_guard<std::mutex> lock(mutex);
     return best_times.size() < keep_k ? std::numeric_limits<double>::infinity() : best_times.back();
   };
+  std::atomic<std::int64_t> deferred_out_of_memory{0};
+  auto fits = [&](PlanCandidate& c) {
+    const MemoryEstimate peak = request.peak_memory_of(model, c.config, memory_options);
+    c.peak_memory_bytes = peak.total_bytes;
+    c.peak_memory_pp_rank = peak.pp_rank;
+    if (peak.total_bytes <= capacity) return true;
+    deferred_out_of_memory.fetch_add(1);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (peak.total_bytes < smallest_oom) {
+      smallest_oom = peak.total_bytes;
+      smallest_oom_desc = describe(c);
+    }
+    return false;
+  };
   auto run_one = [&](std::size_t i) {
     if (bounds[i] > threshold()) {
       pruned.fetch_add(1);
       return;
     }
     try {
+      if (deferred_memory && !fits(survivors[i])) return;
       survivors[i].simulation = simulate(model, survivors[i].config, pricer, sim_options);
       ok[i] = 1;
       std::lock_guard<std::mutex> lock(mutex);
@@ -520,7 +542,9 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
     request.progress(static_cast<std::int64_t>(survivors.size()),
                      static_cast<std::int64_t>(survivors.size()));
   stats.pruned_by_bound = pruned.load();
-  stats.simulated = static_cast<std::int64_t>(survivors.size()) - stats.failed - stats.pruned_by_bound;
+  stats.out_of_memory += deferred_out_of_memory.load();
+  stats.simulated = static_cast<std::int64_t>(survivors.size()) - stats.failed - stats.pruned_by_bound -
+                    deferred_out_of_memory.load();
   stats.simulate_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - sim_start).count();
 
@@ -534,6 +558,8 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
   });
   const std::size_t keep = std::min<std::size_t>(order.size(), std::max(1, request.top_k));
   for (std::size_t i = 0; i < keep; ++i) result.ranked.push_back(std::move(survivors[order[i]]));
+  if (result.ranked.empty() && stats.failed == 0)
+    throw_nothing_fits(stats, request, smallest_oom, smallest_oom_desc, capacity, first_invalid);
   if (result.ranked.empty()) {
     throw std::runtime_error("every candidate failed to simulate; first: " + stats.first_failure);
   }

@@ -43,6 +43,9 @@ struct PlanRequest {
   int global_batch_size = 0;
   SearchSpace space;
   MemoryOptions memory;
+  // The memory model candidates must fit by (empty: Megatron's, peak_memory); its name for the report.
+  PeakMemoryFunction peak_memory_of;
+  MemoryModelKind memory_model = MemoryModelKind::kMegatron;
   layouts::StepProgramOptions step;
   double memory_headroom_fraction = 0.0;  // keep this fraction of the GPU's memory free
   int top_k = 10;

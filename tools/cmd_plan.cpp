@@ -23,6 +23,7 @@
 #include "planner/pricing_source.h"
 #include "planner/search.h"
 #include "tools/command_registry.h"
+#include "tools/executor_memory_model.h"
 #include "tools/input_checks.h"
 #include "tools/megatron_args.h"
 #include "tools/progress_bar.h"
@@ -44,6 +45,9 @@ struct PlanCommandOptions {
   bool no_vpp = false;
   double headroom = 0.05;
   bool save = false;
+  // --memory-model: the executor's own arena by default (megatune trains the plan); the search sizes only the
+  // candidates it would simulate.
+  planner::MemoryModelKind memory_model = planner::MemoryModelKind::kMegatune;
 };
 
 // "plan.json" -> "plan" + suffix, next to it.
@@ -81,6 +85,8 @@ int run_plan(const PlanCommandOptions& o) {
   request.global_batch_size = *a.global_batch_size;
   request.top_k = o.top_k;
   request.memory_headroom_fraction = o.headroom;
+  request.memory_model = o.memory_model;
+  request.peak_memory_of = peak_memory_function(o.memory_model);
   request.threads = threads;
   planner::SearchSpace& space = request.space;
   space.allow_tp_across_nodes = o.allow_tp_across_nodes;
@@ -136,9 +142,18 @@ int run_plan(const PlanCommandOptions& o) {
 
   const planner::PlanCandidate& winner = result.ranked.front();
   planner::MemoryOptions memory_options = request.memory;
-  const planner::MemoryEstimate memory = planner::peak_memory(model, winner.config, memory_options);
-  std::printf("\nwinner: %s, layout %s\n%s", planner::describe(winner).c_str(), winner.layout.c_str(),
-              memory.itemize().c_str());
+  const planner::MemoryEstimate memory = request.peak_memory_of(model, winner.config, memory_options);
+  std::printf("\nwinner: %s, layout %s\nmemory model: %s\n%s", planner::describe(winner).c_str(),
+              winner.layout.c_str(), planner::memory_model_name(o.memory_model), memory.itemize().c_str());
+  if (o.memory_model == planner::MemoryModelKind::kMegatune) {
+    // The Megatron command line below runs Megatron-LM, whose memory is Megatron's model.
+    const planner::MemoryEstimate megatron = planner::peak_memory(model, winner.config, memory_options);
+    std::printf("  Megatron-LM would need %s on pp rank %d (Megatron's memory model)%s\n",
+                planner::format_bytes(double(megatron.total_bytes)).c_str(), megatron.pp_rank,
+                double(megatron.total_bytes) > double(result.memory_capacity_bytes) * (1.0 - o.headroom)
+                    ? ": more than fits; rank by --memory-model megatron for a Megatron run"
+                    : "");
+  }
   std::printf("time per op kind on pp rank %d (one iteration):\n%s", winner.simulation.critical_stage,
               winner.simulation.kind_table().c_str());
 
@@ -228,6 +243,7 @@ const Registrar kPlanCommand{Command{
                    "Record the winning plan in the cost database (--db, else the default database) for later "
                    "predicted-vs-measured comparison")
           ->group("Planner");
+      add_memory_model_flag(sub, o->memory_model, "Planner");
       sub.add_option("--memory-headroom", o->headroom, "Fraction of GPU memory to keep free (0..1)")
           ->capture_default_str()
           ->check(fraction_in(0.0, 1.0, false))

@@ -10,6 +10,7 @@
 #include "planner/pricing_source.h"
 #include "planner/simulator.h"
 #include "tools/command_registry.h"
+#include "tools/executor_memory_model.h"
 #include "tools/megatron_args.h"
 
 namespace megatune::tools {
@@ -27,7 +28,8 @@ struct SimulateCommandOptions {
   // --accumulate-allreduce-grads-in-fp32) or bf16 (--grad-reduce-in-bf16).
   bool grad_reduce_in_bf16 = false;
   bool accumulate_allreduce_grads_in_fp32 = false;
-  bool tp_comm_overlap = false;  // --tp-comm-overlap
+  bool tp_comm_overlap = false;                                                 // --tp-comm-overlap
+  planner::MemoryModelKind memory_model = planner::MemoryModelKind::kMegatune;  // --memory-model
 };
 
 int run_simulate(const SimulateCommandOptions& o) {
@@ -119,8 +121,9 @@ int run_simulate(const SimulateCommandOptions& o) {
   planner::MemoryOptions memory_options;
   memory_options.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
   memory_options.step = options.step;
-  const planner::MemoryEstimate memory = planner::peak_memory(model, config, memory_options);
-  std::printf("\n%s  capacity %26s\n", memory.itemize().c_str(),
+  const planner::MemoryEstimate memory = peak_memory_function(o.memory_model)(model, config, memory_options);
+  std::printf("\nmemory model: %s\n%s  capacity %26s\n", planner::memory_model_name(o.memory_model),
+              memory.itemize().c_str(),
               planner::format_bytes(static_cast<double>(pricer.memory_capacity_bytes())).c_str());
   if (memory.total_bytes > pricer.memory_capacity_bytes()) {
     std::printf(
@@ -172,6 +175,7 @@ const Registrar kSimulateCommand{Command{
                    "Accumulate and reduce gradients in fp32 (Megatron's default for bf16 training)")
           ->excludes(bf16_grads)
           ->group("Simulator");
+      add_memory_model_flag(sub, o->memory_model, "Simulator");
       sub.add_option("--granularity", o->granularity,
                      "pass or kernel (default: kernel with --trace, else pass)")
           ->check(CLI::IsMember({"pass", "kernel"}))

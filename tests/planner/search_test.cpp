@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
 #include "layouts/user_error.h"
@@ -99,6 +101,47 @@ TEST(Search, PrunesLayoutsThatDoNotFitAndSaysSoWhenNothingFits) {
   try {
     plan(request, *f.pricer);
     FAIL() << "70B does not fit 8 GPUs with Adam";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Search, AnInjectedMemoryModelJudgesOnlyWhatWouldBeSimulatedAndKeepsEveryWinnerInside) {
+  Fixture f("1x8xH100");
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-1b");
+  request.model.seq_length = 2048;
+  request.world_size = 8;
+  request.global_batch_size = 64;
+  // A memory model under which only tensor-parallel layouts fit.
+  std::atomic<int> asked{0};
+  request.peak_memory_of = [&asked](const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                                    const MemoryOptions& options) {
+    ++asked;
+    MemoryEstimate e = peak_memory(model, config, options);
+    if (config.tp() == 1) e.total_bytes = std::int64_t(1) << 50;
+    return e;
+  };
+  const PlanResult result = plan(request, *f.pricer);
+  ASSERT_FALSE(result.ranked.empty());
+  for (const PlanCandidate& c : result.ranked) {
+    EXPECT_GT(c.config.tp(), 1) << describe(c);
+    EXPECT_LT(c.peak_memory_bytes, std::int64_t(1) << 50);
+  }
+  EXPECT_GT(result.statistics.out_of_memory, 0);
+  // Sized: the simulated candidates and the ones refused on the way, not every enumerated layout.
+  EXPECT_EQ(asked.load(), result.statistics.simulated + result.statistics.out_of_memory);
+  EXPECT_LT(asked.load(), result.statistics.enumerated);
+
+  request.peak_memory_of = [](const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                              const MemoryOptions& options) {
+    MemoryEstimate e = peak_memory(model, config, options);
+    e.total_bytes = std::int64_t(1) << 50;
+    return e;
+  };
+  try {
+    plan(request, *f.pricer);
+    FAIL() << "nothing fits under that memory model";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
   }
