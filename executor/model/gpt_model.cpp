@@ -190,7 +190,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   for (const LayerParameters& p : layer_parameters_) moe_count += p.moe_local >= 0 ? 1 : 0;
   if (moe_count > 0)
     moe_ = std::make_unique<MoeLayers>(config_, T, batch_.seq, moe_count, batch_.activation_slots,
-                                       compute_dtype_, backend_);
+                                       compute_dtype_, backend_, communicator_);
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
   slot_of_microbatch_.assign(batch_.num_microbatches, -1);
   forward_done_.assign(batch_.num_microbatches, false);

@@ -14,24 +14,37 @@ constexpr OpPhase kB = OpPhase::kBackward;
 }  // namespace
 
 MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers,
-                     int slots, DType compute_dtype, Backend& backend)
+                     int slots, DType compute_dtype, Backend& backend, Communicator& communicator)
     : config_(config), tokens_(tokens), seq_(seq), layers_(layers), dtype_(compute_dtype), backend_(backend) {
   if (tokens % seq != 0) throw std::invalid_argument("MoeLayers: tokens must be whole sequences");
   const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_hidden,
                      shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
-  max_rows_ = tokens_ * config_.router.topk;  // dropless: every choice of every token
+  max_local_rows_ = tokens_ * config_.router.topk;  // dropless: every choice of every token
+  max_expert_rows_ = max_local_rows_;
+  if (layers > 0 && communicator.size(CommGroup::kExpert) > 1) {
+    dispatcher_ = std::make_unique<MoeDispatcher>(backend_, communicator, config_.num_experts,
+                                                  max_local_rows_, h, dtype_);
+    max_expert_rows_ = dispatcher_->max_received_rows();
+  }
   saved_.resize(static_cast<std::size_t>(slots * layers));
+  const char* rows_label = "saved: MoE permuted tokens and expert outputs";
   for (Saved& s : saved_) {
-    s.permuted = backend_.allocate(dtype_, max_rows_, h, "saved: MoE permuted tokens and expert outputs");
-    s.fc1 = backend_.allocate(dtype_, max_rows_, glu * ffn, "saved: MoE expert fc1 outputs");
-    s.expert_out = backend_.allocate(dtype_, max_rows_, h, "saved: MoE permuted tokens and expert outputs");
+    s.permuted = backend_.allocate(dtype_, max_local_rows_, h, rows_label);
+    s.expert_in = expert_parallel() ? backend_.allocate(dtype_, max_expert_rows_, h, rows_label) : s.permuted;
+    s.fc1 = backend_.allocate(dtype_, max_expert_rows_, glu * ffn, "saved: MoE expert fc1 outputs");
+    s.expert_out = backend_.allocate(dtype_, max_expert_rows_, h, rows_label);
+    s.returned = expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, rows_label) : s.expert_out;
     if (shared > 0)
       s.shared_fc1 = backend_.allocate(dtype_, tokens_, glu * shared, "saved: MoE expert fc1 outputs");
   }
   if (layers == 0) return;
-  act_ = backend_.allocate(dtype_, max_rows_, ffn, "MoE scratch (shared)");
-  d_rows_ = backend_.allocate(dtype_, max_rows_, h, "MoE scratch (shared)");
-  d_x_rows_ = backend_.allocate(dtype_, max_rows_, h, "MoE scratch (shared)");
+  act_ = backend_.allocate(dtype_, max_expert_rows_, ffn, "MoE scratch (shared)");
+  d_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, "MoE scratch (shared)");
+  d_x_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, "MoE scratch (shared)");
+  d_local_rows_ =
+      expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, "MoE scratch (shared)") : d_rows_;
+  d_x_local_rows_ =
+      expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, "MoE scratch (shared)") : d_x_rows_;
   logits_ = backend_.allocate(dtype_, tokens_, config_.num_experts, "MoE scratch (shared)");
   d_logits_ = backend_.allocate(dtype_, tokens_, config_.num_experts, "MoE scratch (shared)");
   if (shared > 0) shared_act_ = backend_.allocate(dtype_, tokens_, shared, "MoE scratch (shared)");
@@ -42,29 +55,30 @@ Tensor MoeLayers::rows(Tensor t, std::int64_t first, std::int64_t count) const {
 }
 
 void MoeLayers::build_permutation(Saved& s) const {
-  // Megatron's permute: the kept (token, choice) pairs sorted by expert, tokens in order within an expert.
+  // Megatron's permute: the kept (token, choice) pairs sorted by expert (all E: the rows for each EP rank are
+  // then contiguous), tokens in order within an expert.
   const MoeRouting& r = s.routing;
   const int k = r.topk;
-  const std::int64_t local = config_.local_experts(), first_expert = config_.expert_parallel_rank * local;
   MoePermutation& p = s.plan;
   p.tokens = r.tokens;
   p.topk = k;
   p.row_token.clear();
   p.token_rows.assign(static_cast<std::size_t>(r.tokens * k), -1);
   p.token_probs.assign(static_cast<std::size_t>(r.tokens * k), 0.0f);
-  s.expert_offset.assign(static_cast<std::size_t>(local + 1), 0);
-  for (std::int64_t e = 0; e < local; ++e) {
-    s.expert_offset[e] = static_cast<std::int64_t>(p.row_token.size());
+  std::vector<std::int64_t> first_row(static_cast<std::size_t>(config_.num_experts + 1), 0);
+  for (std::int64_t e = 0; e < config_.num_experts; ++e) {
+    first_row[e] = static_cast<std::int64_t>(p.row_token.size());
     for (std::int64_t t = 0; t < r.tokens; ++t)
       for (int j = 0; j < k; ++j) {
         const std::int64_t i = t * k + j;
-        if (r.expert[i] != first_expert + e || !r.kept[i]) continue;
+        if (r.expert[i] != e || !r.kept[i]) continue;
         p.token_rows[i] = static_cast<std::int32_t>(p.row_token.size());
         p.token_probs[i] = r.prob[i];
         p.row_token.push_back(static_cast<std::int32_t>(t));
       }
   }
-  s.expert_offset[local] = static_cast<std::int64_t>(p.row_token.size());
+  first_row[config_.num_experts] = static_cast<std::int64_t>(p.row_token.size());
+  if (!expert_parallel()) s.expert_offset = first_row;  // EP 1: every expert is local
 }
 
 void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, int local, int layer,
@@ -79,8 +93,15 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, 
   build_permutation(s);
   const std::int64_t R = s.plan.rows();
   backend_.moe_permute(x, s.plan, rows(s.permuted, 0, R), {"permute", layer, phase});
+  if (expert_parallel()) {
+    s.dispatch = dispatcher_->plan(s.routing.tokens_per_expert, layer, phase);
+    s.expert_offset = s.dispatch.expert_offsets();
+    dispatcher_->dispatch(s.dispatch, s.permuted, s.expert_in, "dispatch_a2a", layer, phase);
+  }
   experts_forward(w, s, layer, phase);
-  backend_.moe_unpermute(rows(s.expert_out, 0, R), s.plan, true, y, {"unpermute", layer, phase});
+  if (expert_parallel())
+    dispatcher_->combine(s.dispatch, s.expert_out, s.returned, "combine_a2a", layer, phase);
+  backend_.moe_unpermute(rows(s.returned, 0, R), s.plan, true, y, {"unpermute", layer, phase});
   if (config_.shared_expert_ffn > 0) shared_forward(w, x, y, s, layer, phase);
 }
 
@@ -89,7 +110,7 @@ void MoeLayers::experts_forward(const MoeLayerWeights& w, Saved& s, int layer, O
     const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
     if (n == 0) continue;
     const Tensor fc1 = rows(s.fc1, first, n), act = rows(act_, first, n);
-    backend_.gemm(linear_forward_args(rows(s.permuted, first, n), w.fc1[e], fc1, {}, n),
+    backend_.gemm(linear_forward_args(rows(s.expert_in, first, n), w.fc1[e], fc1, {}, n),
                   {"expert_fc1", layer, phase});
     backend_.activation_forward(config_.activation, fc1, act, {"expert_act", layer, phase});
     backend_.gemm(linear_forward_args(act, w.fc2[e], rows(s.expert_out, first, n), {}, n),
@@ -112,10 +133,14 @@ void MoeLayers::backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Ten
   Saved& s = saved(slot, local);
   const std::int64_t R = s.plan.rows();
   std::vector<float> d_probs;
-  backend_.moe_unpermute_backward(d_y, rows(s.expert_out, 0, R), s.plan, rows(d_rows_, 0, R), d_probs,
+  backend_.moe_unpermute_backward(d_y, rows(s.returned, 0, R), s.plan, rows(d_local_rows_, 0, R), d_probs,
                                   {"unpermute", layer, kB});
+  if (expert_parallel())
+    dispatcher_->dispatch(s.dispatch, d_local_rows_, d_rows_, "combine_grad_a2a", layer, kB);
   experts_backward(w, g, s, layer);
-  backend_.moe_unpermute(rows(d_x_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
+  if (expert_parallel())
+    dispatcher_->combine(s.dispatch, d_x_rows_, d_x_local_rows_, "dispatch_grad_a2a", layer, kB);
+  backend_.moe_unpermute(rows(d_x_local_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
   if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, d_y, d_x, s, layer, accumulate);
   router_backward(w, g, x, d_x, s, d_probs, layer, accumulate, aux_loss_scale);
 }
@@ -135,7 +160,7 @@ void MoeLayers::experts_backward(const MoeLayerWeights& w, const MoeLayerWeights
                   {"expert_fc2_wgrad", layer, kB});
     backend_.gemm(linear_data_grad_args(fc1, w.fc1[e], rows(d_x_rows_, first, n), n),
                   {"expert_fc1_dgrad", layer, kB});
-    backend_.gemm(linear_weight_grad_args(fc1, rows(s.permuted, first, n), w.fc1[e], g.fc1[e], {}, n),
+    backend_.gemm(linear_weight_grad_args(fc1, rows(s.expert_in, first, n), w.fc1[e], g.fc1[e], {}, n),
                   {"expert_fc1_wgrad", layer, kB});
   }
 }

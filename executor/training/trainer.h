@@ -15,6 +15,7 @@
 #include "executor/parallel/grad_buckets.h"
 #include "executor/parallel/grad_norm.h"
 #include "executor/parallel/gradient_reducer.h"
+#include "executor/training/chunk_grad_state.h"
 #include "executor/training/lr_schedule.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
@@ -117,7 +118,8 @@ class Trainer {
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
   void reduce_tied_embedding();
   void reduce_sequence_parallel_norms();
-  void gather_params(int chunk, int bucket);
+  void gather_params(int chunk, int bucket);  // bucket: index into the step's buckets of the chunk
+  void launch_step_bucket(int chunk, int bucket);
   double reported_loss();
   double reported_load_balancing_loss();
   TrainerConfig config_;
@@ -128,15 +130,9 @@ class Trainer {
   LearningRateSchedule schedule_lr_;
   std::vector<int> slots_per_chunk_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;
-  // Per chunk: the grad buffer's buckets, their reduction, and the AdamW moments (the whole buffer, or with
+  // Per chunk: the grad buffers' buckets, their reduction, and the AdamW moments (the whole buffer, or with
   // the distributed optimizer this rank's shard of every bucket, back to back).
-  struct ChunkOptimizerState {
-    std::unique_ptr<GradBufferLayout> buffer;
-    std::unique_ptr<GradientReducer> reducer;
-    std::vector<std::pair<std::int64_t, std::int64_t>> owned;  // per bucket: [begin, end) this rank updates
-    Tensor exp_avg, exp_avg_sq;                                // (1, owned elements) fp32
-  };
-  std::vector<ChunkOptimizerState> optimizer_state_;
+  std::vector<ChunkGradState> optimizer_state_;
   std::unique_ptr<GlobalGradNorm> grad_norm_;
   std::vector<CommHandle> param_gathers_;
   StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)

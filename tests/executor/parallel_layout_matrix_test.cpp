@@ -44,12 +44,14 @@ struct Layout {
   int tp = 1, pp = 1, dp = 1, vpp = 0;
   bool sp = false, dist_opt = false, overlap = false;
   std::string layout_string;
+  int ep = 1;
 };
 
 layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = l.tp;
   c.pipeline_model_parallel_size = l.pp;
+  c.expert_model_parallel_size = l.ep;
   c.world_size = l.tp * l.pp * l.dp;
   c.sequence_parallel = l.sp;
   c.micro_batch_size = 2;
@@ -170,12 +172,15 @@ INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
                                   (std::get<2>(info.param) ? "_tied" : "_untied");
                          });
 
-// MoE (4 experts, top-2, softmax, aux loss; expert-parallel size 1): the expert weights are ordinary
-// data-parallel parameters there, so every layout's curve is the single rank's.
+// MoE (4 experts, top-2, softmax, aux loss): expert parallelism (all-to-all dispatch, expert gradients
+// over expert-dp) and the other axes reproduce the single rank's curve.
 const std::vector<Layout>& moe_matrix() {
   static const std::vector<Layout> layouts = {
-      {"pp2 1f1b", 1, 2},
+      {"dp2 dist-opt overlaps", 1, 1, 2, 0, false, true, true},
       {"pp2 custom", 1, 2, 1, 0, false, false, false, "Ett|ttL"},
+      {"ep2", 1, 1, 2, 0, false, false, false, "", 2},
+      {"ep2 dp4 dist-opt overlaps", 1, 1, 4, 0, false, true, true, "", 2},
+      {"ep2 pp2 custom", 1, 2, 2, 0, false, false, false, "Ett|ttL", 2},
   };
   return layouts;
 }
