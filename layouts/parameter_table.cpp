@@ -49,10 +49,14 @@ void add_moe_mlp(TableBuilder& t, const DenseParameterShape& c, int l) {
   const std::int64_t local = c.num_experts / c.ep;
   for (std::int64_t e = c.ep_rank * local; e < (c.ep_rank + 1) * local; ++e) {
     const std::string prefix = "mlp.experts.local_experts." + std::to_string(e) + ".";
-    t.add(layer_name(l, prefix + "linear_fc1.weight"), l, glu * c.moe_ffn, h, ParameterInit::kNormal).expert =
-        static_cast<int>(e);
-    t.add(layer_name(l, prefix + "linear_fc2.weight"), l, h, c.moe_ffn, ParameterInit::kScaledNormal).expert =
-        static_cast<int>(e);
+    auto expert_weight = [e](ParameterSpec& p) {
+      p.expert = static_cast<int>(e);
+      p.gemm_weight = true;
+    };
+    expert_weight(
+        t.add(layer_name(l, prefix + "linear_fc1.weight"), l, glu * c.moe_ffn, h, ParameterInit::kNormal));
+    expert_weight(
+        t.add(layer_name(l, prefix + "linear_fc2.weight"), l, h, c.moe_ffn, ParameterInit::kScaledNormal));
   }
   if (c.shared_ffn == 0) return;
   const std::vector<std::int64_t> parts = c.swiglu ? std::vector<std::int64_t>{c.shared_ffn, c.shared_ffn}

@@ -106,63 +106,90 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, 
 }
 
 void MoeLayers::experts_forward(const MoeLayerWeights& w, Saved& s, int layer, OpPhase phase) {
+  // The local experts' rows are consecutive: one grouped GEMM per linear, one activation pass over all rows.
+  const std::int64_t R = s.expert_offset.back();
+  if (R == 0) return;
+  std::vector<GemmArgs> fc1, fc2;
   for (std::size_t e = 0; e + 1 < s.expert_offset.size(); ++e) {
     const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
     if (n == 0) continue;
-    const Tensor fc1 = rows(s.fc1, first, n), act = rows(act_, first, n);
-    backend_.gemm(linear_forward_args(rows(s.expert_in, first, n), w.fc1[e], fc1, {}, n),
-                  {"expert_fc1", layer, phase});
-    backend_.activation_forward(config_.activation, fc1, act, {"expert_act", layer, phase});
-    backend_.gemm(linear_forward_args(act, w.fc2[e], rows(s.expert_out, first, n), {}, n),
-                  {"expert_fc2", layer, phase});
+    fc1.push_back(linear_forward_args(rows(s.expert_in, first, n), w.fc1[e], rows(s.fc1, first, n), {}, n));
+    fc2.push_back(linear_forward_args(rows(act_, first, n), w.fc2[e], rows(s.expert_out, first, n), {}, n));
   }
+  backend_.grouped_gemm(fc1, {"expert_fc1", layer, phase});
+  backend_.activation_forward(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
+                              {"expert_act", layer, phase});
+  backend_.grouped_gemm(fc2, {"expert_fc2", layer, phase});
 }
 
 void MoeLayers::shared_forward(const MoeLayerWeights& w, Tensor x, Tensor y, Saved& s, int layer,
                                OpPhase phase) {
-  backend_.gemm(linear_forward_args(x, w.shared_fc1, s.shared_fc1, {}, tokens_),
-                {"shared_fc1", layer, phase});
-  backend_.activation_forward(config_.activation, s.shared_fc1, shared_act_, {"shared_act", layer, phase});
+  // As the dense MLP: GELU in fc1's GEMM epilogue, SwiGLU as its own pass.
+  const GemmArgs fc1 = linear_forward_args(x, w.shared_fc1, s.shared_fc1, {}, tokens_);
+  if (config_.activation == ActivationKind::kGelu) {
+    backend_.linear_gelu_forward(fc1, shared_act_, {"shared_fc1", layer, phase});
+  } else {
+    backend_.gemm(fc1, {"shared_fc1", layer, phase});
+    backend_.activation_forward(config_.activation, s.shared_fc1, shared_act_, {"act", layer, phase});
+  }
   GemmArgs fc2 = linear_forward_args(shared_act_, w.shared_fc2, y, {}, tokens_);
   fc2.accumulate = true;  // y = routed output + shared expert output
   backend_.gemm(fc2, {"shared_fc2", layer, phase});
 }
 
-void MoeLayers::backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
-                         int slot, int local, int layer, bool accumulate, float aux_loss_scale) {
+void MoeLayers::backward_routed(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor d_y, Tensor d_x,
+                                int slot, int local, int layer, bool accumulate) {
   Saved& s = saved(slot, local);
   const std::int64_t R = s.plan.rows();
-  std::vector<float> d_probs;
-  backend_.moe_unpermute_backward(d_y, rows(s.returned, 0, R), s.plan, rows(d_local_rows_, 0, R), d_probs,
+  backend_.moe_unpermute_backward(d_y, rows(s.returned, 0, R), s.plan, rows(d_local_rows_, 0, R), d_probs_,
                                   {"unpermute", layer, kB});
   if (expert_parallel())
     dispatcher_->dispatch(s.dispatch, d_local_rows_, d_rows_, "combine_grad_a2a", layer, kB);
-  experts_backward(w, g, s, layer);
+  experts_backward(w, g, s, layer, accumulate);
   if (expert_parallel())
     dispatcher_->combine(s.dispatch, d_x_rows_, d_x_local_rows_, "dispatch_grad_a2a", layer, kB);
   backend_.moe_unpermute(rows(d_x_local_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
-  if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, d_y, d_x, s, layer, accumulate);
-  router_backward(w, g, x, d_x, s, d_probs, layer, accumulate, aux_loss_scale);
 }
 
-void MoeLayers::experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer) {
-  // Per expert as the dense MLP's backward: fc2's data gradient into the activation scratch, one pass
-  // turning it into fc1's output gradient (over the saved fc1 output) and recomputing the activation output,
-  // then the weight gradients (accumulated: an expert's gradient is zeroed per iteration, since an expert
-  // may see no token in a micro-batch).
+void MoeLayers::backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y,
+                               Tensor d_x, int slot, int local, int layer, bool accumulate,
+                               float aux_loss_scale) {
+  Saved& s = saved(slot, local);
+  if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, d_y, d_x, s, layer, accumulate);
+  router_backward(w, g, x, d_x, s, d_probs_, layer, accumulate, aux_loss_scale);
+}
+
+void MoeLayers::experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer,
+                                 bool accumulate) {
+  // As the dense MLP's backward, grouped over the local experts: fc2's data gradient into the activation
+  // scratch, one pass turning it into fc1's output gradient (over the saved fc1 output) and recomputing the
+  // activation output, then the weight gradients. The iteration's first write overwrites an expert's
+  // gradient; an expert without rows then gets zeros.
+  const std::int64_t R = s.expert_offset.back();
+  std::vector<GemmArgs> fc2_dgrad, fc2_wgrad, fc1_dgrad, fc1_wgrad;
   for (std::size_t e = 0; e + 1 < s.expert_offset.size(); ++e) {
     const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
-    if (n == 0) continue;
+    if (n == 0) {
+      if (!accumulate) {
+        backend_.fill_zero(g.fc1[e]);
+        backend_.fill_zero(g.fc2[e]);
+      }
+      continue;
+    }
     const Tensor d_out = rows(d_rows_, first, n), fc1 = rows(s.fc1, first, n), act = rows(act_, first, n);
-    backend_.gemm(linear_data_grad_args(d_out, w.fc2[e], act, n), {"expert_fc2_dgrad", layer, kB});
-    backend_.activation_backward_recompute(config_.activation, fc1, act, fc1, act, {"expert_act", layer, kB});
-    backend_.gemm(linear_weight_grad_args(d_out, act, w.fc2[e], g.fc2[e], {}, n),
-                  {"expert_fc2_wgrad", layer, kB});
-    backend_.gemm(linear_data_grad_args(fc1, w.fc1[e], rows(d_x_rows_, first, n), n),
-                  {"expert_fc1_dgrad", layer, kB});
-    backend_.gemm(linear_weight_grad_args(fc1, rows(s.expert_in, first, n), w.fc1[e], g.fc1[e], {}, n),
-                  {"expert_fc1_wgrad", layer, kB});
+    fc2_dgrad.push_back(linear_data_grad_args(d_out, w.fc2[e], act, n));
+    fc2_wgrad.push_back(linear_weight_grad_args(d_out, act, w.fc2[e], g.fc2[e], {}, n));
+    fc1_dgrad.push_back(linear_data_grad_args(fc1, w.fc1[e], rows(d_x_rows_, first, n), n));
+    fc1_wgrad.push_back(linear_weight_grad_args(fc1, rows(s.expert_in, first, n), w.fc1[e], g.fc1[e], {}, n));
+    fc2_wgrad.back().accumulate = fc1_wgrad.back().accumulate = accumulate;
   }
+  if (R == 0) return;
+  backend_.grouped_gemm(fc2_dgrad, {"expert_fc2_dgrad", layer, kB});
+  backend_.activation_backward_recompute(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
+                                         rows(s.fc1, 0, R), rows(act_, 0, R), {"expert_act", layer, kB});
+  backend_.grouped_gemm(fc2_wgrad, {"expert_fc2_wgrad", layer, kB});
+  backend_.grouped_gemm(fc1_dgrad, {"expert_fc1_dgrad", layer, kB});
+  backend_.grouped_gemm(fc1_wgrad, {"expert_fc1_wgrad", layer, kB});
 }
 
 void MoeLayers::shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y,
@@ -175,7 +202,7 @@ void MoeLayers::shared_backward(const MoeLayerWeights& w, const MoeLayerWeights&
   backend_.gemm(linear_data_grad_args(d_y, w.shared_fc2, shared_act_, tokens_),
                 {"shared_fc2_dgrad", layer, kB});
   backend_.activation_backward_recompute(config_.activation, s.shared_fc1, shared_act_, s.shared_fc1,
-                                         shared_act_, {"shared_act", layer, kB});
+                                         shared_act_, {"act", layer, kB});
   wgrad(d_y, shared_act_, w.shared_fc2, g.shared_fc2, "shared_fc2_wgrad");
   GemmArgs dgrad = linear_data_grad_args(s.shared_fc1, w.shared_fc1, d_x, tokens_);
   dgrad.accumulate = true;

@@ -35,11 +35,15 @@ class MoeLayers {
   // (divided by its coefficient, as Megatron logs it) to the logged sum unless phase is a recompute.
   void forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, int local, int layer,
                layouts::OpPhase phase);
-  // d_x (T, h) from d_y (T, h); weight gradients into g: experts always accumulate, the router and the
-  // shared expert when `accumulate` (else the first write overwrites). aux_loss_scale: the factor the
-  // load-balancing loss's gradient carries (1 / (micro-batches * data-parallel ranks)).
-  void backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
-                int slot, int local, int layer, bool accumulate, float aux_loss_scale);
+  // The backward in two parts, with the recompute of x (the pre-MLP norm output) between them: the routed
+  // experts' (d_x (T, h) = their part of x's gradient, written) from d_y (T, h), then the shared expert's and
+  // the router's (added to d_x; they read x). Weight gradients into g, accumulated when `accumulate` (else
+  // the iteration's first write overwrites). aux_loss_scale: the factor the load-balancing loss's gradient
+  // carries (1 / (micro-batches * data-parallel ranks)).
+  void backward_routed(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor d_y, Tensor d_x, int slot,
+                       int local, int layer, bool accumulate);
+  void backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
+                      int slot, int local, int layer, bool accumulate, float aux_loss_scale);
 
   // Sum over the forward passes since the last reset of the load-balancing loss / coefficient.
   double logged_load_balancing_loss() const { return logged_aux_loss_; }
@@ -68,7 +72,8 @@ class MoeLayers {
   void build_permutation(Saved& s) const;
   bool expert_parallel() const { return dispatcher_ != nullptr; }
   void experts_forward(const MoeLayerWeights& w, Saved& s, int layer, layouts::OpPhase phase);
-  void experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer);
+  void experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer,
+                        bool accumulate);
   void shared_forward(const MoeLayerWeights& w, Tensor x, Tensor y, Saved& s, int layer,
                       layouts::OpPhase phase);
   void shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
@@ -90,6 +95,7 @@ class MoeLayers {
   // EP > 1: the gradients of the local rows (the combine's and the permutation's).
   Tensor d_local_rows_, d_x_local_rows_;
   std::unique_ptr<MoeDispatcher> dispatcher_;  // EP > 1
+  std::vector<float> d_probs_;                 // (T * k) host: the routed backward's probability gradients
   double logged_aux_loss_ = 0.0;
 };
 

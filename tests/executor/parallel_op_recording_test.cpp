@@ -2,15 +2,16 @@
 // and collectives, p2p peers included) equal layouts::build_step_program(rank) op for op.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <sstream>
 
 #include "executor/training/thread_run.h"
-#include "tests/executor/parallel_test_models.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
+#include "tests/executor/parallel_test_models.h"
 
 namespace megatune::executor {
 namespace {
@@ -21,14 +22,39 @@ struct Case {
   bool sp = false, overlap = false, gpt = false, tied = false;
   std::string layout;
   bool dist_opt = false;
+  int ep = 0;  // > 0: the MoE model (4 experts, top-2, a shared expert) at this expert-parallel size
 };
 
-layouts::ModelSpec model_of(const Case& c) { return c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied); }
+layouts::ModelSpec model_of(const Case& c) {
+  layouts::ModelSpec m = c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied);
+  if (c.ep > 0) {
+    m.num_experts = 4;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 32;
+    m.moe_shared_expert_intermediate_size = 48;
+    m.moe_layer_pattern = {1, 0, 1, 1};
+    m.add_bias_linear = false;  // experts have none
+  }
+  return m;
+}
+
+// Expert parallelism: the rows an expert receives follow the routing, the step program's follow uniform
+// routing: the experts' GEMMs and activation and the payload all-to-alls are compared but for those sizes.
+bool same_work(const layouts::Op& e, const layouts::Op& p, bool routed_sizes) {
+  const bool routed = e.label.rfind("expert_", 0) == 0 || e.kind == layouts::OpKind::kAllToAll;
+  if (!routed_sizes || !routed) return e.same_work(p);
+  layouts::Op sized = e;
+  sized.m = p.m;
+  sized.k = p.k;
+  sized.bytes = p.bytes;
+  return sized.same_work(p);
+}
 
 layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   layouts::ParallelConfig p;
   p.tensor_model_parallel_size = c.tp;
   p.pipeline_model_parallel_size = c.pp;
+  p.expert_model_parallel_size = std::max(c.ep, 1);
   p.world_size = c.tp * c.pp * c.dp;
   p.sequence_parallel = c.sp;
   p.micro_batch_size = 2;
@@ -71,7 +97,7 @@ TEST_P(ParallelOpRecording, EveryRankIssuesItsStepProgram) {
     for (std::size_t i = 0; i < n; ++i) {
       const layouts::Op& e = ops[i];
       const layouts::Op& p = planned[i];
-      ASSERT_TRUE(e.same_work(p) && e.microbatch == p.microbatch && e.chunk == p.chunk &&
+      ASSERT_TRUE(same_work(e, p, c.ep > 1) && e.microbatch == p.microbatch && e.chunk == p.chunk &&
                   e.peer_rank == p.peer_rank)
           << "op " << i << "\n  executor: " << layouts::to_string(e) << " peer " << e.peer_rank
           << "\n  planner:  " << layouts::to_string(p) << " peer " << p.peer_rank;
@@ -89,7 +115,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
                       Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},
                       Case{"dp2_dist_opt", 1, 1, 2, 0, false, false, true, false, "", true},
-                      Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true}),
+                      Case{"tp2_pp2_dp2_dist_opt_overlaps", 2, 2, 2, 0, false, true, false, true, "", true},
+                      Case{"moe_gpt_dp2", 1, 1, 2, 0, false, false, true, true, "", false, 1},
+                      Case{"moe_ep2_dist_opt_overlaps", 1, 1, 2, 0, false, true, false, false, "", true, 2},
+                      Case{"moe_ep2_pp2_custom", 1, 2, 2, 0, false, false, false, false, "Ett|ttL", false,
+                           2}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace
