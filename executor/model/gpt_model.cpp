@@ -287,6 +287,13 @@ void GPTModel::index_layer_parameters() {
   }
 }
 
+std::vector<int> GPTModel::moe_layer_numbers() const {
+  std::vector<int> out;
+  for (int i = 0; i < stage_.num_layers; ++i)
+    if (layer_parameters_[i].moe_local >= 0) out.push_back(stage_.first_layer + i);
+  return out;
+}
+
 MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
   const LayerParameters& p = layer_parameters_.at(l - stage_.first_layer);
   auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };

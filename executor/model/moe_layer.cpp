@@ -1,6 +1,7 @@
 // MoeLayers: router, permutation, local experts, combine and shared expert, forward and backward.
 #include "executor/model/moe_layer.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "executor/model/linear_gemm.h"
@@ -27,6 +28,10 @@ MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::
     max_expert_rows_ = dispatcher_->max_received_rows();
   }
   saved_.resize(static_cast<std::size_t>(slots * layers));
+  if (config_.router.enable_expert_bias) {
+    expert_bias_.assign(static_cast<std::size_t>(layers), std::vector<float>(config_.num_experts, 0.0f));
+    tokens_seen_.assign(static_cast<std::size_t>(layers), std::vector<double>(config_.num_experts, 0.0));
+  }
   const char* rows_label = "saved: MoE permuted tokens and expert outputs";
   for (Saved& s : saved_) {
     s.permuted = backend_.allocate(dtype_, max_local_rows_, h, rows_label);
@@ -87,9 +92,14 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, 
   backend_.gemm(linear_forward_args(x, w.router, logits_, {}, tokens_), {"router", layer, phase});
   std::vector<float> logits(static_cast<std::size_t>(logits_.numel()));
   backend_.download(logits_, logits.data());
-  s.routing = route_tokens(logits.data(), tokens_, seq_, config_.router, nullptr);
+  const bool biased = config_.router.enable_expert_bias;
+  s.routing = route_tokens(logits.data(), tokens_, seq_, config_.router,
+                           biased ? expert_bias_[local].data() : nullptr);
   if (phase != OpPhase::kRecompute && config_.router.has_aux_loss())
     logged_aux_loss_ += s.routing.aux_loss / config_.router.aux_loss_coeff;
+  if (phase != OpPhase::kRecompute && biased)
+    for (std::int64_t e = 0; e < config_.num_experts; ++e)
+      tokens_seen_[local][e] += static_cast<double>(s.routing.tokens_per_expert[e]);
   build_permutation(s);
   const std::int64_t R = s.plan.rows();
   backend_.moe_permute(x, s.plan, rows(s.permuted, 0, R), {"permute", layer, phase});
@@ -222,6 +232,15 @@ void MoeLayers::router_backward(const MoeLayerWeights& w, const MoeLayerWeights&
   GemmArgs wgrad = linear_weight_grad_args(d_logits_, x, w.router, g.router, {}, tokens_);
   wgrad.accumulate = accumulate;
   backend_.gemm(wgrad, {"router_wgrad", layer, kB});
+}
+
+void MoeLayers::apply_expert_bias_update(const std::vector<double>& all_counts) {
+  const std::int64_t E = config_.num_experts;
+  for (int l = 0; l < layers_; ++l) {
+    const std::vector<double> counts(all_counts.begin() + l * E, all_counts.begin() + (l + 1) * E);
+    update_expert_bias(counts, config_.router.bias_update_rate, expert_bias_[l]);
+    std::fill(tokens_seen_[l].begin(), tokens_seen_[l].end(), 0.0);
+  }
 }
 
 }  // namespace megatune::executor

@@ -45,6 +45,14 @@ class MoeLayers {
   void backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
                       int slot, int local, int layer, bool accumulate, float aux_loss_scale);
 
+  // --moe-router-enable-expert-bias: each layer's expert bias (E) and the tokens its experts got in the
+  // forward passes since the last update (E); apply_expert_bias_update moves the biases by the counts
+  // summed over the data-parallel ranks (all_counts: (layers, E), local layer order) and clears them.
+  bool has_expert_bias() const { return config_.router.enable_expert_bias; }
+  std::vector<float>& expert_bias(int local) { return expert_bias_.at(local); }
+  const std::vector<double>& tokens_since_update(int local) const { return tokens_seen_.at(local); }
+  void apply_expert_bias_update(const std::vector<double>& all_counts);
+  int layers() const { return layers_; }
   // Sum over the forward passes since the last reset of the load-balancing loss / coefficient.
   double logged_load_balancing_loss() const { return logged_aux_loss_; }
   void reset_logged_load_balancing_loss() { logged_aux_loss_ = 0.0; }
@@ -94,8 +102,10 @@ class MoeLayers {
   Tensor act_, d_rows_, d_x_rows_, logits_, d_logits_, shared_act_;
   // EP > 1: the gradients of the local rows (the combine's and the permutation's).
   Tensor d_local_rows_, d_x_local_rows_;
-  std::unique_ptr<MoeDispatcher> dispatcher_;  // EP > 1
-  std::vector<float> d_probs_;                 // (T * k) host: the routed backward's probability gradients
+  std::unique_ptr<MoeDispatcher> dispatcher_;     // EP > 1
+  std::vector<float> d_probs_;                    // (T * k) host: the routed backward's probability gradients
+  std::vector<std::vector<float>> expert_bias_;   // per local layer (E), with --moe-router-enable-expert-bias
+  std::vector<std::vector<double>> tokens_seen_;  // per local layer (E)
   double logged_aux_loss_ = 0.0;
 };
 

@@ -92,6 +92,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
     router.pre_softmax = a.moe_router_pre_softmax;
     router.load_balancing = parse_load_balancing_type(a.moe_router_load_balancing_type);
     router.aux_loss_coeff = a.moe_aux_loss_coeff;
+    router.enable_expert_bias = a.moe_router_enable_expert_bias;
+    router.bias_update_rate = a.moe_router_bias_update_rate;
     if (a.moe_expert_capacity_factor) {
       if (!(*a.moe_expert_capacity_factor > 0.0))
         throw UserError("--moe-expert-capacity-factor must be > 0 (leave it out for dropless routing)");

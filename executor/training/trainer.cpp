@@ -1,6 +1,7 @@
 // Trainer: the iteration (schedule -> forward/backward, grad sync, norm, AdamW) and its checkpoint state.
 #include "executor/training/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -215,6 +216,9 @@ void Trainer::build(bool sizing) {
                        ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
                        : Tensor{};
   scalar_ = backend_.allocate(DType::kFP32, 1, 2, "grad norm and loss reductions");
+  if (config_.model.is_moe() && config_.model.router.enable_expert_bias)
+    expert_counts_ = backend_.allocate(DType::kFP32, 1, config_.model.num_layers * config_.model.num_experts,
+                                       "grad norm and loss reductions");
   grad_norm_ = std::make_unique<GlobalGradNorm>(backend_);
   if (!sizing) build_optimizer();
 }
@@ -442,6 +446,7 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
         recorder.set_position(-1, -1);
         if (!reductions_done) {
           for (ChunkGradState& state : optimizer_state_) state.finish_reductions();
+          update_expert_biases();
           reductions_done = true;
           pending_result_.learning_rate = schedule_lr_.lr(consumed_samples_);
         }
@@ -453,8 +458,32 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
     }
   }
   recorder.set_position(-1, -1);
-  if (!reductions_done)
+  if (!reductions_done) {
     for (ChunkGradState& state : optimizer_state_) state.finish_reductions();
+    update_expert_biases();
+  }
+}
+
+void Trainer::update_expert_biases() {
+  // Megatron's _update_router_expert_bias (finalize_model_grads): the tokens each expert got this iteration,
+  // summed over the data-parallel ranks (not a step-program op), move every router's expert bias.
+  for (auto& chunk : chunks_) {
+    MoeLayers* moe = chunk->moe_layers();
+    if (moe == nullptr || !moe->has_expert_bias()) continue;
+    const std::int64_t E = config_.model.num_experts;
+    std::vector<float> counts;
+    for (int l = 0; l < moe->layers(); ++l)
+      for (double n : moe->tokens_since_update(l)) counts.push_back(static_cast<float>(n));
+    if (communicator_.size(CommGroup::kDataContext) > 1) {
+      RecordingPause pause(backend_);
+      const Tensor t = flat_range(backend_, expert_counts_, 0, static_cast<std::int64_t>(counts.size()));
+      backend_.upload(t, counts.data());
+      communicator_.all_reduce(CommGroup::kDataContext, t, ReduceOp::kSum,
+                               {"expert_bias_counts_ar", -1, OpPhase::kOptimizer});
+      backend_.download(t, counts.data());
+    }
+    moe->apply_expert_bias_update(std::vector<double>(counts.begin(), counts.begin() + moe->layers() * E));
+  }
 }
 
 double Trainer::reported_loss() {
@@ -545,6 +574,7 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
       writer.add_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
                         v.data() + e.offset);
     }
+    save_expert_biases(writer, c);
     if (config_.use_distributed_optimizer) {
       const std::string chunk = std::to_string(c);
       writer.add_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
@@ -560,6 +590,35 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
   writer.add_metadata_int("seed", static_cast<std::int64_t>(config_.seed));
   writer.add_metadata("model_config", config_.model.describe());
   writer.add_metadata("lr_decay_style", to_string(config_.lr.style));
+}
+
+// The routers' expert biases (buffers, not parameters) as "model.decoder.layers.<l>.mlp.router.expert_bias".
+void Trainer::save_expert_biases(checkpoint::CheckpointWriter& writer, std::size_t c) const {
+  MoeLayers* moe = chunks_[c]->moe_layers();
+  if (moe == nullptr || !moe->has_expert_bias()) return;
+  const std::vector<int> layers = chunks_[c]->moe_layer_numbers();
+  for (int l = 0; l < moe->layers(); ++l)
+    writer.add_tensor("model." + layer_parameter(layers[l], "mlp.router.expert_bias"),
+                      checkpoint::TensorDType::fp32, {config_.model.num_experts}, moe->expert_bias(l).data());
+}
+
+void Trainer::load_expert_biases(const std::vector<const checkpoint::CheckpointReader*>& shards,
+                                 std::size_t c) {
+  MoeLayers* moe = chunks_[c]->moe_layers();
+  if (moe == nullptr || !moe->has_expert_bias()) return;
+  const std::vector<int> layers = chunks_[c]->moe_layer_numbers();
+  for (int l = 0; l < moe->layers(); ++l) {
+    const std::string name = "model." + layer_parameter(layers[l], "mlp.router.expert_bias");
+    const auto holder =
+        std::find_if(shards.begin(), shards.end(),
+                     [&](const checkpoint::CheckpointReader* r) { return r->find_tensor(name) != nullptr; });
+    if (holder == shards.end())
+      throw UserError(
+          "checkpoint " + shards.front()->directory() + " holds no " + name +
+          " (saved without --moe-router-enable-expert-bias); resume with the flags it was saved with");
+    (*holder)->read_tensor(name, checkpoint::TensorDType::fp32, {config_.model.num_experts},
+                           moe->expert_bias(l).data());
+  }
 }
 
 void Trainer::upload_moments(std::size_t c, const std::vector<float>& m, const std::vector<float>& v) {
@@ -598,6 +657,7 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
                          v.data() + e.offset);
     }
     model.set_main_parameters(params);
+    load_expert_biases({&reader}, c);
     if (shards) {
       const ChunkGradState& state = optimizer_state_[c];
       std::vector<float> own(static_cast<std::size_t>(state.exp_avg.cols));
@@ -662,6 +722,9 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
       put(v, "optimizer.exp_avg_sq.");
     }
     model.set_main_parameters(params);
+    std::vector<const checkpoint::CheckpointReader*> readers;
+    for (const checkpoint::CheckpointReader& shard : shards) readers.push_back(&shard);
+    load_expert_biases(readers, c);
     upload_moments(c, m, v);
   }
   iteration_ = shards.front().metadata_int("iteration");

@@ -120,6 +120,9 @@ class Trainer {
   void reduce_sequence_parallel_norms();
   void gather_params(int chunk, int bucket);  // bucket: index into the step's buckets of the chunk
   void launch_step_bucket(int chunk, int bucket);
+  void update_expert_biases();
+  void save_expert_biases(checkpoint::CheckpointWriter& writer, std::size_t chunk) const;
+  void load_expert_biases(const std::vector<const checkpoint::CheckpointReader*>& shards, std::size_t chunk);
   double reported_loss();
   double reported_load_balancing_loss();
   TrainerConfig config_;
@@ -138,6 +141,7 @@ class Trainer {
   StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)
   Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
   Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions
+  Tensor expert_counts_;  // (1, L * E) fp32: the tokens per expert summed for the expert-bias update
   std::int64_t iteration_ = 0;
   std::int64_t consumed_samples_ = 0;
   std::int64_t skipped_iterations_ = 0;
