@@ -9,6 +9,8 @@
 
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
+#include "executor/training/expert_bias_state.h"
+#include "executor/training/recording_pause.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -43,24 +45,6 @@ BatchShape chunk_batch(const TrainerConfig& config, int slots) {
   batch.compute_copy_of_every_parameter = config.use_distributed_optimizer;
   return batch;
 }
-
-// Recording and op timing off for bookkeeping collectives the step program does not hold (the logged loss).
-class RecordingPause {
- public:
-  explicit RecordingPause(Backend& backend)
-      : backend_(backend), was_(backend.recorder().enabled()), timing_(backend.op_timing()) {
-    backend_.recorder().set_enabled(false);
-    backend_.set_op_timing(false);
-  }
-  ~RecordingPause() {
-    backend_.recorder().set_enabled(was_);
-    backend_.set_op_timing(timing_);
-  }
-
- private:
-  Backend& backend_;
-  bool was_, timing_;
-};
 
 }  // namespace
 
@@ -465,25 +449,7 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
 }
 
 void Trainer::update_expert_biases() {
-  // Megatron's _update_router_expert_bias (finalize_model_grads): the tokens each expert got this iteration,
-  // summed over the data-parallel ranks (not a step-program op), move every router's expert bias.
-  for (auto& chunk : chunks_) {
-    MoeLayers* moe = chunk->moe_layers();
-    if (moe == nullptr || !moe->has_expert_bias()) continue;
-    const std::int64_t E = config_.model.num_experts;
-    std::vector<float> counts;
-    for (int l = 0; l < moe->layers(); ++l)
-      for (double n : moe->tokens_since_update(l)) counts.push_back(static_cast<float>(n));
-    if (communicator_.size(CommGroup::kDataContext) > 1) {
-      RecordingPause pause(backend_);
-      const Tensor t = flat_range(backend_, expert_counts_, 0, static_cast<std::int64_t>(counts.size()));
-      backend_.upload(t, counts.data());
-      communicator_.all_reduce(CommGroup::kDataContext, t, ReduceOp::kSum,
-                               {"expert_bias_counts_ar", -1, OpPhase::kOptimizer});
-      backend_.download(t, counts.data());
-    }
-    moe->apply_expert_bias_update(std::vector<double>(counts.begin(), counts.begin() + moe->layers() * E));
-  }
+  for (auto& chunk : chunks_) update_router_expert_biases(*chunk, communicator_, expert_counts_);
 }
 
 double Trainer::reported_loss() {
@@ -574,7 +540,7 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
       writer.add_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
                         v.data() + e.offset);
     }
-    save_expert_biases(writer, c);
+    save_expert_biases(writer, *chunks_[c]);
     if (config_.use_distributed_optimizer) {
       const std::string chunk = std::to_string(c);
       writer.add_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
@@ -590,35 +556,6 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
   writer.add_metadata_int("seed", static_cast<std::int64_t>(config_.seed));
   writer.add_metadata("model_config", config_.model.describe());
   writer.add_metadata("lr_decay_style", to_string(config_.lr.style));
-}
-
-// The routers' expert biases (buffers, not parameters) as "model.decoder.layers.<l>.mlp.router.expert_bias".
-void Trainer::save_expert_biases(checkpoint::CheckpointWriter& writer, std::size_t c) const {
-  MoeLayers* moe = chunks_[c]->moe_layers();
-  if (moe == nullptr || !moe->has_expert_bias()) return;
-  const std::vector<int> layers = chunks_[c]->moe_layer_numbers();
-  for (int l = 0; l < moe->layers(); ++l)
-    writer.add_tensor("model." + layer_parameter(layers[l], "mlp.router.expert_bias"),
-                      checkpoint::TensorDType::fp32, {config_.model.num_experts}, moe->expert_bias(l).data());
-}
-
-void Trainer::load_expert_biases(const std::vector<const checkpoint::CheckpointReader*>& shards,
-                                 std::size_t c) {
-  MoeLayers* moe = chunks_[c]->moe_layers();
-  if (moe == nullptr || !moe->has_expert_bias()) return;
-  const std::vector<int> layers = chunks_[c]->moe_layer_numbers();
-  for (int l = 0; l < moe->layers(); ++l) {
-    const std::string name = "model." + layer_parameter(layers[l], "mlp.router.expert_bias");
-    const auto holder =
-        std::find_if(shards.begin(), shards.end(),
-                     [&](const checkpoint::CheckpointReader* r) { return r->find_tensor(name) != nullptr; });
-    if (holder == shards.end())
-      throw UserError(
-          "checkpoint " + shards.front()->directory() + " holds no " + name +
-          " (saved without --moe-router-enable-expert-bias); resume with the flags it was saved with");
-    (*holder)->read_tensor(name, checkpoint::TensorDType::fp32, {config_.model.num_experts},
-                           moe->expert_bias(l).data());
-  }
 }
 
 void Trainer::upload_moments(std::size_t c, const std::vector<float>& m, const std::vector<float>& v) {
@@ -657,7 +594,7 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
                          v.data() + e.offset);
     }
     model.set_main_parameters(params);
-    load_expert_biases({&reader}, c);
+    load_expert_biases({&reader}, *chunks_[c]);
     if (shards) {
       const ChunkGradState& state = optimizer_state_[c];
       std::vector<float> own(static_cast<std::size_t>(state.exp_avg.cols));
@@ -724,7 +661,7 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
     model.set_main_parameters(params);
     std::vector<const checkpoint::CheckpointReader*> readers;
     for (const checkpoint::CheckpointReader& shard : shards) readers.push_back(&shard);
-    load_expert_biases(readers, c);
+    load_expert_biases(readers, *chunks_[c]);
     upload_moments(c, m, v);
   }
   iteration_ = shards.front().metadata_int("iteration");

@@ -121,8 +121,6 @@ class Trainer {
   void gather_params(int chunk, int bucket);  // bucket: index into the step's buckets of the chunk
   void launch_step_bucket(int chunk, int bucket);
   void update_expert_biases();
-  void save_expert_biases(checkpoint::CheckpointWriter& writer, std::size_t chunk) const;
-  void load_expert_biases(const std::vector<const checkpoint::CheckpointReader*>& shards, std::size_t chunk);
   double reported_loss();
   double reported_load_balancing_loss();
   TrainerConfig config_;
