@@ -15,6 +15,10 @@ RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelC
   if (config.cp() > 1)
     throw UserError("--context-parallel-size " + std::to_string(config.cp()) +
                     ": the executor does not run context parallelism yet; use --context-parallel-size 1");
+  if (model.is_moe() && config.tp() > 1)
+    throw UserError("--num-experts with --tensor-model-parallel-size " + std::to_string(config.tp()) +
+                    ": the executor runs MoE models at tensor-parallel size 1 only; use "
+                    "--tensor-model-parallel-size 1");
   if (model.is_moe() && config.etp() > 1)
     throw UserError(
         "--expert-tensor-parallel-size " + std::to_string(config.etp()) +

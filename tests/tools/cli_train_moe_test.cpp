@@ -113,6 +113,8 @@ TEST(CliTrainMoe, BadMoeFlagsFailWithOneLine) {
       {{"--moe-expert-capacity-factor", "-1"}, "--moe-expert-capacity-factor"},
       {{"--moe-aux-loss-coeff", "-0.1"}, "--moe-aux-loss-coeff"},
       {{"--moe-router-topk", "9"}, "--moe-router-topk"},
+      {{"--tp", "2", "--nproc", "2"}, "--tensor-model-parallel-size 1"},
+      {{"--moe-router-enable-expert-bias"}, "--moe-router-score-function sigmoid"},
   };
   for (const auto& [flags, mention] : cases) {
     const CliResult r = with(flags);
