@@ -127,9 +127,9 @@ class StageTable {
     const std::int64_t local = c_.num_experts / c_.ep;
     for (std::int64_t e = c_.ep_rank * local; e < (c_.ep_rank + 1) * local; ++e) {
       const std::string expert = prefix + "experts.local_experts." + std::to_string(e) + ".";
-      t_.add(expert + "linear_fc1.weight", layer, glu * c_.moe_ffn, h, ParameterInit::kNormal).expert =
+      gemm(expert + "linear_fc1.weight", layer, glu * c_.moe_ffn, h, ParameterInit::kNormal).expert =
           static_cast<int>(e);
-      t_.add(expert + "linear_fc2.weight", layer, h, c_.moe_ffn, ParameterInit::kScaledNormal).expert =
+      gemm(expert + "linear_fc2.weight", layer, h, c_.moe_ffn, ParameterInit::kScaledNormal).expert =
           static_cast<int>(e);
     }
     if (c_.shared_ffn == 0) return;

@@ -230,77 +230,110 @@ std::int64_t expert_rows(const StepShape& s, const StepProgramOptions& options) 
   return local_tokens * s.topk * s.etp;
 }
 
+// The shared expert: the dense MLP on the MoE block's input, its output added to the routed experts' (fc2
+// accumulates into it), its input gradient to theirs (fc1's data gradient accumulates).
+void shared_expert_forward(OpSink& o, const StepShape& s) {
+  if (s.sp)
+    o.comm(OpKind::kAllGather, "shared_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+  o.gemm("shared_fc1", s.tokens, glu(s) * s.shared_ffn / s.tp, s.hidden);
+  if (s.swiglu) o.memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * s.shared_ffn / s.tp * kAct);
+  o.gemm("shared_fc2", s.tokens, s.hidden, s.shared_ffn / s.tp, /*accumulate=*/true);
+  tp_reduce(o, s, "shared_fc2_ar", "shared_fc2_rs");
+}
+
+void shared_expert_backward(OpSink& o, const StepShape& s) {
+  const std::int64_t ffn = s.shared_ffn / s.tp;
+  if (s.sp)
+    o.comm(OpKind::kAllGather, "shared_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+  o.gemm_backward("shared_fc2", s.tokens, s.hidden, ffn, true, /*need_wgrad=*/false);
+  o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 2) * ffn * kAct);
+  o.gemm_backward("shared_fc2", s.tokens, s.hidden, ffn, /*need_dgrad=*/false);
+  o.gemm("shared_fc1_dgrad", s.tokens, s.hidden, glu(s) * ffn, /*accumulate=*/true);
+  o.gemm_backward("shared_fc1", s.tokens, glu(s) * ffn, s.hidden, /*need_dgrad=*/false);
+  if (s.sp)
+    o.comm(OpKind::kReduceScatter, "shared_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+  else
+    o.comm(OpKind::kAllReduce, "shared_dgrad_ar", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+}
+
+// The experts' GEMMs over all local rows, each one grouped GEMM (their activation as one pass).
+void experts_forward(OpSink& o, const StepShape& s, std::int64_t rows) {
+  o.gemm("expert_fc1", rows, glu(s) * s.moe_ffn / s.etp, s.hidden);
+  o.memory(OpKind::kActivation, "expert_act", rows * (glu(s) + 1) * s.moe_ffn / s.etp * kAct);
+  o.gemm("expert_fc2", rows, s.hidden, s.moe_ffn / s.etp);
+}
+
+// As the dense MLP's backward: fc2's data gradient, the activation pass that recomputes its output, fc2's
+// weight gradient, then fc1's.
+void experts_backward(OpSink& o, const StepShape& s, std::int64_t rows) {
+  const std::int64_t ffn = s.moe_ffn / s.etp;
+  o.gemm_backward("expert_fc2", rows, s.hidden, ffn, true, /*need_wgrad=*/false);
+  o.memory(OpKind::kActivationBackward, "expert_act", rows * (2 * glu(s) + 2) * ffn * kAct);
+  o.gemm_backward("expert_fc2", rows, s.hidden, ffn, /*need_dgrad=*/false);
+  o.gemm_backward("expert_fc1", rows, glu(s) * ffn, s.hidden);
+}
+
+// Permute reads the block input's rows once per routed copy and writes the copies; unpermute reads the
+// copies and writes the combined rows (its backward reads the gradient and the copies, writes the copies'
+// gradient); the permutation's backward reads the copies' gradient and writes the input's.
 void moe_mlp_forward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
-  const std::int64_t local_tokens = s.tokens / s.tp;
+  const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
   const std::int64_t rows = expert_rows(s, options);
   o.memory(OpKind::kNorm, "pre_mlp_norm", norm_residual_bytes(s));
   o.gemm("router", local_tokens, s.experts, s.hidden);
-  o.memory(OpKind::kRouter, "permute", 2 * local_tokens * s.topk * s.hidden * kAct);
+  o.memory(OpKind::kRouter, "permute", 2 * copies * s.hidden * kAct);
   const int tp_ep = s.etp * s.ep;
   if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
     o.comm(OpKind::kAllGather, "dispatch_ag", local_tokens * tp_ep * s.hidden * kAct,
            CommGroup::kTensorExpert, tp_ep);
   } else {
-    o.comm(OpKind::kAllToAll, "dispatch_a2a", local_tokens * s.topk * s.hidden * kAct, CommGroup::kExpert,
-           s.ep);
+    // Megatron's alltoall dispatcher first gathers every rank's tokens per expert (the all-to-all splits).
+    o.comm(OpKind::kAllGather, "dispatch_counts_ag", s.ep * s.experts * 4, CommGroup::kExpert, s.ep,
+           DType::kFP32);
+    o.comm(OpKind::kAllToAll, "dispatch_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
     o.comm(OpKind::kAllGather, "dispatch_ag", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
   }
-  o.gemm("expert_fc1", rows, glu(s) * s.moe_ffn / s.etp, s.hidden);
-  o.memory(OpKind::kActivation, "expert_act", rows * (glu(s) + 1) * s.moe_ffn / s.etp * kAct);
-  o.gemm("expert_fc2", rows, s.hidden, s.moe_ffn / s.etp);
+  experts_forward(o, s, rows);
   if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
     o.comm(OpKind::kReduceScatter, "combine_rs", local_tokens * tp_ep * s.hidden * kAct,
            CommGroup::kTensorExpert, tp_ep);
   } else {
     o.comm(OpKind::kReduceScatter, "combine_rs", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
-    o.comm(OpKind::kAllToAll, "combine_a2a", local_tokens * s.topk * s.hidden * kAct, CommGroup::kExpert,
-           s.ep);
+    o.comm(OpKind::kAllToAll, "combine_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
   }
-  o.memory(OpKind::kRouter, "unpermute", 2 * local_tokens * s.topk * s.hidden * kAct);
-  if (s.shared_ffn > 0) {
-    if (s.sp)
-      o.comm(OpKind::kAllGather, "shared_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-    dense_mlp_forward(o, s, s.shared_ffn, "shared_fc1", "shared_fc2", false);
-    tp_reduce(o, s, "shared_fc2_ar", "shared_fc2_rs");
-  }
+  o.memory(OpKind::kRouter, "unpermute", (copies + local_tokens) * s.hidden * kAct);
+  if (s.shared_ffn > 0) shared_expert_forward(o, s);
 }
 
+// The routed experts' backward, the recomputed pre-MLP norm (the shared expert's and the router's weight
+// gradients read the block input), the shared expert's, then the router's (its data gradient accumulates).
 void moe_mlp_backward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
-  const std::int64_t local_tokens = s.tokens / s.tp;
+  const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
   const std::int64_t rows = expert_rows(s, options);
   const int tp_ep = s.etp * s.ep;
-  if (s.shared_ffn > 0) {
-    if (s.sp)
-      o.comm(OpKind::kAllGather, "shared_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-    dense_mlp_backward(o, s, s.shared_ffn, "shared_fc1", "shared_fc2", false);
-    if (s.sp)
-      o.comm(OpKind::kReduceScatter, "shared_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-    else
-      o.comm(OpKind::kAllReduce, "shared_dgrad_ar", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  }
-  o.memory(OpKind::kRouter, "unpermute", 2 * local_tokens * s.topk * s.hidden * kAct);
+  o.memory(OpKind::kRouter, "unpermute", (local_tokens + 2 * copies) * s.hidden * kAct);
   if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
     o.comm(OpKind::kAllGather, "combine_grad_ag", local_tokens * tp_ep * s.hidden * kAct,
            CommGroup::kTensorExpert, tp_ep);
   } else {
-    o.comm(OpKind::kAllToAll, "combine_grad_a2a", local_tokens * s.topk * s.hidden * kAct, CommGroup::kExpert,
-           s.ep);
+    o.comm(OpKind::kAllToAll, "combine_grad_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
     o.comm(OpKind::kAllGather, "combine_grad_ag", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
   }
-  o.gemm_backward("expert_fc2", rows, s.hidden, s.moe_ffn / s.etp);
-  o.memory(OpKind::kActivationBackward, "expert_act", rows * (2 * glu(s) + 1) * s.moe_ffn / s.etp * kAct);
-  o.gemm_backward("expert_fc1", rows, glu(s) * s.moe_ffn / s.etp, s.hidden);
+  experts_backward(o, s, rows);
   if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
     o.comm(OpKind::kReduceScatter, "dispatch_grad_rs", local_tokens * tp_ep * s.hidden * kAct,
            CommGroup::kTensorExpert, tp_ep);
   } else {
     o.comm(OpKind::kReduceScatter, "dispatch_grad_rs", rows * s.hidden * kAct, CommGroup::kExpertTensor,
            s.etp);
-    o.comm(OpKind::kAllToAll, "dispatch_grad_a2a", local_tokens * s.topk * s.hidden * kAct,
-           CommGroup::kExpert, s.ep);
+    o.comm(OpKind::kAllToAll, "dispatch_grad_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
   }
-  o.memory(OpKind::kRouter, "permute", 2 * local_tokens * s.topk * s.hidden * kAct);
-  o.gemm_backward("router", local_tokens, s.experts, s.hidden);
+  o.memory(OpKind::kRouter, "permute", (copies + local_tokens) * s.hidden * kAct);
+  if (s.recompute != RecomputeGranularity::kFull)
+    o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
+  if (s.shared_ffn > 0) shared_expert_backward(o, s);
+  o.gemm("router_dgrad", local_tokens, s.hidden, s.experts, /*accumulate=*/true);
+  o.gemm_backward("router", local_tokens, s.experts, s.hidden, /*need_dgrad=*/false);
 }
 
 // One decoder layer's forward (full: norm -> attention -> residual -> norm -> MLP -> residual).

@@ -27,10 +27,15 @@
 //   reduce-scatter after proj/fc2, and in backward an all-gather of the output grad, an all-gather of
 //   the saved input for wgrad and a reduce-scatter of the input grad. Vocab-parallel cross entropy: 3
 //   all-reduces of T fp32 values over tp.
-// - MoE (alltoall dispatcher): router GEMM on T / tp rows, permute, all-to-all over ep of T/tp * topk
-//   rows, all-gather over etp, expert GEMMs over all local rows (topk * T/tp * etp, uniform routing) as one
-//   grouped GEMM, reduce-scatter over etp, all-to-all back, unpermute. allgather dispatcher: all-gather
-//   over tp-ep of T/tp rows, experts over their share of the gathered rows, reduce-scatter back.
+// - MoE (alltoall dispatcher): router GEMM on T / tp rows, permute, all-gather over ep of the tokens per
+//   expert (fp32, the all-to-all's splits), all-to-all over ep of T/tp * topk rows, all-gather over etp,
+//   expert fc1, activation, fc2 over all local rows (topk * T/tp * etp, uniform routing: the executor's
+//   rows are the routed ones) as grouped GEMMs, reduce-scatter over etp, all-to-all back, unpermute, then
+//   the shared expert (its fc2 accumulates into the routed output). Backward: unpermute, all-to-all, the
+//   experts as the dense MLP's backward, all-to-all back, permute, the pre-MLP norm recomputed, the shared
+//   expert, the router (data gradients of the shared expert's fc1 and the router accumulate into the
+//   block's input gradient). allgather dispatcher: all-gather over tp-ep of T/tp rows, experts over their
+//   share of the gathered rows, reduce-scatter back.
 // - Fusion and memory (as the executor runs it): GELU runs in fc1's GEMM epilogue (no forward activation
 //   kernel for GELU); bias gradients are part of the weight-gradient GEMM ops (epilogue or separate sums,
 //   the backend's choice). Norm and activation outputs are not saved: fc2's dgrad is followed by one

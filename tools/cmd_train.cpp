@@ -346,6 +346,10 @@ const Registrar registrar({
                      "MoE load-balancing loss: aux_loss | seq_aux_loss | none");
       app.add_option("--moe-aux-loss-coeff", a.options.moe_aux_loss_coeff,
                      "MoE load-balancing loss coefficient (default 0)");
+      app.add_flag("--moe-router-enable-expert-bias", a.options.moe_router_enable_expert_bias,
+                   "MoE: DeepSeek-V3's aux-loss-free balancing bias (sigmoid routing)");
+      app.add_option("--moe-router-bias-update-rate", a.options.moe_router_bias_update_rate,
+                     "MoE: the expert bias's step per iteration (default 1e-3)");
       app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,
                      "MoE expert capacity factor: tokens over capacity are dropped (default: dropless)");
       app.add_option("--train-iters", a.options.train_iters, "iterations to train (default 100)");

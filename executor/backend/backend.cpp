@@ -191,6 +191,28 @@ void Backend::gemm(const GemmArgs& args, const OpTag& tag) {
   end_op();
 }
 
+void Backend::grouped_gemm(const std::vector<GemmArgs>& gemms, const OpTag& tag) {
+  if (gemms.empty()) throw std::logic_error("grouped_gemm: no GEMMs");
+  const GemmArgs& first = gemms.front();
+  Op op;
+  op.kind = OpKind::kGemm;
+  op.dtype = first.a.dtype;
+  op.m = first.transpose_a ? first.m : 0;
+  op.n = first.n;
+  op.k = first.transpose_a ? 0 : first.k;
+  op.accumulate = first.accumulate;
+  for (const GemmArgs& g : gemms) {
+    const bool same = g.transpose_a == first.transpose_a && g.n == first.n &&
+                      g.accumulate == first.accumulate && (g.transpose_a ? g.m == first.m : g.k == first.k);
+    if (!same || !g.bias_grad.empty() || !g.bias.empty())
+      throw std::logic_error("grouped_gemm: the GEMMs of a group share their shape but the summed dimension");
+    (first.transpose_a ? op.k : op.m) += first.transpose_a ? g.k : g.m;
+  }
+  begin_op(std::move(op), tag);
+  do_grouped_gemm(gemms);
+  end_op();
+}
+
 void Backend::linear_gelu_forward(const GemmArgs& args, Tensor out, const OpTag& tag) {
   if (!args.bias_grad.empty() || args.accumulate || out.rows != args.m || out.cols != args.n)
     throw std::logic_error("linear_gelu_forward: out must be (m, n); no accumulate or bias gradient");

@@ -199,6 +199,11 @@ class Backend {
 
   // ---- kernels. Each records one Op (kind + shape) when recording is on, then runs.
   void gemm(const GemmArgs& args, const OpTag& tag);
+  // GEMMs over consecutive row groups (an MoE layer's local experts), recorded as one grouped op: forward
+  // and data-gradient GEMMs (no transpose_a) share n and k and the op's m is the sum of their m; weight
+  // gradients (transpose_a) share m and n and the op's k is the sum of their k. Every GEMM has the same
+  // accumulate flag. Default: one backend GEMM each.
+  void grouped_gemm(const std::vector<GemmArgs>& gemms, const OpTag& tag);
   void bias_grad(Tensor d_out, Tensor d_bias, const OpTag& tag);  // d_bias (1, n) fp32 += column sums
   // Token t of each sequence of `seq` adds position_table row positions(t) (one op, the runs one call each).
   void embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq, Tensor out,
@@ -326,6 +331,9 @@ class Backend {
   // Reserves `bytes` of backend memory for the arena (called once); returns its base.
   virtual void* reserve_memory(std::int64_t bytes) = 0;
   virtual void do_gemm(const GemmArgs& args) = 0;
+  virtual void do_grouped_gemm(const std::vector<GemmArgs>& gemms) {
+    for (const GemmArgs& g : gemms) do_gemm(g);
+  }
   virtual void do_bias_grad(Tensor d_out, Tensor d_bias) = 0;
   virtual void do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
                                     Tensor out) = 0;

@@ -215,7 +215,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   for (const LayerParameters& p : layer_parameters_) moe_count += p.moe_local >= 0 ? 1 : 0;
   if (moe_count > 0)
     moe_ = std::make_unique<MoeLayers>(config_, T, batch_.seq, moe_count, batch_.activation_slots,
-                                       compute_dtype_, backend_);
+                                       compute_dtype_, backend_, communicator_);
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
   slot_of_microbatch_.assign(batch_.num_microbatches, -1);
   forward_done_.assign(batch_.num_microbatches, false);
@@ -327,6 +327,13 @@ void GPTModel::index_layer_parameters() {
   }
 }
 
+std::vector<int> GPTModel::moe_layer_numbers() const {
+  std::vector<int> out;
+  for (int i = 0; i < stage_.num_layers; ++i)
+    if (layer_parameters_[i].moe_local >= 0) out.push_back(stage_.first_layer + i);
+  return out;
+}
+
 MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
   const LayerParameters& p = layer_parameters_.at(l - stage_.first_layer);
   auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
@@ -340,17 +347,20 @@ MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
 }
 
 void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, bool accumulate) {
-  // The MoE block reads its input (the pre-MLP norm output) again: recomputed unless a full-recompute
-  // re-run of the layer has just written it.
-  const LayerWeights w = layer_weights(model_params_, l);
+  // The routed experts' backward, then the recompute of the block's input (the pre-MLP norm output, unless
+  // a full-recompute re-run of the layer has just written it) that the shared expert's and the router's
+  // weight gradients read.
+  const MoeLayerWeights w = moe_weights(model_params_, l), g = moe_weights(grads_, l);
+  const int local = layer_parameters_.at(l - stage_.first_layer).moe_local;
+  moe_->backward_routed(w, g, d_out, d_hidden_, moe_slot_, local, l, accumulate);
+  const LayerWeights n = layer_weights(model_params_, l);
   if (recompute_ != RecomputeGranularity::kFull)
     backend_.norm_forward(
-        with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
+        with_stats(norm_args(a.mid, {}, {}, n.norm2_w, n.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
         {"pre_mlp_norm", l, OpPhase::kRecompute});
   const float aux_loss_scale =
       static_cast<float>(1.0 / (batch_.num_microbatches * batch_.gradient_average_ranks));
-  moe_->backward(moe_weights(model_params_, l), moe_weights(grads_, l), a.ln2, d_out, d_hidden_, moe_slot_,
-                 layer_parameters_.at(l - stage_.first_layer).moe_local, l, accumulate, aux_loss_scale);
+  moe_->backward_dense(w, g, a.ln2, d_out, d_hidden_, moe_slot_, local, l, accumulate, aux_loss_scale);
 }
 
 GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {

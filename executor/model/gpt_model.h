@@ -118,6 +118,9 @@ class GPTModel {
   // value before its mean over the MoE layers); 0 for a dense model.
   double moe_load_balancing_loss() const { return moe_ ? moe_->logged_load_balancing_loss() : 0.0; }
   const MoeLayers* moe_layers() const { return moe_.get(); }
+  MoeLayers* moe_layers() { return moe_.get(); }
+  // The global layer number of each of the stage's MoE layers (MoeLayers' local order).
+  std::vector<int> moe_layer_numbers() const;
   // Norm parameters whose gradients are all-reduced over TP after the schedule (sequence parallelism).
   std::vector<const ParameterEntry*> sequence_parallel_grad_entries() const;
 

@@ -1,6 +1,7 @@
 // MoeLayers: router, permutation, local experts, combine and shared expert, forward and backward.
 #include "executor/model/moe_layer.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "executor/model/linear_gemm.h"
@@ -14,24 +15,41 @@ constexpr OpPhase kB = OpPhase::kBackward;
 }  // namespace
 
 MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers,
-                     int slots, DType compute_dtype, Backend& backend)
+                     int slots, DType compute_dtype, Backend& backend, Communicator& communicator)
     : config_(config), tokens_(tokens), seq_(seq), layers_(layers), dtype_(compute_dtype), backend_(backend) {
   if (tokens % seq != 0) throw std::invalid_argument("MoeLayers: tokens must be whole sequences");
   const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_hidden,
                      shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
-  max_rows_ = tokens_ * config_.router.topk;  // dropless: every choice of every token
+  max_local_rows_ = tokens_ * config_.router.topk;  // dropless: every choice of every token
+  max_expert_rows_ = max_local_rows_;
+  if (layers > 0 && communicator.size(CommGroup::kExpert) > 1) {
+    dispatcher_ = std::make_unique<MoeDispatcher>(backend_, communicator, config_.num_experts,
+                                                  max_local_rows_, h, dtype_);
+    max_expert_rows_ = dispatcher_->max_received_rows();
+  }
   saved_.resize(static_cast<std::size_t>(slots * layers));
+  if (config_.router.enable_expert_bias) {
+    expert_bias_.assign(static_cast<std::size_t>(layers), std::vector<float>(config_.num_experts, 0.0f));
+    tokens_seen_.assign(static_cast<std::size_t>(layers), std::vector<double>(config_.num_experts, 0.0));
+  }
+  const char* rows_label = "saved: MoE permuted tokens and expert outputs";
   for (Saved& s : saved_) {
-    s.permuted = backend_.allocate(dtype_, max_rows_, h, "saved: MoE permuted tokens and expert outputs");
-    s.fc1 = backend_.allocate(dtype_, max_rows_, glu * ffn, "saved: MoE expert fc1 outputs");
-    s.expert_out = backend_.allocate(dtype_, max_rows_, h, "saved: MoE permuted tokens and expert outputs");
+    s.permuted = backend_.allocate(dtype_, max_local_rows_, h, rows_label);
+    s.expert_in = expert_parallel() ? backend_.allocate(dtype_, max_expert_rows_, h, rows_label) : s.permuted;
+    s.fc1 = backend_.allocate(dtype_, max_expert_rows_, glu * ffn, "saved: MoE expert fc1 outputs");
+    s.expert_out = backend_.allocate(dtype_, max_expert_rows_, h, rows_label);
+    s.returned = expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, rows_label) : s.expert_out;
     if (shared > 0)
       s.shared_fc1 = backend_.allocate(dtype_, tokens_, glu * shared, "saved: MoE expert fc1 outputs");
   }
   if (layers == 0) return;
-  act_ = backend_.allocate(dtype_, max_rows_, ffn, "MoE scratch (shared)");
-  d_rows_ = backend_.allocate(dtype_, max_rows_, h, "MoE scratch (shared)");
-  d_x_rows_ = backend_.allocate(dtype_, max_rows_, h, "MoE scratch (shared)");
+  act_ = backend_.allocate(dtype_, max_expert_rows_, ffn, "MoE scratch (shared)");
+  d_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, "MoE scratch (shared)");
+  d_x_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, "MoE scratch (shared)");
+  d_local_rows_ =
+      expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, "MoE scratch (shared)") : d_rows_;
+  d_x_local_rows_ =
+      expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, "MoE scratch (shared)") : d_x_rows_;
   logits_ = backend_.allocate(dtype_, tokens_, config_.num_experts, "MoE scratch (shared)");
   d_logits_ = backend_.allocate(dtype_, tokens_, config_.num_experts, "MoE scratch (shared)");
   if (shared > 0) shared_act_ = backend_.allocate(dtype_, tokens_, shared, "MoE scratch (shared)");
@@ -42,29 +60,30 @@ Tensor MoeLayers::rows(Tensor t, std::int64_t first, std::int64_t count) const {
 }
 
 void MoeLayers::build_permutation(Saved& s) const {
-  // Megatron's permute: the kept (token, choice) pairs sorted by expert, tokens in order within an expert.
+  // Megatron's permute: the kept (token, choice) pairs sorted by expert (all E: the rows for each EP rank are
+  // then contiguous), tokens in order within an expert.
   const MoeRouting& r = s.routing;
   const int k = r.topk;
-  const std::int64_t local = config_.local_experts(), first_expert = config_.expert_parallel_rank * local;
   MoePermutation& p = s.plan;
   p.tokens = r.tokens;
   p.topk = k;
   p.row_token.clear();
   p.token_rows.assign(static_cast<std::size_t>(r.tokens * k), -1);
   p.token_probs.assign(static_cast<std::size_t>(r.tokens * k), 0.0f);
-  s.expert_offset.assign(static_cast<std::size_t>(local + 1), 0);
-  for (std::int64_t e = 0; e < local; ++e) {
-    s.expert_offset[e] = static_cast<std::int64_t>(p.row_token.size());
+  std::vector<std::int64_t> first_row(static_cast<std::size_t>(config_.num_experts + 1), 0);
+  for (std::int64_t e = 0; e < config_.num_experts; ++e) {
+    first_row[e] = static_cast<std::int64_t>(p.row_token.size());
     for (std::int64_t t = 0; t < r.tokens; ++t)
       for (int j = 0; j < k; ++j) {
         const std::int64_t i = t * k + j;
-        if (r.expert[i] != first_expert + e || !r.kept[i]) continue;
+        if (r.expert[i] != e || !r.kept[i]) continue;
         p.token_rows[i] = static_cast<std::int32_t>(p.row_token.size());
         p.token_probs[i] = r.prob[i];
         p.row_token.push_back(static_cast<std::int32_t>(t));
       }
   }
-  s.expert_offset[local] = static_cast<std::int64_t>(p.row_token.size());
+  first_row[config_.num_experts] = static_cast<std::int64_t>(p.row_token.size());
+  if (!expert_parallel()) s.expert_offset = first_row;  // EP 1: every expert is local
 }
 
 void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, int local, int layer,
@@ -73,71 +92,114 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, 
   backend_.gemm(linear_forward_args(x, w.router, logits_, {}, tokens_), {"router", layer, phase});
   std::vector<float> logits(static_cast<std::size_t>(logits_.numel()));
   backend_.download(logits_, logits.data());
-  s.routing = route_tokens(logits.data(), tokens_, seq_, config_.router, nullptr);
+  const bool biased = config_.router.enable_expert_bias;
+  s.routing = route_tokens(logits.data(), tokens_, seq_, config_.router,
+                           biased ? expert_bias_[local].data() : nullptr);
   if (phase != OpPhase::kRecompute && config_.router.has_aux_loss())
     logged_aux_loss_ += s.routing.aux_loss / config_.router.aux_loss_coeff;
+  if (phase != OpPhase::kRecompute && biased)
+    for (std::int64_t e = 0; e < config_.num_experts; ++e)
+      tokens_seen_[local][e] += static_cast<double>(s.routing.tokens_per_expert[e]);
   build_permutation(s);
   const std::int64_t R = s.plan.rows();
   backend_.moe_permute(x, s.plan, rows(s.permuted, 0, R), {"permute", layer, phase});
+  if (expert_parallel()) {
+    s.dispatch = dispatcher_->plan(s.routing.tokens_per_expert, layer, phase);
+    s.expert_offset = s.dispatch.expert_offsets();
+    dispatcher_->dispatch(s.dispatch, s.permuted, s.expert_in, "dispatch_a2a", layer, phase);
+  }
   experts_forward(w, s, layer, phase);
-  backend_.moe_unpermute(rows(s.expert_out, 0, R), s.plan, true, y, {"unpermute", layer, phase});
+  if (expert_parallel())
+    dispatcher_->combine(s.dispatch, s.expert_out, s.returned, "combine_a2a", layer, phase);
+  backend_.moe_unpermute(rows(s.returned, 0, R), s.plan, true, y, {"unpermute", layer, phase});
   if (config_.shared_expert_ffn > 0) shared_forward(w, x, y, s, layer, phase);
 }
 
 void MoeLayers::experts_forward(const MoeLayerWeights& w, Saved& s, int layer, OpPhase phase) {
+  // The local experts' rows are consecutive: one grouped GEMM per linear, one activation pass over all rows.
+  const std::int64_t R = s.expert_offset.back();
+  if (R == 0) return;
+  std::vector<GemmArgs> fc1, fc2;
   for (std::size_t e = 0; e + 1 < s.expert_offset.size(); ++e) {
     const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
     if (n == 0) continue;
-    const Tensor fc1 = rows(s.fc1, first, n), act = rows(act_, first, n);
-    backend_.gemm(linear_forward_args(rows(s.permuted, first, n), w.fc1[e], fc1, {}, n),
-                  {"expert_fc1", layer, phase});
-    backend_.activation_forward(config_.activation, fc1, act, {"expert_act", layer, phase});
-    backend_.gemm(linear_forward_args(act, w.fc2[e], rows(s.expert_out, first, n), {}, n),
-                  {"expert_fc2", layer, phase});
+    fc1.push_back(linear_forward_args(rows(s.expert_in, first, n), w.fc1[e], rows(s.fc1, first, n), {}, n));
+    fc2.push_back(linear_forward_args(rows(act_, first, n), w.fc2[e], rows(s.expert_out, first, n), {}, n));
   }
+  backend_.grouped_gemm(fc1, {"expert_fc1", layer, phase});
+  backend_.activation_forward(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
+                              {"expert_act", layer, phase});
+  backend_.grouped_gemm(fc2, {"expert_fc2", layer, phase});
 }
 
 void MoeLayers::shared_forward(const MoeLayerWeights& w, Tensor x, Tensor y, Saved& s, int layer,
                                OpPhase phase) {
-  backend_.gemm(linear_forward_args(x, w.shared_fc1, s.shared_fc1, {}, tokens_),
-                {"shared_fc1", layer, phase});
-  backend_.activation_forward(config_.activation, s.shared_fc1, shared_act_, {"shared_act", layer, phase});
+  // As the dense MLP: GELU in fc1's GEMM epilogue, SwiGLU as its own pass.
+  const GemmArgs fc1 = linear_forward_args(x, w.shared_fc1, s.shared_fc1, {}, tokens_);
+  if (config_.activation == ActivationKind::kGelu) {
+    backend_.linear_gelu_forward(fc1, shared_act_, {"shared_fc1", layer, phase});
+  } else {
+    backend_.gemm(fc1, {"shared_fc1", layer, phase});
+    backend_.activation_forward(config_.activation, s.shared_fc1, shared_act_, {"act", layer, phase});
+  }
   GemmArgs fc2 = linear_forward_args(shared_act_, w.shared_fc2, y, {}, tokens_);
   fc2.accumulate = true;  // y = routed output + shared expert output
   backend_.gemm(fc2, {"shared_fc2", layer, phase});
 }
 
-void MoeLayers::backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
-                         int slot, int local, int layer, bool accumulate, float aux_loss_scale) {
+void MoeLayers::backward_routed(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor d_y, Tensor d_x,
+                                int slot, int local, int layer, bool accumulate) {
   Saved& s = saved(slot, local);
   const std::int64_t R = s.plan.rows();
-  std::vector<float> d_probs;
-  backend_.moe_unpermute_backward(d_y, rows(s.expert_out, 0, R), s.plan, rows(d_rows_, 0, R), d_probs,
+  backend_.moe_unpermute_backward(d_y, rows(s.returned, 0, R), s.plan, rows(d_local_rows_, 0, R), d_probs_,
                                   {"unpermute", layer, kB});
-  experts_backward(w, g, s, layer);
-  backend_.moe_unpermute(rows(d_x_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
-  if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, d_y, d_x, s, layer, accumulate);
-  router_backward(w, g, x, d_x, s, d_probs, layer, accumulate, aux_loss_scale);
+  if (expert_parallel())
+    dispatcher_->dispatch(s.dispatch, d_local_rows_, d_rows_, "combine_grad_a2a", layer, kB);
+  experts_backward(w, g, s, layer, accumulate);
+  if (expert_parallel())
+    dispatcher_->combine(s.dispatch, d_x_rows_, d_x_local_rows_, "dispatch_grad_a2a", layer, kB);
+  backend_.moe_unpermute(rows(d_x_local_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
 }
 
-void MoeLayers::experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer) {
-  // Per expert as the dense MLP's backward: fc2's data gradient into the activation scratch, one pass
-  // turning it into fc1's output gradient (over the saved fc1 output) and recomputing the activation output,
-  // then the weight gradients (accumulated: an expert's gradient is zeroed per iteration, since an expert
-  // may see no token in a micro-batch).
+void MoeLayers::backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y,
+                               Tensor d_x, int slot, int local, int layer, bool accumulate,
+                               float aux_loss_scale) {
+  Saved& s = saved(slot, local);
+  if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, d_y, d_x, s, layer, accumulate);
+  router_backward(w, g, x, d_x, s, d_probs_, layer, accumulate, aux_loss_scale);
+}
+
+void MoeLayers::experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer,
+                                 bool accumulate) {
+  // As the dense MLP's backward, grouped over the local experts: fc2's data gradient into the activation
+  // scratch, one pass turning it into fc1's output gradient (over the saved fc1 output) and recomputing the
+  // activation output, then the weight gradients. The iteration's first write overwrites an expert's
+  // gradient; an expert without rows then gets zeros.
+  const std::int64_t R = s.expert_offset.back();
+  std::vector<GemmArgs> fc2_dgrad, fc2_wgrad, fc1_dgrad, fc1_wgrad;
   for (std::size_t e = 0; e + 1 < s.expert_offset.size(); ++e) {
     const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
-    if (n == 0) continue;
+    if (n == 0) {
+      if (!accumulate) {
+        backend_.fill_zero(g.fc1[e]);
+        backend_.fill_zero(g.fc2[e]);
+      }
+      continue;
+    }
     const Tensor d_out = rows(d_rows_, first, n), fc1 = rows(s.fc1, first, n), act = rows(act_, first, n);
-    backend_.gemm(linear_data_grad_args(d_out, w.fc2[e], act, n), {"expert_fc2_dgrad", layer, kB});
-    backend_.activation_backward_recompute(config_.activation, fc1, act, fc1, act, {"expert_act", layer, kB});
-    backend_.gemm(linear_weight_grad_args(d_out, act, w.fc2[e], g.fc2[e], {}, n),
-                  {"expert_fc2_wgrad", layer, kB});
-    backend_.gemm(linear_data_grad_args(fc1, w.fc1[e], rows(d_x_rows_, first, n), n),
-                  {"expert_fc1_dgrad", layer, kB});
-    backend_.gemm(linear_weight_grad_args(fc1, rows(s.permuted, first, n), w.fc1[e], g.fc1[e], {}, n),
-                  {"expert_fc1_wgrad", layer, kB});
+    fc2_dgrad.push_back(linear_data_grad_args(d_out, w.fc2[e], act, n));
+    fc2_wgrad.push_back(linear_weight_grad_args(d_out, act, w.fc2[e], g.fc2[e], {}, n));
+    fc1_dgrad.push_back(linear_data_grad_args(fc1, w.fc1[e], rows(d_x_rows_, first, n), n));
+    fc1_wgrad.push_back(linear_weight_grad_args(fc1, rows(s.expert_in, first, n), w.fc1[e], g.fc1[e], {}, n));
+    fc2_wgrad.back().accumulate = fc1_wgrad.back().accumulate = accumulate;
   }
+  if (R == 0) return;
+  backend_.grouped_gemm(fc2_dgrad, {"expert_fc2_dgrad", layer, kB});
+  backend_.activation_backward_recompute(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
+                                         rows(s.fc1, 0, R), rows(act_, 0, R), {"expert_act", layer, kB});
+  backend_.grouped_gemm(fc2_wgrad, {"expert_fc2_wgrad", layer, kB});
+  backend_.grouped_gemm(fc1_dgrad, {"expert_fc1_dgrad", layer, kB});
+  backend_.grouped_gemm(fc1_wgrad, {"expert_fc1_wgrad", layer, kB});
 }
 
 void MoeLayers::shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y,
@@ -150,7 +212,7 @@ void MoeLayers::shared_backward(const MoeLayerWeights& w, const MoeLayerWeights&
   backend_.gemm(linear_data_grad_args(d_y, w.shared_fc2, shared_act_, tokens_),
                 {"shared_fc2_dgrad", layer, kB});
   backend_.activation_backward_recompute(config_.activation, s.shared_fc1, shared_act_, s.shared_fc1,
-                                         shared_act_, {"shared_act", layer, kB});
+                                         shared_act_, {"act", layer, kB});
   wgrad(d_y, shared_act_, w.shared_fc2, g.shared_fc2, "shared_fc2_wgrad");
   GemmArgs dgrad = linear_data_grad_args(s.shared_fc1, w.shared_fc1, d_x, tokens_);
   dgrad.accumulate = true;
@@ -170,6 +232,15 @@ void MoeLayers::router_backward(const MoeLayerWeights& w, const MoeLayerWeights&
   GemmArgs wgrad = linear_weight_grad_args(d_logits_, x, w.router, g.router, {}, tokens_);
   wgrad.accumulate = accumulate;
   backend_.gemm(wgrad, {"router_wgrad", layer, kB});
+}
+
+void MoeLayers::apply_expert_bias_update(const std::vector<double>& all_counts) {
+  const std::int64_t E = config_.num_experts;
+  for (int l = 0; l < layers_; ++l) {
+    const std::vector<double> counts(all_counts.begin() + l * E, all_counts.begin() + (l + 1) * E);
+    update_expert_bias(counts, config_.router.bias_update_rate, expert_bias_[l]);
+    std::fill(tokens_seen_[l].begin(), tokens_seen_[l].end(), 0.0);
+  }
 }
 
 }  // namespace megatune::executor

@@ -1,14 +1,17 @@
 // MoeLayers: the MoE MLP blocks of a pipeline stage, as Megatron's MoELayer runs them with the alltoall
-// dispatcher at expert-parallel size 1: router GEMM -> routing on the host (moe_router.h) -> permute the
-// token copies into expert order -> per local expert fc1, activation, fc2 over its rows -> unpermute
-// (weighted by the routing probabilities) -> + the shared expert's MLP; and the backward of all of it.
+// dispatcher: router GEMM -> routing on the host (moe_router.h) -> permute the token copies into expert
+// order -> all-to-all over the expert-parallel group (moe_dispatch.h; none at EP 1) -> per local expert fc1,
+// activation, fc2 over its rows -> all-to-all back -> unpermute (weighted by the routing probabilities) ->
+// + the shared expert's MLP; and the backward of all of it.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "executor/backend/backend.h"
 #include "executor/model/moe_router.h"
 #include "executor/model/transformer_config.h"
+#include "executor/parallel/moe_dispatch.h"
 
 namespace megatune::executor {
 
@@ -25,19 +28,31 @@ class MoeLayers {
   // Buffers for `layers` local MoE layers (local index 0..layers-1), `slots` micro-batches in flight,
   // micro-batches of `tokens` rows in sequences of `seq`.
   MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers, int slots,
-            DType compute_dtype, Backend& backend);
+            DType compute_dtype, Backend& backend, Communicator& communicator);
 
   // y (T, h) = the MoE MLP of x (T, h) (the pre-MLP norm output); keeps what the backward needs in
   // (slot, local). `layer` (global) and `phase` tag the ops. Adds the micro-batch's load-balancing loss
   // (divided by its coefficient, as Megatron logs it) to the logged sum unless phase is a recompute.
   void forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, int local, int layer,
                layouts::OpPhase phase);
-  // d_x (T, h) from d_y (T, h); weight gradients into g: experts always accumulate, the router and the
-  // shared expert when `accumulate` (else the first write overwrites). aux_loss_scale: the factor the
-  // load-balancing loss's gradient carries (1 / (micro-batches * data-parallel ranks)).
-  void backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
-                int slot, int local, int layer, bool accumulate, float aux_loss_scale);
+  // The backward in two parts, with the recompute of x (the pre-MLP norm output) between them: the routed
+  // experts' (d_x (T, h) = their part of x's gradient, written) from d_y (T, h), then the shared expert's and
+  // the router's (added to d_x; they read x). Weight gradients into g, accumulated when `accumulate` (else
+  // the iteration's first write overwrites). aux_loss_scale: the factor the load-balancing loss's gradient
+  // carries (1 / (micro-batches * data-parallel ranks)).
+  void backward_routed(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor d_y, Tensor d_x, int slot,
+                       int local, int layer, bool accumulate);
+  void backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
+                      int slot, int local, int layer, bool accumulate, float aux_loss_scale);
 
+  // --moe-router-enable-expert-bias: each layer's expert bias (E) and the tokens its experts got in the
+  // forward passes since the last update (E); apply_expert_bias_update moves the biases by the counts
+  // summed over the data-parallel ranks (all_counts: (layers, E), local layer order) and clears them.
+  bool has_expert_bias() const { return config_.router.enable_expert_bias; }
+  std::vector<float>& expert_bias(int local) { return expert_bias_.at(local); }
+  const std::vector<double>& tokens_since_update(int local) const { return tokens_seen_.at(local); }
+  void apply_expert_bias_update(const std::vector<double>& all_counts);
+  int layers() const { return layers_; }
   // Sum over the forward passes since the last reset of the load-balancing loss / coefficient.
   double logged_load_balancing_loss() const { return logged_aux_loss_; }
   void reset_logged_load_balancing_loss() { logged_aux_loss_ = 0.0; }
@@ -45,20 +60,28 @@ class MoeLayers {
   const MoeRouting& routing(int slot, int local) const { return saved(slot, local).routing; }
 
  private:
+  // Rows: "local" ones are this rank's token copies in global expert order (R_local <= T * k); "expert" ones
+  // are what this rank's experts process, sorted by local expert (R_expert <= ep * T * k; the same rows as
+  // the local ones at EP 1).
   struct Saved {
     MoeRouting routing;
     MoePermutation plan;
-    std::vector<std::int64_t> expert_offset;  // (local experts + 1) first row of each local expert
-    Tensor permuted;                          // (R_max, h) the token copies in expert order
-    Tensor fc1;         // (R_max, glu * F_moe) pre-activation (its gradient in the backward)
-    Tensor expert_out;  // (R_max, h) fc2 outputs
+    MoeDispatchPlan dispatch;                 // EP > 1: where the rows went
+    std::vector<std::int64_t> expert_offset;  // (local experts + 1) first expert row of each local expert
+    Tensor permuted;                          // (R_local max, h) the token copies in expert order
+    Tensor expert_in;   // (R_expert max, h) the rows the local experts read (aliases permuted at EP 1)
+    Tensor fc1;         // (R_expert max, glu * F_moe) pre-activation (its gradient in the backward)
+    Tensor expert_out;  // (R_expert max, h) fc2 outputs
+    Tensor returned;  // (R_local max, h) the expert outputs back in local order (aliases expert_out at EP 1)
     Tensor shared_fc1;  // (T, glu * F_shared / tp) pre-activation
   };
   Saved& saved(int slot, int local) { return saved_[slot * layers_ + local]; }
   const Saved& saved(int slot, int local) const { return saved_[slot * layers_ + local]; }
   void build_permutation(Saved& s) const;
+  bool expert_parallel() const { return dispatcher_ != nullptr; }
   void experts_forward(const MoeLayerWeights& w, Saved& s, int layer, layouts::OpPhase phase);
-  void experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer);
+  void experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer,
+                        bool accumulate);
   void shared_forward(const MoeLayerWeights& w, Tensor x, Tensor y, Saved& s, int layer,
                       layouts::OpPhase phase);
   void shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
@@ -68,14 +91,21 @@ class MoeLayers {
   Tensor rows(Tensor t, std::int64_t first, std::int64_t count) const;
 
   TransformerConfig config_;
-  std::int64_t tokens_ = 0, seq_ = 0, max_rows_ = 0;
+  std::int64_t tokens_ = 0, seq_ = 0, max_local_rows_ = 0, max_expert_rows_ = 0;
   int layers_ = 0;
   DType dtype_;
   Backend& backend_;
   std::vector<Saved> saved_;  // (slot, local)
-  // Shared by the layers: the activation output (R_max, F_moe) (recomputed in the backward), the gradient
-  // rows (R_max, h) twice, the logits and their gradient (T, E), the shared expert's activation (T, F_s).
+  // Shared by the layers: the activation output (R_expert max, F_moe) (recomputed in the backward), the
+  // gradient rows (R_expert max, h) twice, the logits and their gradient (T, E), the shared expert's
+  // activation (T, F_s).
   Tensor act_, d_rows_, d_x_rows_, logits_, d_logits_, shared_act_;
+  // EP > 1: the gradients of the local rows (the combine's and the permutation's).
+  Tensor d_local_rows_, d_x_local_rows_;
+  std::unique_ptr<MoeDispatcher> dispatcher_;     // EP > 1
+  std::vector<float> d_probs_;                    // (T * k) host: the routed backward's probability gradients
+  std::vector<std::vector<float>> expert_bias_;   // per local layer (E), with --moe-router-enable-expert-bias
+  std::vector<std::vector<double>> tokens_seen_;  // per local layer (E)
   double logged_aux_loss_ = 0.0;
 };
 

@@ -171,6 +171,7 @@ void MoeRouterConfig::validate(std::int64_t experts) const {
     throw UserError("--moe-router-pre-softmax applies to --moe-router-score-function softmax only");
   if (enable_expert_bias && score_function != RouterScoreFunction::kSigmoid)
     throw UserError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid");
+  if (!(bias_update_rate >= 0.0)) throw UserError("--moe-router-bias-update-rate must be >= 0");
 }
 
 MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t seq, const MoeRouterConfig& c,
@@ -231,6 +232,16 @@ void route_tokens_backward(const MoeRouting& r, const MoeRouterConfig& c, const 
   }
   if (r.aux_loss_grad.empty()) return;
   for (std::int64_t i = 0; i < T * E; ++i) d_logits[i] += aux_loss_scale * r.aux_loss_grad[i];
+}
+
+void update_expert_bias(const std::vector<double>& tokens_per_expert, double rate, std::vector<float>& bias) {
+  double mean = 0.0;
+  for (double n : tokens_per_expert) mean += n;
+  mean /= static_cast<double>(tokens_per_expert.size());
+  for (std::size_t e = 0; e < bias.size(); ++e) {
+    const double offset = mean - tokens_per_expert[e];
+    bias[e] += static_cast<float>(offset > 0 ? rate : offset < 0 ? -rate : 0.0);
+  }
 }
 
 }  // namespace megatune::executor

@@ -25,6 +25,7 @@ struct MoeRouterConfig {
   double aux_loss_coeff = 0.0;                                         // --moe-aux-loss-coeff
   double capacity_factor = 0.0;     // --moe-expert-capacity-factor; <= 0: dropless
   bool enable_expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid routing only)
+  double bias_update_rate = 1e-3;   // --moe-router-bias-update-rate
   bool drops_tokens() const { return capacity_factor > 0.0; }
   bool has_aux_loss() const { return load_balancing != LoadBalancingType::kNone && aux_loss_coeff > 0.0; }
   // Throws UserError naming the flag.
@@ -58,5 +59,9 @@ MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t s
 // gradient of the loss with respect to each chosen probability, d_prob (T, k).
 void route_tokens_backward(const MoeRouting& routing, const MoeRouterConfig& config, const float* d_prob,
                            float aux_loss_scale, float* d_logits);
+
+// DeepSeek-V3's aux-loss-free balancing (Megatron's get_updated_expert_bias): each expert's bias moves by
+// `rate` towards the mean load: + rate when it got fewer tokens than the mean, - rate when more.
+void update_expert_bias(const std::vector<double>& tokens_per_expert, double rate, std::vector<float>& bias);
 
 }  // namespace megatune::executor

@@ -48,10 +48,16 @@ ParameterLayout::ParameterLayout(const TransformerConfig& c, const StageSpan& st
     static_cast<layouts::ParameterSpec&>(e) = std::move(spec);
     entries_.push_back(std::move(e));
   }
+  // Megatron keeps expert parameters in a buffer of their own (reduced over expert-dp): here the front of
+  // the flat buffers, each region in reverse forward order.
   std::int64_t offset = 0;
-  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    it->offset = offset;
-    offset += layouts::aligned_elements(it->numel());
+  for (const bool expert : {true, false}) {
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+      if ((it->expert >= 0) != expert) continue;
+      it->offset = offset;
+      offset += layouts::aligned_elements(it->numel());
+    }
+    if (expert) expert_elements_ = offset;
   }
   total_elements_ = offset;
 }

@@ -30,7 +30,8 @@ std::vector<float> tensor_parallel_slice(const ParameterEntry& entry, const std:
 
 // Offsets follow Megatron's buffer order: parameters are placed in reverse of their forward order (so the
 // buffer fills back to front during the backward pass, which is what bucketed gradient reduction overlaps
-// with), each start aligned to 64 elements.
+// with), each start aligned to 64 elements. MoE: the routed experts' parameters come first, in a region of
+// their own (Megatron's expert-parallel buffer), then the dense ones.
 class ParameterLayout {
  public:
   static constexpr std::int64_t kAlignElements = layouts::kParameterAlignElements;
@@ -39,11 +40,13 @@ class ParameterLayout {
   const std::vector<ParameterEntry>& entries() const { return entries_; }  // forward order
   const ParameterEntry& find(const std::string& name) const;               // throws if unknown
   std::int64_t total_elements() const { return total_elements_; }          // buffer size incl. padding
+  std::int64_t expert_elements() const { return expert_elements_; }        // the expert region [0, this)
   std::int64_t parameter_count() const;                                    // without padding
 
  private:
   std::vector<ParameterEntry> entries_;
   std::int64_t total_elements_ = 0;
+  std::int64_t expert_elements_ = 0;
 };
 
 // The table's shape of a TransformerConfig.

@@ -91,16 +91,19 @@ int group_of(const std::string& name) {
 
 }  // namespace
 
-std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, bool shared_embedding) {
+std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, bool shared_embedding,
+                                                 bool experts) {
   std::vector<GradBufferEntry> out;
   const std::vector<ParameterEntry>& forward = layout.entries();
   for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
+    if ((it->expert >= 0) != experts) continue;
     GradBufferEntry e;
     e.name = it->name;
     e.numel = it->numel();
     e.group = group_of(it->name);
     e.weight_decay = it->weight_decay;
-    e.tensor_parallel_duplicate = it->split == TensorParallelSplit::kReplicated;
+    // A routed expert is whole on its rank (expert tensor parallelism 1): no other TP rank holds it.
+    e.tensor_parallel_duplicate = it->split == TensorParallelSplit::kReplicated && it->expert < 0;
     e.shared = shared_embedding && e.name == "embedding.word_embeddings.weight";
     out.push_back(std::move(e));
   }

@@ -85,9 +85,10 @@ class GradBufferLayout {
 // The executor model's parameters in buffer order (the reverse of ParameterLayout::entries()), grouped like
 // layouts::stage_parameters, with the TP-duplicate flags of Megatron's tensor_model_parallel attribute.
 // Read from the standard parameter names until ParameterEntry carries its layer and TP role.
-// `shared_embedding`: this chunk's word embedding is a tied copy that another stage owns.
-std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout,
-                                                 bool shared_embedding = false);
+// `shared_embedding`: this chunk's word embedding is a tied copy that another stage owns. `experts`: the
+// routed experts' parameters (the layout's expert region) instead of the dense ones.
+std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, bool shared_embedding = false,
+                                                 bool experts = false);
 
 // Throws std::invalid_argument (naming `who`) unless `layout` was laid out for the size of `group`.
 void require_layout_for_group(const GradBufferLayout& layout, const Communicator& communicator,

@@ -65,7 +65,10 @@ void GradientReducer::launch(int bucket) {
   const Tensor all = bucket_grads(bucket);
   if (options_.scale_to_mean)
     backend.scale(all, 1.0f / static_cast<float>(group_size), {"grad_scale", -1, OpPhase::kGradSync});
-  const OpTag tag{"grad_bucket", -1, OpPhase::kGradSync, layouts::OpRole::kGradReduce};
+  const OpTag tag =
+      options_.expert
+          ? OpTag{"expert_grad_bucket", -1, OpPhase::kGradSync, layouts::OpRole::kExpertGradReduce}
+          : OpTag{"grad_bucket", -1, OpPhase::kGradSync, layouts::OpRole::kGradReduce};
   if (options_.distributed_optimizer) {
     handles_[bucket] = communicator_.reduce_scatter_async(
         options_.group, flat_range(backend, grads_, b.begin, b.numel(), group_size), shard_grads(bucket),

@@ -13,6 +13,7 @@ struct GradientReducerOptions {
   bool overlap_grad_reduce = false;    // launch each bucket when its last gradient is marked ready
   bool distributed_optimizer = false;  // reduce-scatter into this rank's shard instead of all-reduce
   CommGroup group = CommGroup::kDataContext;
+  bool expert = false;  // the expert-parameter buffer (over kExpertData): recorded as expert_grad_bucket
   // Multiply each bucket by 1 / group size before its collective (Megatron's gradient_scaling_factor). Off
   // when the loss gradient already carries 1 / (dp * cp) (the Trainer's choice: no extra op per bucket).
   bool scale_to_mean = true;

@@ -12,13 +12,14 @@
 namespace megatune::executor {
 
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank) {
-  if (config.ep() > 1)
-    throw UserError("--expert-model-parallel-size " + std::to_string(config.ep()) +
-                    ": the executor does not run expert parallelism yet; use 1");
-  if (model.is_moe() && config.dp() > 1)
-    throw UserError("--num-experts with data-parallel size " + std::to_string(config.dp()) +
-                    ": the executor does not reduce expert gradients over data-parallel ranks yet; use a "
-                    "world size of tensor x pipeline parallel size");
+  if (model.is_moe() && config.tp() > 1)
+    throw UserError("--num-experts with --tensor-model-parallel-size " + std::to_string(config.tp()) +
+                    ": the executor runs MoE models at tensor-parallel size 1 only; use "
+                    "--tensor-model-parallel-size 1");
+  if (model.is_moe() && config.etp() > 1)
+    throw UserError(
+        "--expert-tensor-parallel-size " + std::to_string(config.etp()) +
+        ": the executor runs expert tensor-parallel size 1 only; use --expert-tensor-parallel-size 1");
   const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
   if (rank < 0 || rank >= grid.world_size())
     throw std::out_of_range("rank " + std::to_string(rank) + " outside the world of " +
@@ -85,11 +86,15 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
                               static_cast<float>(a.norm_epsilon), static_cast<float>(a.init_method_std));
   t.model.sequence_parallel = parallel.sequence_parallel_enabled();
   if (t.model.is_moe()) {
+    t.model.expert_parallel_size = parallel.ep();
+    t.model.expert_parallel_rank = layouts::RankGrid::from_config(parallel).expert_coordinates(rank).ep;
     MoeRouterConfig& router = t.model.router;
     router.score_function = parse_router_score_function(a.moe_router_score_function);
     router.pre_softmax = a.moe_router_pre_softmax;
     router.load_balancing = parse_load_balancing_type(a.moe_router_load_balancing_type);
     router.aux_loss_coeff = a.moe_aux_loss_coeff;
+    router.enable_expert_bias = a.moe_router_enable_expert_bias;
+    router.bias_update_rate = a.moe_router_bias_update_rate;
     if (a.moe_expert_capacity_factor) {
       if (!(*a.moe_expert_capacity_factor > 0.0))
         throw UserError("--moe-expert-capacity-factor must be > 0 (leave it out for dropless routing)");

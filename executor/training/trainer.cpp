@@ -1,6 +1,7 @@
 // Trainer: the iteration (schedule -> forward/backward, grad sync, norm, AdamW) and its checkpoint state.
 #include "executor/training/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -9,6 +10,7 @@
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/parallel/context_parallel_split.h"
+#include "executor/training/expert_bias_state.h"
 #include "executor/training/recording_pause.h"
 #include "layouts/user_error.h"
 
@@ -183,44 +185,21 @@ void Trainer::build(bool sizing) {
   chunks_.clear();
   optimizer_state_.clear();
   std::int64_t sp_elements = 0;
-  const int dp = communicator_.size(CommGroup::kDataContext),
-            dp_rank = communicator_.rank(CommGroup::kDataContext);
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     chunks_.push_back(std::make_unique<GPTModel>(config_.model, chunk_batch(config_, slots_per_chunk_[c]),
                                                  config_.recompute, config_.compute_dtype, backend_,
                                                  communicator_, chunks[c]));
     const GPTModel& model = *chunks_.back();
-    ChunkOptimizerState state;
-    GradBucketOptions bucket_options;
-    bucket_options.data_parallel_size = dp;
-    bucket_options.overlap_grad_reduce = config_.overlap_grad_reduce;
-    bucket_options.distributed_optimizer = config_.use_distributed_optimizer;
-    bucket_options.bucket_end_multiple = layouts::kParameterAlignElements;
-    const bool shared = config_.model.tied_embeddings && schedule_.pp > 1 && !chunks[c].has_embedding;
-    state.buffer =
-        std::make_unique<GradBufferLayout>(grad_buffer_entries(model.layout(), shared), bucket_options);
-    if (state.buffer->total_elements() != model.layout().total_elements())
-      throw std::logic_error("the grad buffer's buckets do not tile the model's buffer");
-    std::int64_t owned = 0;
-    for (int b = 0; b < static_cast<int>(state.buffer->buckets().size()); ++b) {
-      const GradBucketRange& range = state.buffer->buckets()[b];
-      const std::int64_t begin =
-          config_.use_distributed_optimizer ? state.buffer->shard_begin(b, dp_rank) : range.begin;
-      const std::int64_t end =
-          config_.use_distributed_optimizer ? begin + state.buffer->shard_elements(b) : range.end;
-      state.owned.emplace_back(begin, end);
-      owned += end - begin;
-    }
-    state.exp_avg = backend_.allocate(DType::kFP32, 1, std::max<std::int64_t>(owned, 1),
-                                      "AdamW exp_avg, exp_avg_sq (fp32)");
-    state.exp_avg_sq = backend_.allocate(DType::kFP32, 1, std::max<std::int64_t>(owned, 1),
-                                         "AdamW exp_avg, exp_avg_sq (fp32)");
+    ChunkGradOptions grad_options;
+    grad_options.overlap_grad_reduce = config_.overlap_grad_reduce;
+    grad_options.distributed_optimizer = config_.use_distributed_optimizer;
+    grad_options.shared_embedding =
+        config_.model.tied_embeddings && schedule_.pp > 1 && !chunks[c].has_embedding;
+    static const std::vector<layouts::GradBucket> kNoBuckets;
+    const std::vector<layouts::GradBucket>& step_buckets =
+        config_.step && c < config_.step->buckets.size() ? config_.step->buckets[c] : kNoBuckets;
+    ChunkGradState state(model, communicator_, grad_options, step_buckets, !sizing);
     if (!sizing) {
-      GradientReducerOptions reducer;
-      reducer.overlap_grad_reduce = config_.overlap_grad_reduce;
-      reducer.distributed_optimizer = config_.use_distributed_optimizer;
-      reducer.scale_to_mean = false;  // the loss gradient carries 1 / (dp * cp)
-      state.reducer = std::make_unique<GradientReducer>(communicator_, *state.buffer, model.grads(), reducer);
       backend_.fill_zero(state.exp_avg);
       backend_.fill_zero(state.exp_avg_sq);
     }
@@ -233,6 +212,9 @@ void Trainer::build(bool sizing) {
   scalar_ = backend_.allocate(DType::kFP32, 1, 2, "grad norm and loss reductions");
   cp_loss_sums_ =
       backend_.allocate(DType::kFP32, 1, 2 * config_.batch.num_microbatches, "grad norm and loss reductions");
+  if (config_.model.is_moe() && config_.model.router.enable_expert_bias)
+    expert_counts_ = backend_.allocate(DType::kFP32, 1, config_.model.num_layers * config_.model.num_experts,
+                                       "grad norm and loss reductions");
   grad_norm_ = std::make_unique<GlobalGradNorm>(backend_);
   if (!sizing) build_optimizer();
 }
@@ -242,47 +224,49 @@ void Trainer::build_optimizer() {
   // shard of every bucket), padding included under the distributed optimizer (zero gradients, zero weights:
   // AdamW leaves them at zero) so that the optimizer ops count the shard's elements. Each element of the
   // model counts once in the global grad norm: replicated parameters on TP rank 0, the shard's owner under
-  // the distributed optimizer, data-parallel rank 0 without it.
+  // the distributed optimizer, rank 0 of the buffer's data-parallel group (dp-cp, or expert-dp) without it.
   const int tp_rank = communicator_.rank(CommGroup::kTensor);
-  const bool dp_counts =
-      config_.use_distributed_optimizer || communicator_.rank(CommGroup::kDataContext) == 0;
   std::vector<OptimizerTensor> tensors;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const GPTModel& model = *chunks_[c];
-    const ChunkOptimizerState& state = optimizer_state_[c];
-    const GradBufferLayout& buffer = *state.buffer;
+    const ChunkGradState& state = optimizer_state_[c];
     std::int64_t state_offset = 0;
-    for (std::size_t b = 0; b < state.owned.size(); ++b) {
-      const std::int64_t begin = state.owned[b].first, end = state.owned[b].second;  // captured below
-      const GradBucketRange& bucket = buffer.buckets()[b];
-      std::int64_t at = begin;
-      auto piece = [&](std::int64_t lo, std::int64_t hi, bool decay, bool counts) {
-        if (hi <= lo) return;
-        OptimizerTensor t;
-        const std::int64_t n = hi - lo, st = state_offset + (lo - begin);
-        t.main_param = flat_range(backend_, model.main_params(), lo, n);
-        t.main_grad = flat_range(backend_, model.grads(), lo, n);
-        t.exp_avg = flat_range(backend_, state.exp_avg, st, n);
-        t.exp_avg_sq = flat_range(backend_, state.exp_avg_sq, st, n);
-        t.model_param =
-            model.model_params().data == model.main_params().data || lo + n <= model.model_params().cols
-                ? flat_range(backend_, model.model_params(), lo, n)
-                : flat_range(backend_, model.main_params(), lo, n);
-        t.apply_weight_decay = decay;
-        t.in_grad_norm = counts;
-        tensors.push_back(t);
-      };
-      for (int e = bucket.first_entry; e < bucket.end_entry; ++e) {
-        const GradBufferEntry& entry = buffer.entries()[e];
-        const std::int64_t lo = std::max(begin, buffer.offset(e)),
-                           hi = std::min(end, buffer.offset(e) + entry.numel);
-        if (hi <= lo) continue;
-        if (config_.use_distributed_optimizer) piece(at, lo, false, false);  // padding before it
-        piece(lo, hi, entry.weight_decay, dp_counts && counts_in_grad_norm(entry, tp_rank));
-        at = hi;
+    for (const GradRegion& region : state.regions) {
+      const GradBufferLayout& buffer = *region.buffer;
+      const bool dp_counts = config_.use_distributed_optimizer || communicator_.rank(region.group) == 0;
+      for (std::size_t b = 0; b < buffer.buckets().size(); ++b) {
+        const auto& owned = state.owned[region.first_bucket + b];
+        const std::int64_t begin = owned.first, end = owned.second;  // captured below
+        const GradBucketRange& bucket = buffer.buckets()[b];
+        std::int64_t at = begin;
+        auto piece = [&](std::int64_t lo, std::int64_t hi, bool decay, bool counts) {
+          if (hi <= lo) return;
+          OptimizerTensor t;
+          const std::int64_t n = hi - lo, st = state_offset + (lo - begin);
+          t.main_param = flat_range(backend_, model.main_params(), lo, n);
+          t.main_grad = flat_range(backend_, model.grads(), lo, n);
+          t.exp_avg = flat_range(backend_, state.exp_avg, st, n);
+          t.exp_avg_sq = flat_range(backend_, state.exp_avg_sq, st, n);
+          t.model_param =
+              model.model_params().data == model.main_params().data || lo + n <= model.model_params().cols
+                  ? flat_range(backend_, model.model_params(), lo, n)
+                  : flat_range(backend_, model.main_params(), lo, n);
+          t.apply_weight_decay = decay;
+          t.in_grad_norm = counts;
+          tensors.push_back(t);
+        };
+        for (int e = bucket.first_entry; e < bucket.end_entry; ++e) {
+          const GradBufferEntry& entry = buffer.entries()[e];
+          const std::int64_t offset = region.base + buffer.offset(e);
+          const std::int64_t lo = std::max(begin, offset), hi = std::min(end, offset + entry.numel);
+          if (hi <= lo) continue;
+          if (config_.use_distributed_optimizer) piece(at, lo, false, false);  // padding before it
+          piece(lo, hi, entry.weight_decay, dp_counts && counts_in_grad_norm(entry, tp_rank));
+          at = hi;
+        }
+        if (config_.use_distributed_optimizer) piece(at, end, false, false);
+        state_offset += end - begin;
       }
-      if (config_.use_distributed_optimizer) piece(at, end, false, false);
-      state_offset += end - begin;
     }
   }
   backend_.prepare_optimizer(std::move(tensors));
@@ -328,16 +312,18 @@ void Trainer::reduce_tied_embedding() {
     // shards cover different rows: gather the reduced buckets holding the embedding first.
     const int dp = communicator_.size(CommGroup::kDataContext);
     if (config_.use_distributed_optimizer && dp > 1) {
-      const ChunkOptimizerState& state = optimizer_state_[c];
+      const GradRegion& dense = optimizer_state_[c].dense_region();
       OpRecorder& recorder = backend_.recorder();
       recorder.set_position(-1, static_cast<int>(c));
-      for (std::size_t b = 0; b < state.owned.size(); ++b) {
-        const GradBucketRange& range = state.buffer->buckets()[b];
-        if (range.end <= e.offset || range.begin >= e.offset + e.numel()) continue;
-        const std::int64_t begin = state.owned[b].first, end = state.owned[b].second;  // captured below
+      for (std::size_t b = 0; b < dense.buffer->buckets().size(); ++b) {
+        const GradBucketRange& range = dense.buffer->buckets()[b];
+        const std::int64_t range_begin = dense.base + range.begin, range_end = dense.base + range.end;
+        if (range_end <= e.offset || range_begin >= e.offset + e.numel()) continue;
+        const auto& owned = optimizer_state_[c].owned[dense.first_bucket + b];
+        const std::int64_t begin = owned.first, end = owned.second;  // captured below
         communicator_.all_gather(
             CommGroup::kDataContext, flat_range(backend_, chunk->grads(), begin, end - begin),
-            flat_range(backend_, chunk->grads(), range.begin, range.end - range.begin, dp),
+            flat_range(backend_, chunk->grads(), range_begin, range_end - range_begin, dp),
             {"embedding_grad_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
       }
       recorder.set_position(-1, -1);
@@ -370,28 +356,40 @@ void Trainer::reduce_sequence_parallel_norms() {
 void Trainer::gather_params(int chunk, int bucket) {
   // The distributed optimizer's all-gather of the bucket's updated params from every shard into the model's
   // compute copy (and the fp32 main params, which every rank holds whole).
-  const ChunkOptimizerState& state = optimizer_state_.at(chunk);
-  const GradBucketRange& range = state.buffer->buckets().at(bucket);
-  const auto [begin, end] = state.owned.at(bucket);
-  const int dp = communicator_.size(CommGroup::kDataContext);
+  const ChunkGradState& state = optimizer_state_.at(chunk);
+  int local = 0;
+  const GradRegion& region = state.region_of_step_bucket(bucket, &local);
+  const GradBucketRange& bucket_range = region.buffer->buckets().at(local);
+  const std::int64_t range_begin = region.base + bucket_range.begin,
+                     range_end = region.base + bucket_range.end;
+  const auto [begin, end] = state.owned.at(region.first_bucket + local);
+  const int dp = communicator_.size(region.group);
   const GPTModel& model = *chunks_[chunk];
   const Tensor params = model.model_params();  // covers the buffer (compute_copy_of_every_parameter)
   OpRecorder& recorder = backend_.recorder();
   recorder.set_position(-1, chunk);
+  const OpTag tag =
+      region.expert ? OpTag{"expert_param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kExpertParamGather}
+                    : OpTag{"param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather};
   CommHandle h = communicator_.all_gather_async(
-      CommGroup::kDataContext, flat_range(backend_, params, begin, end - begin),
-      flat_range(backend_, params, range.begin, range.end - range.begin, dp),
-      {"param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather});
+      region.group, flat_range(backend_, params, begin, end - begin),
+      flat_range(backend_, params, range_begin, range_end - range_begin, dp), tag);
   recorder.set_position(-1, -1);
   if (h) param_gathers_.push_back(std::move(h));
   if (params.data != model.main_params().data) {
     // Not recorded (the step program's one gather per bucket): the fp32 copy, for checkpoints.
     RecordingPause pause(backend_);
     communicator_.all_gather(
-        CommGroup::kDataContext, flat_range(backend_, model.main_params(), begin, end - begin),
-        flat_range(backend_, model.main_params(), range.begin, range.end - range.begin, dp),
+        region.group, flat_range(backend_, model.main_params(), begin, end - begin),
+        flat_range(backend_, model.main_params(), range_begin, range_end - range_begin, dp),
         {"main_param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather});
   }
+}
+
+void Trainer::launch_step_bucket(int chunk, int bucket) {
+  int local = 0;
+  const GradRegion& region = optimizer_state_.at(chunk).region_of_step_bucket(bucket, &local);
+  region.reducer->launch_bucket(local);
 }
 
 void Trainer::run_optimizer_step(layouts::OptimizerStep step, StepResult& result) {
@@ -440,12 +438,13 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
         break;
       case layouts::StepItemKind::kGradBucket:
         recorder.set_position(-1, item.chunk);
-        optimizer_state_.at(item.chunk).reducer->launch_bucket(item.bucket);
+        launch_step_bucket(item.chunk, item.bucket);
         break;
       case layouts::StepItemKind::kOptimizer:
         recorder.set_position(-1, -1);
         if (!reductions_done) {
-          for (ChunkOptimizerState& state : optimizer_state_) state.reducer->finish();
+          for (ChunkGradState& state : optimizer_state_) state.finish_reductions();
+          update_expert_biases();
           reductions_done = true;
           pending_result_.learning_rate = schedule_lr_.lr(consumed_samples_);
         }
@@ -457,8 +456,14 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
     }
   }
   recorder.set_position(-1, -1);
-  if (!reductions_done)
-    for (ChunkOptimizerState& state : optimizer_state_) state.reducer->finish();
+  if (!reductions_done) {
+    for (ChunkGradState& state : optimizer_state_) state.finish_reductions();
+    update_expert_biases();
+  }
+}
+
+void Trainer::update_expert_biases() {
+  for (auto& chunk : chunks_) update_router_expert_biases(*chunk, communicator_, expert_counts_);
 }
 
 double Trainer::reported_loss() {
@@ -565,7 +570,7 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const GPTModel& model = *chunks_[c];
     const std::vector<float> params = model.main_parameters();
-    const ChunkOptimizerState& state = optimizer_state_[c];
+    const ChunkGradState& state = optimizer_state_[c];
     std::vector<float> m(static_cast<std::size_t>(state.exp_avg.cols)), v(m.size());
     backend_.download(state.exp_avg, m.data());
     backend_.download(state.exp_avg_sq, v.data());
@@ -579,6 +584,7 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
       writer.add_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
                         v.data() + e.offset);
     }
+    save_expert_biases(writer, *chunks_[c]);
     if (config_.use_distributed_optimizer) {
       const std::string chunk = std::to_string(c);
       writer.add_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
@@ -598,7 +604,7 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
 
 void Trainer::upload_moments(std::size_t c, const std::vector<float>& m, const std::vector<float>& v) {
   // Whole-buffer moments into the chunk's state: all of it, or this rank's shards.
-  const ChunkOptimizerState& state = optimizer_state_[c];
+  const ChunkGradState& state = optimizer_state_[c];
   std::vector<float> own_m, own_v;
   for (const auto& [begin, end] : state.owned) {
     own_m.insert(own_m.end(), m.begin() + begin, m.begin() + end);
@@ -632,8 +638,9 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
                          v.data() + e.offset);
     }
     model.set_main_parameters(params);
+    load_expert_biases({&reader}, *chunks_[c]);
     if (shards) {
-      const ChunkOptimizerState& state = optimizer_state_[c];
+      const ChunkGradState& state = optimizer_state_[c];
       std::vector<float> own(static_cast<std::size_t>(state.exp_avg.cols));
       const std::string chunk = std::to_string(c);
       reader.read_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
@@ -696,6 +703,9 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
       put(v, "optimizer.exp_avg_sq.");
     }
     model.set_main_parameters(params);
+    std::vector<const checkpoint::CheckpointReader*> readers;
+    for (const checkpoint::CheckpointReader& shard : shards) readers.push_back(&shard);
+    load_expert_biases(readers, *chunks_[c]);
     upload_moments(c, m, v);
   }
   iteration_ = shards.front().metadata_int("iteration");

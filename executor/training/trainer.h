@@ -15,6 +15,7 @@
 #include "executor/parallel/grad_buckets.h"
 #include "executor/parallel/grad_norm.h"
 #include "executor/parallel/gradient_reducer.h"
+#include "executor/training/chunk_grad_state.h"
 #include "executor/training/lr_schedule.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
@@ -135,7 +136,9 @@ class Trainer {
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
   void reduce_tied_embedding();
   void reduce_sequence_parallel_norms();
-  void gather_params(int chunk, int bucket);
+  void gather_params(int chunk, int bucket);  // bucket: index into the step's buckets of the chunk
+  void launch_step_bucket(int chunk, int bucket);
+  void update_expert_biases();
   double reported_loss();
   std::vector<double> context_parallel_losses(GPTModel& chunk);
   // This CP rank's share of each micro-batch (the micro-batches themselves without context parallelism).
@@ -151,21 +154,16 @@ class Trainer {
   std::vector<int> slots_per_chunk_;
   std::vector<MicroBatch> cp_local_;  // this CP rank's share of the iteration's micro-batches (cp > 1)
   std::vector<std::unique_ptr<GPTModel>> chunks_;
-  // Per chunk: the grad buffer's buckets, their reduction, and the AdamW moments (the whole buffer, or with
+  // Per chunk: the grad buffers' buckets, their reduction, and the AdamW moments (the whole buffer, or with
   // the distributed optimizer this rank's shard of every bucket, back to back).
-  struct ChunkOptimizerState {
-    std::unique_ptr<GradBufferLayout> buffer;
-    std::unique_ptr<GradientReducer> reducer;
-    std::vector<std::pair<std::int64_t, std::int64_t>> owned;  // per bucket: [begin, end) this rank updates
-    Tensor exp_avg, exp_avg_sq;                                // (1, owned elements) fp32
-  };
-  std::vector<ChunkOptimizerState> optimizer_state_;
+  std::vector<ChunkGradState> optimizer_state_;
   std::unique_ptr<GlobalGradNorm> grad_norm_;
   std::vector<CommHandle> param_gathers_;
   StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)
   Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
   Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions
   Tensor cp_loss_sums_;   // (1, 2 * micro-batches) fp32: the CP group's loss sums and counted tokens
+  Tensor expert_counts_;  // (1, L * E) fp32: the tokens per expert summed for the expert-bias update
   std::int64_t iteration_ = 0;
   std::int64_t consumed_samples_ = 0;
   std::int64_t skipped_iterations_ = 0;

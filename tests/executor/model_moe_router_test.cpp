@@ -147,6 +147,12 @@ TEST(MoeRouter, AuxLossOfUniformScoresIsItsCoefficient) {
   EXPECT_TRUE(r.aux_loss_grad.empty());
 }
 
+TEST(MoeRouter, ExpertBiasMovesTowardsTheMeanLoad) {
+  std::vector<float> bias = {0.5f, 0.0f, -0.25f, 0.0f};
+  update_expert_bias({10, 2, 4, 0}, 0.125, bias);  // mean 4
+  EXPECT_EQ(bias, (std::vector<float>{0.375f, 0.125f, -0.25f, 0.125f}));
+}
+
 TEST(MoeRouter, BadFlagsAreUserErrors) {
   EXPECT_THROW(parse_router_score_function("tanh"), UserError);
   EXPECT_THROW(parse_load_balancing_type("sinkhorn"), UserError);

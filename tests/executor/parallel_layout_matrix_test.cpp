@@ -46,6 +46,8 @@ struct Layout {
   bool sp = false, dist_opt = false, overlap = false;
   std::string layout_string;
   int cp = 1;
+  int ep = 1;
+  bool sigmoid_bias = false;  // MoE: sigmoid routing with DeepSeek-V3's expert bias (no aux loss)
 };
 
 layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
@@ -53,6 +55,7 @@ layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const L
   c.tensor_model_parallel_size = l.tp;
   c.pipeline_model_parallel_size = l.pp;
   c.context_parallel_size = l.cp;
+  c.expert_model_parallel_size = l.ep;
   c.world_size = l.tp * l.pp * l.dp * l.cp;
   c.sequence_parallel = l.sp;
   c.micro_batch_size = 2;
@@ -84,6 +87,12 @@ Trained train(const layouts::ModelSpec& model, const Layout& l) {
   std::mutex mutex;
   TrainOptions o = options();
   if (model.is_moe()) o.moe_aux_loss_coeff = 1e-2;
+  if (l.sigmoid_bias) {
+    o.moe_aux_loss_coeff = 0.0;
+    o.moe_router_score_function = "sigmoid";
+    o.moe_router_enable_expert_bias = true;
+    o.moe_router_bias_update_rate = 1e-2;
+  }
   const std::vector<IterationRecord> records =
       train_on_threads(model, config, o, log, [&](int rank, TrainingRun& run) {
         Trainer& trainer = run.trainer();
@@ -110,8 +119,11 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
                                                                                       : "llama";
   const std::string ref_key =
       key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied") +
-      (model.is_moe() ? "-moe" + std::to_string(model.moe_shared_expert_intermediate_size) : "");
-  if (!reference_cache.count(ref_key)) reference_cache[ref_key] = train(model, Layout{"single"});
+      (model.is_moe() ? "-moe" + std::to_string(model.moe_shared_expert_intermediate_size) : "") +
+      (l.sigmoid_bias ? "-sigmoid-bias" : "");
+  Layout single_rank{"single"};
+  single_rank.sigmoid_bias = l.sigmoid_bias;
+  if (!reference_cache.count(ref_key)) reference_cache[ref_key] = train(model, single_rank);
   const Trained& single = reference_cache[ref_key];
   const Trained parallel = train(model, l);
   ASSERT_EQ(parallel.losses.size(), single.losses.size());
@@ -215,12 +227,15 @@ INSTANTIATE_TEST_SUITE_P(MultiLatentAttention, MlaLayoutMatrix,
                            return name + (c.q_lora ? "_q_lora" : "_q_proj");
                          });
 
-// MoE (4 experts, top-2, softmax, aux loss; expert-parallel size 1): the expert weights are ordinary
-// data-parallel parameters there, so every layout's curve is the single rank's.
+// MoE (4 experts, top-2, softmax, aux loss): expert parallelism (all-to-all dispatch, expert gradients
+// over expert-dp) alone and with dp (the distributed optimizer over both gradient buffers) and pp, and with
+// sigmoid routing + expert bias + a shared expert, reproduces the single rank's curve.
 const std::vector<Layout>& moe_matrix() {
   static const std::vector<Layout> layouts = {
-      {"pp2 1f1b", 1, 2},
-      {"pp2 custom", 1, 2, 1, 0, false, false, false, "Ett|ttL"},
+      {"ep2", 1, 1, 2, 0, false, false, false, "", 1, 2},
+      {"ep2 dp4 dist-opt overlaps", 1, 1, 4, 0, false, true, true, "", 1, 2},
+      {"ep2 pp2 custom", 1, 2, 2, 0, false, false, false, "Ett|ttL", 1, 2},
+      {"ep2 sigmoid expert-bias shared expert", 1, 1, 2, 0, false, false, false, "", 1, 2, true},
   };
   return layouts;
 }
@@ -232,7 +247,9 @@ TEST_P(MoeLayoutMatrix, ReproducesTheSingleRankRun) {
   model.num_experts = 4;
   model.moe_router_topk = 2;
   model.moe_ffn_hidden_size = 64;
-  expect_matches_single_rank(model, moe_matrix().at(GetParam()));
+  const Layout& layout = moe_matrix().at(GetParam());
+  if (layout.sigmoid_bias) model.moe_shared_expert_intermediate_size = 64;
+  expect_matches_single_rank(model, layout);
 }
 
 INSTANTIATE_TEST_SUITE_P(Moe, MoeLayoutMatrix, ::testing::Range(0, static_cast<int>(moe_matrix().size())),

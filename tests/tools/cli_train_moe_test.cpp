@@ -31,10 +31,11 @@ std::vector<double> logged(const std::string& out, const std::string& field) {
   return values;
 }
 
-CliResult train(const std::string& model, const std::string& data, const std::vector<std::string>& more) {
-  std::vector<std::string> args = {"train", "--model", model,   "--device",      "cpu",  "--data-path",
-                                   data,    "--split", "1,0,0", "--train-iters", "40",   "--gbs",
-                                   "8",     "--mbs",   "2",     "--lr",          "3e-3", "--log-interval",
+CliResult train(const std::string& model, const std::string& data, const std::vector<std::string>& more,
+                const std::string& iterations = "40") {
+  std::vector<std::string> args = {"train", "--model", model,   "--device",      "cpu",      "--data-path",
+                                   data,    "--split", "1,0,0", "--train-iters", iterations, "--gbs",
+                                   "8",     "--mbs",   "2",     "--lr",          "3e-3",     "--log-interval",
                                    "10"};
   args.insert(args.end(), more.begin(), more.end());
   return run_megatune(args, 120);
@@ -68,6 +69,35 @@ TEST(CliTrainMoe, TinyDeepSeekV3ShapeLearnsTextWithSigmoidRouting) {
              "--moe-aux-loss-coeff", "1e-3", "--moe-expert-capacity-factor", "1.5"}));
 }
 
+TEST(CliTrainMoe, ExpertBiasResumesFromItsCheckpoint) {
+  // 20 iterations at once, and 10 + 10 through a checkpoint: the same loss at iteration 20 only if the
+  // routers' expert biases were saved and loaded with the weights.
+  TempDir dir;
+  const std::string data = make_corpus(dir);
+  const std::vector<std::string> flags = {"--moe-router-score-function",
+                                          "sigmoid",
+                                          "--moe-router-enable-expert-bias",
+                                          "--moe-router-bias-update-rate",
+                                          "0.05",
+                                          "--lr-decay-iters",
+                                          "20"};
+  auto run = [&](const std::string& iterations, std::vector<std::string> more) {
+    std::vector<std::string> args = flags;
+    args.insert(args.end(), more.begin(), more.end());
+    return train("tiny-deepseek-v3", data, args, iterations);
+  };
+  const CliResult whole = run("20", {});
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const CliResult first = run("10", {"--save", dir / "ckpt"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const CliResult resumed = run("20", {"--load", dir / "ckpt", "--save", dir / "ckpt2"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const std::vector<double> a = logged(whole.out, "lm loss"), b = logged(resumed.out, "lm loss");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(a.back(), b.back()) << whole.out << resumed.out;
+}
+
 TEST(CliTrainMoe, BadMoeFlagsFailWithOneLine) {
   const std::vector<std::string> base = {"train", "--model",     "tiny-mixtral",  "--device",
                                          "cpu",   "--mock-data", "--gbs",         "4",
@@ -83,6 +113,8 @@ TEST(CliTrainMoe, BadMoeFlagsFailWithOneLine) {
       {{"--moe-expert-capacity-factor", "-1"}, "--moe-expert-capacity-factor"},
       {{"--moe-aux-loss-coeff", "-0.1"}, "--moe-aux-loss-coeff"},
       {{"--moe-router-topk", "9"}, "--moe-router-topk"},
+      {{"--tp", "2", "--nproc", "2"}, "--tensor-model-parallel-size 1"},
+      {{"--moe-router-enable-expert-bias"}, "--moe-router-score-function sigmoid"},
   };
   for (const auto& [flags, mention] : cases) {
     const CliResult r = with(flags);
