@@ -20,6 +20,7 @@
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
 #include "tools/progress_bar.h"
+#include "tools/tokenizer_flags.h"
 
 namespace megatune::tools {
 namespace {
@@ -163,31 +164,7 @@ const Registrar registrar{Command{
       preprocess->add_option("--output-prefix", c.output_prefix, "output path prefix")->required();
       preprocess->add_option("--json-keys", c.json_keys, "JSON keys to extract (one output each)")
           ->default_val(std::vector<std::string>{"text"});
-      auto& t = c.tokenizer;
-      preprocess
-          ->add_option(
-              "--tokenizer-type", t.type,
-              "byte (default): one token per byte, EOD 256, vocab 257 (Megatron pads it to a multiple "
-              "of 128 x TP: 384 at TP 1); ids: the key holds token id arrays; Megatron's "
-              "GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer")
-          ->check(CLI::IsMember({"byte", "ids", "GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer",
-                                 "SentencePieceTokenizer"}));
-      preprocess->add_option("--vocab-file", t.vocab_file, "GPT2BPETokenizer: GPT-2's vocab.json");
-      preprocess->add_option("--merge-file", t.merge_file, "GPT2BPETokenizer: GPT-2's merges.txt");
-      preprocess->add_option("--tokenizer-model", t.tokenizer_model,
-                             "HuggingFaceTokenizer: tokenizer.json; TikTokenizer: tiktoken ranks (.tiktoken "
-                             "lines or Megatron's .json); SentencePieceTokenizer: the .model file");
-      preprocess
-          ->add_option("--tiktoken-pattern", t.tiktoken_pattern,
-                       "TikTokenizer pre-tokenizer: v2 (default) or v1 (Megatron's), cl100k (cl100k_base's, "
-                       "Llama 3's)")
-          ->default_val("v2");
-      preprocess
-          ->add_option("--tiktoken-num-special-tokens", t.tiktoken_num_special_tokens,
-                       "TikTokenizer: ids below it are special tokens, a rank r is id r + it (default 1000)")
-          ->check(integer_at_least(3));
-      preprocess->add_option("--tiktoken-special-tokens", t.tiktoken_special_tokens,
-                             "TikTokenizer: the special tokens in id order (default <unk> <s> </s>)");
+      add_tokenizer_flags(*preprocess, c.tokenizer, true);
       preprocess->add_flag("--append-eod", c.append_eod, "append the EOD token to each document");
       preprocess
           ->add_option("--vocab-size", c.vocab_size,

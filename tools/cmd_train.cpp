@@ -25,6 +25,7 @@
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
 #include "tools/megatron_args.h"
+#include "tools/tokenizer_flags.h"
 #include "tools/train_memory_check.h"
 #include "tools/train_option_checks.h"
 #ifdef MEGATUNE_HAVE_CUDA
@@ -43,11 +44,25 @@ struct TrainArgs {
   TrainOptions options;
   std::string device;
   std::string ops_out;
-  int nproc = 0;                 // --nproc: ranks on this host (0: the layout's world size)
-  std::string trace_iterations;  // --trace-iterations START:COUNT
-  bool dry_run = false;          // --dry-run: print the arena, train nothing
+  int nproc = 0;                             // --nproc: ranks on this host (0: the layout's world size)
+  std::string trace_iterations;              // --trace-iterations START:COUNT
+  bool dry_run = false;                      // --dry-run: print the arena, train nothing
+  executor::data::TokenizerFiles tokenizer;  // --tokenizer-type and its files (default: the byte tokenizer)
   const CLI::App* app = nullptr;
 };
+
+// Megatron takes the vocabulary size (before padding) and the end-of-document id from the tokenizer flags.
+void apply_tokenizer(TrainArgs& a) {
+  if (a.tokenizer.type == "byte") return;
+  const auto tokenizer = executor::data::make_tokenizer(a.tokenizer);
+  const std::int64_t vocab = tokenizer->vocab_size();
+  if (a.megatron.vocab_size && *a.megatron.vocab_size < vocab)
+    throw UserError("--vocab-size " + std::to_string(*a.megatron.vocab_size) + " is smaller than the " +
+                    a.tokenizer.type + " vocabulary (" + std::to_string(vocab) +
+                    " ids): drop --vocab-size (it comes from the tokenizer, as in Megatron) or raise it");
+  if (!a.megatron.vocab_size) a.megatron.vocab_size = static_cast<int>(vocab);
+  a.options.eod_token = tokenizer->eod_id();
+}
 
 #ifdef MEGATUNE_HAVE_CUDA
 // The GPU's dense bf16 peak, 0 for a GPU the catalog does not know (no MFU column then).
@@ -237,6 +252,7 @@ int run_train(TrainArgs& a) {
   // Like Megatron, the world size defaults to the launcher's (torchrun, Slurm, mpirun).
   const LaunchEnvironment launch = read_launch_environment();
   if (!a.megatron.world_size && launch.world_size > 1) a.megatron.world_size = launch.world_size;
+  apply_tokenizer(a);
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);
   parallel.validate(spec);
@@ -362,8 +378,10 @@ const Registrar registrar({
                      "indexed dataset prefix, or W1 PREFIX1 W2 PREFIX2 ...");
       app.add_option("--split", a.options.split, "train,valid,test weights");
       app.add_flag("--mock-data", a.options.mock_data, "Megatron-style synthetic data");
-      app.add_flag("--eod-mask-loss", a.options.eod_mask_loss,
-                   "no loss on positions whose input is the EOD token");
+      app.add_flag(
+          "--eod-mask-loss", a.options.eod_mask_loss,
+          "no loss on positions whose input is the EOD token (the tokenizer's: see --tokenizer-type)");
+      add_tokenizer_flags(app, a.tokenizer, false);
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--eval-interval", a.options.eval_interval,

@@ -127,7 +127,11 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.data.gpt.random_seed = a.seed;
   run.data.gpt.vocab_size = spec.vocab_size;
   run.data.gpt.eod_mask_loss = a.eod_mask_loss;
-  run.data.gpt.eod_token = spec.vocab_size > 256 ? 256 : 0;  // byte tokenizer's EOD when it fits
+  // The tokenizer's EOD, else the byte tokenizer's when it fits.
+  run.data.gpt.eod_token = a.eod_token ? *a.eod_token : (spec.vocab_size > 256 ? 256 : 0);
+  if (run.data.gpt.eod_token >= spec.vocab_size)
+    throw UserError("the tokenizer's end-of-document id " + std::to_string(run.data.gpt.eod_token) +
+                    " is outside --vocab-size " + std::to_string(spec.vocab_size) + ": raise --vocab-size");
   run.data.mock.vocab_size = spec.vocab_size;
   run.data.mock.eod_token = run.data.gpt.eod_token;
   run.save = a.save;

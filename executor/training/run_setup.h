@@ -32,6 +32,8 @@ struct TrainOptions {
   std::string split = "969,30,1";
   bool mock_data = false;
   bool eod_mask_loss = false;
+  std::optional<std::int32_t>
+      eod_token;  // the tokenizer's EOD (Megatron's tokenizer.eod); unset: the byte one
   std::uint32_t seed = 1234;
   std::int64_t log_interval = 10;
   std::int64_t eval_interval = 1000;  // --eval-interval
