@@ -6,10 +6,20 @@
 #   bash bench/sweep_gpu.sh measure MEGATUNE OUT_DIR   -> on the GPU: each layout trained with --trace-dir
 #                                                         into OUT_DIR/<name>/ (log in OUT_DIR/<name>.log)
 # Then, anywhere: megatune compare --run OUT_DIR/<name> ... (one --run per layout) for the errors and tau.
+# SWEEP_SET=heldout picks layouts the shipped calibration was not fitted on (other sequence lengths and
+# micro-batches of the same models): the test of a calibration fitted on the sweep.
 set -uo pipefail
 mode=${1:?predict|measure}; B=${2:?megatune binary}; out=${3:?output}
 layouts=()
-for mbs in 1 2 4 8; do
+if [ "${SWEEP_SET:-sweep}" = heldout ]; then
+  layouts+=("gpt-1.3b_seq4096_mbs2|--model gpt-1.3b --seq-length 4096 --max-position-embeddings 4096 --gbs 16 --mbs 2")
+  layouts+=("gpt-1.3b_seq1024_mbs8|--model gpt-1.3b --seq-length 1024 --max-position-embeddings 1024 --gbs 64 --mbs 8")
+  layouts+=("llama3-1b_seq2048_mbs4|--model llama3-1b --seq-length 2048 --gbs 32 --mbs 4")
+  layouts+=("llama3-1b_seq8192_mbs1_selective|--model llama3-1b --seq-length 8192 --gbs 8 --mbs 1 --recompute-granularity selective")
+  layouts+=("llama3-3b_seq2048_mbs2|--model llama3-3b --seq-length 2048 --gbs 32 --mbs 2")
+  layouts+=("llama3-3b_seq4096_mbs1_full|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 1 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+fi
+[ "${SWEEP_SET:-sweep}" = sweep ] && for mbs in 1 2 4 8; do
   for rc in none selective full; do
     flags="--model gpt-1.3b --seq-length 2048 --gbs 32 --mbs $mbs"
     [ "$rc" = selective ] && flags+=" --recompute-granularity selective"
@@ -17,9 +27,11 @@ for mbs in 1 2 4 8; do
     layouts+=("gpt-1.3b_mbs${mbs}_${rc}|$flags")
   done
 done
-layouts+=("llama3-1b_seq4096_mbs2|--model llama3-1b --seq-length 4096 --gbs 32 --mbs 2")
-layouts+=("llama3-3b_seq4096_mbs1|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 1")
-layouts+=("llama3-3b_seq4096_mbs2_selective|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 2 --recompute-granularity selective")
+if [ "${SWEEP_SET:-sweep}" = sweep ]; then
+  layouts+=("llama3-1b_seq4096_mbs2|--model llama3-1b --seq-length 4096 --gbs 32 --mbs 2")
+  layouts+=("llama3-3b_seq4096_mbs1|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 1")
+  layouts+=("llama3-3b_seq4096_mbs2_selective|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 2 --recompute-granularity selective")
+fi
 
 case "$mode" in
   predict)

@@ -23,6 +23,7 @@ export NCCL_NVLS_ENABLE=0
 G=.gpu
 # stage_gpu.sh packs the executables into one archive (the carry limit): unpack it once.
 if [ -f $G/bins.tar.xz ]; then tar xJf $G/bins.tar.xz -C $G && rm -f $G/bins.tar.xz; fi
+export LD_LIBRARY_PATH=$PWD/$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # staged libraries (stage_gpu.sh)
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2

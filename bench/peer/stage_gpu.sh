@@ -16,6 +16,10 @@ trap 'rm -rf "$staging"' EXIT
 cp "$build"/bin/{megatune,bench_train_gpu,bench_attention_gpu,bench_optimizer_gpu,bench_gemm_gpu,bench_memory_kernels_gpu} "$staging"/
 cp "$build"/tests/executor_*_gpu_test "$staging"/
 strip "$staging"/* 2>/dev/null || true
+# Shared libraries the GPU machine lacks (SentencePiece: the tokenizer): into lib/, for LD_LIBRARY_PATH.
+for lib in $(ldd "$build"/bin/megatune | awk '/libsentencepiece/ {print $3}'); do
+  mkdir -p "$staging"/lib && cp -L "$lib" "$staging"/lib/
+done
 if [ -f "$anchors/sdpa_bench.py" ]; then cp "$anchors/sdpa_bench.py" "$staging"/; fi
 cp bench/peer/sdpa_head_dims.py "$staging"/
 rm -rf .gpu && mkdir -p .gpu
