@@ -107,7 +107,7 @@ int run_plan(const PlanCommandOptions& o) {
   request.model = model;
   request.world_size = cluster.world_size();
   request.global_batch_size = *a.global_batch_size;
-  request.top_k = o.top_k;
+  request.top_k = std::max(o.top_k, o.measure.candidates);  // every measured candidate is ranked
   request.memory_headroom_fraction = o.headroom;
   request.memory_model = o.memory_model;
   request.peak_memory_of = peak_memory_function(o.memory_model);

@@ -10,6 +10,7 @@
 #include "cli_harness.h"
 #include "cost_models/calibration_store.h"
 #include "cost_models/cost_database.h"
+#include "tools/measure_top.h"
 
 namespace megatune::tests {
 namespace {
@@ -91,6 +92,13 @@ TEST(PlanMeasureTopTest, MeasuresTheTopCandidatesAndMakesTheFastestMeasuredOneTh
       std::to_string(p.at("etp").get<int>()) + " mbs" + std::to_string(p.at("micro_batch_size").get<int>());
   EXPECT_EQ(rows[0].candidate.rfind(knobs, 0), 0u) << knobs << " vs " << rows[0].candidate;
   EXPECT_EQ(written.at("why").get<std::string>().find("fastest measured"), 0u);
+}
+
+TEST(PlanMeasureTopTest, TracesTheLastIterationsAfterTheFirst) {
+  EXPECT_EQ(tools::measure_trace_window(6), "4:3");
+  EXPECT_EQ(tools::measure_trace_window(3), "2:2");
+  EXPECT_EQ(tools::measure_trace_window(2), "2:1");
+  EXPECT_EQ(tools::measure_trace_window(1), "1:1");
 }
 
 TEST(PlanMeasureTopTest, CandidatesThatFailAreReportedOneLineEach) {
