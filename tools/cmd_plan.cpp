@@ -59,15 +59,17 @@ std::string sibling(const std::string& output, const std::string& suffix) {
   return (p.parent_path() / (p.stem().string() + suffix)).string();
 }
 
-// --measure-top: measure the top candidates and make the fastest measured one the plan's winner.
-void measure_and_rerank(const PlanCommandOptions& o, const layouts::ModelSpec& model,
-                        const cost_models::ClusterSpec& cluster, const planner::PlanRequest& request,
-                        planner::PricingSource& pricing, planner::PlanResult& result) {
+// --measure-top: measure the top candidates and make the fastest measured one the plan's winner. Returns the
+// measurements as JSON for plan.json.
+std::string measure_and_rerank(const PlanCommandOptions& o, const layouts::ModelSpec& model,
+                               const cost_models::ClusterSpec& cluster, const planner::PlanRequest& request,
+                               planner::PricingSource& pricing, planner::PlanResult& result) {
   MeasureTopOptions measure = o.measure;
   measure.db = o.db;
   measure.save = o.save;
-  const std::size_t fastest =
+  const MeasureTopResult measured =
       measure_top_candidates(measure, model, cluster, result, request.step, *pricing.cost_model, std::cout);
+  const std::size_t fastest = measured.fastest;
   const auto at = result.ranked.begin() + static_cast<std::ptrdiff_t>(fastest);
   std::rotate(result.ranked.begin(), at, at + 1);
   result.why_winner = "fastest measured of the top " + std::to_string(o.measure.candidates) +
@@ -76,6 +78,14 @@ void measure_and_rerank(const PlanCommandOptions& o, const layouts::ModelSpec& m
       "\nthe plan's winner is the fastest measured candidate (predicted rank %zu): plan.json and the .args "
       "files are written for it\n",
       fastest + 1);
+  return measured.json;
+}
+
+// The plan JSON with a "measured" member (the --measure-top candidates) when there are measurements.
+std::string with_measurements(std::string plan_json, const std::string& measured_json) {
+  const std::size_t end = plan_json.rfind("\n}");
+  if (measured_json.empty() || end == std::string::npos) return plan_json;
+  return plan_json.insert(end, ",\n  \"measured\": " + measured_json);
 }
 
 int run_plan(const PlanCommandOptions& o) {
@@ -164,7 +174,8 @@ int run_plan(const PlanCommandOptions& o) {
                 st.first_failure.c_str());
   }
 
-  if (o.measure.candidates > 0) measure_and_rerank(o, model, cluster, request, pricing, result);
+  const std::string measured =
+      o.measure.candidates > 0 ? measure_and_rerank(o, model, cluster, request, pricing, result) : "";
   const planner::PlanCandidate& winner = result.ranked.front();
   planner::MemoryOptions memory_options = request.memory;
   const planner::MemoryEstimate memory = request.peak_memory_of(model, winner.config, memory_options);
@@ -199,7 +210,7 @@ int run_plan(const PlanCommandOptions& o) {
     OutputFile plan_file(o.output, "--output");
     OutputFile train_file(train_path, "--output");
     OutputFile megatron_file(megatron_path, "--output");
-    plan_file.stream() << planner::plan_json(model, cluster, result, memory);
+    plan_file.stream() << with_measurements(planner::plan_json(model, cluster, result, memory), measured);
     train_file.stream() << train << "\n";
     megatron_file.stream() << megatron << "\n";
     plan_file.commit();
@@ -207,7 +218,9 @@ int run_plan(const PlanCommandOptions& o) {
     megatron_file.commit();
     std::printf("\nwrote %s, %s, %s\n", o.output.c_str(), train_path.c_str(), megatron_path.c_str());
   } else if (!o.output.empty()) {
-    write_output_file(o.output, planner::plan_json(model, cluster, result, memory), "--output");
+    write_output_file(o.output,
+                      with_measurements(planner::plan_json(model, cluster, result, memory), measured),
+                      "--output");
   }
   if (o.save) {
     const std::string path = o.db.empty() ? cost_models::default_cost_database_path() : o.db;

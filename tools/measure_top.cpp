@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "cost_models/calibration_store.h"
@@ -27,6 +28,7 @@ struct Measurement {
   std::size_t plan_index = 0;  // in result.ranked
   std::string trace_dir;
   bool measured = false;
+  std::string failure;  // why it was dropped
   double measured_step_s = 0, measured_mfu = 0, calibrated_step_s = 0;
   std::optional<TracedRunTarget> run;
 };
@@ -110,18 +112,21 @@ void measure_one(const MeasureTopOptions& o, const layouts::ModelSpec& model,
       run_self_with_timeout(train_command(o, model, candidate, m.trace_dir), log, o.timeout_s);
   const std::string name = "  #" + std::to_string(m.plan_index + 1) + " " + planner::describe(candidate);
   if (child.exit_code != 0) {
-    out << name << ": failed, dropped (" << failure_line(child, o) << ")\n";
+    m.failure = failure_line(child, o);
+    out << name << ": failed, dropped (" << m.failure << ")\n";
     return;
   }
   try {
     m.run = read_traced_run(m.trace_dir);
   } catch (const UserError& e) {
+    m.failure = std::string("trace unreadable: ") + e.what();
     out << name << ": its trace is unreadable, dropped (" << e.what() << ")\n";
     return;
   }
   m.measured_step_s = measured_step_s(m.run->run);
   m.measured = m.measured_step_s > 0;
   if (!m.measured) {
+    m.failure = "no timed iteration in the trace";
     out << name << ": its trace holds no timed iteration, dropped\n";
     return;
   }
@@ -226,6 +231,27 @@ void print_reranked(std::vector<Measurement*>& order, const planner::PlanResult&
   }
 }
 
+std::string measurements_json(const std::vector<Measurement>& ms, const planner::PlanResult& result) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Measurement& m : ms) {
+    const planner::PlanCandidate& c = result.ranked[m.plan_index];
+    nlohmann::json row = {{"predicted_rank", m.plan_index + 1},
+                          {"candidate", planner::describe(c)},
+                          {"pipeline_layout", c.layout},
+                          {"predicted_step_time_s", c.simulation.step_time_s},
+                          {"predicted_mfu", c.simulation.mfu}};
+    if (m.measured) {
+      row["measured_step_time_s"] = m.measured_step_s;
+      row["measured_mfu"] = m.measured_mfu;
+      row["calibrated_step_time_s"] = m.calibrated_step_s;
+    } else {
+      row["failure"] = m.failure;
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows.dump();
+}
+
 }  // namespace
 
 std::string measure_trace_window(int iterations) {
@@ -233,10 +259,11 @@ std::string measure_trace_window(int iterations) {
   return std::to_string(iterations - count + 1) + ":" + std::to_string(count);
 }
 
-std::size_t measure_top_candidates(const MeasureTopOptions& o, const layouts::ModelSpec& model,
-                                   const cost_models::ClusterSpec& cluster, const planner::PlanResult& result,
-                                   const layouts::StepProgramOptions& step, cost_models::CostModel& pricing,
-                                   std::ostream& out) {
+MeasureTopResult measure_top_candidates(const MeasureTopOptions& o, const layouts::ModelSpec& model,
+                                        const cost_models::ClusterSpec& cluster,
+                                        const planner::PlanResult& result,
+                                        const layouts::StepProgramOptions& step,
+                                        cost_models::CostModel& pricing, std::ostream& out) {
   const std::size_t k = std::min<std::size_t>(std::size_t(o.candidates), result.ranked.size());
   MeasureFolder folder(o.keep_dir);
   out << "\nmeasuring the top " << k << " candidates on " << cluster.short_name() << " with --device "
@@ -263,7 +290,7 @@ std::size_t measure_top_candidates(const MeasureTopOptions& o, const layouts::Mo
   });
   print_reranked(order, result, out);
   if (folder.kept()) out << "\ntraced runs kept in " << folder.path() << " (megatune compare --run DIR)\n";
-  return order.front()->plan_index;
+  return {order.front()->plan_index, measurements_json(ms, result)};
 }
 
 }  // namespace megatune::tools

@@ -27,13 +27,20 @@ struct MeasureTopOptions {
 // Returns "START:COUNT" for --trace-iterations.
 std::string measure_trace_window(int iterations);
 
+struct MeasureTopResult {
+  std::size_t fastest = 0;  // index in PlanResult::ranked of the fastest measured candidate
+  // One line of JSON: per candidate tried, in predicted order, its predicted rank, knobs and layout, and
+  // either its predicted, measured and calibrated step times and MFUs or why it failed.
+  std::string json;
+};
+
 // Measures the top K of `result.ranked` (UserError when none of them ran), prints the predicted-vs-measured
 // table, fits a calibration and re-simulates with it (`pricing` gets the fitted calibration), prints the
-// re-ranked order and stores the calibration when options ask for it. Returns the index in result.ranked of
-// the fastest measured candidate.
-std::size_t measure_top_candidates(const MeasureTopOptions& options, const layouts::ModelSpec& model,
-                                   const cost_models::ClusterSpec& cluster, const planner::PlanResult& result,
-                                   const layouts::StepProgramOptions& step, cost_models::CostModel& pricing,
-                                   std::ostream& out);
+// re-ranked order and stores the calibration when options ask for it.
+MeasureTopResult measure_top_candidates(const MeasureTopOptions& options, const layouts::ModelSpec& model,
+                                        const cost_models::ClusterSpec& cluster,
+                                        const planner::PlanResult& result,
+                                        const layouts::StepProgramOptions& step,
+                                        cost_models::CostModel& pricing, std::ostream& out);
 
 }  // namespace megatune::tools

@@ -92,6 +92,13 @@ TEST(PlanMeasureTopTest, MeasuresTheTopCandidatesAndMakesTheFastestMeasuredOneTh
       std::to_string(p.at("etp").get<int>()) + " mbs" + std::to_string(p.at("micro_batch_size").get<int>());
   EXPECT_EQ(rows[0].candidate.rfind(knobs, 0), 0u) << knobs << " vs " << rows[0].candidate;
   EXPECT_EQ(written.at("why").get<std::string>().find("fastest measured"), 0u);
+  const nlohmann::json& measured = written.at("measured");
+  ASSERT_EQ(measured.size(), 2u);
+  for (const nlohmann::json& m : measured) {
+    EXPECT_GT(m.at("measured_step_time_s").get<double>(), 0.0);
+    EXPECT_GT(m.at("calibrated_step_time_s").get<double>(), 0.0);
+  }
+  EXPECT_EQ(measured[rows[0].plan_rank - 1].at("candidate").get<std::string>(), rows[0].candidate);
 }
 
 TEST(PlanMeasureTopTest, TracesTheLastIterationsAfterTheFirst) {
