@@ -102,6 +102,10 @@ int run_plan(const PlanCommandOptions& o) {
   }
   if (!a.global_batch_size) throw UserError("--global-batch-size is required (e.g. --global-batch-size 512)");
   if (o.top_k < 1) throw UserError("--top-k must be at least 1");
+#ifndef MEGATUNE_HAVE_CUDA
+  if (o.measure.candidates > 0 && o.measure.device == "cuda")
+    throw UserError("--measure-device cuda: this megatune was built without CUDA; use --measure-device cpu");
+#endif
   if (!o.measure.keep_dir.empty() && o.measure.candidates == 0)
     throw UserError("--measure-keep needs --measure-top K (the candidates to measure)");
   if (!(o.headroom >= 0.0 && o.headroom < 1.0)) throw UserError("--memory-headroom must be in [0, 1)");

@@ -126,6 +126,13 @@ TEST(PlanMeasureTopTest, BadMeasureFlagsGetOneLine) {
   EXPECT_NE(device.exit_code, 0);
   EXPECT_EQ(device.error_lines(), 1) << device.err;
   EXPECT_NE(device.err.find("--measure-device"), std::string::npos) << device.err;
+#ifndef MEGATUNE_HAVE_CUDA
+  const CliResult cuda =
+      run_megatune({"plan", "--model", "tiny", "--cluster", "1x2xH100", "--gbs", "8", "--measure-top", "2"});
+  EXPECT_NE(cuda.exit_code, 0);
+  EXPECT_EQ(cuda.error_lines(), 1) << cuda.err;
+  EXPECT_NE(cuda.err.find("use --measure-device cpu"), std::string::npos) << cuda.err;
+#endif
   const CliResult keep = run_megatune(
       {"plan", "--model", "tiny", "--cluster", "1x2xH100", "--gbs", "8", "--measure-keep", "runs"});
   EXPECT_NE(keep.exit_code, 0);
