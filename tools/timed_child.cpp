@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -26,25 +25,19 @@ std::string last_non_empty_line(const std::string& path) {
   return last;
 }
 
-// In the child: its own process group, output to the log, then exec (exit 127 when that fails).
-[[noreturn]] void exec_child(const std::string& program, const std::vector<std::string>& arguments,
-                             const std::string& log_path) {
+// In the child: its own process group, output to the log, then exec (exit 127 when that fails). Only system
+// calls here: the parent may have had other threads, so nothing that allocates runs after the fork.
+[[noreturn]] void exec_child(const char* program, char* const* argv, const char* log_path) {
   setpgid(0, 0);
-  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int log = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (log >= 0) {
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);
     close(log);
   }
-  std::vector<char*> argv;
-  std::string argv0 = "megatune";
-  argv.push_back(argv0.data());
-  std::vector<std::string> copies = arguments;
-  for (std::string& a : copies) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  execv(program.c_str(), argv.data());
-  const std::string message = "exec " + program + ": " + std::strerror(errno) + "\n";
-  (void)!write(STDERR_FILENO, message.data(), message.size());
+  execv(program, argv);
+  static const char kMessage[] = "megatune: cannot exec /proc/self/exe\n";
+  (void)!write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
   _exit(127);
 }
 
@@ -52,11 +45,17 @@ std::string last_non_empty_line(const std::string& path) {
 
 ChildOutcome run_self_with_timeout(const std::vector<std::string>& arguments, const std::string& log_path,
                                    double timeout_s) {
-  const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
+  // The child is a copy of this process: its /proc/self/exe is this executable, even one replaced on disk.
+  const std::string program = "/proc/self/exe";
   const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> words = {"megatune"};
+  words.insert(words.end(), arguments.begin(), arguments.end());
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) exec_child(program, arguments, log_path);
+  if (pid == 0) exec_child(program.c_str(), argv.data(), log_path.c_str());
   setpgid(pid, pid);  // also here, so that the group exists before any kill below
   ChildOutcome outcome;
   int status = 0;
