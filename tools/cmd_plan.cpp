@@ -255,8 +255,7 @@ void add_measure_flags(CLI::App& sub, MeasureTopOptions& m) {
       ->check(integer_at_least(0))
       ->group("Measure");
   sub.add_option("--measure-iterations", m.iterations,
-                 "Iterations each measured candidate trains (the last "
-                 "few, up to 3, are traced)")
+                 "Iterations each measured candidate trains (the last few, up to 3, are traced)")
       ->capture_default_str()
       ->check(integer_at_least(1))
       ->group("Measure");
