@@ -2,6 +2,7 @@
 // winner wins, and write the plan as JSON, as `megatune train` arguments and as Megatron-LM arguments.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include "tools/command_registry.h"
 #include "tools/executor_memory_model.h"
 #include "tools/input_checks.h"
+#include "tools/measure_top.h"
 #include "tools/megatron_args.h"
 #include "tools/progress_bar.h"
 
@@ -48,12 +50,42 @@ struct PlanCommandOptions {
   // --memory-model: the executor's own arena by default (megatune trains the plan); the search sizes only the
   // candidates it would simulate.
   planner::MemoryModelKind memory_model = planner::MemoryModelKind::kMegatune;
+  MeasureTopOptions measure;  // --measure-top and its companions
 };
 
 // "plan.json" -> "plan" + suffix, next to it.
 std::string sibling(const std::string& output, const std::string& suffix) {
   std::filesystem::path p(output);
   return (p.parent_path() / (p.stem().string() + suffix)).string();
+}
+
+// --measure-top: measure the top candidates and make the fastest measured one the plan's winner. Returns the
+// measurements as JSON for plan.json.
+std::string measure_and_rerank(const PlanCommandOptions& o, const layouts::ModelSpec& model,
+                               const cost_models::ClusterSpec& cluster, const planner::PlanRequest& request,
+                               planner::PricingSource& pricing, planner::PlanResult& result) {
+  MeasureTopOptions measure = o.measure;
+  measure.db = o.db;
+  measure.save = o.save;
+  const MeasureTopResult measured =
+      measure_top_candidates(measure, model, cluster, result, request.step, *pricing.cost_model, std::cout);
+  const std::size_t fastest = measured.fastest;
+  const auto at = result.ranked.begin() + static_cast<std::ptrdiff_t>(fastest);
+  std::rotate(result.ranked.begin(), at, at + 1);
+  result.why_winner = "fastest measured of the top " + std::to_string(o.measure.candidates) +
+                      " (megatune plan --measure-top), predicted rank " + std::to_string(fastest + 1);
+  std::printf(
+      "\nthe plan's winner is the fastest measured candidate (predicted rank %zu): plan.json and the .args "
+      "files are written for it\n",
+      fastest + 1);
+  return measured.json;
+}
+
+// The plan JSON with a "measured" member (the --measure-top candidates) when there are measurements.
+std::string with_measurements(std::string plan_json, const std::string& measured_json) {
+  const std::size_t end = plan_json.rfind("\n}");
+  if (measured_json.empty() || end == std::string::npos) return plan_json;
+  return plan_json.insert(end, ",\n  \"measured\": " + measured_json);
 }
 
 int run_plan(const PlanCommandOptions& o) {
@@ -70,6 +102,12 @@ int run_plan(const PlanCommandOptions& o) {
   }
   if (!a.global_batch_size) throw UserError("--global-batch-size is required (e.g. --global-batch-size 512)");
   if (o.top_k < 1) throw UserError("--top-k must be at least 1");
+#ifndef MEGATUNE_HAVE_CUDA
+  if (o.measure.candidates > 0 && o.measure.device == "cuda")
+    throw UserError("--measure-device cuda: this megatune was built without CUDA; use --measure-device cpu");
+#endif
+  if (!o.measure.keep_dir.empty() && o.measure.candidates == 0)
+    throw UserError("--measure-keep needs --measure-top K (the candidates to measure)");
   if (!(o.headroom >= 0.0 && o.headroom < 1.0)) throw UserError("--memory-headroom must be in [0, 1)");
   bool threads_capped = false;
   const int threads = resolve_thread_count(o.threads, "--threads", &threads_capped);
@@ -83,7 +121,7 @@ int run_plan(const PlanCommandOptions& o) {
   request.model = model;
   request.world_size = cluster.world_size();
   request.global_batch_size = *a.global_batch_size;
-  request.top_k = o.top_k;
+  request.top_k = std::max(o.top_k, o.measure.candidates);  // every measured candidate is ranked
   request.memory_headroom_fraction = o.headroom;
   request.memory_model = o.memory_model;
   request.peak_memory_of = peak_memory_function(o.memory_model);
@@ -122,7 +160,7 @@ int run_plan(const PlanCommandOptions& o) {
               model.seq_length, *a.global_batch_size, cluster.describe().c_str(),
               pricing.description.c_str());
   std::fflush(stdout);
-  const planner::PlanResult result = planner::plan(request, pricer);
+  planner::PlanResult result = planner::plan(request, pricer);
   if (bar) bar->finish();
   const planner::PlanStatistics& st = result.statistics;
 
@@ -140,6 +178,8 @@ int run_plan(const PlanCommandOptions& o) {
                 st.first_failure.c_str());
   }
 
+  const std::string measured =
+      o.measure.candidates > 0 ? measure_and_rerank(o, model, cluster, request, pricing, result) : "";
   const planner::PlanCandidate& winner = result.ranked.front();
   planner::MemoryOptions memory_options = request.memory;
   const planner::MemoryEstimate memory = request.peak_memory_of(model, winner.config, memory_options);
@@ -174,7 +214,7 @@ int run_plan(const PlanCommandOptions& o) {
     OutputFile plan_file(o.output, "--output");
     OutputFile train_file(train_path, "--output");
     OutputFile megatron_file(megatron_path, "--output");
-    plan_file.stream() << planner::plan_json(model, cluster, result, memory);
+    plan_file.stream() << with_measurements(planner::plan_json(model, cluster, result, memory), measured);
     train_file.stream() << train << "\n";
     megatron_file.stream() << megatron << "\n";
     plan_file.commit();
@@ -182,7 +222,9 @@ int run_plan(const PlanCommandOptions& o) {
     megatron_file.commit();
     std::printf("\nwrote %s, %s, %s\n", o.output.c_str(), train_path.c_str(), megatron_path.c_str());
   } else if (!o.output.empty()) {
-    write_output_file(o.output, planner::plan_json(model, cluster, result, memory), "--output");
+    write_output_file(o.output,
+                      with_measurements(planner::plan_json(model, cluster, result, memory), measured),
+                      "--output");
   }
   if (o.save) {
     const std::string path = o.db.empty() ? cost_models::default_cost_database_path() : o.db;
@@ -202,6 +244,31 @@ int run_plan(const PlanCommandOptions& o) {
     std::printf("recorded the plan as plan %lld in %s\n", static_cast<long long>(id), path.c_str());
   }
   return 0;
+}
+
+void add_measure_flags(CLI::App& sub, MeasureTopOptions& m) {
+  sub.add_option(
+         "--measure-top", m.candidates,
+         "Train the top K candidates a few iterations (megatune train --mock-data), show predicted vs "
+         "measured, calibrate and re-rank by measured step time (0: off)")
+      ->capture_default_str()
+      ->check(integer_at_least(0))
+      ->group("Measure");
+  sub.add_option("--measure-iterations", m.iterations,
+                 "Iterations each measured candidate trains (the last few, up to 3, are traced)")
+      ->capture_default_str()
+      ->check(integer_at_least(1))
+      ->group("Measure");
+  sub.add_option("--measure-device", m.device, "cuda | cpu (cpu: ranks as threads on the CPU backend)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->group("Measure");
+  sub.add_option("--measure-keep", m.keep_dir, "Keep the traced runs in this folder (default: removed)")
+      ->group("Measure");
+  sub.add_option("--measure-timeout", m.timeout_s, "Wall-clock limit of each candidate's run, in seconds")
+      ->capture_default_str()
+      ->check(positive_number())
+      ->group("Measure");
 }
 
 const Registrar kPlanCommand{Command{
@@ -244,6 +311,7 @@ const Registrar kPlanCommand{Command{
                    "predicted-vs-measured comparison")
           ->group("Planner");
       add_memory_model_flag(sub, o->memory_model, "Planner");
+      add_measure_flags(sub, o->measure);
       sub.add_option("--memory-headroom", o->headroom, "Fraction of GPU memory to keep free (0..1)")
           ->capture_default_str()
           ->check(fraction_in(0.0, 1.0, false))
