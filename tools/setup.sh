@@ -12,7 +12,10 @@ need=(build-essential cmake git pkg-config libsqlite3-dev libeigen3-dev libcli11
       libsentencepiece-dev sentencepiece)
 # chromium: the compare test opens its HTML report headless (installing it took 25 s on the CPU machine).
 # nodejs + npm: the tokenizer tests install their reference tokenizers (npm packages) into the build tree.
-[ "$mode" = test ] && need+=(clang libclang-rt-dev chromium nodejs npm)
+# Debian's, unless a Node.js with npm is already there (NodeSource's nodejs bundles npm and conflicts with
+# Debian's npm package).
+[ "$mode" = test ] && need+=(clang libclang-rt-dev chromium)
+[ "$mode" = test ] && ! command -v npm > /dev/null 2>&1 && need+=(nodejs npm)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
