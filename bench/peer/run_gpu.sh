@@ -17,22 +17,7 @@
 set -u
 stage=${1:-all}
 case "$stage" in checks | perf | breakdown | all | ncu) ;; *) echo "usage: $0 [checks|perf|breakdown|all|ncu]" >&2; exit 2 ;; esac
-OUT=${OUT:-/tmp/engine_out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
-G=.gpu
-# stage_gpu.sh packs the executables into one archive (the carry limit): unpack it once.
-if [ -f $G/bins.tar.xz ]; then tar xJf $G/bins.tar.xz -C $G && rm -f $G/bins.tar.xz; fi
-export LD_LIBRARY_PATH=$PWD/$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # staged libraries (stage_gpu.sh)
-step() {  # step NAME SECONDS COMMAND...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$OUT/summary.txt"
-  tail -n 4 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
-}
+source "$(dirname "$0")/gpu_steps.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >>"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
