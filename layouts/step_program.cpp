@@ -23,7 +23,8 @@ AttentionShape attention_shape(const StepShape& s) {
   a.kv_heads = std::max<std::int64_t>(1, s.groups / s.tp);
   a.seq_q = s.seq_local;
   a.seq_kv = s.seq;
-  a.head_dim = s.mla ? s.head_dim : s.head_dim;
+  a.head_dim = s.head_dim;
+  a.head_dim_v = s.head_dim_v;
   a.causal = true;
   return a;
 }
@@ -468,6 +469,7 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
   s.groups = model.multi_latent_attention ? model.num_attention_heads : model.query_groups();
   s.head_dim =
       model.multi_latent_attention ? model.qk_head_dim + model.qk_pos_emb_head_dim : model.head_dim();
+  s.head_dim_v = model.multi_latent_attention ? model.v_head_dim : s.head_dim;
   s.ffn = model.ffn_size();
   s.moe_ffn = model.is_moe() ? model.moe_ffn_size() : 0;
   s.shared_ffn = model.moe_shared_expert_intermediate_size;

@@ -104,6 +104,7 @@ struct StepProgram {
 struct StepShape {
   std::int64_t seq = 0, seq_local = 0, micro_batch = 0, tokens = 0, tokens_sp = 0;  // T, T/tp (SP)
   std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0, moe_ffn = 0, shared_ffn = 0;
+  std::int64_t head_dim_v = 0;  // the value head dim: head_dim but under MLA
   std::int64_t vocab_padded = 0, experts = 0, topk = 0;
   int tp = 1, cp = 1, ep = 1, etp = 1, dp = 1, edp = 1, pp = 1;
   bool sp = false, swiglu = false, rms = false, rope = false, tied = true, mla = false;
