@@ -230,30 +230,39 @@ std::int64_t expert_rows(const StepShape& s, const StepProgramOptions& options) 
   return local_tokens * s.topk * s.etp;
 }
 
-// The shared expert: the dense MLP on the MoE block's input, its output added to the routed experts' (fc2
-// accumulates into it), its input gradient to theirs (fc1's data gradient accumulates).
+// The shared expert: the dense MLP on the MoE block's input, its output added to the routed experts', its
+// input gradient to theirs. At TP 1 fc2 accumulates into the routed output and fc1's data gradient into
+// theirs; at TP > 1 (sequence parallel) the MoE block holds T / tp rows: the block input is gathered for
+// fc1 (forward, and again for its weight gradient), fc2's partial sums are reduce-scattered and added to
+// the routed output ("shared_add"), and fc1's data gradient likewise ("shared_dgrad_add").
 void shared_expert_forward(OpSink& o, const StepShape& s) {
+  const bool split = s.tp > 1;
   if (s.sp)
     o.comm(OpKind::kAllGather, "shared_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm("shared_fc1", s.tokens, glu(s) * s.shared_ffn / s.tp, s.hidden);
   if (s.swiglu) o.memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * s.shared_ffn / s.tp * kAct);
-  o.gemm("shared_fc2", s.tokens, s.hidden, s.shared_ffn / s.tp, /*accumulate=*/true);
+  o.gemm("shared_fc2", s.tokens, s.hidden, s.shared_ffn / s.tp, /*accumulate=*/!split);
   tp_reduce(o, s, "shared_fc2_ar", "shared_fc2_rs");
+  if (split) o.memory(OpKind::kElementwise, "shared_add", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
 void shared_expert_backward(OpSink& o, const StepShape& s) {
   const std::int64_t ffn = s.shared_ffn / s.tp;
+  const bool split = s.tp > 1;
   if (s.sp)
     o.comm(OpKind::kAllGather, "shared_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("shared_fc2", s.tokens, s.hidden, ffn, true, /*need_wgrad=*/false);
   o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 2) * ffn * kAct);
   o.gemm_backward("shared_fc2", s.tokens, s.hidden, ffn, /*need_dgrad=*/false);
-  o.gemm("shared_fc1_dgrad", s.tokens, s.hidden, glu(s) * ffn, /*accumulate=*/true);
+  o.gemm("shared_fc1_dgrad", s.tokens, s.hidden, glu(s) * ffn, /*accumulate=*/!split);
+  if (s.sp)
+    o.comm(OpKind::kAllGather, "shared_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("shared_fc1", s.tokens, glu(s) * ffn, s.hidden, /*need_dgrad=*/false);
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "shared_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
     o.comm(OpKind::kAllReduce, "shared_dgrad_ar", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+  if (split) o.memory(OpKind::kElementwise, "shared_dgrad_add", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
 // The experts' GEMMs over all local rows, each one grouped GEMM (their activation as one pass).
