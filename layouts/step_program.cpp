@@ -221,9 +221,9 @@ void dense_mlp_backward(OpSink& o, const StepShape& s, std::int64_t ffn, const s
 }
 
 // Rows one rank's experts process per microbatch under uniform routing.
-std::int64_t expert_rows(const StepShape& s, const StepProgramOptions& options) {
+std::int64_t expert_rows(const StepShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp;  // SP-sharded tokens entering the MoE layer
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
+  if (s.moe_dispatcher == MoeDispatcher::kAllGather) {
     // Every rank sees all tokens of the tp-ep group; its E/ep experts get topk/E of them each.
     return local_tokens * s.etp * s.ep * s.topk / s.ep;
   }
@@ -285,59 +285,69 @@ void experts_backward(OpSink& o, const StepShape& s, std::int64_t rows) {
 // Permute reads the block input's rows once per routed copy and writes the copies; unpermute reads the
 // copies and writes the combined rows (its backward reads the gradient and the copies, writes the copies'
 // gradient); the permutation's backward reads the copies' gradient and writes the input's.
-void moe_mlp_forward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
+// alltoall: permute the T/tp rows, exchange the counts, all-to-all over EP, all-gather over ETP; experts;
+// the way back. allgather (Megatron's order): all-gather over tp-ep of the routing (one fp32 (T/tp, E)
+// tensor: the probabilities with the routing map folded in, where Megatron gathers a bool map and the
+// probabilities) and of the rows, permute the gathered rows routed to the local experts, experts,
+// unpermute into the gathered rows, reduce-scatter back; its backward reduce-scatters the probabilities'
+// gradient to the ranks that routed them.
+void moe_mlp_forward(OpSink& o, const StepShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
-  const std::int64_t rows = expert_rows(s, options);
+  const std::int64_t rows = expert_rows(s);
+  const int tp_ep = s.etp * s.ep;
   o.memory(OpKind::kNorm, "pre_mlp_norm", norm_residual_bytes(s));
   o.gemm("router", local_tokens, s.experts, s.hidden);
-  o.memory(OpKind::kRouter, "permute", 2 * copies * s.hidden * kAct);
-  const int tp_ep = s.etp * s.ep;
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
-    o.comm(OpKind::kAllGather, "dispatch_ag", local_tokens * tp_ep * s.hidden * kAct,
-           CommGroup::kTensorExpert, tp_ep);
+  if (s.moe_dispatcher == MoeDispatcher::kAllGather && tp_ep > 1) {
+    const std::int64_t gathered = local_tokens * tp_ep;
+    o.comm(OpKind::kAllGather, "dispatch_probs_ag", gathered * s.experts * 4, CommGroup::kTensorExpert, tp_ep,
+           DType::kFP32);
+    o.comm(OpKind::kAllGather, "dispatch_ag", gathered * s.hidden * kAct, CommGroup::kTensorExpert, tp_ep);
+    o.memory(OpKind::kRouter, "permute", 2 * rows * s.hidden * kAct);
+    experts_forward(o, s, rows);
+    o.memory(OpKind::kRouter, "unpermute", (rows + gathered) * s.hidden * kAct);
+    o.comm(OpKind::kReduceScatter, "combine_rs", gathered * s.hidden * kAct, CommGroup::kTensorExpert, tp_ep);
   } else {
+    o.memory(OpKind::kRouter, "permute", 2 * copies * s.hidden * kAct);
     // Megatron's alltoall dispatcher first gathers every rank's tokens per expert (the all-to-all splits).
     o.comm(OpKind::kAllGather, "dispatch_counts_ag", s.ep * s.experts * 4, CommGroup::kExpert, s.ep,
            DType::kFP32);
     o.comm(OpKind::kAllToAll, "dispatch_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
     o.comm(OpKind::kAllGather, "dispatch_ag", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
-  }
-  experts_forward(o, s, rows);
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
-    o.comm(OpKind::kReduceScatter, "combine_rs", local_tokens * tp_ep * s.hidden * kAct,
-           CommGroup::kTensorExpert, tp_ep);
-  } else {
+    experts_forward(o, s, rows);
     o.comm(OpKind::kReduceScatter, "combine_rs", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
     o.comm(OpKind::kAllToAll, "combine_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
+    o.memory(OpKind::kRouter, "unpermute", (copies + local_tokens) * s.hidden * kAct);
   }
-  o.memory(OpKind::kRouter, "unpermute", (copies + local_tokens) * s.hidden * kAct);
   if (s.shared_ffn > 0) shared_expert_forward(o, s);
 }
 
 // The routed experts' backward, the recomputed pre-MLP norm (the shared expert's and the router's weight
 // gradients read the block input), the shared expert's, then the router's (its data gradient accumulates).
-void moe_mlp_backward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
+void moe_mlp_backward(OpSink& o, const StepShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
-  const std::int64_t rows = expert_rows(s, options);
+  const std::int64_t rows = expert_rows(s);
   const int tp_ep = s.etp * s.ep;
-  o.memory(OpKind::kRouter, "unpermute", (local_tokens + 2 * copies) * s.hidden * kAct);
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
-    o.comm(OpKind::kAllGather, "combine_grad_ag", local_tokens * tp_ep * s.hidden * kAct,
-           CommGroup::kTensorExpert, tp_ep);
+  if (s.moe_dispatcher == MoeDispatcher::kAllGather && tp_ep > 1) {
+    const std::int64_t gathered = local_tokens * tp_ep;
+    o.comm(OpKind::kAllGather, "combine_grad_ag", gathered * s.hidden * kAct, CommGroup::kTensorExpert,
+           tp_ep);
+    o.memory(OpKind::kRouter, "unpermute", (gathered + 2 * rows) * s.hidden * kAct);
+    experts_backward(o, s, rows);
+    o.memory(OpKind::kRouter, "permute", (rows + gathered) * s.hidden * kAct);
+    o.comm(OpKind::kReduceScatter, "dispatch_grad_rs", gathered * s.hidden * kAct, CommGroup::kTensorExpert,
+           tp_ep);
+    o.comm(OpKind::kReduceScatter, "dispatch_probs_grad_rs", gathered * s.experts * 4,
+           CommGroup::kTensorExpert, tp_ep, DType::kFP32);
   } else {
+    o.memory(OpKind::kRouter, "unpermute", (local_tokens + 2 * copies) * s.hidden * kAct);
     o.comm(OpKind::kAllToAll, "combine_grad_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
     o.comm(OpKind::kAllGather, "combine_grad_ag", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
-  }
-  experts_backward(o, s, rows);
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
-    o.comm(OpKind::kReduceScatter, "dispatch_grad_rs", local_tokens * tp_ep * s.hidden * kAct,
-           CommGroup::kTensorExpert, tp_ep);
-  } else {
+    experts_backward(o, s, rows);
     o.comm(OpKind::kReduceScatter, "dispatch_grad_rs", rows * s.hidden * kAct, CommGroup::kExpertTensor,
            s.etp);
     o.comm(OpKind::kAllToAll, "dispatch_grad_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
+    o.memory(OpKind::kRouter, "permute", (copies + local_tokens) * s.hidden * kAct);
   }
-  o.memory(OpKind::kRouter, "permute", (copies + local_tokens) * s.hidden * kAct);
   if (s.recompute != RecomputeGranularity::kFull)
     o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
   if (s.shared_ffn > 0) shared_expert_backward(o, s);
@@ -350,7 +360,7 @@ void layer_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool m
                    const StepProgramOptions& options) {
   attention_block_forward(o, model, s, options, false);
   if (moe) {
-    moe_mlp_forward(o, s, options);
+    moe_mlp_forward(o, s);
   } else {
     dense_mlp_forward(o, s, s.ffn, "fc1", "fc2", true);
     tp_reduce(o, s, "fc2_ar", "fc2_rs");
@@ -366,7 +376,7 @@ void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShap
   }
   OpSink o(ops, OpPhase::kBackward, layer, microbatch, chunk);
   if (moe) {
-    moe_mlp_backward(o, s, options);
+    moe_mlp_backward(o, s);
   } else {
     if (s.sp) o.comm(OpKind::kAllGather, "fc2_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     dense_mlp_backward(o, s, s.ffn, "fc1", "fc2", true);
@@ -467,6 +477,7 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
   s.dp = config.dp();
   s.edp = config.edp();
   s.sp = config.sequence_parallel_enabled();
+  s.moe_dispatcher = config.moe_token_dispatcher_type;
   s.seq = model.seq_length;
   s.seq_local = model.seq_length / s.cp;
   s.micro_batch = config.micro_batch_size;

@@ -33,7 +33,11 @@ MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::
                      shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
   max_local_rows_ = local_tokens_ * config_.router.topk;  // dropless: every choice of every token
   max_expert_rows_ = max_local_rows_;
-  if (layers > 0 && communicator.size(CommGroup::kExpert) > 1) {
+  if (layers > 0 && config_.moe_allgather_dispatcher && communicator.size(CommGroup::kTensorExpert) > 1) {
+    allgather_ = std::make_unique<MoeAllGatherDispatcher>(backend_, communicator, config_.num_experts,
+                                                          local_tokens_, h, dtype_);
+    max_local_rows_ = max_expert_rows_ = allgather_->max_expert_rows(config_.router.topk);
+  } else if (layers > 0 && communicator.size(CommGroup::kExpert) > 1) {
     dispatcher_ = std::make_unique<MoeDispatcher>(backend_, communicator, config_.num_experts,
                                                   max_local_rows_, h, dtype_);
     max_expert_rows_ = dispatcher_->max_received_rows();
@@ -135,6 +139,18 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tenso
   if (phase != OpPhase::kRecompute && biased)
     for (std::int64_t e = 0; e < config_.num_experts; ++e)
       tokens_seen_[local][e] += static_cast<double>(s.routing.tokens_per_expert[e]);
+  if (allgather_) {
+    s.plan = allgather_->dispatch(s.routing, x, s.expert_offset, layer, phase);
+    const std::int64_t R = s.plan.rows();
+    backend_.moe_permute(allgather_->gathered_rows(), s.plan, rows(s.permuted, 0, R),
+                         {"permute", layer, phase});
+    experts_forward(w, s, layer, phase);
+    backend_.moe_unpermute(rows(s.expert_out, 0, R), s.plan, true, allgather_->combine_rows(),
+                           {"unpermute", layer, phase});
+    allgather_->combine(y, layer, phase);
+    if (config_.shared_expert_ffn > 0) shared_forward(w, x, x_full, y, s, layer, phase);
+    return;
+  }
   build_permutation(s);
   const std::int64_t R = s.plan.rows();
   backend_.moe_permute(x, s.plan, rows(s.permuted, 0, R), {"permute", layer, phase});
@@ -195,6 +211,16 @@ void MoeLayers::backward_routed(const MoeLayerWeights& w, const MoeLayerWeights&
                                 int slot, int local, int layer, bool accumulate) {
   Saved& s = saved(slot, local);
   const std::int64_t R = s.plan.rows();
+  if (allgather_) {
+    std::vector<float> plan_d_probs;
+    backend_.moe_unpermute_backward(allgather_->gather_output_grad(d_y, layer), rows(s.expert_out, 0, R),
+                                    s.plan, rows(d_rows_, 0, R), plan_d_probs, {"unpermute", layer, kB});
+    experts_backward(w, g, s, layer, accumulate);
+    backend_.moe_unpermute(rows(d_x_rows_, 0, R), s.plan, false, allgather_->input_grad_rows(),
+                           {"permute", layer, kB});
+    allgather_->scatter_input_grad(d_x, s.plan, plan_d_probs, s.routing, d_probs_, layer);
+    return;
+  }
   backend_.moe_unpermute_backward(d_y, rows(s.returned, 0, R), s.plan, rows(d_local_rows_, 0, R), d_probs_,
                                   {"unpermute", layer, kB});
   if (expert_parallel())

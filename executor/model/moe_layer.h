@@ -2,10 +2,13 @@
 // dispatcher: router GEMM -> routing on the host (moe_router.h) -> permute the token copies into expert
 // order -> all-to-all over the expert-parallel group (moe_dispatch.h; none at EP 1) -> per local expert fc1,
 // activation, fc2 over its rows -> all-to-all back -> unpermute (weighted by the routing probabilities) ->
-// + the shared expert's MLP; and the backward of all of it. Under tensor parallelism (sequence parallel, as
-// Megatron requires for MoE) the layer sees the TP rank's T / tp rows: the router, the permutation and the
-// dispatch work on them, the shared expert (split over TP like the dense MLP) gathers them and
-// reduce-scatters its output, and the load-balancing loss counts its experts' tokens over the TP group.
+// + the shared expert's MLP; and the backward of all of it. With --moe-token-dispatcher-type allgather the
+// routing and rows are all-gathered over the tp-ep group instead, the local experts run over the gathered
+// rows routed to them, and a reduce-scatter brings each rank its rows back (moe_allgather_dispatch.h). Under
+// tensor parallelism (sequence parallel, as Megatron requires for MoE) the layer sees the TP rank's T / tp
+// rows: the router, the permutation and the dispatch work on them, the shared expert (split over TP like the
+// dense MLP) gathers them and reduce-scatters its output, and the load-balancing loss counts its experts'
+// tokens over the TP group.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,6 +17,7 @@
 #include "executor/backend/backend.h"
 #include "executor/model/moe_router.h"
 #include "executor/model/transformer_config.h"
+#include "executor/parallel/moe_allgather_dispatch.h"
 #include "executor/parallel/moe_dispatch.h"
 
 namespace megatune::executor {
@@ -114,7 +118,8 @@ class MoeLayers {
   // TP > 1: the shared expert's (T, h) partial output or input gradient, its reduce-scattered shard
   // (T / tp, h) and the gathered output gradient (T, h); the aux-loss counts' all-reduce buffer.
   Tensor shared_full_, shared_shard_, d_y_full_, aux_counts_;
-  std::unique_ptr<MoeDispatcher> dispatcher_;     // EP > 1
+  std::unique_ptr<MoeDispatcher> dispatcher_;          // EP > 1, alltoall
+  std::unique_ptr<MoeAllGatherDispatcher> allgather_;  // tp-ep > 1, allgather (moe_allgather_dispatch.h)
   std::vector<float> d_probs_;                    // (T * k) host: the routed backward's probability gradients
   std::vector<std::vector<float>> expert_bias_;   // per local layer (E), with --moe-router-enable-expert-bias
   std::vector<std::vector<double>> tokens_seen_;  // per local layer (E)

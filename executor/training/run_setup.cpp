@@ -87,6 +87,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   if (t.model.is_moe()) {
     t.model.expert_parallel_size = parallel.ep();
     t.model.expert_parallel_rank = layouts::RankGrid::from_config(parallel).expert_coordinates(rank).ep;
+    t.model.moe_allgather_dispatcher =
+        parallel.moe_token_dispatcher_type == layouts::MoeDispatcher::kAllGather;
     MoeRouterConfig& router = t.model.router;
     router.score_function = parse_router_score_function(a.moe_router_score_function);
     router.pre_softmax = a.moe_router_pre_softmax;
