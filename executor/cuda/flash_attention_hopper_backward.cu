@@ -206,6 +206,8 @@ void launch_backward(const BackwardArgs& args, int warpgroups_per_block, int dq_
     throw std::invalid_argument("hopper::launch_backward: unknown dQ mode");
   if (dq_mode != kDqAtomics && warpgroups_per_block != 2)
     throw std::invalid_argument("hopper::launch_backward: bulk dQ needs two warpgroups per block");
+  if (args.head_dim != 64 && args.head_dim != 128)
+    throw std::invalid_argument("hopper::launch_backward: head dim 64 or 128 (80, 96: warp-specialized)");
   if (args.head_dim == 64)
     launch_head_dim<64>(args, warpgroups_per_block, dq_mode, stream);
   else

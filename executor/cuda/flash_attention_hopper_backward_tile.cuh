@@ -17,8 +17,9 @@ namespace megatune::executor::cuda::hopper {
 // ds_row_base), and dV += P^T dO, dK += dS^T Q issued per 16 query columns with P^T / dS^T from registers
 // (pa, dsa; committed, not waited for). k_address / v_address: this warpgroup's 64 rows of the kBlockN-row
 // K / V tiles; q_address / do_address: the kBlockM-row Q / dO tiles; lse (base 2) / delta: the tile's rows.
-// Masks only where the tile crosses the causal diagonal or the end of the sequence.
-template <int D, int kBlockM, int kBlockN>
+// Masks only where the tile crosses the causal diagonal or the end of the sequence. DK: the head-dim columns
+// S^T and dP^T read (the real head dim of tiles zero-padded to D; a multiple of 16).
+template <int D, int kBlockM, int kBlockN, int DK = D>
 __device__ __forceinline__ void backward_tile_products(
     const BackwardArgs& p, uint32_t k_address, uint32_t v_address, uint32_t q_address, uint32_t do_address,
     const float* lse, const float* delta, __nv_bfloat16* ds_tile, const int (&ds_row_base)[2],
@@ -30,9 +31,9 @@ __device__ __forceinline__ void backward_tile_products(
   const uint64_t do_desc = mn_major_descriptor(do_address, kBlockM * 128);
   float s[kBlockM / 2], dp[kBlockM / 2];
   wgmma_fence();
-  gemm_k_major<D, kBlockM>(s, k_address, kBlockN, q_address);
+  gemm_k_major<DK, kBlockM>(s, k_address, kBlockN, q_address);
   wgmma_commit();
-  gemm_k_major<D, kBlockM>(dp, v_address, kBlockN, do_address);
+  gemm_k_major<DK, kBlockM>(dp, v_address, kBlockN, do_address);
   wgmma_commit();
   const bool needs_mask =
       (p.causal && kv0 + 64 * wg + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
@@ -173,7 +174,7 @@ __device__ __forceinline__ void add_dq_bulk_tile(const BackwardArgs& p, const fl
   }
 }
 
-// dK (scaled) and dV of this thread's two key rows.
+// dK (scaled) and dV of this thread's two key rows (their first p.head_dim <= D columns).
 template <int D>
 __device__ __forceinline__ void store_dk_dv(const BackwardArgs& p, const float (&dk)[D / 2],
                                             const float (&dv)[D / 2], const int (&kv_row)[2],
@@ -182,10 +183,11 @@ __device__ __forceinline__ void store_dk_dv(const BackwardArgs& p, const float (
   for (int r = 0; r < 2; ++r) {
     const int kv = kv_row[r];
     if (kv >= p.seq_len) continue;
-    __nv_bfloat16* dk_row = p.dk + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
-    __nv_bfloat16* dv_row = p.dv + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
+    __nv_bfloat16* dk_row = p.dk + (batch_token0 + kv) * p.kv_stride + int64_t(group) * p.head_dim;
+    __nv_bfloat16* dv_row = p.dv + (batch_token0 + kv) * p.kv_stride + int64_t(group) * p.head_dim;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
+      if (i >= 8 && 8 * i >= p.head_dim) break;  // a tile zero-padded to D: its padded columns
       const int col = 8 * i + 2 * t;
       *reinterpret_cast<__nv_bfloat162*>(dk_row + col) =
           __floats2bfloat162_rn(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
