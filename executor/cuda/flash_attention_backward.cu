@@ -369,6 +369,7 @@ void flash_attention_backward(const AttentionShape& shape, const bf16* q, const 
                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   BackwardVariant variant;
   if (!flash::hopper_takes(shape)) variant.wgmma = false;  // the mma.sync kernel, 64 key rows per block
+  if (shape.head_dim == 256) variant.wgmma_dq = WgmmaDq::kAtomics;  // the wide kernel's dQ
   flash_attention_backward_variant(shape, q, k, v, o, lse, d_o, dq, dk, dv, workspace, workspace_bytes,
                                    stream, variant);
 }
@@ -388,7 +389,7 @@ void check_backward_arguments(const AttentionShape& shape, const BackwardVariant
     throw std::invalid_argument("flash_attention_backward: " + flash_attention_unsupported(shape));
   if (variant.wgmma && !flash::hopper_takes(shape))
     throw std::invalid_argument(
-        "flash_attention_backward_variant: the wgmma kernels take head dim 64, 80, 96 or 128 "
+        "flash_attention_backward_variant: the wgmma kernels take head dim 64, 80, 96, 128 or 256 "
         "self-attention with the forward's strides only");
   if (variant.wgmma && flash::hopper_pads(shape) &&
       !(variant.wgmma_warp_specialized && variant.wgmma_dq == WgmmaDq::kBulkTiles &&
@@ -396,6 +397,12 @@ void check_backward_arguments(const AttentionShape& shape, const BackwardVariant
     throw std::invalid_argument(
         "flash_attention_backward_variant: head dims 80 and 96 take the warp-specialized wgmma kernel with "
         "bulk dQ tiles and 2 stages only");
+  if (variant.wgmma && shape.head_dim == 256 &&
+      !(variant.wgmma_warp_specialized && variant.wgmma_dq == WgmmaDq::kAtomics &&
+        variant.wgmma_ws_stages == 2))
+    throw std::invalid_argument(
+        "flash_attention_backward_variant: head dim 256 takes the warp-specialized wgmma kernel with dQ "
+        "atomics and 2 stages only");
   if (!variant.wgmma && variant.key_rows_per_block == 128 &&
       !(shape.head_dim == shape.v_dim() && (shape.head_dim == 64 || shape.head_dim == 128)))
     throw std::invalid_argument(
@@ -474,7 +481,9 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                                            shape.scale(),
                                            shape.scale() * kLog2e,
                                            shape.causal};
-    if (warp_specialized)
+    if (warp_specialized && shape.head_dim == 256)
+      hopper::launch_backward_wide(hopper_args, stream);
+    else if (warp_specialized)
       hopper::launch_backward_warp_specialized(hopper_args, variant.wgmma_ws_stages, dq_tiled, stream);
     else
       hopper::launch_backward(hopper_args, wgmma_warpgroups,

@@ -2,7 +2,8 @@
 // warps of 16 or 32 rows; it streams 64-row K/V tiles through double-buffered shared memory (cp.async),
 // computes S = Q K^T and O += P V with mma.sync, and keeps the softmax online in fp32 registers (base-2
 // exponent). Templated on the q/k and v head dims; keys of another block (seq_kv) under a causal offset.
-// The entry points dispatch head dim 64 / 80 / 96 / 128 / 256 self-attention to the Hopper wgmma kernels.
+// The entry points dispatch head dim 64 / 80 / 96 / 128 / 256 and 192 / 128 self-attention to the Hopper
+// wgmma kernels.
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -273,6 +274,7 @@ void launch_hopper_forward(const AttentionShape& shape, const bf16* q, const bf1
                                  int(shape.num_heads),
                                  int(shape.num_heads / shape.num_kv_heads),
                                  int(shape.head_dim),
+                                 int(shape.v_dim()),
                                  shape.scale() * kLog2e,
                                  shape.causal};
   if (warp_specialized) {
@@ -337,11 +339,12 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
   if (rows_per_warp == 64 && !hopper_forward_takes(shape))
     throw std::invalid_argument(
         "flash_attention_forward_variant: the wgmma kernels (rows_per_warp 64) take "
-        "head dim 64, 80, 96, 128 or 256 self-attention only");
-  if (rows_per_warp == 64 && (hopper_pads(shape) || hopper_forward_only(shape)) && !wgmma_warp_specialized)
+        "head dim 64, 80, 96, 128, 256 or 192 / 128 self-attention only");
+  if (rows_per_warp == 64 && hopper_warp_specialized_only(shape) && !wgmma_warp_specialized)
     throw std::invalid_argument(
-        "flash_attention_forward_variant: head dims 80, 96 and 256 take the warp-specialized wgmma kernel "
-        "only");
+        "flash_attention_forward_variant: head dims 80, 96, 192 / 128 and 256 take the warp-specialized "
+        "wgmma "
+        "kernel only");
   if (wgmma_warpgroups < 0 || wgmma_warpgroups > (wgmma_warp_specialized ? 3 : 2))
     throw std::invalid_argument(
         "flash_attention_forward_variant: wgmma_warpgroups must be 0, 1 or 2 (0, 2 or 3 warp-specialized)");

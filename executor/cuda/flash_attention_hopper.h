@@ -16,6 +16,7 @@ struct ForwardArgs {
   float* lse;                             // [b, n_q, s], natural log, scale included
   int64_t q_stride, kv_stride, o_stride;  // elements between tokens
   int batch, seq_len, num_heads, heads_per_group, head_dim;
+  int head_dim_v;    // v and o: head_dim, or 128 with head dim 192 (MLA; warp-specialized kernel only)
   float scale_log2;  // softmax scale * log2(e)
   bool causal;
 };
@@ -31,9 +32,9 @@ __host__ __device__ inline int tile_head_dim(int head_dim) {
 // a shape only while this holds (the callers run the cp.async kernels past it).
 inline bool warp_specialized_takes(int64_t tokens) { return tokens < (int64_t(1) << 31); }
 // The warp-specialized form (flash_attention_hopper_forward_ws.cu): a TMA producer warpgroup and
-// consumer_warpgroups (2, or 3 for head dim 64) consumers of 64 query rows each; head dims 64, 80, 96, 128
-// and 256 (no ping-pong). Needs warp_specialized_takes(b * s). ping_pong: the consumers take turns at the
-// score product (named barriers).
+// consumer_warpgroups (2, or 3 for head dim 64) consumers of 64 query rows each; head dims 64, 80, 96, 128,
+// 256 and 192 with v 128 (those two without the ping-pong). Needs warp_specialized_takes(b * s). ping_pong:
+// the consumers take turns at the score product (named barriers).
 void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpgroups, bool ping_pong,
                                      cudaStream_t stream);
 
@@ -64,6 +65,11 @@ void launch_backward(const BackwardArgs& args, int warpgroups_per_block, int dq_
 // stages (2 or 3) Q / dO tiles in flight. Needs warp_specialized_takes(b * s).
 void launch_backward_warp_specialized(const BackwardArgs& args, int stages, bool bulk_dq,
                                       cudaStream_t stream);
+
+// Head dim 256 (flash_attention_hopper_backward_wide.cu): warp-specialized like the above with 64 key rows
+// per block, its two consumer warpgroups splitting dK, dV and dQ by head-dim columns; dQ by atomics into the
+// row layout. Needs warp_specialized_takes(b * s).
+void launch_backward_wide(const BackwardArgs& args, cudaStream_t stream);
 
 // The tiled dQ accumulator (kDqBulkTiles): tile (batch, head, row_block = position / 64, col_block = column /
 // 64) holds 64 rows of 64 fp32 at dq_tile_offset() (head_dim: the tile width, tile_head_dim()); within a row

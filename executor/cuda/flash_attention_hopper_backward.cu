@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
     backward_tile_products<D, kBlockM, kBlockN>(p, k_address + 64 * wg * 128, v_address + 64 * wg * 128,
                                                 q_address, do_address, lse, delta, ds_tile, ds_row_base,
-                                                kv_row, kv0, wg, q0, t, dv, dk, pa, dsa);
+                                                kv_row, kv0, kv0 + 64 * wg, q0, t, dv, dk, pa, dsa);
     if constexpr (kWarpGroups == 1) {
       // The dQ panels need registers: let dV/dK finish with P^T / dS^T first.
       wgmma_wait<0>();

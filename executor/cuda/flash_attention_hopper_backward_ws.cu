@@ -77,7 +77,8 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* empty = full + kStages;
   float* dq_stage = reinterpret_cast<float*>(base + T::kStage);  // kBulkDq: one 64 x 64 tile per consumer
 
-  const int group = blockIdx.x, batch = blockIdx.y, n_block = blockIdx.z;
+  const BackwardBlock block = backward_block(p);
+  const int group = block.group, batch = block.batch, n_block = block.key_block;
   const int heads_per_group = p.num_heads / p.num_kv_heads;
   const int kv0 = n_block * kBlockN;
   const int m_tiles = (p.seq_len + kBlockM - 1) / kBlockM;
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(384, 1)
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
     backward_tile_products<D, kBlockM, kBlockN, DK>(p, k_address + 64 * wg * 128, v_address + 64 * wg * 128,
                                                     q_address, do_address, lse, delta, ds_tile, ds_row_base,
-                                                    kv_row, kv0, wg, q0, t, dv, dk, pa, dsa);
+                                                    kv_row, kv0, kv0 + 64 * wg, q0, t, dv, dk, pa, dsa);
     fence_async_shared();  // dS^T (generic stores) -> the dQ product (async proxy)
     // Bulk dQ: the staging tile was last read by the bulk reduction of iteration it - 1.
     if constexpr (kBulkDq) {
@@ -209,8 +210,7 @@ void launch_ws(const BackwardArgs& args, cudaStream_t stream) {
       make_bf16_head_tile_map(args.d_o, rows, args.num_heads, args.head_dim, args.o_stride, T::kBlockM),
       make_bf16_head_tile_map(args.k, rows, args.num_kv_heads, args.head_dim, args.kv_stride, T::kBlockN),
       make_bf16_head_tile_map(args.v, rows, args.num_kv_heads, args.head_dim, args.kv_stride, T::kBlockN)};
-  const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
-                  unsigned((args.seq_len + T::kBlockN - 1) / T::kBlockN));
+  const dim3 grid = backward_grid(args, T::kBlockN);
   flash_backward_ws_kernel<D, kStages, kBulkDq, DK><<<grid, 384, T::kSmemBytes, stream>>>(args, maps);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }

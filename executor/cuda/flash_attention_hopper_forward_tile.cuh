@@ -103,7 +103,7 @@ __device__ __forceinline__ void forward_tile(const ForwardArgs& p, uint32_t q_ad
   fence_registers(pa);
 }
 
-// O /= l and lse = (m + log2 l) ln 2 of this thread's two query rows (O's first p.head_dim <= D columns).
+// O /= l and lse = (m + log2 l) ln 2 of this thread's two query rows (O's first p.head_dim_v <= D columns).
 template <int D>
 __device__ __forceinline__ void store_o_lse(const ForwardArgs& p, const float (&o)[D / 2],
                                             const float (&row_max)[2], const float (&row_sum)[2],
@@ -117,11 +117,11 @@ __device__ __forceinline__ void store_o_lse(const ForwardArgs& p, const float (&
     const int row = q_row[r];
     if (row >= p.seq_len) continue;
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    __nv_bfloat16* o_row = p.o + (batch_token0 + row) * p.o_stride + int64_t(head) * p.head_dim;
+    __nv_bfloat16* o_row = p.o + (batch_token0 + row) * p.o_stride + int64_t(head) * p.head_dim_v;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       // Columns past the head dim (a tile zero-padded to D) are not stored; the first 64 always exist.
-      if (i >= 8 && 8 * i >= p.head_dim) break;
+      if (i >= 8 && 8 * i >= p.head_dim_v) break;
       *reinterpret_cast<__nv_bfloat162*>(o_row + 8 * i + 2 * t) =
           __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
     }

@@ -27,7 +27,8 @@ using bf16 = __nv_bfloat16;
 using flash::fast_exp2;
 using flash::kLn2;
 
-template <int D, int kConsumers>
+// D: the V / O tile width; DQK: the Q / K tile width (192 with D = 128 for MLA, else D).
+template <int D, int kConsumers, int DQK = D>
 struct WsForwardTile {
   static constexpr int kStages = 2;
   // Key rows per tile: 64 at head dim 256 (O takes 128 registers per thread; Q and two K / V stages fill
@@ -38,9 +39,9 @@ struct WsForwardTile {
   // Registers per thread after setmaxnreg: the producer's 24 plus the consumers' fill the 64 Ki file.
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
   // Byte offsets from the 1024-aligned base.
-  static constexpr int kQ = 0;                                      // sw128 [kBlockM][D]
-  static constexpr int kK = kQ + kBlockM * D * 2;                   // [kStages] sw128 [kBlockN][D]
-  static constexpr int kV = kK + kStages * kBlockN * D * 2;         // [kStages] sw128 [kBlockN][D]
+  static constexpr int kQ = 0;                                      // sw128 [kBlockM][DQK]
+  static constexpr int kK = kQ + kBlockM * DQK * 2;                 // [kStages] sw128 [kBlockN][DQK]
+  static constexpr int kV = kK + kStages * kBlockN * DQK * 2;       // [kStages] sw128 [kBlockN][D]
   static constexpr int kBarriers = kV + kStages * kBlockN * D * 2;  // q_full, full[kStages], empty[kStages]
   static constexpr int kSmemBytes = kBarriers + (1 + 2 * kStages) * 8 + 1024;
   static_assert(kQ % 1024 == 0 && kK % 1024 == 0 && kV % 1024 == 0, "tiles must start 1024-byte aligned");
@@ -50,12 +51,13 @@ struct WsForwardMaps {
   CUtensorMap q, k, v;
 };
 
-// DK: the head-dim columns of the score product (80 or 96 on tiles zero-padded to D = 128; else D).
-template <int D, int kConsumers, bool kPingPong, int DK = D>
-__global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
+// DK: the head-dim columns of the score product (80 or 96 on tiles zero-padded to D = 128; else DQK); DQK:
+// the Q / K tile width (192 for MLA's q/k with v 128; else D).
+template <int D, int kConsumers, bool kPingPong, int DK = D, int DQK = D>
+__global__ void __launch_bounds__(WsForwardTile<D, kConsumers, DQK>::kThreads, 1)
     flash_forward_ws_kernel(const __grid_constant__ ForwardArgs p,
                             const __grid_constant__ WsForwardMaps maps) {
-  using T = WsForwardTile<D, kConsumers>;
+  using T = WsForwardTile<D, kConsumers, DQK>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
@@ -89,16 +91,16 @@ __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (threadIdx.x != 0) return;
     ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                           ::cuda::ptx::space_shared, q_full, uint32_t(kBlockM * D * 2));
-    tma_tile<kBlockM, D>(q_tile, &maps.q, head, int(batch_token0) + q0, q_full);
+                                           ::cuda::ptx::space_shared, q_full, uint32_t(kBlockM * DQK * 2));
+    tma_tile<kBlockM, DQK>(q_tile, &maps.q, head, int(batch_token0) + q0, q_full);
     for (int j = 0; j < n_blocks; ++j) {
       const int s = j % kStages;
       if (j >= kStages) wait_parity(empty + s, ((j / kStages) & 1) ^ 1);
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, full + s,
-                                             uint32_t(2 * kBlockN * D * 2));
-      tma_tile<kBlockN, D>(k_tiles + s * kBlockN * D, &maps.k, group, int(batch_token0) + j * kBlockN,
-                           full + s);
+                                             uint32_t(kBlockN * (DQK + D) * 2));
+      tma_tile<kBlockN, DQK>(k_tiles + s * kBlockN * DQK, &maps.k, group, int(batch_token0) + j * kBlockN,
+                             full + s);
       tma_tile<kBlockN, D>(v_tiles + s * kBlockN * D, &maps.v, group, int(batch_token0) + j * kBlockN,
                            full + s);
     }
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
   for (int j = 0; j < n_blocks; ++j) {
     const int s = j % kStages;
     const int kv0 = j * kBlockN;
-    const uint32_t k_address = shared_address(k_tiles + s * kBlockN * D);
+    const uint32_t k_address = shared_address(k_tiles + s * kBlockN * DQK);
     const uint64_t v_desc = mn_major_descriptor(shared_address(v_tiles + s * kBlockN * D), kBlockN * 128);
     wait_parity(full + s, (j / kStages) & 1);
 
@@ -152,12 +154,12 @@ __global__ void __launch_bounds__(WsForwardTile<D, kConsumers>::kThreads, 1)
   store_o_lse<D>(p, o, row_max, row_sum, q_row, batch_token0, batch, head, t);
 }
 
-template <int D, int kConsumers, bool kPingPong, int DK = D>
+template <int D, int kConsumers, bool kPingPong, int DK = D, int DQK = D>
 void launch_ws(const ForwardArgs& args, cudaStream_t stream) {
-  using T = WsForwardTile<D, kConsumers>;
+  using T = WsForwardTile<D, kConsumers, DQK>;
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_ws_kernel<D, kConsumers, kPingPong, DK>,
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_ws_kernel<D, kConsumers, kPingPong, DK, DQK>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     configured = true;
   }
@@ -166,10 +168,10 @@ void launch_ws(const ForwardArgs& args, cudaStream_t stream) {
   const WsForwardMaps maps{
       make_bf16_head_tile_map(args.q, rows, args.num_heads, args.head_dim, args.q_stride, T::kBlockM),
       make_bf16_head_tile_map(args.k, rows, kv_heads, args.head_dim, args.kv_stride, T::kBlockN),
-      make_bf16_head_tile_map(args.v, rows, kv_heads, args.head_dim, args.kv_stride, T::kBlockN)};
+      make_bf16_head_tile_map(args.v, rows, kv_heads, args.head_dim_v, args.kv_stride, T::kBlockN)};
   const dim3 grid(unsigned((args.seq_len + T::kBlockM - 1) / T::kBlockM), unsigned(args.num_heads),
                   unsigned(args.batch));
-  flash_forward_ws_kernel<D, kConsumers, kPingPong, DK>
+  flash_forward_ws_kernel<D, kConsumers, kPingPong, DK, DQK>
       <<<grid, T::kThreads, T::kSmemBytes, stream>>>(args, maps);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
@@ -182,10 +184,14 @@ void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpg
     throw std::invalid_argument("hopper::launch_forward_warp_specialized: needs b * s < 2^31");
   if (consumer_warpgroups != 2 && consumer_warpgroups != 3)
     throw std::invalid_argument("hopper::launch_forward_warp_specialized: 2 or 3 consumer warpgroups");
-  if (tile_head_dim(args.head_dim) == 0 && args.head_dim != 256)
-    throw std::invalid_argument("hopper::launch_forward_warp_specialized: head dim 64, 80, 96, 128 or 256");
-  if (args.head_dim == 256 && ping_pong)
-    throw std::invalid_argument("hopper::launch_forward_warp_specialized: head dim 256 has no ping-pong");
+  const bool mla = args.head_dim == 192 && args.head_dim_v == 128;
+  if (!mla &&
+      (args.head_dim_v != args.head_dim || (tile_head_dim(args.head_dim) == 0 && args.head_dim != 256)))
+    throw std::invalid_argument(
+        "hopper::launch_forward_warp_specialized: head dim 64, 80, 96, 128 or 256, or 192 with v 128");
+  if ((args.head_dim == 256 || mla) && ping_pong)
+    throw std::invalid_argument(
+        "hopper::launch_forward_warp_specialized: head dims 192, 256 have no ping-pong");
   if (args.head_dim != 64 && consumer_warpgroups == 3)
     throw std::invalid_argument(
         "hopper::launch_forward_warp_specialized: head dims 80-256 take 2 consumer warpgroups");
@@ -195,6 +201,8 @@ void launch_forward_warp_specialized(const ForwardArgs& args, int consumer_warpg
     ping_pong ? launch_ws<64, 2, true>(args, stream) : launch_ws<64, 2, false>(args, stream);
   else if (args.head_dim == 256)
     launch_ws<256, 2, false>(args, stream);
+  else if (mla)
+    launch_ws<128, 2, false, 192, 192>(args, stream);
   else if (ping_pong)  // (80 and 96 with the ping-pong read all 128 padded columns: a variant, not compiled
                        // twice)
     launch_ws<128, 2, true>(args, stream);

@@ -1,5 +1,5 @@
 // Flash attention (CUDA) against the CPU reference for the shapes the Hopper wgmma kernels take: head dims
-// 64, 80, 96 (tiles zero-padded to 128), 128 and 256 (forward only), causal and not, GQA, sequence lengths
+// 64, 80, 96 (tiles zero-padded to 128), 128 and 256, causal and not, GQA, sequence lengths
 // that are not multiples of the tiles, packed qkv and separate layouts, forward (o, lse) and backward, every
 // kernel variant; the variants a head dim has no kernel for are refused.
 #include <gtest/gtest.h>
@@ -36,13 +36,14 @@ bool forward_variant_exists(int64_t d, int rows_per_warp, bool warp_specialized,
   return warp_specialized && (d != 256 || !ping_pong);
 }
 
-// The same for the backward: 80 and 96 take the warp-specialized wgmma kernel with bulk dQ (2 stages), 256 no
-// wgmma kernel; 128 key rows per mma.sync block take 64 and 128 only.
+// The same for the backward: 80 and 96 take the warp-specialized wgmma kernel with bulk dQ, 256 the
+// warp-specialized (wide) one with dQ atomics, both with 2 stages; 128 key rows per mma.sync block take 64
+// and 128 only.
 bool backward_variant_exists(int64_t d, const cuda::BackwardVariant& v) {
   if (d == 64 || d == 128) return true;
   if (!v.wgmma) return v.key_rows_per_block == 64;
-  return d != 256 && v.wgmma_warp_specialized && v.wgmma_dq == cuda::WgmmaDq::kBulkTiles &&
-         v.wgmma_ws_stages == 2;
+  const auto dq = d == 256 ? cuda::WgmmaDq::kAtomics : cuda::WgmmaDq::kBulkTiles;
+  return v.wgmma_warp_specialized && v.wgmma_dq == dq && v.wgmma_ws_stages == 2;
 }
 
 class FlashAttentionGpu : public ::testing::TestWithParam<Case> {};
