@@ -107,6 +107,8 @@ struct StepShape {
   std::int64_t vocab_padded = 0, experts = 0, topk = 0;
   int tp = 1, cp = 1, ep = 1, etp = 1, dp = 1, edp = 1, pp = 1;
   bool sp = false, swiglu = false, rms = false, rope = false, tied = true, mla = false;
+  int num_layers = 0,
+      mtp_num_layers = 0;  // decoder layers; MTP layers (the final norm then follows the last)
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
   std::int64_t p2p_bytes = 0;  // one pipeline activation (or gradient) tensor
   // The rank's place in its context-parallel ring (walk_rank_step sets it per rank): CP index and the global

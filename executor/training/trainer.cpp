@@ -193,8 +193,8 @@ void Trainer::build(bool sizing) {
     ChunkGradOptions grad_options;
     grad_options.overlap_grad_reduce = config_.overlap_grad_reduce;
     grad_options.distributed_optimizer = config_.use_distributed_optimizer;
-    grad_options.shared_embedding =
-        config_.model.tied_embeddings && schedule_.pp > 1 && !chunks[c].has_embedding;
+    grad_options.shared_embedding = (config_.model.tied_embeddings || config_.model.mtp_num_layers > 0) &&
+                                    schedule_.pp > 1 && !chunks[c].has_embedding;
     static const std::vector<layouts::GradBucket> kNoBuckets;
     const std::vector<layouts::GradBucket>& step_buckets =
         config_.step && c < config_.step->buckets.size() ? config_.step->buckets[c] : kNoBuckets;
@@ -301,8 +301,8 @@ void Trainer::run_p2p(const layouts::StepItem& item, bool evaluation) {
 }
 
 void Trainer::reduce_tied_embedding() {
-  // Tied word embedding under pipelining: the first stage's table and the last stage's copy hold one
-  // parameter; their gradients are summed over the embedding group.
+  // Tied word embedding (or MTP's) under pipelining: the first stage's table and the last stage's copy hold
+  // one parameter; their gradients are summed over the embedding group.
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     GPTModel* chunk = chunks_[c].get();
     const StageSpan& st = chunk->stage();
@@ -526,6 +526,20 @@ double Trainer::reported_load_balancing_loss() {
   return sum / static_cast<double>(moe_layers);
 }
 
+std::vector<double> Trainer::reported_mtp_losses() {
+  // Megatron's MTPLossLoggingHelper: each MTP layer's loss, mean over micro-batches, averaged over dp-cp.
+  std::vector<double> losses(config_.model.mtp_num_layers, 0.0);
+  for (auto& chunk : chunks_) {
+    const std::vector<double> own = chunk->mtp_losses();
+    for (std::size_t i = 0; i < own.size(); ++i) losses[chunk->stage().first_mtp_layer + i] = own[i];
+  }
+  if (communicator_.world_size() == 1) return losses;
+  const bool counts = communicator_.rank(CommGroup::kTensor) == 0;
+  for (double& loss : losses)
+    loss = world_sum(counts ? loss : 0.0) / static_cast<double>(config_.gradient_reduction_size());
+  return losses;
+}
+
 double Trainer::world_sum(double value) {
   if (communicator_.world_size() == 1) return value;
   const float values[2] = {static_cast<float>(value), 0.0f};
@@ -556,6 +570,7 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   if (result.skipped) ++skipped_iterations_;
   result.loss = reported_loss();
   result.load_balancing_loss = reported_load_balancing_loss();
+  result.mtp_losses = reported_mtp_losses();
   ++iteration_;
   consumed_samples_ += config_.global_batch_size();
   backend_.synchronize();
