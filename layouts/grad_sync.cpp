@@ -37,13 +37,14 @@ std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const P
     contents.first_mtp_layer = -3 - layer;
     contents.num_mtp_layers = 1;
   }
-  // The stage's own embedding copy of its MTP layers counts with its first m (none when it holds E).
-  contents.has_embedding = symbol == LayerSymbol::kEmbedding ||
-                           (symbol == LayerSymbol::kMtp &&
-                            (stage.has_embedding || contents.first_mtp_layer != stage.first_mtp_layer));
+  contents.has_embedding = symbol == LayerSymbol::kEmbedding;
   contents.has_loss = symbol == LayerSymbol::kLoss;
+  // The stage's own embedding copy of its MTP layers counts with its first m (none when it holds E).
+  const bool mtp_copy = symbol == LayerSymbol::kMtp && !stage.has_embedding &&
+                        contents.first_mtp_layer == stage.first_mtp_layer;
   std::int64_t n = 0;
   for (const ParameterSpec& p : stage_parameter_table(shape, contents)) {
+    if (p.layer <= -3 && p.name.rfind("embedding.", 0) == 0 && !mtp_copy) continue;
     // A tied head is the stage's own embedding table (counted with E, or with the MTP layers' copy) when the
     // stage holds one.
     const bool head_copy = p.layer == -2 && p.name == "embedding.word_embeddings.weight";
