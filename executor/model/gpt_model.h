@@ -193,7 +193,7 @@ class GPTModel {
   // Multi-token prediction (gpt_model_mtp.cpp). Layers are numbered globally: decoder layers 0.., MTP layer
   // k as -3 - k; local_index() is their place in layer_parameters_ (decoder layers, then MTP layers).
   int local_index(int layer) const;
-  // The default stage (the whole model from first_layer, with the loss) holds the MTP layers too.
+  // The loss stage holds every MTP layer (run_setup refuses other placements).
   static StageSpan with_mtp_layers(const TransformerConfig& config, StageSpan stage);
   int local_layer_count() const { return stage_.num_layers + stage_.num_mtp_layers; }
   bool layer_is_moe(int layer) const { return config_.is_moe_layer(layer); }
@@ -272,7 +272,7 @@ class GPTModel {
     std::vector<Tensor> residual;
     std::vector<LayerActivations> saved;  // per local layer, MTP layers last (none/selective); empty under
                                           // full recompute
-    Tensor tokens;                              // (T, 1) int32 local token ids (embedding stage)
+    Tensor tokens;                        // (T, 1) int32 local token ids (embedding stage)
     Tensor final_norm, final_mean, final_rstd;  // (rows, h), (rows, 1), (rows, 1) (loss stage)
     Tensor head_grad;                // (T, h) gradient of the final norm output from the LM head (loss stage)
     Tensor output_grad, input_grad;  // (rows, h) pipeline gradients (stages without the loss / embedding)

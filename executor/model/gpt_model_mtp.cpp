@@ -50,7 +50,7 @@ SequencePositions shifted_positions(std::int64_t seq, int shift) {
 }
 
 StageSpan GPTModel::with_mtp_layers(const TransformerConfig& config, StageSpan stage) {
-  if (stage.num_layers < 0 && stage.has_loss && stage.num_mtp_layers == 0) {
+  if (stage.has_loss && stage.num_mtp_layers == 0) {  // the executor runs every MTP layer with the loss
     stage.first_mtp_layer = 0;
     stage.num_mtp_layers = config.mtp_num_layers;
   }

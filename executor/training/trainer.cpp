@@ -106,7 +106,7 @@ namespace {
 // The items of an iteration without a walk: the schedule's own (a single rank: no p2p, no buckets), then the
 // grad norm and AdamW.
 std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& schedule,
-                                                   const std::vector<StageSpan>& chunks) {
+                                                   const std::vector<StageSpan>& chunks, int mtp_num_layers) {
   std::vector<layouts::StepItem> items;
   for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
     const layouts::ScheduleItem& s = schedule.items[i];
@@ -119,7 +119,9 @@ std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& 
     item.microbatch = s.microbatch;
     item.chunk = s.chunk;
     const StageSpan& c = chunks.at(s.chunk);
-    item.entry_count = c.num_layers + (c.has_embedding ? 1 : 0) + (c.has_loss ? 1 : 0);
+    // The loss stage holds the MTP layers (GPTModel::with_mtp_layers).
+    const int mtp = c.num_mtp_layers > 0 ? c.num_mtp_layers : c.has_loss ? mtp_num_layers : 0;
+    item.entry_count = c.num_layers + mtp + (c.has_embedding ? 1 : 0) + (c.has_loss ? 1 : 0);
     item.entry_end = item.entry_count;
     items.push_back(item);
   }
@@ -163,7 +165,8 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
         "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel x "
         "context-parallel size (" +
         std::to_string(config_.gradient_reduction_size()) + ") must divide 64; use powers of two");
-  items_ = config_.step ? config_.step->items : items_from_schedule(schedule_, chunks);
+  items_ = config_.step ? config_.step->items
+                        : items_from_schedule(schedule_, chunks, config_.model.mtp_num_layers);
   if (config_.forward_step) {
     forward_items_ = config_.forward_step->items;
   } else {
