@@ -39,11 +39,16 @@ std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const P
   }
   contents.has_embedding = symbol == LayerSymbol::kEmbedding;
   contents.has_loss = symbol == LayerSymbol::kLoss;
+  // The stage's own embedding copy of its MTP layers counts with its first m (none when it holds E).
+  const bool mtp_copy = symbol == LayerSymbol::kMtp && !stage.has_embedding &&
+                        contents.first_mtp_layer == stage.first_mtp_layer;
   std::int64_t n = 0;
   for (const ParameterSpec& p : stage_parameter_table(shape, contents)) {
-    // A tied head is the stage's own embedding table (counted with E) when the stage holds the embedding.
+    if (p.layer <= -3 && p.name.rfind("embedding.", 0) == 0 && !mtp_copy) continue;
+    // A tied head is the stage's own embedding table (counted with E, or with the MTP layers' copy) when the
+    // stage holds one.
     const bool head_copy = p.layer == -2 && p.name == "embedding.word_embeddings.weight";
-    if (!(head_copy && stage.has_embedding)) n += aligned_elements(p.numel());
+    if (!(head_copy && (stage.has_embedding || stage.num_mtp_layers > 0))) n += aligned_elements(p.numel());
   }
   return n;
 }
@@ -80,6 +85,7 @@ DenseParameterShape parameter_table_shape(const ModelSpec& model, const StepShap
     shape.shared_ffn = s.shared_ffn;
     shape.ep = s.ep;
   }
+  shape.mtp_num_layers = model.mtp_num_layers;
   return shape;
 }
 
@@ -97,16 +103,26 @@ StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, con
         const bool moe = model.is_moe_layer(layers[j]);
         dense = layer_dense_params(model, s, moe);
         expert = layer_expert_params(model, s, moe);
+        // With MTP the final norm follows the last decoder layer (Megatron's placement).
+        if (model.mtp_num_layers > 0 && layers[j] == model.num_layers - 1)
+          dense += s.hidden * (s.rms ? 1 : 2);
         break;
       }
       case LayerSymbol::kMtp:
         dense = layer_dense_params(model, s, model.mtp_layer_is_moe()) + mtp_extra_parameters(model, s.tp);
         expert = layer_expert_params(model, s, model.mtp_layer_is_moe());
+        // The first MTP layer of a stage without the embedding brings the stage's copy of it.
+        if (!stage.has_embedding && -3 - layers[j] == stage.first_mtp_layer) {
+          dense += s.vocab_padded / s.tp * s.hidden;
+          if (!s.rope) dense += static_cast<std::int64_t>(model.max_positions()) * s.hidden;
+        }
         break;
       case LayerSymbol::kLoss:
-        dense = s.hidden * (s.rms ? 1 : 2);
-        // Untied: the output layer. Tied with pp > 1: the last stage keeps its own copy of the embedding.
-        if (!s.tied || !stage.has_embedding) dense += s.vocab_padded / s.tp * s.hidden;
+        if (model.mtp_num_layers == 0) dense = s.hidden * (s.rms ? 1 : 2);
+        // Untied: the output layer. Tied with pp > 1: the last stage keeps its own copy of the embedding
+        // (its MTP layers' copy when it has them).
+        if (!s.tied || (!stage.has_embedding && stage.num_mtp_layers == 0))
+          dense += s.vocab_padded / s.tp * s.hidden;
         break;
     }
     p.dense += dense;
@@ -199,7 +215,11 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
         for (const PipelineStage& stage : stages) {
           if (!stage.has_embedding && !stage.has_loss) continue;
           const StageParameters p = stage_parameters(model, shape, stage);
-          const int entry = stage.has_embedding ? static_cast<int>(p.layer_reverse.size()) - 1 : 0;
+          int entry = stage.has_embedding ? static_cast<int>(p.layer_reverse.size()) - 1 : 0;
+          if (!stage.has_embedding && stage.num_mtp_layers > 0) {  // the MTP layers' copy: the first m
+            const auto first_m = std::find(stage.symbols.begin(), stage.symbols.end(), LayerSymbol::kMtp);
+            entry = static_cast<int>(stage.symbols.end() - first_m) - 1;
+          }
           int previous_end = -1;
           for (const GradBucket& b : grad_sync_buckets(shape, config, p, stage.vpp_rank, options)) {
             if (b.op.group != CommGroup::kDataContext) continue;

@@ -101,7 +101,7 @@ class StageTable {
          Split::kColumns, {proj_in});
     if (c_.bias) t_.add(prefix + "self_attention.linear_proj.bias", layer, 1, h, ParameterInit::kZeros);
     norm(prefix + "pre_mlp_layernorm", layer);
-    if (c_.is_moe_layer(layer)) {
+    if (c_.is_moe_layer(layer) || (layer <= -3 && c_.is_moe_mtp_layer())) {
       moe_mlp(prefix + "mlp.", layer);
       return;
     }
@@ -194,25 +194,34 @@ std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, c
   std::vector<ParameterSpec> out;
   StageTable t(c, out);
   const std::int64_t h = c.hidden, tp = c.tp, vocab = c.vocab_padded;
-  if (stage.has_embedding) {
-    t.add("embedding.word_embeddings.weight", -1, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
+  auto embedding = [&](int layer) {
+    t.add("embedding.word_embeddings.weight", layer, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
           {vocab});
     if (c.learned_positions)
-      t.add("embedding.position_embeddings.weight", -1, c.max_positions, h, ParameterInit::kNormal);
-  }
+      t.add("embedding.position_embeddings.weight", layer, c.max_positions, h, ParameterInit::kNormal);
+  };
+  if (stage.has_embedding) embedding(-1);
   const int layers = stage.num_layers < 0 ? c.num_layers - stage.first_layer : stage.num_layers;
   for (int l = stage.first_layer; l < stage.first_layer + layers; ++l) t.layer(layer_name(l, ""), l);
+  const bool holds_last_layer = layers > 0 && stage.first_layer + layers == c.num_layers;
+  if (c.final_norm_with_last_layer() && holds_last_layer) t.norm("decoder.final_layernorm", c.num_layers - 1);
+  if (stage.num_mtp_layers > 0 && !stage.has_embedding) {
+    embedding(-3 - stage.first_mtp_layer);
+    // A tied head reads this copy.
+    if (c.tied) out[out.size() - (c.learned_positions ? 2 : 1)].gemm_weight = true;
+  }
   for (int k = stage.first_mtp_layer; k < stage.first_mtp_layer + stage.num_mtp_layers; ++k) t.mtp_layer(k);
   if (stage.has_loss) {
-    t.norm("decoder.final_layernorm", -2);
+    if (!c.final_norm_with_last_layer()) t.norm("decoder.final_layernorm", -2);
     // Untied: the output layer. Tied on a stage without the embedding (pp > 1): the last stage's own copy of
-    // the word embedding (same name and initial values; its gradient is all-reduced with the first stage's).
+    // the word embedding (same name and initial values; its gradient is all-reduced with the first stage's),
+    // unless the stage's MTP layers brought one.
     if (!c.tied)
       t.gemm("output_layer.weight", -2, vocab / tp, h, ParameterInit::kNormal, Split::kRows, {vocab});
-    else if (!stage.has_embedding)
+    else if (!stage.has_embedding && stage.num_mtp_layers == 0)
       t.gemm("embedding.word_embeddings.weight", -2, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
              {vocab});
-    else
+    else if (stage.has_embedding)
       out.front().gemm_weight = true;  // the tied head is the embedding table
   }
   return out;

@@ -36,11 +36,19 @@ struct DenseParameterShape {
   // Multi-latent attention (--multi-latent-attention): q_lora_rank 0 is one query projection.
   bool mla = false;
   std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
+  // Multi-token prediction (--mtp-num-layers): the MTP layers' transformer layers follow the last decoder
+  // layer's kind, and the final norm sits with the last decoder layer (Megatron moves it there with MTP).
+  int mtp_num_layers = 0;
+  bool is_moe_mtp_layer() const { return is_moe_layer(num_layers - 1); }
+  // The stage holding decoder layer num_layers - 1 holds the final norm when MTP is on, else the loss stage.
+  bool final_norm_with_last_layer() const { return mtp_num_layers > 0; }
 };
 
 // What a stage holds: decoder layers [first_layer, first_layer + num_layers) (global numbering; -1: all),
 // the embedding, the final norm + LM head + loss, and MTP layers [first_mtp_layer, first_mtp_layer +
-// num_mtp_layers) (each: enorm, hnorm, eh_proj, one transformer layer, its final norm).
+// num_mtp_layers) (each: enorm, hnorm, eh_proj, one transformer layer, its final norm). A stage with MTP
+// layers and without the embedding holds its own copy of the word embedding (Megatron's MTP stage
+// embedding, reduced with the first stage's like a tied one) before its first MTP layer.
 struct StageContents {
   int first_layer = 0;
   int num_layers = -1;

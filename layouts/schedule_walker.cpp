@@ -59,13 +59,17 @@ class Walker {
 
   void after_schedule(const StepShape& shape) {
     for (StepItem& item : deferred_) step_.items.push_back(std::move(item));
-    bool has_embedding = false, has_loss = false;
+    bool has_embedding = false, has_loss = false, has_mtp = false;
     for (const PipelineStage& stage : step_.stages) {
       has_embedding |= stage.has_embedding;
       has_loss |= stage.has_loss;
+      has_mtp |= stage.num_mtp_layers > 0;
     }
-    if (shape.tied && shape.pp > 1 && (has_embedding || has_loss))
-      optimizer(OptimizerStep::kEmbeddingGradReduce);
+    // The word embedding's copies: a tied head's, and the MTP layers' (Megatron reduces both over the
+    // embedding group of the first and the last stage).
+    const bool tied_copy = shape.tied && (has_embedding || has_loss);
+    const bool mtp_copy = shape.mtp_num_layers > 0 && (has_embedding || has_mtp);
+    if (shape.pp > 1 && (tied_copy || mtp_copy)) optimizer(OptimizerStep::kEmbeddingGradReduce);
     if (shape.sp) optimizer(OptimizerStep::kSequenceParallelNormGradReduce);
     optimizer(OptimizerStep::kGradNorm);
     optimizer(OptimizerStep::kAdamW);

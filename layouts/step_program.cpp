@@ -413,8 +413,11 @@ void embedding_backward(OpSink& o, const StepShape& s) {
 // at a time: per chunk the logits GEMM, the fused vocab-parallel cross entropy (reads the bf16 logits, writes
 // their gradient in place) and the head's data and weight gradients (OpPhase::kBackward, issued during the
 // forward pass, as the gradient is known there).
-void loss_forward(OpSink& o, const StepShape& s, const char* label, const StepProgramOptions& options) {
-  o.memory(OpKind::kNorm, "final_norm", norm_bytes(s));
+// With MTP the main head reads the final norm's output that the last decoder layer's stage computed
+// (with_norm false), and the head's weight gradient was first written by an MTP layer (head_written).
+void loss_forward(OpSink& o, const StepShape& s, const char* label, const StepProgramOptions& options,
+                  bool with_norm = true, bool head_written = false) {
+  if (with_norm) o.memory(OpKind::kNorm, "final_norm", norm_bytes(s));
   if (s.sp)
     o.comm(OpKind::kAllGather, "logits_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   const std::int64_t vocab = s.vocab_padded / s.tp,
@@ -426,19 +429,64 @@ void loss_forward(OpSink& o, const StepShape& s, const char* label, const StepPr
     o.memory(OpKind::kCrossEntropy, "cross_entropy", 2 * rows * vocab * kAct, DType::kBF16);
     for (const char* l : {"ce_max_ar", "ce_target_ar", "ce_sum_exp_ar"})
       o.comm(OpKind::kAllReduce, l, rows * 4, CommGroup::kTensor, s.tp, DType::kFP32);
-    backward.gemm_backward(label, rows, vocab, s.hidden, true, true, /*first_chunk=*/first == 0);
+    backward.gemm_backward(label, rows, vocab, s.hidden, true, true,
+                           /*first_chunk=*/first == 0 && !head_written);
   }
 }
 
 // The head's GEMMs ran in loss_forward; what is left: the tensor-parallel reduction of the final norm's
-// output gradient and the final norm's backward.
-void loss_backward(OpSink& o, const StepShape& s, const std::string& label) {
-  (void)label;
+// output gradient and (with_norm) the final norm's backward.
+void loss_backward(OpSink& o, const StepShape& s, bool with_norm = true) {
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "logits_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
     o.comm(OpKind::kAllReduce, "logits_dgrad_ar", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  o.memory(OpKind::kNormBackward, "final_norm", 3 * s.tokens_sp * s.hidden * kAct);
+  if (with_norm) o.memory(OpKind::kNormBackward, "final_norm", 3 * s.tokens_sp * s.hidden * kAct);
+}
+
+// One MTP layer (Megatron's MultiTokenPredictionLayer): the shared embedding of the tokens shifted left by
+// the layer's depth, enorm and hnorm (of the previous depth's output: the main model's final norm output
+// first), eh_proj (column-parallel [embedding | hidden] 2h -> h; its output all-gathered over TP along the
+// hidden dimension, then this rank's sequence shard under SP), one transformer layer of the last decoder
+// layer's kind, its final norm and the shared LM head and loss.
+void mtp_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool head_written,
+                 const StepProgramOptions& options) {
+  const std::int64_t th = s.tokens * s.hidden * kAct;
+  embedding_forward(o, s);
+  o.memory(OpKind::kNorm, "mtp_enorm", norm_bytes(s));
+  o.memory(OpKind::kNorm, "mtp_hnorm", norm_bytes(s));
+  if (s.sp) o.comm(OpKind::kAllGather, "mtp_eh_proj_input_ag", 2 * th, CommGroup::kTensor, s.tp);
+  o.gemm("mtp_eh_proj", s.tokens, s.hidden / s.tp, 2 * s.hidden);
+  o.comm(OpKind::kAllGather, "mtp_eh_proj_output_ag", th, CommGroup::kTensor, s.tp);
+  layer_forward(o, model, s, model.mtp_layer_is_moe(), options);
+  loss_forward(o, s, "mtp_logits", options, true, head_written);
+}
+
+// Its backward: the head's gradient reduced (plus, below the last depth, the next depth's hnorm gradient),
+// the final norm, the transformer layer, eh_proj (the scatter's backward all-gathers the output gradient
+// under SP, and the saved input shard is gathered again for the weight gradient), hnorm (the first depth's
+// adds the main head's gradient as its residual), enorm and the embedding.
+void mtp_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShape& s, int layer, int microbatch,
+                  int chunk, const StepProgramOptions& options) {
+  const std::int64_t th = s.tokens * s.hidden * kAct, norm_backward_bytes = 3 * s.tokens_sp * s.hidden * kAct;
+  OpSink o(ops, OpPhase::kBackward, layer, microbatch, chunk);
+  loss_backward(o, s, false);
+  if (-3 - layer < model.mtp_num_layers - 1)
+    o.memory(OpKind::kElementwise, "mtp_grad_add", norm_backward_bytes);
+  o.memory(OpKind::kNormBackward, "final_norm", norm_backward_bytes);
+  layer_backward(ops, model, s, model.mtp_layer_is_moe(), layer, microbatch, chunk, options);
+  if (s.sp) {
+    o.comm(OpKind::kAllGather, "mtp_eh_proj_grad_ag", th, CommGroup::kTensor, s.tp);
+    o.comm(OpKind::kAllGather, "mtp_eh_proj_input_ag", 2 * th, CommGroup::kTensor, s.tp);
+  }
+  o.gemm_backward("mtp_eh_proj", s.tokens, s.hidden / s.tp, 2 * s.hidden);
+  if (s.sp)
+    o.comm(OpKind::kReduceScatter, "mtp_eh_proj_dgrad_rs", 2 * th, CommGroup::kTensor, s.tp);
+  else
+    o.comm(OpKind::kAllReduce, "mtp_eh_proj_dgrad_ar", 2 * th, CommGroup::kTensor, s.tp);
+  o.memory(OpKind::kNormBackward, "mtp_hnorm", norm_backward_bytes);
+  o.memory(OpKind::kNormBackward, "mtp_enorm", norm_backward_bytes);
+  embedding_backward(o, s);
 }
 
 }  // namespace
@@ -501,6 +549,8 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
   s.rope = model.position_embedding == PositionEmbedding::kRope;
   s.tied = !model.untie_embeddings_and_output_weights;
   s.mla = model.multi_latent_attention;
+  s.num_layers = model.num_layers;
+  s.mtp_num_layers = model.mtp_num_layers;
   s.recompute = config.recompute_granularity;
   s.p2p_bytes = s.tokens_sp * s.hidden * kAct;
   return s;
@@ -512,22 +562,24 @@ std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape
   const std::vector<int> layers = stage_symbol_layers(stage);
   for (std::size_t i = 0; i < stage.symbols.size(); ++i) {
     const LayerSymbol sym = stage.symbols[i];
-    OpSink o(ops, OpPhase::kForward, layers[i] >= 0 ? layers[i] : -1, microbatch, stage.vpp_rank);
+    OpSink o(ops, OpPhase::kForward, layers[i] >= 0 || layers[i] <= -3 ? layers[i] : -1, microbatch,
+             stage.vpp_rank);
+    const bool mtp = shape.mtp_num_layers > 0;
     switch (sym) {
       case LayerSymbol::kEmbedding:
         embedding_forward(o, shape);
         break;
       case LayerSymbol::kDecoder:
         layer_forward(o, model, shape, model.is_moe_layer(layers[i]), options);
+        if (mtp && layers[i] == shape.num_layers - 1)  // Megatron's final norm with the last layer under MTP
+          OpSink(ops, OpPhase::kForward, -1, microbatch, stage.vpp_rank)
+              .memory(OpKind::kNorm, "final_norm", norm_bytes(shape));
         break;
       case LayerSymbol::kMtp:
-        o.memory(OpKind::kNorm, "mtp_norms", 2 * norm_bytes(shape));
-        o.gemm("mtp_eh_proj", shape.tokens, shape.hidden / shape.tp, 2 * shape.hidden);
-        layer_forward(o, model, shape, model.mtp_layer_is_moe(), options);
-        loss_forward(o, shape, "mtp_logits", options);
+        mtp_forward(o, model, shape, -3 - layers[i] != stage.first_mtp_layer, options);
         break;
       case LayerSymbol::kLoss:
-        loss_forward(o, shape, "logits", options);
+        loss_forward(o, shape, "logits", options, !mtp, stage.num_mtp_layers > 0);
         break;
     }
   }
@@ -543,22 +595,23 @@ std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepSha
   for (int e = std::max(0, entry_begin); e < std::min(n, entry_end); ++e) {
     const int j = n - 1 - e;  // entries run in reverse symbol order
     OpSink o(ops, OpPhase::kBackward, layers[j] >= 0 ? layers[j] : -1, microbatch, stage.vpp_rank);
+    const bool mtp = shape.mtp_num_layers > 0;
     switch (stage.symbols[j]) {
       case LayerSymbol::kEmbedding:
         embedding_backward(o, shape);
         break;
       case LayerSymbol::kDecoder:
+        if (mtp && layers[j] == shape.num_layers - 1)
+          OpSink(ops, OpPhase::kBackward, -1, microbatch, stage.vpp_rank)
+              .memory(OpKind::kNormBackward, "final_norm", 3 * shape.tokens_sp * shape.hidden * kAct);
         layer_backward(ops, model, shape, model.is_moe_layer(layers[j]), layers[j], microbatch,
                        stage.vpp_rank, options);
         break;
       case LayerSymbol::kMtp:
-        loss_backward(o, shape, "mtp_logits");
-        layer_backward(ops, model, shape, model.mtp_layer_is_moe(), -1, microbatch, stage.vpp_rank, options);
-        o.gemm_backward("mtp_eh_proj", shape.tokens, shape.hidden / shape.tp, 2 * shape.hidden);
-        o.memory(OpKind::kNormBackward, "mtp_norms", 3 * norm_bytes(shape));
+        mtp_backward(ops, model, shape, layers[j], microbatch, stage.vpp_rank, options);
         break;
       case LayerSymbol::kLoss:
-        loss_backward(o, shape, "logits");
+        loss_backward(o, shape, !mtp);
         break;
     }
   }

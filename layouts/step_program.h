@@ -110,6 +110,8 @@ struct StepShape {
   int tp = 1, cp = 1, ep = 1, etp = 1, dp = 1, edp = 1, pp = 1;
   bool sp = false, swiglu = false, rms = false, rope = false, tied = true, mla = false;
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;  // ParallelConfig::moe_token_dispatcher_type
+  int num_layers = 0,
+      mtp_num_layers = 0;  // decoder layers; MTP layers (the final norm then follows the last)
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
   std::int64_t p2p_bytes = 0;  // one pipeline activation (or gradient) tensor
   // The rank's place in its context-parallel ring (walk_rank_step sets it per rank): CP index and the global

@@ -366,6 +366,8 @@ const Registrar registrar({
                    "MoE: DeepSeek-V3's aux-loss-free balancing bias (sigmoid routing)");
       app.add_option("--moe-router-bias-update-rate", a.options.moe_router_bias_update_rate,
                      "MoE: the expert bias's step per iteration (default 1e-3)");
+      app.add_option("--mtp-loss-scaling-factor", a.options.mtp_loss_scaling_factor,
+                     "Multi-token prediction: the MTP losses' weight, averaged over the MTP layers (0.1)");
       app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,
                      "MoE expert capacity factor: tokens over capacity are dropped (default: dropless)");
       app.add_option("--train-iters", a.options.train_iters, "iterations to train (default 100)");

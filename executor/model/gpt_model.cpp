@@ -45,8 +45,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
       compute_dtype_(compute_dtype),
       backend_(backend),
       communicator_(communicator),
-      stage_(stage),
-      layout_(config, stage) {
+      stage_(with_mtp_layers(config, stage)),
+      layout_(config, stage_) {
   config_.validate();
   if (stage_.num_layers < 0) stage_.num_layers = config_.num_layers - stage_.first_layer;
   if (stage_.first_layer < 0 || stage_.first_layer + stage_.num_layers > config_.num_layers)
@@ -115,13 +115,14 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     if (begin > next) zeroed_grads_.push_back(carve(grads_, next, 1, begin - next, 4));
     next = std::max(next, end);
   }
-  layer_grads_written_.assign(stage_.num_layers, false);
+  layer_grads_written_.assign(local_layer_count(), false);
   if (grads_.data != nullptr && total > 0) backend_.fill_zero(grads_);  // once: the GEMM weights' ranges too
 
-  const int L = stage_.num_layers;
+  const int L = local_layer_count();
+  const bool mtp_final_norm = config_.mtp_num_layers > 0 && holds_last_layer();
   slots_.resize(batch_.activation_slots);
   for (Slot& slot : slots_)
-    for (int l = 0; l <= L; ++l)
+    for (int l = 0; l <= stage_.num_layers + (mtp_final_norm ? 1 : 0); ++l)
       slot.residual.push_back(backend_.allocate(compute_dtype_, rows_, h, "residual stream (layer inputs)"));
   // Buffers shared by every layer. mlp_scratch_ holds, in turn: the activation output (forward), in backward
   // fc2's data gradient and then the recomputed activation output, then the attention output gradient and
@@ -164,12 +165,13 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     for (Slot& slot : slots_)
       for (LayerActivations& acts : slot.saved) share(acts);
   }
-  if (stage_.has_loss) {
+  if (holds_final_norm())
     for (Slot& slot : slots_) {
-      slot.final_norm = backend_.allocate(compute_dtype_, rows_, h, "final norm");
+      if (!mtp_final_norm) slot.final_norm = backend_.allocate(compute_dtype_, rows_, h, "final norm");
       slot.final_mean = backend_.allocate(DType::kFP32, rows_, 1, "final norm");
       slot.final_rstd = backend_.allocate(DType::kFP32, rows_, 1, "final norm");
     }
+  if (stage_.has_loss) {
     loss_chunk_rows_ = layouts::loss_chunk_rows(T, config_.vocab_per_rank(), batch_.loss_chunk_logits_bytes);
     logits_ = backend_.allocate(compute_dtype_, loss_chunk_rows_, config_.vocab_per_rank(),
                                 "logits (and their gradient), one token chunk");
@@ -199,10 +201,12 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   }
   // The LM head's gradient of the final norm output: the backward scratch for the one slot of an unpipelined
   // run (its backward follows at once), a buffer per slot otherwise.
+  // With MTP the main head's gradient waits for the MTP layers' backward: a buffer of its own.
   if (stage_.has_loss)
     for (std::size_t i = 0; i < slots_.size(); ++i)
-      slots_[i].head_grad =
-          i == 0 ? d_hidden_ : backend_.allocate(compute_dtype_, T, h, "pipeline gradients (per slot)");
+      slots_[i].head_grad = i == 0 && stage_.num_mtp_layers == 0
+                                ? d_hidden_
+                                : backend_.allocate(compute_dtype_, T, h, "pipeline gradients (per slot)");
   for (Slot& slot : slots_) {
     if (!stage_.has_loss)
       slot.output_grad = backend_.allocate(compute_dtype_, rows_, h, "pipeline gradients (per slot)");
@@ -216,6 +220,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   if (moe_count > 0)
     moe_ = std::make_unique<MoeLayers>(config_, T, batch_.seq, moe_count, batch_.activation_slots,
                                        compute_dtype_, backend_, communicator_);
+  if (stage_.num_mtp_layers > 0) allocate_mtp();
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
   slot_of_microbatch_.assign(batch_.num_microbatches, -1);
   forward_done_.assign(batch_.num_microbatches, false);
@@ -282,13 +287,16 @@ void GPTModel::index_layer_parameters() {
   // Once: each local layer's parameters by role, so that the passes never look a name up.
   std::map<std::string, const ParameterEntry*> by_name;
   for (const ParameterEntry& e : layout_.entries()) by_name[e.name] = &e;
-  auto find = [&](int l, const char* suffix) -> const ParameterEntry* {
-    const auto it = by_name.find(layer_parameter(l, suffix));
-    return it == by_name.end() ? nullptr : it->second;
-  };
   int moe_layers = 0;
-  for (int i = 0; i < stage_.num_layers; ++i) {
-    const int l = stage_.first_layer + i;
+  for (int i = 0; i < local_layer_count(); ++i) {
+    const int l = i < stage_.num_layers ? stage_.first_layer + i
+                                        : -3 - (stage_.first_mtp_layer + i - stage_.num_layers);
+    const std::string prefix =
+        l >= 0 ? layer_parameter(l, "") : layouts::mtp_parameter(-3 - l, "transformer_layer.");
+    auto find = [&](int, const char* suffix) -> const ParameterEntry* {
+      const auto it = by_name.find(prefix + suffix);
+      return it == by_name.end() ? nullptr : it->second;
+    };
     LayerParameters p;
     p.norm1_w = find(l, "input_layernorm.weight");
     p.norm1_b = find(l, "input_layernorm.bias");
@@ -329,13 +337,15 @@ void GPTModel::index_layer_parameters() {
 
 std::vector<int> GPTModel::moe_layer_numbers() const {
   std::vector<int> out;
-  for (int i = 0; i < stage_.num_layers; ++i)
-    if (layer_parameters_[i].moe_local >= 0) out.push_back(stage_.first_layer + i);
+  for (int i = 0; i < local_layer_count(); ++i)
+    if (layer_parameters_[i].moe_local >= 0)
+      out.push_back(i < stage_.num_layers ? stage_.first_layer + i
+                                          : -3 - (stage_.first_mtp_layer + i - stage_.num_layers));
   return out;
 }
 
 MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
-  const LayerParameters& p = layer_parameters_.at(l - stage_.first_layer);
+  const LayerParameters& p = layer_parameters_.at(local_index(l));
   auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
   MoeLayerWeights w;
   w.router = get(p.router);
@@ -351,7 +361,7 @@ void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor
   // input (the pre-MLP norm output, unless a full-recompute re-run of the layer has just written it) that
   // the shared expert's and the router's weight gradients read.
   const MoeLayerWeights w = moe_weights(model_params_, l), g = moe_weights(grads_, l);
-  const int local = layer_parameters_.at(l - stage_.first_layer).moe_local;
+  const int local = layer_parameters_.at(local_index(l)).moe_local;
   moe_->backward_routed(w, g, d_out, d_in, moe_slot_, local, l, accumulate);
   const LayerWeights n = layer_weights(model_params_, l);
   if (recompute_ != RecomputeGranularity::kFull)
@@ -365,7 +375,7 @@ void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor
 }
 
 GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
-  const LayerParameters& p = layer_parameters_.at(l - stage_.first_layer);
+  const LayerParameters& p = layer_parameters_.at(local_index(l));
   auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
   LayerWeights w;
   w.norm1_w = get(p.norm1_w);
@@ -443,8 +453,9 @@ std::vector<float> GPTModel::gradients() const {
 
 void GPTModel::zero_gradients() {
   for (const Tensor& t : zeroed_grads_) backend_.fill_zero(t);
-  layer_grads_written_.assign(stage_.num_layers, false);
+  layer_grads_written_.assign(local_layer_count(), false);
   head_grad_written_ = false;
+  if (mtp_) mtp_->eh_proj_written.assign(mtp_->eh_proj_written.size(), false);
   if (moe_) moe_->reset_logged_load_balancing_loss();
 }
 
@@ -525,7 +536,7 @@ AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
 }
 
 void GPTModel::require_attention_support() const {
-  if (stage_.num_layers == 0) return;
+  if (local_layer_count() == 0) return;
   std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
   for (const layouts::RingBlock block :
        {layouts::RingBlock::kFirstHalfKeys, layouts::RingBlock::kSecondHalfQueries})
@@ -610,7 +621,7 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   backend_.norm_forward(
       norm_args(proj, input, a.mid, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
       {"pre_mlp_norm", l, phase});
-  const int moe_local = layer_parameters_.at(l - stage_.first_layer).moe_local;
+  const int moe_local = layer_parameters_.at(local_index(l)).moe_local;
   if (moe_local >= 0) {  // on the sequence shard (moe_layer.h)
     moe_->forward(moe_weights(model_params_, l), norm2_shard_, a.ln2, reduced_, moe_slot_, moe_local, l,
                   phase);
@@ -634,7 +645,7 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
 void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   const LayerWeights w = layer_weights(model_params_, l);
   const LayerWeights g = layer_weights(grads_, l);
-  const int local = l - stage_.first_layer;
+  const int local = local_index(l);
   const std::int64_t T = batch_.tokens();
   // The shared norm outputs hold another layer's values unless a full-recompute forward re-run of this layer
   // has just written them.
@@ -657,7 +668,7 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   // gradient (in place over the saved fc1 output, which nothing reads afterwards) and recomputes the
   // activation output (in place over the data gradient) for fc2's weight gradient.
   Tensor d_ln2 = d_hidden_shard_;
-  if (config_.is_moe_layer(l)) {
+  if (layer_is_moe(l)) {
     moe_mlp_backward(l, a, d_res_, d_ln2, accumulate);
   } else {
     const Tensor d_out = gather_to_full(d_res_, full_scratch_, "fc2_grad_ag", l, kB);
@@ -719,24 +730,28 @@ void GPTModel::mla_backward(int l, LayerActivations& a, Tensor input, bool accum
 void GPTModel::forward(const MicroBatch& mb, int index) { run_forward(mb, index, true); }
 
 void GPTModel::embedding_forward(const MicroBatch& mb, int slot) {
+  embed_tokens(mb.tokens, slots_[slot].tokens, slots_[slot].residual.front(), positions_, -1);
+}
+
+void GPTModel::embed_tokens(const std::vector<std::int32_t>& global_ids, Tensor tokens, Tensor output,
+                            const SequencePositions& positions, int layer) {
   // Vocab-parallel: this rank's slice of the vocabulary holds ids [offset, offset + V / tp); other ids look
   // up a zero row (-1) and the all-reduce (or reduce-scatter under SP) over TP sums the slices. Learned
   // positions are added once, on TP rank 0.
   const std::int64_t T = batch_.tokens(), vocab = config_.vocab_per_rank(), offset = tp_rank_ * vocab;
   std::vector<std::int32_t> local(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) {
-    const std::int64_t id = mb.tokens[t] - offset;
+    const std::int64_t id = global_ids[t] - offset;
     local[t] = tp_size_ == 1 || (id >= 0 && id < vocab) ? static_cast<std::int32_t>(id) : -1;
   }
-  const Tensor tokens = slots_[slot].tokens, output = slots_[slot].residual.front();
   backend_.upload_int32(tokens, local.data());
   Tensor position;
   if (config_.position == PositionEmbedding::kLearned && tp_rank_ == 0)
     position = view(model_params_, layout_.find("embedding.position_embeddings.weight"));
   const Tensor full = sp() ? full_scratch_ : output;
   backend_.embedding_forward(tokens, view(model_params_, layout_.find("embedding.word_embeddings.weight")),
-                             position, batch_.seq, full, {"embedding", -1, kF}, positions_);
-  reduce_from_full(full, output, "embedding_ar", "embedding_rs", -1, kF);
+                             position, batch_.seq, full, {"embedding", layer, kF}, positions);
+  reduce_from_full(full, output, "embedding_ar", "embedding_rs", layer, kF);
 }
 
 void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients) {
@@ -755,6 +770,8 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
   Slot& s = slots_[slot];
   for (int i = 0; i < stage_.num_layers; ++i)
     layer_forward(stage_.first_layer + i, activations_for(slot, i), s.residual[i], s.residual[i + 1], kF);
+  if (config_.mtp_num_layers > 0 && holds_last_layer()) final_norm_forward(slot, kF);
+  if (stage_.num_mtp_layers > 0) mtp_forward(mb, index, slot, with_gradients);
   if (stage_.has_loss) loss_forward(mb, index, slot, with_gradients);
   if (with_gradients)
     forward_done_[index] = true;
@@ -776,38 +793,46 @@ void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with
   }
   counted_tokens_[index] = counted;
   backend_.upload_int32(targets_, targets.data());
-  const Tensor fn_w = view(model_params_, layout_.find("decoder.final_layernorm.weight"));
-  Tensor fn_b;
-  if (config_.norm == NormKind::kLayerNorm)
-    fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
-  backend_.norm_forward(
-      norm_args(s.residual.back(), {}, {}, fn_w, fn_b, s.final_norm, s.final_mean, s.final_rstd),
-      {"final_norm", -1, kF});
-  const Tensor final_full = gather_to_full(s.final_norm, full_scratch_, "logits_input_ag", -1, kF);
-  // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
-  // logits' gradient in place; vocab-parallel under TP), then the head's data gradient (into the slot's
-  // head_grad, read by the backward's final norm) and weight gradient, so one chunk of logits is held at a
-  // time.
-  const ParameterEntry& out_entry = head_entry();
-  const Tensor out_w = view(model_params_, out_entry);
   // Mean over the counted tokens of the micro-batch, averaged over the iteration's micro-batches.
   const float grad_scale =
       counted > 0
           ? static_cast<float>(1.0 / (counted * batch_.num_microbatches * batch_.gradient_average_ranks))
           : 0.0f;
+  // With MTP the last decoder layer's stage applied the final norm (its output ends the residual stream).
+  Tensor hidden = s.residual.back();
+  if (config_.mtp_num_layers == 0) {
+    const auto [fn_w, fn_b] = norm_weights(model_params_, "decoder.final_layernorm");
+    backend_.norm_forward(
+        norm_args(s.residual.back(), {}, {}, fn_w, fn_b, s.final_norm, s.final_mean, s.final_rstd),
+        {"final_norm", -1, kF});
+    hidden = s.final_norm;
+  }
+  head_and_loss(hidden, targets_, rows_of(losses_, index, 1, 4), grad_scale, s.head_grad, with_gradients,
+                {"logits", "logits_dgrad", "logits_wgrad"}, -1);
+}
+
+void GPTModel::head_and_loss(Tensor hidden, Tensor targets, Tensor losses_row, float grad_scale,
+                             Tensor head_grad, bool with_gradients, const HeadLabels& labels, int layer) {
+  const std::int64_t T = batch_.tokens();
+  const Tensor final_full = gather_to_full(hidden, full_scratch_, "logits_input_ag", layer, kF);
+  // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
+  // logits' gradient in place; vocab-parallel under TP), then the head's data gradient (into head_grad,
+  // read by the backward's final norm) and weight gradient, so one chunk of logits is held at a time.
+  const ParameterEntry& out_entry = head_entry();
+  const Tensor out_w = view(model_params_, out_entry);
   const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
   const std::int64_t vocab_offset = tp_rank_ * config_.vocab_per_rank();
   for (std::int64_t first = 0; first < T; first += loss_chunk_rows_) {
     const std::int64_t rows = std::min(loss_chunk_rows_, T - first);
     const Tensor logits = carve(logits_, 0, rows, logits_.cols, storage);
-    const Tensor hidden = rows_of(final_full, first, rows, storage);
-    backend_.gemm(linear_forward_args(hidden, out_w, logits, {}, rows), {"logits", -1, kF});
-    Tensor losses = rows_of(losses_, index, 1, 4);
+    const Tensor chunk_hidden = rows_of(final_full, first, rows, storage);
+    backend_.gemm(linear_forward_args(chunk_hidden, out_w, logits, {}, rows), {labels.logits, layer, kF});
+    Tensor losses = losses_row;
     losses.data = losses.data == nullptr ? nullptr : static_cast<float*>(losses.data) + first;
     losses.cols = rows;
-    const Tensor chunk_targets = rows_of(targets_, first, rows, 4);
+    const Tensor chunk_targets = rows_of(targets, first, rows, 4);
     if (tp_size_ == 1) {
-      backend_.cross_entropy(logits, chunk_targets, losses, grad_scale, {"cross_entropy", -1, kF});
+      backend_.cross_entropy(logits, chunk_targets, losses, grad_scale, {"cross_entropy", layer, kF});
     } else {
       Backend::CrossEntropyStats stats;
       stats.row_max = carve(ce_stats_.row_max, 0, rows, 1, 4);
@@ -815,18 +840,19 @@ void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with
       stats.sum_exp = carve(ce_stats_.sum_exp, 0, rows, 1, 4);
       auto reduce = [&](Tensor t, bool is_max, const char* label) {
         communicator_.all_reduce(CommGroup::kTensor, t, is_max ? ReduceOp::kMax : ReduceOp::kSum,
-                                 {label, -1, kF, kTpRole});
+                                 {label, layer, kF, kTpRole});
       };
       backend_.vocab_parallel_cross_entropy(logits, chunk_targets, vocab_offset, losses, grad_scale, stats,
-                                            reduce, {"cross_entropy", -1, kF});
+                                            reduce, {"cross_entropy", layer, kF});
     }
     if (!with_gradients) continue;
-    backend_.gemm(linear_data_grad_args(logits, out_w, rows_of(s.head_grad, first, rows, storage), rows),
-                  {"logits_dgrad", -1, kB});
-    GemmArgs head_wgrad = linear_weight_grad_args(logits, hidden, out_w, view(grads_, out_entry), {}, rows);
+    backend_.gemm(linear_data_grad_args(logits, out_w, rows_of(head_grad, first, rows, storage), rows),
+                  {labels.dgrad, layer, kB});
+    GemmArgs head_wgrad =
+        linear_weight_grad_args(logits, chunk_hidden, out_w, view(grads_, out_entry), {}, rows);
     head_wgrad.accumulate = head_grad_written_;
     head_grad_written_ = true;
-    backend_.gemm(head_wgrad, {"logits_wgrad", -1, kB});
+    backend_.gemm(head_wgrad, {labels.wgrad, layer, kB});
   }
 }
 
@@ -834,6 +860,10 @@ void GPTModel::loss_backward(int slot) {
   // The slot's head_grad holds the gradient of the final norm's output (the LM head's data gradient, from
   // forward()), partial over the vocabulary slices under TP.
   Slot& s = slots_[slot];
+  if (config_.mtp_num_layers > 0) {  // the final norm's backward follows the MTP layers'
+    reduce_from_full(s.head_grad, mtp_->main_head_grad, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
+    return;
+  }
   const Tensor d_final =
       reduce_from_full(s.head_grad, d_hidden_shard_, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
   Tensor fn_b, d_fn_b;
@@ -848,7 +878,7 @@ void GPTModel::loss_backward(int slot) {
 }
 
 int GPTModel::backward_entries() const {
-  return stage_.num_layers + (stage_.has_embedding ? 1 : 0) + (stage_.has_loss ? 1 : 0);
+  return local_layer_count() + (stage_.has_embedding ? 1 : 0) + (stage_.has_loss ? 1 : 0);
 }
 
 void GPTModel::backward(int index) { backward(index, 0, backward_entries()); }
@@ -865,12 +895,17 @@ void GPTModel::backward(int index, int begin, int end) {
   const int loss_entries = stage_.has_loss ? 1 : 0;
   if (begin == 0 && !stage_.has_loss) backend_.copy(s.output_grad, d_res_);
   for (int e = begin; e < end; ++e) {
+    const int mtp_entries = stage_.num_mtp_layers;
     if (e < loss_entries) {
       loss_backward(slot);
-    } else if (e < loss_entries + stage_.num_layers) {
-      const int i = stage_.num_layers - 1 - (e - loss_entries);  // layers last..first
+    } else if (e < loss_entries + mtp_entries) {
+      mtp_backward(slot, mtp_entries - 1 - (e - loss_entries));  // MTP layers last..first
+    } else if (e < loss_entries + mtp_entries + stage_.num_layers) {
+      const int i = stage_.num_layers - 1 - (e - loss_entries - mtp_entries);  // layers last..first
       const int l = stage_.first_layer + i;
       LayerActivations& acts = activations_for(slot, i);
+      if (config_.mtp_num_layers > 0 && l == config_.num_layers - 1)
+        final_norm_backward(slot, stage_.has_loss ? mtp_->d_hidden : s.output_grad);
       if (recompute_ == RecomputeGranularity::kFull)
         layer_forward(l, acts, s.residual[i], s.residual[i + 1],
                       OpPhase::kRecompute);  // as Megatron: the layer

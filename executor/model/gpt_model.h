@@ -5,12 +5,15 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "executor/backend/backend.h"
 #include "executor/data/data_loader.h"
 #include "executor/model/mla_attention.h"
 #include "executor/model/moe_layer.h"
+#include "executor/model/mtp_block.h"
 #include "executor/model/parameter_layout.h"
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/communicator.h"
@@ -48,9 +51,9 @@ class GPTModel {
  public:
   // Allocates every buffer from the backend arena (in sizing mode, only counts). compute_dtype is the dtype
   // of model weights and activations (bf16 in training; fp32 for gradient checks on the CPU).
-  // `stage`: the layers (global numbering), embedding and loss this chunk holds (default: the whole model).
-  // The tensor-parallel rank and size come from the communicator (CommGroup::kTensor), which must agree with
-  // config.tensor_parallel_size.
+  // `stage`: the layers (global numbering), embedding, MTP layers and loss this chunk holds (default: the
+  // whole model, its MTP layers included). The tensor-parallel rank and size come from the communicator
+  // (CommGroup::kTensor), which must agree with config.tensor_parallel_size.
   GPTModel(const TransformerConfig& config, const BatchShape& batch, RecomputeGranularity recompute,
            DType compute_dtype, Backend& backend, Communicator& communicator, const StageSpan& stage = {});
 
@@ -98,6 +101,10 @@ class GPTModel {
   double counted_tokens(int index) const { return counted_tokens_.at(index); }
   // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
   std::vector<double> microbatch_losses();
+  // Multi-token prediction: per MTP layer of this stage, the mean over the iteration's micro-batches of its
+  // mean token loss (Megatron's logged "mtp_k loss" before the mean over data-parallel ranks); empty
+  // without MTP layers.
+  std::vector<double> mtp_losses();
   // Tokens each micro-batch of the iteration counted in its loss (the loss stage, after the forwards).
   const std::vector<double>& counted_tokens() const { return counted_tokens_; }
 
@@ -184,6 +191,35 @@ class GPTModel {
   // shard from d_out (the layer output's gradient shard).
   void moe_mlp_backward(int layer, LayerActivations& acts, Tensor d_out, Tensor d_in, bool accumulate);
   LayerActivations& activations_for(int slot, int local_layer);
+  // Multi-token prediction (gpt_model_mtp.cpp). Layers are numbered globally: decoder layers 0.., MTP layer
+  // k as -3 - k; local_index() is their place in layer_parameters_ (decoder layers, then MTP layers).
+  int local_index(int layer) const;
+  // The loss stage holds every MTP layer (run_setup refuses other placements).
+  static StageSpan with_mtp_layers(const TransformerConfig& config, StageSpan stage);
+  int local_layer_count() const { return stage_.num_layers + stage_.num_mtp_layers; }
+  bool layer_is_moe(int layer) const { return config_.is_moe_layer(layer); }
+  bool holds_last_layer() const;
+  bool holds_final_norm() const;  // with MTP: the stage of the last decoder layer (Megatron's placement)
+  std::pair<Tensor, Tensor> norm_weights(Tensor buffer, const std::string& prefix) const;
+  void allocate_mtp();
+  void final_norm_forward(int slot, layouts::OpPhase phase);
+  void final_norm_backward(int slot, Tensor d_out);
+  void mtp_forward(const MicroBatch& batch, int index, int slot, bool with_gradients);
+  void mtp_backward(int slot, int mtp_local);
+  void eh_proj_forward(int mtp_layer, MtpLayerSaved& saved);
+  Tensor eh_proj_backward(int mtp_layer, int mtp_local, MtpLayerSaved& saved);
+  void mtp_embedding_backward(int mtp_layer, const MtpLayerSaved& saved, Tensor d_embedding);
+  // The vocab-parallel embedding of `global_ids` (T) into output (rows, h): tokens receives this rank's ids.
+  void embed_tokens(const std::vector<std::int32_t>& global_ids, Tensor tokens, Tensor output,
+                    const SequencePositions& positions, int layer);
+  // The LM head and the loss per token chunk (layouts::loss_chunk_rows) on the normed hidden states
+  // (rows, h): logits, cross entropy into `losses` (1, T), and with gradients the head's data gradient into
+  // head_grad (T, h) and its weight gradient.
+  struct HeadLabels {
+    const char *logits, *dgrad, *wgrad;
+  };
+  void head_and_loss(Tensor hidden, Tensor targets, Tensor losses, float grad_scale, Tensor head_grad,
+                     bool with_gradients, const HeadLabels& labels, int layer);
   int slot_of(int index);  // acquires a slot on first use
   // Tensor-parallel regions (megatron.md §4); no-ops at TP size 1. reduce_from_full: the sum over TP of a
   // (T, h) partial result, into `out` (the (T / tp, h) shard under SP, else in place); gather_to_full: a
@@ -232,8 +268,11 @@ class GPTModel {
 
   // What one activation slot holds (one micro-batch in flight).
   struct Slot {
-    std::vector<Tensor> residual;         // local layers + 1 of (rows, h): layer inputs and the last output
-    std::vector<LayerActivations> saved;  // per local layer (none/selective); empty under full recompute
+    // local layers + 1 of (rows, h): layer inputs and the last output; with MTP the stage of the last layer
+    // appends the final norm's output (the stage output, MTP's first hidden input)
+    std::vector<Tensor> residual;
+    std::vector<LayerActivations> saved;  // per local layer, MTP layers last (none/selective); empty under
+                                          // full recompute
     Tensor tokens;                        // (T, 1) int32 local token ids (embedding stage)
     Tensor final_norm, final_mean, final_rstd;  // (rows, h), (rows, 1), (rows, 1) (loss stage)
     Tensor head_grad;                // (T, h) gradient of the final norm output from the LM head (loss stage)
@@ -261,6 +300,7 @@ class GPTModel {
   Tensor d_hidden_shard_;               // (rows, h) the reduced input gradient (aliases d_hidden_ without SP)
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
   std::unique_ptr<MoeLayers> moe_;      // the stage's MoE layers (null for a dense stage)
+  std::unique_ptr<MtpBuffers> mtp_;     // the stage's MTP layers (null without)
   int moe_slot_ = 0;                    // the activation slot of the micro-batch being run
 };
 

@@ -27,6 +27,10 @@ void TransformerConfig::validate() const {
   require(position != PositionEmbedding::kRope || mla || head_dim % 2 == 0,
           "RoPE needs an even head dimension (--kv-channels)");
   require(max_seq >= 1, "--seq-length must be >= 1");
+  require(mtp_num_layers >= 0, "--mtp-num-layers must be >= 0");
+  require(mtp_num_layers == 0 || hidden % tensor_parallel_size == 0,
+          "--mtp-num-layers: --tensor-model-parallel-size must divide --hidden-size (eh_proj is "
+          "column-parallel)");
   if (mla) {
     require(kv_lora_rank >= 1 && qk_head_dim >= 1 && qk_pos_emb_head_dim >= 1 && v_head_dim >= 1 &&
                 q_lora_rank >= 0,
@@ -60,6 +64,7 @@ std::string TransformerConfig::describe() const {
   if (mla)
     out << " MLA q_lora " << q_lora_rank << " kv_lora " << kv_lora_rank << " qk " << qk_head_dim << "+"
         << qk_pos_emb_head_dim << " v " << v_head_dim;
+  if (mtp_num_layers > 0) out << " MTP " << mtp_num_layers << " x" << mtp_loss_scaling_factor;
   if (is_moe())
     out << " MoE " << num_experts << " experts top-" << router.topk << " ffn " << moe_ffn_hidden
         << (shared_expert_ffn > 0 ? " shared " + std::to_string(shared_expert_ffn) : "");
@@ -74,8 +79,6 @@ TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp
                                           float norm_eps, float init_std) {
   if (spec.is_moe() && spec.add_bias_linear)
     throw UserError("--num-experts: the executor's experts have no biases; add --disable-bias-linear");
-  if (spec.mtp_num_layers > 0)
-    throw UserError("--mtp-num-layers: the executor does not run MTP yet; set it to 0");
   TransformerConfig c;
   c.num_layers = spec.num_layers;
   c.hidden = spec.hidden_size;
@@ -96,6 +99,7 @@ TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp
   c.norm_eps = norm_eps;
   c.init_std = init_std;
   c.tensor_parallel_size = tp;
+  c.mtp_num_layers = spec.mtp_num_layers;
   if (spec.multi_latent_attention) {
     c.mla = true;
     c.kv_heads = c.heads;

@@ -45,6 +45,9 @@ struct TransformerConfig {
   // --moe-token-dispatcher-type allgather: tokens gathered over the tp-ep group (not a model fact: left out
   // of describe(), so checkpoints move between dispatchers).
   bool moe_allgather_dispatcher = false;
+  // Multi-token prediction: MTP layers (numbered -3 - k) follow the last decoder layer's kind.
+  int mtp_num_layers = 0;                // --mtp-num-layers
+  float mtp_loss_scaling_factor = 0.1f;  // --mtp-loss-scaling-factor (Megatron's default)
 
   // Per-TP-rank sizes.
   std::int64_t heads_per_rank() const { return heads / tensor_parallel_size; }
@@ -60,6 +63,7 @@ struct TransformerConfig {
   std::int64_t vocab_per_rank() const { return vocab_size / tensor_parallel_size; }
   bool is_moe() const { return num_experts > 0; }
   bool is_moe_layer(int layer) const {
+    if (layer <= -3) layer = num_layers - 1;  // an MTP layer
     return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[layer] != 0;
   }
   std::int64_t local_experts() const { return num_experts / expert_parallel_size; }
@@ -79,7 +83,7 @@ namespace megatune::executor {
 
 // The executor's shape of a layouts::ModelSpec on one TP rank (vocabulary padded like Megatron); MoE layers
 // with the router's defaults (top-k from the spec). UserError for features the executor does not run yet
-// (MTP, MoE with tensor parallelism or linear biases).
+// (MoE with tensor parallelism or linear biases).
 TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tensor_parallel_size,
                                           float rope_theta, float norm_eps, float init_std);
 

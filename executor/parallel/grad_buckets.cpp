@@ -78,19 +78,6 @@ std::int64_t GradBufferLayout::shard_begin(int bucket, int dp_rank) const {
   return buckets_.at(bucket).begin + dp_rank * shard_elements(bucket);
 }
 
-namespace {
-
-constexpr int kEmbeddingGroup = -1, kLossGroup = -2;  // layouts::StageParameters::layer_reverse's codes
-
-int group_of(const std::string& name) {
-  static const std::string layers = "decoder.layers.";
-  if (name.rfind(layers, 0) == 0) return std::stoi(name.substr(layers.size()));
-  if (name.rfind("embedding.", 0) == 0) return kEmbeddingGroup;
-  return kLossGroup;  // decoder.final_layernorm.*, output_layer.weight
-}
-
-}  // namespace
-
 std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, bool shared_embedding,
                                                  bool experts) {
   std::vector<GradBufferEntry> out;
@@ -100,7 +87,7 @@ std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, 
     GradBufferEntry e;
     e.name = it->name;
     e.numel = it->numel();
-    e.group = group_of(it->name);
+    e.group = it->layer;  // layouts::StageParameters::layer_reverse's codes: the entry it belongs to
     e.weight_decay = it->weight_decay;
     // A routed expert is whole on its rank (expert tensor parallelism 1): no other TP rank holds it.
     e.tensor_parallel_duplicate = it->split == TensorParallelSplit::kReplicated && it->expert < 0;

@@ -10,6 +10,31 @@
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
+namespace {
+
+// The MTP placements the executor runs: every MTP layer with the loss (Megatron also allows them on a
+// stage of their own before the last), no context parallelism (its roll exchanges boundary tokens between
+// CP ranks), learned absolute positions only without pipelining (the MTP stage's position table would need
+// its own reduction).
+void require_runnable_mtp(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                          const layouts::PipelineLayout& layout) {
+  for (const layouts::PipelineStage& stage : layout.stages())
+    if (stage.num_mtp_layers > 0 && !stage.has_loss)
+      throw UserError(
+          "--pipeline-model-parallel-layout " + layout.to_string() +
+          ": the executor runs MTP layers ('m') in the stage with the loss ('L') only; put every m "
+          "just before L");
+  if (config.cp() > 1)
+    throw UserError("--mtp-num-layers with --context-parallel-size " + std::to_string(config.cp()) +
+                    ": the executor runs multi-token prediction without context parallelism; use "
+                    "--context-parallel-size 1");
+  if (config.pp() > 1 && model.position_embedding != layouts::PositionEmbedding::kRope)
+    throw UserError("--mtp-num-layers with --pipeline-model-parallel-size " + std::to_string(config.pp()) +
+                    ": the executor runs MTP under pipelining with rotary positions only; use "
+                    "--position-embedding-type rope");
+}
+
+}  // namespace
 
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank) {
   if (model.is_moe() && config.tp() > 1 && !config.sequence_parallel_enabled())
@@ -26,14 +51,15 @@ RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelC
   RankLayout out;
   out.coordinates = grid.dense_coordinates(rank);
   const layouts::PipelineLayout layout = config.resolved_pipeline_layout(model);
+  if (model.mtp_num_layers > 0) require_runnable_mtp(model, config, layout);
   for (const layouts::PipelineStage* stage : layout.stages_of_rank(out.coordinates.pp)) {
-    if (stage->num_mtp_layers > 0)
-      throw UserError("--pipeline-model-parallel-layout: MTP stages ('m') are not run by the executor yet");
     StageSpan span;
     span.first_layer = stage->first_decoder_layer;
     span.num_layers = stage->num_decoder_layers;
     span.has_embedding = stage->has_embedding;
     span.has_loss = stage->has_loss;
+    span.first_mtp_layer = stage->first_mtp_layer;
+    span.num_mtp_layers = stage->num_mtp_layers;
     out.chunks.push_back(span);
   }
   out.schedule = layouts::build_schedule(model, config, out.coordinates.pp);
@@ -84,6 +110,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
       transformer_config_from(spec, parallel.tp(), static_cast<float>(a.rotary_base),
                               static_cast<float>(a.norm_epsilon), static_cast<float>(a.init_method_std));
   t.model.sequence_parallel = parallel.sequence_parallel_enabled();
+  t.model.mtp_loss_scaling_factor = static_cast<float>(a.mtp_loss_scaling_factor);
   if (t.model.is_moe()) {
     t.model.expert_parallel_size = parallel.ep();
     t.model.expert_parallel_rank = layouts::RankGrid::from_config(parallel).expert_coordinates(rank).ep;

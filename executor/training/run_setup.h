@@ -47,6 +47,7 @@ struct TrainOptions {
   std::optional<double> moe_expert_capacity_factor;         // --moe-expert-capacity-factor (unset: dropless)
   bool moe_router_enable_expert_bias = false;               // --moe-router-enable-expert-bias
   double moe_router_bias_update_rate = 1e-3;                // --moe-router-bias-update-rate
+  double mtp_loss_scaling_factor = 0.1;                     // --mtp-loss-scaling-factor (Megatron's default)
   RunTraceOptions trace;                                    // --trace-dir, --trace-iterations
 };
 
@@ -56,7 +57,8 @@ struct RankLayout {
   std::vector<StageSpan> chunks;  // in virtual-stage order
   layouts::RankSchedule schedule;
 };
-// Throws UserError for layouts the executor cannot run yet (context or expert parallelism, MTP stages).
+// Throws UserError for layouts the executor cannot run yet (MTP layers off the loss stage or with context
+// parallelism, MoE with tensor or expert-tensor parallelism).
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank);
 
 // The whole RunConfig of `rank`; peak_tflops is left 0 (the caller knows its device). UserError on bad flags.

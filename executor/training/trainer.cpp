@@ -106,7 +106,7 @@ namespace {
 // The items of an iteration without a walk: the schedule's own (a single rank: no p2p, no buckets), then the
 // grad norm and AdamW.
 std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& schedule,
-                                                   const std::vector<StageSpan>& chunks) {
+                                                   const std::vector<StageSpan>& chunks, int mtp_num_layers) {
   std::vector<layouts::StepItem> items;
   for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
     const layouts::ScheduleItem& s = schedule.items[i];
@@ -119,7 +119,9 @@ std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& 
     item.microbatch = s.microbatch;
     item.chunk = s.chunk;
     const StageSpan& c = chunks.at(s.chunk);
-    item.entry_count = c.num_layers + (c.has_embedding ? 1 : 0) + (c.has_loss ? 1 : 0);
+    // The loss stage holds the MTP layers (GPTModel::with_mtp_layers).
+    const int mtp = c.num_mtp_layers > 0 ? c.num_mtp_layers : c.has_loss ? mtp_num_layers : 0;
+    item.entry_count = c.num_layers + mtp + (c.has_embedding ? 1 : 0) + (c.has_loss ? 1 : 0);
     item.entry_end = item.entry_count;
     items.push_back(item);
   }
@@ -163,7 +165,8 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
         "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel x "
         "context-parallel size (" +
         std::to_string(config_.gradient_reduction_size()) + ") must divide 64; use powers of two");
-  items_ = config_.step ? config_.step->items : items_from_schedule(schedule_, chunks);
+  items_ = config_.step ? config_.step->items
+                        : items_from_schedule(schedule_, chunks, config_.model.mtp_num_layers);
   if (config_.forward_step) {
     forward_items_ = config_.forward_step->items;
   } else {
@@ -193,8 +196,8 @@ void Trainer::build(bool sizing) {
     ChunkGradOptions grad_options;
     grad_options.overlap_grad_reduce = config_.overlap_grad_reduce;
     grad_options.distributed_optimizer = config_.use_distributed_optimizer;
-    grad_options.shared_embedding =
-        config_.model.tied_embeddings && schedule_.pp > 1 && !chunks[c].has_embedding;
+    grad_options.shared_embedding = (config_.model.tied_embeddings || config_.model.mtp_num_layers > 0) &&
+                                    schedule_.pp > 1 && !chunks[c].has_embedding;
     static const std::vector<layouts::GradBucket> kNoBuckets;
     const std::vector<layouts::GradBucket>& step_buckets =
         config_.step && c < config_.step->buckets.size() ? config_.step->buckets[c] : kNoBuckets;
@@ -301,8 +304,8 @@ void Trainer::run_p2p(const layouts::StepItem& item, bool evaluation) {
 }
 
 void Trainer::reduce_tied_embedding() {
-  // Tied word embedding under pipelining: the first stage's table and the last stage's copy hold one
-  // parameter; their gradients are summed over the embedding group.
+  // Tied word embedding (or MTP's) under pipelining: the first stage's table and the last stage's copy hold
+  // one parameter; their gradients are summed over the embedding group.
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     GPTModel* chunk = chunks_[c].get();
     const StageSpan& st = chunk->stage();
@@ -527,6 +530,20 @@ double Trainer::reported_load_balancing_loss() {
   return sum / static_cast<double>(moe_layers);
 }
 
+std::vector<double> Trainer::reported_mtp_losses() {
+  // Megatron's MTPLossLoggingHelper: each MTP layer's loss, mean over micro-batches, averaged over dp-cp.
+  std::vector<double> losses(config_.model.mtp_num_layers, 0.0);
+  for (auto& chunk : chunks_) {
+    const std::vector<double> own = chunk->mtp_losses();
+    for (std::size_t i = 0; i < own.size(); ++i) losses[chunk->stage().first_mtp_layer + i] = own[i];
+  }
+  if (communicator_.world_size() == 1) return losses;
+  const bool counts = communicator_.rank(CommGroup::kTensor) == 0;
+  for (double& loss : losses)
+    loss = world_sum(counts ? loss : 0.0) / static_cast<double>(config_.gradient_reduction_size());
+  return losses;
+}
+
 double Trainer::world_sum(double value) {
   if (communicator_.world_size() == 1) return value;
   const float values[2] = {static_cast<float>(value), 0.0f};
@@ -557,6 +574,7 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   if (result.skipped) ++skipped_iterations_;
   result.loss = reported_loss();
   result.load_balancing_loss = reported_load_balancing_loss();
+  result.mtp_losses = reported_mtp_losses();
   ++iteration_;
   consumed_samples_ += config_.global_batch_size();
   backend_.synchronize();

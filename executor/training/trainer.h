@@ -74,6 +74,9 @@ struct StepResult {
   // MoE with a load-balancing loss: Megatron's logged load_balancing_loss (the loss / its coefficient,
   // mean over micro-batches, MoE layers and data-parallel ranks); -1 otherwise.
   double load_balancing_loss = -1.0;
+  // Multi-token prediction: Megatron's logged "mtp_k loss" per MTP layer (mean over micro-batches and
+  // data-parallel ranks); empty without MTP.
+  std::vector<double> mtp_losses;
 };
 
 // One evaluation iteration's loss over every data-parallel rank: summed token losses and counted tokens.
@@ -144,6 +147,7 @@ class Trainer {
   // This CP rank's share of each micro-batch (the micro-batches themselves without context parallelism).
   const std::vector<MicroBatch>& context_parallel_share(const std::vector<MicroBatch>& microbatches);
   double reported_load_balancing_loss();
+  std::vector<double> reported_mtp_losses();
   TrainerConfig config_;
   layouts::RankSchedule schedule_;
   std::vector<layouts::StepItem> items_;

@@ -49,7 +49,10 @@ std::string format_log_line(const LogInterval& v) {
   }
   out << " | learning rate: " << std::scientific << std::uppercase << std::setprecision(6) << v.learning_rate
       << " | global batch size: " << std::setw(5) << v.global_batch_size
-      << " | lm loss: " << std::setprecision(6) << v.loss << std::nouppercase << std::fixed;
+      << " | lm loss: " << std::setprecision(6) << v.loss;
+  for (std::size_t k = 0; k < v.mtp_losses.size(); ++k)
+    out << " | mtp_" << k + 1 << " loss: " << v.mtp_losses[k];
+  out << std::nouppercase << std::fixed;
   if (v.load_balancing_loss >= 0)
     out << " | load_balancing_loss: " << std::setprecision(2) << v.load_balancing_loss;
   out << " | grad norm: " << std::setprecision(3) << v.grad_norm
@@ -255,6 +258,7 @@ std::vector<IterationRecord> TrainingRun::run() {
   std::vector<IterationRecord> records;
 
   double interval_time_s = 0, interval_loss = 0, interval_balance = 0;
+  std::vector<double> interval_mtp;  // per MTP layer
   std::int64_t interval_iters = 0, interval_skipped = 0;
   while (trainer_->iteration() < config_.train_iters) {
     for (MicroBatch& mb : microbatches)
@@ -272,6 +276,9 @@ std::vector<IterationRecord> TrainingRun::run() {
     interval_time_s += record.step.elapsed_s;
     interval_loss += record.step.skipped ? 0.0 : record.step.loss;
     interval_balance += record.step.skipped ? 0.0 : record.step.load_balancing_loss;
+    interval_mtp.resize(record.step.mtp_losses.size(), 0.0);
+    for (std::size_t k = 0; k < interval_mtp.size() && !record.step.skipped; ++k)
+      interval_mtp[k] += record.step.mtp_losses[k];
     interval_skipped += record.step.skipped ? 1 : 0;
     ++interval_iters;
     if (record.iteration % config_.log_interval == 0 || record.iteration == config_.train_iters) {
@@ -289,6 +296,9 @@ std::vector<IterationRecord> TrainingRun::run() {
       v.loss = counted > 0 ? interval_loss / static_cast<double>(counted) : std::nan("");
       if (record.step.load_balancing_loss >= 0 && counted > 0)
         v.load_balancing_loss = interval_balance / static_cast<double>(counted);
+      for (double sum : interval_mtp)
+        v.mtp_losses.push_back(counted > 0 ? sum / static_cast<double>(counted) : std::nan(""));
+      interval_mtp.assign(interval_mtp.size(), 0.0);
       v.grad_norm = record.step.grad_norm;
       v.skipped_iterations = interval_skipped;
       log_ << format_log_line(v) << std::endl;

@@ -90,6 +90,7 @@ struct LogInterval {
   double elapsed_ms_per_iteration = 0, tflops_per_gpu = 0, mfu_percent = -1, learning_rate = 0, loss = 0;
   double grad_norm = 0;
   double load_balancing_loss = -1;  // MoE: mean over the interval; < 0: not logged
+  std::vector<double> mtp_losses;   // MTP: each layer's loss, mean over the interval ("mtp_1 loss", ...)
   std::int64_t skipped_iterations = 0;
 };
 std::string format_log_line(const LogInterval& interval);

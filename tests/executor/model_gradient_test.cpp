@@ -1,6 +1,7 @@
 // GPTModel on the CPU backend (float): every parameter tensor's gradient against central finite differences,
 // for GPT (LayerNorm, GELU, learned positions, tied head, biases) and Llama (RMSNorm, SwiGLU, RoPE, GQA,
-// untied head, no biases) and DeepSeek-V3 (multi-latent attention) shapes, with and without recomputation.
+// untied head, no biases) and DeepSeek-V3 (multi-latent attention, multi-token prediction) shapes, with and
+// without recomputation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,11 +61,19 @@ struct Harness {
   }
 };
 
-// Loss of the whole iteration: mean over micro-batches of each micro-batch's mean token loss.
+// Loss of the whole iteration: mean over micro-batches of each micro-batch's mean token loss, plus with MTP
+// Megatron's mtp_loss_scaling_factor / mtp_num_layers times each MTP layer's loss so averaged.
 double iteration_loss(GPTModel& model, const std::vector<MicroBatch>& batches) {
   double total = 0;
-  for (const MicroBatch& mb : batches) total += model.evaluate(mb);
-  return total / static_cast<double>(batches.size());
+  if (model.config().mtp_num_layers == 0) {
+    for (const MicroBatch& mb : batches) total += model.evaluate(mb);
+    return total / static_cast<double>(batches.size());
+  }
+  for (int i = 0; i < static_cast<int>(batches.size()); ++i) model.forward_only(batches[i], i);
+  for (double loss : model.microbatch_losses()) total += loss / static_cast<double>(batches.size());
+  const TransformerConfig& c = model.config();
+  for (double loss : model.mtp_losses()) total += c.mtp_loss_scaling_factor / c.mtp_num_layers * loss;
+  return total;
 }
 
 void check_gradients(const TransformerConfig& config, RecomputeGranularity recompute,
@@ -124,6 +133,20 @@ TEST(ModelGradient, MultiLatentAttentionMatchesFiniteDifferences) {
   TransformerConfig layernorm = mla_like(6);
   layernorm.norm = NormKind::kLayerNorm;  // latent norms with their bias
   check_gradients(layernorm, RecomputeGranularity::kFull);
+}
+
+// Multi-token prediction (two MTP layers, so the second feeds on the first's output) on the MLA body and on
+// a GPT body (learned positions rolled with the tokens, tied head); a large scaling factor makes the MTP
+// gradients count against the tolerance.
+TEST(ModelGradient, MultiTokenPredictionMatchesFiniteDifferences) {
+  TransformerConfig mla = mla_like(6);
+  mla.mtp_num_layers = 2;
+  mla.mtp_loss_scaling_factor = 0.8f;
+  check_gradients(mla, RecomputeGranularity::kNone);
+  TransformerConfig gpt = gpt_like();
+  gpt.mtp_num_layers = 1;
+  gpt.mtp_loss_scaling_factor = 1.0f;
+  check_gradients(gpt, RecomputeGranularity::kFull, 200);
 }
 
 // 12 tokens x 32 vocab x 2 bytes = 768 bytes of logits: a 200-byte budget runs the LM head and the loss in 4

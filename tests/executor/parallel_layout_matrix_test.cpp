@@ -124,7 +124,8 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
   const std::string ref_key =
       key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied") +
       (model.is_moe() ? "-moe" + std::to_string(model.moe_shared_expert_intermediate_size) : "") +
-      (l.sigmoid_bias ? "-sigmoid-bias" : "");
+      (l.sigmoid_bias ? "-sigmoid-bias" : "") +
+      (model.mtp_num_layers > 0 ? "-mtp" + std::to_string(model.mtp_num_layers) : "");
   Layout single_rank{"single"};
   single_rank.sigmoid_bias = l.sigmoid_bias;
   if (!reference_cache.count(ref_key)) reference_cache[ref_key] = train(model, single_rank);
@@ -229,6 +230,35 @@ INSTANTIATE_TEST_SUITE_P(MultiLatentAttention, MlaLayoutMatrix,
                            for (char& ch : name)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return name + (c.q_lora ? "_q_lora" : "_q_proj");
+                         });
+
+// Multi-token prediction on the MLA model (one MTP layer): eh_proj's TP plan under SP, an m stage in a
+// layout string (the final norm with the last decoder layer, the MTP stage's embedding copy reduced with the
+// first stage's), and data parallelism.
+class MtpLayoutMatrix : public ::testing::TestWithParam<int> {};
+
+const std::vector<Layout>& mtp_matrix() {
+  static const std::vector<Layout> cases = {
+      {"tp2 sp", 2, 1, 1, 0, true},
+      {"pp2 Ettt|tmL", 1, 2, 1, 0, false, false, false, "Ettt|tmL"},
+      {"dp2", 1, 1, 2},
+  };
+  return cases;
+}
+
+TEST_P(MtpLayoutMatrix, ReproducesTheSingleRankRun) {
+  layouts::ModelSpec model = deepseek_mla_tiny(true);
+  model.mtp_num_layers = 1;
+  expect_matches_single_rank(model, mtp_matrix().at(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(MultiTokenPrediction, MtpLayoutMatrix,
+                         ::testing::Range(0, static_cast<int>(mtp_matrix().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           std::string name = mtp_matrix().at(info.param).name;
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
                          });
 
 // MoE (4 experts, top-2, softmax, aux loss): expert parallelism (all-to-all dispatch, expert gradients

@@ -30,11 +30,14 @@ struct Case {
   int ep = 0;   // > 0: the MoE model (4 experts, top-2, a shared expert) at this expert-parallel size
   int etp = 0;  // --expert-tensor-parallel-size; 0: Megatron's default (tp)
   bool allgather = false;  // --moe-token-dispatcher-type allgather
+  int mtp = 0;  // --mtp-num-layers
 };
 
 layouts::ModelSpec model_of(const Case& c) {
-  if (c.mla != Case::Mla::kNone) return test::deepseek_mla_tiny(c.mla == Case::Mla::kQLora);
-  layouts::ModelSpec m = c.gpt ? test::gpt_tiny(c.tied) : test::llama_tiny(c.tied);
+  layouts::ModelSpec m = c.mla != Case::Mla::kNone ? test::deepseek_mla_tiny(c.mla == Case::Mla::kQLora)
+                         : c.gpt                   ? test::gpt_tiny(c.tied)
+                                                   : test::llama_tiny(c.tied);
+  m.mtp_num_layers = c.mtp;
   if (c.ep > 0) {
     m.num_experts = 4;
     m.moe_router_topk = 2;
@@ -159,7 +162,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"moe_allgather_ep2", 1, 1, 2, 0, false, false, false, false, "", false, 1, Case::Mla::kNone,
              layouts::RecomputeGranularity::kNone, 2, 1, true},
         Case{"moe_allgather_ep2_tp2_sp", 2, 1, 2, 0, true, false, false, false, "", false, 1,
-             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2, 1, true}),
+             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2, 1, true},
+        // Multi-token prediction: MLA + MTP under TP/SP, an m stage in a layout string (with the final norm
+        // on the last decoder layer's stage and the MTP stage's embedding copy), two MTP layers with a tied
+        // head under the distributed optimizer.
+        Case{"mtp_mla_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1, Case::Mla::kQLora,
+             layouts::RecomputeGranularity::kNone, 0, 0, false, 1},
+        Case{"mtp_mla_pp2_layout", 1, 2, 1, 0, false, false, false, false, "Ettt|tmL", false, 1,
+             Case::Mla::kQLora, layouts::RecomputeGranularity::kNone, 0, 0, false, 1},
+        Case{"mtp_pp2_tied_m_stage", 1, 2, 1, 0, false, false, false, true, "Etttt|mL", false, 1,
+             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 0, 0, false, 1},
+        Case{"mtp2_gpt_tied_dp2_dist_opt", 1, 1, 2, 0, false, true, true, true, "", true, 1, Case::Mla::kNone,
+             layouts::RecomputeGranularity::kSelective, 0, 0, false, 2}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -103,6 +103,31 @@ TEST(TrainTiny, LossFallsOnByteLevelTextFromAnIndexedDataset) {
   std::filesystem::remove_all(dir);
 }
 
+// --mtp-num-layers 1 on the tiny preset: the main and the MTP loss fall, and the log line carries Megatron's
+// "mtp_1 loss" after the lm loss.
+TEST(TrainTiny, MultiTokenPredictionLossesFall) {
+  RunConfig run = tiny_run(30);
+  layouts::ModelSpec spec = layouts::model_preset("tiny");
+  spec.mtp_num_layers = 1;
+  run.trainer.model = transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
+  run.trainer.model.mtp_loss_scaling_factor = 0.3f;
+  std::string log;
+  const std::vector<IterationRecord> records = train(run, &log);
+  ASSERT_EQ(records.size(), 30u);
+  double first = 0, last = 0, first_mtp = 0, last_mtp = 0;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(records[i].step.mtp_losses.size(), 1u);
+    first += records[i].step.loss / 5;
+    first_mtp += records[i].step.mtp_losses[0] / 5;
+    last += records[25 + i].step.loss / 5;
+    last_mtp += records[25 + i].step.mtp_losses[0] / 5;
+  }
+  EXPECT_NEAR(first_mtp, std::log(256.0), 0.3);
+  EXPECT_LT(last, first - 1.0) << log;
+  EXPECT_LT(last_mtp, first_mtp - 0.5) << log;
+  EXPECT_NE(log.find(" | mtp_1 loss: "), std::string::npos) << log;
+}
+
 TEST(TrainTiny, ResumeReproducesTheLossTrajectoryExactly) {
   const std::filesystem::path root =
       std::filesystem::temp_directory_path() /

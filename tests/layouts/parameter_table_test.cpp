@@ -63,9 +63,13 @@ TEST(ParameterTable, MlaLayerCountsMatchTheModelSpecAtEveryTpSize) {
   for (int q_lora : {0, 16}) {
     for (int tp : {1, 2, 4}) {
       const ModelSpec m = tiny_mla(q_lora);
-      const auto table = stage_parameter_table(shape_of(m, tp, false), one_layer(1));
+      const auto table = stage_parameter_table(shape_of(m, tp, false), one_layer(0));
       EXPECT_EQ(total(table), attention_parameters(m, tp) + decoder_mlp_parameters(m, false, tp))
           << "q_lora_rank " << q_lora << " tp " << tp;
+      // With MTP the last decoder layer brings the final norm (Megatron's placement).
+      const auto last = stage_parameter_table(shape_of(m, tp, false), one_layer(1));
+      EXPECT_EQ(total(last), total(table) + m.hidden_size);
+      EXPECT_EQ(find(last, "decoder.final_layernorm.weight").layer, 1);
     }
   }
 }
@@ -108,8 +112,11 @@ TEST(ParameterTable, MtpLayerHoldsItsNormsProjectionAndTransformerLayer) {
     c.first_mtp_layer = 0;
     c.num_mtp_layers = 1;
     const auto table = stage_parameter_table(shape_of(m, tp, false), c);
-    EXPECT_EQ(total(table), mtp_extra_parameters(m, tp) + attention_parameters(m, tp) +
+    // A stage without the embedding holds the MTP layers' own copy of it.
+    const std::int64_t copy = m.padded_vocab_size(tp) / tp * m.hidden_size;
+    EXPECT_EQ(total(table), copy + mtp_extra_parameters(m, tp) + attention_parameters(m, tp) +
                                 decoder_mlp_parameters(m, false, tp));
+    EXPECT_EQ(find(table, "embedding.word_embeddings.weight").layer, -3);
     const ParameterSpec& eh = find(table, "mtp.layers.0.eh_proj.weight");
     EXPECT_EQ(eh.rows, 64 / tp);
     EXPECT_EQ(eh.cols, 2 * 64);

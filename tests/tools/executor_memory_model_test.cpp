@@ -68,8 +68,10 @@ TEST(ExecutorMemoryModel, ChunkedLogitsMakeTheExecutorsPeakSmallerThanMegatrons)
 
 TEST(ExecutorMemoryModel, ALayoutTheExecutorCannotSizeIsPricedByMegatronsModelAndSaysSo) {
   layouts::ModelSpec model = model_of("tiny", 128);
-  model.mtp_num_layers = 1;  // MTP layers: the executor refuses them
-  const layouts::ParallelConfig config = layout(1, 2, 8);
+  model.mtp_num_layers = 1;  // MTP with context parallelism: the executor refuses it
+  layouts::ParallelConfig config = layout(1, 2, 8);
+  config.context_parallel_size = 2;
+  config.world_size = 2;
   const planner::MemoryEstimate peak = executor_peak_memory()(model, config, {});
   ASSERT_FALSE(peak.items.empty());
   EXPECT_EQ(peak.items.front().name, "(Megatron's model)");
