@@ -13,15 +13,15 @@
 
 namespace megatune::executor::cuda::hopper {
 
-// The warp-specialized backward kernels' launch order over (kv head, batch, key block): under a causal mask
-// every head's first key block (the longest) before any second one, so that the short blocks fill the tail;
-// without one, the key blocks of one head consecutively, so that the blocks in flight share that head's Q,
-// dO and dQ accumulator in L2 (at 32 heads x 4 sequences the other order had each block in flight on a head
-// of its own).
+// The warp-specialized backward kernels' launch order over (kv head, batch, key block): the key blocks of one
+// head consecutively, so that the blocks in flight share that head's Q, dO and dQ accumulator in L2 (at 32
+// heads x 4 sequences the other order had each block in flight on a head of its own); under a causal mask
+// with causal_order 0 instead every head's first key block (the longest) before any second one, so that the
+// short blocks fill the tail.
 inline dim3 backward_grid(const BackwardArgs& p, int key_rows_per_block) {
   const unsigned key_blocks = unsigned((p.seq_len + key_rows_per_block - 1) / key_rows_per_block);
-  return p.causal ? dim3(unsigned(p.num_kv_heads), unsigned(p.batch), key_blocks)
-                  : dim3(key_blocks, unsigned(p.num_kv_heads), unsigned(p.batch));
+  return p.causal && p.causal_order == 0 ? dim3(unsigned(p.num_kv_heads), unsigned(p.batch), key_blocks)
+                                         : dim3(key_blocks, unsigned(p.num_kv_heads), unsigned(p.batch));
 }
 // The tensor maps of the warp-specialized backward kernels (make_bf16_head_tile_map).
 struct BackwardMaps {
@@ -72,9 +72,14 @@ __device__ __forceinline__ void produce_backward_tiles(const BackwardArgs& p, co
 struct BackwardBlock {
   int group, batch, key_block;
 };
+// The block's (kv head, batch, key block) under backward_grid's order. Causal order 2 takes a head's key
+// blocks alternately from the first (the most work under the mask) and the last (the least).
 __device__ __forceinline__ BackwardBlock backward_block(const BackwardArgs& p) {
-  return p.causal ? BackwardBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)}
-                  : BackwardBlock{int(blockIdx.y), int(blockIdx.z), int(blockIdx.x)};
+  if (p.causal && p.causal_order == 0)
+    return BackwardBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  const int x = int(blockIdx.x), last = int(gridDim.x) - 1;
+  const int key_block = p.causal && p.causal_order == 2 ? (x & 1 ? last - x / 2 : x / 2) : x;
+  return BackwardBlock{int(blockIdx.y), int(blockIdx.z), key_block};
 }
 
 // S^T = K Q^T and dP^T = V dO^T (two commit groups, so that P^T = exp2(S^T - lse) overlaps dP^T's product),
