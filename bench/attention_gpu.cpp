@@ -2,8 +2,9 @@
 // shared/anchors/sdpa_bench.py, plus a cuBLASLt bf16 GEMM ceiling through GemmRunner. CUDA-event timing,
 // warm-up, median of repeats, fresh random inputs. FLOPs: AttentionShape's (attended pairs: s(s+1)/2 causal;
 // fwd 2 (d + d_v), bwd 2 (3 d + 2 d_v) per pair and head).
-// --sweep: every compiled head dim (q/k, v) at b * s = 16k tokens, s 2048 and 4096, causal and not, the
-// shapes of bench/peer/sdpa_head_dims.py (torch SDPA's FlashAttention-2 and cuDNN backends).
+// --sweep [D...]: every compiled head dim (q/k, v), or those whose q/k head dim is one of D..., at b * s =
+// 16k tokens, s 2048 and 4096, causal and not, the shapes of bench/peer/sdpa_head_dims.py (torch SDPA's
+// FlashAttention-2 and cuDNN backends; it takes the same D...).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,14 +30,18 @@ double median_ms(const std::function<void()>& body) { return megatune::bench::me
 using megatune::bench::device_alloc;
 using megatune::bench::fill_random;
 
-// The head-dim sweep: one SWEEP line per shape with the default kernels' times, and the mma.sync forward
-// variants' for the head dims other than 64 and 128 (the kernels those head dims ran before the wgmma ones).
-void head_dim_sweep() {
+// The head-dim sweep: one SWEEP line per shape with the default kernels' times, the mma.sync forward
+// variants' for the head dims other than 64 and 128 (the kernels those head dims ran before the wgmma ones)
+// and, under a causal mask, the backward's other two launch orders (0 where the wgmma kernels do not run).
+void head_dim_sweep(const std::vector<int>& only_head_dims) {
   struct Dims {
     int d, dv;
   };
   for (const Dims dims :
        {Dims{64, 64}, Dims{80, 80}, Dims{96, 96}, Dims{128, 128}, Dims{192, 128}, Dims{256, 256}}) {
+    if (!only_head_dims.empty() &&
+        std::find(only_head_dims.begin(), only_head_dims.end(), dims.d) == only_head_dims.end())
+      continue;
     for (const int s : {2048, 4096}) {
       for (const bool causal : {true, false}) {
         const int b = 16384 / s, h = dims.d <= 96 ? 32 : 16;
@@ -71,12 +76,26 @@ void head_dim_sweep() {
           cuda::flash_attention_backward(shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
                                          dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr);
         });
+        // Under a causal mask, the default's other launch orders (the wgmma backward kernels only).
+        auto ordered = [&](cuda::WgmmaCausalOrder order) {
+          if (!causal || dims.d != dims.dv) return 0.0;
+          cuda::BackwardVariant variant;
+          if (dims.d == 256) variant.wgmma_dq = cuda::WgmmaDq::kAtomics;
+          variant.wgmma_causal_order = order;
+          return median_ms([&] {
+            cuda::flash_attention_backward_variant(
+                shape, q, k, v, o, lse, d_o, dqkv, dqkv + shape.packed_k_offset(),
+                dqkv + shape.packed_v_offset(), ws, ws_bytes, nullptr, variant);
+          });
+        };
+        const double bwd_longest = ordered(cuda::WgmmaCausalOrder::kLongestFirst);
+        const double bwd_balanced = ordered(cuda::WgmmaCausalOrder::kHeadsBalanced);
         std::printf(
             "SWEEP d=%d dv=%d B=%d H=%d T=%d causal=%d fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.1f "
             "bwd_tflops=%.1f "
-            "fwd_rows16_ms=%.3f fwd_rows32_ms=%.3f\n",
+            "fwd_rows16_ms=%.3f fwd_rows32_ms=%.3f bwd_longest_first_ms=%.3f bwd_balanced_ms=%.3f\n",
             dims.d, dims.dv, b, h, s, int(causal), fwd, bwd, shape.forward_flops() / fwd / 1e9,
-            shape.backward_flops() / bwd / 1e9, fwd16, fwd32);
+            shape.backward_flops() / bwd / 1e9, fwd16, fwd32, bwd_longest, bwd_balanced);
         std::fflush(stdout);
         cudaFree(qkv), cudaFree(dqkv), cudaFree(o), cudaFree(d_o), cudaFree(lse), cudaFree(ws);
       }
@@ -99,7 +118,9 @@ int main(int argc, char** argv) {
   cudaRuntimeGetVersion(&runtime);
   std::printf("device %s, driver API %d, runtime %d\n", prop.name, driver, runtime);
   if (argc > 1 && std::string(argv[1]) == "--sweep") {
-    head_dim_sweep();
+    std::vector<int> only_head_dims;
+    for (int i = 2; i < argc; ++i) only_head_dims.push_back(std::atoi(argv[i]));
+    head_dim_sweep(only_head_dims);
     return 0;
   }
 

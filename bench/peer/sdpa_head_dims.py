@@ -1,7 +1,9 @@
 """Peer of `bench_attention_gpu --sweep`: torch SDPA's FlashAttention-2 and cuDNN backends on the same shapes
 (every head dim (q/k, v), b * s = 16k tokens, s 2048 and 4096, causal and not, bf16), forward and backward
 timed separately with CUDA events (median of 30 after 5 warm-ups). Prints one PEER line per shape and backend;
-a backend that refuses a shape prints why."""
+a backend that refuses a shape prints why. Arguments D...: only the head dims whose q/k head dim is one of them."""
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -36,7 +38,10 @@ def time_shape(backend, b, h, s, d, dv, causal):
 def main():
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
           f"{torch.cuda.get_device_name()}")
+    only = [int(a) for a in sys.argv[1:]]
     for d, dv in [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256)]:
+        if only and d not in only:
+            continue
         for s in (2048, 4096):
             for causal in (True, False):
                 b, h = 16384 // s, 32 if d <= 96 else 16

@@ -68,6 +68,15 @@ void flash_attention_backward(const AttentionShape& shape, const bf16* q, const 
 
 // How the wgmma backward (two warpgroups per block, or warp-specialized) adds a tile's dQ panels to the
 // fp32 accumulator.
+// The warp-specialized wgmma backward kernels' launch order under a causal mask (without one they always
+// launch the key blocks of one head consecutively). kLongestFirst: every head's first key block (the most
+// work) before any second one, heads inner; kHeadsHeaviestFirst: the key blocks of one head consecutively,
+// its first (heaviest) first, so that the blocks in flight share that head's Q, dO and dQ accumulator in L2;
+// kHeadsBalanced: the same heads outer, each head's key blocks alternating from the two ends (first, last,
+// second, second to last, ...), so that any run of consecutive blocks holds about its share of the work.
+// On H200 heaviest-first (the default) ran 1.09-1.53x longest-first and 1.00-1.07x balanced over head dims
+// 64-256 (bench/RESULTS.md, "the causal backward's launch order").
+enum class WgmmaCausalOrder { kLongestFirst, kHeadsHeaviestFirst, kHeadsBalanced };
 enum class WgmmaDq {
   // 8-byte atomics from the wgmma fragment, right after the dQ product.
   kAtomics,
@@ -89,8 +98,8 @@ struct BackwardVariant {
   // so the short blocks fill the tail (+1-20% on H200); false: the key blocks of one head consecutively.
   bool longest_first = true;
   // The Hopper wgmma kernel (the default for head dim 64, 80, 96, 128, 256 self-attention with the forward's
-  // strides, the only shapes it takes; longest first under a causal mask, the key blocks of one head
-  // consecutively without; 80 and 96 take only the warp-specialized kernel with bulk dQ, 256 only the
+  // strides, the only shapes it takes; the key blocks of one head consecutively, in wgmma_causal_order
+  // under a causal mask; 80 and 96 take only the warp-specialized kernel with bulk dQ, 256 only the
   // warp-specialized one with dQ atomics, both with 2 stages); false: the mma.sync kernel shaped by the two
   // fields above (128 key rows: head dim 64 / 128 only).
   bool wgmma = true;
@@ -106,6 +115,8 @@ struct BackwardVariant {
   bool wgmma_warp_specialized = true;
   // Warp-specialized kernel: Q / dO tiles in flight, 2 or 3.
   int wgmma_ws_stages = 2;
+  // Warp-specialized kernel under a causal mask: the launch order of the key blocks.
+  WgmmaCausalOrder wgmma_causal_order = WgmmaCausalOrder::kHeadsHeaviestFirst;
 };
 void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q, const bf16* k,
                                       const bf16* v, const bf16* o, const float* lse, const bf16* d_o,

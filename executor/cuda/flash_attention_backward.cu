@@ -480,7 +480,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                                            int(shape.head_dim),
                                            shape.scale(),
                                            shape.scale() * kLog2e,
-                                           shape.causal};
+                                           shape.causal,
+                                           int(variant.wgmma_causal_order)};
     if (warp_specialized && shape.head_dim == 256)
       hopper::launch_backward_wide(hopper_args, stream);
     else if (warp_specialized)

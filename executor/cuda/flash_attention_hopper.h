@@ -52,6 +52,10 @@ struct BackwardArgs {
   int batch, seq_len, num_heads, num_kv_heads, head_dim;
   float scale, scale_log2;
   bool causal;
+  // Under a causal mask, the warp-specialized kernels' launch order (backward_grid): 0 every head's first key
+  // block before any second one, 1 the key blocks of one head consecutively, heaviest first, 2 the same
+  // alternating from the two ends of the head's key blocks (the values of WgmmaCausalOrder).
+  int causal_order;
 };
 // The main backward pass: a block of warpgroups_per_block (1 or 2) warpgroups owns 64 key rows per
 // warpgroup of one (batch, kv head); dK, dV (scaled) written, dQ accumulated into dq_accum.

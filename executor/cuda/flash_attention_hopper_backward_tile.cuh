@@ -8,26 +8,78 @@
 
 #include "executor/cuda/flash_attention_common.cuh"
 #include "executor/cuda/flash_attention_hopper.h"
+#include "executor/cuda/tma.cuh"
 #include "executor/cuda/wgmma.cuh"
 
 namespace megatune::executor::cuda::hopper {
 
-// The warp-specialized backward kernels' launch order over (kv head, batch, key block): under a causal mask
-// every head's first key block (the longest) before any second one, so that the short blocks fill the tail;
-// without one, the key blocks of one head consecutively, so that the blocks in flight share that head's Q,
-// dO and dQ accumulator in L2 (at 32 heads x 4 sequences the other order had each block in flight on a head
-// of its own).
+// The warp-specialized backward kernels' launch order over (kv head, batch, key block): the key blocks of one
+// head consecutively, so that the blocks in flight share that head's Q, dO and dQ accumulator in L2 (at 32
+// heads x 4 sequences the other order had each block in flight on a head of its own); under a causal mask
+// with causal_order 0 instead every head's first key block (the longest) before any second one, so that the
+// short blocks fill the tail.
 inline dim3 backward_grid(const BackwardArgs& p, int key_rows_per_block) {
   const unsigned key_blocks = unsigned((p.seq_len + key_rows_per_block - 1) / key_rows_per_block);
-  return p.causal ? dim3(unsigned(p.num_kv_heads), unsigned(p.batch), key_blocks)
-                  : dim3(key_blocks, unsigned(p.num_kv_heads), unsigned(p.batch));
+  return p.causal && p.causal_order == 0 ? dim3(unsigned(p.num_kv_heads), unsigned(p.batch), key_blocks)
+                                         : dim3(key_blocks, unsigned(p.num_kv_heads), unsigned(p.batch));
 }
+// The tensor maps of the warp-specialized backward kernels (make_bf16_head_tile_map).
+struct BackwardMaps {
+  CUtensorMap q, d_o, k, v;
+};
+
+// The producer warp of the warp-specialized backward kernels: K and V (kBlockN x D tiles) once on kv_full,
+// then per iteration (head of the kv group, query tile) Q and dO (kBlockM x D) by TMA into stage
+// it % kStages and the tile's lse (base 2) / delta by ordinary loads (rows past the sequence get 0: their P
+// is masked), signalling full[stage] after waiting for empty[stage] to be released.
+template <int D, int kBlockM, int kBlockN, int kStages>
+__device__ __forceinline__ void produce_backward_tiles(const BackwardArgs& p, const BackwardMaps& maps,
+                                                       __nv_bfloat16* k_tile, __nv_bfloat16* v_tile,
+                                                       __nv_bfloat16* q_tiles, __nv_bfloat16* do_tiles,
+                                                       float* stats, uint64_t* kv_full, uint64_t* full,
+                                                       uint64_t* empty, int group, int batch, int kv0,
+                                                       int m_first, int per_head, int iterations) {
+  const int lane = threadIdx.x & 31, heads_per_group = p.num_heads / p.num_kv_heads;
+  const int64_t batch_token0 = int64_t(batch) * p.seq_len;
+  if (iterations > 0 && lane == 0) {
+    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                           ::cuda::ptx::space_shared, kv_full, uint32_t(2 * kBlockN * D * 2));
+    tma_tile<kBlockN, D>(k_tile, &maps.k, group, int(batch_token0) + kv0, kv_full);
+    tma_tile<kBlockN, D>(v_tile, &maps.v, group, int(batch_token0) + kv0, kv_full);
+  }
+  for (int it = 0; it < iterations; ++it) {
+    const int s = it % kStages;
+    if (it >= kStages) wait_parity(empty + s, ((it / kStages) & 1) ^ 1);
+    const int head = group * heads_per_group + it / per_head;
+    const int q0 = (m_first + it % per_head) * kBlockM;
+    if (lane == 0) {
+      ::cuda::ptx::mbarrier_expect_tx(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cta,
+                                      ::cuda::ptx::space_shared, full + s, uint32_t(2 * kBlockM * D * 2));
+      tma_tile<kBlockM, D>(q_tiles + s * kBlockM * D, &maps.q, head, int(batch_token0) + q0, full + s);
+      tma_tile<kBlockM, D>(do_tiles + s * kBlockM * D, &maps.d_o, head, int(batch_token0) + q0, full + s);
+    }
+    const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_len;
+    float* stage_stats = stats + s * 2 * kBlockM;
+#pragma unroll
+    for (int i = lane; i < 2 * kBlockM; i += 32) {
+      const int q = q0 + (i % kBlockM);
+      stage_stats[i] = q < p.seq_len ? (i < kBlockM ? p.lse : p.delta)[stats0 + q] : 0.0f;
+    }
+    ::cuda::ptx::mbarrier_arrive(full + s);
+  }
+}
+
 struct BackwardBlock {
   int group, batch, key_block;
 };
+// The block's (kv head, batch, key block) under backward_grid's order. Causal order 2 takes a head's key
+// blocks alternately from the first (the most work under the mask) and the last (the least).
 __device__ __forceinline__ BackwardBlock backward_block(const BackwardArgs& p) {
-  return p.causal ? BackwardBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)}
-                  : BackwardBlock{int(blockIdx.y), int(blockIdx.z), int(blockIdx.x)};
+  if (p.causal && p.causal_order == 0)
+    return BackwardBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  const int x = int(blockIdx.x), last = int(gridDim.x) - 1;
+  const int key_block = p.causal && p.causal_order == 2 ? (x & 1 ? last - x / 2 : x / 2) : x;
+  return BackwardBlock{int(blockIdx.y), int(blockIdx.z), key_block};
 }
 
 // S^T = K Q^T and dP^T = V dO^T (two commit groups, so that P^T = exp2(S^T - lse) overlaps dP^T's product),

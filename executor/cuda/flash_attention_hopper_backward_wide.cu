@@ -40,61 +40,11 @@ struct WideTile {
   static constexpr int kStats = kDs + 2 * kBlockN * kBlockM * 2;  // [kStages][lse, delta][kBlockM] fp32
   static constexpr int kBarriers = kStats + kStages * 2 * kBlockM * 4;  // kv_full, full[2], empty[2]
   static constexpr int kSmemBytes = kBarriers + (1 + 2 * kStages) * 8 + 1024;
-  static constexpr uint32_t kStageTxBytes = 2 * kBlockM * D * 2;  // Q and dO of one tile
-  static constexpr uint32_t kKvTxBytes = 2 * kBlockN * D * 2;
 };
 
-struct WideMaps {
-  CUtensorMap q, d_o, k, v;
-};
-
-// The producer warp: K and V once, then per iteration (head of the group, query tile) Q and dO by TMA and the
-// tile's lse / delta by ordinary loads (rows past the sequence get 0: their P is masked).
-__device__ __forceinline__ void produce(const BackwardArgs& p, const WideMaps& maps, unsigned char* base,
-                                        int group, int batch, int kv0, int m_first, int per_head,
-                                        int iterations) {
-  using T = WideTile;
-  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, D = T::D, kStages = T::kStages;
-  bf16* q_tiles = reinterpret_cast<bf16*>(base + T::kQ);
-  bf16* do_tiles = reinterpret_cast<bf16*>(base + T::kDo);
-  float* stats = reinterpret_cast<float*>(base + T::kStats);
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(base + T::kBarriers);
-  uint64_t* full = kv_full + 1;
-  uint64_t* empty = full + kStages;
-  const int lane = threadIdx.x, heads_per_group = p.num_heads / p.num_kv_heads;
-  const int64_t batch_token0 = int64_t(batch) * p.seq_len;
-  if (iterations > 0 && lane == 0) {
-    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                           ::cuda::ptx::space_shared, kv_full, uint32_t(T::kKvTxBytes));
-    tma_tile<kBlockN, D>(reinterpret_cast<bf16*>(base + T::kK), &maps.k, group, int(batch_token0) + kv0,
-                         kv_full);
-    tma_tile<kBlockN, D>(reinterpret_cast<bf16*>(base + T::kV), &maps.v, group, int(batch_token0) + kv0,
-                         kv_full);
-  }
-  for (int it = 0; it < iterations; ++it) {
-    const int s = it % kStages;
-    if (it >= kStages) wait_parity(empty + s, ((it / kStages) & 1) ^ 1);
-    const int head = group * heads_per_group + it / per_head;
-    const int q0 = (m_first + it % per_head) * kBlockM;
-    if (lane == 0) {
-      ::cuda::ptx::mbarrier_expect_tx(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cta,
-                                      ::cuda::ptx::space_shared, full + s, uint32_t(T::kStageTxBytes));
-      tma_tile<kBlockM, D>(q_tiles + s * kBlockM * D, &maps.q, head, int(batch_token0) + q0, full + s);
-      tma_tile<kBlockM, D>(do_tiles + s * kBlockM * D, &maps.d_o, head, int(batch_token0) + q0, full + s);
-    }
-    const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_len;
-    float* stage_stats = stats + s * 2 * kBlockM;
-#pragma unroll
-    for (int i = lane; i < 2 * kBlockM; i += 32) {
-      const int q = q0 + (i % kBlockM);
-      stage_stats[i] = q < p.seq_len ? (i < kBlockM ? p.lse : p.delta)[stats0 + q] : 0.0f;
-    }
-    ::cuda::ptx::mbarrier_arrive(full + s);
-  }
-}
-
-__global__ void __launch_bounds__(384, 1) flash_backward_wide_kernel(const __grid_constant__ BackwardArgs p,
-                                                                     const __grid_constant__ WideMaps maps) {
+__global__ void __launch_bounds__(384, 1)
+    flash_backward_wide_kernel(const __grid_constant__ BackwardArgs p,
+                               const __grid_constant__ BackwardMaps maps) {
   using T = WideTile;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, D = T::D, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -123,7 +73,12 @@ __global__ void __launch_bounds__(384, 1) flash_backward_wide_kernel(const __gri
 
   if (role == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (threadIdx.x < 32) produce(p, maps, base, group, batch, kv0, m_first, per_head, iterations);
+    if (threadIdx.x < 32)
+      produce_backward_tiles<D, kBlockM, kBlockN, kStages>(
+          p, maps, reinterpret_cast<bf16*>(base + T::kK), reinterpret_cast<bf16*>(base + T::kV),
+          reinterpret_cast<bf16*>(base + T::kQ), reinterpret_cast<bf16*>(base + T::kDo),
+          reinterpret_cast<float*>(base + T::kStats), kv_full, full, empty, group, batch, kv0, m_first,
+          per_head, iterations);
     return;
   }
 
@@ -194,7 +149,7 @@ void launch_backward_wide(const BackwardArgs& args, cudaStream_t stream) {
     configured = true;
   }
   const int64_t rows = int64_t(args.batch) * args.seq_len;
-  const WideMaps maps{
+  const BackwardMaps maps{
       make_bf16_head_tile_map(args.q, rows, args.num_heads, T::D, args.q_stride, T::kBlockM),
       make_bf16_head_tile_map(args.d_o, rows, args.num_heads, T::D, args.o_stride, T::kBlockM),
       make_bf16_head_tile_map(args.k, rows, args.num_kv_heads, T::D, args.kv_stride, T::kBlockN),

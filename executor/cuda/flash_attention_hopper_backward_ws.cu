@@ -46,12 +46,6 @@ struct WsTile {
       kStats + kStages * 2 * kBlockM * 4;  // kv_full, full[kStages], empty[kStages]
   static constexpr int kStage = (kBarriers + (1 + 2 * kStages) * 8 + 127) / 128 * 128;  // [2][64 x 64] fp32
   static constexpr int kSmemBytes = kStage + (kBulkDq ? 2 * 64 * 64 * 4 : 0) + 1024;
-  static constexpr uint32_t kStageTxBytes = 2 * kBlockM * D * 2;  // Q and dO of one tile
-  static constexpr uint32_t kKvTxBytes = 2 * kBlockN * D * 2;
-};
-
-struct WsMaps {
-  CUtensorMap q, d_o, k, v;
 };
 
 __device__ __forceinline__ void consumer_barrier() {
@@ -61,7 +55,8 @@ __device__ __forceinline__ void consumer_barrier() {
 // DK: the head-dim columns of S^T and dP^T (80 or 96 on tiles zero-padded to D = 128; else D).
 template <int D, int kStages, bool kBulkDq, int DK = D>
 __global__ void __launch_bounds__(384, 1)
-    flash_backward_ws_kernel(const __grid_constant__ BackwardArgs p, const __grid_constant__ WsMaps maps) {
+    flash_backward_ws_kernel(const __grid_constant__ BackwardArgs p,
+                             const __grid_constant__ BackwardMaps maps) {
   using T = WsTile<D, kStages, kBulkDq>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   extern __shared__ unsigned char smem_raw[];
@@ -101,35 +96,10 @@ __global__ void __launch_bounds__(384, 1)
 
   if (role == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    if (iterations > 0 && lane == 0) {
-      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                             ::cuda::ptx::space_shared, kv_full, uint32_t(T::kKvTxBytes));
-      tma_tile<kBlockN, D>(k_tile, &maps.k, group, int(batch_token0) + kv0, kv_full);
-      tma_tile<kBlockN, D>(v_tile, &maps.v, group, int(batch_token0) + kv0, kv_full);
-    }
-    for (int it = 0; it < iterations; ++it) {
-      const int s = it % kStages;
-      if (it >= kStages) wait_parity(empty + s, ((it / kStages) & 1) ^ 1);
-      const int head = group * heads_per_group + it / per_head;
-      const int q0 = (m_first + it % per_head) * kBlockM;
-      if (lane == 0) {
-        ::cuda::ptx::mbarrier_expect_tx(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cta,
-                                        ::cuda::ptx::space_shared, full + s, uint32_t(T::kStageTxBytes));
-        tma_tile<kBlockM, D>(q_tiles + s * kBlockM * D, &maps.q, head, int(batch_token0) + q0, full + s);
-        tma_tile<kBlockM, D>(do_tiles + s * kBlockM * D, &maps.d_o, head, int(batch_token0) + q0, full + s);
-      }
-      // lse (base 2) and delta of the tile's query rows; rows past the sequence get 0 (their P is masked).
-      const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_len;
-      float* stage_stats = stats + s * 2 * kBlockM;
-#pragma unroll
-      for (int i = lane; i < 2 * kBlockM; i += 32) {
-        const int q = q0 + (i % kBlockM);
-        stage_stats[i] = q < p.seq_len ? (i < kBlockM ? p.lse : p.delta)[stats0 + q] : 0.0f;
-      }
-      ::cuda::ptx::mbarrier_arrive(full + s);
-    }
+    if (threadIdx.x < 32)
+      produce_backward_tiles<D, kBlockM, kBlockN, kStages>(p, maps, k_tile, v_tile, q_tiles, do_tiles, stats,
+                                                           kv_full, full, empty, group, batch, kv0, m_first,
+                                                           per_head, iterations);
     return;
   }
 
@@ -205,7 +175,7 @@ void launch_ws(const BackwardArgs& args, cudaStream_t stream) {
     configured = true;
   }
   const int64_t rows = int64_t(args.batch) * args.seq_len;
-  const WsMaps maps{
+  const BackwardMaps maps{
       make_bf16_head_tile_map(args.q, rows, args.num_heads, args.head_dim, args.q_stride, T::kBlockM),
       make_bf16_head_tile_map(args.d_o, rows, args.num_heads, args.head_dim, args.o_stride, T::kBlockM),
       make_bf16_head_tile_map(args.k, rows, args.num_kv_heads, args.head_dim, args.kv_stride, T::kBlockN),

@@ -141,6 +141,8 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
   reference::attention_backward(shape, q_ptr, k_ptr, v_ptr, o_ref.data(), lse_ref.data(), d_o.data(), dq_r,
                                 dk_r, dv_r);
   // Every variant of the main pass (the default is one of them).
+  const auto longest_first = cuda::WgmmaCausalOrder::kLongestFirst;
+  const auto balanced = cuda::WgmmaCausalOrder::kHeadsBalanced;
   for (const cuda::BackwardVariant variant :
        {cuda::BackwardVariant{}, cuda::BackwardVariant{64, true, true, 1, cuda::WgmmaDq::kAtomics, false},
         cuda::BackwardVariant{64, true, true, 2, cuda::WgmmaDq::kAtomics, false},
@@ -148,6 +150,10 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
         cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kAtomics, true},
         cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kAtomics, true, 3},
         cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kBulkTiles, true},
+        cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kAtomics, true, 2, longest_first},
+        cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kBulkTiles, true, 2, longest_first},
+        cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kAtomics, true, 2, balanced},
+        cuda::BackwardVariant{64, true, true, 0, cuda::WgmmaDq::kBulkTiles, true, 2, balanced},
         cuda::BackwardVariant{64, false, false}, cuda::BackwardVariant{64, true, false},
         cuda::BackwardVariant{128, false, false}, cuda::BackwardVariant{128, true, false}}) {
     const std::string name =
@@ -155,7 +161,8 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
             ? "wgmma, " + std::to_string(variant.wgmma_warpgroups) + " warpgroups per block" +
                   (variant.wgmma_dq == cuda::WgmmaDq::kBulkTiles ? ", bulk dQ tiles" : "") +
                   (variant.wgmma_warp_specialized
-                       ? ", warp-specialized, " + std::to_string(variant.wgmma_ws_stages) + " stages"
+                       ? ", warp-specialized, " + std::to_string(variant.wgmma_ws_stages) + " stages" +
+                             ", causal order " + std::to_string(int(variant.wgmma_causal_order))
                        : "")
             : std::to_string(variant.key_rows_per_block) + " key rows per block" +
                   (variant.longest_first ? ", longest first" : "");
