@@ -2,8 +2,8 @@
 //   perf   --model NAME --mbs B --seq S [--iters N] [--recompute none|selective|full] [--loss-chunk-mib M]
 //          [--no-gelu-epilogue]
 //          step time (median), MFU (Megatron FLOPs / 989.4 TFLOP/s), device memory, per-kernel time shares
-//          and attention TFLOP/s, on the shapes of ../shared/anchors/torch_gpt.py
-//          (layouts::torch_anchor_model).
+//          and attention TFLOP/s, on the shapes of bench/peer/torch_gpt.py (layouts::torch_anchor_model),
+//          or of a megatune preset (mixtral-small: bench/peer/torch_moe.py's MoE shape).
 //   memory --model NAME --mbs B --seq S [--recompute ...] [--loss-chunk-mib M]
 //          the arena breakdown (weights, optimizer state, saved activations, shared buffers, logits) from
 //          sizing alone: needs no GPU.
@@ -58,14 +58,25 @@ std::vector<MicroBatch> random_batches(const TrainerConfig& c, std::int64_t voca
   return out;
 }
 
+// The dense peer's shapes (torch_gpt.py CONFIGS) by their names; any other name is a megatune preset
+// (mixtral-small: the MoE peer's shape, torch_moe.py).
+layouts::ModelSpec bench_model(const std::string& name) {
+  const std::vector<std::string> anchors = layouts::torch_anchor_model_names();
+  if (std::find(anchors.begin(), anchors.end(), name) != anchors.end())
+    return layouts::torch_anchor_model(name);
+  return layouts::model_preset(name);
+}
+
 TrainerConfig perf_config(int argc, char** argv, layouts::ModelSpec& spec) {
-  spec = layouts::torch_anchor_model(arg(argc, argv, "--model", "gpt-1.3b"));
+  spec = bench_model(arg(argc, argv, "--model", "gpt-1.3b"));
   const int mbs = std::stoi(arg(argc, argv, "--mbs", "4"));
   const int seq = std::stoi(arg(argc, argv, "--seq", std::to_string(spec.seq_length)));
   spec.seq_length = seq;
   spec.max_position_embeddings = std::max(spec.max_position_embeddings, seq);
   TrainerConfig config;
   config.model = transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
+  if (config.model.is_moe())
+    config.model.router.aux_loss_coeff = 1e-2;  // softmax top-k with aux loss, as the peer
   config.batch.micro_batch = mbs;
   config.batch.seq = seq;
   config.batch.num_microbatches = 1;
@@ -121,6 +132,11 @@ int perf(int argc, char** argv) {
   const double step_s = times[times.size() / 2];
   const double flops = layouts::model_flops_per_iteration(spec, mbs, 1);
   const double mfu = flops / (step_s * 989.4e12) * 100.0;
+  // Host round trips of the MoE layers in one step: plan uploads (H2D, no wait) and the waits for the
+  // router logits (forward) and the probability gradients (backward).
+  const CudaBackend::MoeTransfers before = gpu.moe_transfers();
+  trainer.train_step(data);
+  const CudaBackend::MoeTransfers after = gpu.moe_transfers();
   // Per-kernel shares from one timed iteration.
   gpu.set_op_timing(true);
   trainer.train_step(data);
@@ -157,6 +173,11 @@ int perf(int argc, char** argv) {
       flops / step_s / 1e12, gpu.device_bytes() / double(1 << 30), loss);
   std::printf("  kernels: %.1f ms of %.1f ms step (timed iteration, events around each op)\n", total_ms,
               step_s * 1e3);
+  if (spec.is_moe())
+    std::printf(
+        "  MoE host round trips per step: %lld plan uploads, %lld d_probs waits, %d router-logit waits\n",
+        static_cast<long long>(after.plan_uploads - before.plan_uploads),
+        static_cast<long long>(after.d_probs_downloads - before.d_probs_downloads), spec.num_moe_layers());
   std::vector<std::pair<double, std::string>> shares;
   for (auto& [k, ms] : by_kind) shares.emplace_back(ms, k);
   std::sort(shares.rbegin(), shares.rend());

@@ -112,6 +112,18 @@ ModelSpec make_preset(std::string_view name) {
     m.moe_ffn_hidden_size = 14336;
     return m;
   }
+  if (name == "mixtral-small") {
+    // Mixtral's block at a size one GPU trains with EP 1 (the MoE peer's shape, bench/peer/torch_moe.py):
+    // 8 layers of h 2048, 16 heads in 8 GQA groups, 8 SwiGLU experts of 4096, top-2, Mistral's vocabulary.
+    ModelSpec m = llama("mixtral-small", 8, 2048, 16, 8, 4096, /*tied=*/false);
+    m.vocab_size = 32000;
+    m.seq_length = 2048;
+    m.max_position_embeddings = 4096;
+    m.num_experts = 8;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 4096;
+    return m;
+  }
   if (name == "deepseek-v3") {
     // DeepSeek-V3 (arXiv 2412.19437): MLA, 3 dense layers then 58 MoE layers of 256 routed experts
     // (top-8) + 1 shared expert, one MTP module. The router's node-limited routing and aux-loss-free
@@ -148,9 +160,10 @@ ModelSpec make_preset(std::string_view name) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",       "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",    "gpt-1.3b",
-          "gpt-2.7b",   "gpt3-175b",    "llama3-1b",        "llama3-3b",   "llama3-8b",
-          "llama3-70b", "llama3-405b",  "mixtral-8x7b",     "deepseek-v3", "tiny-deepseek-v3-mla"};
+  return {"tiny",          "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",
+          "gpt-1.3b",      "gpt-2.7b",     "gpt3-175b",        "llama3-1b",
+          "llama3-3b",     "llama3-8b",    "llama3-70b",       "llama3-405b",
+          "mixtral-small", "mixtral-8x7b", "deepseek-v3",      "tiny-deepseek-v3-mla"};
 }
 
 ModelSpec model_preset(std::string_view name) { return make_preset(name); }

@@ -15,6 +15,7 @@
 #include "executor/cuda/embedding_kernels.h"
 #include "executor/cuda/flash_attention.h"
 #include "executor/cuda/gemm_runner.h"
+#include "executor/cuda/moe_index_cache.h"
 #include "executor/cuda/norm_kernels.h"
 #include "executor/cuda/optimizer_kernels.h"
 #include "executor/cuda/rope_kernels.h"
@@ -64,6 +65,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   events_.resize(kEventPoolSize);
   for (cudaEvent_t& e : events_) MEGATUNE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   gemm_ = std::make_unique<cuda::GemmRunner>();
+  moe_indices_ = std::make_unique<cuda::MoeIndexCache>();
   MEGATUNE_CUDA_CHECK(cudaMalloc(&grad_norm_device_, sizeof(float)));
 }
 
@@ -74,6 +76,7 @@ CudaBackend::~CudaBackend() {
   optimizer_table_.reset();
   grad_norm_table_.reset();
   gemm_.reset();
+  moe_indices_.reset();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   for (auto& [start, stop] : timing_events_) {
     cudaEventDestroy(start);
@@ -259,6 +262,19 @@ void CudaBackend::do_gemm(const GemmArgs& g) {
   ++wgrad_bias_use_.unfused;
   gemm_->run(spec, args, compute_);
   do_bias_grad(g.a, g.bias_grad);  // column sums of dY stored (k, m)
+}
+
+void CudaBackend::do_grouped_gemm(const std::vector<GemmArgs>& gemms) {
+  // One cuBLASLt GEMM per local expert on plans bucketed by the expert's row count (GemmRunner::run_ragged):
+  // faster than cuBLAS's grouped GEMM on the Mixtral-shaped expert GEMMs (bench/grouped_gemm_gpu.cpp,
+  // bench/RESULTS.md), and a changing count neither re-tunes nor grows the plan cache.
+  for (const GemmArgs& g : gemms) {
+    if (!g.bias.empty() || !g.bias_grad.empty()) {
+      do_gemm(g);
+      continue;
+    }
+    gemm_->run_ragged(gemm_spec(g), gemm_pointers(g), compute_);
+  }
 }
 
 void CudaBackend::do_linear_gelu_forward(const GemmArgs& g, Tensor out) {
