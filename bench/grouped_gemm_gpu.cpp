@@ -83,7 +83,8 @@ struct Grouped {
   cublasHandle_t handle = nullptr;
   const void** device_pointers = nullptr;  // A, B, C arrays of E each
   const void** pinned_pointers = nullptr;
-  void run(const Pass& p, const std::vector<std::int64_t>& counts) {
+  // The call's status: cuBLAS refuses some type combinations (CUBLAS_STATUS_NOT_SUPPORTED).
+  cublasStatus_t run(const Pass& p, const std::vector<std::int64_t>& counts) {
     const cuda::GemmSpec base = p.spec;
     std::vector<cublasOperation_t> ta, tb;
     std::vector<int> m, n, k, lda, ldb, ldc, size;
@@ -111,13 +112,14 @@ struct Grouped {
     MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(device_pointers, pinned_pointers, 3 * E * sizeof(void*),
                                         cudaMemcpyHostToDevice, nullptr));
     const cudaDataType_t c_type = base.d_type == cuda::GemmDType::kFP32 ? CUDA_R_32F : CUDA_R_16BF;
-    MEGATUNE_CUBLAS_CHECK(
+    const cublasStatus_t status =
         cublasGemmGroupedBatchedEx(handle, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
                                    device_pointers, CUDA_R_16BF, lda.data(), device_pointers + E, CUDA_R_16BF,
                                    ldb.data(), beta.data(), const_cast<void* const*>(device_pointers + 2 * E),
-                                   c_type, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F));
+                                   c_type, ldc.data(), groups, size.data(), CUBLAS_COMPUTE_32F);
     // The pinned arrays are rewritten by the next call: wait for this copy first.
     MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    return status;
   }
 };
 
@@ -183,7 +185,11 @@ int main(int argc, char** argv) {
       const bool is_uneven = counts == &uneven;
       const double ragged = median_ms([&] { run_loop(ragged_runner, p, *counts, true); }, 3, iters);
       const double exact = median_ms([&] { run_loop(exact_runner, p, *counts, false); }, 3, iters);
-      const double group = median_ms([&] { grouped.run(p, *counts); }, 3, iters);
+      const cublasStatus_t status = grouped.run(p, *counts);
+      const double group =  // -1: refused
+          status == CUBLAS_STATUS_SUCCESS ? median_ms([&] { grouped.run(p, *counts); }, 3, iters) : -1.0;
+      if (status != CUBLAS_STATUS_SUCCESS)
+        std::printf("  (cuBLAS's grouped GEMM refused %s: status %d)\n", p.name, int(status));
       const cuda::GemmSpec whole = expert_spec(p, R);
       const cuda::GemmArgs whole_args = expert_args(p, 0, 0);
       const double one = median_ms([&] { exact_runner.run(whole, whole_args, nullptr); }, 3, iters);

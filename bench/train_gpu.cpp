@@ -90,6 +90,25 @@ TrainerConfig perf_config(int argc, char** argv, layouts::ModelSpec& spec) {
   return config;
 }
 
+// The GPU's idle time between consecutive ops of the timed iteration (host work, waits), and the largest
+// gaps with the op that waited.
+void print_idle_gaps(const std::vector<Backend::TimedOp>& timed) {
+  std::vector<std::pair<double, std::string>> gaps;
+  double idle_ms = 0;
+  for (std::size_t i = 1; i < timed.size(); ++i) {
+    const double gap = timed[i].start_ms - (timed[i - 1].start_ms + timed[i - 1].ms);
+    if (gap <= 0) continue;
+    idle_ms += gap;
+    gaps.emplace_back(gap, timed[i - 1].op.label + " -> " + timed[i].op.label + " (layer " +
+                               std::to_string(timed[i].op.layer) + ")");
+  }
+  std::sort(gaps.rbegin(), gaps.rend());
+  std::printf("  idle between ops: %.2f ms; largest:", idle_ms);
+  for (std::size_t i = 0; i < std::min<std::size_t>(6, gaps.size()); ++i)
+    std::printf(" %.2f %s;", gaps[i].first, gaps[i].second.c_str());
+  std::printf("\n");
+}
+
 int memory(int argc, char** argv) {
   layouts::ModelSpec spec;
   const TrainerConfig config = perf_config(argc, argv, spec);
@@ -128,6 +147,9 @@ int perf(int argc, char** argv) {
     times.push_back(r.elapsed_s);
     loss = r.loss;
   }
+  std::string in_order;  // drift (plans, clocks) shows in the order the steps ran
+  for (double t : times)
+    in_order += " " + std::to_string(static_cast<int>(t * 1e4 + 0.5) / 10.0).substr(0, 5);
   std::sort(times.begin(), times.end());
   const double step_s = times[times.size() / 2];
   const double flops = layouts::model_flops_per_iteration(spec, mbs, 1);
@@ -173,6 +195,8 @@ int perf(int argc, char** argv) {
       flops / step_s / 1e12, gpu.device_bytes() / double(1 << 30), loss);
   std::printf("  kernels: %.1f ms of %.1f ms step (timed iteration, events around each op)\n", total_ms,
               step_s * 1e3);
+  std::printf("  step times in order (ms):%s\n", in_order.c_str());
+  print_idle_gaps(timed);
   if (spec.is_moe())
     std::printf(
         "  MoE host round trips per step: %lld plan uploads, %lld d_probs waits, %d router-logit waits\n",

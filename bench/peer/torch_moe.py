@@ -171,7 +171,8 @@ def main():
         print(f"grouped_mm check (align {align}): max rel err {grouped_mm_check(align):.2e}")
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
-    m = MoEModel(L, h, nh, nkv, E, k, ffn, V, T, align).to(dev)
+    with torch.device(dev):  # initialized on the device
+        m = MoEModel(L, h, nh, nkv, E, k, ffn, V, T, align)
     nparams = sum(p.numel() for p in m.parameters())
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
     fwd = m

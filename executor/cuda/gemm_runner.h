@@ -85,8 +85,9 @@ class GemmRunner {
 
   // Runs a GEMM whose token dimension changes from call to call (an MoE layer's per-expert row counts): the
   // rows of A's storage, i.e. m (or k when trans_a). The plan is the one of the spec with that size rounded
-  // up to ragged_bucket(size), tuned once per bucket, its matrix layouts set to this call's sizes before
-  // the launch; so changing counts neither grow the cache per size nor re-tune. No epilogue; a spec it
+  // up to ragged_bucket(size), with the heuristic's first algorithm (not timed: see run_ragged), its matrix
+  // layouts set to this call's sizes before the launch; so changing counts neither grow the cache per size
+  // nor stall on tuning. No epilogue; a spec it
   // cannot bucket (trans_a with trans_b) or a size the bucket's algorithm refuses runs through run().
   void run_ragged(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
   // The bucket of a ragged size: rounded up to max(128, 2^floor(log2 size) / 8), at most 12.5% above it.

@@ -13,24 +13,40 @@ namespace {
 
 constexpr double kSigmoidNormEps = 1e-20;  // Megatron's epsilon in the sigmoid probabilities' normalization
 
+// Each exponential once (routing runs on the host between the router GEMM and the permutation, so its cost
+// is GPU idle time): held in a small stack buffer, or recomputed past kStackExperts.
+constexpr std::int64_t kStackExperts = 256;
+
 void softmax(const float* x, std::int64_t n, float* out) {
   const float top = *std::max_element(x, x + n);
-  double sum = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - top));
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = static_cast<float>(std::exp(static_cast<double>(x[i] - top)) / sum);
+  double sum = 0.0, exps[kStackExperts];
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double e = std::exp(static_cast<double>(x[i] - top));
+    if (i < kStackExperts) exps[i] = e;
+    sum += e;
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double e = i < kStackExperts ? exps[i] : std::exp(static_cast<double>(x[i] - top));
+    out[i] = static_cast<float>(e / sum);
+  }
 }
 
 float sigmoid(float x) { return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))); }
 
-// The k largest of scores (n), in descending order; ties go to the lower index.
+// The k largest of scores (n), in descending order; ties go to the lower index. Insertion into the k best
+// so far (k is small), without allocating.
 void top_k(const float* scores, std::int64_t n, int k, std::int32_t* out) {
-  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int32_t a, std::int32_t b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-  });
-  std::copy(order.begin(), order.begin() + k, out);
+  int filled = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    // Strictly greater than the last kept one: an equal later index ranks below it.
+    if (filled == k && !(scores[i] > scores[out[k - 1]])) continue;
+    int at = filled < k ? filled++ : k - 1;
+    while (at > 0 && scores[i] > scores[out[at - 1]]) {
+      out[at] = out[at - 1];
+      --at;
+    }
+    out[at] = static_cast<std::int32_t>(i);
+  }
 }
 
 // y = J^T g of the softmax s (n): s * (g - <s, g>), accumulated into y.
@@ -45,7 +61,8 @@ void choose(const float* logits, const MoeRouterConfig& c, const float* expert_b
             float* prob) {
   const std::int64_t E = c.num_experts;
   const int k = c.topk;
-  std::vector<float> scores(static_cast<std::size_t>(E));
+  thread_local std::vector<float> scores;
+  scores.resize(static_cast<std::size_t>(std::max<std::int64_t>(E, k)));
   if (c.score_function == RouterScoreFunction::kSoftmax) {
     if (c.pre_softmax) {
       softmax(logits, E, scores.data());
@@ -53,9 +70,8 @@ void choose(const float* logits, const MoeRouterConfig& c, const float* expert_b
       for (int j = 0; j < k; ++j) prob[j] = scores[expert[j]];
     } else {
       top_k(logits, E, k, expert);
-      std::vector<float> chosen(static_cast<std::size_t>(k));
-      for (int j = 0; j < k; ++j) chosen[j] = logits[expert[j]];
-      softmax(chosen.data(), k, prob);
+      for (int j = 0; j < k; ++j) scores[j] = logits[expert[j]];
+      softmax(scores.data(), k, prob);
     }
     return;
   }
@@ -100,14 +116,16 @@ void aux_scores(const float* logits, const MoeRouterConfig& c, float* scores) {
   for (std::int64_t e = 0; e < E; ++e) sum += scores[e] = sigmoid(logits[e]);
   for (std::int64_t e = 0; e < E; ++e) scores[e] = static_cast<float>(scores[e] / (sum + kSigmoidNormEps));
 }
-void aux_scores_backward(const float* logits, const MoeRouterConfig& c, const float* g, float* d_logits) {
+// `scores`: aux_scores() of these logits (the softmax's backward reads them).
+void aux_scores_backward(const float* logits, const float* scores, const MoeRouterConfig& c, const float* g,
+                         float* d_logits) {
   const std::int64_t E = c.num_experts;
-  std::vector<float> s(static_cast<std::size_t>(E));
   if (c.score_function == RouterScoreFunction::kSoftmax) {
-    softmax(logits, E, s.data());
-    softmax_backward(s.data(), g, E, d_logits);
+    softmax_backward(scores, g, E, d_logits);
     return;
   }
+  thread_local std::vector<float> s;
+  s.resize(static_cast<std::size_t>(E));
   double sum = 0.0, dot = 0.0;
   for (std::int64_t e = 0; e < E; ++e) sum += s[e] = sigmoid(logits[e]);
   const double denominator = sum + kSigmoidNormEps;
@@ -141,7 +159,7 @@ void load_balancing_loss(MoeRouting& r, const MoeRouterConfig& c) {
     std::vector<float> g(static_cast<std::size_t>(E));
     for (std::int64_t e = 0; e < E; ++e) g[e] = static_cast<float>(scale * counts[e]);
     for (std::int64_t t = first; t < first + group; ++t)
-      aux_scores_backward(&r.logits[t * E], c, g.data(), &r.aux_loss_grad[t * E]);
+      aux_scores_backward(&r.logits[t * E], &scores[t * E], c, g.data(), &r.aux_loss_grad[t * E]);
   }
 }
 
