@@ -19,6 +19,7 @@
 #include "executor/cuda/norm_kernels.h"
 #include "executor/cuda/optimizer_kernels.h"
 #include "executor/cuda/rope_kernels.h"
+#include "executor/cuda/small_k_gemm_kernels.h"
 
 namespace megatune::executor {
 namespace {
@@ -237,6 +238,15 @@ cuda::GemmArgs gemm_pointers(const GemmArgs& g) {
 }  // namespace
 
 void CudaBackend::do_gemm(const GemmArgs& g) {
+  // A tiny inner dimension (the MoE router's data gradient, k = experts): cuBLASLt is ~20x off the bytes.
+  if (!g.transpose_a && !g.transpose_b && g.bias.empty() && g.bias_grad.empty() &&
+      g.c.dtype == DType::kBF16 && g.a.dtype == DType::kBF16 && g.b.dtype == DType::kBF16 &&
+      cuda::small_k_gemm_supports(g.n, g.k, g.a.row_stride, g.b.row_stride, g.c.row_stride, g.a.data,
+                                  g.b.data, g.c.data)) {
+    cuda::small_k_gemm(b16(g.a), g.a.row_stride, b16(g.b), g.b.row_stride, b16(g.c), g.c.row_stride, g.m, g.n,
+                       g.k, g.accumulate, compute_);
+    return;
+  }
   cuda::GemmSpec spec = gemm_spec(g);
   cuda::GemmArgs args = gemm_pointers(g);
   if (g.bias_grad.empty()) {
