@@ -133,6 +133,11 @@ class CudaBackend final : public Backend {
   void* arena_ = nullptr;
   std::unique_ptr<cuda::GemmRunner> gemm_;
   std::unique_ptr<cuda::MoeIndexCache> moe_indices_;
+  // upload() / download() of small contiguous tensors: one pinned buffer (allocated on first use), or null
+  // for a tensor that takes the pitched pageable copy.
+  static constexpr std::size_t kPinnedStagingBytes = std::size_t(8) << 20;
+  void* small_transfer_staging(const Tensor& t);
+  void* pinned_staging_ = nullptr;
   std::int64_t moe_d_probs_downloads_ = 0;
   std::unique_ptr<cuda::MultiTensorTable> optimizer_table_;
   std::unique_ptr<cuda::MultiTensorTable> grad_norm_table_;  // the tensors flagged in_grad_norm
