@@ -15,9 +15,10 @@ AttentionCostModel::AttentionCostModel(const GpuModel& gpu, const AnalyticDefaul
     : gpu_(gpu), defaults_(defaults) {}
 
 double AttentionCostModel::flops(AttentionDirection direction, const layouts::AttentionShape& shape) {
-  double forward = 4.0 * static_cast<double>(shape.batch) * static_cast<double>(shape.heads) *
+  // Q.K^T over the q/k head dim and P.V over the value head dim (they differ under MLA).
+  double forward = 2.0 * static_cast<double>(shape.batch) * static_cast<double>(shape.heads) *
                    static_cast<double>(shape.seq_q) * static_cast<double>(shape.seq_kv) *
-                   static_cast<double>(shape.head_dim);
+                   static_cast<double>(shape.head_dim + shape.value_head_dim());
   if (shape.causal) {
     // Bottom-right aligned mask: query i of seq_q sees seq_kv - seq_q + i + 1 keys; half when seq_q ==
     // seq_kv.

@@ -107,7 +107,9 @@ std::string training_shape_key(const layouts::Op& op) {
     key += std::to_string(op.m) + "x" + std::to_string(op.n) + "x" + std::to_string(op.k);
   } else if (op.kind == OpKind::kAttentionForward || op.kind == OpKind::kAttentionBackward) {
     for (std::int64_t v : {a.batch, a.heads, a.kv_heads, a.seq_q, a.seq_kv}) key += std::to_string(v) + "x";
-    key += std::to_string(a.head_dim) + (a.causal ? " causal" : " full");
+    key += std::to_string(a.head_dim);
+    if (a.value_head_dim() != a.head_dim) key += "/" + std::to_string(a.value_head_dim());
+    key += a.causal ? " causal" : " full";
   } else {
     key += std::to_string(op.bytes);
   }

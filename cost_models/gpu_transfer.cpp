@@ -34,11 +34,11 @@ double GpuTransfer::gemm_time_s(double profiled_time_s, std::int64_t m, std::int
 double GpuTransfer::attention_time_s(double profiled_time_s, AttentionDirection direction,
                                      const layouts::AttentionShape& shape, layouts::DType dtype) const {
   // Flash attention reads Q, K, V and writes O once (backward: also dO, dQ, dK, dV).
-  const double query_elements = static_cast<double>(shape.batch) * shape.heads * shape.seq_q * shape.head_dim;
+  const double rows_q = static_cast<double>(shape.batch) * shape.heads * shape.seq_q;
   const double kv_heads = shape.kv_heads > 0 ? shape.kv_heads : shape.heads;
-  const double key_value_elements =
-      2.0 * static_cast<double>(shape.batch) * kv_heads * shape.seq_kv * shape.head_dim;
-  const double forward_bytes = (2.0 * query_elements + key_value_elements) * layouts::dtype_bytes(dtype);
+  const double rows_kv = static_cast<double>(shape.batch) * kv_heads * shape.seq_kv;
+  const double qk = static_cast<double>(shape.head_dim), v = static_cast<double>(shape.value_head_dim());
+  const double forward_bytes = (rows_q * (qk + v) + rows_kv * (qk + v)) * layouts::dtype_bytes(dtype);
   const double bytes = direction == AttentionDirection::kForward ? forward_bytes : 2.0 * forward_bytes;
   return roofline_transfer_s(profiled_time_s, AttentionCostModel::flops(direction, shape), bytes, dtype);
 }

@@ -73,6 +73,13 @@ DenseParameterShape parameter_table_shape(const ModelSpec& model, const StepShap
   shape.qk_head_dim = model.qk_head_dim;
   shape.qk_pos_emb_head_dim = model.qk_pos_emb_head_dim;
   shape.v_head_dim = model.v_head_dim;
+  if (model.is_moe()) {  // the experts' own placement (ep_rank) does not change these counts
+    for (int l = 0; l < model.num_layers; ++l) shape.moe_layers.push_back(model.is_moe_layer(l) ? 1 : 0);
+    shape.num_experts = s.experts;
+    shape.moe_ffn = s.moe_ffn;
+    shape.shared_ffn = s.shared_ffn;
+    shape.ep = s.ep;
+  }
   return shape;
 }
 

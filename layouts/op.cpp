@@ -14,7 +14,9 @@ bool Op::same_work(const Op& o) const {
 double Op::attention_flops() const {
   if (kind != OpKind::kAttentionForward && kind != OpKind::kAttentionBackward) return 0.0;
   const AttentionShape& a = attention;
-  double forward = 4.0 * a.batch * a.heads * static_cast<double>(a.seq_q) * a.seq_kv * a.head_dim;
+  // Q.K^T over the q/k head dim, P.V over the value head dim.
+  double forward =
+      2.0 * a.batch * a.heads * static_cast<double>(a.seq_q) * a.seq_kv * (a.head_dim + a.value_head_dim());
   if (a.causal) forward /= 2.0;
   return kind == OpKind::kAttentionForward ? forward : 2.5 * forward;
 }
@@ -178,7 +180,9 @@ std::string to_string(const Op& op) {
   } else if (op.kind == OpKind::kAttentionForward || op.kind == OpKind::kAttentionBackward) {
     const AttentionShape& a = op.attention;
     out << " b=" << a.batch << " h=" << a.heads << " kv=" << a.kv_heads << " sq=" << a.seq_q
-        << " skv=" << a.seq_kv << " d=" << a.head_dim << (a.causal ? " causal" : "");
+        << " skv=" << a.seq_kv << " d=" << a.head_dim;
+    if (a.value_head_dim() != a.head_dim) out << " dv=" << a.value_head_dim();
+    out << (a.causal ? " causal" : "");
   } else {
     out << " bytes=" << op.bytes;
   }

@@ -85,9 +85,15 @@ struct AttentionShape {
   std::int64_t kv_heads = 0;  // key/value heads (query groups) on this rank
   std::int64_t seq_q = 0;
   std::int64_t seq_kv = 0;
-  std::int64_t head_dim = 0;
+  std::int64_t head_dim = 0;    // of the queries and keys
+  std::int64_t head_dim_v = 0;  // of the values and the output; 0: head_dim (MLA: 128 beside q/k's 192)
   bool causal = true;
-  bool operator==(const AttentionShape&) const = default;
+  std::int64_t value_head_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  bool operator==(const AttentionShape& o) const {
+    return batch == o.batch && heads == o.heads && kv_heads == o.kv_heads && seq_q == o.seq_q &&
+           seq_kv == o.seq_kv && head_dim == o.head_dim && value_head_dim() == o.value_head_dim() &&
+           causal == o.causal;
+  }
 };
 
 struct Op {

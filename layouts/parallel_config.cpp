@@ -58,6 +58,15 @@ RankOrder parse_rank_order(std::string_view text) {
   throw UserError("rank order '" + std::string(text) + "' is unknown: use tp-cp-ep-dp-pp or tp-cp-ep-pp-dp");
 }
 
+MoeDispatcher parse_moe_dispatcher(std::string_view text) {
+  if (text == "alltoall") return MoeDispatcher::kAllToAll;
+  if (text == "allgather") return MoeDispatcher::kAllGather;
+  throw UserError("--moe-token-dispatcher-type '" + std::string(text) + "' " +
+                  (text == "flex" ? "(DeepEP / HybridEP) is not run or priced by megatune"
+                                  : "is not one of alltoall, allgather, flex") +
+                  ": use alltoall or allgather");
+}
+
 int ParallelConfig::dp() const {
   const int64_t model_parallel = int64_t{tp()} * cp() * pp();
   return model_parallel > 0 ? static_cast<int>(world_size / model_parallel) : 0;

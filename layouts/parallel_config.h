@@ -22,6 +22,13 @@ RecomputeGranularity parse_recompute_granularity(std::string_view text);  // Use
 RecomputeMethod parse_recompute_method(std::string_view text);
 RankOrder parse_rank_order(std::string_view text);
 
+// --moe-token-dispatcher-type (token_dispatcher.py): alltoall (permute, all-to-all over EP, all-gather over
+// ETP) or allgather (all-gather over the tp-ep group, local experts over every gathered token,
+// reduce-scatter back). megatune defaults to alltoall, the dispatcher expert parallelism is run with
+// (Megatron's own default is allgather).
+enum class MoeDispatcher { kAllToAll, kAllGather };
+MoeDispatcher parse_moe_dispatcher(std::string_view text);  // UserError naming the flag
+
 struct ParallelConfig {
   int world_size = 1;                             // --world-size (GPUs)
   int tensor_model_parallel_size = 1;             // --tensor-model-parallel-size / --tp
@@ -51,6 +58,7 @@ struct ParallelConfig {
   bool overlap_p2p_comm = false;               // lets VPP run with pp == 2
   int microbatch_group_size_per_vp_stage = 0;  // --microbatch-group-size-per-virtual-pipeline-stage; 0: pp
   RankOrder rank_order = RankOrder::kTpCpEpDpPp;
+  MoeDispatcher moe_token_dispatcher_type = MoeDispatcher::kAllToAll;  // --moe-token-dispatcher-type
 
   // Short names; the derived sizes assume the division holds (validate() checks it).
   int tp() const { return tensor_model_parallel_size; }

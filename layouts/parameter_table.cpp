@@ -123,7 +123,8 @@ class StageTable {
   // parallelism 1); the shared expert is split over TP like the dense MLP.
   void moe_mlp(const std::string& prefix, int layer) {
     const std::int64_t h = c_.hidden, glu = c_.swiglu ? 2 : 1;
-    gemm(prefix + "router.weight", layer, c_.num_experts, h);
+    // Replicated over TP and run on the sequence shard: its gradient is all-reduced over TP under SP.
+    gemm(prefix + "router.weight", layer, c_.num_experts, h).sequence_parallel_grad = c_.sequence_parallel;
     const std::int64_t local = c_.num_experts / c_.ep;
     for (std::int64_t e = c_.ep_rank * local; e < (c_.ep_rank + 1) * local; ++e) {
       const std::string expert = prefix + "experts.local_experts." + std::to_string(e) + ".";

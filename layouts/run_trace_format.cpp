@@ -20,7 +20,8 @@ void write_op_trace_fields(std::ostream& out, const Op& op) {
       << ",\"accumulate\":" << (op.accumulate ? "true" : "false") << ",\"bytes\":" << op.bytes
       << ",\"group\":" << json_quote(comm_group_name(op.group)) << ",\"group_size\":" << op.group_size
       << ",\"peer\":" << op.peer_rank << ",\"attention\":[" << a.batch << ',' << a.heads << ',' << a.kv_heads
-      << ',' << a.seq_q << ',' << a.seq_kv << ',' << a.head_dim << ',' << (a.causal ? 1 : 0) << ']';
+      << ',' << a.seq_q << ',' << a.seq_kv << ',' << a.head_dim << ',' << (a.causal ? 1 : 0) << ','
+      << a.value_head_dim() << ']';
 }
 
 }  // namespace megatune::layouts

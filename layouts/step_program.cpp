@@ -23,7 +23,8 @@ AttentionShape attention_shape(const StepShape& s) {
   a.kv_heads = std::max<std::int64_t>(1, s.groups / s.tp);
   a.seq_q = s.seq_local;
   a.seq_kv = s.seq;
-  a.head_dim = s.mla ? s.head_dim : s.head_dim;
+  a.head_dim = s.head_dim;
+  a.head_dim_v = s.head_dim_v;
   a.causal = true;
   return a;
 }
@@ -221,39 +222,48 @@ void dense_mlp_backward(OpSink& o, const StepShape& s, std::int64_t ffn, const s
 }
 
 // Rows one rank's experts process per microbatch under uniform routing.
-std::int64_t expert_rows(const StepShape& s, const StepProgramOptions& options) {
+std::int64_t expert_rows(const StepShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp;  // SP-sharded tokens entering the MoE layer
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
+  if (s.moe_dispatcher == MoeDispatcher::kAllGather) {
     // Every rank sees all tokens of the tp-ep group; its E/ep experts get topk/E of them each.
     return local_tokens * s.etp * s.ep * s.topk / s.ep;
   }
   return local_tokens * s.topk * s.etp;
 }
 
-// The shared expert: the dense MLP on the MoE block's input, its output added to the routed experts' (fc2
-// accumulates into it), its input gradient to theirs (fc1's data gradient accumulates).
+// The shared expert: the dense MLP on the MoE block's input, its output added to the routed experts', its
+// input gradient to theirs. At TP 1 fc2 accumulates into the routed output and fc1's data gradient into
+// theirs; at TP > 1 (sequence parallel) the MoE block holds T / tp rows: the block input is gathered for
+// fc1 (forward, and again for its weight gradient), fc2's partial sums are reduce-scattered and added to
+// the routed output ("shared_add"), and fc1's data gradient likewise ("shared_dgrad_add").
 void shared_expert_forward(OpSink& o, const StepShape& s) {
+  const bool split = s.tp > 1;
   if (s.sp)
     o.comm(OpKind::kAllGather, "shared_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm("shared_fc1", s.tokens, glu(s) * s.shared_ffn / s.tp, s.hidden);
   if (s.swiglu) o.memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * s.shared_ffn / s.tp * kAct);
-  o.gemm("shared_fc2", s.tokens, s.hidden, s.shared_ffn / s.tp, /*accumulate=*/true);
+  o.gemm("shared_fc2", s.tokens, s.hidden, s.shared_ffn / s.tp, /*accumulate=*/!split);
   tp_reduce(o, s, "shared_fc2_ar", "shared_fc2_rs");
+  if (split) o.memory(OpKind::kElementwise, "shared_add", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
 void shared_expert_backward(OpSink& o, const StepShape& s) {
   const std::int64_t ffn = s.shared_ffn / s.tp;
+  const bool split = s.tp > 1;
   if (s.sp)
     o.comm(OpKind::kAllGather, "shared_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("shared_fc2", s.tokens, s.hidden, ffn, true, /*need_wgrad=*/false);
   o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 2) * ffn * kAct);
   o.gemm_backward("shared_fc2", s.tokens, s.hidden, ffn, /*need_dgrad=*/false);
-  o.gemm("shared_fc1_dgrad", s.tokens, s.hidden, glu(s) * ffn, /*accumulate=*/true);
+  o.gemm("shared_fc1_dgrad", s.tokens, s.hidden, glu(s) * ffn, /*accumulate=*/!split);
+  if (s.sp)
+    o.comm(OpKind::kAllGather, "shared_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("shared_fc1", s.tokens, glu(s) * ffn, s.hidden, /*need_dgrad=*/false);
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "shared_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
     o.comm(OpKind::kAllReduce, "shared_dgrad_ar", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+  if (split) o.memory(OpKind::kElementwise, "shared_dgrad_add", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
 // The experts' GEMMs over all local rows, each one grouped GEMM (their activation as one pass).
@@ -276,59 +286,69 @@ void experts_backward(OpSink& o, const StepShape& s, std::int64_t rows) {
 // Permute reads the block input's rows once per routed copy and writes the copies; unpermute reads the
 // copies and writes the combined rows (its backward reads the gradient and the copies, writes the copies'
 // gradient); the permutation's backward reads the copies' gradient and writes the input's.
-void moe_mlp_forward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
+// alltoall: permute the T/tp rows, exchange the counts, all-to-all over EP, all-gather over ETP; experts;
+// the way back. allgather (Megatron's order): all-gather over tp-ep of the routing (one fp32 (T/tp, E)
+// tensor: the probabilities with the routing map folded in, where Megatron gathers a bool map and the
+// probabilities) and of the rows, permute the gathered rows routed to the local experts, experts,
+// unpermute into the gathered rows, reduce-scatter back; its backward reduce-scatters the probabilities'
+// gradient to the ranks that routed them.
+void moe_mlp_forward(OpSink& o, const StepShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
-  const std::int64_t rows = expert_rows(s, options);
+  const std::int64_t rows = expert_rows(s);
+  const int tp_ep = s.etp * s.ep;
   o.memory(OpKind::kNorm, "pre_mlp_norm", norm_residual_bytes(s));
   o.gemm("router", local_tokens, s.experts, s.hidden);
-  o.memory(OpKind::kRouter, "permute", 2 * copies * s.hidden * kAct);
-  const int tp_ep = s.etp * s.ep;
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
-    o.comm(OpKind::kAllGather, "dispatch_ag", local_tokens * tp_ep * s.hidden * kAct,
-           CommGroup::kTensorExpert, tp_ep);
+  if (s.moe_dispatcher == MoeDispatcher::kAllGather && tp_ep > 1) {
+    const std::int64_t gathered = local_tokens * tp_ep;
+    o.comm(OpKind::kAllGather, "dispatch_probs_ag", gathered * s.experts * 4, CommGroup::kTensorExpert, tp_ep,
+           DType::kFP32);
+    o.comm(OpKind::kAllGather, "dispatch_ag", gathered * s.hidden * kAct, CommGroup::kTensorExpert, tp_ep);
+    o.memory(OpKind::kRouter, "permute", 2 * rows * s.hidden * kAct);
+    experts_forward(o, s, rows);
+    o.memory(OpKind::kRouter, "unpermute", (rows + gathered) * s.hidden * kAct);
+    o.comm(OpKind::kReduceScatter, "combine_rs", gathered * s.hidden * kAct, CommGroup::kTensorExpert, tp_ep);
   } else {
+    o.memory(OpKind::kRouter, "permute", 2 * copies * s.hidden * kAct);
     // Megatron's alltoall dispatcher first gathers every rank's tokens per expert (the all-to-all splits).
     o.comm(OpKind::kAllGather, "dispatch_counts_ag", s.ep * s.experts * 4, CommGroup::kExpert, s.ep,
            DType::kFP32);
     o.comm(OpKind::kAllToAll, "dispatch_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
     o.comm(OpKind::kAllGather, "dispatch_ag", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
-  }
-  experts_forward(o, s, rows);
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
-    o.comm(OpKind::kReduceScatter, "combine_rs", local_tokens * tp_ep * s.hidden * kAct,
-           CommGroup::kTensorExpert, tp_ep);
-  } else {
+    experts_forward(o, s, rows);
     o.comm(OpKind::kReduceScatter, "combine_rs", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
     o.comm(OpKind::kAllToAll, "combine_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
+    o.memory(OpKind::kRouter, "unpermute", (copies + local_tokens) * s.hidden * kAct);
   }
-  o.memory(OpKind::kRouter, "unpermute", (copies + local_tokens) * s.hidden * kAct);
   if (s.shared_ffn > 0) shared_expert_forward(o, s);
 }
 
 // The routed experts' backward, the recomputed pre-MLP norm (the shared expert's and the router's weight
 // gradients read the block input), the shared expert's, then the router's (its data gradient accumulates).
-void moe_mlp_backward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
+void moe_mlp_backward(OpSink& o, const StepShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
-  const std::int64_t rows = expert_rows(s, options);
+  const std::int64_t rows = expert_rows(s);
   const int tp_ep = s.etp * s.ep;
-  o.memory(OpKind::kRouter, "unpermute", (local_tokens + 2 * copies) * s.hidden * kAct);
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
-    o.comm(OpKind::kAllGather, "combine_grad_ag", local_tokens * tp_ep * s.hidden * kAct,
-           CommGroup::kTensorExpert, tp_ep);
+  if (s.moe_dispatcher == MoeDispatcher::kAllGather && tp_ep > 1) {
+    const std::int64_t gathered = local_tokens * tp_ep;
+    o.comm(OpKind::kAllGather, "combine_grad_ag", gathered * s.hidden * kAct, CommGroup::kTensorExpert,
+           tp_ep);
+    o.memory(OpKind::kRouter, "unpermute", (gathered + 2 * rows) * s.hidden * kAct);
+    experts_backward(o, s, rows);
+    o.memory(OpKind::kRouter, "permute", (rows + gathered) * s.hidden * kAct);
+    o.comm(OpKind::kReduceScatter, "dispatch_grad_rs", gathered * s.hidden * kAct, CommGroup::kTensorExpert,
+           tp_ep);
+    o.comm(OpKind::kReduceScatter, "dispatch_probs_grad_rs", gathered * s.experts * 4,
+           CommGroup::kTensorExpert, tp_ep, DType::kFP32);
   } else {
+    o.memory(OpKind::kRouter, "unpermute", (local_tokens + 2 * copies) * s.hidden * kAct);
     o.comm(OpKind::kAllToAll, "combine_grad_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
     o.comm(OpKind::kAllGather, "combine_grad_ag", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);
-  }
-  experts_backward(o, s, rows);
-  if (options.moe_dispatcher == MoeDispatcher::kAllGather) {
-    o.comm(OpKind::kReduceScatter, "dispatch_grad_rs", local_tokens * tp_ep * s.hidden * kAct,
-           CommGroup::kTensorExpert, tp_ep);
-  } else {
+    experts_backward(o, s, rows);
     o.comm(OpKind::kReduceScatter, "dispatch_grad_rs", rows * s.hidden * kAct, CommGroup::kExpertTensor,
            s.etp);
     o.comm(OpKind::kAllToAll, "dispatch_grad_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
+    o.memory(OpKind::kRouter, "permute", (copies + local_tokens) * s.hidden * kAct);
   }
-  o.memory(OpKind::kRouter, "permute", (copies + local_tokens) * s.hidden * kAct);
   if (s.recompute != RecomputeGranularity::kFull)
     o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
   if (s.shared_ffn > 0) shared_expert_backward(o, s);
@@ -341,7 +361,7 @@ void layer_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool m
                    const StepProgramOptions& options) {
   attention_block_forward(o, model, s, options, false);
   if (moe) {
-    moe_mlp_forward(o, s, options);
+    moe_mlp_forward(o, s);
   } else {
     dense_mlp_forward(o, s, s.ffn, "fc1", "fc2", true);
     tp_reduce(o, s, "fc2_ar", "fc2_rs");
@@ -357,7 +377,7 @@ void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShap
   }
   OpSink o(ops, OpPhase::kBackward, layer, microbatch, chunk);
   if (moe) {
-    moe_mlp_backward(o, s, options);
+    moe_mlp_backward(o, s);
   } else {
     if (s.sp) o.comm(OpKind::kAllGather, "fc2_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     dense_mlp_backward(o, s, s.ffn, "fc1", "fc2", true);
@@ -458,6 +478,7 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
   s.dp = config.dp();
   s.edp = config.edp();
   s.sp = config.sequence_parallel_enabled();
+  s.moe_dispatcher = config.moe_token_dispatcher_type;
   s.seq = model.seq_length;
   s.seq_local = model.seq_length / s.cp;
   s.micro_batch = config.micro_batch_size;
@@ -468,6 +489,7 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
   s.groups = model.multi_latent_attention ? model.num_attention_heads : model.query_groups();
   s.head_dim =
       model.multi_latent_attention ? model.qk_head_dim + model.qk_pos_emb_head_dim : model.head_dim();
+  s.head_dim_v = model.multi_latent_attention ? model.v_head_dim : s.head_dim;
   s.ffn = model.ffn_size();
   s.moe_ffn = model.is_moe() ? model.moe_ffn_size() : 0;
   s.shared_ffn = model.moe_shared_expert_intermediate_size;

@@ -34,8 +34,11 @@
 //   the shared expert (its fc2 accumulates into the routed output). Backward: unpermute, all-to-all, the
 //   experts as the dense MLP's backward, all-to-all back, permute, the pre-MLP norm recomputed, the shared
 //   expert, the router (data gradients of the shared expert's fc1 and the router accumulate into the
-//   block's input gradient). allgather dispatcher: all-gather over tp-ep of T/tp rows, experts over their
-//   share of the gathered rows, reduce-scatter back.
+//   block's input gradient). allgather dispatcher (ParallelConfig::moe_token_dispatcher_type; tp-ep > 1):
+//   all-gather over tp-ep of the routing (fp32 (T/tp, E)) and of the T/tp rows, permute of the rows routed
+//   to the local experts, the experts, unpermute, reduce-scatter back; backward: all-gather of the output
+//   gradient, the same way back, reduce-scatters of the input and probability gradients. TP > 1: the
+//   shared expert gathers the block input and reduce-scatters its output (shared_expert_forward).
 // - Fusion and memory (as the executor runs it): GELU runs in fc1's GEMM epilogue (no forward activation
 //   kernel for GELU); bias gradients are part of the weight-gradient GEMM ops (epilogue or separate sums,
 //   the backend's choice). Norm and activation outputs are not saved: fc2's dgrad is followed by one
@@ -76,7 +79,6 @@
 
 namespace megatune::layouts {
 
-enum class MoeDispatcher { kAllToAll, kAllGather };
 enum class ContextParallelComm { kP2p, kAllGather };
 
 // Default bytes of one chunk of logits (see loss_chunk_rows). 512 MiB: on H200, llama-1b (vocab 128256, 8192
@@ -85,7 +87,6 @@ enum class ContextParallelComm { kP2p, kAllGather };
 constexpr std::int64_t kLossChunkLogitsBytes = std::int64_t(512) << 20;
 
 struct StepProgramOptions {
-  MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;
   ContextParallelComm cp_comm = ContextParallelComm::kP2p;
   bool grad_reduce_in_bf16 = false;
   std::int64_t bucket_size_elements = 0;                         // 0: Megatron's default
@@ -104,9 +105,11 @@ struct StepProgram {
 struct StepShape {
   std::int64_t seq = 0, seq_local = 0, micro_batch = 0, tokens = 0, tokens_sp = 0;  // T, T/tp (SP)
   std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0, moe_ffn = 0, shared_ffn = 0;
+  std::int64_t head_dim_v = 0;  // the value head dim: head_dim but under MLA
   std::int64_t vocab_padded = 0, experts = 0, topk = 0;
   int tp = 1, cp = 1, ep = 1, etp = 1, dp = 1, edp = 1, pp = 1;
   bool sp = false, swiglu = false, rms = false, rope = false, tied = true, mla = false;
+  MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;  // ParallelConfig::moe_token_dispatcher_type
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
   std::int64_t p2p_bytes = 0;  // one pipeline activation (or gradient) tensor
   // The rank's place in its context-parallel ring (walk_rank_step sets it per rank): CP index and the global

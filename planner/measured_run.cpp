@@ -112,6 +112,8 @@ TracedOp read_op(const Reader& r) {
   op.attention = r.get("attention", [](const JsonValue& v) {
     std::vector<std::int64_t> out;
     for (const JsonValue& x : v.as_array()) out.push_back(x.as_int64());
+    // Traces before the value head dim was recorded: [batch, heads, kv, seq_q, seq_kv, dim, causal].
+    if (out.size() == 7) out.push_back(out[5]);
     return out;
   });
   return op;
@@ -231,8 +233,8 @@ namespace {
 std::string first_difference(const TracedOp& t, const layouts::Op& p, bool fp32_run) {
   static const char* dtype_names[] = {"bf16", "fp16", "fp32", "fp8"};
   const std::vector<std::int64_t> attention = {
-      p.attention.batch,  p.attention.heads,    p.attention.kv_heads,      p.attention.seq_q,
-      p.attention.seq_kv, p.attention.head_dim, p.attention.causal ? 1 : 0};
+      p.attention.batch,  p.attention.heads,    p.attention.kv_heads,       p.attention.seq_q,
+      p.attention.seq_kv, p.attention.head_dim, p.attention.causal ? 1 : 0, p.attention.value_head_dim()};
   if (t.kind != layouts::op_kind_name(p.kind)) return "kind";
   if (t.phase != layouts::op_phase_name(p.phase)) return "phase";
   if (t.dtype != dtype_names[static_cast<int>(p.dtype)] && !fp32_run) return "dtype";

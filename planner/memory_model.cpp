@@ -57,7 +57,7 @@ std::int64_t moe_mlp_bytes(const StepShape& s, const MemoryOptions& options, boo
   const std::int64_t local_tokens = s.tokens / s.tp;
   const std::int64_t glu = s.swiglu ? 2 : 1;
   std::int64_t rows = local_tokens * s.topk * s.etp;
-  if (options.step.moe_dispatcher == layouts::MoeDispatcher::kAllGather) rows = local_tokens * s.etp * s.topk;
+  if (s.moe_dispatcher == layouts::MoeDispatcher::kAllGather) rows = local_tokens * s.etp * s.topk;
   std::int64_t bytes = 2 * s.tokens * s.hidden / sp_div         // norm input
                        + 2 * local_tokens * s.hidden            // router input
                        + 4 * local_tokens * s.experts           // router probs (fp32)

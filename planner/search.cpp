@@ -482,6 +482,7 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
 
   SimulationOptions sim_options;
   sim_options.step = request.step;
+  sim_options.tp_comm_overlap = request.tp_comm_overlap;
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> done{0};
   std::atomic<std::int64_t> pruned{0};

@@ -47,6 +47,8 @@ struct PlanRequest {
   PeakMemoryFunction peak_memory_of;
   MemoryModelKind memory_model = MemoryModelKind::kMegatron;
   layouts::StepProgramOptions step;
+  // --tp-comm-overlap: the TP collectives of sequence-parallel candidates overlap their GEMMs.
+  bool tp_comm_overlap = false;
   double memory_headroom_fraction = 0.0;  // keep this fraction of the GPU's memory free
   int top_k = 10;
   int threads = 2;

@@ -13,6 +13,7 @@
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
 #include "planner/event_engine.h"
+#include "planner/simulator_parts.h"
 #include "planner/tp_comm_overlap.h"
 
 namespace megatune::planner {
@@ -32,80 +33,11 @@ bool is_param_gather(const Op& op) {
   return op.role == layouts::OpRole::kParamGather || op.role == layouts::OpRole::kExpertParamGather;
 }
 
-// Engine group ids of (simulated rank, comm group), the placement of each group on the cluster, and
-// the count of simulated members.
-class GroupMap {
- public:
-  GroupMap(const layouts::RankGrid& grid, const std::vector<int>& sim_ranks, int gpus_per_node)
-      : grid_(grid), sim_ranks_(sim_ranks), gpus_per_node_(gpus_per_node) {
-    for (int i = 0; i < static_cast<int>(sim_ranks.size()); ++i) sim_index_[sim_ranks[i]] = i;
-  }
-
-  int sim_index(int rank) const {
-    auto it = sim_index_.find(rank);
-    return it == sim_index_.end() ? -1 : it->second;
-  }
-
-  struct Entry {
-    int id = -1;
-    cost_models::CollectiveGroup placement;
-  };
-
-  const Entry& lookup(int sim, CommGroup group) {
-    auto key = std::make_pair(sim, group);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    const std::vector<int> members = grid_.comm_group_members(sim_ranks_[sim], group);
-    Entry e;
-    e.placement = cost_models::collective_group_of(members, gpus_per_node_);
-    auto canonical =
-        std::make_pair(static_cast<int>(group), *std::min_element(members.begin(), members.end()));
-    auto found = ids_.find(canonical);
-    if (found == ids_.end()) {
-      int simulated = 0;
-      for (int m : members) simulated += sim_index_.count(m) ? 1 : 0;
-      found = ids_.emplace(canonical, static_cast<int>(member_counts_.size())).first;
-      member_counts_.push_back(simulated);
-    }
-    e.id = found->second;
-    return cache_.emplace(key, e).first->second;
-  }
-  // A group holding only this simulated rank: a pure delay on its compute stream.
-  int local_group(int sim) {
-    auto it = local_.find(sim);
-    if (it != local_.end()) return it->second;
-    int id = static_cast<int>(member_counts_.size());
-    member_counts_.push_back(1);
-    local_[sim] = id;
-    return id;
-  }
-  const std::vector<int>& member_counts() const { return member_counts_; }
-
- private:
-  const layouts::RankGrid& grid_;
-  const std::vector<int>& sim_ranks_;
-  int gpus_per_node_;
-  std::unordered_map<int, int> sim_index_;
-  std::map<std::pair<int, CommGroup>, Entry> cache_;
-  std::map<std::pair<int, int>, int> ids_;
-  std::unordered_map<int, int> local_;
-  std::vector<int> member_counts_;
-};
-
 // p2p tag: (tensor, microbatch, producer stage).
 std::int64_t p2p_tag(bool gradient, int microbatch, int producer_stage) {
   return (static_cast<std::int64_t>(gradient) << 40) | (static_cast<std::int64_t>(microbatch) << 20) |
          static_cast<std::int64_t>(producer_stage);
 }
-
-struct RankBuild {
-  std::vector<SimTask> tasks;
-  std::vector<std::string> names;       // per task, when tracing
-  std::vector<std::string> categories;  // per task, when tracing
-  std::vector<std::string> details;     // per task, when tracing
-  std::vector<const char*> provenance;  // per task, when tracing (kernel level)
-  std::array<KindTime, kOpKindCount> kinds{};
-};
 
 class Builder {
  public:
@@ -659,34 +591,8 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
       }
     }
   }
-  if (effective.record_trace) {
-    for (int sim = 0; sim < static_cast<int>(sim_ranks.size()); ++sim) {
-      const int rank = sim_ranks[sim];
-      const layouts::DenseCoordinates c = builder.grid().dense_coordinates(rank);
-      char pname[96];
-      std::snprintf(pname, sizeof pname, "rank %d (pp%d tp%d cp%d dp%d)", rank, c.pp, c.tp, c.cp, c.dp);
-      result.trace_processes.push_back({rank, pname});
-      const auto& tasks = input.programs[sim];
-      const auto& timeline = replayed.ranks[sim].timeline;
-      for (std::size_t i = 0; i < tasks.size(); ++i) {
-        const double duration = timeline[i].end_s - timeline[i].start_s;
-        if (duration <= 0.0 && tasks[i].kind != TaskKind::kCompute) continue;
-        TraceEvent e;
-        e.pid = rank;
-        e.thread = tasks[i].kind == TaskKind::kAsyncCollective ? TraceThread::kComm
-                   : tasks[i].kind == TaskKind::kSend          ? TraceThread::kP2p
-                                                               : TraceThread::kCompute;
-        e.name = builds[sim].names[i];
-        e.category = builds[sim].categories[i];
-        e.start_s = timeline[i].start_s;
-        e.duration_s = duration;
-        e.args.push_back({"op", builds[sim].details[i]});
-        if (i < builds[sim].provenance.size()) e.args.push_back({"provenance", builds[sim].provenance[i]});
-        if (tasks[i].kind == TaskKind::kRecv) e.args.push_back({"waited", "pipeline or transfer"});
-        result.trace_events.push_back(std::move(e));
-      }
-    }
-  }
+  if (effective.record_trace)
+    append_trace_events(builder.grid(), sim_ranks, input.programs, replayed, builds, result);
   return result;
 }
 
@@ -700,28 +606,6 @@ double step_time_lower_bound(const layouts::ModelSpec& model, const layouts::Par
   for (int sim = 0; sim < static_cast<int>(builder.sim_ranks().size()); ++sim)
     bound = std::max(bound, builder.stage_work_lower_bound(sim));
   return bound;
-}
-
-std::string SimulationResult::kind_table() const {
-  std::vector<int> order;
-  double total = 0.0;
-  for (int k = 0; k < kOpKindCount; ++k) {
-    if (kind_times[k].count > 0) order.push_back(k);
-    total += kind_times[k].total_s;
-  }
-  std::sort(order.begin(), order.end(),
-            [&](int a, int b) { return kind_times[a].total_s > kind_times[b].total_s; });
-  std::ostringstream out;
-  char line[160];
-  std::snprintf(line, sizeof line, "  %-16s %10s %12s %7s\n", "op kind", "count", "time (ms)", "share");
-  out << line;
-  for (int k : order) {
-    std::snprintf(line, sizeof line, "  %-16s %10lld %12.3f %6.1f%%\n",
-                  layouts::op_kind_name(static_cast<OpKind>(k)), static_cast<long long>(kind_times[k].count),
-                  kind_times[k].total_s * 1e3, total > 0 ? 100.0 * kind_times[k].total_s / total : 0.0);
-    out << line;
-  }
-  return out.str();
 }
 
 }  // namespace megatune::planner

@@ -23,6 +23,7 @@
 #include "planner/plan_report.h"
 #include "planner/pricing_source.h"
 #include "planner/search.h"
+#include "tools/comm_pricing_flags.h"
 #include "tools/command_registry.h"
 #include "tools/executor_memory_model.h"
 #include "tools/input_checks.h"
@@ -51,6 +52,7 @@ struct PlanCommandOptions {
   // candidates it would simulate.
   planner::MemoryModelKind memory_model = planner::MemoryModelKind::kMegatune;
   MeasureTopOptions measure;  // --measure-top and its companions
+  CommPricingFlags comm;  // --tp-comm-overlap, --grad-reduce-in-bf16, --accumulate-allreduce-grads-in-fp32
 };
 
 // "plan.json" -> "plan" + suffix, next to it.
@@ -145,6 +147,10 @@ int run_plan(const PlanCommandOptions& o) {
   if (a.num_layers_per_virtual_pipeline_stage)
     space.layers_per_virtual_stage = *a.num_layers_per_virtual_pipeline_stage;
   if (a.sequence_parallel) space.sequence_parallel = {true};
+  // Megatron runs --tp-comm-overlap only with sequence parallelism: every TP > 1 candidate then has it.
+  if (o.comm.tp_comm_overlap) space.sequence_parallel = {true};
+  request.tp_comm_overlap = o.comm.tp_comm_overlap;
+  request.step.grad_reduce_in_bf16 = request.memory.grad_reduce_in_bf16 = o.comm.grad_reduce_in_bf16;
   if (a.tensor_model_parallel_size && *a.tensor_model_parallel_size > cluster.gpus_per_node)
     space.allow_tp_across_nodes = true;
   std::unique_ptr<ProgressBar> bar;  // candidates simulated, on stderr
@@ -199,8 +205,11 @@ int run_plan(const PlanCommandOptions& o) {
 
   const std::string train =
       planner::shell_join("megatune train", planner::megatune_train_arguments(model, winner));
-  const std::string megatron =
-      planner::shell_join("python pretrain_gpt.py", planner::megatron_arguments(model, winner));
+  std::vector<std::string> megatron_args = planner::megatron_arguments(model, winner);
+  for (std::string& flag : megatron_comm_arguments(o.comm))
+    if (flag != "--tp-comm-overlap" || winner.config.sequence_parallel_enabled())
+      megatron_args.push_back(std::move(flag));
+  const std::string megatron = planner::shell_join("python pretrain_gpt.py", megatron_args);
   // A device or FIFO as --output (/dev/stdout) takes the plan JSON alone; the argument files go next to a
   // regular file only.
   const std::string output_kind = o.output.empty() ? "" : non_regular_file_reason(o.output);
@@ -312,6 +321,7 @@ const Registrar kPlanCommand{Command{
           ->group("Planner");
       add_memory_model_flag(sub, o->memory_model, "Planner");
       add_measure_flags(sub, o->measure);
+      add_comm_pricing_flags(sub, o->comm, "Planner");
       sub.add_option("--memory-headroom", o->headroom, "Fraction of GPU memory to keep free (0..1)")
           ->capture_default_str()
           ->check(fraction_in(0.0, 1.0, false))

@@ -9,6 +9,7 @@
 #include "planner/memory_model.h"
 #include "planner/pricing_source.h"
 #include "planner/simulator.h"
+#include "tools/comm_pricing_flags.h"
 #include "tools/command_registry.h"
 #include "tools/executor_memory_model.h"
 #include "tools/megatron_args.h"
@@ -24,11 +25,7 @@ struct SimulateCommandOptions {
   std::string trace;
   bool all_ranks = false;
   std::string granularity;  // "pass" | "kernel"; default: kernel with --trace, else pass
-  // Gradient buffers and their reduction: fp32 (Megatron's default for bf16 training, also set by
-  // --accumulate-allreduce-grads-in-fp32) or bf16 (--grad-reduce-in-bf16).
-  bool grad_reduce_in_bf16 = false;
-  bool accumulate_allreduce_grads_in_fp32 = false;
-  bool tp_comm_overlap = false;                                                 // --tp-comm-overlap
+  CommPricingFlags comm;    // --tp-comm-overlap, --grad-reduce-in-bf16, --accumulate-allreduce-grads-in-fp32
   planner::MemoryModelKind memory_model = planner::MemoryModelKind::kMegatune;  // --memory-model
 };
 
@@ -63,19 +60,15 @@ int run_simulate(const SimulateCommandOptions& o) {
                     " GPUs): drop --world-size or change --cluster");
   }
   config.validate(model);
-  if (o.tp_comm_overlap && !config.sequence_parallel_enabled()) {
-    throw UserError(
-        "--tp-comm-overlap overlaps the all-gathers and reduce-scatters of sequence parallelism: "
-        "add --sequence-parallel with --tp > 1, or drop --tp-comm-overlap");
-  }
+  check_tp_comm_overlap(o.comm, config);
 
   planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster, !o.no_calibration);
   planner::CostModelPricer pricer(*pricing.cost_model);
   planner::SimulationOptions options;
   options.all_ranks = o.all_ranks;
   options.record_trace = !o.trace.empty();
-  options.step.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
-  options.tp_comm_overlap = o.tp_comm_overlap;
+  options.step.grad_reduce_in_bf16 = o.comm.grad_reduce_in_bf16;
+  options.tp_comm_overlap = o.comm.tp_comm_overlap;
   if (o.granularity.empty()) {
     options.granularity = options.record_trace ? planner::SimulationGranularity::kKernel
                                                : planner::SimulationGranularity::kPass;
@@ -97,11 +90,11 @@ int run_simulate(const SimulateCommandOptions& o) {
   std::printf("  tokens/s         %10.0f\n", r.tokens_per_s);
   std::printf("  pipeline bubble  %10.1f %%\n", 100.0 * r.bubble_fraction);
   std::printf("  exposed comm     %10.3f s   (critical stage pp%d)\n", r.exposed_comm_s, r.critical_stage);
-  std::printf("  grad reduction   %10s   (%s)\n", o.grad_reduce_in_bf16 ? "bf16" : "fp32",
-              o.grad_reduce_in_bf16
+  std::printf("  grad reduction   %10s   (%s)\n", o.comm.grad_reduce_in_bf16 ? "bf16" : "fp32",
+              o.comm.grad_reduce_in_bf16
                   ? "--grad-reduce-in-bf16: bf16 grad buffers, 2 B per gradient"
                   : "fp32 main-grad buffers, 4 B per gradient; --grad-reduce-in-bf16 halves it");
-  std::printf("  tp comm overlap  %10s\n", o.tp_comm_overlap ? "on" : "off");
+  std::printf("  tp comm overlap  %10s\n", o.comm.tp_comm_overlap ? "on" : "off");
   std::printf("  ranks replayed   %10d   (%s, %s level)\n", r.simulated_ranks,
               o.all_ranks ? "all ranks" : "one per pipeline stage",
               options.granularity == planner::SimulationGranularity::kKernel ? "kernel" : "pass");
@@ -119,7 +112,7 @@ int run_simulate(const SimulateCommandOptions& o) {
   std::printf("\ntime per op kind on pp rank %d (one iteration):\n%s", r.critical_stage,
               r.kind_table().c_str());
   planner::MemoryOptions memory_options;
-  memory_options.grad_reduce_in_bf16 = o.grad_reduce_in_bf16;
+  memory_options.grad_reduce_in_bf16 = o.comm.grad_reduce_in_bf16;
   memory_options.step = options.step;
   const planner::MemoryEstimate memory = peak_memory_function(o.memory_model)(model, config, memory_options);
   std::printf("\nmemory model: %s\n%s  capacity %26s\n", planner::memory_model_name(o.memory_model),
@@ -163,18 +156,7 @@ const Registrar kSimulateCommand{Command{
       sub.add_flag("--all-ranks", o->all_ranks,
                    "Replay every rank (default: one representative per pipeline stage)")
           ->group("Simulator");
-      sub.add_flag(
-             "--tp-comm-overlap", o->tp_comm_overlap,
-             "Overlap TP all-gathers/reduce-scatters with their GEMMs in chunks (needs --sequence-parallel)")
-          ->group("Simulator");
-      CLI::Option* bf16_grads =
-          sub.add_flag("--grad-reduce-in-bf16", o->grad_reduce_in_bf16,
-                       "Reduce gradients in bf16 (bf16 grad buffers; default: fp32 for bf16 training)")
-              ->group("Simulator");
-      sub.add_flag("--accumulate-allreduce-grads-in-fp32", o->accumulate_allreduce_grads_in_fp32,
-                   "Accumulate and reduce gradients in fp32 (Megatron's default for bf16 training)")
-          ->excludes(bf16_grads)
-          ->group("Simulator");
+      add_comm_pricing_flags(sub, o->comm, "Simulator");
       add_memory_model_flag(sub, o->memory_model, "Simulator");
       sub.add_option("--granularity", o->granularity,
                      "pass or kernel (default: kernel with --trace, else pass)")

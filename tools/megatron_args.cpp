@@ -110,6 +110,8 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
   sized("--expert-model-parallel-size,--ep", args.expert_model_parallel_size, "Expert parallel size");
   sized("--expert-tensor-parallel-size,--etp", args.expert_tensor_parallel_size,
         "Expert tensor parallel size (default tp)");
+  string_option(app, "--moe-token-dispatcher-type", args.moe_token_dispatcher_type,
+                "MoE token dispatch: alltoall (default) or allgather");
   sized("--data-parallel-size,--dp", args.data_parallel_size,
         "Data parallel size (default: derived from --world-size)");
   sized("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage,
@@ -221,6 +223,8 @@ layouts::ParallelConfig resolve_parallel(const MegatronArgs& args) {
   set(c.context_parallel_size, args.context_parallel_size);
   set(c.expert_model_parallel_size, args.expert_model_parallel_size);
   set(c.expert_tensor_parallel_size, args.expert_tensor_parallel_size);
+  if (args.moe_token_dispatcher_type)
+    c.moe_token_dispatcher_type = layouts::parse_moe_dispatcher(*args.moe_token_dispatcher_type);
   set(c.data_parallel_size_requested, args.data_parallel_size);
   set(c.num_layers_per_virtual_pipeline_stage, args.num_layers_per_virtual_pipeline_stage);
   set(c.num_virtual_stages_per_pipeline_rank, args.num_virtual_stages_per_pipeline_rank);

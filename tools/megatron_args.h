@@ -36,6 +36,7 @@ struct MegatronArgs {
       decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers, microbatch_group_size_per_vp_stage,
       recompute_num_layers;
   std::optional<std::string> pipeline_model_parallel_layout, recompute_granularity, recompute_method;
+  std::optional<std::string> moe_token_dispatcher_type;  // --moe-token-dispatcher-type
   std::optional<std::string> cp_comm_type;  // --cp-comm-type: p2p (Megatron's default) is what megatune runs
   bool account_for_embedding_in_pipeline_split = false;
   bool account_for_loss_in_pipeline_split = false;

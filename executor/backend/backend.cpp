@@ -317,6 +317,7 @@ Op attention_op(OpKind kind, const AttentionArgs& a) {
   op.attention.seq_q = a.seq_q;
   op.attention.seq_kv = a.seq_kv;
   op.attention.head_dim = a.head_dim;
+  op.attention.head_dim_v = a.head_dim_v;
   op.attention.causal = a.causal;
   return op;
 }

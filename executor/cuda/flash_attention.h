@@ -1,8 +1,11 @@
 // Flash attention (FlashAttention-2 algorithm, bf16 tensor cores, fp32 softmax/accumulation) forward and
 // backward on the layout of executor/kernels/attention_shape.h: causal (with an offset) or not, GQA, seq_q !=
-// seq_kv, (q/k, v) head dims 64, 80, 96, 128, 256 alike and 192 with v 128, any sequence length. Head dim
-// 64 / 128 self-attention runs the Hopper wgmma kernels; every other shape the templated mma.sync kernels.
-// Extra memory is O(s): lse [b, n_q, seq_q] and the backward workspace; never s^2.
+// seq_kv, (q/k, v) head dims 64, 80, 96, 128, 256 alike and 192 with v 128, any sequence length.
+// Self-attention with the forward's strides runs the Hopper wgmma kernels: head dims 64 and 128, 80 and 96 on
+// the 128 kernels (tiles zero-padded by the TMA unit), 256 (forward with 64-row K / V tiles, backward with
+// the head-dim columns split between the consumer warpgroups), and 192 / 128's forward; every other shape
+// (and 192 / 128's backward) the templated mma.sync kernels. Extra memory is O(s): lse [b, n_q, seq_q] and
+// the backward workspace; never s^2.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -33,10 +36,11 @@ void flash_attention_forward(const AttentionShape& shape, const bf16* q, const b
 // The same with the forward kernel's variant chosen explicitly (benchmarks and tests): rows_per_warp 16
 // (mma.sync, 8 warps, Q fragments in registers up to head dim 128), 32 (mma.sync, 4 warps, Q re-read from
 // shared memory, FlashAttention-2's shape; the default for shapes the wgmma kernels do not take, 16 past head
-// dim 128) or 64 (Hopper wgmma, head dim 64 / 128 self-attention only, one warpgroup per 64 query rows, with
-// wgmma_warpgroups 1 or 2 warpgroups per block; 0: 1 for head dim 64 and 2 for 128). wgmma_warp_specialized:
-// a TMA producer warpgroup plus wgmma_warpgroups consumer warpgroups, 2 or 3 (head dim 64 only); 0: 3 for
-// head dim 64, 2 for 128; wgmma_ping_pong: its consumers take turns at Q K^T. flash_attention_forward runs
+// dim 128) or 64 (Hopper wgmma, the self-attention shapes above only, one warpgroup per 64 query rows, with
+// wgmma_warpgroups 1 or 2 warpgroups per block (head dims 64 and 128 only); 0: 1 for head dim 64 and 2 for
+// 128). wgmma_warp_specialized: a TMA producer warpgroup plus wgmma_warpgroups consumer warpgroups, 2 or 3
+// (head dim 64 only); 0: 3 for head dim 64, else 2; wgmma_ping_pong: its consumers take turns at Q K^T (not
+// at head dims 192 and 256). flash_attention_forward runs
 // the warp-specialized kernel without the ping-pong (H200: 1.10x the one-warpgroup kernel at head dim 64,
 // 1.26-1.36x the two-warpgroup kernel at 128; the ping-pong is +-5%: bench/RESULTS.md "attention"), and
 // the two-warpgroup / one-warpgroup kernel past 2^31 tokens (its TMA coordinates are 32-bit).
@@ -84,9 +88,11 @@ struct BackwardVariant {
   // Launch order: every head's first key block (the longest under a causal mask) before any second one,
   // so the short blocks fill the tail (+1-20% on H200); false: the key blocks of one head consecutively.
   bool longest_first = true;
-  // The Hopper wgmma kernel (the default for head dim 64 / 128 self-attention with the forward's strides, the
-  // only shapes it takes; always longest first); false: the mma.sync kernel shaped by the two fields above
-  // (128 key rows: head dim 64 / 128 only).
+  // The Hopper wgmma kernel (the default for head dim 64, 80, 96, 128, 256 self-attention with the forward's
+  // strides, the only shapes it takes; longest first under a causal mask, the key blocks of one head
+  // consecutively without; 80 and 96 take only the warp-specialized kernel with bulk dQ, 256 only the
+  // warp-specialized one with dQ atomics, both with 2 stages); false: the mma.sync kernel shaped by the two
+  // fields above (128 key rows: head dim 64 / 128 only).
   bool wgmma = true;
   // wgmma kernel: warpgroups per block, 64 key rows each: 1 (two blocks per SM) or 2 (one block per SM,
   // shared Q/dO tiles, half the dQ atomics per key row); 0: the default for the head dim.

@@ -58,13 +58,14 @@ constexpr int backward_smem_bytes() {
 constexpr int preprocess_lanes(int dv) { return dv <= 64 ? 8 : (dv <= 128 ? 16 : 32); }
 
 // delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d], and the row's DQK dQ accumulators zeroed (row layout
-// [b, seq_q, n_q, DQK], or the tiled layout of hopper::dq_tile_offset when dq_tiled): preprocess_lanes(DV)
-// lanes per row, 16-byte loads, sums reduced within the lane group. The block size is a multiple of 32.
+// [b, seq_q, n_q, DQK], or, when dq_tile_dim > 0, the tiled layout of hopper::dq_tile_offset with tiles
+// dq_tile_dim >= DQK wide): preprocess_lanes(DV) lanes per row, 16-byte
+// loads, sums reduced within the lane group. The block size is a multiple of 32.
 template <int DQK, int DV>
 __global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o, const float* lse,
                                                  float* delta, float* lse_log2, float* dq_accum,
-                                                 bool dq_tiled, int64_t o_stride, int seq_len, int num_heads,
-                                                 int64_t rows) {
+                                                 int dq_tile_dim, int64_t o_stride, int seq_len,
+                                                 int num_heads, int64_t rows) {
   constexpr int kLanesPerRow = preprocess_lanes(DV);
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanesPerRow;
   const int part = threadIdx.x % kLanesPerRow;
@@ -85,14 +86,16 @@ __global__ void flash_backward_preprocess_kernel(const bf16* o, const bf16* d_o,
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (!valid) return;
   const int64_t batch = token / seq_len, position = token % seq_len;
-  // Tiled: 8 columns are two 16-byte chunks of row position % 64 of a tile (zeroing ignores the swizzle:
-  // the row's chunks are all zeroed by its lanes either way).
-  for (int group = part; group < DQK / 8; group += kLanesPerRow) {
-    float* const zero_at = dq_tiled ? dq_accum +
-                                          hopper::dq_tile_offset(batch, head, position / 64, (8 * group) / 64,
-                                                                 num_heads, seq_len, DQK) +
-                                          (position % 64) * 64 + (8 * group) % 64
-                                    : dq_accum + row * DQK + 8 * group;
+  // Tiled: 8 columns are two 16-byte chunks of row position % 64 of a tile. Zeroing ignores the swizzle, so
+  // the tile's rows are zeroed whole: a padded tile's real columns need not sit in a row's first chunks.
+  const int zero_groups = dq_tile_dim > 0 ? dq_tile_dim / 8 : DQK / 8;
+  for (int group = part; group < zero_groups; group += kLanesPerRow) {
+    float* const zero_at = dq_tile_dim > 0
+                               ? dq_accum +
+                                     hopper::dq_tile_offset(batch, head, position / 64, (8 * group) / 64,
+                                                            num_heads, seq_len, dq_tile_dim) +
+                                     (position % 64) * 64 + (8 * group) % 64
+                               : dq_accum + row * DQK + 8 * group;
     float4* zero = reinterpret_cast<float4*>(zero_at);
     zero[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     zero[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -302,20 +305,20 @@ __global__ void flash_backward_convert_dq_kernel(const float* dq_accum, bf16* dq
   }
 }
 
-// The same from the tiled accumulator (hopper::dq_tile_offset): vectors walk the tiles in memory order, 8 per
-// 64-float row, so a warp reads 4 whole rows and writes 4 rows' 128 contiguous bytes; rows past the
-// sequence's end (the last tile's padding) are skipped.
+// The same from the tiled accumulator (hopper::dq_tile_offset, tiles tile_dim wide): vectors walk the tiles
+// in memory order, 8 per 64-float row, so a warp reads 4 whole rows and writes 4 rows' 128 contiguous bytes;
+// rows past the sequence's end (the last tile's padding) and columns past head_dim are skipped.
 __global__ void flash_backward_convert_dq_tiles_kernel(const float* dq_accum, bf16* dq, int64_t q_stride,
-                                                       int seq_len, int num_heads, int head_dim,
+                                                       int seq_len, int num_heads, int head_dim, int tile_dim,
                                                        int64_t vectors, float scale) {
-  const int64_t row_blocks = hopper::dq_row_blocks(seq_len), col_blocks = head_dim / 64;
+  const int64_t row_blocks = hopper::dq_row_blocks(seq_len), col_blocks = tile_dim / 64;
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
        v += int64_t(gridDim.x) * blockDim.x) {
     const int64_t tile = v >> 9;
     const int r = int(v >> 3) & 63, m = int(v) & 7;
     const int64_t col_block = tile % col_blocks, rest = tile / col_blocks;
     const int64_t position = (rest % row_blocks) * 64 + r, head_batch = rest / row_blocks;
-    if (position >= seq_len) continue;
+    if (position >= seq_len || col_block * 64 + 8 * m >= head_dim) continue;
     const int64_t head = head_batch % num_heads, batch = head_batch / num_heads;
     const float4* row = reinterpret_cast<const float4*>(dq_accum + tile * 4096 + r * 64);
     *reinterpret_cast<uint4*>(dq + (batch * seq_len + position) * q_stride + head * head_dim +
@@ -326,11 +329,12 @@ __global__ void flash_backward_convert_dq_tiles_kernel(const float* dq_accum, bf
 
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// fp32 elements of the dQ accumulator: the sequence rounded up to the tiled layout's 64 rows (the row layout
-// uses the first b * s * n_q * d of them).
+// fp32 elements of the dQ accumulator: the sequence rounded up to the tiled layout's 64 rows and the head dim
+// to its 64 columns (the tiles of head dims 80 and 96 are 128 wide; the row layout uses the first
+// b * s * n_q * d of them).
 size_t dq_accum_elements(const AttentionShape& shape) {
   return size_t(shape.batch) * size_t(shape.num_heads) * size_t(hopper::dq_row_blocks(shape.seq_q)) * 64 *
-         size_t(shape.head_dim);  // the row layout needs b * seq_q * n_q * d of these
+         size_t((shape.head_dim + 63) / 64 * 64);
 }
 
 // The main pass for one (head dims, key rows per block); sets the shared-memory limit on first use.
@@ -365,6 +369,7 @@ void flash_attention_backward(const AttentionShape& shape, const bf16* q, const 
                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   BackwardVariant variant;
   if (!flash::hopper_takes(shape)) variant.wgmma = false;  // the mma.sync kernel, 64 key rows per block
+  if (shape.head_dim == 256) variant.wgmma_dq = WgmmaDq::kAtomics;  // the wide kernel's dQ
   flash_attention_backward_variant(shape, q, k, v, o, lse, d_o, dq, dk, dv, workspace, workspace_bytes,
                                    stream, variant);
 }
@@ -384,8 +389,20 @@ void check_backward_arguments(const AttentionShape& shape, const BackwardVariant
     throw std::invalid_argument("flash_attention_backward: " + flash_attention_unsupported(shape));
   if (variant.wgmma && !flash::hopper_takes(shape))
     throw std::invalid_argument(
-        "flash_attention_backward_variant: the wgmma kernels take head dim 64 or 128 "
+        "flash_attention_backward_variant: the wgmma kernels take head dim 64, 80, 96, 128 or 256 "
         "self-attention with the forward's strides only");
+  if (variant.wgmma && flash::hopper_pads(shape) &&
+      !(variant.wgmma_warp_specialized && variant.wgmma_dq == WgmmaDq::kBulkTiles &&
+        variant.wgmma_ws_stages == 2))
+    throw std::invalid_argument(
+        "flash_attention_backward_variant: head dims 80 and 96 take the warp-specialized wgmma kernel with "
+        "bulk dQ tiles and 2 stages only");
+  if (variant.wgmma && shape.head_dim == 256 &&
+      !(variant.wgmma_warp_specialized && variant.wgmma_dq == WgmmaDq::kAtomics &&
+        variant.wgmma_ws_stages == 2))
+    throw std::invalid_argument(
+        "flash_attention_backward_variant: head dim 256 takes the warp-specialized wgmma kernel with dQ "
+        "atomics and 2 stages only");
   if (!variant.wgmma && variant.key_rows_per_block == 128 &&
       !(shape.head_dim == shape.v_dim() && (shape.head_dim == 64 || shape.head_dim == 128)))
     throw std::invalid_argument(
@@ -433,13 +450,14 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
       variant.wgmma && variant.wgmma_warp_specialized && hopper::warp_specialized_takes(tokens);
   const bool dq_tiled =
       variant.wgmma && (warp_specialized || wgmma_warpgroups == 2) && variant.wgmma_dq == WgmmaDq::kBulkTiles;
+  const int tile_dim = hopper::tile_head_dim(int(shape.head_dim));
   // The preprocess also zeroes the dQ accumulator (one row per (token, head), as it walks them).
   flash::with_head_dims(shape.head_dim, shape.v_dim(), [&](auto dims) {
     using Dims = decltype(dims);
     const unsigned blocks = unsigned((rows * preprocess_lanes(Dims::v) + 255) / 256);
     flash_backward_preprocess_kernel<Dims::qk, Dims::v><<<blocks, 256, 0, stream>>>(
-        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, dq_tiled, shape.o_stride(),
-        int(shape.seq_q), int(shape.num_heads), rows);
+        o, d_o, lse, delta, variant.wgmma ? lse_log2 : nullptr, dq_accum, dq_tiled ? tile_dim : 0,
+        shape.o_stride(), int(shape.seq_q), int(shape.num_heads), rows);
   });
   MEGATUNE_CUDA_CHECK_LAUNCH();
   if (variant.wgmma) {
@@ -463,7 +481,9 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
                                            shape.scale(),
                                            shape.scale() * kLog2e,
                                            shape.causal};
-    if (warp_specialized)
+    if (warp_specialized && shape.head_dim == 256)
+      hopper::launch_backward_wide(hopper_args, stream);
+    else if (warp_specialized)
       hopper::launch_backward_warp_specialized(hopper_args, variant.wgmma_ws_stages, dq_tiled, stream);
     else
       hopper::launch_backward(hopper_args, wgmma_warpgroups,
@@ -490,8 +510,8 @@ void flash_attention_backward_variant(const AttentionShape& shape, const bf16* q
   const unsigned convert_blocks = unsigned(std::min<int64_t>((vectors + 255) / 256, 132 * 16));
   if (dq_tiled)
     flash_backward_convert_dq_tiles_kernel<<<convert_blocks, 256, 0, stream>>>(
-        dq_accum, dq, shape.dq_stride(), int(shape.seq_q), int(shape.num_heads), int(shape.head_dim), vectors,
-        shape.scale());
+        dq_accum, dq, shape.dq_stride(), int(shape.seq_q), int(shape.num_heads), int(shape.head_dim),
+        tile_dim, vectors, shape.scale());
   else
     flash_backward_convert_dq_kernel<<<convert_blocks, 256, 0, stream>>>(
         dq_accum, dq, shape.dq_stride(), shape.num_heads * shape.head_dim / 8, vectors, shape.scale());

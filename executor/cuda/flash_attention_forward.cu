@@ -2,7 +2,8 @@
 // warps of 16 or 32 rows; it streams 64-row K/V tiles through double-buffered shared memory (cp.async),
 // computes S = Q K^T and O += P V with mma.sync, and keeps the softmax online in fp32 registers (base-2
 // exponent). Templated on the q/k and v head dims; keys of another block (seq_kv) under a causal offset.
-// The entry points dispatch head dim 64 / 128 self-attention to the Hopper wgmma kernels.
+// The entry points dispatch head dim 64 / 80 / 96 / 128 / 256 and 192 / 128 self-attention to the Hopper
+// wgmma kernels.
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -256,7 +257,7 @@ void launch_forward(const ForwardParams& params, const AttentionShape& shape, cu
 
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The wgmma kernels (hopper_takes(shape)): one or two warpgroups per block, or warp-specialized.
+// The wgmma kernels (hopper_forward_takes(shape)): one or two warpgroups per block, or warp-specialized.
 void launch_hopper_forward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v, bf16* o,
                            float* lse, cudaStream_t stream, int wgmma_warpgroups, bool warp_specialized,
                            bool ping_pong) {
@@ -273,6 +274,7 @@ void launch_hopper_forward(const AttentionShape& shape, const bf16* q, const bf1
                                  int(shape.num_heads),
                                  int(shape.num_heads / shape.num_kv_heads),
                                  int(shape.head_dim),
+                                 int(shape.v_dim()),
                                  shape.scale() * kLog2e,
                                  shape.causal};
   if (warp_specialized) {
@@ -314,7 +316,7 @@ bool flash_attention_supports(const AttentionShape& shape) {
 
 void flash_attention_forward(const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                              bf16* o, float* lse, cudaStream_t stream) {
-  if (hopper_takes(shape)) {
+  if (hopper_forward_takes(shape)) {
     const bool warp_specialized = hopper::warp_specialized_takes(shape.batch * shape.seq_q);
     flash_attention_forward_variant(shape, q, k, v, o, lse, stream, kDefaultForwardRowsPerWarp, 0,
                                     warp_specialized);
@@ -334,10 +336,15 @@ void flash_attention_forward_variant(const AttentionShape& shape, const bf16* q,
     throw std::invalid_argument("flash_attention_forward: q, k, v, o must be 16-byte aligned");
   if (rows_per_warp != 16 && rows_per_warp != 32 && rows_per_warp != 64)
     throw std::invalid_argument("flash_attention_forward_variant: rows_per_warp must be 16, 32 or 64");
-  if (rows_per_warp == 64 && !hopper_takes(shape))
+  if (rows_per_warp == 64 && !hopper_forward_takes(shape))
     throw std::invalid_argument(
         "flash_attention_forward_variant: the wgmma kernels (rows_per_warp 64) take "
-        "head dim 64 or 128 self-attention only");
+        "head dim 64, 80, 96, 128, 256 or 192 / 128 self-attention only");
+  if (rows_per_warp == 64 && hopper_warp_specialized_only(shape) && !wgmma_warp_specialized)
+    throw std::invalid_argument(
+        "flash_attention_forward_variant: head dims 80, 96, 192 / 128 and 256 take the warp-specialized "
+        "wgmma "
+        "kernel only");
   if (wgmma_warpgroups < 0 || wgmma_warpgroups > (wgmma_warp_specialized ? 3 : 2))
     throw std::invalid_argument(
         "flash_attention_forward_variant: wgmma_warpgroups must be 0, 1 or 2 (0, 2 or 3 warp-specialized)");

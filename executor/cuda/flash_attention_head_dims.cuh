@@ -32,12 +32,26 @@ inline bool head_dims_compiled(int64_t dqk, int64_t dv) {
   return with_head_dims(dqk, dv, [](auto) {});
 }
 
-// The Hopper wgmma kernels' shapes: head dim 64 or 128 for q, k and v; self-attention (seq_kv == seq_q, no
-// causal offset); k and v with one token stride, and (backward) dk, dv with the forward's.
+// The Hopper wgmma kernels' shapes: head dim 64, 80, 96, 128 or 256 for q, k and v; self-attention (seq_kv
+// == seq_q, no causal offset); k and v with one token stride, and (backward) dk, dv with the forward's. Head
+// dims 80 and 96 (tiles zero-padded to 128 by the TMA unit) and 256 run only the warp-specialized kernels,
+// whose 32-bit TMA coordinates need b * s < 2^31. The forward also takes MLA's q/k 192 with v 128 so.
+inline bool hopper_pads(const AttentionShape& s) { return s.head_dim == 80 || s.head_dim == 96; }
+inline bool hopper_warp_specialized_only(const AttentionShape& s) {
+  return hopper_pads(s) || s.head_dim == 256 || s.v_dim() != s.head_dim;
+}
+inline bool hopper_geometry(const AttentionShape& s) {
+  return s.kv_len() == s.seq_q && (!s.causal || s.causal_offset == 0) && s.k_stride() == s.v_stride() &&
+         s.dk_stride() == s.k_stride() && s.dv_stride() == s.v_stride() &&
+         (!hopper_warp_specialized_only(s) || s.batch * s.seq_q < (int64_t(1) << 31));
+}
 inline bool hopper_takes(const AttentionShape& s) {
-  return (s.head_dim == 64 || s.head_dim == 128) && s.v_dim() == s.head_dim && s.kv_len() == s.seq_q &&
-         (!s.causal || s.causal_offset == 0) && s.k_stride() == s.v_stride() &&
-         s.dk_stride() == s.k_stride() && s.dv_stride() == s.v_stride();
+  const bool head_dim =
+      s.head_dim == 64 || s.head_dim == 80 || s.head_dim == 96 || s.head_dim == 128 || s.head_dim == 256;
+  return head_dim && s.v_dim() == s.head_dim && hopper_geometry(s);
+}
+inline bool hopper_forward_takes(const AttentionShape& s) {
+  return hopper_takes(s) || (s.head_dim == 192 && s.v_dim() == 128 && hopper_geometry(s));
 }
 
 // What the mma.sync kernels read of an AttentionShape besides pointers and scales.

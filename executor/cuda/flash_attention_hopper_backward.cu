@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(Tile<D, kWarpGroups>::kThreads, 3 - kWarpGroup
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
     backward_tile_products<D, kBlockM, kBlockN>(p, k_address + 64 * wg * 128, v_address + 64 * wg * 128,
                                                 q_address, do_address, lse, delta, ds_tile, ds_row_base,
-                                                kv_row, kv0, wg, q0, t, dv, dk, pa, dsa);
+                                                kv_row, kv0, kv0 + 64 * wg, q0, t, dv, dk, pa, dsa);
     if constexpr (kWarpGroups == 1) {
       // The dQ panels need registers: let dV/dK finish with P^T / dS^T first.
       wgmma_wait<0>();
@@ -206,6 +206,8 @@ void launch_backward(const BackwardArgs& args, int warpgroups_per_block, int dq_
     throw std::invalid_argument("hopper::launch_backward: unknown dQ mode");
   if (dq_mode != kDqAtomics && warpgroups_per_block != 2)
     throw std::invalid_argument("hopper::launch_backward: bulk dQ needs two warpgroups per block");
+  if (args.head_dim != 64 && args.head_dim != 128)
+    throw std::invalid_argument("hopper::launch_backward: head dim 64 or 128 (80, 96: warp-specialized)");
   if (args.head_dim == 64)
     launch_head_dim<64>(args, warpgroups_per_block, dq_mode, stream);
   else

@@ -12,30 +12,53 @@
 
 namespace megatune::executor::cuda::hopper {
 
+// The warp-specialized backward kernels' launch order over (kv head, batch, key block): under a causal mask
+// every head's first key block (the longest) before any second one, so that the short blocks fill the tail;
+// without one, the key blocks of one head consecutively, so that the blocks in flight share that head's Q,
+// dO and dQ accumulator in L2 (at 32 heads x 4 sequences the other order had each block in flight on a head
+// of its own).
+inline dim3 backward_grid(const BackwardArgs& p, int key_rows_per_block) {
+  const unsigned key_blocks = unsigned((p.seq_len + key_rows_per_block - 1) / key_rows_per_block);
+  return p.causal ? dim3(unsigned(p.num_kv_heads), unsigned(p.batch), key_blocks)
+                  : dim3(key_blocks, unsigned(p.num_kv_heads), unsigned(p.batch));
+}
+struct BackwardBlock {
+  int group, batch, key_block;
+};
+__device__ __forceinline__ BackwardBlock backward_block(const BackwardArgs& p) {
+  return p.causal ? BackwardBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)}
+                  : BackwardBlock{int(blockIdx.y), int(blockIdx.z), int(blockIdx.x)};
+}
+
 // S^T = K Q^T and dP^T = V dO^T (two commit groups, so that P^T = exp2(S^T - lse) overlaps dP^T's product),
 // dS^T = P^T o (dP^T - delta) with its bf16 copy stored to ds_tile (row kv_local, columns q; the rows of
 // ds_row_base), and dV += P^T dO, dK += dS^T Q issued per 16 query columns with P^T / dS^T from registers
 // (pa, dsa; committed, not waited for). k_address / v_address: this warpgroup's 64 rows of the kBlockN-row
 // K / V tiles; q_address / do_address: the kBlockM-row Q / dO tiles; lse (base 2) / delta: the tile's rows.
-// Masks only where the tile crosses the causal diagonal or the end of the sequence.
-template <int D, int kBlockM, int kBlockN>
+// Masks only where the tile crosses the causal diagonal or the end of the sequence (wg_kv0: this warpgroup's
+// first key row). DK: the head-dim columns S^T and dP^T read (the real head dim of tiles zero-padded to D; a
+// multiple of 16). DOut: the dV / dK columns this warpgroup accumulates, from 64-column panel out_panel0 of
+// dO / Q on (D, or 128 of head dim 256, whose two warpgroups share the key rows and split the columns; then
+// only the one with store_ds stores dS^T).
+template <int D, int kBlockM, int kBlockN, int DK = D, int DOut = D>
 __device__ __forceinline__ void backward_tile_products(
     const BackwardArgs& p, uint32_t k_address, uint32_t v_address, uint32_t q_address, uint32_t do_address,
     const float* lse, const float* delta, __nv_bfloat16* ds_tile, const int (&ds_row_base)[2],
-    const int (&kv_row)[2], int kv0, int wg, int q0, int t, float (&dv)[D / 2], float (&dk)[D / 2],
-    uint32_t (&pa)[kBlockM / 16][4], uint32_t (&dsa)[kBlockM / 16][4]) {
+    const int (&kv_row)[2], int kv0, int wg_kv0, int q0, int t, float (&dv)[DOut / 2], float (&dk)[DOut / 2],
+    uint32_t (&pa)[kBlockM / 16][4], uint32_t (&dsa)[kBlockM / 16][4], int out_panel0 = 0,
+    bool store_ds = true) {
   using flash::fast_exp2;
   using flash::pack_bf16;
   const uint64_t q_desc = mn_major_descriptor(q_address, kBlockM * 128);
   const uint64_t do_desc = mn_major_descriptor(do_address, kBlockM * 128);
   float s[kBlockM / 2], dp[kBlockM / 2];
   wgmma_fence();
-  gemm_k_major<D, kBlockM>(s, k_address, kBlockN, q_address);
+  gemm_k_major<DK, kBlockM>(s, k_address, kBlockN, q_address);
   wgmma_commit();
-  gemm_k_major<D, kBlockM>(dp, v_address, kBlockN, do_address);
+  gemm_k_major<DK, kBlockM>(dp, v_address, kBlockN, do_address);
   wgmma_commit();
   const bool needs_mask =
-      (p.causal && kv0 + 64 * wg + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
+      (p.causal && wg_kv0 + 63 > q0) || q0 + kBlockM > p.seq_len || kv0 + kBlockN > p.seq_len;
   wgmma_wait<1>();
   fence_registers(s);
   // P^T = exp2(S^T * scale - lse) (lse in base 2); the masked form only on tiles that need it, so that the
@@ -80,17 +103,20 @@ __device__ __forceinline__ void backward_tile_products(
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? delta2.y : delta2.x));
+      if (store_ds) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        *reinterpret_cast<uint32_t*>(ds_tile + sw128_at<kBlockN>(ds_row_base[r], i)) =
-            pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
+        for (int r = 0; r < 2; ++r) {
+          *reinterpret_cast<uint32_t*>(ds_tile + sw128_at<kBlockN>(ds_row_base[r], i)) =
+              pack_bf16(dp[4 * i + 2 * r], dp[4 * i + 2 * r + 1]);
+        }
       }
     }
     pack_a_fragment(pa[kk], s, 8 * kk);
     pack_a_fragment(dsa[kk], dp, 8 * kk);
     wgmma_fence();
-    const uint64_t b_do = advance(do_desc, kk * 16 * 128), b_q = advance(q_desc, kk * 16 * 128);
-    if constexpr (D == 128) {
+    const uint32_t b_offset = out_panel0 * kBlockM * 128 + kk * 16 * 128;
+    const uint64_t b_do = advance(do_desc, b_offset), b_q = advance(q_desc, b_offset);
+    if constexpr (DOut == 128) {
       wgmma_rs_m64n128<1>(dv, pa[kk], b_do, 1);
       wgmma_rs_m64n128<1>(dk, dsa[kk], b_q, 1);
     } else {
@@ -173,19 +199,21 @@ __device__ __forceinline__ void add_dq_bulk_tile(const BackwardArgs& p, const fl
   }
 }
 
-// dK (scaled) and dV of this thread's two key rows.
+// dK (scaled) and dV of this thread's two key rows: D accumulated columns from head-dim column col0 on (those
+// below p.head_dim).
 template <int D>
 __device__ __forceinline__ void store_dk_dv(const BackwardArgs& p, const float (&dk)[D / 2],
                                             const float (&dv)[D / 2], const int (&kv_row)[2],
-                                            int64_t batch_token0, int group, int t) {
+                                            int64_t batch_token0, int group, int t, int col0 = 0) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int kv = kv_row[r];
     if (kv >= p.seq_len) continue;
-    __nv_bfloat16* dk_row = p.dk + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
-    __nv_bfloat16* dv_row = p.dv + (batch_token0 + kv) * p.kv_stride + int64_t(group) * D;
+    __nv_bfloat16* dk_row = p.dk + (batch_token0 + kv) * p.kv_stride + int64_t(group) * p.head_dim + col0;
+    __nv_bfloat16* dv_row = p.dv + (batch_token0 + kv) * p.kv_stride + int64_t(group) * p.head_dim + col0;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
+      if (i >= 8 && col0 + 8 * i >= p.head_dim) break;  // a tile zero-padded to D: its padded columns
       const int col = 8 * i + 2 * t;
       *reinterpret_cast<__nv_bfloat162*>(dk_row + col) =
           __floats2bfloat162_rn(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);

@@ -8,7 +8,9 @@
 // P^T, dS^T, dV and dK from registers, dQ = dS K with 8-byte atomics) without loading anything: they wait on
 // the stage's "full" mbarrier and release it through its "empty" mbarrier, and meet each other once per tile
 // (a named barrier over the 256 consumer threads: dQ needs both halves of dS^T, which is double-buffered so
-// that no second meeting is needed before it is rewritten).
+// that no second meeting is needed before it is rewritten). Head dims 80 and 96 run the head dim 128 kernel
+// on Q / K / V / dO tiles the TMA unit zero-pads to 128 columns: S and dP are unchanged, the padded columns
+// of dK / dV are not stored, and dQ's tiled accumulator is 128 columns wide (its conversion skips them).
 #include <cuda/ptx>
 #include <stdexcept>
 
@@ -56,7 +58,8 @@ __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory");
 }
 
-template <int D, int kStages, bool kBulkDq>
+// DK: the head-dim columns of S^T and dP^T (80 or 96 on tiles zero-padded to D = 128; else D).
+template <int D, int kStages, bool kBulkDq, int DK = D>
 __global__ void __launch_bounds__(384, 1)
     flash_backward_ws_kernel(const __grid_constant__ BackwardArgs p, const __grid_constant__ WsMaps maps) {
   using T = WsTile<D, kStages, kBulkDq>;
@@ -74,7 +77,8 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* empty = full + kStages;
   float* dq_stage = reinterpret_cast<float*>(base + T::kStage);  // kBulkDq: one 64 x 64 tile per consumer
 
-  const int group = blockIdx.x, batch = blockIdx.y, n_block = blockIdx.z;
+  const BackwardBlock block = backward_block(p);
+  const int group = block.group, batch = block.batch, n_block = block.key_block;
   const int heads_per_group = p.num_heads / p.num_kv_heads;
   const int kv0 = n_block * kBlockN;
   const int m_tiles = (p.seq_len + kBlockM - 1) / kBlockM;
@@ -102,8 +106,8 @@ __global__ void __launch_bounds__(384, 1)
     if (iterations > 0 && lane == 0) {
       ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                              ::cuda::ptx::space_shared, kv_full, uint32_t(T::kKvTxBytes));
-      tma_tile<kBlockN, D>(k_tile, &maps.k, group * D, int(batch_token0) + kv0, kv_full);
-      tma_tile<kBlockN, D>(v_tile, &maps.v, group * D, int(batch_token0) + kv0, kv_full);
+      tma_tile<kBlockN, D>(k_tile, &maps.k, group, int(batch_token0) + kv0, kv_full);
+      tma_tile<kBlockN, D>(v_tile, &maps.v, group, int(batch_token0) + kv0, kv_full);
     }
     for (int it = 0; it < iterations; ++it) {
       const int s = it % kStages;
@@ -113,9 +117,8 @@ __global__ void __launch_bounds__(384, 1)
       if (lane == 0) {
         ::cuda::ptx::mbarrier_expect_tx(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cta,
                                         ::cuda::ptx::space_shared, full + s, uint32_t(T::kStageTxBytes));
-        tma_tile<kBlockM, D>(q_tiles + s * kBlockM * D, &maps.q, head * D, int(batch_token0) + q0, full + s);
-        tma_tile<kBlockM, D>(do_tiles + s * kBlockM * D, &maps.d_o, head * D, int(batch_token0) + q0,
-                             full + s);
+        tma_tile<kBlockM, D>(q_tiles + s * kBlockM * D, &maps.q, head, int(batch_token0) + q0, full + s);
+        tma_tile<kBlockM, D>(do_tiles + s * kBlockM * D, &maps.d_o, head, int(batch_token0) + q0, full + s);
       }
       // lse (base 2) and delta of the tile's query rows; rows past the sequence get 0 (their P is masked).
       const int64_t stats0 = (int64_t(batch) * p.num_heads + head) * p.seq_len;
@@ -159,9 +162,9 @@ __global__ void __launch_bounds__(384, 1)
     const float* delta = lse + kBlockM;
     wait_parity(full + s, (it / kStages) & 1);
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-    backward_tile_products<D, kBlockM, kBlockN>(p, k_address + 64 * wg * 128, v_address + 64 * wg * 128,
-                                                q_address, do_address, lse, delta, ds_tile, ds_row_base,
-                                                kv_row, kv0, wg, q0, t, dv, dk, pa, dsa);
+    backward_tile_products<D, kBlockM, kBlockN, DK>(p, k_address + 64 * wg * 128, v_address + 64 * wg * 128,
+                                                    q_address, do_address, lse, delta, ds_tile, ds_row_base,
+                                                    kv_row, kv0, kv0 + 64 * wg, q0, t, dv, dk, pa, dsa);
     fence_async_shared();  // dS^T (generic stores) -> the dQ product (async proxy)
     // Bulk dQ: the staging tile was last read by the bulk reduction of iteration it - 1.
     if constexpr (kBulkDq) {
@@ -192,24 +195,23 @@ __global__ void __launch_bounds__(384, 1)
   store_dk_dv<D>(p, dk, dv, kv_row, batch_token0, group, t);
 }
 
-template <int D, int kStages, bool kBulkDq>
+template <int D, int kStages, bool kBulkDq, int DK = D>
 void launch_ws(const BackwardArgs& args, cudaStream_t stream) {
   using T = WsTile<D, kStages, kBulkDq>;
   static bool configured = false;
   if (!configured) {
-    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_ws_kernel<D, kStages, kBulkDq>,
+    MEGATUNE_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_ws_kernel<D, kStages, kBulkDq, DK>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     configured = true;
   }
   const int64_t rows = int64_t(args.batch) * args.seq_len;
   const WsMaps maps{
-      make_bf16_tile_map(args.q, rows, int64_t(args.num_heads) * D, args.q_stride, T::kBlockM),
-      make_bf16_tile_map(args.d_o, rows, int64_t(args.num_heads) * D, args.o_stride, T::kBlockM),
-      make_bf16_tile_map(args.k, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN),
-      make_bf16_tile_map(args.v, rows, int64_t(args.num_kv_heads) * D, args.kv_stride, T::kBlockN)};
-  const dim3 grid(unsigned(args.num_kv_heads), unsigned(args.batch),
-                  unsigned((args.seq_len + T::kBlockN - 1) / T::kBlockN));
-  flash_backward_ws_kernel<D, kStages, kBulkDq><<<grid, 384, T::kSmemBytes, stream>>>(args, maps);
+      make_bf16_head_tile_map(args.q, rows, args.num_heads, args.head_dim, args.q_stride, T::kBlockM),
+      make_bf16_head_tile_map(args.d_o, rows, args.num_heads, args.head_dim, args.o_stride, T::kBlockM),
+      make_bf16_head_tile_map(args.k, rows, args.num_kv_heads, args.head_dim, args.kv_stride, T::kBlockN),
+      make_bf16_head_tile_map(args.v, rows, args.num_kv_heads, args.head_dim, args.kv_stride, T::kBlockN)};
+  const dim3 grid = backward_grid(args, T::kBlockN);
+  flash_backward_ws_kernel<D, kStages, kBulkDq, DK><<<grid, 384, T::kSmemBytes, stream>>>(args, maps);
   MEGATUNE_CUDA_CHECK_LAUNCH();
 }
 
@@ -232,8 +234,19 @@ void launch_backward_warp_specialized(const BackwardArgs& args, int stages, bool
   if (bulk_dq && stages != 2)
     throw std::invalid_argument(
         "flash attention backward: the warp-specialized kernel's bulk dQ takes 2 stages");
-  if (args.head_dim == 64)
+  const int tile_dim = tile_head_dim(args.head_dim);
+  if (tile_dim == 0)
+    throw std::invalid_argument(
+        "flash attention backward: the warp-specialized kernel takes head dim 64-128");
+  if (tile_dim != args.head_dim && !bulk_dq)  // the atomics address dQ's row layout by the tile width
+    throw std::invalid_argument(
+        "flash attention backward: head dims 80 and 96 take the warp-specialized kernel with bulk dQ");
+  if (tile_dim == 64)
     launch_ws_head_dim<64>(args, stages, bulk_dq, stream);
+  else if (args.head_dim == 80)
+    launch_ws<128, 2, true, 80>(args, stream);
+  else if (args.head_dim == 96)
+    launch_ws<128, 2, true, 96>(args, stream);
   else
     launch_ws_head_dim<128>(args, stages, bulk_dq, stream);
 }

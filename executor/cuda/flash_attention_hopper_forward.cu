@@ -113,6 +113,8 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
 void launch_forward(const ForwardArgs& args, int warpgroups_per_block, cudaStream_t stream) {
   if (warpgroups_per_block != 1 && warpgroups_per_block != 2)
     throw std::invalid_argument("hopper::launch_forward: warpgroups_per_block must be 1 or 2");
+  if (args.head_dim != 64 && args.head_dim != 128)
+    throw std::invalid_argument("hopper::launch_forward: head dim 64 or 128 (80, 96: warp-specialized)");
   if (args.head_dim == 64)
     warpgroups_per_block == 1 ? launch<64, 1>(args, stream) : launch<64, 2>(args, stream);
   else

@@ -19,11 +19,12 @@ namespace megatune::executor::cuda::hopper {
 // rescale first, then per 16 key columns P = exp2(S - m) and that chunk's O += P V issued at once, so the
 // tensor cores work on chunk kk while the next chunk's exponentials run. Returns with the products done.
 // before_scores() runs before S's product is issued and after_scores() once it is done (the
-// warp-specialized kernel's ping-pong between consumer warpgroups); both do nothing by default.
+// warp-specialized kernel's ping-pong between consumer warpgroups); both do nothing by default. DK: the
+// head-dim columns the score product reads (the real head dim of a tile zero-padded to D; a multiple of 16).
 struct NoHook {
   __device__ void operator()() const {}
 };
-template <int D, int kBlockN, typename BeforeScores = NoHook, typename AfterScores = NoHook>
+template <int D, int kBlockN, int DK = D, typename BeforeScores = NoHook, typename AfterScores = NoHook>
 __device__ __forceinline__ void forward_tile(const ForwardArgs& p, uint32_t q_address, int q_rows,
                                              uint32_t k_address, uint64_t v_desc, int kv0, int wg_row0,
                                              const int (&q_row)[2], int t, float (&o)[D / 2],
@@ -35,7 +36,7 @@ __device__ __forceinline__ void forward_tile(const ForwardArgs& p, uint32_t q_ad
   for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;
   before_scores();
   wgmma_fence();
-  gemm_k_major<D, kBlockN>(s, q_address, q_rows, k_address);
+  gemm_k_major<DK, kBlockN>(s, q_address, q_rows, k_address);
   wgmma_commit();
   wgmma_wait<0>();
   fence_registers(s);
@@ -86,10 +87,15 @@ __device__ __forceinline__ void forward_tile(const ForwardArgs& p, uint32_t q_ad
     pack_a_fragment(pa[kk], s, 8 * kk);
     wgmma_fence();
     const uint64_t b = advance(v_desc, kk * 16 * 128);
-    if constexpr (D == 128)
+    if constexpr (D == 256) {  // two n128 products: columns 0-127 (V panels 0, 1) and 128-255 (panels 2, 3)
+      wgmma_rs_m64n128<1>(*reinterpret_cast<float(*)[64]>(o), pa[kk], b, 1);
+      wgmma_rs_m64n128<1>(*reinterpret_cast<float(*)[64]>(o + 64), pa[kk],
+                          advance(v_desc, 2 * kBlockN * 128 + kk * 16 * 128), 1);
+    } else if constexpr (D == 128) {
       wgmma_rs_m64n128<1>(o, pa[kk], b, 1);
-    else
+    } else {
       wgmma_rs_m64n64<1>(o, pa[kk], b, 1);
+    }
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -97,7 +103,7 @@ __device__ __forceinline__ void forward_tile(const ForwardArgs& p, uint32_t q_ad
   fence_registers(pa);
 }
 
-// O /= l and lse = (m + log2 l) ln 2 of this thread's two query rows.
+// O /= l and lse = (m + log2 l) ln 2 of this thread's two query rows (O's first p.head_dim_v <= D columns).
 template <int D>
 __device__ __forceinline__ void store_o_lse(const ForwardArgs& p, const float (&o)[D / 2],
                                             const float (&row_max)[2], const float (&row_sum)[2],
@@ -111,9 +117,11 @@ __device__ __forceinline__ void store_o_lse(const ForwardArgs& p, const float (&
     const int row = q_row[r];
     if (row >= p.seq_len) continue;
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    __nv_bfloat16* o_row = p.o + (batch_token0 + row) * p.o_stride + int64_t(head) * D;
+    __nv_bfloat16* o_row = p.o + (batch_token0 + row) * p.o_stride + int64_t(head) * p.head_dim_v;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
+      // Columns past the head dim (a tile zero-padded to D) are not stored; the first 64 always exist.
+      if (i >= 8 && 8 * i >= p.head_dim_v) break;
       *reinterpret_cast<__nv_bfloat162*>(o_row + 8 * i + 2 * t) =
           __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
     }

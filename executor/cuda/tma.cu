@@ -24,21 +24,22 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 }  // namespace
 
-CUtensorMap make_bf16_tile_map(const __nv_bfloat16* data, int64_t rows, int64_t cols, int64_t row_stride,
-                               int box_rows) {
+CUtensorMap make_bf16_head_tile_map(const __nv_bfloat16* data, int64_t rows, int64_t heads, int64_t head_dim,
+                                    int64_t row_stride, int box_rows) {
   CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(row_stride) * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
+  const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(rows)};
+  const cuuint64_t strides[2] = {cuuint64_t(head_dim) * sizeof(__nv_bfloat16),
+                                 cuuint64_t(row_stride) * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[3] = {64, 1, cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult result =
-      encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(data), dims,
+      encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(data), dims,
                      strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS)
     throw std::invalid_argument("tensor maps: cuTensorMapEncodeTiled rejected a " + std::to_string(rows) +
-                                " x " + std::to_string(cols) + " map (error " + std::to_string(int(result)) +
-                                ")");
+                                " x " + std::to_string(heads) + " x " + std::to_string(head_dim) +
+                                " map (error " + std::to_string(int(result)) + ")");
   return map;
 }
 

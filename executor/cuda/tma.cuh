@@ -14,14 +14,15 @@ __device__ __forceinline__ void wait_parity(uint64_t* barrier, uint32_t parity) 
   }
 }
 
-// A kRows x D tile at (column col0, row row0) of the map into an sw128 tile, completing on barrier's
-// transaction count (kRows * D * 2 bytes).
+// The kRows x D tile of one head at row row0 of a make_bf16_head_tile_map map into an sw128 tile (columns
+// past the map's head dim as zeros), completing on barrier's transaction count (kRows * D * 2 bytes: the
+// zero-filled part counts).
 template <int kRows, int D>
-__device__ __forceinline__ void tma_tile(__nv_bfloat16* smem, const CUtensorMap* map, int col0, int row0,
+__device__ __forceinline__ void tma_tile(__nv_bfloat16* smem, const CUtensorMap* map, int head, int row0,
                                          uint64_t* barrier) {
 #pragma unroll
   for (int panel = 0; panel < D / 64; ++panel) {
-    const int32_t coords[2] = {col0 + 64 * panel, row0};
+    const int32_t coords[3] = {64 * panel, head, row0};
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
                                       smem + panel * kRows * 64, map, coords, barrier);
   }

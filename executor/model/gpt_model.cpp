@@ -346,13 +346,13 @@ MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
   return w;
 }
 
-void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, bool accumulate) {
-  // The routed experts' backward, then the recompute of the block's input (the pre-MLP norm output, unless
-  // a full-recompute re-run of the layer has just written it) that the shared expert's and the router's
-  // weight gradients read.
+void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor d_in, bool accumulate) {
+  // On the sequence shard (moe_layer.h): the routed experts' backward, then the recompute of the block's
+  // input (the pre-MLP norm output, unless a full-recompute re-run of the layer has just written it) that
+  // the shared expert's and the router's weight gradients read.
   const MoeLayerWeights w = moe_weights(model_params_, l), g = moe_weights(grads_, l);
   const int local = layer_parameters_.at(l - stage_.first_layer).moe_local;
-  moe_->backward_routed(w, g, d_out, d_hidden_, moe_slot_, local, l, accumulate);
+  moe_->backward_routed(w, g, d_out, d_in, moe_slot_, local, l, accumulate);
   const LayerWeights n = layer_weights(model_params_, l);
   if (recompute_ != RecomputeGranularity::kFull)
     backend_.norm_forward(
@@ -360,7 +360,8 @@ void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, bool a
         {"pre_mlp_norm", l, OpPhase::kRecompute});
   const float aux_loss_scale =
       static_cast<float>(1.0 / (batch_.num_microbatches * batch_.gradient_average_ranks));
-  moe_->backward_dense(w, g, a.ln2, d_out, d_hidden_, moe_slot_, local, l, accumulate, aux_loss_scale);
+  moe_->backward_dense(w, g, norm2_shard_, a.ln2, d_out, d_in, moe_slot_, local, l, accumulate,
+                       aux_loss_scale);
 }
 
 GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
@@ -609,13 +610,14 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   backend_.norm_forward(
       norm_args(proj, input, a.mid, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
       {"pre_mlp_norm", l, phase});
-  gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, phase);
   const int moe_local = layer_parameters_.at(l - stage_.first_layer).moe_local;
-  if (moe_local >= 0) {
-    moe_->forward(moe_weights(model_params_, l), a.ln2, fc2_out_, moe_slot_, moe_local, l, phase);
-    backend_.add(a.mid, fc2_out_, output, {"residual2", l, phase});
+  if (moe_local >= 0) {  // on the sequence shard (moe_layer.h)
+    moe_->forward(moe_weights(model_params_, l), norm2_shard_, a.ln2, reduced_, moe_slot_, moe_local, l,
+                  phase);
+    backend_.add(a.mid, reduced_, output, {"residual2", l, phase});
     return;
   }
+  gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, phase);
   if (config_.activation == ActivationKind::kGelu) {
     // fc1 with bias and GELU fused in the GEMM's epilogue; a.fc1 keeps the pre-activation for the backward.
     backend_.linear_gelu_forward(linear_forward_args(a.ln2, w.fc1_w, a.fc1, w.fc1_b, T), a.act,
@@ -654,10 +656,11 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   // fc2's data gradient goes to the shared activation buffer; one pass then turns it into fc1's output
   // gradient (in place over the saved fc1 output, which nothing reads afterwards) and recomputes the
   // activation output (in place over the data gradient) for fc2's weight gradient.
-  const Tensor d_out = gather_to_full(d_res_, full_scratch_, "fc2_grad_ag", l, kB);
+  Tensor d_ln2 = d_hidden_shard_;
   if (config_.is_moe_layer(l)) {
-    moe_mlp_backward(l, a, d_out, accumulate);
+    moe_mlp_backward(l, a, d_res_, d_ln2, accumulate);
   } else {
+    const Tensor d_out = gather_to_full(d_res_, full_scratch_, "fc2_grad_ag", l, kB);
     dgrad(d_out, w.fc2_w, a.act, "fc2_dgrad");
     backend_.activation_backward_recompute(config_.activation, a.fc1, a.act, a.fc1, a.act, {"act", l, kB});
     wgrad(d_out, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
@@ -669,8 +672,9 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
     gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, kB);
     dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
     wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
+    d_ln2 = reduce_from_full(d_hidden_, d_hidden_shard_, "fc1_dgrad_ar", "fc1_dgrad_rs", l, kB);
   }
-  const Tensor d_ln2 = reduce_from_full(d_hidden_, d_hidden_shard_, "fc1_dgrad_ar", "fc1_dgrad_rs", l, kB);
+
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
                          d_ln2, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.

@@ -180,8 +180,9 @@ class GPTModel {
   // Multi-latent attention's backward from the attention output's gradient (d_attn_) to the input norm
   // output's gradient (d_hidden_shard_).
   void mla_backward(int layer, LayerActivations& acts, Tensor input, bool accumulate);
-  // An MoE layer's MLP backward: d_hidden_ = the gradient of the pre-MLP norm output from d_out.
-  void moe_mlp_backward(int layer, LayerActivations& acts, Tensor d_out, bool accumulate);
+  // An MoE layer's MLP backward on the sequence shard: d_in = the gradient of the pre-MLP norm output's
+  // shard from d_out (the layer output's gradient shard).
+  void moe_mlp_backward(int layer, LayerActivations& acts, Tensor d_out, Tensor d_in, bool accumulate);
   LayerActivations& activations_for(int slot, int local_layer);
   int slot_of(int index);  // acquires a slot on first use
   // Tensor-parallel regions (megatron.md §4); no-ops at TP size 1. reduce_from_full: the sum over TP of a

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "executor/backend/recording_pause.h"
 #include "executor/model/linear_gemm.h"
 
 namespace megatune::executor {
@@ -16,13 +17,27 @@ constexpr OpPhase kB = OpPhase::kBackward;
 
 MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers,
                      int slots, DType compute_dtype, Backend& backend, Communicator& communicator)
-    : config_(config), tokens_(tokens), seq_(seq), layers_(layers), dtype_(compute_dtype), backend_(backend) {
+    : config_(config),
+      tokens_(tokens),
+      seq_(seq),
+      layers_(layers),
+      tp_(communicator.size(CommGroup::kTensor)),
+      tp_rank_(communicator.rank(CommGroup::kTensor)),
+      dtype_(compute_dtype),
+      backend_(backend),
+      communicator_(communicator) {
   if (tokens % seq != 0) throw std::invalid_argument("MoeLayers: tokens must be whole sequences");
+  if (tokens % tp_ != 0) throw std::invalid_argument("MoeLayers: tokens must split over the TP ranks");
+  local_tokens_ = tokens_ / tp_;
   const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_hidden,
                      shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
-  max_local_rows_ = tokens_ * config_.router.topk;  // dropless: every choice of every token
+  max_local_rows_ = local_tokens_ * config_.router.topk;  // dropless: every choice of every token
   max_expert_rows_ = max_local_rows_;
-  if (layers > 0 && communicator.size(CommGroup::kExpert) > 1) {
+  if (layers > 0 && config_.moe_allgather_dispatcher && communicator.size(CommGroup::kTensorExpert) > 1) {
+    allgather_ = std::make_unique<MoeAllGatherDispatcher>(backend_, communicator, config_.num_experts,
+                                                          local_tokens_, h, dtype_);
+    max_local_rows_ = max_expert_rows_ = allgather_->max_expert_rows(config_.router.topk);
+  } else if (layers > 0 && communicator.size(CommGroup::kExpert) > 1) {
     dispatcher_ = std::make_unique<MoeDispatcher>(backend_, communicator, config_.num_experts,
                                                   max_local_rows_, h, dtype_);
     max_expert_rows_ = dispatcher_->max_received_rows();
@@ -43,16 +58,38 @@ MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::
       s.shared_fc1 = backend_.allocate(dtype_, tokens_, glu * shared, "saved: MoE expert fc1 outputs");
   }
   if (layers == 0) return;
-  act_ = backend_.allocate(dtype_, max_expert_rows_, ffn, "MoE scratch (shared)");
-  d_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, "MoE scratch (shared)");
-  d_x_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, "MoE scratch (shared)");
-  d_local_rows_ =
-      expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, "MoE scratch (shared)") : d_rows_;
-  d_x_local_rows_ =
-      expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, "MoE scratch (shared)") : d_x_rows_;
-  logits_ = backend_.allocate(dtype_, tokens_, config_.num_experts, "MoE scratch (shared)");
-  d_logits_ = backend_.allocate(dtype_, tokens_, config_.num_experts, "MoE scratch (shared)");
-  if (shared > 0) shared_act_ = backend_.allocate(dtype_, tokens_, shared, "MoE scratch (shared)");
+  const char* scratch = "MoE scratch (shared)";
+  act_ = backend_.allocate(dtype_, max_expert_rows_, ffn, scratch);
+  d_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, scratch);
+  d_x_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, scratch);
+  d_local_rows_ = expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, scratch) : d_rows_;
+  d_x_local_rows_ = expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, scratch) : d_x_rows_;
+  logits_ = backend_.allocate(dtype_, local_tokens_, config_.num_experts, scratch);
+  d_logits_ = backend_.allocate(dtype_, local_tokens_, config_.num_experts, scratch);
+  if (shared > 0) shared_act_ = backend_.allocate(dtype_, tokens_, shared, scratch);
+  if (tp_ > 1 && shared > 0) {
+    shared_full_ = backend_.allocate(dtype_, tokens_, h, scratch);
+    shared_shard_ = backend_.allocate(dtype_, local_tokens_, h, scratch);
+    d_y_full_ = backend_.allocate(dtype_, tokens_, h, scratch);
+  }
+  if (tp_ > 1 && config_.router.has_aux_loss()) {
+    const std::int64_t groups =
+        config_.router.load_balancing == LoadBalancingType::kSeqAuxLoss ? tokens_ / seq_ : 1;
+    aux_counts_ = backend_.allocate(DType::kFP32, 1, groups * config_.num_experts, scratch);
+  }
+}
+
+void MoeLayers::reduce_aux_loss_counts(std::vector<double>& counts) {
+  // Bookkeeping of E (or sequences x E) integers, exact in fp32; the step program does not hold it (the
+  // load-balancing flags are training options, not model facts), so it is not recorded.
+  if (tp_ == 1) return;
+  std::vector<float> values(counts.begin(), counts.end());
+  RecordingPause pause(backend_);
+  backend_.upload(aux_counts_, values.data());
+  communicator_.all_reduce(CommGroup::kTensor, aux_counts_, ReduceOp::kSum,
+                           {"aux_loss_counts_ar", -1, layouts::OpPhase::kForward});
+  backend_.download(aux_counts_, values.data());
+  counts.assign(values.begin(), values.end());
 }
 
 Tensor MoeLayers::rows(Tensor t, std::int64_t first, std::int64_t count) const {
@@ -86,20 +123,34 @@ void MoeLayers::build_permutation(Saved& s) const {
   if (!expert_parallel()) s.expert_offset = first_row;  // EP 1: every expert is local
 }
 
-void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, int local, int layer,
-                        OpPhase phase) {
+void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tensor y, int slot, int local,
+                        int layer, OpPhase phase) {
   Saved& s = saved(slot, local);
-  backend_.gemm(linear_forward_args(x, w.router, logits_, {}, tokens_), {"router", layer, phase});
+  backend_.gemm(linear_forward_args(x, w.router, logits_, {}, local_tokens_), {"router", layer, phase});
   std::vector<float> logits(static_cast<std::size_t>(logits_.numel()));
   backend_.download(logits_, logits.data());
   const bool biased = config_.router.enable_expert_bias;
-  s.routing = route_tokens(logits.data(), tokens_, seq_, config_.router,
-                           biased ? expert_bias_[local].data() : nullptr);
+  const TokenShard shard{tp_rank_ * local_tokens_, tokens_};
+  s.routing = route_tokens(logits.data(), local_tokens_, seq_, config_.router,
+                           biased ? expert_bias_[local].data() : nullptr, shard,
+                           [this](std::vector<double>& counts) { reduce_aux_loss_counts(counts); });
   if (phase != OpPhase::kRecompute && config_.router.has_aux_loss())
     logged_aux_loss_ += s.routing.aux_loss / config_.router.aux_loss_coeff;
   if (phase != OpPhase::kRecompute && biased)
     for (std::int64_t e = 0; e < config_.num_experts; ++e)
       tokens_seen_[local][e] += static_cast<double>(s.routing.tokens_per_expert[e]);
+  if (allgather_) {
+    s.plan = allgather_->dispatch(s.routing, x, s.expert_offset, layer, phase);
+    const std::int64_t R = s.plan.rows();
+    backend_.moe_permute(allgather_->gathered_rows(), s.plan, rows(s.permuted, 0, R),
+                         {"permute", layer, phase});
+    experts_forward(w, s, layer, phase);
+    backend_.moe_unpermute(rows(s.expert_out, 0, R), s.plan, true, allgather_->combine_rows(),
+                           {"unpermute", layer, phase});
+    allgather_->combine(y, layer, phase);
+    if (config_.shared_expert_ffn > 0) shared_forward(w, x, x_full, y, s, layer, phase);
+    return;
+  }
   build_permutation(s);
   const std::int64_t R = s.plan.rows();
   backend_.moe_permute(x, s.plan, rows(s.permuted, 0, R), {"permute", layer, phase});
@@ -112,7 +163,7 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, 
   if (expert_parallel())
     dispatcher_->combine(s.dispatch, s.expert_out, s.returned, "combine_a2a", layer, phase);
   backend_.moe_unpermute(rows(s.returned, 0, R), s.plan, true, y, {"unpermute", layer, phase});
-  if (config_.shared_expert_ffn > 0) shared_forward(w, x, y, s, layer, phase);
+  if (config_.shared_expert_ffn > 0) shared_forward(w, x, x_full, y, s, layer, phase);
 }
 
 void MoeLayers::experts_forward(const MoeLayerWeights& w, Saved& s, int layer, OpPhase phase) {
@@ -132,25 +183,44 @@ void MoeLayers::experts_forward(const MoeLayerWeights& w, Saved& s, int layer, O
   backend_.grouped_gemm(fc2, {"expert_fc2", layer, phase});
 }
 
-void MoeLayers::shared_forward(const MoeLayerWeights& w, Tensor x, Tensor y, Saved& s, int layer,
-                               OpPhase phase) {
-  // As the dense MLP: GELU in fc1's GEMM epilogue, SwiGLU as its own pass.
-  const GemmArgs fc1 = linear_forward_args(x, w.shared_fc1, s.shared_fc1, {}, tokens_);
+void MoeLayers::shared_forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tensor y, Saved& s,
+                               int layer, OpPhase phase) {
+  // As the dense MLP: GELU in fc1's GEMM epilogue, SwiGLU as its own pass. TP > 1: over the gathered
+  // block input, fc2's partial sums reduce-scattered and added to the routed output.
+  const layouts::OpRole tp_role = layouts::OpRole::kTensorParallel;
+  if (tp_ > 1)
+    communicator_.all_gather(CommGroup::kTensor, x, x_full, {"shared_input_ag", layer, phase, tp_role});
+  const Tensor input = tp_ > 1 ? x_full : x;
+  const GemmArgs fc1 = linear_forward_args(input, w.shared_fc1, s.shared_fc1, {}, tokens_);
   if (config_.activation == ActivationKind::kGelu) {
     backend_.linear_gelu_forward(fc1, shared_act_, {"shared_fc1", layer, phase});
   } else {
     backend_.gemm(fc1, {"shared_fc1", layer, phase});
     backend_.activation_forward(config_.activation, s.shared_fc1, shared_act_, {"act", layer, phase});
   }
-  GemmArgs fc2 = linear_forward_args(shared_act_, w.shared_fc2, y, {}, tokens_);
-  fc2.accumulate = true;  // y = routed output + shared expert output
+  GemmArgs fc2 = linear_forward_args(shared_act_, w.shared_fc2, tp_ > 1 ? shared_full_ : y, {}, tokens_);
+  fc2.accumulate = tp_ == 1;  // y = routed output + shared expert output
   backend_.gemm(fc2, {"shared_fc2", layer, phase});
+  if (tp_ == 1) return;
+  communicator_.reduce_scatter(CommGroup::kTensor, shared_full_, shared_shard_,
+                               {"shared_fc2_rs", layer, phase, tp_role});
+  backend_.add(y, shared_shard_, y, {"shared_add", layer, phase});
 }
 
 void MoeLayers::backward_routed(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor d_y, Tensor d_x,
                                 int slot, int local, int layer, bool accumulate) {
   Saved& s = saved(slot, local);
   const std::int64_t R = s.plan.rows();
+  if (allgather_) {
+    std::vector<float> plan_d_probs;
+    backend_.moe_unpermute_backward(allgather_->gather_output_grad(d_y, layer), rows(s.expert_out, 0, R),
+                                    s.plan, rows(d_rows_, 0, R), plan_d_probs, {"unpermute", layer, kB});
+    experts_backward(w, g, s, layer, accumulate);
+    backend_.moe_unpermute(rows(d_x_rows_, 0, R), s.plan, false, allgather_->input_grad_rows(),
+                           {"permute", layer, kB});
+    allgather_->scatter_input_grad(d_x, s.plan, plan_d_probs, s.routing, d_probs_, layer);
+    return;
+  }
   backend_.moe_unpermute_backward(d_y, rows(s.returned, 0, R), s.plan, rows(d_local_rows_, 0, R), d_probs_,
                                   {"unpermute", layer, kB});
   if (expert_parallel())
@@ -161,11 +231,11 @@ void MoeLayers::backward_routed(const MoeLayerWeights& w, const MoeLayerWeights&
   backend_.moe_unpermute(rows(d_x_local_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
 }
 
-void MoeLayers::backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y,
-                               Tensor d_x, int slot, int local, int layer, bool accumulate,
+void MoeLayers::backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor x_full,
+                               Tensor d_y, Tensor d_x, int slot, int local, int layer, bool accumulate,
                                float aux_loss_scale) {
   Saved& s = saved(slot, local);
-  if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, d_y, d_x, s, layer, accumulate);
+  if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, x_full, d_y, d_x, s, layer, accumulate);
   router_backward(w, g, x, d_x, s, d_probs_, layer, accumulate, aux_loss_scale);
 }
 
@@ -202,22 +272,34 @@ void MoeLayers::experts_backward(const MoeLayerWeights& w, const MoeLayerWeights
   backend_.grouped_gemm(fc1_wgrad, {"expert_fc1_wgrad", layer, kB});
 }
 
-void MoeLayers::shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y,
-                                Tensor d_x, Saved& s, int layer, bool accumulate) {
+void MoeLayers::shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor x_full,
+                                Tensor d_y, Tensor d_x, Saved& s, int layer, bool accumulate) {
+  // TP > 1: over the gathered output gradient and block input; fc1's data gradient reduce-scattered and
+  // added to the routed experts'.
+  const layouts::OpRole tp_role = layouts::OpRole::kTensorParallel;
   auto wgrad = [&](Tensor dy, Tensor in, Tensor weight, Tensor d_weight, const char* label) {
     GemmArgs args = linear_weight_grad_args(dy, in, weight, d_weight, {}, tokens_);
     args.accumulate = accumulate;
     backend_.gemm(args, {label, layer, kB});
   };
-  backend_.gemm(linear_data_grad_args(d_y, w.shared_fc2, shared_act_, tokens_),
+  const bool split = tp_ > 1;
+  if (split)
+    communicator_.all_gather(CommGroup::kTensor, d_y, d_y_full_, {"shared_grad_ag", layer, kB, tp_role});
+  const Tensor dy = split ? d_y_full_ : d_y;
+  backend_.gemm(linear_data_grad_args(dy, w.shared_fc2, shared_act_, tokens_),
                 {"shared_fc2_dgrad", layer, kB});
   backend_.activation_backward_recompute(config_.activation, s.shared_fc1, shared_act_, s.shared_fc1,
                                          shared_act_, {"act", layer, kB});
-  wgrad(d_y, shared_act_, w.shared_fc2, g.shared_fc2, "shared_fc2_wgrad");
-  GemmArgs dgrad = linear_data_grad_args(s.shared_fc1, w.shared_fc1, d_x, tokens_);
-  dgrad.accumulate = true;
+  wgrad(dy, shared_act_, w.shared_fc2, g.shared_fc2, "shared_fc2_wgrad");
+  GemmArgs dgrad = linear_data_grad_args(s.shared_fc1, w.shared_fc1, split ? shared_full_ : d_x, tokens_);
+  dgrad.accumulate = !split;
   backend_.gemm(dgrad, {"shared_fc1_dgrad", layer, kB});
-  wgrad(s.shared_fc1, x, w.shared_fc1, g.shared_fc1, "shared_fc1_wgrad");
+  if (split) communicator_.all_gather(CommGroup::kTensor, x, x_full, {"shared_input_ag", layer, kB, tp_role});
+  wgrad(s.shared_fc1, split ? x_full : x, w.shared_fc1, g.shared_fc1, "shared_fc1_wgrad");
+  if (!split) return;
+  communicator_.reduce_scatter(CommGroup::kTensor, shared_full_, shared_shard_,
+                               {"shared_dgrad_rs", layer, kB, tp_role});
+  backend_.add(d_x, shared_shard_, d_x, {"shared_dgrad_add", layer, kB});
 }
 
 void MoeLayers::router_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_x,
@@ -226,10 +308,10 @@ void MoeLayers::router_backward(const MoeLayerWeights& w, const MoeLayerWeights&
   std::vector<float> d_logits(static_cast<std::size_t>(d_logits_.numel()));
   route_tokens_backward(s.routing, config_.router, d_probs.data(), aux_loss_scale, d_logits.data());
   backend_.upload(d_logits_, d_logits.data());
-  GemmArgs dgrad = linear_data_grad_args(d_logits_, w.router, d_x, tokens_);
+  GemmArgs dgrad = linear_data_grad_args(d_logits_, w.router, d_x, local_tokens_);
   dgrad.accumulate = true;
   backend_.gemm(dgrad, {"router_dgrad", layer, kB});
-  GemmArgs wgrad = linear_weight_grad_args(d_logits_, x, w.router, g.router, {}, tokens_);
+  GemmArgs wgrad = linear_weight_grad_args(d_logits_, x, w.router, g.router, {}, local_tokens_);
   wgrad.accumulate = accumulate;
   backend_.gemm(wgrad, {"router_wgrad", layer, kB});
 }

@@ -2,7 +2,13 @@
 // dispatcher: router GEMM -> routing on the host (moe_router.h) -> permute the token copies into expert
 // order -> all-to-all over the expert-parallel group (moe_dispatch.h; none at EP 1) -> per local expert fc1,
 // activation, fc2 over its rows -> all-to-all back -> unpermute (weighted by the routing probabilities) ->
-// + the shared expert's MLP; and the backward of all of it.
+// + the shared expert's MLP; and the backward of all of it. With --moe-token-dispatcher-type allgather the
+// routing and rows are all-gathered over the tp-ep group instead, the local experts run over the gathered
+// rows routed to them, and a reduce-scatter brings each rank its rows back (moe_allgather_dispatch.h). Under
+// tensor parallelism (sequence parallel, as Megatron requires for MoE) the layer sees the TP rank's T / tp
+// rows: the router, the permutation and the dispatch work on them, the shared expert (split over TP like the
+// dense MLP) gathers them and reduce-scatters its output, and the load-balancing loss counts its experts'
+// tokens over the TP group.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,6 +17,7 @@
 #include "executor/backend/backend.h"
 #include "executor/model/moe_router.h"
 #include "executor/model/transformer_config.h"
+#include "executor/parallel/moe_allgather_dispatch.h"
 #include "executor/parallel/moe_dispatch.h"
 
 namespace megatune::executor {
@@ -26,24 +33,26 @@ struct MoeLayerWeights {
 class MoeLayers {
  public:
   // Buffers for `layers` local MoE layers (local index 0..layers-1), `slots` micro-batches in flight,
-  // micro-batches of `tokens` rows in sequences of `seq`.
+  // micro-batches of `tokens` rows in sequences of `seq` (the layer sees tokens / tp of them).
   MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers, int slots,
             DType compute_dtype, Backend& backend, Communicator& communicator);
 
-  // y (T, h) = the MoE MLP of x (T, h) (the pre-MLP norm output); keeps what the backward needs in
-  // (slot, local). `layer` (global) and `phase` tag the ops. Adds the micro-batch's load-balancing loss
-  // (divided by its coefficient, as Megatron logs it) to the logged sum unless phase is a recompute.
-  void forward(const MoeLayerWeights& w, Tensor x, Tensor y, int slot, int local, int layer,
+  // y (T / tp, h) = the MoE MLP of x (T / tp, h) (the pre-MLP norm output's shard); x_full (T, h): where
+  // the shared expert gathers x at tp > 1 (x itself at tp 1). Keeps what the backward needs in (slot,
+  // local). `layer` (global) and `phase` tag the ops. Adds the micro-batch's load-balancing loss (divided by
+  // its coefficient, as Megatron logs it; this shard's part under TP) to the logged sum unless phase is a
+  // recompute.
+  void forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tensor y, int slot, int local, int layer,
                layouts::OpPhase phase);
   // The backward in two parts, with the recompute of x (the pre-MLP norm output) between them: the routed
-  // experts' (d_x (T, h) = their part of x's gradient, written) from d_y (T, h), then the shared expert's and
-  // the router's (added to d_x; they read x). Weight gradients into g, accumulated when `accumulate` (else
-  // the iteration's first write overwrites). aux_loss_scale: the factor the load-balancing loss's gradient
-  // carries (1 / (micro-batches * data-parallel ranks)).
+  // experts' (d_x (T / tp, h) = their part of x's gradient, written) from d_y (T / tp, h), then the shared
+  // expert's and the router's (added to d_x; they read x, and x_full as in forward). Weight gradients into g,
+  // accumulated when `accumulate` (else the iteration's first write overwrites). aux_loss_scale: the factor
+  // the load-balancing loss's gradient carries (1 / (micro-batches * data-parallel ranks)).
   void backward_routed(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor d_y, Tensor d_x, int slot,
                        int local, int layer, bool accumulate);
-  void backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
-                      int slot, int local, int layer, bool accumulate, float aux_loss_scale);
+  void backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor x_full, Tensor d_y,
+                      Tensor d_x, int slot, int local, int layer, bool accumulate, float aux_loss_scale);
 
   // --moe-router-enable-expert-bias: each layer's expert bias (E) and the tokens its experts got in the
   // forward passes since the last update (E); apply_expert_bias_update moves the biases by the counts
@@ -82,19 +91,23 @@ class MoeLayers {
   void experts_forward(const MoeLayerWeights& w, Saved& s, int layer, layouts::OpPhase phase);
   void experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer,
                         bool accumulate);
-  void shared_forward(const MoeLayerWeights& w, Tensor x, Tensor y, Saved& s, int layer,
+  void shared_forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tensor y, Saved& s, int layer,
                       layouts::OpPhase phase);
-  void shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_y, Tensor d_x,
-                       Saved& s, int layer, bool accumulate);
+  void shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor x_full,
+                       Tensor d_y, Tensor d_x, Saved& s, int layer, bool accumulate);
+  // The load-balancing loss's token counts summed over the TP group (the shards of the micro-batch).
+  void reduce_aux_loss_counts(std::vector<double>& counts);
   void router_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_x, Saved& s,
                        const std::vector<float>& d_probs, int layer, bool accumulate, float aux_loss_scale);
   Tensor rows(Tensor t, std::int64_t first, std::int64_t count) const;
 
   TransformerConfig config_;
-  std::int64_t tokens_ = 0, seq_ = 0, max_local_rows_ = 0, max_expert_rows_ = 0;
-  int layers_ = 0;
+  // tokens_: the micro-batch's T; local_tokens_: this TP rank's T / tp rows, from row tp_rank * T / tp.
+  std::int64_t tokens_ = 0, local_tokens_ = 0, seq_ = 0, max_local_rows_ = 0, max_expert_rows_ = 0;
+  int layers_ = 0, tp_ = 1, tp_rank_ = 0;
   DType dtype_;
   Backend& backend_;
+  Communicator& communicator_;
   std::vector<Saved> saved_;  // (slot, local)
   // Shared by the layers: the activation output (R_expert max, F_moe) (recomputed in the backward), the
   // gradient rows (R_expert max, h) twice, the logits and their gradient (T, E), the shared expert's
@@ -102,7 +115,11 @@ class MoeLayers {
   Tensor act_, d_rows_, d_x_rows_, logits_, d_logits_, shared_act_;
   // EP > 1: the gradients of the local rows (the combine's and the permutation's).
   Tensor d_local_rows_, d_x_local_rows_;
-  std::unique_ptr<MoeDispatcher> dispatcher_;     // EP > 1
+  // TP > 1: the shared expert's (T, h) partial output or input gradient, its reduce-scattered shard
+  // (T / tp, h) and the gathered output gradient (T, h); the aux-loss counts' all-reduce buffer.
+  Tensor shared_full_, shared_shard_, d_y_full_, aux_counts_;
+  std::unique_ptr<MoeDispatcher> dispatcher_;          // EP > 1, alltoall
+  std::unique_ptr<MoeAllGatherDispatcher> allgather_;  // tp-ep > 1, allgather (moe_allgather_dispatch.h)
   std::vector<float> d_probs_;                    // (T * k) host: the routed backward's probability gradients
   std::vector<std::vector<float>> expert_bias_;   // per local layer (E), with --moe-router-enable-expert-bias
   std::vector<std::vector<double>> tokens_seen_;  // per local layer (E)

@@ -161,12 +161,16 @@ void aux_scores_backward(const float* logits, const float* scores, const MoeRout
 
 // Megatron's switch load-balancing loss per group of tokens (the micro-batch for aux_loss, each sequence
 // for seq_aux_loss, averaged over the sequences): coeff * E / (k * n^2) * sum_e P_e * f_e over a group of n
-// tokens, P_e the summed scores, f_e the tokens the scores' own top-k gives expert e.
-void load_balancing_loss(MoeRouting& r, const MoeRouterConfig& c) {
+// tokens, P_e the summed scores, f_e the tokens the scores' own top-k gives expert e. A shard of the tokens
+// sums P_e over its own rows and takes f_e summed over all shards (`reduce`).
+void load_balancing_loss(MoeRouting& r, const MoeRouterConfig& c, const TokenShard& shard,
+                         const AuxLossCountsReduce& reduce) {
   const std::int64_t T = r.tokens, E = c.num_experts;
   const int k = c.topk;
-  const std::int64_t group = c.load_balancing == LoadBalancingType::kSeqAuxLoss ? r.seq : T;
-  const double groups = static_cast<double>(T / group);
+  const std::int64_t global = shard.global_tokens > 0 ? shard.global_tokens : T;
+  const std::int64_t group = c.load_balancing == LoadBalancingType::kSeqAuxLoss ? r.seq : global;
+  const std::int64_t groups = global / group;
+  auto group_of = [&](std::int64_t t) { return (shard.first_token + t) / group; };
   std::vector<float> scores(static_cast<std::size_t>(T * E));
   std::vector<std::int32_t> top(static_cast<std::size_t>(T * k));  // each token's top-k of its scores
   parallel_tokens(T, [&](std::int64_t first, std::int64_t end) {
@@ -175,22 +179,24 @@ void load_balancing_loss(MoeRouting& r, const MoeRouterConfig& c) {
       top_k(&scores[t * E], E, k, &top[t * k]);
     }
   });
-  r.aux_loss_grad.assign(static_cast<std::size_t>(T * E), 0.0f);
-  const double scale = c.aux_loss_coeff * static_cast<double>(E) /
-                       (k * static_cast<double>(group) * static_cast<double>(group) * groups);
-  std::vector<float> g(static_cast<std::size_t>(T / group * E));  // per group: the loss's gradient by score
-  for (std::int64_t first = 0; first < T; first += group) {
-    std::vector<double> counts(static_cast<std::size_t>(E), 0.0), summed(static_cast<std::size_t>(E), 0.0);
-    for (std::int64_t t = first; t < first + group; ++t) {
-      for (int j = 0; j < k; ++j) counts[top[t * k + j]] += 1.0;
-      for (std::int64_t e = 0; e < E; ++e) summed[e] += scores[t * E + e];
-    }
-    for (std::int64_t e = 0; e < E; ++e) r.aux_loss += scale * summed[e] * counts[e];
-    for (std::int64_t e = 0; e < E; ++e) g[first / group * E + e] = static_cast<float>(scale * counts[e]);
+  std::vector<double> counts(static_cast<std::size_t>(groups * E), 0.0);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j) counts[group_of(t) * E + top[t * k + j]] += 1.0;
+  if (reduce) reduce(counts);
+  const double scale =
+      c.aux_loss_coeff * static_cast<double>(E) /
+      (k * static_cast<double>(group) * static_cast<double>(group) * static_cast<double>(groups));
+  for (std::int64_t t = 0; t < T; ++t) {  // in token order: the loss's sum does not depend on threads
+    const double* f = &counts[group_of(t) * E];
+    for (std::int64_t e = 0; e < E; ++e) r.aux_loss += scale * scores[t * E + e] * f[e];
   }
+  // The gradient by score per group, g_e = scale * f_e, then each token's through its scores.
+  std::vector<float> g(counts.size());
+  for (std::size_t i = 0; i < counts.size(); ++i) g[i] = static_cast<float>(scale * counts[i]);
+  r.aux_loss_grad.assign(static_cast<std::size_t>(T * E), 0.0f);
   parallel_tokens(T, [&](std::int64_t first, std::int64_t end) {
     for (std::int64_t t = first; t < end; ++t)
-      aux_scores_backward(&r.logits[t * E], &scores[t * E], c, &g[t / group * E], &r.aux_loss_grad[t * E]);
+      aux_scores_backward(&r.logits[t * E], &scores[t * E], c, &g[group_of(t) * E], &r.aux_loss_grad[t * E]);
   });
 }
 
@@ -224,7 +230,8 @@ void MoeRouterConfig::validate(std::int64_t experts) const {
 }
 
 MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t seq, const MoeRouterConfig& c,
-                        const float* expert_bias) {
+                        const float* expert_bias, const TokenShard& shard,
+                        const AuxLossCountsReduce& reduce) {
   const std::int64_t E = c.num_experts;
   const int k = c.topk;
   MoeRouting r;
@@ -242,7 +249,7 @@ MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t s
   if (c.drops_tokens()) drop_over_capacity(r, c);
   r.tokens_per_expert.assign(static_cast<std::size_t>(E), 0);
   for (std::int64_t i = 0; i < tokens * k; ++i) r.tokens_per_expert[r.expert[i]] += r.kept[i];
-  if (c.has_aux_loss()) load_balancing_loss(r, c);
+  if (c.has_aux_loss()) load_balancing_loss(r, c, shard, reduce);
   return r;
 }
 

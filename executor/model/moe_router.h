@@ -4,6 +4,7 @@
 // seq_aux_loss) and the backward of all of it to the logits.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -50,10 +51,23 @@ struct MoeRouting {
 // The probability a token's k-th choice is weighted with: prob, or 0 where it was dropped.
 inline float routed_prob(const MoeRouting& r, std::int64_t i) { return r.kept[i] ? r.prob[i] : 0.0f; }
 
-// Routes T = tokens rows of logits (T, E) in sequences of `seq` tokens (rows b * seq + s); expert_bias
-// (E, may be null) is added to the sigmoid scores for the choice only.
+// Where a rank's T routed rows sit in the micro-batch's tokens: rows [first_token, first_token + T) of
+// global_tokens (sequence parallelism: the TP rank's shard; 0: the rank holds them all).
+struct TokenShard {
+  std::int64_t first_token = 0, global_tokens = 0;
+};
+// Sums the load-balancing loss's token counts (groups, E) over the ranks sharing the micro-batch's tokens
+// (Megatron's reduction over the tensor(-context)-parallel group); empty: this rank holds them all.
+using AuxLossCountsReduce = std::function<void(std::vector<double>& counts)>;
+
+// Routes T = tokens rows of logits (T, E) in sequences of `seq` tokens (rows b * seq + s of the micro-batch,
+// of which this rank holds `shard`); expert_bias (E, may be null) is added to the sigmoid scores for the
+// choice only. The load-balancing loss of a shard is Megatron's: the expert counts of its groups (the
+// micro-batch, or each sequence) summed over the shards by `reduce`, the scores its own rows', so that the
+// shards' losses (and gradients) add up to the whole micro-batch's.
 MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t seq,
-                        const MoeRouterConfig& config, const float* expert_bias);
+                        const MoeRouterConfig& config, const float* expert_bias, const TokenShard& shard = {},
+                        const AuxLossCountsReduce& reduce = {});
 
 // d_logits (T, E) = d(probabilities)/d(logits)^T d_prob + aux_loss_scale * the aux loss gradient, from the
 // gradient of the loss with respect to each chosen probability, d_prob (T, k).

@@ -72,10 +72,6 @@ namespace megatune::executor {
 
 TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp, float rope_theta,
                                           float norm_eps, float init_std) {
-  if (spec.is_moe() && tp > 1)
-    throw UserError("--num-experts with --tensor-model-parallel-size " + std::to_string(tp) +
-                    ": the executor runs MoE models at tensor-parallel size 1 only; use "
-                    "--tensor-model-parallel-size 1");
   if (spec.is_moe() && spec.add_bias_linear)
     throw UserError("--num-experts: the executor's experts have no biases; add --disable-bias-linear");
   if (spec.mtp_num_layers > 0)

@@ -42,6 +42,9 @@ struct TransformerConfig {
   MoeRouterConfig router;              // top-k, score function, load balancing, capacity
   int expert_parallel_size = 1;        // --expert-model-parallel-size; experts below are per EP rank
   int expert_parallel_rank = 0;
+  // --moe-token-dispatcher-type allgather: tokens gathered over the tp-ep group (not a model fact: left out
+  // of describe(), so checkpoints move between dispatchers).
+  bool moe_allgather_dispatcher = false;
 
   // Per-TP-rank sizes.
   std::int64_t heads_per_rank() const { return heads / tensor_parallel_size; }

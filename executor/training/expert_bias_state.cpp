@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <string>
 
+#include "executor/backend/recording_pause.h"
 #include "executor/parallel/grad_buckets.h"
-#include "executor/training/recording_pause.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -17,11 +17,13 @@ void update_router_expert_biases(GPTModel& chunk, Communicator& communicator, Te
   std::vector<float> counts;  // exact below 2^24 tokens per expert
   for (int l = 0; l < moe->layers(); ++l)
     for (double n : moe->tokens_since_update(l)) counts.push_back(static_cast<float>(n));
-  if (communicator.size(CommGroup::kDataContext) > 1) {
+  // Megatron sums them over TP x CP x DP: every rank routed its own tokens (a sequence shard under TP).
+  for (CommGroup group : {CommGroup::kTensor, CommGroup::kDataContext}) {
+    if (communicator.size(group) == 1) continue;
     RecordingPause pause(backend);
     const Tensor t = flat_range(backend, scratch, 0, static_cast<std::int64_t>(counts.size()));
     backend.upload(t, counts.data());
-    communicator.all_reduce(CommGroup::kDataContext, t, ReduceOp::kSum,
+    communicator.all_reduce(group, t, ReduceOp::kSum,
                             {"expert_bias_counts_ar", -1, layouts::OpPhase::kOptimizer});
     backend.download(t, counts.data());
   }

@@ -12,14 +12,13 @@
 namespace megatune::executor {
 
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank) {
-  if (model.is_moe() && config.tp() > 1)
+  if (model.is_moe() && config.tp() > 1 && !config.sequence_parallel_enabled())
     throw UserError("--num-experts with --tensor-model-parallel-size " + std::to_string(config.tp()) +
-                    ": the executor runs MoE models at tensor-parallel size 1 only; use "
-                    "--tensor-model-parallel-size 1");
+                    ": MoE layers under tensor parallelism need --sequence-parallel (as Megatron requires)");
   if (model.is_moe() && config.etp() > 1)
-    throw UserError(
-        "--expert-tensor-parallel-size " + std::to_string(config.etp()) +
-        ": the executor runs expert tensor-parallel size 1 only; use --expert-tensor-parallel-size 1");
+    throw UserError("--expert-tensor-parallel-size " + std::to_string(config.etp()) +
+                    " (the default is --tensor-model-parallel-size): the executor runs expert "
+                    "tensor-parallel size 1 only; add --expert-tensor-parallel-size 1");
   const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
   if (rank < 0 || rank >= grid.world_size())
     throw std::out_of_range("rank " + std::to_string(rank) + " outside the world of " +
@@ -88,6 +87,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   if (t.model.is_moe()) {
     t.model.expert_parallel_size = parallel.ep();
     t.model.expert_parallel_rank = layouts::RankGrid::from_config(parallel).expert_coordinates(rank).ep;
+    t.model.moe_allgather_dispatcher =
+        parallel.moe_token_dispatcher_type == layouts::MoeDispatcher::kAllGather;
     MoeRouterConfig& router = t.model.router;
     router.score_function = parse_router_score_function(a.moe_router_score_function);
     router.pre_softmax = a.moe_router_pre_softmax;

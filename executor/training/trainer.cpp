@@ -7,11 +7,11 @@
 #include <map>
 #include <stdexcept>
 
+#include "executor/backend/recording_pause.h"
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/parallel/context_parallel_split.h"
 #include "executor/training/expert_bias_state.h"
-#include "executor/training/recording_pause.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -520,9 +520,10 @@ double Trainer::reported_load_balancing_loss() {
   sum /= static_cast<double>(config_.batch.num_microbatches);
   int moe_layers = 0;
   for (int flag : model.moe_layers) moe_layers += flag != 0 ? 1 : 0;
+  // Each TP rank's loss is its sequence shard's part of the micro-batch's (moe_layer.h): summed over TP,
+  // averaged over the data-parallel ranks, as Megatron's tracker reduces it.
   if (communicator_.world_size() > 1)
-    sum = world_sum(communicator_.rank(CommGroup::kTensor) == 0 ? sum : 0.0) /
-          static_cast<double>(config_.gradient_reduction_size());
+    sum = world_sum(sum) / static_cast<double>(config_.gradient_reduction_size());
   return sum / static_cast<double>(moe_layers);
 }
 
@@ -666,17 +667,20 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
         "checkpoint " + shards.front().directory() + " was saved under " +
         (shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "another layout") +
         " with per-rank distributed-optimizer shards, which resume under that layout only; rerun with it");
-  const int tp_rank = communicator_.rank(CommGroup::kTensor),
-            tp_size = communicator_.size(CommGroup::kTensor);
-  // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice).
+  // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice); a
+  // routed expert's from its expert-tensor-parallel slices.
   auto assemble = [&](const ParameterEntry& e, const std::string& name) {
+    const bool expert = e.expert >= 0;
+    const CommGroup group = expert ? CommGroup::kExpertTensor : CommGroup::kTensor;
+    const char* rank_key = expert ? "etp_rank" : "tp_rank";
+    const char* size_key = expert ? "etp_size" : "tp_size";
     std::map<std::int64_t, std::vector<float>> slices;
     std::int64_t source_tp = 0;
     for (const checkpoint::CheckpointReader& shard : shards) {
       const checkpoint::TensorInfo* info = shard.find_tensor(name);
       if (info == nullptr) continue;
-      const std::int64_t r = shard.has_metadata("tp_rank") ? shard.metadata_int("tp_rank") : 0;
-      source_tp = shard.has_metadata("tp_size") ? shard.metadata_int("tp_size") : 1;
+      const std::int64_t r = shard.has_metadata(rank_key) ? shard.metadata_int(rank_key) : 0;
+      source_tp = shard.has_metadata(size_key) ? shard.metadata_int(size_key) : 1;
       if (slices.count(r)) continue;
       std::vector<float> values(static_cast<std::size_t>(info->num_elements()));
       shard.read_tensor(name, checkpoint::TensorDType::fp32, info->shape, values.data());
@@ -687,7 +691,8 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
                       name + "; resume from a complete save");
     std::vector<std::vector<float>> ordered;
     for (auto& [r, values] : slices) ordered.push_back(std::move(values));
-    return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), tp_rank, tp_size);
+    return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), communicator_.rank(group),
+                                 communicator_.size(group));
   };
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     GPTModel& model = *chunks_[c];

@@ -1,7 +1,7 @@
 // Trainer::evaluate: Megatron's forward_only pass over one global batch (validation and test loss).
 #include <stdexcept>
 
-#include "executor/training/recording_pause.h"
+#include "executor/backend/recording_pause.h"
 #include "executor/training/trainer.h"
 
 namespace megatune::executor {

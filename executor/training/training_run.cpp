@@ -132,6 +132,9 @@ void TrainingRun::save_checkpoint() {
     writer.add_metadata_int("world_rank", rank);
     writer.add_metadata_int("tp_rank", communicator_.rank(CommGroup::kTensor));
     writer.add_metadata_int("tp_size", communicator_.size(CommGroup::kTensor));
+    // Routed experts are split over the expert-tensor-parallel group instead.
+    writer.add_metadata_int("etp_rank", communicator_.rank(CommGroup::kExpertTensor));
+    writer.add_metadata_int("etp_size", communicator_.size(CommGroup::kExpertTensor));
     writer.commit_shard();
     trainer_->world_sum(0.0);
     if (rank == 0) {

@@ -1,7 +1,10 @@
-// Flash attention (CUDA) against the CPU reference: head dims 64/128, causal and not, GQA, sequence lengths
-// that are not multiples of the tiles, packed qkv and separate layouts, forward (o, lse) and backward.
+// Flash attention (CUDA) against the CPU reference for the shapes the Hopper wgmma kernels take: head dims
+// 64, 80, 96 (tiles zero-padded to 128), 128 and 256, causal and not, GQA, sequence lengths
+// that are not multiples of the tiles, packed qkv and separate layouts, forward (o, lse) and backward, every
+// kernel variant; the variants a head dim has no kernel for are refused.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 #include <tuple>
 
@@ -24,6 +27,23 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "b" << c.batch << "_s" << c.seq << "_h" << c.heads << "_kv" << c.kv_heads << "_d" << c.head_dim
       << (c.causal ? "_causal" : "_full") << (c.packed ? "_packed" : "_separate");
+}
+
+// Whether a head dim has the forward variant: every one has the mma.sync kernels; 64 and 128 every wgmma
+// form; 80 and 96 the warp-specialized one; 256 the warp-specialized one without the ping-pong.
+bool forward_variant_exists(int64_t d, int rows_per_warp, bool warp_specialized, bool ping_pong) {
+  if (rows_per_warp != 64 || d == 64 || d == 128) return true;
+  return warp_specialized && (d != 256 || !ping_pong);
+}
+
+// The same for the backward: 80 and 96 take the warp-specialized wgmma kernel with bulk dQ, 256 the
+// warp-specialized (wide) one with dQ atomics, both with 2 stages; 128 key rows per mma.sync block take 64
+// and 128 only.
+bool backward_variant_exists(int64_t d, const cuda::BackwardVariant& v) {
+  if (d == 64 || d == 128) return true;
+  if (!v.wgmma) return v.key_rows_per_block == 64;
+  const auto dq = d == 256 ? cuda::WgmmaDq::kAtomics : cuda::WgmmaDq::kBulkTiles;
+  return v.wgmma_warp_specialized && v.wgmma_dq == dq && v.wgmma_ws_stages == 2;
 }
 
 class FlashAttentionGpu : public ::testing::TestWithParam<Case> {};
@@ -91,6 +111,15 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
     DeviceBuffer<float> lse_variant(lse_elems);
     o_variant.poison();
     lse_variant.poison();
+    if (!forward_variant_exists(d, rows_per_warp, warp_specialized, ping_pong)) {
+      EXPECT_THROW(cuda::flash_attention_forward_variant(shape, q_d, k_d, v_d, o_variant.get(),
+                                                         lse_variant.get(), nullptr, rows_per_warp,
+                                                         warpgroups, warp_specialized, ping_pong),
+                   std::invalid_argument)
+          << "head dim " << d << ", wgmma warpgroups " << warpgroups << ", warp-specialized "
+          << warp_specialized << ", ping-pong " << ping_pong;
+      continue;
+    }
     cuda::flash_attention_forward_variant(shape, q_d, k_d, v_d, o_variant.get(), lse_variant.get(), nullptr,
                                           rows_per_warp, warpgroups, warp_specialized, ping_pong);
     MEGATUNE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -137,6 +166,14 @@ TEST_P(FlashAttentionGpu, MatchesReferenceForwardAndBackward) {
     bf16* dk_d = c.packed ? dq_dev.get() + shape.packed_k_offset() : dkv_dev.get();
     bf16* dv_d = c.packed ? dq_dev.get() + shape.packed_v_offset() : dkv_dev.get() + c.kv_heads * d;
     DeviceBuffer<unsigned char> workspace(cuda::flash_attention_backward_workspace_bytes(shape));
+    if (!backward_variant_exists(d, variant)) {
+      EXPECT_THROW(cuda::flash_attention_backward_variant(shape, q_d, k_d, v_d, o_dev.get(), lse_dev.get(),
+                                                          do_dev.get(), dq_d, dk_d, dv_d, workspace.get(),
+                                                          workspace.size(), nullptr, variant),
+                   std::invalid_argument)
+          << "head dim " << d << ", " << name;
+      continue;
+    }
     cuda::flash_attention_backward_variant(shape, q_d, k_d, v_d, o_dev.get(), lse_dev.get(), do_dev.get(),
                                            dq_d, dk_d, dv_d, workspace.get(), workspace.size(), nullptr,
                                            variant);
@@ -176,12 +213,20 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 200, 4, 2, 128, true, true}, Case{1, 200, 4, 4, 64, false, false},
                       Case{1, 1, 2, 1, 128, true, true}, Case{1, 300, 8, 2, 128, false, true},
                       Case{1, 257, 2, 1, 64, true, false}, Case{2, 640, 4, 1, 128, true, true},
-                      Case{1, 1000, 2, 2, 64, true, false}, Case{1, 384, 2, 2, 64, false, true}));
+                      Case{1, 1000, 2, 2, 64, true, false}, Case{1, 384, 2, 2, 64, false, true},
+                      Case{2, 200, 4, 2, 80, true, true}, Case{1, 300, 4, 1, 80, false, false},
+                      Case{1, 77, 2, 2, 80, true, false}, Case{2, 257, 4, 2, 96, true, false},
+                      Case{1, 300, 8, 2, 96, false, true}, Case{1, 640, 2, 1, 96, true, true},
+                      Case{2, 200, 4, 2, 256, true, true}, Case{1, 130, 2, 1, 256, false, false},
+                      Case{1, 77, 2, 2, 256, true, false}));
 
 TEST(FlashAttentionGpuApi, WorkspaceCoversTheDqAccumulator) {
   AttentionShape shape{.batch = 1, .seq_q = 16, .num_heads = 2, .num_kv_heads = 1, .head_dim = 64};
   EXPECT_TRUE(cuda::flash_attention_supports(shape));
   EXPECT_GT(cuda::flash_attention_backward_workspace_bytes(shape), size_t(16 * 2 * 64 * 4));
+  // Head dim 80: dQ's tiles are 128 columns wide (64 rows of the padded sequence, 2 heads, fp32).
+  shape.head_dim = 80;
+  EXPECT_GE(cuda::flash_attention_backward_workspace_bytes(shape), size_t(64 * 2 * 128 * 4));
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Flash attention (CUDA) for every compiled head dim against the CPU reference: (q/k, v) head dims 64, 80,
 // 96, 128, 192/128 (MLA) and 256; causal and not, GQA, seq_q != seq_kv, causal offsets (bottom-right
-// alignment, queries that attend no key), q, k, v, o, dq, dk, dv each with a token stride of its own; o, lse,
-// dq, dk, dv, for the default kernels and the mma.sync variants.
+// alignment, queries that attend no key), q, k, v, o, dq, dk, dv each with a token stride of its own, and
+// self-attention with the packed qkv strides (the shapes the Hopper wgmma kernels take: every head dim's
+// forward, 192 / 128's included, and every backward but 192 / 128's); o, lse, dq, dk, dv, for the default
+// kernels and the mma.sync variants.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,12 +25,13 @@ struct Case {
   int64_t batch, seq_q, seq_kv, heads, kv_heads;
   bool causal;
   int64_t causal_offset;
+  bool packed_strides = false;  // every stride the packed qkv's (k and v, dk and dv alike)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "d" << c.head_dim << "_v" << c.head_dim_v << "_b" << c.batch << "_q" << c.seq_q << "_kv" << c.seq_kv
       << "_h" << c.heads << "_g" << c.kv_heads << (c.causal ? "_causal" : "_full") << "_off"
-      << c.causal_offset;
+      << c.causal_offset << (c.packed_strides ? "_packed" : "");
 }
 
 AttentionShape shape_of(const Case& c) {
@@ -41,6 +44,7 @@ AttentionShape shape_of(const Case& c) {
                    .head_dim_v = c.head_dim_v,
                    .causal = c.causal,
                    .causal_offset = c.causal_offset};
+  if (c.packed_strides) return s;
   // Every tensor its own stride (padding of 0-24 elements; multiples of 8 as the kernels need).
   s.q_token_stride = c.heads * c.head_dim + 8;
   s.k_token_stride = c.kv_heads * c.head_dim + 16;
@@ -150,11 +154,13 @@ std::vector<Case> every_head_dim() {
   std::vector<Case> cases;
   for (const auto& [d, dv] :
        {std::pair<int64_t, int64_t>{64, 64}, {80, 80}, {96, 96}, {128, 128}, {192, 128}, {256, 256}}) {
-    cases.push_back({d, dv, 2, 200, 200, 4, 2, true, 0});    // causal self-attention, GQA
-    cases.push_back({d, dv, 1, 100, 300, 4, 1, false, 0});   // fewer queries than keys, no mask
-    cases.push_back({d, dv, 1, 128, 320, 2, 2, true, 192});  // bottom-right alignment (seq_kv - seq_q)
-    cases.push_back({d, dv, 1, 150, 90, 2, 1, true, -40});   // the first 40 queries attend no key
-    cases.push_back({d, dv, 2, 64, 64, 2, 2, true, 30});     // a later query block (diagonal mid-tile)
+    cases.push_back({d, dv, 2, 200, 200, 4, 2, true, 0});         // causal self-attention, GQA
+    cases.push_back({d, dv, 1, 100, 300, 4, 1, false, 0});        // fewer queries than keys, no mask
+    cases.push_back({d, dv, 1, 128, 320, 2, 2, true, 192});       // bottom-right alignment (seq_kv - seq_q)
+    cases.push_back({d, dv, 1, 150, 90, 2, 1, true, -40});        // the first 40 queries attend no key
+    cases.push_back({d, dv, 2, 64, 64, 2, 2, true, 30});          // a later query block (diagonal mid-tile)
+    cases.push_back({d, dv, 2, 200, 200, 4, 2, true, 0, true});   // self-attention, packed strides
+    cases.push_back({d, dv, 1, 300, 300, 2, 1, false, 0, true});  // the same without a mask
   }
   return cases;
 }

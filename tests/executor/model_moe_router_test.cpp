@@ -147,6 +147,37 @@ TEST(MoeRouter, AuxLossOfUniformScoresIsItsCoefficient) {
   EXPECT_TRUE(r.aux_loss_grad.empty());
 }
 
+// Sequence parallelism: two shards of the micro-batch (rows [0, 2) and [2, 6): the first sequence is split),
+// their counts summed by the reduce, give losses that add up to the whole micro-batch's and the whole's
+// gradient row for row.
+TEST(MoeRouter, ShardedLoadBalancingLossAddsUpToTheWholeMicroBatch) {
+  for (LoadBalancingType type : {LoadBalancingType::kAuxLoss, LoadBalancingType::kSeqAuxLoss}) {
+    SCOPED_TRACE(type == LoadBalancingType::kAuxLoss ? "aux_loss" : "seq_aux_loss");
+    MoeRouterConfig c = config(2);
+    c.load_balancing = type;
+    const std::vector<float> logits = random_values(kTokens * kExperts, 11, 1.0f);
+    const MoeRouting whole = route_tokens(logits.data(), kTokens, kSeq, c, nullptr);
+    const std::int64_t first[2] = {0, 2}, rows[2] = {2, kTokens - 2};
+    auto route_shard = [&](int i, const AuxLossCountsReduce& reduce) {
+      return route_tokens(logits.data() + first[i] * kExperts, rows[i], kSeq, c, nullptr, {first[i], kTokens},
+                          reduce);
+    };
+    std::vector<double> own[2];
+    for (int i = 0; i < 2; ++i) route_shard(i, [&](std::vector<double>& counts) { own[i] = counts; });
+    double loss = 0.0;
+    for (int i = 0; i < 2; ++i) {
+      const MoeRouting part = route_shard(i, [&](std::vector<double>& counts) {
+        for (std::size_t j = 0; j < counts.size(); ++j) counts[j] += own[1 - i][j];
+      });
+      loss += part.aux_loss;
+      for (std::int64_t j = 0; j < rows[i] * kExperts; ++j)
+        EXPECT_NEAR(part.aux_loss_grad[j], whole.aux_loss_grad[first[i] * kExperts + j], 1e-7);
+    }
+    EXPECT_GT(whole.aux_loss, 0.0);
+    EXPECT_NEAR(loss, whole.aux_loss, 1e-7);
+  }
+}
+
 TEST(MoeRouter, ExpertBiasMovesTowardsTheMeanLoad) {
   std::vector<float> bias = {0.5f, 0.0f, -0.25f, 0.0f};
   update_expert_bias({10, 2, 4, 0}, 0.125, bias);  // mean 4

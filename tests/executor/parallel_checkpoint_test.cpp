@@ -21,9 +21,11 @@ namespace fs = std::filesystem;
 layouts::ModelSpec gpt_tiny() { return test::gpt_tiny(/*tied=*/true); }
 
 layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false,
-                               bool dist_opt = false, int cp = 1) {
+                               bool dist_opt = false, int cp = 1, int ep = 1, int etp = 0) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = tp;
+  c.expert_model_parallel_size = ep;
+  c.expert_tensor_parallel_size = etp;
   c.pipeline_model_parallel_size = pp;
   c.context_parallel_size = cp;
   c.world_size = tp * pp * dp * cp;
@@ -83,6 +85,21 @@ class ParallelCheckpoint : public ::testing::Test {
       EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
     return whole;
   }
+  // Trains 4 iterations whole and 2 saved under `saved`; 2 more resumed on one rank continue the curve.
+  void expect_reshards_into_one_rank(const layouts::ModelSpec& m, const layouts::ParallelConfig& saved) {
+    const RunResult whole = train(saved, options(4), m);
+    TrainOptions first = options(2);
+    first.save = dir_.string();
+    train(saved, first, m);
+    TrainOptions second = options(4);
+    second.load = dir_.string();
+    const RunResult resumed = train(layout(m, 1, 1, 1), second, m);
+    EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
+    ASSERT_EQ(resumed.losses.size(), 2u);
+    for (int i = 0; i < 2; ++i)
+      EXPECT_NEAR(resumed.losses[i], whole.losses[2 + i], 2e-5 * whole.losses[2 + i])
+          << "iteration " << 3 + i;
+  }
   fs::path dir_;
 };
 
@@ -141,18 +158,7 @@ TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
 // parts each) reshard like the rest.
 TEST_F(ParallelCheckpoint, MultiLatentAttentionReshardsFromTp2IntoOneRank) {
   const layouts::ModelSpec m = test::deepseek_mla_tiny(/*q_lora=*/true);
-  const layouts::ParallelConfig saved = layout(m, 2, 1, 1, /*sp=*/true);
-  const RunResult whole = train(saved, options(4), m);
-  TrainOptions first = options(2);
-  first.save = dir_.string();
-  train(saved, first, m);
-  TrainOptions second = options(4);
-  second.load = dir_.string();
-  const RunResult resumed = train(layout(m, 1, 1, 1), second, m);
-  EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
-  ASSERT_EQ(resumed.losses.size(), 2u);
-  for (int i = 0; i < 2; ++i)
-    EXPECT_NEAR(resumed.losses[i], whole.losses[2 + i], 2e-5 * whole.losses[2 + i]) << "iteration " << 3 + i;
+  expect_reshards_into_one_rank(m, layout(m, 2, 1, 1, /*sp=*/true));
 }
 
 // Context-parallel ranks hold replicated weights: a cp2 run resumes bit-exactly under its own layout and
@@ -168,6 +174,17 @@ TEST_F(ParallelCheckpoint, ContextParallelRunsSaveAndReshardLikeAnyOther) {
     for (int i = 0; i < 3; ++i)
       EXPECT_NEAR(moved.losses[i], whole.losses[3 + i], 2e-5 * whole.losses[3 + i]) << "iteration " << 4 + i;
   }
+}
+
+// MoE under TP x EP (the experts whole on their EP rank, the shared expert split over TP, the router
+// replicated) reshards into one rank.
+TEST_F(ParallelCheckpoint, MoeWithTensorAndExpertParallelismReshardsIntoOneRank) {
+  layouts::ModelSpec m = test::llama_tiny(/*tied=*/false);
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 32;
+  m.moe_shared_expert_intermediate_size = 32;
+  expect_reshards_into_one_rank(m, layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
 }
 
 }  // namespace

@@ -48,6 +48,8 @@ struct Layout {
   int cp = 1;
   int ep = 1;
   bool sigmoid_bias = false;  // MoE: sigmoid routing with DeepSeek-V3's expert bias (no aux loss)
+  int etp = 1;                // MoE: --expert-tensor-parallel-size
+  bool allgather = false;     // MoE: --moe-token-dispatcher-type allgather
 };
 
 layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
@@ -56,6 +58,8 @@ layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const L
   c.pipeline_model_parallel_size = l.pp;
   c.context_parallel_size = l.cp;
   c.expert_model_parallel_size = l.ep;
+  c.expert_tensor_parallel_size = l.etp;
+  if (l.allgather) c.moe_token_dispatcher_type = layouts::MoeDispatcher::kAllGather;
   c.world_size = l.tp * l.pp * l.dp * l.cp;
   c.sequence_parallel = l.sp;
   c.micro_batch_size = 2;
@@ -236,6 +240,12 @@ const std::vector<Layout>& moe_matrix() {
       {"ep2 dp4 dist-opt overlaps", 1, 1, 4, 0, false, true, true, "", 1, 2},
       {"ep2 pp2 custom", 1, 2, 2, 0, false, false, false, "Ett|ttL", 1, 2},
       {"ep2 sigmoid expert-bias shared expert", 1, 1, 2, 0, false, false, false, "", 1, 2, true},
+      // tp2 x dp2 on 4 ranks; the expert grid etp1 x ep2 x edp2: the EP groups are the TP groups.
+      {"ep2 etp1 tp2 sp dp2", 2, 1, 2, 0, true, false, false, "", 1, 2},
+      {"ep2 etp1 tp2 sp sigmoid expert-bias shared expert", 2, 1, 1, 0, true, false, false, "", 1, 2, true},
+      {"allgather ep2", 1, 1, 2, 0, false, false, false, "", 1, 2, false, 1, true},
+      // tp2 x ep2 on 4 ranks: the tp-ep group (etp1 x ep2) gathers over pairs of TP ranks' shards.
+      {"allgather ep2 tp2 sp", 2, 1, 2, 0, true, false, false, "", 1, 2, false, 1, true},
   };
   return layouts;
 }

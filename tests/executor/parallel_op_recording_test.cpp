@@ -27,7 +27,9 @@ struct Case {
   enum class Mla { kNone, kQLora, kQProj };
   Mla mla = Mla::kNone;
   layouts::RecomputeGranularity recompute = layouts::RecomputeGranularity::kNone;
-  int ep = 0;  // > 0: the MoE model (4 experts, top-2, a shared expert) at this expert-parallel size
+  int ep = 0;   // > 0: the MoE model (4 experts, top-2, a shared expert) at this expert-parallel size
+  int etp = 0;  // --expert-tensor-parallel-size; 0: Megatron's default (tp)
+  bool allgather = false;  // --moe-token-dispatcher-type allgather
 };
 
 layouts::ModelSpec model_of(const Case& c) {
@@ -45,9 +47,11 @@ layouts::ModelSpec model_of(const Case& c) {
 }
 
 // Expert parallelism: the rows an expert receives follow the routing, the step program's follow uniform
-// routing: the experts' GEMMs and activation and the payload all-to-alls are compared but for those sizes.
+// routing: the experts' GEMMs and activation and the payload all-to-alls (with the allgather dispatcher the
+// permutation of the gathered rows too) are compared but for those sizes.
 bool same_work(const layouts::Op& e, const layouts::Op& p, bool routed_sizes) {
-  const bool routed = e.label.rfind("expert_", 0) == 0 || e.kind == layouts::OpKind::kAllToAll;
+  const bool routed = e.label.rfind("expert_", 0) == 0 || e.kind == layouts::OpKind::kAllToAll ||
+                      e.kind == layouts::OpKind::kRouter;
   if (!routed_sizes || !routed) return e.same_work(p);
   layouts::Op sized = e;
   sized.m = p.m;
@@ -62,6 +66,8 @@ layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   p.pipeline_model_parallel_size = c.pp;
   p.context_parallel_size = c.cp;
   p.expert_model_parallel_size = std::max(c.ep, 1);
+  p.expert_tensor_parallel_size = c.etp;
+  if (c.allgather) p.moe_token_dispatcher_type = layouts::MoeDispatcher::kAllGather;
   p.world_size = c.tp * c.pp * c.dp * c.cp;
   p.sequence_parallel = c.sp;
   p.micro_batch_size = 2;
@@ -145,7 +151,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"moe_ep2_dist_opt_overlaps", 1, 1, 2, 0, false, true, false, false, "", true, 1,
              Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2},
         Case{"moe_ep2_pp2_custom", 1, 2, 2, 0, false, false, false, false, "Ett|ttL", false, 1,
-             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2}),
+             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2},
+        Case{"moe_ep2_etp1_tp2_sp_dp2", 2, 1, 2, 0, true, false, false, false, "", false, 1, Case::Mla::kNone,
+             layouts::RecomputeGranularity::kNone, 2, 1},
+        Case{"moe_ep2_etp1_tp2_sp_full_recompute", 2, 1, 1, 0, true, false, false, false, "", false, 1,
+             Case::Mla::kNone, layouts::RecomputeGranularity::kFull, 2, 1},
+        Case{"moe_allgather_ep2", 1, 1, 2, 0, false, false, false, false, "", false, 1, Case::Mla::kNone,
+             layouts::RecomputeGranularity::kNone, 2, 1, true},
+        Case{"moe_allgather_ep2_tp2_sp", 2, 1, 2, 0, true, false, false, false, "", false, 1,
+             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2, 1, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -264,3 +264,35 @@ TEST(StepProgram, ContextParallelRingSplitsTheCausalWork) {
 
 }  // namespace
 }  // namespace megatune::layouts
+
+namespace megatune::layouts {
+namespace {
+
+// MLA's attention multiplies queries and keys of qk_head_dim + qk_pos_emb_head_dim, and the probabilities by
+// values of v_head_dim: the op carries both, and its FLOPs count each GEMM at its own width.
+TEST(StepProgram, MlaAttentionCarriesTheValueHeadDim) {
+  const ModelSpec model = model_preset("deepseek-v3");
+  ParallelConfig config = config_for(1, 1, 1, 1);
+  config.validate(model);
+  const StepProgram p = build_step_program(model, config, 0);
+  const Op* attn = nullptr;
+  for (const Op& o : p.ops)
+    if (o.kind == OpKind::kAttentionForward && !attn) attn = &o;
+  ASSERT_NE(attn, nullptr);
+  EXPECT_EQ(attn->attention.head_dim, model.qk_head_dim + model.qk_pos_emb_head_dim);
+  EXPECT_EQ(attn->attention.value_head_dim(), model.v_head_dim);
+  const AttentionShape& a = attn->attention;
+  const double causal_pairs = 0.5 * a.batch * a.heads * static_cast<double>(a.seq_q) * a.seq_kv;
+  EXPECT_DOUBLE_EQ(attn->attention_flops(), 2.0 * causal_pairs * (192 + 128));
+  AttentionShape same_width = a;
+  same_width.head_dim_v = 0;
+  EXPECT_NE(same_width, a);  // an op of another value width is another op
+  same_width.head_dim_v = a.head_dim;
+  same_width.head_dim = a.head_dim;
+  AttentionShape unset = same_width;
+  unset.head_dim_v = 0;
+  EXPECT_EQ(unset, same_width);  // 0 means "as the q/k head dim"
+}
+
+}  // namespace
+}  // namespace megatune::layouts

@@ -113,7 +113,11 @@ TEST(CliTrainMoe, BadMoeFlagsFailWithOneLine) {
       {{"--moe-expert-capacity-factor", "-1"}, "--moe-expert-capacity-factor"},
       {{"--moe-aux-loss-coeff", "-0.1"}, "--moe-aux-loss-coeff"},
       {{"--moe-router-topk", "9"}, "--moe-router-topk"},
-      {{"--tp", "2", "--nproc", "2"}, "--tensor-model-parallel-size 1"},
+      {{"--tp", "2", "--nproc", "2"}, "need --sequence-parallel"},
+      // The expert-tensor-parallel size defaults to tp: 2 here.
+      {{"--tp", "2", "--nproc", "2", "--sequence-parallel"}, "--expert-tensor-parallel-size 1"},
+      {{"--moe-token-dispatcher-type", "flex"}, "--moe-token-dispatcher-type"},
+      {{"--moe-token-dispatcher-type", "all2all"}, "use alltoall or allgather"},
       {{"--moe-router-enable-expert-bias"}, "--moe-router-score-function sigmoid"},
   };
   for (const auto& [flags, mention] : cases) {
