@@ -2,8 +2,8 @@
 //   perf   --model NAME --mbs B --seq S [--iters N] [--recompute none|selective|full] [--loss-chunk-mib M]
 //          [--no-gelu-epilogue]
 //          step time (median), MFU (Megatron FLOPs / 989.4 TFLOP/s), device memory, per-kernel time shares
-//          and attention TFLOP/s, on the shapes of ../shared/anchors/torch_gpt.py
-//          (layouts::torch_anchor_model).
+//          and attention TFLOP/s, on the shapes of bench/peer/torch_gpt.py (layouts::torch_anchor_model),
+//          or of a megatune preset (mixtral-small: bench/peer/torch_moe.py's MoE shape).
 //   memory --model NAME --mbs B --seq S [--recompute ...] [--loss-chunk-mib M]
 //          the arena breakdown (weights, optimizer state, saved activations, shared buffers, logits) from
 //          sizing alone: needs no GPU.
@@ -58,14 +58,25 @@ std::vector<MicroBatch> random_batches(const TrainerConfig& c, std::int64_t voca
   return out;
 }
 
+// The dense peer's shapes (torch_gpt.py CONFIGS) by their names; any other name is a megatune preset
+// (mixtral-small: the MoE peer's shape, torch_moe.py).
+layouts::ModelSpec bench_model(const std::string& name) {
+  const std::vector<std::string> anchors = layouts::torch_anchor_model_names();
+  if (std::find(anchors.begin(), anchors.end(), name) != anchors.end())
+    return layouts::torch_anchor_model(name);
+  return layouts::model_preset(name);
+}
+
 TrainerConfig perf_config(int argc, char** argv, layouts::ModelSpec& spec) {
-  spec = layouts::torch_anchor_model(arg(argc, argv, "--model", "gpt-1.3b"));
+  spec = bench_model(arg(argc, argv, "--model", "gpt-1.3b"));
   const int mbs = std::stoi(arg(argc, argv, "--mbs", "4"));
   const int seq = std::stoi(arg(argc, argv, "--seq", std::to_string(spec.seq_length)));
   spec.seq_length = seq;
   spec.max_position_embeddings = std::max(spec.max_position_embeddings, seq);
   TrainerConfig config;
   config.model = transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
+  if (config.model.is_moe())
+    config.model.router.aux_loss_coeff = 1e-2;  // softmax top-k with aux loss, as the peer
   config.batch.micro_batch = mbs;
   config.batch.seq = seq;
   config.batch.num_microbatches = 1;
@@ -77,6 +88,25 @@ TrainerConfig perf_config(int argc, char** argv, layouts::ModelSpec& spec) {
   config.lr.max_lr = 1e-4;
   config.lr.style = LrDecayStyle::kConstant;
   return config;
+}
+
+// The GPU's idle time between consecutive ops of the timed iteration (host work, waits), and the largest
+// gaps with the op that waited.
+void print_idle_gaps(const std::vector<Backend::TimedOp>& timed) {
+  std::vector<std::pair<double, std::string>> gaps;
+  double idle_ms = 0;
+  for (std::size_t i = 1; i < timed.size(); ++i) {
+    const double gap = timed[i].start_ms - (timed[i - 1].start_ms + timed[i - 1].ms);
+    if (gap <= 0) continue;
+    idle_ms += gap;
+    gaps.emplace_back(gap, timed[i - 1].op.label + " -> " + timed[i].op.label + " (layer " +
+                               std::to_string(timed[i].op.layer) + ")");
+  }
+  std::sort(gaps.rbegin(), gaps.rend());
+  std::printf("  idle between ops: %.2f ms; largest:", idle_ms);
+  for (std::size_t i = 0; i < std::min<std::size_t>(6, gaps.size()); ++i)
+    std::printf(" %.2f %s;", gaps[i].first, gaps[i].second.c_str());
+  std::printf("\n");
 }
 
 int memory(int argc, char** argv) {
@@ -117,10 +147,18 @@ int perf(int argc, char** argv) {
     times.push_back(r.elapsed_s);
     loss = r.loss;
   }
+  std::string in_order;  // drift (plans, clocks) shows in the order the steps ran
+  for (double t : times)
+    in_order += " " + std::to_string(static_cast<int>(t * 1e4 + 0.5) / 10.0).substr(0, 5);
   std::sort(times.begin(), times.end());
   const double step_s = times[times.size() / 2];
   const double flops = layouts::model_flops_per_iteration(spec, mbs, 1);
   const double mfu = flops / (step_s * 989.4e12) * 100.0;
+  // Host round trips of the MoE layers in one step: plan uploads (H2D, no wait) and the waits for the
+  // router logits (forward) and the probability gradients (backward).
+  const CudaBackend::MoeTransfers before = gpu.moe_transfers();
+  trainer.train_step(data);
+  const CudaBackend::MoeTransfers after = gpu.moe_transfers();
   // Per-kernel shares from one timed iteration.
   gpu.set_op_timing(true);
   trainer.train_step(data);
@@ -157,6 +195,13 @@ int perf(int argc, char** argv) {
       flops / step_s / 1e12, gpu.device_bytes() / double(1 << 30), loss);
   std::printf("  kernels: %.1f ms of %.1f ms step (timed iteration, events around each op)\n", total_ms,
               step_s * 1e3);
+  std::printf("  step times in order (ms):%s\n", in_order.c_str());
+  print_idle_gaps(timed);
+  if (spec.is_moe())
+    std::printf(
+        "  MoE host round trips per step: %lld plan uploads, %lld d_probs waits, %d router-logit waits\n",
+        static_cast<long long>(after.plan_uploads - before.plan_uploads),
+        static_cast<long long>(after.d_probs_downloads - before.d_probs_downloads), spec.num_moe_layers());
   std::vector<std::pair<double, std::string>> shares;
   for (auto& [k, ms] : by_kind) shares.emplace_back(ms, k);
   std::sort(shares.rbegin(), shares.rend());

@@ -45,6 +45,20 @@ ModelSpec llama(std::string name, int layers, int hidden, int heads, int groups,
   return m;
 }
 
+// Mixtral: Llama attention with 8 GQA groups and an untied head, every layer 8 SwiGLU experts of
+// expert_ffn (top-2), Mistral's 32000-token vocabulary.
+ModelSpec mixtral(std::string name, int layers, int hidden, int heads, int expert_ffn, int seq,
+                  int max_positions) {
+  ModelSpec m = llama(std::move(name), layers, hidden, heads, 8, expert_ffn, /*tied=*/false);
+  m.vocab_size = 32000;
+  m.seq_length = seq;
+  m.max_position_embeddings = max_positions;
+  m.num_experts = 8;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = expert_ffn;
+  return m;
+}
+
 ModelSpec make_preset(std::string_view name) {
   if (name == "tiny") {
     // Llama-style, small enough for CPU training tests: GQA, SwiGLU, RMSNorm, RoPE, untied head.
@@ -102,16 +116,9 @@ ModelSpec make_preset(std::string_view name) {
   if (name == "llama3-8b") return llama("llama3-8b", 32, 4096, 32, 8, 14336, /*tied=*/false);
   if (name == "llama3-70b") return llama("llama3-70b", 80, 8192, 64, 8, 28672, /*tied=*/false);
   if (name == "llama3-405b") return llama("llama3-405b", 126, 16384, 128, 8, 53248, /*tied=*/false);
-  if (name == "mixtral-8x7b") {
-    ModelSpec m = llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, /*tied=*/false);
-    m.vocab_size = 32000;
-    m.seq_length = 4096;
-    m.max_position_embeddings = 32768;
-    m.num_experts = 8;
-    m.moe_router_topk = 2;
-    m.moe_ffn_hidden_size = 14336;
-    return m;
-  }
+  if (name == "mixtral-8x7b") return mixtral("mixtral-8x7b", 32, 4096, 32, 14336, 4096, 32768);
+  // Mixtral's block at a size one GPU trains with EP 1 (the MoE peer's shape, bench/peer/torch_moe.py).
+  if (name == "mixtral-small") return mixtral("mixtral-small", 8, 2048, 16, 4096, 2048, 4096);
   if (name == "deepseek-v3") {
     // DeepSeek-V3 (arXiv 2412.19437): MLA, 3 dense layers then 58 MoE layers of 256 routed experts
     // (top-8) + 1 shared expert, one MTP module. The router's node-limited routing and aux-loss-free
@@ -148,9 +155,10 @@ ModelSpec make_preset(std::string_view name) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",       "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",    "gpt-1.3b",
-          "gpt-2.7b",   "gpt3-175b",    "llama3-1b",        "llama3-3b",   "llama3-8b",
-          "llama3-70b", "llama3-405b",  "mixtral-8x7b",     "deepseek-v3", "tiny-deepseek-v3-mla"};
+  return {"tiny",          "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",
+          "gpt-1.3b",      "gpt-2.7b",     "gpt3-175b",        "llama3-1b",
+          "llama3-3b",     "llama3-8b",    "llama3-70b",       "llama3-405b",
+          "mixtral-small", "mixtral-8x7b", "deepseek-v3",      "tiny-deepseek-v3-mla"};
 }
 
 ModelSpec model_preset(std::string_view name) { return make_preset(name); }

@@ -15,6 +15,7 @@
 #include "executor/cuda/embedding_kernels.h"
 #include "executor/cuda/flash_attention.h"
 #include "executor/cuda/gemm_runner.h"
+#include "executor/cuda/moe_index_cache.h"
 #include "executor/cuda/norm_kernels.h"
 #include "executor/cuda/optimizer_kernels.h"
 #include "executor/cuda/rope_kernels.h"
@@ -64,6 +65,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   events_.resize(kEventPoolSize);
   for (cudaEvent_t& e : events_) MEGATUNE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   gemm_ = std::make_unique<cuda::GemmRunner>();
+  moe_indices_ = std::make_unique<cuda::MoeIndexCache>();
   MEGATUNE_CUDA_CHECK(cudaMalloc(&grad_norm_device_, sizeof(float)));
 }
 
@@ -74,6 +76,7 @@ CudaBackend::~CudaBackend() {
   optimizer_table_.reset();
   grad_norm_table_.reset();
   gemm_.reset();
+  moe_indices_.reset();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   for (auto& [start, stop] : timing_events_) {
     cudaEventDestroy(start);
@@ -81,6 +84,7 @@ CudaBackend::~CudaBackend() {
   }
   cudaFree(grad_norm_workspace_);
   cudaFree(grad_norm_device_);
+  cudaFreeHost(pinned_staging_);
   cudaFree(arena_);
   cudaStreamDestroy(compute_);
   cudaStreamDestroy(communication_);
@@ -109,15 +113,35 @@ void* CudaBackend::reserve_memory(std::int64_t bytes) {
   return arena_;
 }
 
+// Small contiguous host <-> device copies (the per-step ones: MoE router logits and their gradients, losses)
+// go through one pinned staging buffer as one 1D copy: a pitched copy to or from pageable memory runs row by
+// row, and the MoE router's logits (T rows of E bf16 values) took ~2.8 ms per layer that way on an H200.
+// Larger or strided tensors (weights at setup, checkpoints) keep the pitched copy from pageable memory.
+void* CudaBackend::small_transfer_staging(const Tensor& t) {
+  const std::size_t bytes = static_cast<std::size_t>(t.numel() * storage_bytes(t.dtype));
+  if (!t.contiguous() || bytes > kPinnedStagingBytes) return nullptr;
+  if (pinned_staging_ == nullptr) MEGATUNE_CUDA_CHECK(cudaMallocHost(&pinned_staging_, kPinnedStagingBytes));
+  return pinned_staging_;
+}
+
 void CudaBackend::upload(Tensor dst, const float* host) {
-  const std::int64_t e = storage_bytes(dst.dtype);
-  if (dst.dtype == DType::kBF16) {
-    std::vector<bf16> staged(static_cast<std::size_t>(dst.numel()));
-    for (std::int64_t i = 0; i < dst.numel(); ++i) staged[i] = __float2bfloat16(host[i]);
+  const std::int64_t e = storage_bytes(dst.dtype), n = dst.numel();
+  if (dst.dtype != DType::kBF16) require_fp32(dst, "upload target");
+  if (void* pinned = small_transfer_staging(dst)) {
+    if (dst.dtype == DType::kBF16) {
+      auto* staged = static_cast<bf16*>(pinned);
+      for (std::int64_t i = 0; i < n; ++i) staged[i] = __float2bfloat16(host[i]);
+    } else {
+      std::copy(host, host + n, static_cast<float*>(pinned));
+    }
+    MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(dst.data, pinned, n * e, cudaMemcpyHostToDevice, compute_));
+  } else if (dst.dtype == DType::kBF16) {
+    std::vector<bf16> staged(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) staged[i] = __float2bfloat16(host[i]);
     MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst.row_stride * e, staged.data(), dst.cols * e,
                                           dst.cols * e, dst.rows, cudaMemcpyHostToDevice, compute_));
+    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));  // before `staged` goes
   } else {
-    require_fp32(dst, "upload target");
     MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst.row_stride * e, host, dst.cols * e, dst.cols * e,
                                           dst.rows, cudaMemcpyHostToDevice, compute_));
   }
@@ -125,19 +149,31 @@ void CudaBackend::upload(Tensor dst, const float* host) {
 }
 
 void CudaBackend::download(Tensor src, float* host) {
-  const std::int64_t e = storage_bytes(src.dtype);
+  const std::int64_t e = storage_bytes(src.dtype), n = src.numel();
+  if (src.dtype != DType::kBF16) require_fp32(src, "download source");
+  if (void* pinned = small_transfer_staging(src)) {
+    MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(pinned, src.data, n * e, cudaMemcpyDeviceToHost, compute_));
+    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    if (src.dtype == DType::kBF16) {
+      const auto* staged = static_cast<const bf16*>(pinned);
+      for (std::int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(staged[i]);
+    } else {
+      const auto* staged = static_cast<const float*>(pinned);
+      std::copy(staged, staged + n, host);
+    }
+    return;
+  }
   if (src.dtype == DType::kBF16) {
-    std::vector<bf16> staged(static_cast<std::size_t>(src.numel()));
+    std::vector<bf16> staged(static_cast<std::size_t>(n));
     MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(staged.data(), src.cols * e, src.data, src.row_stride * e,
                                           src.cols * e, src.rows, cudaMemcpyDeviceToHost, compute_));
     MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
-    for (std::int64_t i = 0; i < src.numel(); ++i) host[i] = __bfloat162float(staged[i]);
-  } else {
-    require_fp32(src, "download source");
-    MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(host, src.cols * e, src.data, src.row_stride * e, src.cols * e,
-                                          src.rows, cudaMemcpyDeviceToHost, compute_));
-    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    for (std::int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(staged[i]);
+    return;
   }
+  MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(host, src.cols * e, src.data, src.row_stride * e, src.cols * e,
+                                        src.rows, cudaMemcpyDeviceToHost, compute_));
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 
 void CudaBackend::upload_int32(Tensor dst, const std::int32_t* host) {
@@ -259,6 +295,19 @@ void CudaBackend::do_gemm(const GemmArgs& g) {
   ++wgrad_bias_use_.unfused;
   gemm_->run(spec, args, compute_);
   do_bias_grad(g.a, g.bias_grad);  // column sums of dY stored (k, m)
+}
+
+void CudaBackend::do_grouped_gemm(const std::vector<GemmArgs>& gemms) {
+  // One cuBLASLt GEMM per local expert on plans bucketed by the expert's row count (GemmRunner::run_ragged):
+  // faster than cuBLAS's grouped GEMM on the Mixtral-shaped expert GEMMs (bench/grouped_gemm_gpu.cpp,
+  // bench/RESULTS.md), and a changing count neither re-tunes nor grows the plan cache.
+  for (const GemmArgs& g : gemms) {
+    if (!g.bias.empty() || !g.bias_grad.empty()) {
+      do_gemm(g);
+      continue;
+    }
+    gemm_->run_ragged(gemm_spec(g), gemm_pointers(g), compute_);
+  }
 }
 
 void CudaBackend::do_linear_gelu_forward(const GemmArgs& g, Tensor out) {

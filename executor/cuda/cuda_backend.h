@@ -15,6 +15,7 @@ namespace megatune::executor {
 
 namespace cuda {
 class GemmRunner;
+class MoeIndexCache;
 class MultiTensorTable;
 }  // namespace cuda
 
@@ -55,6 +56,12 @@ class CudaBackend final : public Backend {
   };
   void set_gemm_epilogues(GemmEpilogues epilogues) { epilogues_ = epilogues; }
   GemmEpilogues gemm_epilogues() const { return epilogues_; }
+  // Host-device transfers of the MoE permutation kernels: plan uploads (one H2D copy each) and the
+  // probability-gradient downloads (one D2H copy and a wait each), counted since construction.
+  struct MoeTransfers {
+    std::int64_t plan_uploads = 0, d_probs_downloads = 0;
+  };
+  MoeTransfers moe_transfers() const;
 
   void upload(Tensor dst, const float* host) override;
   void download(Tensor src, float* host) override;
@@ -78,6 +85,7 @@ class CudaBackend final : public Backend {
   void on_op_end() override;
   void* reserve_memory(std::int64_t bytes) override;
   void do_gemm(const GemmArgs& args) override;
+  void do_grouped_gemm(const std::vector<GemmArgs>& gemms) override;
   void do_bias_grad(Tensor d_out, Tensor d_bias) override;
   void do_linear_gelu_forward(const GemmArgs& args, Tensor out) override;
   void do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
@@ -101,6 +109,10 @@ class CudaBackend final : public Backend {
                                        const CrossEntropyStats& stats) override;
   void do_cross_entropy_finish(Tensor logits, Tensor targets, std::int64_t vocab_offset,
                                const CrossEntropyStats& stats, Tensor losses, float grad_scale) override;
+  void do_moe_permute(Tensor x, const MoePermutation& plan, Tensor out) override;
+  void do_moe_unpermute(Tensor rows, const MoePermutation& plan, bool weighted, Tensor out) override;
+  void do_moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermutation& plan, Tensor d_rows,
+                                 std::vector<float>& d_probs) override;
   void do_add(Tensor a, Tensor b, Tensor out) override;
   void do_attention_merge(const AttentionMergeArgs& args) override;
   void do_cast(Tensor src, Tensor dst) override;
@@ -120,6 +132,13 @@ class CudaBackend final : public Backend {
   int next_event_ = 0;
   void* arena_ = nullptr;
   std::unique_ptr<cuda::GemmRunner> gemm_;
+  std::unique_ptr<cuda::MoeIndexCache> moe_indices_;
+  // upload() / download() of small contiguous tensors: one pinned buffer (allocated on first use), or null
+  // for a tensor that takes the pitched pageable copy.
+  static constexpr std::size_t kPinnedStagingBytes = std::size_t(8) << 20;
+  void* small_transfer_staging(const Tensor& t);
+  void* pinned_staging_ = nullptr;
+  std::int64_t moe_d_probs_downloads_ = 0;
   std::unique_ptr<cuda::MultiTensorTable> optimizer_table_;
   std::unique_ptr<cuda::MultiTensorTable> grad_norm_table_;  // the tensors flagged in_grad_norm
   void* grad_norm_workspace_ = nullptr;

@@ -156,7 +156,7 @@ GemmRunner::~GemmRunner() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-GemmRunner::Key GemmRunner::key_of(const GemmSpec& s, int alignment_bytes) {
+GemmRunner::Key GemmRunner::key_of(const GemmSpec& s, int alignment_bytes, bool ragged) {
   return Key{s.m,
              s.n,
              s.k,
@@ -173,12 +173,12 @@ GemmRunner::Key GemmRunner::key_of(const GemmSpec& s, int alignment_bytes) {
              s.stride_b,
              s.stride_d,
              alignment_bytes,
-             0};
+             int64_t(ragged)};
 }
 
-GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_bytes) {
+GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_bytes, bool ragged) {
   const GemmSpec spec = resolved(raw_spec);
-  const Key key = key_of(spec, alignment_bytes);
+  const Key key = key_of(spec, alignment_bytes, ragged);
   auto found = plans_.find(key);
   if (found != plans_.end()) return *found->second;
 
@@ -292,6 +292,46 @@ void GemmRunner::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t st
   }
   if (!plan.tuned) tune(plan, args, stream);
   MEGATUNE_CUBLAS_CHECK(matmul(plan, args, plan.algorithm, stream));
+}
+
+int64_t GemmRunner::ragged_bucket(int64_t size) {
+  int64_t octave = 1;
+  while (octave * 2 <= size) octave *= 2;
+  const int64_t step = std::max<int64_t>(128, octave / 8);
+  return (size + step - 1) / step * step;
+}
+
+void GemmRunner::run_ragged(const GemmSpec& raw_spec, const GemmArgs& args, cudaStream_t stream) {
+  const GemmSpec spec = resolved(raw_spec);
+  if (spec.epilogue != GemmEpilogue::kNone || spec.batch_count != 1 || (spec.trans_a && spec.trans_b)) {
+    run(spec, args, stream);
+    return;
+  }
+  GemmSpec bucket = spec;
+  (spec.trans_a ? bucket.k : bucket.m) = ragged_bucket(spec.trans_a ? spec.k : spec.m);
+  const int alignment =
+      std::min({pointer_alignment(args.a), pointer_alignment(args.b), pointer_alignment(args.d)});
+  Plan& plan = plan_for(bucket, alignment, /*ragged=*/true);
+  // This call's sizes on the bucket's layouts (column-major views as in plan_for).
+  auto set_shape = [](cublasLtMatrixLayout_t layout, int64_t rows, int64_t cols) {
+    const uint64_t r = uint64_t(rows), c = uint64_t(cols);
+    MEGATUNE_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof r));
+    MEGATUNE_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof c));
+  };
+  spec.trans_b ? set_shape(plan.layout_a, spec.k, spec.n) : set_shape(plan.layout_a, spec.n, spec.k);
+  spec.trans_a ? set_shape(plan.layout_b, spec.m, spec.k) : set_shape(plan.layout_b, spec.k, spec.m);
+  set_shape(plan.layout_d, spec.n, spec.m);
+  // The heuristic's first choice, untimed: counts drift from step to step, and timing candidates on each
+  // newly seen bucket (a stream wait per round) stalled the training step's first tens of iterations.
+  plan.tuned = true;
+  const cublasStatus_t status = matmul(plan, args, plan.algorithm, stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    run(spec, args, stream);
+    return;
+  }
+  check_cublas(status, "cublasLtMatmul", __FILE__, __LINE__);
 }
 
 cublasStatus_t GemmRunner::matmul(const Plan& plan, const GemmArgs& args,

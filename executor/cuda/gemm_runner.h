@@ -83,6 +83,15 @@ class GemmRunner {
   // for the spec (e.g. a fused epilogue it does not support for these types): use the unfused path then.
   void run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
 
+  // Runs a GEMM whose token dimension changes from call to call (an MoE layer's per-expert row counts): the
+  // rows of A's storage, i.e. m (or k when trans_a). The plan is the one of the spec with that size rounded
+  // up to ragged_bucket(size), with the heuristic's first algorithm (not timed: see run_ragged), its matrix
+  // layouts set to this call's sizes before the launch; so changing counts neither grow the cache per size
+  // nor stall on tuning. No epilogue; a spec it
+  // cannot bucket (trans_a with trans_b) or a size the bucket's algorithm refuses runs through run().
+  void run_ragged(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
+  // The bucket of a ragged size: rounded up to max(128, 2^floor(log2 size) / 8), at most 12.5% above it.
+  static int64_t ragged_bucket(int64_t size);
   // Builds the plan for spec without running (so a profiler or the engine can warm the cache up front).
   // alignment_bytes: the alignment the pointers of later run() calls will have (power of two <= 256).
   void prepare(const GemmSpec& spec, int alignment_bytes = 256);
@@ -103,8 +112,8 @@ class GemmRunner {
 
  private:
   using Key = std::array<int64_t, 17>;
-  static Key key_of(const GemmSpec& spec, int alignment_bytes);
-  Plan& plan_for(const GemmSpec& spec, int alignment_bytes);
+  static Key key_of(const GemmSpec& spec, int alignment_bytes, bool ragged = false);
+  Plan& plan_for(const GemmSpec& spec, int alignment_bytes, bool ragged = false);
   void tune(Plan& plan, const GemmArgs& args, cudaStream_t stream);
   // One cublasLtMatmul of plan with args' pointers and scalars.
   cublasStatus_t matmul(const Plan& plan, const GemmArgs& args, const cublasLtMatmulAlgo_t& algorithm,

@@ -41,10 +41,24 @@ std::vector<MicroBatch> batches(const TrainerConfig& c, unsigned seed) {
   return out;
 }
 
-void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes) {
+// The Llama shape with every layer MoE (8 SwiGLU experts of 256, top-2 softmax routing, aux loss): the
+// CUDA backend's permutation kernels and per-expert GEMMs against the CPU reference path.
+void make_moe(TrainerConfig& c) {
+  TransformerConfig& m = c.model;
+  m.num_experts = 8;
+  m.moe_ffn_hidden = 256;
+  m.moe_layers.assign(static_cast<std::size_t>(m.num_layers), 1);
+  m.router.num_experts = 8;
+  m.router.topk = 2;
+  m.router.aux_loss_coeff = 1e-2;
+}
+
+void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes,
+             bool moe = false) {
   if (CudaBackend::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   TrainerConfig config = config_for(llama);
   config.batch.loss_chunk_logits_bytes = loss_chunk_logits_bytes;
+  if (moe) make_moe(config);
   CpuBackend cpu(/*emulate_bf16=*/true);
   CudaBackend gpu(0);
   SingleRankCommunicator cpu_comm(cpu), gpu_comm(gpu);
@@ -73,7 +87,13 @@ void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossCh
       diff += (a - b) * (a - b);
       norm += a * a;
     }
-    EXPECT_LT(std::sqrt(diff), 0.05 * std::sqrt(norm) + 1e-7) << e.name << " |cpu| " << std::sqrt(norm);
+    // MoE: a token whose two best router logits nearly tie may pick another expert on the two backends
+    // (their bf16 residual streams differ by rounding), which moves its rows between experts after the first
+    // layer: the MoE block's gradients get a looser bound (the kernels themselves are checked exactly in
+    // kernel_moe_gpu_test), the rest of the model and the training trajectory the usual one.
+    const bool routed = moe && e.name.find("mlp") != std::string::npos;  // the MoE block and its norm
+    EXPECT_LT(std::sqrt(diff), (routed ? 0.25 : 0.05) * std::sqrt(norm) + 1e-7)
+        << e.name << " |cpu| " << std::sqrt(norm);
   }
   // A few optimizer steps: the trajectories stay together.
   for (int step = 0; step < 8; ++step) {
@@ -87,6 +107,9 @@ void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossCh
 
 TEST(EngineCudaBackend, GptShapeMatchesCpuBackend) { compare(false); }
 TEST(EngineCudaBackend, LlamaShapeMatchesCpuBackend) { compare(true); }
+TEST(EngineCudaBackend, MoeShapeMatchesCpuBackend) {
+  compare(true, layouts::kLossChunkLogitsBytes, /*moe=*/true);
+}
 // 256 tokens x 512 vocab of bf16 logits = 256 KiB; a 64 KiB budget runs the head and loss in 4 chunks.
 TEST(EngineCudaBackend, ChunkedLossMatchesCpuBackend) {
   compare(false, 64 << 10);

@@ -194,5 +194,50 @@ TEST(MoeRouter, BadFlagsAreUserErrors) {
   EXPECT_THROW(c.validate(kExperts), UserError);
 }
 
+// A micro-batch long enough for routing's per-token work to run in chunks on several threads (the last
+// chunk partial): every token's choice is the top-k of its logits with the softmax of the chosen ones, and
+// the aux loss and its gradient match a direct evaluation of Megatron's formula.
+TEST(MoeRouter, ManyTokensAreRoutedAsOneByOne) {
+  const std::int64_t T = 5000, E = 8;
+  MoeRouterConfig c = config(2);
+  c.num_experts = E;
+  c.aux_loss_coeff = 1e-2;
+  const std::vector<float> logits = random_values(T * E, 17, 1.0f);
+  const MoeRouting r = route_tokens(logits.data(), T, T, c, nullptr);
+  std::vector<double> counts(E, 0.0), summed(E, 0.0);
+  std::vector<std::vector<double>> scores(T, std::vector<double>(E));
+  for (std::int64_t t = 0; t < T; ++t) {
+    const float* z = &logits[t * E];
+    int first = 0, second = -1;
+    for (int e = 1; e < E; ++e)
+      if (z[e] > z[first]) first = e;
+    for (int e = 0; e < E; ++e)
+      if (e != first && (second < 0 || z[e] > z[second])) second = e;
+    ASSERT_EQ(r.expert[t * 2], first) << "token " << t;
+    ASSERT_EQ(r.expert[t * 2 + 1], second) << "token " << t;
+    const double p_first = 1.0 / (1.0 + std::exp(double(z[second]) - z[first]));
+    ASSERT_NEAR(r.prob[t * 2], p_first, 1e-6) << "token " << t;
+    double total = 0;
+    for (int e = 0; e < E; ++e) total += scores[t][e] = std::exp(double(z[e]));
+    for (int e = 0; e < E; ++e) summed[e] += scores[t][e] /= total;
+    counts[first] += 1, counts[second] += 1;
+  }
+  const double scale = c.aux_loss_coeff * E / (2.0 * double(T) * double(T));
+  double aux = 0;
+  for (int e = 0; e < E; ++e) aux += scale * summed[e] * counts[e];
+  EXPECT_NEAR(r.aux_loss, aux, 1e-6 * aux);
+  // d aux / d z[t, e] = s_e (g_e - <s, g>), g = scale * counts.
+  for (std::int64_t t : {std::int64_t(0), std::int64_t(1023), std::int64_t(1024), std::int64_t(4999)}) {
+    double dot = 0;
+    for (int e = 0; e < E; ++e) dot += scores[t][e] * scale * counts[e];
+    for (int e = 0; e < E; ++e) {
+      const double want = scores[t][e] * (scale * counts[e] - dot);
+      // float scores and g: relative to the terms' size, s_e * scale * T (the difference cancels).
+      EXPECT_NEAR(r.aux_loss_grad[t * E + e], want, 1e-5 * scores[t][e] * scale * double(T))
+          << "token " << t << " expert " << e;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace megatune::executor
