@@ -39,6 +39,7 @@ layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& c) {
   s.shared_ffn = c.shared_expert_ffn;
   s.ep = c.expert_parallel_size;
   s.ep_rank = c.expert_parallel_rank;
+  s.etp = c.expert_tensor_parallel_size;
   return s;
 }
 

@@ -15,10 +15,6 @@ RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelC
   if (model.is_moe() && config.tp() > 1 && !config.sequence_parallel_enabled())
     throw UserError("--num-experts with --tensor-model-parallel-size " + std::to_string(config.tp()) +
                     ": MoE layers under tensor parallelism need --sequence-parallel (as Megatron requires)");
-  if (model.is_moe() && config.etp() > 1)
-    throw UserError("--expert-tensor-parallel-size " + std::to_string(config.etp()) +
-                    " (the default is --tensor-model-parallel-size): the executor runs expert "
-                    "tensor-parallel size 1 only; add --expert-tensor-parallel-size 1");
   const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
   if (rank < 0 || rank >= grid.world_size())
     throw std::out_of_range("rank " + std::to_string(rank) + " outside the world of " +
@@ -85,8 +81,12 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
                               static_cast<float>(a.norm_epsilon), static_cast<float>(a.init_method_std));
   t.model.sequence_parallel = parallel.sequence_parallel_enabled();
   if (t.model.is_moe()) {
+    const layouts::ExpertCoordinates expert =
+        layouts::RankGrid::from_config(parallel).expert_coordinates(rank);
     t.model.expert_parallel_size = parallel.ep();
-    t.model.expert_parallel_rank = layouts::RankGrid::from_config(parallel).expert_coordinates(rank).ep;
+    t.model.expert_parallel_rank = expert.ep;
+    t.model.expert_tensor_parallel_size = parallel.etp();
+    t.model.expert_tensor_parallel_rank = expert.etp;
     t.model.moe_allgather_dispatcher =
         parallel.moe_token_dispatcher_type == layouts::MoeDispatcher::kAllGather;
     MoeRouterConfig& router = t.model.router;
