@@ -39,8 +39,10 @@ RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelC
 std::string describe_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config) {
   std::ostringstream out;
   out << "tp" << config.tp() << " pp" << config.pp() << " dp" << config.dp() << " cp" << config.cp() << " vpp"
-      << config.vpp(model) << (config.sequence_parallel_enabled() ? " sp" : "")
-      << (config.use_distributed_optimizer ? " dist-opt" : "") << " layout "
+      << config.vpp(model) << (config.sequence_parallel_enabled() ? " sp" : "");
+  // The expert grid places the experts' slices: a checkpoint resumes shard by shard only under the same one.
+  if (model.is_moe()) out << " ep" << config.ep() << " etp" << config.etp();
+  out << (config.use_distributed_optimizer ? " dist-opt" : "") << " layout "
       << config.resolved_pipeline_layout(model).to_string();
   return out.str();
 }

@@ -192,7 +192,7 @@ TEST_F(ParallelCheckpoint, MoeWithTensorAndExpertParallelismReshardsIntoOneRank)
 
 // Expert tensor parallelism: each expert's fc1 rows and fc2 columns split over the ETP pair (tp2 x dp2 on 4
 // ranks, the expert grid etp2 x ep2); the reshard assembles them from the shards' etp_rank / etp_size, into
-// one rank and into etp1 x ep2 under tp2.
+// one rank, into etp1 x ep2 under tp2, and into etp1 x ep2 x edp2 on the same tp2 x dp2.
 TEST_F(ParallelCheckpoint, MoeWithExpertTensorParallelismReshards) {
   layouts::ModelSpec m = test::llama_tiny(/*tied=*/false);
   m.num_experts = 4;
@@ -202,6 +202,9 @@ TEST_F(ParallelCheckpoint, MoeWithExpertTensorParallelismReshards) {
   expect_reshards(m, saved);
   fs::remove_all(dir_);
   expect_reshards(m, saved, layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
+  // The same tp x dp with the experts whole (etp1): another layout of the expert weights, resharded.
+  fs::remove_all(dir_);
+  expect_reshards(m, saved, layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
 }
 
 }  // namespace
