@@ -84,6 +84,7 @@ DenseParameterShape parameter_table_shape(const ModelSpec& model, const StepShap
     shape.moe_ffn = s.moe_ffn;
     shape.shared_ffn = s.shared_ffn;
     shape.ep = s.ep;
+    shape.etp = s.etp;
   }
   shape.mtp_num_layers = model.mtp_num_layers;
   return shape;

@@ -119,28 +119,33 @@ class StageTable {
   }
 
   // An MoE layer's MLP after its pre-MLP norm (Megatron's names: mlp.router, the SequentialMLP experts by
-  // global index, mlp.shared_experts). Routed experts are whole on their expert-parallel rank (expert tensor
-  // parallelism 1); the shared expert is split over TP like the dense MLP.
+  // global index, mlp.shared_experts). Routed experts live on their expert-parallel rank, fc1 column- and
+  // fc2 row-parallel over the expert-tensor-parallel group (Megatron's expert TP); the shared expert is
+  // split over TP like the dense MLP.
   void moe_mlp(const std::string& prefix, int layer) {
-    const std::int64_t h = c_.hidden, glu = c_.swiglu ? 2 : 1;
+    const std::int64_t h = c_.hidden, glu = c_.swiglu ? 2 : 1, ffn = c_.moe_ffn / c_.etp;
     // Replicated over TP and run on the sequence shard: its gradient is all-reduced over TP under SP.
     gemm(prefix + "router.weight", layer, c_.num_experts, h).sequence_parallel_grad = c_.sequence_parallel;
     const std::int64_t local = c_.num_experts / c_.ep;
     for (std::int64_t e = c_.ep_rank * local; e < (c_.ep_rank + 1) * local; ++e) {
       const std::string expert = prefix + "experts.local_experts." + std::to_string(e) + ".";
-      gemm(expert + "linear_fc1.weight", layer, glu * c_.moe_ffn, h, ParameterInit::kNormal).expert =
-          static_cast<int>(e);
-      gemm(expert + "linear_fc2.weight", layer, h, c_.moe_ffn, ParameterInit::kScaledNormal).expert =
-          static_cast<int>(e);
+      gemm(expert + "linear_fc1.weight", layer, glu * ffn, h, ParameterInit::kNormal, Split::kRows,
+           ffn_parts(c_.moe_ffn))
+          .expert = static_cast<int>(e);
+      gemm(expert + "linear_fc2.weight", layer, h, ffn, ParameterInit::kScaledNormal, Split::kColumns,
+           {c_.moe_ffn})
+          .expert = static_cast<int>(e);
     }
     if (c_.shared_ffn == 0) return;
-    const std::vector<std::int64_t> parts = c_.swiglu
-                                                ? std::vector<std::int64_t>{c_.shared_ffn, c_.shared_ffn}
-                                                : std::vector<std::int64_t>{c_.shared_ffn};
     gemm(prefix + "shared_experts.linear_fc1.weight", layer, glu * c_.shared_ffn / c_.tp, h,
-         ParameterInit::kNormal, Split::kRows, parts);
+         ParameterInit::kNormal, Split::kRows, ffn_parts(c_.shared_ffn));
     gemm(prefix + "shared_experts.linear_fc2.weight", layer, h, c_.shared_ffn / c_.tp,
          ParameterInit::kScaledNormal, Split::kColumns, {c_.shared_ffn});
+  }
+
+  // An MLP fc1's parts along its rows: [gate | up] under SwiGLU, else one.
+  std::vector<std::int64_t> ffn_parts(std::int64_t ffn) const {
+    return c_.swiglu ? std::vector<std::int64_t>{ffn, ffn} : std::vector<std::int64_t>{ffn};
   }
 
   // Megatron's MLA projections (no biases): the down-projections are replicated over TP (their gradients,

@@ -2,7 +2,8 @@
 // shape on one tensor-parallel rank, tensor-parallel split (Megatron's TP plan: column-parallel QKV / fc1 /
 // MLA up-projections / MTP eh_proj and the vocab-parallel embedding and LM head split their rows,
 // row-parallel proj / fc2 their columns, the rest (norms, MLA down-projections) is replicated; MoE layers: a
-// replicated router, this expert-parallel rank's experts, a shared expert split like the dense MLP),
+// replicated router, this expert-parallel rank's experts split the same way over the expert-tensor-parallel
+// group, a shared expert split like the dense MLP),
 // initialization and weight-decay class. One home for these facts: the executor's ParameterLayout, its
 // checkpoints and the step program's gradient-buffer sizes read it.
 #pragma once
@@ -25,11 +26,12 @@ struct DenseParameterShape {
   bool sequence_parallel = false;
   // Mixture of experts: moe_layers[l] != 0 makes decoder layer l an MoE layer (empty: a dense model). Each
   // MoE layer holds a router (num_experts, h), the experts of this expert-parallel rank (num_experts / ep
-  // of them, from ep_rank * num_experts / ep; fc1 and fc2 of moe_ffn, no biases) and, when shared_ffn > 0,
-  // a shared expert (an MLP of shared_ffn split over TP like the dense MLP, no biases).
+  // of them, from ep_rank * num_experts / ep; fc1 and fc2 of moe_ffn, no biases; fc1 column-parallel and fc2
+  // row-parallel over the etp expert-tensor-parallel ranks) and, when shared_ffn > 0, a shared expert (an MLP
+  // of shared_ffn split over TP like the dense MLP, no biases).
   std::vector<int> moe_layers;
   std::int64_t num_experts = 0, moe_ffn = 0, shared_ffn = 0;
-  int ep = 1, ep_rank = 0;
+  int ep = 1, ep_rank = 0, etp = 1;
   bool is_moe_layer(int layer) const {
     return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[layer] != 0;
   }
@@ -75,7 +77,9 @@ struct ParameterSpec {
   std::vector<std::int64_t> global_parts;
   bool sequence_parallel_grad = false;  // a norm under SP: its gradient is all-reduced over TP
   bool gemm_weight = false;             // read by a GEMM (linear layers, the LM head)
-  int expert = -1;  // a routed expert's weight: its global expert index (reduced over expert-dp)
+  // A routed expert's weight: its global expert index (reduced over expert-dp; its split is over the
+  // expert-tensor-parallel group, not TP).
+  int expert = -1;
   std::int64_t numel() const { return rows * cols; }
   std::int64_t global_rows() const;
   std::int64_t global_cols() const;

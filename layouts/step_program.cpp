@@ -286,12 +286,13 @@ void experts_backward(OpSink& o, const StepShape& s, std::int64_t rows) {
 // Permute reads the block input's rows once per routed copy and writes the copies; unpermute reads the
 // copies and writes the combined rows (its backward reads the gradient and the copies, writes the copies'
 // gradient); the permutation's backward reads the copies' gradient and writes the input's.
-// alltoall: permute the T/tp rows, exchange the counts, all-to-all over EP, all-gather over ETP; experts;
-// the way back. allgather (Megatron's order): all-gather over tp-ep of the routing (one fp32 (T/tp, E)
-// tensor: the probabilities with the routing map folded in, where Megatron gathers a bool map and the
-// probabilities) and of the rows, permute the gathered rows routed to the local experts, experts,
-// unpermute into the gathered rows, reduce-scatter back; its backward reduce-scatters the probabilities'
-// gradient to the ranks that routed them.
+// alltoall: permute the T/tp rows, exchange the counts over tp-ep, all-to-all over EP, all-gather over ETP
+// (every ETP rank's experts then see the rows of the whole ETP group; fc2's partial sums are
+// reduce-scattered back over ETP); experts; the way back. allgather (Megatron's order): all-gather over tp-ep
+// of the routing (one fp32 (T/tp, E) tensor: the probabilities with the routing map folded in, where Megatron
+// gathers a bool map and the probabilities) and of the rows, permute the gathered rows routed to the local
+// experts, experts, unpermute into the gathered rows, reduce-scatter back; its backward reduce-scatters the
+// probabilities' gradient to the ranks that routed them.
 void moe_mlp_forward(OpSink& o, const StepShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
   const std::int64_t rows = expert_rows(s);
@@ -309,8 +310,9 @@ void moe_mlp_forward(OpSink& o, const StepShape& s) {
     o.comm(OpKind::kReduceScatter, "combine_rs", gathered * s.hidden * kAct, CommGroup::kTensorExpert, tp_ep);
   } else {
     o.memory(OpKind::kRouter, "permute", 2 * copies * s.hidden * kAct);
-    // Megatron's alltoall dispatcher first gathers every rank's tokens per expert (the all-to-all splits).
-    o.comm(OpKind::kAllGather, "dispatch_counts_ag", s.ep * s.experts * 4, CommGroup::kExpert, s.ep,
+    // Megatron's alltoall dispatcher first gathers every tp-ep rank's tokens per expert (the all-to-all
+    // splits and, under expert TP, the all-gather's), over the tp-ep group as it does.
+    o.comm(OpKind::kAllGather, "dispatch_counts_ag", tp_ep * s.experts * 4, CommGroup::kTensorExpert, tp_ep,
            DType::kFP32);
     o.comm(OpKind::kAllToAll, "dispatch_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
     o.comm(OpKind::kAllGather, "dispatch_ag", rows * s.hidden * kAct, CommGroup::kExpertTensor, s.etp);

@@ -413,7 +413,11 @@ void GPTModel::initialize_parameters(std::uint64_t seed) {
       std::normal_distribution<float> normal(0.0f, std);
       std::vector<float> global(static_cast<std::size_t>(e.global_rows() * e.global_cols()));
       for (float& v : global) v = normal(rng);
-      const std::vector<float> local = tensor_parallel_slice(e, global, tp_rank_, tp_size_);
+      // A routed expert is split over the expert-tensor-parallel group, the rest over TP.
+      const bool expert = e.expert >= 0;
+      const std::vector<float> local =
+          tensor_parallel_slice(e, global, expert ? config_.expert_tensor_parallel_rank : tp_rank_,
+                                expert ? config_.expert_tensor_parallel_size : tp_size_);
       std::copy(local.begin(), local.end(), out);
     }
   };

@@ -29,7 +29,7 @@ MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::
   if (tokens % seq != 0) throw std::invalid_argument("MoeLayers: tokens must be whole sequences");
   if (tokens % tp_ != 0) throw std::invalid_argument("MoeLayers: tokens must split over the TP ranks");
   local_tokens_ = tokens_ / tp_;
-  const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_hidden,
+  const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_per_rank(),
                      shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
   max_local_rows_ = local_tokens_ * config_.router.topk;  // dropless: every choice of every token
   max_expert_rows_ = max_local_rows_;
@@ -37,7 +37,7 @@ MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::
     allgather_ = std::make_unique<MoeAllGatherDispatcher>(backend_, communicator, config_.num_experts,
                                                           local_tokens_, h, dtype_);
     max_local_rows_ = max_expert_rows_ = allgather_->max_expert_rows(config_.router.topk);
-  } else if (layers > 0 && communicator.size(CommGroup::kExpert) > 1) {
+  } else if (layers > 0 && communicator.size(CommGroup::kTensorExpert) > 1) {
     dispatcher_ = std::make_unique<MoeDispatcher>(backend_, communicator, config_.num_experts,
                                                   max_local_rows_, h, dtype_);
     max_expert_rows_ = dispatcher_->max_received_rows();
@@ -157,11 +157,11 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tenso
   if (expert_parallel()) {
     s.dispatch = dispatcher_->plan(s.routing.tokens_per_expert, layer, phase);
     s.expert_offset = s.dispatch.expert_offsets();
-    dispatcher_->dispatch(s.dispatch, s.permuted, s.expert_in, "dispatch_a2a", layer, phase);
+    dispatcher_->dispatch(s.dispatch, s.permuted, s.expert_in, "dispatch_a2a", "dispatch_ag", layer, phase);
   }
   experts_forward(w, s, layer, phase);
   if (expert_parallel())
-    dispatcher_->combine(s.dispatch, s.expert_out, s.returned, "combine_a2a", layer, phase);
+    dispatcher_->combine(s.dispatch, s.expert_out, s.returned, "combine_rs", "combine_a2a", layer, phase);
   backend_.moe_unpermute(rows(s.returned, 0, R), s.plan, true, y, {"unpermute", layer, phase});
   if (config_.shared_expert_ffn > 0) shared_forward(w, x, x_full, y, s, layer, phase);
 }
@@ -224,10 +224,12 @@ void MoeLayers::backward_routed(const MoeLayerWeights& w, const MoeLayerWeights&
   backend_.moe_unpermute_backward(d_y, rows(s.returned, 0, R), s.plan, rows(d_local_rows_, 0, R), d_probs_,
                                   {"unpermute", layer, kB});
   if (expert_parallel())
-    dispatcher_->dispatch(s.dispatch, d_local_rows_, d_rows_, "combine_grad_a2a", layer, kB);
+    dispatcher_->dispatch(s.dispatch, d_local_rows_, d_rows_, "combine_grad_a2a", "combine_grad_ag", layer,
+                          kB);
   experts_backward(w, g, s, layer, accumulate);
   if (expert_parallel())
-    dispatcher_->combine(s.dispatch, d_x_rows_, d_x_local_rows_, "dispatch_grad_a2a", layer, kB);
+    dispatcher_->combine(s.dispatch, d_x_rows_, d_x_local_rows_, "dispatch_grad_rs", "dispatch_grad_a2a",
+                         layer, kB);
   backend_.moe_unpermute(rows(d_x_local_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
 }
 

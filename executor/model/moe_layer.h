@@ -1,8 +1,10 @@
 // MoeLayers: the MoE MLP blocks of a pipeline stage, as Megatron's MoELayer runs them with the alltoall
 // dispatcher: router GEMM -> routing on the host (moe_router.h) -> permute the token copies into expert
-// order -> all-to-all over the expert-parallel group (moe_dispatch.h; none at EP 1) -> per local expert fc1,
-// activation, fc2 over its rows -> all-to-all back -> unpermute (weighted by the routing probabilities) ->
-// + the shared expert's MLP; and the backward of all of it. With --moe-token-dispatcher-type allgather the
+// order -> all-to-all over the expert-parallel group and, under expert tensor parallelism, all-gather over
+// the expert-tensor-parallel group (moe_dispatch.h; neither at EP 1 and ETP 1) -> per local expert fc1
+// (column-parallel over ETP), activation, fc2 (row-parallel) over its rows -> reduce-scatter over ETP and
+// all-to-all back -> unpermute (weighted by the routing probabilities) -> + the shared expert's MLP; and the
+// backward of all of it. With --moe-token-dispatcher-type allgather the
 // routing and rows are all-gathered over the tp-ep group instead, the local experts run over the gathered
 // rows routed to them, and a reduce-scatter brings each rank its rows back (moe_allgather_dispatch.h). Under
 // tensor parallelism (sequence parallel, as Megatron requires for MoE) the layer sees the TP rank's T / tp
@@ -25,8 +27,8 @@ namespace megatune::executor {
 // One MoE layer's weights (or their gradients) on this rank.
 struct MoeLayerWeights {
   Tensor router;                  // (E, h)
-  std::vector<Tensor> fc1;        // per local expert (glu * F_moe, h)
-  std::vector<Tensor> fc2;        // per local expert (h, F_moe)
+  std::vector<Tensor> fc1;        // per local expert (glu * F_moe / etp, h)
+  std::vector<Tensor> fc2;        // per local expert (h, F_moe / etp)
   Tensor shared_fc1, shared_fc2;  // (glu * F_shared / tp, h), (h, F_shared / tp); empty without one
 };
 
@@ -70,17 +72,17 @@ class MoeLayers {
 
  private:
   // Rows: "local" ones are this rank's token copies in global expert order (R_local <= T * k); "expert" ones
-  // are what this rank's experts process, sorted by local expert (R_expert <= ep * T * k; the same rows as
-  // the local ones at EP 1).
+  // are what this rank's experts process, sorted by local expert (R_expert <= etp * ep * T * k; the same rows
+  // as the local ones at EP 1 and ETP 1).
   struct Saved {
     MoeRouting routing;
     MoePermutation plan;
-    MoeDispatchPlan dispatch;                 // EP > 1: where the rows went
+    MoeDispatchPlan dispatch;                 // etp x ep > 1: where the rows went
     std::vector<std::int64_t> expert_offset;  // (local experts + 1) first expert row of each local expert
     Tensor permuted;                          // (R_local max, h) the token copies in expert order
     Tensor expert_in;   // (R_expert max, h) the rows the local experts read (aliases permuted at EP 1)
-    Tensor fc1;         // (R_expert max, glu * F_moe) pre-activation (its gradient in the backward)
-    Tensor expert_out;  // (R_expert max, h) fc2 outputs
+    Tensor fc1;         // (R_expert max, glu * F_moe / etp) pre-activation (its gradient in the backward)
+    Tensor expert_out;  // (R_expert max, h) fc2 outputs (partial sums over ETP)
     Tensor returned;  // (R_local max, h) the expert outputs back in local order (aliases expert_out at EP 1)
     Tensor shared_fc1;  // (T, glu * F_shared / tp) pre-activation
   };
@@ -109,16 +111,16 @@ class MoeLayers {
   Backend& backend_;
   Communicator& communicator_;
   std::vector<Saved> saved_;  // (slot, local)
-  // Shared by the layers: the activation output (R_expert max, F_moe) (recomputed in the backward), the
+  // Shared by the layers: the activation output (R_expert max, F_moe / etp) (recomputed in the backward), the
   // gradient rows (R_expert max, h) twice, the logits and their gradient (T, E), the shared expert's
   // activation (T, F_s).
   Tensor act_, d_rows_, d_x_rows_, logits_, d_logits_, shared_act_;
-  // EP > 1: the gradients of the local rows (the combine's and the permutation's).
+  // EP or ETP > 1: the gradients of the local rows (the combine's and the permutation's).
   Tensor d_local_rows_, d_x_local_rows_;
   // TP > 1: the shared expert's (T, h) partial output or input gradient, its reduce-scattered shard
   // (T / tp, h) and the gathered output gradient (T, h); the aux-loss counts' all-reduce buffer.
   Tensor shared_full_, shared_shard_, d_y_full_, aux_counts_;
-  std::unique_ptr<MoeDispatcher> dispatcher_;          // EP > 1, alltoall
+  std::unique_ptr<MoeDispatcher> dispatcher_;          // etp x ep > 1, alltoall
   std::unique_ptr<MoeAllGatherDispatcher> allgather_;  // tp-ep > 1, allgather (moe_allgather_dispatch.h)
   std::vector<float> d_probs_;                    // (T * k) host: the routed backward's probability gradients
   std::vector<std::vector<float>> expert_bias_;   // per local layer (E), with --moe-router-enable-expert-bias

@@ -40,6 +40,7 @@ layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& c) {
   s.ep = c.expert_parallel_size;
   s.ep_rank = c.expert_parallel_rank;
   s.mtp_num_layers = c.mtp_num_layers;
+  s.etp = c.expert_tensor_parallel_size;
   return s;
 }
 

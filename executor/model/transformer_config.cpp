@@ -49,6 +49,9 @@ void TransformerConfig::validate() const {
           "--moe-layer-freq must give one entry per layer (" + std::to_string(num_layers) + ")");
   require(expert_parallel_size >= 1 && num_experts % expert_parallel_size == 0,
           "--expert-model-parallel-size must divide --num-experts (" + std::to_string(num_experts) + ")");
+  require(expert_tensor_parallel_size >= 1 && moe_ffn_hidden % expert_tensor_parallel_size == 0,
+          "--expert-tensor-parallel-size must divide --moe-ffn-hidden-size (" +
+              std::to_string(moe_ffn_hidden) + ")");
   require(shared_expert_ffn % tensor_parallel_size == 0,
           "--tensor-model-parallel-size must divide --moe-shared-expert-intermediate-size");
   router.validate(num_experts);

@@ -42,6 +42,10 @@ struct TransformerConfig {
   MoeRouterConfig router;              // top-k, score function, load balancing, capacity
   int expert_parallel_size = 1;        // --expert-model-parallel-size; experts below are per EP rank
   int expert_parallel_rank = 0;
+  // --expert-tensor-parallel-size: each routed expert's fc1 column- and fc2 row-split over this many ranks
+  // (the expert-tensor-parallel group, Megatron's expert grid etp x ep x edp x pp); this rank's index in it.
+  int expert_tensor_parallel_size = 1;
+  int expert_tensor_parallel_rank = 0;
   // --moe-token-dispatcher-type allgather: tokens gathered over the tp-ep group (not a model fact: left out
   // of describe(), so checkpoints move between dispatchers).
   bool moe_allgather_dispatcher = false;
@@ -67,6 +71,7 @@ struct TransformerConfig {
     return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[layer] != 0;
   }
   std::int64_t local_experts() const { return num_experts / expert_parallel_size; }
+  std::int64_t moe_ffn_per_rank() const { return moe_ffn_hidden / expert_tensor_parallel_size; }
   std::int64_t glu_factor() const { return activation == ActivationKind::kSwiglu ? 2 : 1; }
   // Throws UserError naming the bad field.
   void validate() const;

@@ -89,7 +89,7 @@ std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, 
     e.numel = it->numel();
     e.group = it->layer;  // layouts::StageParameters::layer_reverse's codes: the entry it belongs to
     e.weight_decay = it->weight_decay;
-    // A routed expert is whole on its rank (expert tensor parallelism 1): no other TP rank holds it.
+    // A routed expert is on its EP rank only, split over ETP: no other rank of its TP group holds a copy.
     e.tensor_parallel_duplicate = it->split == TensorParallelSplit::kReplicated && it->expert < 0;
     e.shared = shared_embedding && e.name == "embedding.word_embeddings.weight";
     out.push_back(std::move(e));

@@ -40,10 +40,6 @@ RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelC
   if (model.is_moe() && config.tp() > 1 && !config.sequence_parallel_enabled())
     throw UserError("--num-experts with --tensor-model-parallel-size " + std::to_string(config.tp()) +
                     ": MoE layers under tensor parallelism need --sequence-parallel (as Megatron requires)");
-  if (model.is_moe() && config.etp() > 1)
-    throw UserError("--expert-tensor-parallel-size " + std::to_string(config.etp()) +
-                    " (the default is --tensor-model-parallel-size): the executor runs expert "
-                    "tensor-parallel size 1 only; add --expert-tensor-parallel-size 1");
   const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
   if (rank < 0 || rank >= grid.world_size())
     throw std::out_of_range("rank " + std::to_string(rank) + " outside the world of " +
@@ -69,8 +65,10 @@ RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelC
 std::string describe_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config) {
   std::ostringstream out;
   out << "tp" << config.tp() << " pp" << config.pp() << " dp" << config.dp() << " cp" << config.cp() << " vpp"
-      << config.vpp(model) << (config.sequence_parallel_enabled() ? " sp" : "")
-      << (config.use_distributed_optimizer ? " dist-opt" : "") << " layout "
+      << config.vpp(model) << (config.sequence_parallel_enabled() ? " sp" : "");
+  // The expert grid places the experts' slices: a checkpoint resumes shard by shard only under the same one.
+  if (model.is_moe()) out << " ep" << config.ep() << " etp" << config.etp();
+  out << (config.use_distributed_optimizer ? " dist-opt" : "") << " layout "
       << config.resolved_pipeline_layout(model).to_string();
   return out.str();
 }
@@ -112,8 +110,12 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.model.sequence_parallel = parallel.sequence_parallel_enabled();
   t.model.mtp_loss_scaling_factor = static_cast<float>(a.mtp_loss_scaling_factor);
   if (t.model.is_moe()) {
+    const layouts::ExpertCoordinates expert =
+        layouts::RankGrid::from_config(parallel).expert_coordinates(rank);
     t.model.expert_parallel_size = parallel.ep();
-    t.model.expert_parallel_rank = layouts::RankGrid::from_config(parallel).expert_coordinates(rank).ep;
+    t.model.expert_parallel_rank = expert.ep;
+    t.model.expert_tensor_parallel_size = parallel.etp();
+    t.model.expert_tensor_parallel_rank = expert.etp;
     t.model.moe_allgather_dispatcher =
         parallel.moe_token_dispatcher_type == layouts::MoeDispatcher::kAllGather;
     MoeRouterConfig& router = t.model.router;

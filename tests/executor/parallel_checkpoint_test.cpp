@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "executor/training/thread_run.h"
@@ -85,15 +86,17 @@ class ParallelCheckpoint : public ::testing::Test {
       EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
     return whole;
   }
-  // Trains 4 iterations whole and 2 saved under `saved`; 2 more resumed on one rank continue the curve.
-  void expect_reshards_into_one_rank(const layouts::ModelSpec& m, const layouts::ParallelConfig& saved) {
+  // Trains 4 iterations whole and 2 saved under `saved`; 2 more resumed under `target` (default: one rank)
+  // continue the curve.
+  void expect_reshards(const layouts::ModelSpec& m, const layouts::ParallelConfig& saved,
+                       std::optional<layouts::ParallelConfig> target = std::nullopt) {
     const RunResult whole = train(saved, options(4), m);
     TrainOptions first = options(2);
     first.save = dir_.string();
     train(saved, first, m);
     TrainOptions second = options(4);
     second.load = dir_.string();
-    const RunResult resumed = train(layout(m, 1, 1, 1), second, m);
+    const RunResult resumed = train(target ? *target : layout(m, 1, 1, 1), second, m);
     EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
     ASSERT_EQ(resumed.losses.size(), 2u);
     for (int i = 0; i < 2; ++i)
@@ -158,7 +161,7 @@ TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
 // parts each) reshard like the rest.
 TEST_F(ParallelCheckpoint, MultiLatentAttentionReshardsFromTp2IntoOneRank) {
   const layouts::ModelSpec m = test::deepseek_mla_tiny(/*q_lora=*/true);
-  expect_reshards_into_one_rank(m, layout(m, 2, 1, 1, /*sp=*/true));
+  expect_reshards(m, layout(m, 2, 1, 1, /*sp=*/true));
 }
 
 // Context-parallel ranks hold replicated weights: a cp2 run resumes bit-exactly under its own layout and
@@ -184,7 +187,24 @@ TEST_F(ParallelCheckpoint, MoeWithTensorAndExpertParallelismReshardsIntoOneRank)
   m.moe_router_topk = 2;
   m.moe_ffn_hidden_size = 32;
   m.moe_shared_expert_intermediate_size = 32;
-  expect_reshards_into_one_rank(m, layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
+  expect_reshards(m, layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
+}
+
+// Expert tensor parallelism: each expert's fc1 rows and fc2 columns split over the ETP pair (tp2 x dp2 on 4
+// ranks, the expert grid etp2 x ep2); the reshard assembles them from the shards' etp_rank / etp_size, into
+// one rank, into etp1 x ep2 under tp2, and into etp1 x ep2 x edp2 on the same tp2 x dp2.
+TEST_F(ParallelCheckpoint, MoeWithExpertTensorParallelismReshards) {
+  layouts::ModelSpec m = test::llama_tiny(/*tied=*/false);
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 32;
+  const layouts::ParallelConfig saved = layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/2);
+  expect_reshards(m, saved);
+  fs::remove_all(dir_);
+  expect_reshards(m, saved, layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
+  // The same tp x dp with the experts whole (etp1): another layout of the expert weights, resharded.
+  fs::remove_all(dir_);
+  expect_reshards(m, saved, layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
 }
 
 }  // namespace

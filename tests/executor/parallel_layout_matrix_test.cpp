@@ -75,7 +75,7 @@ layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const L
 }
 
 struct Slice {
-  int tp_rank = 0, tp_size = 1;
+  int tp_rank = 0, tp_size = 1;  // a routed expert's: its expert-tensor-parallel rank and size
   ParameterEntry entry;
   std::vector<float> values;
 };
@@ -100,15 +100,18 @@ Trained train(const layouts::ModelSpec& model, const Layout& l) {
   const std::vector<IterationRecord> records =
       train_on_threads(model, config, o, log, [&](int rank, TrainingRun& run) {
         Trainer& trainer = run.trainer();
-        const int tp_rank = layouts::RankGrid::from_config(config).dense_coordinates(rank).tp;
+        const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
+        const int tp_rank = grid.dense_coordinates(rank).tp, etp_rank = grid.expert_coordinates(rank).etp;
         std::lock_guard<std::mutex> lock(mutex);
         for (int c = 0; c < trainer.num_chunks(); ++c) {
           GPTModel& m = trainer.model(c);
           const std::vector<float> params = m.main_parameters();
-          for (const ParameterEntry& e : m.layout().entries())
+          for (const ParameterEntry& e : m.layout().entries()) {
+            const bool expert = e.expert >= 0;  // split over the expert-tensor-parallel group
             out.weights[e.name].push_back(
-                {tp_rank, config.tp(), e,
+                {expert ? etp_rank : tp_rank, expert ? config.etp() : config.tp(), e,
                  std::vector<float>(params.begin() + e.offset, params.begin() + e.offset + e.numel())});
+          }
         }
       });
   for (const IterationRecord& r : records) out.losses.push_back(r.step.loss);
@@ -276,6 +279,13 @@ const std::vector<Layout>& moe_matrix() {
       {"allgather ep2", 1, 1, 2, 0, false, false, false, "", 1, 2, false, 1, true},
       // tp2 x ep2 on 4 ranks: the tp-ep group (etp1 x ep2) gathers over pairs of TP ranks' shards.
       {"allgather ep2 tp2 sp", 2, 1, 2, 0, true, false, false, "", 1, 2, false, 1, true},
+      // tp2 x dp2 on 4 ranks; the expert grid etp2 x ep2 x edp1: each expert split over the TP pair, the
+      // all-to-all between the pairs, the received rows gathered over ETP.
+      {"ep2 etp2 tp2 sp dp2", 2, 1, 2, 0, true, false, false, "", 1, 2, false, 2},
+      // etp2 x ep1 x edp2: expert grads reduced (and the distributed optimizer's state sharded) over edp.
+      {"etp2 tp2 sp dp2 dist-opt", 2, 1, 2, 0, true, true, false, "", 1, 1, false, 2},
+      // etp2 without TP: the ETP group spans the data-parallel ranks (full sequences on each).
+      {"etp2 dp2 allgather", 1, 1, 2, 0, false, false, false, "", 1, 1, false, 2, true},
   };
   return layouts;
 }

@@ -50,11 +50,12 @@ layouts::ModelSpec model_of(const Case& c) {
 }
 
 // Expert parallelism: the rows an expert receives follow the routing, the step program's follow uniform
-// routing: the experts' GEMMs and activation and the payload all-to-alls (with the allgather dispatcher the
-// permutation of the gathered rows too) are compared but for those sizes.
+// routing: the experts' GEMMs and activation, the payload all-to-alls and the alltoall dispatcher's ETP
+// all-gathers and reduce-scatters (with the allgather dispatcher the permutation of the gathered rows too)
+// are compared but for those sizes.
 bool same_work(const layouts::Op& e, const layouts::Op& p, bool routed_sizes) {
   const bool routed = e.label.rfind("expert_", 0) == 0 || e.kind == layouts::OpKind::kAllToAll ||
-                      e.kind == layouts::OpKind::kRouter;
+                      e.kind == layouts::OpKind::kRouter || e.group == layouts::CommGroup::kExpertTensor;
   if (!routed_sizes || !routed) return e.same_work(p);
   layouts::Op sized = e;
   sized.m = p.m;
@@ -118,8 +119,8 @@ TEST_P(ParallelOpRecording, EveryRankIssuesItsStepProgram) {
     for (std::size_t i = 0; i < n; ++i) {
       const layouts::Op& e = ops[i];
       const layouts::Op& p = planned[i];
-      ASSERT_TRUE(same_work(e, p, c.ep > 1) && e.microbatch == p.microbatch && e.chunk == p.chunk &&
-                  e.peer_rank == p.peer_rank)
+      ASSERT_TRUE(same_work(e, p, c.ep > 1 || c.etp > 1) && e.microbatch == p.microbatch &&
+                  e.chunk == p.chunk && e.peer_rank == p.peer_rank)
           << "op " << i << "\n  executor: " << layouts::to_string(e) << " peer " << e.peer_rank
           << "\n  planner:  " << layouts::to_string(p) << " peer " << p.peer_rank;
     }
@@ -173,7 +174,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"mtp_pp2_tied_m_stage", 1, 2, 1, 0, false, false, false, true, "Etttt|mL", false, 1,
              Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 0, 0, false, 1},
         Case{"mtp2_gpt_tied_dp2_dist_opt", 1, 1, 2, 0, false, true, true, true, "", true, 1, Case::Mla::kNone,
-             layouts::RecomputeGranularity::kSelective, 0, 0, false, 2}),
+             layouts::RecomputeGranularity::kSelective, 0, 0, false, 2},
+        Case{"moe_ep2_etp2_tp2_sp_dp2", 2, 1, 2, 0, true, false, false, false, "", false, 1, Case::Mla::kNone,
+             layouts::RecomputeGranularity::kNone, 2, 2},
+        Case{"moe_etp2_tp2_sp_dp2_dist_opt_overlaps", 2, 1, 2, 0, true, true, false, false, "", true, 1,
+             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 1, 2},
+        Case{"moe_allgather_ep2_etp2_tp2_sp_dp2", 2, 1, 2, 0, true, false, false, false, "", false, 1,
+             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2, 2, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -1,6 +1,7 @@
 // `megatune train` of the tiny MoE presets on the CPU backend: tiny-mixtral (softmax top-2, aux loss) and
 // tiny-deepseek-v3 (sigmoid routing, sequence aux loss, shared expert, a first dense layer) learn byte-level
-// text (falling loss) and log Megatron's load_balancing_loss; bad MoE flags fail with one line.
+// text (falling loss), tiny-mixtral also under TP 2 with its default expert TP 2, and log Megatron's
+// load_balancing_loss; bad MoE flags fail with one line.
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -60,6 +61,14 @@ TEST(CliTrainMoe, TinyMixtralLearnsText) {
   expect_learns(train("tiny-mixtral", data, {"--moe-aux-loss-coeff", "1e-2"}));
 }
 
+// Megatron's default expert-tensor-parallel size is the TP size: here each expert is split over the TP pair.
+TEST(CliTrainMoe, TinyMixtralLearnsTextWithExpertTensorParallelism) {
+  TempDir dir;
+  const std::string data = make_corpus(dir);
+  expect_learns(train("tiny-mixtral", data,
+                      {"--moe-aux-loss-coeff", "1e-2", "--tp", "2", "--sequence-parallel", "--nproc", "2"}));
+}
+
 TEST(CliTrainMoe, TinyDeepSeekV3ShapeLearnsTextWithSigmoidRouting) {
   TempDir dir;
   const std::string data = make_corpus(dir);
@@ -114,8 +123,8 @@ TEST(CliTrainMoe, BadMoeFlagsFailWithOneLine) {
       {{"--moe-aux-loss-coeff", "-0.1"}, "--moe-aux-loss-coeff"},
       {{"--moe-router-topk", "9"}, "--moe-router-topk"},
       {{"--tp", "2", "--nproc", "2"}, "need --sequence-parallel"},
-      // The expert-tensor-parallel size defaults to tp: 2 here.
-      {{"--tp", "2", "--nproc", "2", "--sequence-parallel"}, "--expert-tensor-parallel-size 1"},
+      // The expert grid etp x ep x pp must tile the world.
+      {{"--expert-tensor-parallel-size", "2"}, "etp x ep x pp"},
       {{"--moe-token-dispatcher-type", "flex"}, "--moe-token-dispatcher-type"},
       {{"--moe-token-dispatcher-type", "all2all"}, "use alltoall or allgather"},
       {{"--moe-router-enable-expert-bias"}, "--moe-router-score-function sigmoid"},
