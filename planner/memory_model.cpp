@@ -52,12 +52,13 @@ std::int64_t dense_mlp_bytes(const StepShape& s, std::int64_t ffn, bool dropout,
   return bytes;
 }
 
-std::int64_t moe_mlp_bytes(const StepShape& s, const MemoryOptions& options, bool dropout) {
+std::int64_t moe_mlp_bytes(const StepShape& s, const MemoryOptions& /*options*/, bool dropout) {
   const std::int64_t sp_div = s.sp ? s.tp : 1;
   const std::int64_t local_tokens = s.tokens / s.tp;
   const std::int64_t glu = s.swiglu ? 2 : 1;
-  std::int64_t rows = local_tokens * s.topk * s.etp;
-  if (s.moe_dispatcher == layouts::MoeDispatcher::kAllGather) rows = local_tokens * s.etp * s.topk;
+  // Rows at the experts: the rank's routed choices, gathered over the expert-tensor group (both dispatchers
+  // bring a rank as many rows as it routes when the routing is balanced).
+  const std::int64_t rows = local_tokens * s.topk * s.etp;
   std::int64_t bytes = 2 * s.tokens * s.hidden / sp_div         // norm input
                        + 2 * local_tokens * s.hidden            // router input
                        + 4 * local_tokens * s.experts           // router probs (fp32)
