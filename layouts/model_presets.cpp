@@ -105,6 +105,21 @@ ModelSpec make_preset(std::string_view name) {
     m.v_head_dim = 16;
     return m;
   }
+  if (name == "tiny-deepseek-v3-full") {
+    // Every DeepSeek-V3 feature of the model at CPU-test size: tiny-deepseek-v3-mla's multi-latent attention,
+    // tiny-deepseek-v3's MoE (a first dense layer, 16 fine-grained experts top-4, one shared expert) and one
+    // multi-token-prediction layer. The router (sigmoid scores, expert bias) is set by the training flags.
+    ModelSpec m = make_preset("tiny-deepseek-v3-mla");
+    m.name = "tiny-deepseek-v3-full";
+    const ModelSpec moe = make_preset("tiny-deepseek-v3");
+    m.num_experts = moe.num_experts;
+    m.moe_router_topk = moe.moe_router_topk;
+    m.moe_ffn_hidden_size = moe.moe_ffn_hidden_size;
+    m.moe_shared_expert_intermediate_size = moe.moe_shared_expert_intermediate_size;
+    m.moe_layer_pattern = moe.moe_layer_pattern;
+    m.mtp_num_layers = 1;
+    return m;
+  }
   // GPT-3 paper shapes (Brown et al. 2020, Table 2.1), GPT-2 vocabulary, 2048 positions.
   if (name == "gpt-125m") return gpt("gpt-125m", 12, 768, 12);
   if (name == "gpt-1.3b") return gpt("gpt-1.3b", 24, 2048, 16);
@@ -155,10 +170,23 @@ ModelSpec make_preset(std::string_view name) {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny",          "tiny-mixtral", "tiny-deepseek-v3", "gpt-125m",
-          "gpt-1.3b",      "gpt-2.7b",     "gpt3-175b",        "llama3-1b",
-          "llama3-3b",     "llama3-8b",    "llama3-70b",       "llama3-405b",
-          "mixtral-small", "mixtral-8x7b", "deepseek-v3",      "tiny-deepseek-v3-mla"};
+  return {"tiny",
+          "tiny-mixtral",
+          "tiny-deepseek-v3",
+          "gpt-125m",
+          "gpt-1.3b",
+          "gpt-2.7b",
+          "gpt3-175b",
+          "llama3-1b",
+          "llama3-3b",
+          "llama3-8b",
+          "llama3-70b",
+          "llama3-405b",
+          "mixtral-small",
+          "mixtral-8x7b",
+          "deepseek-v3",
+          "tiny-deepseek-v3-mla",
+          "tiny-deepseek-v3-full"};
 }
 
 ModelSpec model_preset(std::string_view name) { return make_preset(name); }

@@ -1,7 +1,8 @@
 // `megatune train` of the tiny MoE presets on the CPU backend: tiny-mixtral (softmax top-2, aux loss) and
-// tiny-deepseek-v3 (sigmoid routing, sequence aux loss, shared expert, a first dense layer) learn byte-level
-// text (falling loss), tiny-mixtral also under TP 2 with its default expert TP 2, and log Megatron's
-// load_balancing_loss; bad MoE flags fail with one line.
+// tiny-deepseek-v3 (sigmoid routing, sequence aux loss, shared expert, a first dense layer) and
+// tiny-deepseek-v3-full (also MLA and multi-token prediction) learn byte-level text (falling loss),
+// tiny-mixtral also under TP 2 with its default expert TP 2, and log Megatron's load_balancing_loss; bad MoE
+// flags fail with one line.
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -76,6 +77,21 @@ TEST(CliTrainMoe, TinyDeepSeekV3ShapeLearnsTextWithSigmoidRouting) {
       train("tiny-deepseek-v3", data,
             {"--moe-router-score-function", "sigmoid", "--moe-router-load-balancing-type", "seq_aux_loss",
              "--moe-aux-loss-coeff", "1e-3", "--moe-expert-capacity-factor", "1.5"}));
+}
+
+// DeepSeek-V3 scaled down, every feature at once: MLA, MoE with sigmoid scores and the expert bias, a shared
+// expert after a first dense layer, and multi-token prediction, whose loss falls beside the model's.
+TEST(CliTrainMoe, TinyDeepSeekV3FullLearnsTextWithMtp) {
+  TempDir dir;
+  const std::string data = make_corpus(dir);
+  const CliResult r =
+      train("tiny-deepseek-v3-full", data,
+            {"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+             "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-3"});
+  expect_learns(r);
+  const std::vector<double> mtp = logged(r.out, "mtp_1 loss");
+  ASSERT_EQ(mtp.size(), 4u) << r.out;
+  EXPECT_LT(mtp.back(), mtp.front() - 1.0) << r.out;
 }
 
 TEST(CliTrainMoe, ExpertBiasResumesFromItsCheckpoint) {
