@@ -107,19 +107,23 @@ void MoeLayers::build_permutation(Saved& s) const {
   p.row_token.clear();
   p.token_rows.assign(static_cast<std::size_t>(r.tokens * k), -1);
   p.token_probs.assign(static_cast<std::size_t>(r.tokens * k), 0.0f);
-  std::vector<std::int64_t> first_row(static_cast<std::size_t>(config_.num_experts + 1), 0);
-  for (std::int64_t e = 0; e < config_.num_experts; ++e) {
-    first_row[e] = static_cast<std::int64_t>(p.row_token.size());
-    for (std::int64_t t = 0; t < r.tokens; ++t)
-      for (int j = 0; j < k; ++j) {
-        const std::int64_t i = t * k + j;
-        if (r.expert[i] != e || !r.kept[i]) continue;
-        p.token_rows[i] = static_cast<std::int32_t>(p.row_token.size());
-        p.token_probs[i] = r.prob[i];
-        p.row_token.push_back(static_cast<std::int32_t>(t));
-      }
-  }
-  first_row[config_.num_experts] = static_cast<std::int64_t>(p.row_token.size());
+  // A counting sort (one pass to count, one to place), as the host builds it while the GPU waits.
+  const std::int64_t E = config_.num_experts;
+  std::vector<std::int64_t> first_row(static_cast<std::size_t>(E + 1), 0);
+  for (std::int64_t i = 0; i < r.tokens * k; ++i)
+    if (r.kept[i]) ++first_row[r.expert[i] + 1];
+  for (std::int64_t e = 0; e < E; ++e) first_row[e + 1] += first_row[e];
+  p.row_token.resize(static_cast<std::size_t>(first_row[E]));
+  std::vector<std::int64_t> next(first_row.begin(), first_row.end() - 1);
+  for (std::int64_t t = 0; t < r.tokens; ++t)
+    for (int j = 0; j < k; ++j) {
+      const std::int64_t i = t * k + j;
+      if (!r.kept[i]) continue;
+      const std::int64_t row = next[r.expert[i]]++;
+      p.token_rows[i] = static_cast<std::int32_t>(row);
+      p.token_probs[i] = r.prob[i];
+      p.row_token[row] = static_cast<std::int32_t>(t);
+    }
   if (!expert_parallel()) s.expert_offset = first_row;  // EP 1: every expert is local
 }
 
@@ -131,11 +135,16 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tenso
   backend_.download(logits_, logits.data());
   const bool biased = config_.router.enable_expert_bias;
   const TokenShard shard{tp_rank_ * local_tokens_, tokens_};
-  s.routing = route_tokens(logits.data(), local_tokens_, seq_, config_.router,
-                           biased ? expert_bias_[local].data() : nullptr, shard,
-                           [this](std::vector<double>& counts) { reduce_aux_loss_counts(counts); });
-  if (phase != OpPhase::kRecompute && config_.router.has_aux_loss())
-    logged_aux_loss_ += s.routing.aux_loss / config_.router.aux_loss_coeff;
+  // The choice first: the permutation waits for it; the load-balancing loss (only the backward reads it) is
+  // added once the experts' work is queued, while the GPU runs it.
+  s.routing = route_tokens_choice(logits.data(), local_tokens_, seq_, config_.router,
+                                  biased ? expert_bias_[local].data() : nullptr);
+  auto add_aux_loss = [&] {
+    add_load_balancing_loss(s.routing, config_.router, shard,
+                            [this](std::vector<double>& counts) { reduce_aux_loss_counts(counts); });
+    if (phase != OpPhase::kRecompute && config_.router.has_aux_loss())
+      logged_aux_loss_ += s.routing.aux_loss / config_.router.aux_loss_coeff;
+  };
   if (phase != OpPhase::kRecompute && biased)
     for (std::int64_t e = 0; e < config_.num_experts; ++e)
       tokens_seen_[local][e] += static_cast<double>(s.routing.tokens_per_expert[e]);
@@ -145,6 +154,7 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tenso
     backend_.moe_permute(allgather_->gathered_rows(), s.plan, rows(s.permuted, 0, R),
                          {"permute", layer, phase});
     experts_forward(w, s, layer, phase);
+    add_aux_loss();
     backend_.moe_unpermute(rows(s.expert_out, 0, R), s.plan, true, allgather_->combine_rows(),
                            {"unpermute", layer, phase});
     allgather_->combine(y, layer, phase);
@@ -160,6 +170,7 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tenso
     dispatcher_->dispatch(s.dispatch, s.permuted, s.expert_in, "dispatch_a2a", "dispatch_ag", layer, phase);
   }
   experts_forward(w, s, layer, phase);
+  add_aux_loss();
   if (expert_parallel())
     dispatcher_->combine(s.dispatch, s.expert_out, s.returned, "combine_rs", "combine_a2a", layer, phase);
   backend_.moe_unpermute(rows(s.returned, 0, R), s.plan, true, y, {"unpermute", layer, phase});

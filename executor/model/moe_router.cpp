@@ -232,6 +232,18 @@ void MoeRouterConfig::validate(std::int64_t experts) const {
 MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t seq, const MoeRouterConfig& c,
                         const float* expert_bias, const TokenShard& shard,
                         const AuxLossCountsReduce& reduce) {
+  MoeRouting r = route_tokens_choice(logits, tokens, seq, c, expert_bias);
+  add_load_balancing_loss(r, c, shard, reduce);
+  return r;
+}
+
+void add_load_balancing_loss(MoeRouting& r, const MoeRouterConfig& c, const TokenShard& shard,
+                             const AuxLossCountsReduce& reduce) {
+  if (c.has_aux_loss()) load_balancing_loss(r, c, shard, reduce);
+}
+
+MoeRouting route_tokens_choice(const float* logits, std::int64_t tokens, std::int64_t seq,
+                               const MoeRouterConfig& c, const float* expert_bias) {
   const std::int64_t E = c.num_experts;
   const int k = c.topk;
   MoeRouting r;
@@ -249,7 +261,6 @@ MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t s
   if (c.drops_tokens()) drop_over_capacity(r, c);
   r.tokens_per_expert.assign(static_cast<std::size_t>(E), 0);
   for (std::int64_t i = 0; i < tokens * k; ++i) r.tokens_per_expert[r.expert[i]] += r.kept[i];
-  if (c.has_aux_loss()) load_balancing_loss(r, c, shard, reduce);
   return r;
 }
 

@@ -68,6 +68,13 @@ using AuxLossCountsReduce = std::function<void(std::vector<double>& counts)>;
 MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t seq,
                         const MoeRouterConfig& config, const float* expert_bias, const TokenShard& shard = {},
                         const AuxLossCountsReduce& reduce = {});
+// The same choice without the load-balancing loss (aux_loss 0, no aux_loss_grad): what the permutation
+// needs. add_load_balancing_loss() completes it later (a GPU step computes the loss on the host while the
+// experts run, not while the GPU waits for the permutation).
+MoeRouting route_tokens_choice(const float* logits, std::int64_t tokens, std::int64_t seq,
+                               const MoeRouterConfig& config, const float* expert_bias);
+void add_load_balancing_loss(MoeRouting& routing, const MoeRouterConfig& config, const TokenShard& shard = {},
+                             const AuxLossCountsReduce& reduce = {});
 
 // d_logits (T, E) = d(probabilities)/d(logits)^T d_prob + aux_loss_scale * the aux loss gradient, from the
 // gradient of the loss with respect to each chosen probability, d_prob (T, k).
