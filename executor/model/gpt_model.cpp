@@ -1,4 +1,6 @@
-// GPTModel: buffers, initialization, and the forward/backward passes of the decoder LM over a Backend.
+// GPTModel: buffers and the forward/backward passes of the decoder LM over a Backend (parameters in
+// gpt_model_parameters.cpp, core attention in gpt_model_attention.cpp, the LM head and loss in
+// gpt_model_loss.cpp, multi-token prediction in gpt_model_mtp.cpp).
 #include "executor/model/gpt_model.h"
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "executor/model/gpt_model_phases.h"
 #include "executor/model/linear_gemm.h"
 #include "executor/parallel/context_parallel_split.h"
 #include "layouts/step_program.h"
@@ -23,17 +26,7 @@ NormArgs with_stats(NormArgs a) {
   return a;
 }
 
-using layouts::OpPhase;
-constexpr OpPhase kF = OpPhase::kForward;
-constexpr OpPhase kB = OpPhase::kBackward;
-constexpr layouts::OpRole kTpRole = layouts::OpRole::kTensorParallel;
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using namespace gpt_model_phases;  // NOLINT(google-build-using-namespace)
 
 }  // namespace
 
@@ -263,99 +256,6 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
   return a;
 }
 
-const ParameterEntry& GPTModel::head_entry() const {
-  return layout_.find(config_.tied_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight");
-}
-
-Tensor GPTModel::view(Tensor buffer, const ParameterEntry& entry) const {
-  const std::int64_t offset = entry.offset;
-  if (buffer.data == model_params_.data && buffer.numel() == model_params_.numel() &&
-      buffer.dtype == model_params_.dtype && offset >= model_params_.numel())
-    buffer = main_params_;  // not in the compute-dtype copy: the fp32 main parameter
-  Tensor v;
-  v.dtype = buffer.dtype;
-  v.data = buffer.data == nullptr
-               ? nullptr
-               : static_cast<char*>(buffer.data) + offset * backend_.storage_bytes(buffer.dtype);
-  v.rows = entry.rows;
-  v.cols = entry.cols;
-  v.row_stride = entry.cols;
-  return v;
-}
-
-void GPTModel::index_layer_parameters() {
-  // Once: each local layer's parameters by role, so that the passes never look a name up.
-  std::map<std::string, const ParameterEntry*> by_name;
-  for (const ParameterEntry& e : layout_.entries()) by_name[e.name] = &e;
-  int moe_layers = 0;
-  for (int i = 0; i < local_layer_count(); ++i) {
-    const int l = i < stage_.num_layers ? stage_.first_layer + i
-                                        : -3 - (stage_.first_mtp_layer + i - stage_.num_layers);
-    const std::string prefix =
-        l >= 0 ? layer_parameter(l, "") : layouts::mtp_parameter(-3 - l, "transformer_layer.");
-    auto find = [&](int, const char* suffix) -> const ParameterEntry* {
-      const auto it = by_name.find(prefix + suffix);
-      return it == by_name.end() ? nullptr : it->second;
-    };
-    LayerParameters p;
-    p.norm1_w = find(l, "input_layernorm.weight");
-    p.norm1_b = find(l, "input_layernorm.bias");
-    p.qkv_w = find(l, "self_attention.linear_qkv.weight");
-    p.qkv_b = find(l, "self_attention.linear_qkv.bias");
-    p.proj_w = find(l, "self_attention.linear_proj.weight");
-    p.proj_b = find(l, "self_attention.linear_proj.bias");
-    p.norm2_w = find(l, "pre_mlp_layernorm.weight");
-    p.norm2_b = find(l, "pre_mlp_layernorm.bias");
-    p.fc1_w = find(l, "mlp.linear_fc1.weight");
-    p.fc1_b = find(l, "mlp.linear_fc1.bias");
-    p.fc2_w = find(l, "mlp.linear_fc2.weight");
-    p.fc2_b = find(l, "mlp.linear_fc2.bias");
-    p.q_down = find(l, "self_attention.linear_q_down_proj.weight");
-    p.q_norm_w = find(l, "self_attention.q_layernorm.weight");
-    p.q_norm_b = find(l, "self_attention.q_layernorm.bias");
-    p.q_up = find(l, config_.q_lora_rank > 0 ? "self_attention.linear_q_up_proj.weight"
-                                             : "self_attention.linear_q_proj.weight");
-    p.kv_down = find(l, "self_attention.linear_kv_down_proj.weight");
-    p.kv_norm_w = find(l, "self_attention.kv_layernorm.weight");
-    p.kv_norm_b = find(l, "self_attention.kv_layernorm.bias");
-    p.kv_up = find(l, "self_attention.linear_kv_up_proj.weight");
-    if (config_.is_moe_layer(l)) {
-      p.moe_local = moe_layers++;
-      p.router = find(l, "mlp.router.weight");
-      p.shared_fc1 = find(l, "mlp.shared_experts.linear_fc1.weight");
-      p.shared_fc2 = find(l, "mlp.shared_experts.linear_fc2.weight");
-      const std::int64_t local = config_.local_experts(), first = config_.expert_parallel_rank * local;
-      for (std::int64_t e = first; e < first + local; ++e) {
-        const std::string prefix = "mlp.experts.local_experts." + std::to_string(e) + ".";
-        p.expert_fc1.push_back(find(l, (prefix + "linear_fc1.weight").c_str()));
-        p.expert_fc2.push_back(find(l, (prefix + "linear_fc2.weight").c_str()));
-      }
-    }
-    layer_parameters_.push_back(p);
-  }
-}
-
-std::vector<int> GPTModel::moe_layer_numbers() const {
-  std::vector<int> out;
-  for (int i = 0; i < local_layer_count(); ++i)
-    if (layer_parameters_[i].moe_local >= 0)
-      out.push_back(i < stage_.num_layers ? stage_.first_layer + i
-                                          : -3 - (stage_.first_mtp_layer + i - stage_.num_layers));
-  return out;
-}
-
-MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
-  const LayerParameters& p = layer_parameters_.at(local_index(l));
-  auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
-  MoeLayerWeights w;
-  w.router = get(p.router);
-  for (const ParameterEntry* e : p.expert_fc1) w.fc1.push_back(get(e));
-  for (const ParameterEntry* e : p.expert_fc2) w.fc2.push_back(get(e));
-  w.shared_fc1 = get(p.shared_fc1);
-  w.shared_fc2 = get(p.shared_fc2);
-  return w;
-}
-
 void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor d_in, bool accumulate) {
   // On the sequence shard (moe_layer.h): the routed experts' backward, then the recompute of the block's
   // input (the pre-MLP norm output, unless a full-recompute re-run of the layer has just written it) that
@@ -372,95 +272,6 @@ void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor
       static_cast<float>(1.0 / (batch_.num_microbatches * batch_.gradient_average_ranks));
   moe_->backward_dense(w, g, norm2_shard_, a.ln2, d_out, d_in, moe_slot_, local, l, accumulate,
                        aux_loss_scale);
-}
-
-GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
-  const LayerParameters& p = layer_parameters_.at(local_index(l));
-  auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
-  LayerWeights w;
-  w.norm1_w = get(p.norm1_w);
-  w.norm1_b = get(p.norm1_b);
-  w.qkv_w = get(p.qkv_w);
-  w.qkv_b = get(p.qkv_b);
-  w.proj_w = get(p.proj_w);
-  w.proj_b = get(p.proj_b);
-  w.norm2_w = get(p.norm2_w);
-  w.norm2_b = get(p.norm2_b);
-  w.fc1_w = get(p.fc1_w);
-  w.fc1_b = get(p.fc1_b);
-  w.fc2_w = get(p.fc2_w);
-  w.fc2_b = get(p.fc2_b);
-  w.mla = {get(p.q_down),  get(p.q_norm_w),  get(p.q_norm_b),  get(p.q_up),
-           get(p.kv_down), get(p.kv_norm_w), get(p.kv_norm_b), get(p.kv_up)};
-  return w;
-}
-
-void GPTModel::initialize_parameters(std::uint64_t seed) {
-  const std::vector<ParameterEntry>& entries = layout_.entries();
-  std::vector<float> host(layout_.total_elements(), 0.0f);
-  const float scaled_std = config_.init_std / std::sqrt(2.0f * config_.num_layers);
-  auto init_one = [&](std::size_t i) {
-    const ParameterEntry& e = entries[i];
-    float* out = host.data() + e.offset;
-    if (e.init == ParameterInit::kOnes) {
-      std::fill(out, out + e.numel(), 1.0f);
-    } else if (e.init == ParameterInit::kNormal || e.init == ParameterInit::kScaledNormal) {
-      // The whole tensor from a generator seeded by the parameter's name, then this rank's slice.
-      const float std = e.init == ParameterInit::kNormal ? config_.init_std : scaled_std;
-      std::uint64_t name_hash = 0xcbf29ce484222325ull;  // FNV-1a
-      for (char c : e.name) name_hash = (name_hash ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
-      std::mt19937_64 rng(splitmix64(seed * 0x100000001B3ull ^ name_hash));
-      std::normal_distribution<float> normal(0.0f, std);
-      std::vector<float> global(static_cast<std::size_t>(e.global_rows() * e.global_cols()));
-      for (float& v : global) v = normal(rng);
-      // A routed expert is split over the expert-tensor-parallel group, the rest over TP.
-      const bool expert = e.expert >= 0;
-      const std::vector<float> local =
-          tensor_parallel_slice(e, global, expert ? config_.expert_tensor_parallel_rank : tp_rank_,
-                                expert ? config_.expert_tensor_parallel_size : tp_size_);
-      std::copy(local.begin(), local.end(), out);
-    }
-  };
-  const unsigned workers = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> threads;
-  for (unsigned w = 0; w < workers; ++w)
-    threads.emplace_back([&, w] {
-      for (std::size_t i = w; i < entries.size(); i += workers) init_one(i);
-    });
-  for (std::thread& t : threads) t.join();
-  set_main_parameters(host);
-}
-
-std::vector<float> GPTModel::main_parameters() const {
-  std::vector<float> host(layout_.total_elements());
-  backend_.download(main_params_, host.data());
-  return host;
-}
-
-void GPTModel::set_main_parameters(const std::vector<float>& values) {
-  if (static_cast<std::int64_t>(values.size()) != layout_.total_elements())
-    throw std::invalid_argument("set_main_parameters: wrong element count");
-  backend_.upload(main_params_, values.data());
-  if (model_params_.data != main_params_.data) {
-    Tensor copied = main_params_;  // the copy holds the first model_copy_elements_
-    copied.cols = model_copy_elements_;
-    copied.row_stride = copied.cols;
-    backend_.copy(copied, model_params_);
-  }
-}
-
-std::vector<float> GPTModel::gradients() const {
-  std::vector<float> host(layout_.total_elements());
-  backend_.download(grads_, host.data());
-  return host;
-}
-
-void GPTModel::zero_gradients() {
-  for (const Tensor& t : zeroed_grads_) backend_.fill_zero(t);
-  layer_grads_written_.assign(local_layer_count(), false);
-  head_grad_written_ = false;
-  if (mtp_) mtp_->eh_proj_written.assign(mtp_->eh_proj_written.size(), false);
-  if (moe_) moe_->reset_logged_load_balancing_loss();
 }
 
 Tensor GPTModel::reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label,
@@ -530,65 +341,6 @@ NormArgs GPTModel::norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor g
   a.mean = config_.norm == NormKind::kLayerNorm ? mean : Tensor{};
   a.rstd = rstd;
   return a;
-}
-
-AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
-  if (mla_) return mla_->attention_args(acts.mla, acts.attn, acts.lse);
-  return self_attention_args(acts.qkv, acts.attn, acts.lse, batch_.micro_batch, batch_.seq,
-                             config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
-                             backend_.storage_bytes(compute_dtype_));
-}
-
-void GPTModel::require_attention_support() const {
-  if (local_layer_count() == 0) return;
-  std::string gap = backend_.attention_unsupported(attention_shape(attention_args(LayerActivations{})));
-  for (const layouts::RingBlock block :
-       {layouts::RingBlock::kFirstHalfKeys, layouts::RingBlock::kSecondHalfQueries})
-    if (gap.empty() && cp_size_ > 1) {
-      gap = backend_.attention_unsupported(ring_kernel_shape(ring_shape(), block));
-      if (!gap.empty()) gap = "context parallelism's ring: " + gap;
-    }
-  if (!gap.empty() && config_.mla)
-    throw UserError("the " + backend_.name() +
-                    " backend cannot run this model's multi-latent attention (q/k " + "head dim " +
-                    std::to_string(config_.head_dim) + " = --qk-head-dim + --qk-pos-emb-head-dim, " +
-                    "--v-head-dim " + std::to_string(config_.v_head_dim) + "): " + gap +
-                    "; pick those dims accordingly, or --device cpu");
-  if (!gap.empty())
-    throw UserError(
-        "the " + backend_.name() + " backend cannot run this model's attention (--kv-channels " +
-        std::to_string(config_.head_dim) + "): " + gap +
-        "; pick --kv-channels (or --hidden-size / --num-attention-heads) accordingly, or --device cpu");
-}
-
-RingAttentionShape GPTModel::ring_shape() const {
-  RingAttentionShape ring;
-  ring.batch = batch_.micro_batch;
-  ring.local_seq = batch_.seq;
-  ring.heads = config_.heads_per_rank();
-  ring.kv_heads = config_.kv_heads_per_rank();
-  ring.head_dim = config_.head_dim;
-  ring.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  return ring;
-}
-
-void GPTModel::core_attention_forward(LayerActivations& a, int layer, OpPhase phase) {
-  if (ring_) {
-    ring_->forward(a.qkv, a.attn, a.lse, a.cp_kv, layer, phase);
-    return;
-  }
-  backend_.attention_forward(attention_args(a), {"attn", layer, phase});
-}
-
-void GPTModel::core_attention_backward(LayerActivations& a, int layer) {
-  if (ring_) {
-    ring_->backward(a.qkv, a.attn, a.lse, a.cp_kv, d_attn_, d_qkv_, layer);
-    return;
-  }
-  const AttentionArgs attention = attention_args(a);
-  backend_.attention_backward(
-      attention, packed_attention_grads(d_attn_, d_qkv_, attention, backend_.storage_bytes(compute_dtype_)),
-      {"attn", layer, kB});
 }
 
 GPTModel::LayerActivations& GPTModel::activations_for(int slot, int local_layer) {
@@ -785,102 +537,6 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
 
 void GPTModel::forward_only(const MicroBatch& mb, int index) { run_forward(mb, index, false); }
 
-void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with_gradients) {
-  const std::int64_t T = batch_.tokens();
-  Slot& s = slots_[slot];
-  std::vector<std::int32_t> targets(T);
-  double counted = 0.0;
-  for (std::int64_t t = 0; t < T; ++t) {
-    const bool counts = mb.loss_mask[t] != 0.0f;
-    targets[t] = counts ? mb.labels[t] : -1;
-    counted += counts ? 1.0 : 0.0;
-  }
-  counted_tokens_[index] = counted;
-  backend_.upload_int32(targets_, targets.data());
-  // Mean over the counted tokens of the micro-batch, averaged over the iteration's micro-batches.
-  const float grad_scale =
-      counted > 0
-          ? static_cast<float>(1.0 / (counted * batch_.num_microbatches * batch_.gradient_average_ranks))
-          : 0.0f;
-  // With MTP the last decoder layer's stage applied the final norm (its output ends the residual stream).
-  Tensor hidden = s.residual.back();
-  if (config_.mtp_num_layers == 0) {
-    const auto [fn_w, fn_b] = norm_weights(model_params_, "decoder.final_layernorm");
-    backend_.norm_forward(
-        norm_args(s.residual.back(), {}, {}, fn_w, fn_b, s.final_norm, s.final_mean, s.final_rstd),
-        {"final_norm", -1, kF});
-    hidden = s.final_norm;
-  }
-  head_and_loss(hidden, targets_, rows_of(losses_, index, 1, 4), grad_scale, s.head_grad, with_gradients,
-                {"logits", "logits_dgrad", "logits_wgrad"}, -1);
-}
-
-void GPTModel::head_and_loss(Tensor hidden, Tensor targets, Tensor losses_row, float grad_scale,
-                             Tensor head_grad, bool with_gradients, const HeadLabels& labels, int layer) {
-  const std::int64_t T = batch_.tokens();
-  const Tensor final_full = gather_to_full(hidden, full_scratch_, "logits_input_ag", layer, kF);
-  // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
-  // logits' gradient in place; vocab-parallel under TP), then the head's data gradient (into head_grad,
-  // read by the backward's final norm) and weight gradient, so one chunk of logits is held at a time.
-  const ParameterEntry& out_entry = head_entry();
-  const Tensor out_w = view(model_params_, out_entry);
-  const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
-  const std::int64_t vocab_offset = tp_rank_ * config_.vocab_per_rank();
-  for (std::int64_t first = 0; first < T; first += loss_chunk_rows_) {
-    const std::int64_t rows = std::min(loss_chunk_rows_, T - first);
-    const Tensor logits = carve(logits_, 0, rows, logits_.cols, storage);
-    const Tensor chunk_hidden = rows_of(final_full, first, rows, storage);
-    backend_.gemm(linear_forward_args(chunk_hidden, out_w, logits, {}, rows), {labels.logits, layer, kF});
-    Tensor losses = losses_row;
-    losses.data = losses.data == nullptr ? nullptr : static_cast<float*>(losses.data) + first;
-    losses.cols = rows;
-    const Tensor chunk_targets = rows_of(targets, first, rows, 4);
-    if (tp_size_ == 1) {
-      backend_.cross_entropy(logits, chunk_targets, losses, grad_scale, {"cross_entropy", layer, kF});
-    } else {
-      Backend::CrossEntropyStats stats;
-      stats.row_max = carve(ce_stats_.row_max, 0, rows, 1, 4);
-      stats.target_logit = carve(ce_stats_.target_logit, 0, rows, 1, 4);
-      stats.sum_exp = carve(ce_stats_.sum_exp, 0, rows, 1, 4);
-      auto reduce = [&](Tensor t, bool is_max, const char* label) {
-        communicator_.all_reduce(CommGroup::kTensor, t, is_max ? ReduceOp::kMax : ReduceOp::kSum,
-                                 {label, layer, kF, kTpRole});
-      };
-      backend_.vocab_parallel_cross_entropy(logits, chunk_targets, vocab_offset, losses, grad_scale, stats,
-                                            reduce, {"cross_entropy", layer, kF});
-    }
-    if (!with_gradients) continue;
-    backend_.gemm(linear_data_grad_args(logits, out_w, rows_of(head_grad, first, rows, storage), rows),
-                  {labels.dgrad, layer, kB});
-    GemmArgs head_wgrad =
-        linear_weight_grad_args(logits, chunk_hidden, out_w, view(grads_, out_entry), {}, rows);
-    head_wgrad.accumulate = head_grad_written_;
-    head_grad_written_ = true;
-    backend_.gemm(head_wgrad, {labels.wgrad, layer, kB});
-  }
-}
-
-void GPTModel::loss_backward(int slot) {
-  // The slot's head_grad holds the gradient of the final norm's output (the LM head's data gradient, from
-  // forward()), partial over the vocabulary slices under TP.
-  Slot& s = slots_[slot];
-  if (config_.mtp_num_layers > 0) {  // the final norm's backward follows the MTP layers'
-    reduce_from_full(s.head_grad, mtp_->main_head_grad, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
-    return;
-  }
-  const Tensor d_final =
-      reduce_from_full(s.head_grad, d_hidden_shard_, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
-  Tensor fn_b, d_fn_b;
-  if (config_.norm == NormKind::kLayerNorm) {
-    fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));
-    d_fn_b = view(grads_, layout_.find("decoder.final_layernorm.bias"));
-  }
-  const ParameterEntry& fn_w = layout_.find("decoder.final_layernorm.weight");
-  backend_.norm_backward(norm_args(s.residual.back(), {}, {}, view(model_params_, fn_w), fn_b, s.final_norm,
-                                   s.final_mean, s.final_rstd),
-                         d_final, {}, d_res_, view(grads_, fn_w), d_fn_b, {"final_norm", -1, kB});
-}
-
 int GPTModel::backward_entries() const {
   return local_layer_count() + (stage_.has_embedding ? 1 : 0) + (stage_.has_loss ? 1 : 0);
 }
@@ -934,27 +590,6 @@ void GPTModel::embedding_backward(int slot) {
   backend_.embedding_backward(slots_[slot].tokens, d_embedding, batch_.seq,
                               view(grads_, layout_.find("embedding.word_embeddings.weight")), d_position,
                               {"embedding", -1, kB}, positions_);
-}
-
-std::vector<double> GPTModel::microbatch_losses() {
-  std::vector<double> out(batch_.num_microbatches, 0.0);
-  if (!stage_.has_loss) return out;
-  std::vector<float> host(losses_.numel());
-  backend_.download(losses_, host.data());
-  const std::int64_t T = batch_.tokens();
-  for (int i = 0; i < batch_.num_microbatches; ++i) {
-    double sum = 0.0;
-    for (std::int64_t t = 0; t < T; ++t) sum += host[i * T + t];
-    out[i] = counted_tokens_[i] > 0 ? sum / counted_tokens_[i] : 0.0;
-  }
-  return out;
-}
-
-double GPTModel::evaluate(const MicroBatch& mb) {
-  if (!stage_.has_embedding || !stage_.has_loss)
-    throw std::logic_error("evaluate: the model must hold the embedding and the loss (one pipeline stage)");
-  run_forward(mb, 0, false);
-  return microbatch_losses()[0];
 }
 
 }  // namespace megatune::executor

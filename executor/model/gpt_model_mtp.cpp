@@ -7,16 +7,14 @@
 #include <algorithm>
 
 #include "executor/model/gpt_model.h"
+#include "executor/model/gpt_model_phases.h"
 #include "executor/model/linear_gemm.h"
 #include "layouts/parameter_table.h"
 
 namespace megatune::executor {
 namespace {
 
-using layouts::OpPhase;
-constexpr OpPhase kF = OpPhase::kForward;
-constexpr OpPhase kB = OpPhase::kBackward;
-constexpr layouts::OpRole kTpRole = layouts::OpRole::kTensorParallel;
+using namespace gpt_model_phases;  // NOLINT(google-build-using-namespace)
 
 }  // namespace
 
