@@ -52,7 +52,7 @@ std::int64_t dense_mlp_bytes(const StepShape& s, std::int64_t ffn, bool dropout,
   return bytes;
 }
 
-std::int64_t moe_mlp_bytes(const StepShape& s, const MemoryOptions& /*options*/, bool dropout) {
+std::int64_t moe_mlp_bytes(const StepShape& s, bool dropout) {
   const std::int64_t sp_div = s.sp ? s.tp : 1;
   const std::int64_t local_tokens = s.tokens / s.tp;
   const std::int64_t glu = s.swiglu ? 2 : 1;
@@ -77,7 +77,7 @@ std::int64_t layer_full_bytes(const layouts::ModelSpec& model, const StepShape& 
                               const MemoryOptions& options) {
   const bool dropout = dropout_on(model, options);
   return attention_block_bytes(s, dropout, options) +
-         (moe ? moe_mlp_bytes(s, options, dropout) : dense_mlp_bytes(s, s.ffn, dropout, true));
+         (moe ? moe_mlp_bytes(s, dropout) : dense_mlp_bytes(s, s.ffn, dropout, true));
 }
 
 // Logits of one microbatch on the loss stage: bf16 logits (+ fp32 copy), bytes.

@@ -206,9 +206,8 @@ int run_plan(const PlanCommandOptions& o) {
   const std::string train =
       planner::shell_join("megatune train", planner::megatune_train_arguments(model, winner));
   std::vector<std::string> megatron_args = planner::megatron_arguments(model, winner);
-  for (std::string& flag : megatron_comm_arguments(o.comm))
-    if (flag != "--tp-comm-overlap" || winner.config.sequence_parallel_enabled())
-      megatron_args.push_back(std::move(flag));
+  for (std::string& flag : megatron_comm_arguments(o.comm, winner.config))
+    megatron_args.push_back(std::move(flag));
   const std::string megatron = planner::shell_join("python pretrain_gpt.py", megatron_args);
   // A device or FIFO as --output (/dev/stdout) takes the plan JSON alone; the argument files go next to a
   // regular file only.

@@ -31,9 +31,10 @@ void check_tp_comm_overlap(const CommPricingFlags& flags, const layouts::Paralle
   }
 }
 
-std::vector<std::string> megatron_comm_arguments(const CommPricingFlags& flags) {
+std::vector<std::string> megatron_comm_arguments(const CommPricingFlags& flags,
+                                                 const layouts::ParallelConfig& config) {
   std::vector<std::string> args;
-  if (flags.tp_comm_overlap) args.push_back("--tp-comm-overlap");
+  if (flags.tp_comm_overlap && config.sequence_parallel_enabled()) args.push_back("--tp-comm-overlap");
   if (flags.grad_reduce_in_bf16) args.push_back("--grad-reduce-in-bf16");
   if (flags.accumulate_allreduce_grads_in_fp32) args.push_back("--accumulate-allreduce-grads-in-fp32");
   return args;

@@ -20,7 +20,9 @@ struct CommPricingFlags {
 void add_comm_pricing_flags(CLI::App& command, CommPricingFlags& flags, const std::string& group);
 // --tp-comm-overlap on a layout without sequence parallelism: one line naming the fix.
 void check_tp_comm_overlap(const CommPricingFlags& flags, const layouts::ParallelConfig& config);
-// The flags as Megatron-LM's command line takes them (appended to a plan's pretrain_gpt.py arguments).
-std::vector<std::string> megatron_comm_arguments(const CommPricingFlags& flags);
+// The flags as Megatron-LM's command line takes them for `config` (appended to a plan's pretrain_gpt.py
+// arguments): --tp-comm-overlap only where sequence parallelism is on, as Megatron runs it.
+std::vector<std::string> megatron_comm_arguments(const CommPricingFlags& flags,
+                                                 const layouts::ParallelConfig& config);
 
 }  // namespace megatune::tools
