@@ -460,13 +460,17 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
   const auto sim_start = std::chrono::steady_clock::now();
   const int threads = std::clamp(request.threads, 1, max_worker_threads());
   const std::size_t keep_k = static_cast<std::size_t>(std::max(2, request.top_k));
+  // The bound prices the passes exactly as the simulation does (same options), so it never exceeds it.
+  SimulationOptions sim_options;
+  sim_options.step = request.step;
+  sim_options.tp_comm_overlap = request.tp_comm_overlap;
   std::vector<double> bounds(survivors.size(), 0.0);
   {
     std::atomic<std::size_t> next_bound{0};
     auto bound_worker = [&] {
       for (std::size_t i = next_bound.fetch_add(1); i < survivors.size(); i = next_bound.fetch_add(1)) {
         try {
-          bounds[i] = step_time_lower_bound(model, survivors[i].config, pricer, request.step);
+          bounds[i] = step_time_lower_bound(model, survivors[i].config, pricer, sim_options);
         } catch (const std::exception&) {
           bounds[i] = 0.0;  // simulate it; the simulation reports the problem
         }
@@ -480,9 +484,6 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
   std::sort(by_bound.begin(), by_bound.end(),
             [&](std::size_t a, std::size_t b) { return bounds[a] < bounds[b]; });
 
-  SimulationOptions sim_options;
-  sim_options.step = request.step;
-  sim_options.tp_comm_overlap = request.tp_comm_overlap;
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> done{0};
   std::atomic<std::int64_t> pruned{0};

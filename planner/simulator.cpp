@@ -597,11 +597,13 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
 }
 
 double step_time_lower_bound(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
-                             const OpPricer& pricer, const layouts::StepProgramOptions& step) {
+                             const OpPricer& pricer, const SimulationOptions& options) {
   SimulationResult scratch;
-  SimulationOptions options;
-  options.step = step;
-  Builder builder(model, config, pricer, options, scratch);
+  SimulationOptions pass_level = options;  // the passes simulate() prices at its planner granularity
+  pass_level.granularity = SimulationGranularity::kPass;
+  pass_level.all_ranks = false;
+  pass_level.record_trace = pass_level.record_op_timeline = false;
+  Builder builder(model, config, pricer, pass_level, scratch);
   double bound = 0.0;
   for (int sim = 0; sim < static_cast<int>(builder.sim_ranks().size()); ++sim)
     bound = std::max(bound, builder.stage_work_lower_bound(sim));

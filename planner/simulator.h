@@ -88,10 +88,13 @@ struct SimulationResult {
 SimulationResult simulate(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                           const OpPricer& pricer, const SimulationOptions& options = {});
 
-// A lower bound of the step time, much cheaper than simulate(): the largest per-stage sum of pass times
-// (compute + blocking communication) over all microbatches. The planner skips candidates whose bound
-// exceeds the k-th best simulated step time.
+// A lower bound of simulate(model, config, pricer, options).step_time_s at pass granularity (the planner's),
+// much cheaper than simulate(): the largest per-stage sum of pass times (compute + blocking communication,
+// priced under the same options: step-program options such as the gradient dtype, --tp-comm-overlap) over
+// all microbatches. Those passes are a subset of what the stage's compute stream runs in that simulation,
+// one after another, so no schedule finishes sooner. The planner skips candidates whose bound exceeds the
+// k-th best simulated step time. Granularity, all_ranks and the recording switches of `options` are ignored.
 double step_time_lower_bound(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
-                             const OpPricer& pricer, const layouts::StepProgramOptions& step = {});
+                             const OpPricer& pricer, const SimulationOptions& options = {});
 
 }  // namespace megatune::planner
