@@ -21,6 +21,11 @@ std::string fixed(double value, int decimals) {
   return buf;
 }
 
+// --moe-token-dispatcher-type's value.
+std::string dispatcher_name(const ParallelConfig& c) {
+  return c.moe_token_dispatcher_type == layouts::MoeDispatcher::kAllGather ? "allgather" : "alltoall";
+}
+
 std::string gib(double bytes) { return fixed(bytes / (1024.0 * 1024.0 * 1024.0), 1); }
 
 void add(std::vector<std::string>& args, const std::string& flag, long long value) {
@@ -78,6 +83,47 @@ std::string format_plan_table(const PlanResult& result) {
   return out.str();
 }
 
+std::string describe_model(const ModelSpec& m) {
+  std::ostringstream out;
+  out << m.name << ": " << m.num_layers << " layers, hidden " << m.hidden_size << ", ffn " << m.ffn_size()
+      << ", heads " << m.num_attention_heads << ", query groups " << m.query_groups() << ", head dim "
+      << m.head_dim() << ", seq " << m.seq_length << ", positions " << m.max_positions() << ", vocab "
+      << m.vocab_size << " (multiple " << m.make_vocab_size_divisible_by << "), "
+      << layouts::to_string(m.normalization) << ", " << layouts::to_string(m.activation) << ", "
+      << layouts::to_string(m.position_embedding) << ", "
+      << (m.untie_embeddings_and_output_weights ? "untied" : "tied") << " output, "
+      << (m.add_bias_linear ? "biases" : "no biases");
+  if (m.multi_latent_attention)
+    out << ", MLA q-lora " << m.q_lora_rank << " kv-lora " << m.kv_lora_rank << " qk " << m.qk_head_dim << "+"
+        << m.qk_pos_emb_head_dim << " v " << m.v_head_dim;
+  if (m.is_moe()) {
+    out << ", " << m.num_experts << " experts top-" << m.moe_router_topk << " ffn " << m.moe_ffn_size()
+        << " shared " << m.moe_shared_expert_intermediate_size << ", MoE layers ";
+    for (int l = 0; l < m.num_layers; ++l) out << (m.is_moe_layer(l) ? '1' : '0');
+  }
+  if (m.mtp_num_layers > 0) out << ", " << m.mtp_num_layers << " MTP layers";
+  out << "; " << m.total_parameters() << " parameters";
+  return out.str();
+}
+
+std::string describe_run_settings(const ModelSpec& model, const ParallelConfig& c) {
+  std::ostringstream out;
+  out << "tp" << c.tp() << " pp" << c.pp() << " vpp" << c.vpp(model) << " dp" << c.dp() << " cp" << c.cp()
+      << " ep" << c.ep() << " etp" << c.etp() << (c.sequence_parallel_enabled() ? " sp" : "")
+      << (c.use_distributed_optimizer ? " dist-opt" : "") << "; layout "
+      << c.resolved_pipeline_layout(model).to_string() << "; micro-batch " << c.micro_batch_size
+      << ", global batch " << c.resolved_global_batch_size() << "; recompute "
+      << layouts::to_string(c.recompute_granularity);
+  if (c.recompute_granularity == RecomputeGranularity::kFull)
+    out << " (" << layouts::to_string(c.recompute_method) << ", " << c.recompute_num_layers << " layers)";
+  if (c.vpp(model) > 1) out << "; microbatch group " << c.micro_batch_group_size();
+  out << "; rank order " << layouts::to_string(c.rank_order);
+  if (model.is_moe()) out << "; dispatcher " << dispatcher_name(c);
+  out << "; overlap" << (c.overlap_grad_reduce ? " grad-reduce" : "")
+      << (c.overlap_param_gather ? " param-gather" : "") << (c.overlap_p2p_comm ? " p2p" : "");
+  return out.str();
+}
+
 std::vector<std::string> parallel_arguments(const PlanCandidate& candidate) {
   const ParallelConfig& c = candidate.config;
   std::vector<std::string> args;
@@ -87,7 +133,18 @@ std::vector<std::string> parallel_arguments(const PlanCandidate& candidate) {
     add(args, "--pipeline-model-parallel-layout", c.pipeline_model_parallel_layout);
   } else if (c.num_layers_per_virtual_pipeline_stage > 0) {
     add(args, "--num-layers-per-virtual-pipeline-stage", c.num_layers_per_virtual_pipeline_stage);
+  } else if (c.num_virtual_stages_per_pipeline_rank > 0) {
+    add(args, "--num-virtual-stages-per-pipeline-rank", c.num_virtual_stages_per_pipeline_rank);
   }
+  if (c.decoder_first_pipeline_num_layers >= 0)
+    add(args, "--decoder-first-pipeline-num-layers", c.decoder_first_pipeline_num_layers);
+  if (c.decoder_last_pipeline_num_layers >= 0)
+    add(args, "--decoder-last-pipeline-num-layers", c.decoder_last_pipeline_num_layers);
+  if (c.account_for_embedding_in_pipeline_split) args.push_back("--account-for-embedding-in-pipeline-split");
+  if (c.account_for_loss_in_pipeline_split) args.push_back("--account-for-loss-in-pipeline-split");
+  if (c.microbatch_group_size_per_vp_stage > 0)
+    add(args, "--microbatch-group-size-per-virtual-pipeline-stage", c.microbatch_group_size_per_vp_stage);
+  if (c.rank_order == layouts::RankOrder::kTpCpEpPpDp) args.push_back("--use-tp-pp-dp-mapping");
   if (c.cp() > 1) add(args, "--context-parallel-size", c.cp());
   if (c.ep() > 1) add(args, "--expert-model-parallel-size", c.ep());
   if (c.expert_tensor_parallel_size > 0 && c.expert_tensor_parallel_size != c.tp())
@@ -157,18 +214,37 @@ void model_shape_arguments(const ModelSpec& m, std::vector<std::string>& args) {
 }
 }  // namespace
 
+namespace {
+bool is_preset(const ModelSpec& model) {
+  for (const std::string& name : layouts::model_preset_names())
+    if (name == model.name) return true;
+  return false;
+}
+
+// The flags that put back what the shape flags leave at a default the preset does not have: megatune's
+// --add-bias-linear, the vocabulary multiple, an every-layer MoE frequency over a preset's pattern.
+void preset_reset_arguments(const ModelSpec& preset, const ModelSpec& m, std::vector<std::string>& args) {
+  if (m.add_bias_linear && !preset.add_bias_linear) args.push_back("--add-bias-linear");
+  if (m.make_vocab_size_divisible_by == 128 && preset.make_vocab_size_divisible_by != 128)
+    add(args, "--make-vocab-size-divisible-by", 128);
+  if (m.query_groups() == m.num_attention_heads && preset.query_groups() != preset.num_attention_heads &&
+      !m.multi_latent_attention)
+    add(args, "--num-query-groups", m.num_attention_heads);
+  if (m.is_moe() && m.moe_layer_pattern.empty() && m.moe_layer_freq == 1 &&
+      (!preset.moe_layer_pattern.empty() || preset.moe_layer_freq != 1))
+    add(args, "--moe-layer-freq", 1);
+}
+}  // namespace
+
 std::vector<std::string> megatune_train_arguments(const ModelSpec& model, const PlanCandidate& candidate) {
   std::vector<std::string> args;
-  bool preset = false;
-  for (const std::string& name : layouts::model_preset_names()) preset |= name == model.name;
-  if (preset) {
-    add(args, "--model", model.name);
-    add(args, "--seq-length", model.seq_length);
-  } else {
-    model_shape_arguments(model, args);
-  }
+  // The preset names the run; the shape flags after it carry every field, overrides included.
+  if (is_preset(model)) add(args, "--model", model.name);
+  model_shape_arguments(model, args);
+  if (is_preset(model)) preset_reset_arguments(layouts::model_preset(model.name), model, args);
   add(args, "--world-size", candidate.config.world_size);
   for (std::string& a : parallel_arguments(candidate)) args.push_back(std::move(a));
+  if (model.is_moe()) add(args, "--moe-token-dispatcher-type", dispatcher_name(candidate.config));
   return args;
 }
 
@@ -178,7 +254,7 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const PlanCa
   for (std::string& a : parallel_arguments(candidate)) args.push_back(std::move(a));
   args.push_back("--bf16");
   if (model.is_moe()) {
-    add(args, "--moe-token-dispatcher-type", "alltoall");
+    add(args, "--moe-token-dispatcher-type", dispatcher_name(candidate.config));
     args.push_back("--moe-grouped-gemm");
   }
   add(args, "--tokenizer-type", "NullTokenizer");

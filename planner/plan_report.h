@@ -14,9 +14,18 @@ namespace megatune::planner {
 // peak memory vs capacity, bubble, exposed communication.
 std::string format_plan_table(const PlanResult& result);
 
+// Every field of a model on one line (the name, its shape, MoE layer kinds, the parameter count): `plan` and
+// `train --dry-run` print it, so a plan's emitted command can be checked to build the planned model.
+std::string describe_model(const layouts::ModelSpec& model);
+
+// A layout's every setting on one line (sizes, stages, batch, recomputation, microbatch group, rank order,
+// dispatcher, overlaps): `plan` prints its winner's, `train --dry-run` the one its flags give.
+std::string describe_run_settings(const layouts::ModelSpec& model, const layouts::ParallelConfig& config);
+
 // Parallel + batch flags (Megatron names) of a candidate, e.g. "--tensor-model-parallel-size 8 ...".
 std::vector<std::string> parallel_arguments(const PlanCandidate& candidate);
-// `megatune train --model <preset> <parallel flags> --seq-length S` (model flags when not a preset).
+// `megatune train [--model <preset>] <every model shape flag> --world-size N <parallel flags>`: the whole
+// model (a preset's overrides included) and layout.
 std::vector<std::string> megatune_train_arguments(const layouts::ModelSpec& model,
                                                   const PlanCandidate& candidate);
 // pretrain_gpt.py flags: the model shape spelled out, parallel and batch flags, bf16 and the overlaps.

@@ -162,9 +162,9 @@ int run_plan(const PlanCommandOptions& o) {
     };
   }
 
-  std::printf("planning %s (seq %d, global batch %d) on %s\npriced from: %s\n", model.name.c_str(),
+  std::printf("planning %s (seq %d, global batch %d) on %s\nmodel: %s\npriced from: %s\n", model.name.c_str(),
               model.seq_length, *a.global_batch_size, cluster.describe().c_str(),
-              pricing.description.c_str());
+              planner::describe_model(model).c_str(), pricing.description.c_str());
   std::fflush(stdout);
   planner::PlanResult result = planner::plan(request, pricer);
   if (bar) bar->finish();
@@ -189,8 +189,10 @@ int run_plan(const PlanCommandOptions& o) {
   const planner::PlanCandidate& winner = result.ranked.front();
   planner::MemoryOptions memory_options = request.memory;
   const planner::MemoryEstimate memory = request.peak_memory_of(model, winner.config, memory_options);
-  std::printf("\nwinner: %s, layout %s\nmemory model: %s\n%s", planner::describe(winner).c_str(),
-              winner.layout.c_str(), planner::memory_model_name(o.memory_model), memory.itemize().c_str());
+  std::printf("\nwinner: %s, layout %s\nsettings: %s\nmemory model: %s\n%s",
+              planner::describe(winner).c_str(), winner.layout.c_str(),
+              planner::describe_run_settings(model, winner.config).c_str(),
+              planner::memory_model_name(o.memory_model), memory.itemize().c_str());
   if (o.memory_model == planner::MemoryModelKind::kMegatune) {
     // The Megatron command line below runs Megatron-LM, whose memory is Megatron's model.
     const planner::MemoryEstimate megatron = planner::peak_memory(model, winner.config, memory_options);

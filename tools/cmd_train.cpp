@@ -22,6 +22,7 @@
 #include "layouts/output_file.h"
 #include "layouts/rank_grid.h"
 #include "layouts/user_error.h"
+#include "planner/plan_report.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
 #include "tools/megatron_args.h"
@@ -200,6 +201,8 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
                                      "grad-norm workspaces not included)"
                                    : "the CPU backend's arena (4 bytes per element)")
             << "; nothing is allocated or trained" << std::endl;
+  std::cout << "model: " << planner::describe_model(spec)
+            << "\nsettings: " << planner::describe_run_settings(spec, parallel) << std::endl;
   for (int rank : one_rank_per_stage(parallel)) {
     const std::unique_ptr<Backend> sizing = make_sizing_backend(a.device, options.bf16);
     const RankArena arena = size_rank_arena(spec, parallel, options, rank, *sizing);
