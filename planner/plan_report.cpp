@@ -115,7 +115,8 @@ std::string describe_run_settings(const ModelSpec& model, const ParallelConfig& 
       << ", global batch " << c.resolved_global_batch_size() << "; recompute "
       << layouts::to_string(c.recompute_granularity);
   if (c.recompute_granularity == RecomputeGranularity::kFull)
-    out << " (" << layouts::to_string(c.recompute_method) << ", " << c.recompute_num_layers << " layers)";
+    out << " (" << layouts::to_string(c.recompute_method) << ", " << c.recompute_num_layers
+        << (c.recompute_num_layers == 1 ? " layer" : " layers") << " per unit)";
   if (c.vpp(model) > 1) out << "; microbatch group " << c.micro_batch_group_size();
   out << "; rank order " << layouts::to_string(c.rank_order);
   if (model.is_moe()) out << "; dispatcher " << dispatcher_name(c);

@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <limits>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 
 #include "layouts/pipeline_layout.h"
 #include "layouts/user_error.h"
 #include "layouts/worker_threads.h"
+#include "planner/layout_choices.h"
 
 namespace megatune::planner {
 
@@ -35,79 +35,6 @@ std::vector<int> divisors(int n, int limit) {
   std::vector<int> out;
   for (int d = 1; d <= n && d <= limit; ++d)
     if (n % d == 0) out.push_back(d);
-  return out;
-}
-
-// One pipeline arrangement of the layers.
-struct LayoutChoice {
-  int vpp = 1;
-  std::string layout_string;  // "" for Megatron's uniform split (flags only)
-  std::string text;           // always set: the layout string of the stages
-};
-
-std::vector<LayoutChoice> layout_choices(const layouts::ModelSpec& model, int pp, const SearchSpace& space) {
-  std::vector<LayoutChoice> out;
-  const int layers = model.num_layers;
-  std::set<std::string> seen;
-  auto add = [&](const PipelineLayout& layout, bool uniform) {
-    std::string text = layout.to_string();
-    if (!seen.insert(text).second) return;
-    LayoutChoice c;
-    c.vpp = layout.vpp();
-    c.text = text;
-    if (!uniform) c.layout_string = text;
-    out.push_back(std::move(c));
-  };
-  auto try_add = [&](auto&& make, bool uniform) {
-    try {
-      add(make(), uniform);
-    } catch (const std::exception&) {
-      // This split does not exist for the layer count; skip it.
-    }
-  };
-  if (!space.pipeline_layout.empty()) {
-    try_add(
-        [&] {
-          PipelineLayout layout = PipelineLayout::parse(space.pipeline_layout, pp);
-          layout.validate(layers, model.mtp_num_layers);
-          return layout;
-        },
-        false);
-    return out;
-  }
-  if (space.virtual_stages > 0 || space.layers_per_virtual_stage > 0) {
-    // A pinned virtual-pipeline size: the uniform split with those chunks only.
-    const int v = space.virtual_stages > 0 ? space.virtual_stages
-                                           : (layers % (pp * space.layers_per_virtual_stage) == 0
-                                                  ? layers / (pp * space.layers_per_virtual_stage)
-                                                  : 0);
-    if (v > 0 && layers % (pp * v) == 0 && (v == 1 || pp > 1))
-      try_add([&] { return PipelineLayout::uniform(layers, pp, v, model.mtp_num_layers); }, true);
-    return out;
-  }
-  if (layers % pp == 0)
-    try_add([&] { return PipelineLayout::uniform(layers, pp, 1, model.mtp_num_layers); }, true);
-  if (pp == 1) return out;
-  if (space.virtual_pipeline) {
-    for (int v = 2; v <= space.max_virtual_stages; ++v) {
-      if (layers % (pp * v) != 0) continue;
-      try_add([&] { return PipelineLayout::uniform(layers, pp, v, model.mtp_num_layers); }, true);
-    }
-  }
-  if (space.uneven_layouts) {
-    // Fewer decoder layers on the first stage (embedding) and the last (output layer + loss).
-    const int base = (layers + pp - 1) / pp;
-    for (int first = std::max(1, base - 3); first <= base; ++first) {
-      for (int last = std::max(1, base - 3); last <= base; ++last) {
-        const int middle = layers - first - last;
-        if (middle < 0) continue;
-        if (pp == 2 ? middle != 0 : middle % (pp - 2) != 0) continue;
-        if (pp > 2 && middle / (pp - 2) < std::max(first, last)) continue;  // middle stages carry the most
-        try_add([&] { return PipelineLayout::uneven(layers, pp, first, last, 1, model.mtp_num_layers); },
-                false);
-      }
-    }
-  }
   return out;
 }
 
@@ -204,6 +131,25 @@ std::vector<int> divisors_of_both(int a, int b) {
   return out;
 }
 
+// Megatron's split flags against the other ways of giving the pipeline layout, as Megatron refuses them.
+void check_pinned_split(const SearchSpace& space) {
+  const bool uneven = space.first_stage_layers >= 0 || space.last_stage_layers >= 0;
+  const bool accounting = space.account_for_embedding || space.account_for_loss;
+  if (!uneven && !accounting) return;
+  if (!space.pipeline_layout.empty())
+    throw UserError(
+        "--pipeline-model-parallel-layout already places every layer: drop "
+        "--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split");
+  if (uneven && accounting)
+    throw UserError(
+        "--decoder-first/last-pipeline-num-layers cannot be combined with "
+        "--account-for-embedding/loss-in-pipeline-split: use one of them");
+  if (space.layers_per_virtual_stage > 0)
+    throw UserError(
+        "--num-layers-per-virtual-pipeline-stage does not fit a split with lighter first/last stages: give "
+        "--num-virtual-stages-per-pipeline-rank instead");
+}
+
 // A knob the user pinned (--tp, --pp, --cp, --ep) that cannot work on this model and cluster gets a
 // message naming the knob, why, and the values that would work, instead of "no layout fits".
 void check_pinned_knobs(const layouts::ModelSpec& model, int world, int global_batch_size,
@@ -251,6 +197,16 @@ void check_pinned_knobs(const layouts::ModelSpec& model, int world, int global_b
                       " GPUs; use --ep " + list_of(divisors_of_both(world, model.num_experts)));
     }
   }
+  if (space.dp < 0)
+    throw UserError("--data-parallel-size " + std::to_string(space.dp) + " must be at least 1");
+  if (space.dp > 0 && (world % space.dp != 0 || global_batch_size % space.dp != 0)) {
+    throw UserError("--data-parallel-size " + std::to_string(space.dp) +
+                    (world % space.dp != 0
+                         ? " does not divide the " + std::to_string(world) + " GPUs of --cluster"
+                         : " does not divide --global-batch-size " + std::to_string(global_batch_size)) +
+                    "; use --dp " + list_of(divisors_of_both(world, global_batch_size)));
+  }
+  check_pinned_split(space);
   for (int mbs : space.micro_batch) {
     if (mbs < 1) throw UserError("--micro-batch-size " + std::to_string(mbs) + " must be at least 1");
     if (global_batch_size % mbs != 0) {
@@ -278,12 +234,20 @@ void check_pinned_knobs(const layouts::ModelSpec& model, int world, int global_b
                     std::to_string(request.global_batch_size) +
                     "; give a layout with a stage count that divides the GPUs");
   }
+  if (stats.enumerated == 0 && pins_pipeline_split(pinned)) {
+    throw UserError(
+        "no pipeline size of the " + std::to_string(request.world_size) + " GPUs splits the " +
+        std::to_string(request.model.num_layers) +
+        " layers as --decoder-first/last-pipeline-num-layers or "
+        "--account-for-embedding/loss-in-pipeline-split "
+        "ask (the other ranks' layers must split evenly): change those flags, pin --pp, or drop them");
+  }
   if (stats.enumerated == 0) {
     throw UserError("no (tp, cp, pp, dp) divides the " + std::to_string(request.world_size) + " GPUs, the " +
                     std::to_string(request.model.num_layers) + " layers and --global-batch-size " +
                     std::to_string(request.global_batch_size) +
                     ": give a --global-batch-size divisible by the data-parallel size (e.g. a multiple of " +
-                    std::to_string(request.world_size) + "), or unpin --tp/--pp/--cp/--mbs");
+                    std::to_string(request.world_size) + "), or unpin --tp/--pp/--cp/--dp/--mbs");
   }
   if (stats.out_of_memory == 0) {
     throw UserError("no parallel layout is valid (" + std::to_string(stats.invalid) +
@@ -363,6 +327,7 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
         if (world % (tp * cp * pp) != 0) continue;
         const int dp = world / (tp * cp * pp);
         if (request.global_batch_size % dp != 0) continue;
+        if (space.dp > 0 && dp != space.dp) continue;
         const std::vector<LayoutChoice> choices = layout_choices(model, pp, space);
         // Expert layouts.
         std::vector<std::pair<int, int>> experts;  // (ep, etp)
@@ -405,18 +370,17 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
                     cfg.sequence_parallel = sp;
                     cfg.recompute_granularity = rc;
                     if (rc == RecomputeGranularity::kFull) {
-                      cfg.recompute_method = layouts::RecomputeMethod::kUniform;
-                      cfg.recompute_num_layers = 1;
+                      cfg.recompute_method = space.recompute_method;
+                      cfg.recompute_num_layers = space.recompute_num_layers;
                     }
+                    cfg.moe_token_dispatcher_type = space.moe_dispatcher;
+                    cfg.rank_order = space.rank_order;
+                    if (layout.vpp > 1) cfg.microbatch_group_size_per_vp_stage = space.microbatch_group_size;
                     cfg.use_distributed_optimizer = dopt;
                     cfg.overlap_grad_reduce = dp * cp > 1;
                     cfg.overlap_param_gather = dopt && dp * cp > 1;
                     if (layout.vpp > 1 && pp == 2) cfg.overlap_p2p_comm = true;
-                    if (!layout.layout_string.empty()) {
-                      cfg.pipeline_model_parallel_layout = layout.layout_string;
-                    } else if (layout.vpp > 1) {
-                      cfg.num_layers_per_virtual_pipeline_stage = model.num_layers / (pp * layout.vpp);
-                    }
+                    layout.apply(model, cfg);
                     c.layout = layout.text;
                     c.vpp = layout.vpp;
                     try {

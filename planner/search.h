@@ -35,6 +35,19 @@ struct SearchSpace {
   std::string pipeline_layout;
   int virtual_stages = 0;
   int layers_per_virtual_stage = 0;
+  // --data-parallel-size (> 0: only layouts with that many data-parallel replicas).
+  int dp = 0;
+  // --decoder-first/last-pipeline-num-layers (>= 0) or --account-for-embedding/loss-in-pipeline-split:
+  // the only pipeline split tried, at every pp and virtual-stage count it fits.
+  int first_stage_layers = -1, last_stage_layers = -1;
+  bool account_for_embedding = false, account_for_loss = false;
+  // Settings every candidate runs with: full recomputation's method and layers per unit, the MoE token
+  // dispatcher, the interleaved schedule's microbatch group size (0: pp) and Megatron's rank order.
+  layouts::RecomputeMethod recompute_method = layouts::RecomputeMethod::kUniform;
+  int recompute_num_layers = 1;
+  layouts::MoeDispatcher moe_dispatcher = layouts::MoeDispatcher::kAllToAll;
+  int microbatch_group_size = 0;
+  layouts::RankOrder rank_order = layouts::RankOrder::kTpCpEpDpPp;
 };
 
 struct PlanRequest {

@@ -90,6 +90,58 @@ std::string with_measurements(std::string plan_json, const std::string& measured
   return plan_json.insert(end, ",\n  \"measured\": " + measured_json);
 }
 
+// --recompute-method / --recompute-num-layers: the simulator and the executor recompute every layer on its
+// own (uniform, one layer per unit), so those pin full recomputation; any other unit is refused.
+void pin_recompute(const MegatronArgs& a, planner::SearchSpace& space) {
+  if (a.recompute_granularity)
+    space.recompute = {layouts::parse_recompute_granularity(*a.recompute_granularity)};
+  const bool method = a.recompute_method && *a.recompute_method != "none";
+  if (!method && !a.recompute_num_layers) return;
+  if (a.recompute_method && *a.recompute_method == "block")
+    throw UserError(
+        "--recompute-method block: megatune prices and runs full recomputation of every layer only; use "
+        "--recompute-method uniform --recompute-num-layers 1, or drop the recompute flags");
+  if (a.recompute_num_layers && *a.recompute_num_layers != 1)
+    throw UserError("--recompute-num-layers " + std::to_string(*a.recompute_num_layers) +
+                    ": megatune prices and runs full recomputation one layer at a time; use "
+                    "--recompute-num-layers 1 or drop it");
+  if (a.recompute_granularity && space.recompute.front() != layouts::RecomputeGranularity::kFull)
+    throw UserError(
+        "--recompute-method / --recompute-num-layers apply only to --recompute-granularity full: "
+        "drop them or use full recomputation");
+  space.recompute = {layouts::RecomputeGranularity::kFull};
+}
+
+// Megatron flags the user gives pin that knob of the search, or a setting every candidate runs with.
+void pin_search_knobs(const MegatronArgs& a, planner::SearchSpace& space) {
+  if (a.tensor_model_parallel_size) space.tp = {*a.tensor_model_parallel_size};
+  if (a.pipeline_model_parallel_size) space.pp = {*a.pipeline_model_parallel_size};
+  if (a.context_parallel_size) space.cp = {*a.context_parallel_size};
+  if (a.data_parallel_size) space.dp = *a.data_parallel_size;
+  if (a.expert_model_parallel_size) space.ep = {*a.expert_model_parallel_size};
+  if (a.expert_tensor_parallel_size) space.etp = {*a.expert_tensor_parallel_size};
+  if (a.micro_batch_size) space.micro_batch = {*a.micro_batch_size};
+  pin_recompute(a, space);
+  if (a.use_distributed_optimizer) space.distributed_optimizer = {true};
+  if (a.pipeline_model_parallel_layout) space.pipeline_layout = *a.pipeline_model_parallel_layout;
+  if (a.num_virtual_stages_per_pipeline_rank) space.virtual_stages = *a.num_virtual_stages_per_pipeline_rank;
+  if (a.num_layers_per_virtual_pipeline_stage)
+    space.layers_per_virtual_stage = *a.num_layers_per_virtual_pipeline_stage;
+  for (const std::optional<int>& layers :
+       {a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers})
+    if (layers && *layers < 0) throw UserError("--decoder-first/last-pipeline-num-layers must be at least 0");
+  if (a.decoder_first_pipeline_num_layers) space.first_stage_layers = *a.decoder_first_pipeline_num_layers;
+  if (a.decoder_last_pipeline_num_layers) space.last_stage_layers = *a.decoder_last_pipeline_num_layers;
+  space.account_for_embedding = a.account_for_embedding_in_pipeline_split;
+  space.account_for_loss = a.account_for_loss_in_pipeline_split;
+  if (a.microbatch_group_size_per_vp_stage)
+    space.microbatch_group_size = *a.microbatch_group_size_per_vp_stage;
+  if (a.moe_token_dispatcher_type)
+    space.moe_dispatcher = layouts::parse_moe_dispatcher(*a.moe_token_dispatcher_type);
+  if (a.use_tp_pp_dp_mapping) space.rank_order = layouts::RankOrder::kTpCpEpPpDp;
+  if (a.sequence_parallel) space.sequence_parallel = {true};
+}
+
 int run_plan(const PlanCommandOptions& o) {
   const MegatronArgs& a = o.args;
   if (a.model_preset.empty() && !a.num_layers) {
@@ -132,21 +184,7 @@ int run_plan(const PlanCommandOptions& o) {
   space.allow_tp_across_nodes = o.allow_tp_across_nodes;
   space.uneven_layouts = !o.no_uneven;
   space.virtual_pipeline = !o.no_vpp;
-  // Megatron flags the user gives pin that knob of the search.
-  if (a.tensor_model_parallel_size) space.tp = {*a.tensor_model_parallel_size};
-  if (a.pipeline_model_parallel_size) space.pp = {*a.pipeline_model_parallel_size};
-  if (a.context_parallel_size) space.cp = {*a.context_parallel_size};
-  if (a.expert_model_parallel_size) space.ep = {*a.expert_model_parallel_size};
-  if (a.expert_tensor_parallel_size) space.etp = {*a.expert_tensor_parallel_size};
-  if (a.micro_batch_size) space.micro_batch = {*a.micro_batch_size};
-  if (a.recompute_granularity)
-    space.recompute = {layouts::parse_recompute_granularity(*a.recompute_granularity)};
-  if (a.use_distributed_optimizer) space.distributed_optimizer = {true};
-  if (a.pipeline_model_parallel_layout) space.pipeline_layout = *a.pipeline_model_parallel_layout;
-  if (a.num_virtual_stages_per_pipeline_rank) space.virtual_stages = *a.num_virtual_stages_per_pipeline_rank;
-  if (a.num_layers_per_virtual_pipeline_stage)
-    space.layers_per_virtual_stage = *a.num_layers_per_virtual_pipeline_stage;
-  if (a.sequence_parallel) space.sequence_parallel = {true};
+  pin_search_knobs(a, space);
   // Megatron runs --tp-comm-overlap only with sequence parallelism: every TP > 1 candidate then has it.
   if (o.comm.tp_comm_overlap) space.sequence_parallel = {true};
   request.tp_comm_overlap = o.comm.tp_comm_overlap;
@@ -328,10 +366,14 @@ const Registrar kPlanCommand{Command{
           ->check(fraction_in(0.0, 1.0, false))
           ->group("Planner");
       sub.footer(
-          "Parallel flags given (--tp, --pp, --cp, --ep, --mbs, --recompute-granularity, "
+          "Parallel flags given (--tp, --pp, --cp, --dp, --ep, --mbs, --recompute-granularity, "
           "--sequence-parallel, --use-distributed-optimizer, --pipeline-model-parallel-layout, "
-          "--num-virtual-stages-per-pipeline-rank, --num-layers-per-virtual-pipeline-stage) pin that "
-          "knob.\nExample:\n  megatune plan --model llama3-70b "
+          "--num-virtual-stages-per-pipeline-rank, --num-layers-per-virtual-pipeline-stage, "
+          "--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split, "
+          "--recompute-method uniform, --recompute-num-layers 1) pin that knob; "
+          "--moe-token-dispatcher-type, --microbatch-group-size-per-virtual-pipeline-stage and "
+          "--use-tp-pp-dp-mapping are what every candidate runs with.\nExample:\n  megatune plan --model "
+          "llama3-70b "
           "--cluster "
           "8x8xH100 --global-batch-size 512 --seq-length 4096 -o plan.json");
       return [o]() { return run_plan(*o); };

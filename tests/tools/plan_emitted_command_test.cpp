@@ -4,79 +4,29 @@
 // the overrides too.
 #include <gtest/gtest.h>
 
-#include <sstream>
-
-#include "cli_harness.h"
+#include "plan_dry_run.h"
 
 namespace megatune::tests {
 namespace {
 
-// Splits a shell line as plan quotes it: words separated by spaces, '...' quoting, \ escaping one character.
-std::vector<std::string> shell_words(const std::string& line) {
-  std::vector<std::string> words;
-  std::string word;
-  bool in_word = false, quoted = false, escaped = false;
-  for (char ch : line) {
-    if (escaped) {
-      word += ch;
-      escaped = false;
-    } else if (quoted) {
-      if (ch == '\'')
-        quoted = false;
-      else
-        word += ch;
-    } else if (ch == '\'') {
-      quoted = in_word = true;
-    } else if (ch == '\\') {
-      escaped = in_word = true;
-    } else if (ch == ' ' || ch == '\n') {
-      if (in_word) words.push_back(word);
-      word.clear();
-      in_word = false;
-    } else {
-      word += ch;
-      in_word = true;
-    }
-  }
-  if (in_word) words.push_back(word);
-  return words;
-}
-
-// The text after `prefix` on the first line starting with it ("" when none).
-std::string line_after(const std::string& text, const std::string& prefix) {
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
-  return "";
-}
-
 // Plans `model_flags` on one node, runs the emitted megatune command with --dry-run, and compares.
 void expect_emitted_command_builds_the_plan(const std::vector<std::string>& model_flags,
                                             const std::vector<std::string>& expected_in_model_line) {
-  const TempDir dir;
-  std::vector<std::string> plan = {"plan",      "--cluster", "1x8xH100", "--gbs",          "16",
-                                   "--threads", "2",         "-o",       dir / "plan.json"};
-  plan.insert(plan.end(), model_flags.begin(), model_flags.end());
-  const CliResult planned = run_megatune(plan, 120);
-  ASSERT_EQ(planned.exit_code, 0) << planned.err;
-  const std::string model_line = line_after(planned.out, "model: ");
-  const std::string settings_line = line_after(planned.out, "settings: ");
-  ASSERT_FALSE(model_line.empty()) << planned.out;
-  ASSERT_FALSE(settings_line.empty()) << planned.out;
+  std::vector<std::string> flags = {"--gbs", "16"};
+  flags.insert(flags.end(), model_flags.begin(), model_flags.end());
+  const PlanAndDryRun run = plan_then_dry_run(flags);
+  ASSERT_EQ(run.planned.exit_code, 0) << run.planned.err;
+  const std::string model_line = line_after(run.planned.out, "model: ");
+  const std::string settings_line = line_after(run.planned.out, "settings: ");
+  ASSERT_FALSE(model_line.empty()) << run.planned.out;
+  ASSERT_FALSE(settings_line.empty()) << run.planned.out;
   for (const std::string& part : expected_in_model_line)
     EXPECT_NE(model_line.find(part), std::string::npos) << part << " not in " << model_line;
+  ASSERT_EQ(run.dry.exit_code, 0) << run.megatune_args << run.dry.err;
+  EXPECT_EQ(line_after(run.dry.out, "model: "), model_line);
+  EXPECT_EQ(line_after(run.dry.out, "settings: "), settings_line);
 
-  std::vector<std::string> train = shell_words(read_text(dir / "plan.megatune.args"));
-  ASSERT_GE(train.size(), 2u);
-  ASSERT_EQ(train[0], "megatune");
-  train.erase(train.begin());  // run_megatune names the binary
-  train.insert(train.end(), {"--dry-run", "--device", "cpu"});
-  const CliResult dry = run_megatune(train, 120);
-  ASSERT_EQ(dry.exit_code, 0) << dry.err;
-  EXPECT_EQ(line_after(dry.out, "model: "), model_line);
-  EXPECT_EQ(line_after(dry.out, "settings: "), settings_line);
-
-  const std::string megatron = read_text(dir / "plan.megatron.args");
+  const std::string& megatron = run.megatron_args;
   for (std::size_t i = 0; i + 1 < model_flags.size(); ++i) {
     const std::string& flag = model_flags[i];
     if (flag == "--num-layers" || flag == "--hidden-size" || flag == "--vocab-size" ||
