@@ -68,11 +68,12 @@ class Builder {
     cost_models::CollectiveGroup placement{1, 1};
     if (op.is_communication()) {
       if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
-        int peer = op.peer_rank >= 0 ? op.peer_rank : sim_ranks_[sim];
-        placement = cost_models::collective_group_of({sim_ranks_[sim], peer}, pricer_.gpus_per_node());
-        if (is_cp_ring(op)) placement = groups_->lookup(sim, CommGroup::kContext).placement;
+        const int peer = op.peer_rank >= 0 ? op.peer_rank : sim_ranks_[sim];
+        const int node = pricer_.gpus_per_node();
+        placement.nodes = sim_ranks_[sim] / node == peer / node ? 1 : 2;
+        if (is_cp_ring(op))
+          placement.nodes = std::min(groups_->lookup(sim, CommGroup::kContext).placement.nodes, 2);
         placement.size = 2;
-        placement.nodes = std::min(placement.nodes, 2);
       } else {
         placement = groups_->lookup(sim, op.group).placement;
       }

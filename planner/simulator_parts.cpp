@@ -1,4 +1,4 @@
-// The simulator's trace events; GroupMap and RankBuild are header-only (planner/simulator_parts.h).
+// The simulator's trace events; RankBuild is header-only (planner/simulator_parts.h).
 #include "planner/simulator_parts.h"
 
 #include <algorithm>
