@@ -1,5 +1,6 @@
 // Pipeline arrangements per pipeline size: the even split and its interleaved forms, lighter first/last
-// stages, and the user's pinned layout string or split flags.
+// ranks and (with virtual stages) lighter first/last stages, and the user's pinned layout string or split
+// flags.
 #include "planner/layout_choices.h"
 
 #include <algorithm>
@@ -101,6 +102,47 @@ void add_uneven_ranks(const layouts::ModelSpec& model, int pp, ChoiceList& list)
   }
 }
 
+// pp * vpp stages in global order: E and `first` layers, `middle` layers on each stage between, then `last`
+// layers, the MTP layers and L.
+PipelineLayout lighter_end_stages(const layouts::ModelSpec& model, int pp, int vpp, int first, int middle,
+                                  int last) {
+  using layouts::LayerSymbol;
+  const int count = pp * vpp;
+  std::vector<std::vector<LayerSymbol>> stages(count,
+                                               std::vector<LayerSymbol>(middle, LayerSymbol::kDecoder));
+  stages.front().assign(first, LayerSymbol::kDecoder);
+  stages.front().insert(stages.front().begin(), LayerSymbol::kEmbedding);
+  stages.back().assign(last, LayerSymbol::kDecoder);
+  stages.back().insert(stages.back().end(), model.mtp_num_layers, LayerSymbol::kMtp);
+  stages.back().push_back(LayerSymbol::kLoss);
+  PipelineLayout layout = PipelineLayout::from_stages(std::move(stages), pp);
+  layout.validate(model.num_layers, model.mtp_num_layers);
+  return layout;
+}
+
+// With virtual stages: the first stage (embedding) and the last (output layer + loss) hold up to 3 decoder
+// layers fewer than the others, as layout strings (Megatron's split flags lighten whole ranks, every chunk
+// of them). This is how layer counts that no pp x vpp divides (126 over 32 x 2) still interleave.
+void add_lighter_end_stages(const layouts::ModelSpec& model, int pp, const SearchSpace& space,
+                            ChoiceList& list) {
+  const int layers = model.num_layers;
+  for (int v : virtual_stage_counts(pp, space)) {
+    const int stages = pp * v;
+    if (v < 2 || stages < 3) continue;
+    const int most = layers / (stages - 2);  // the most a middle stage can hold
+    for (int first = std::max(0, most - 3); first <= most; ++first) {
+      for (int last = std::max(0, most - 3); last <= most; ++last) {
+        const int rest = layers - first - last;
+        if (rest < 0 || rest % (stages - 2) != 0) continue;
+        const int middle = rest / (stages - 2);
+        if (middle < std::max(first, last) || middle - std::min(first, last) > 3) continue;
+        if (first == middle && last == middle) continue;  // the even split
+        list.try_add([&] { return lighter_end_stages(model, pp, v, first, middle, last); }, {}, true);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool pins_pipeline_split(const SearchSpace& space) {
@@ -140,7 +182,10 @@ std::vector<LayoutChoice> layout_choices(const layouts::ModelSpec& model, int pp
     if (layers % (pp * v) == 0)
       list.try_add([&] { return PipelineLayout::uniform(layers, pp, v, mtp); }, {}, false);
   }
-  if (pp > 1 && space.uneven_layouts) add_uneven_ranks(model, pp, list);
+  if (pp > 1 && space.uneven_layouts) {
+    add_uneven_ranks(model, pp, list);
+    add_lighter_end_stages(model, pp, space, list);
+  }
   return list.take();
 }
 

@@ -147,6 +147,33 @@ TEST(Search, AnInjectedMemoryModelJudgesOnlyWhatWouldBeSimulatedAndKeepsEveryWin
   }
 }
 
+// 14 layers never split evenly over 4 ranks x 2 chunks; lighter first/last stages (layout strings) still
+// interleave them.
+TEST(Search, InterleavesLayerCountsNoEvenSplitFitsWithLighterEndStages) {
+  Fixture f("1x8xH100");
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-1b");
+  request.model.num_layers = 14;
+  request.model.seq_length = 2048;
+  request.world_size = 8;
+  request.global_batch_size = 32;
+  request.space.pp = {4};
+  request.space.micro_batch = {1};
+  request.top_k = 1 << 20;
+  const PlanResult result = plan(request, *f.pricer);
+  bool found = false;
+  for (const PlanCandidate& c : result.ranked) {
+    if (c.vpp < 2) continue;
+    EXPECT_FALSE(c.config.pipeline_model_parallel_layout.empty()) << c.layout;
+    const layouts::PipelineLayout layout = c.config.resolved_pipeline_layout(request.model);
+    const int middle = layout.stages()[1].num_decoder_layers;
+    EXPECT_LE(layout.stages().front().num_decoder_layers, middle) << c.layout;
+    EXPECT_LE(layout.stages().back().num_decoder_layers, middle) << c.layout;
+    found |= c.layout == "Et|(tt|)*6tL" && c.vpp == 2;
+  }
+  EXPECT_TRUE(found) << "no Et|(tt|)*6tL at vpp 2 among " << result.ranked.size() << " candidates";
+}
+
 TEST(Search, EmitsLayoutStringsAndArgumentLists) {
   Fixture f("4x8xH100");
   PlanRequest request;
