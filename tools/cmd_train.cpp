@@ -96,6 +96,9 @@ void write_trace_manifest(const TrainArgs& a, const layouts::ModelSpec& spec,
   m.model_args = given_arguments(*a.app);
   m.command = {"megatune", "train"};
   m.command.insert(m.command.end(), m.model_args.begin(), m.model_args.end());
+  // The vocabulary a tokenizer flag chose is part of the model that compare rebuilds from these flags.
+  if (a.megatron.vocab_size && a.app->count("--vocab-size") == 0)
+    m.model_args.insert(m.model_args.end(), {"--vocab-size", std::to_string(*a.megatron.vocab_size)});
   m.model = spec.name;
   m.parameters = layouts::ModelSpec(spec).total_parameters();
   m.layout = describe_layout(spec, parallel);
