@@ -123,6 +123,12 @@ int run_sample(const SampleArgs& args) {
       build_train_valid_test_datasets(config, {args.num_samples > 0 ? args.num_samples : -1, 0, 0});
   if (!datasets.train) throw UserError("--split " + args.split + " leaves no train split");
   const auto& train = *datasets.train;
+  if (args.first >= train.num_samples()) {
+    const std::string samples = std::to_string(train.num_samples());
+    throw UserError("--first " + std::to_string(args.first) +
+                    " is past the end of the train split, which has " + samples + " samples (" +
+                    train.description() + "); give --first below " + samples);
+  }
   if (!args.dump_indices.empty()) {
     const auto* gpt = dynamic_cast<const GPTDataset*>(&train);
     if (gpt == nullptr)

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <regex>
 
 #include "tests/tools/cli_harness.h"
@@ -201,6 +202,44 @@ TEST(CliSilentNonsense, IgnoredFlagCombinationsAreRefused) {
   expect_one_line_refusal(
       run_megatune({"db", "--embedded", "price", "all_reduce", "--shape", "8", "--no-causal"}),
       "--no-causal does not apply");
+}
+
+TEST(CliSilentNonsense, RanksOpsAndSamplesOutsideWhatExistsAreRefused) {
+  expect_one_line_refusal(run_megatune({"layout", "--model", "tiny", "--rank", "-1"}),
+                          "--rank: value -1 must be at least 0");
+  expect_one_line_refusal(run_megatune({"layout", "--model", "tiny", "--rank", "1"}), "outside the world");
+  const CliResult price = run_megatune({"db", "--embedded", "price", "gemmm", "--shape", "8", "8", "8"});
+  expect_one_line_refusal(price, "gemmm");
+  for (const char* known : {"gemm", "attention_bwd", "reduce_scatter", "rope_bwd", "optimizer"})
+    EXPECT_NE(price.err.find(known), std::string::npos) << known << ": " << price.err;
+  EXPECT_EQ(run_megatune({"db", "--embedded", "price", "rope_bwd", "--shape", "4096"}).exit_code, 0);
+  TempDir dir;
+  write_text(dir / "corpus.txt", "one small document\n\nand another one\n");
+  ASSERT_EQ(run_megatune({"data", "preprocess", "--input", dir / "corpus.txt", "--output-prefix", dir / "c"})
+                .exit_code,
+            0);
+  const std::vector<std::string> sample = {"data",    "sample", "--data-path",  dir / "c_text_document",
+                                           "--split", "1,0,0",  "--seq-length", "4"};
+  const CliResult last = run_megatune(with(sample, {"--first", "0", "--count", "1000"}));
+  ASSERT_EQ(last.exit_code, 0) << last.err;
+  const std::string samples = std::to_string(std::count(last.out.begin(), last.out.end(), '\n') - 1);
+  const CliResult past = run_megatune(with(sample, {"--first", samples}));
+  expect_one_line_refusal(
+      past, "--first " + samples + " is past the end of the train split, which has " + samples + " samples");
+  EXPECT_EQ(run_megatune(with(sample, {"--first", std::to_string(std::stoi(samples) - 1)})).exit_code, 0);
+}
+
+TEST(CliSilentNonsense, ABinaryOrForeignFileIsNotImportedAsZeroRows) {
+  TempDir dir;
+  const std::string db = dir / "x.db";
+  write_text(dir / "binary.csv", std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16));
+  expect_one_line_refusal(
+      run_megatune({"db", "--db", db, "import", dir / "binary.csv", "--table", "gpu_models"}),
+      "holds binary data");
+  write_text(dir / "foreign.csv", "when,what\n");  // a header of another table and no rows
+  expect_one_line_refusal(
+      run_megatune({"db", "--db", db, "import", dir / "foreign.csv", "--table", "gpu_models"}),
+      "column \"when\" is not in table gpu_models");
 }
 
 TEST(CliSilentNonsense, AbsurdClusterFileValues) {
