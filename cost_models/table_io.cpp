@@ -147,7 +147,8 @@ std::vector<InputRow> rows_from_json(const std::string& text, const std::string&
   try {
     document = JsonValue::parse(text);
   } catch (const JsonParseError& error) {
-    bad(source, error.line(), std::string("invalid JSON (") + error.what() + ")");
+    bad(source, error.line(),
+        "invalid JSON at column " + std::to_string(error.column()) + " (" + error.problem() + ")");
   }
   const JsonValue* array = &document;
   if (document.is_object()) {

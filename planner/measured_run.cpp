@@ -36,12 +36,15 @@ std::string read_regular_file(const fs::path& path, const std::string& what) {
   return text.str();
 }
 
-JsonValue parse_json(const std::string& text, const std::string& where) {
+// `file` and, for a JSON-lines file, the `line` the text is (its position is then that line's column).
+JsonValue parse_json(const std::string& text, const std::string& file, int line = 0) {
   try {
     return JsonValue::parse(text);
   } catch (const cost_models::JsonParseError& e) {
-    throw UserError(where + ": line " + std::to_string(e.line()) + ", column " + std::to_string(e.column()) +
-                    ": " + e.what() + " (a corrupt trace: re-run megatune train --trace-dir)");
+    const std::string at = line > 0 ? file + " line " + std::to_string(line) + ", column " +
+                                          std::to_string(e.column()) + ": " + e.problem()
+                                    : file + ": " + e.what();
+    throw UserError(at + " (a corrupt trace: re-run megatune train --trace-dir)");
   }
 }
 
@@ -164,7 +167,7 @@ TracedRank read_rank(const fs::path& path, int expected_rank) {
     ++number;
     if (line.empty()) continue;
     const std::string at = where + " line " + std::to_string(number);
-    const JsonValue value = parse_json(line, at);
+    const JsonValue value = parse_json(line, where, number);
     const Reader r{value, at};
     const std::string record = r.str("record");
     if (record == "rank") {

@@ -55,7 +55,9 @@ int run_preprocess(PreprocessArgs& args) {
     if (!keys.empty()) keys.push_back(',');
     keys += key;
   }
-  require_regular_file(args.config.input_path, "--input");  // refused in one line, before the header line
+  // Refused in one line, before the header line.
+  check_json_keys(args.config.json_keys);
+  require_regular_file(args.config.input_path, "--input");
   std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
                args.config.input_path.c_str(), args.config.output_prefix.c_str(), keys.c_str(),
                args.config.tokenizer.type.c_str());

@@ -356,6 +356,33 @@ TEST(CliUnclear, OverflowIsReportedAgainstTheFlagsGiven) {
   EXPECT_FALSE(has_source_location(r.err)) << r.err;
 }
 
+TEST(CliUnclear, PreprocessRefusesAKeyGivenTwiceAndWritesNothing) {
+  TempDir dir;
+  write_text(dir / "in.jsonl", "{\"text\": \"hello\"}\n");
+  const CliResult r = run_megatune({"data", "preprocess", "--input", dir / "in.jsonl", "--output-prefix",
+                                    dir / "out", "--json-keys", "text", "text"});
+  expect_one_line_refusal(r, "--json-keys names 'text' twice");
+  EXPECT_FALSE(std::filesystem::exists(dir / "out_text_document.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out_text_document.idx"));
+}
+
+TEST(CliUnclear, AJsonErrorStatesItsPositionOnce) {
+  TempDir dir;
+  std::filesystem::create_directory(dir / "run");
+  write_text(dir / "run/run.json", "{\"format\":\n x}");
+  const CliResult trace = run_megatune({"compare", "--run", dir / "run"});
+  expect_one_line_refusal(trace, "run.json: line 2, column 2: syntax error");
+  write_text(dir / "rows.json", "[{\"name\": 1,\n ]");
+  const CliResult rows =
+      run_megatune({"db", "--db", dir / "x.db", "import", dir / "rows.json", "--table", "gpu_models"});
+  expect_one_line_refusal(rows, "rows.json:2: invalid JSON at column 2 (syntax error");
+  for (const CliResult* r : {&trace, &rows}) {
+    const std::string& err = r->err;
+    EXPECT_EQ(err.find("column"), err.rfind("column")) << err;
+    EXPECT_EQ(err.find("line 2"), err.rfind("line 2")) << err;
+  }
+}
+
 TEST(CliUnclear, ReadOnlyDatabaseIsReadable) {
   TempDir dir;
   const std::string db = dir / "shared.db";
