@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -504,6 +505,55 @@ TEST_F(TamperedTraceTest, ARunGivenTwiceIsRefused) {
   EXPECT_NE(compare_error(o).find("is given twice"), std::string::npos);
   o.leave_one_out = true;
   EXPECT_NE(compare_error(o).find("is given twice"), std::string::npos);
+}
+
+// A trace of rank 0 of `l` as the executor writes it when it issued exactly the step program.
+planner::MeasuredRun trace_of_program(const Layout& l) {
+  planner::MeasuredRun run;
+  run.dir = "moe";
+  run.device = "cuda";
+  run.world_size = l.config.world_size;
+  planner::TracedRank rank;
+  planner::TracedIteration it;
+  for (const layouts::Op& op : layouts::build_step_program(l.model, l.config, 0).ops) {
+    planner::TracedOp t;
+    t.kind = layouts::op_kind_name(op.kind);
+    t.phase = layouts::op_phase_name(op.phase);
+    t.dtype = std::array{"bf16", "fp16", "fp32", "fp8"}[static_cast<int>(op.dtype)];
+    t.label = op.label;
+    t.layer = op.layer, t.microbatch = op.microbatch, t.m = op.m, t.n = op.n, t.k = op.k;
+    t.accumulate = op.accumulate;
+    t.attention = {op.attention.batch,  op.attention.heads,           op.attention.kv_heads,
+                   op.attention.seq_q,  op.attention.seq_kv,          op.attention.head_dim,
+                   op.attention.causal, op.attention.value_head_dim()};
+    t.bytes = op.bytes;
+    t.group = layouts::comm_group_name(op.group);
+    t.group_size = op.group_size;
+    it.ops.push_back(t);
+  }
+  rank.iterations.push_back(it);
+  run.ranks.push_back(rank);
+  return run;
+}
+
+TEST(CheckJoin, ExpertRowsOfAnotherCountAreNamedAsRouting) {
+  const Layout l = parse({"--model", "tiny-mixtral", "--ep", "2", "--dp", "2", "--mbs", "1", "--gbs", "4"});
+  planner::MeasuredRun run = trace_of_program(l);
+  EXPECT_NO_THROW(planner::check_join(run, l.model, l.config));
+  auto& ops = run.ranks[0].iterations[0].ops;
+  const auto expert = std::find_if(ops.begin(), ops.end(), [](const planner::TracedOp& op) {
+    return op.kind == "gemm" && op.label.rfind("expert", 0) == 0;
+  });
+  ASSERT_NE(expert, ops.end());
+  expert->m += 2;  // two more tokens routed here than the balanced share
+  try {
+    planner::check_join(run, l.model, l.config, planner::JoinTarget::kRunFlags);
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("not the step program's balanced share"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find("edited"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TraceWindow, ParsesAndChecksTheWindow) {
