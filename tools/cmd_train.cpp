@@ -97,6 +97,9 @@ void write_trace_manifest(const TrainArgs& a, const layouts::ModelSpec& spec,
   m.model_args = given_arguments(*a.app);
   m.command = {"megatune", "train"};
   m.command.insert(m.command.end(), m.model_args.begin(), m.model_args.end());
+  // The vocabulary a tokenizer flag chose is part of the model that compare rebuilds from these flags.
+  if (a.megatron.vocab_size && a.app->count("--vocab-size") == 0)
+    m.model_args.insert(m.model_args.end(), {"--vocab-size", std::to_string(*a.megatron.vocab_size)});
   m.model = spec.name;
   m.parameters = layouts::ModelSpec(spec).total_parameters();
   m.layout = describe_layout(spec, parallel);
@@ -251,6 +254,23 @@ int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts:
 #endif
 }
 
+// The flags that must agree with each other and with the layout, checked alike for a real run and for
+// --dry-run (which alone may leave out the data: it reads none).
+void check_run_flags(TrainArgs& a, const layouts::ParallelConfig& parallel, const LaunchEnvironment& launch) {
+  if (a.options.mock_data && !a.options.data_path.empty())
+    throw UserError("give only one of --data-path PREFIX and --mock-data");
+  if (!a.dry_run && !a.options.mock_data && a.options.data_path.empty())
+    throw UserError("give exactly one of --data-path PREFIX and --mock-data");
+  if (!a.trace_iterations.empty()) {
+    if (a.options.trace.dir.empty()) throw UserError("--trace-iterations needs --trace-dir DIR");
+    parse_trace_iterations(a.trace_iterations, a.options.trace);
+  }
+  if (a.nproc > 0 && a.nproc != parallel.world_size)
+    throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
+                    std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
+  if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
+}
+
 int run_train(TrainArgs& a) {
   // Like Megatron, the world size defaults to the launcher's (torchrun, Slurm, mpirun).
   const LaunchEnvironment launch = read_launch_environment();
@@ -263,18 +283,9 @@ int run_train(TrainArgs& a) {
   const std::string fresh_start = check_load_path(a.options.load);  // refuses a --load that does not exist
   if (!fresh_start.empty() && launch.rank == 0 && a.nproc <= 1) std::cout << fresh_start << std::endl;
   if (a.device.empty()) a.device = default_device();
+  check_run_flags(a, parallel, launch);
   if (a.dry_run) return dry_run(a, spec, parallel);
-  if (a.options.mock_data == !a.options.data_path.empty())
-    throw UserError("give exactly one of --data-path PREFIX and --mock-data");
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
-  if (!a.trace_iterations.empty()) {
-    if (a.options.trace.dir.empty()) throw UserError("--trace-iterations needs --trace-dir DIR");
-    parse_trace_iterations(a.trace_iterations, a.options.trace);
-  }
-  if (a.nproc > 0 && a.nproc != parallel.world_size)
-    throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
-                    std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
-  if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
   // A multi-GPU layout started without a launcher (e.g. a plan's megatune.args as written): one process per
   // GPU on this host, as --nproc would.
   if (a.device == "cuda" && parallel.world_size > 1 && launch.world_size == 1 && a.nproc == 0)

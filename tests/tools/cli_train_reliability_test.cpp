@@ -55,6 +55,29 @@ TEST(CliTrain, LoadPaths) {
       "no latest_checkpointed_iteration.txt");
 }
 
+// --dry-run makes the real run's checks of the flags against each other and the layout: the same line.
+TEST(CliTrain, TheDryRunRefusesWhatARealRunRefuses) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nproc", "4", "--tp", "2"}, "--nproc 4 does not match the layout's world size 2"},
+      {{"--data-path", "corpus_text_document"}, "give only one of --data-path PREFIX and --mock-data"},
+      {{"--trace-iterations", "2:3"}, "--trace-iterations needs --trace-dir DIR"}};
+  for (const auto& [flags, says] : cases) {
+    std::vector<std::string> args = flags;
+    args.insert(args.begin(), {"--train-iters", "2"});
+    const CliResult real = run_megatune(train(args), 60);
+    expect_refusal(real, says);
+    args.push_back("--dry-run");
+    const CliResult dry = run_megatune(train(args), 60);
+    expect_refusal(dry, says);
+    EXPECT_EQ(dry.err, real.err);
+  }
+  // Only the data may be left out of a dry run: it reads none.
+  const CliResult no_data = run_megatune({"train", "--model", "tiny", "--device", "cpu", "--dry-run"}, 60);
+  EXPECT_EQ(no_data.exit_code, 0) << no_data.err;
+  expect_refusal(run_megatune({"train", "--model", "tiny", "--device", "cpu"}, 60),
+                 "give exactly one of --data-path PREFIX and --mock-data");
+}
+
 TEST(CliTrain, NonsenseFlagsAndFullOutputs) {
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--lr", "nan"}, {"--adam-eps", "0"}, {"--adam-beta1", "2"}, {"--train-iters", "0"}}) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "cli_harness.h"
@@ -65,6 +66,16 @@ TEST(PlanMeasureTopTest, MeasuresTheTopCandidatesAndMakesTheFastestMeasuredOneTh
       run_megatune(measure_plan({"-o", plan, "--measure-keep", dir / "runs", "--db", db}), 120);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("predicted vs measured"), std::string::npos) << r.out;
+  // Both MFU columns of each measured row carry two decimals.
+  const std::regex mfu_columns(R"( [0-9]+\.[0-9]{2}% +[0-9]+\.[0-9]{2}%$)");
+  std::istringstream table(r.out.substr(r.out.find("predicted vs measured")));
+  int measured_rows = 0;
+  for (std::string line; std::getline(table, line) && line.find("re-ranked") == std::string::npos;)
+    if (line.find(" s ") != std::string::npos) {
+      ++measured_rows;
+      EXPECT_TRUE(std::regex_search(line, mfu_columns)) << line;
+    }
+  EXPECT_EQ(measured_rows, 2) << r.out;
   EXPECT_NE(r.out.find("calibration from 2 traced runs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("stored as calibrations row"), std::string::npos) << r.out;  // --db named
   {
