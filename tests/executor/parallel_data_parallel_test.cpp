@@ -9,6 +9,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 
 #include "executor/kernels/reference_elementwise.h"
 #include "executor/parallel/data_parallel.h"
@@ -402,6 +403,93 @@ TEST(DataParallelStrategy, ANonFiniteGradientOnOneRankGivesEveryRankANonFiniteNo
     strategy->finish_grad_reduction();
     EXPECT_FALSE(std::isfinite(strategy->grad_norm()));
   });
+}
+
+// A data-parallel group of 2 seen from its rank 0 whose all-gathers complete only when waited, as on a GPU:
+// each wait logs the element its output starts at. Nothing else moves.
+class DeferringCommunicator final : public Communicator {
+ public:
+  DeferringCommunicator(Backend& backend, const void* base, std::vector<std::int64_t>& waited)
+      : Communicator(backend), base_(static_cast<const char*>(base)), waited_(waited) {}
+  int world_rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  int rank(CommGroup) const override { return 0; }
+  int size(CommGroup group) const override {
+    return group == CommGroup::kDataContext || group == CommGroup::kWorld ? 2 : 1;
+  }
+  int global_rank(CommGroup, int rank_in_group) const override { return rank_in_group; }
+  void abort(const std::string& message) override { throw std::runtime_error(message); }
+
+ protected:
+  class Gather final : public CommWork {
+   public:
+    Gather(std::vector<std::int64_t>& log, std::int64_t at) : log_(log), at_(at) {}
+    void wait() override {
+      if (!done_) log_.push_back(at_);
+      done_ = true;
+    }
+
+   private:
+    std::vector<std::int64_t>& log_;
+    std::int64_t at_;
+    bool done_ = false;
+  };
+  CommHandle do_all_reduce(CommGroup, Tensor, ReduceOp) override { return nullptr; }
+  CommHandle do_all_gather(CommGroup, Tensor, Tensor output) override {
+    return std::make_unique<Gather>(waited_, (static_cast<const char*>(output.data) - base_) / 4);
+  }
+  CommHandle do_reduce_scatter(CommGroup, Tensor, Tensor) override { return nullptr; }
+  CommHandle do_broadcast(CommGroup, Tensor, int) override { return nullptr; }
+  CommHandle do_all_to_all(CommGroup, Tensor, Tensor) override { return nullptr; }
+  CommHandle do_batch_p2p(CommGroup, const std::vector<P2pTransferArgs>&) override {
+    throw std::logic_error("no p2p here");
+  }
+
+ private:
+  const char* base_;
+  std::vector<std::int64_t>& waited_;
+};
+
+// --overlap-param-gather: the gathers launched after the step are waited bucket by bucket where the forward
+// first reads them (the forward reads the buffer back to front); without it, at once.
+TEST(DataParallelStrategy, OverlappedParamGathersAreWaitedInTheForwardPreHookOfTheirBucket) {
+  const GradBufferLayout layout = test_layout(2, true);
+  const int buckets = static_cast<int>(layout.buckets().size());
+  ASSERT_GT(buckets, 2);
+  for (const bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    CpuBackend backend;
+    backend.reserve_arena(1 << 20);
+    const Tensor params = backend.allocate(DType::kFP32, 1, layout.total_elements(), "params");
+    const Tensor grads = backend.allocate(DType::kFP32, 1, layout.total_elements(), "grads");
+    backend.fill_zero(grads);
+    std::vector<std::int64_t> waited;
+    DeferringCommunicator comm(backend, params.data, waited);
+    DataParallelChunk chunk;
+    chunk.dense_buffer = &layout;
+    chunk.grads = grads;
+    chunk.model_params = chunk.main_params = params;
+    DataParallelOptions options;
+    options.overlap_param_gather = overlap;
+    const auto strategy = make_data_parallel_strategy(true, comm, {chunk}, {}, options, false);
+    strategy->set_main_parameters(0, initial_params(layout, 0));
+    reduce_and_step(*strategy, 1);
+    if (!overlap) {
+      EXPECT_EQ(static_cast<int>(waited.size()), buckets);
+      continue;
+    }
+    EXPECT_TRUE(waited.empty());
+    const int last_group = layout.entries().back().group;  // the forward's first parameters
+    strategy->before_forward(0, last_group);
+    ASSERT_EQ(waited.size(), 1u);
+    EXPECT_EQ(waited[0], layout.buckets().back().begin);
+    strategy->before_forward(0, last_group);  // nothing left for it
+    EXPECT_EQ(waited.size(), 1u);
+    strategy->before_forward(0, layout.entries().front().group);  // the first bucket: every other one
+    EXPECT_EQ(static_cast<int>(waited.size()), buckets);
+    strategy->wait_params();
+    EXPECT_EQ(static_cast<int>(waited.size()), buckets);
+  }
 }
 
 }  // namespace
