@@ -48,6 +48,13 @@ BatchShape chunk_batch(const TrainerConfig& config, int slots, const Communicato
   return batch;
 }
 
+DataParallelOptions data_parallel_options(const TrainerConfig& config) {
+  DataParallelOptions o;
+  o.overlap_grad_reduce = config.overlap_grad_reduce;
+  o.overlap_param_gather = config.overlap_param_gather;
+  return o;
+}
+
 }  // namespace
 
 DataParallelChunk data_parallel_chunk(const GPTModel& model) {
@@ -59,17 +66,6 @@ DataParallelChunk data_parallel_chunk(const GPTModel& model) {
   c.main_params = model.main_params();
   return c;
 }
-
-namespace {
-
-DataParallelOptions data_parallel_options(const TrainerConfig& config) {
-  DataParallelOptions o;
-  o.overlap_grad_reduce = config.overlap_grad_reduce;
-  o.overlap_param_gather = config.overlap_param_gather;
-  return o;
-}
-
-}  // namespace
 
 std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedule,
                                             const std::vector<StageSpan>& chunks) {
@@ -501,7 +497,8 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
     const GPTModel& model = *chunks_[c];
     const std::vector<float> params = data_parallel_->main_parameters(static_cast<int>(c));
     const DataParallelStrategy::Moments moments = data_parallel_->moments(static_cast<int>(c));
-    const std::vector<float>&m = moments.exp_avg, &v = moments.exp_avg_sq;
+    const std::vector<float>& m = moments.exp_avg;
+    const std::vector<float>& v = moments.exp_avg_sq;
     for (const ParameterEntry& e : model.layout().entries()) {
       const std::vector<std::int64_t> shape =
           e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
