@@ -212,7 +212,7 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
     const layouts::DenseCoordinates& c = arena.coordinates;
     std::cout << "rank " << rank << " (pp" << c.pp << " tp" << c.tp << " dp" << c.dp << " cp" << c.cp
               << "; its tp / dp / cp peers hold the same):\n"
-              << format_arena_breakdown(arena.breakdown);
+              << format_arena_breakdown(arena.breakdown) << format_parameter_state_bytes(arena);
   }
   return 0;
 }

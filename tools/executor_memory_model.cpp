@@ -1,6 +1,7 @@
 // executor_peak_memory: size_rank_arena over one rank per pipeline stage, plus the non-arena buffers.
 #include "tools/executor_memory_model.h"
 
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -26,10 +27,17 @@ planner::MemoryEstimate stage_estimate(const executor::RankArena& arena, int pp_
                                        const planner::MemoryEstimate& megatron) {
   planner::MemoryEstimate e;
   e.pp_rank = pp_rank;
-  for (const executor::ArenaUse& use : arena.breakdown)
-    e.items.push_back({use.what, use.bytes,
-                       "executor arena, " + std::to_string(use.allocations) +
-                           (use.allocations == 1 ? " allocation" : " allocations")});
+  for (const executor::ArenaUse& use : arena.breakdown) {
+    std::string note = "executor arena, " + std::to_string(use.allocations) +
+                       (use.allocations == 1 ? " allocation" : " allocations");
+    for (const executor::ParameterStateBytes& state : arena.state_bytes)
+      if (state.state == use.what) {
+        char per[48];
+        std::snprintf(per, sizeof per, ", %.2f bytes/parameter", state.bytes_per_parameter);
+        note += per;
+      }
+    e.items.push_back({use.what, use.bytes, note});
+  }
   e.buffer_bytes = megatron.buffer_bytes;
   e.items.push_back({"buffers outside the arena", e.buffer_bytes, "CUDA context, cuBLAS workspace, NCCL"});
   e.total_bytes = arena.total_bytes + e.buffer_bytes;

@@ -12,10 +12,8 @@
 #include "executor/backend/backend.h"
 #include "executor/model/gpt_model.h"
 #include "executor/parallel/communicator.h"
+#include "executor/parallel/data_parallel.h"
 #include "executor/parallel/grad_buckets.h"
-#include "executor/parallel/grad_norm.h"
-#include "executor/parallel/gradient_reducer.h"
-#include "executor/training/chunk_grad_state.h"
 #include "executor/training/lr_schedule.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
@@ -127,20 +125,16 @@ class Trainer {
   GPTModel& model(int chunk = 0) { return *chunks_.at(chunk); }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   Backend& backend() { return backend_; }
+  DataParallelStrategy& data_parallel() { return *data_parallel_; }
   const TrainerConfig& config() const { return config_; }
 
  private:
   void build(bool sizing);
-  void build_optimizer();
-  void upload_moments(std::size_t chunk, const std::vector<float>& exp_avg,
-                      const std::vector<float>& exp_avg_sq);
   void run_items(const std::vector<MicroBatch>& microbatches);
   void run_p2p(const layouts::StepItem& item, bool evaluation = false);
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
   void reduce_tied_embedding();
   void reduce_sequence_parallel_norms();
-  void gather_params(int chunk, int bucket);  // bucket: index into the step's buckets of the chunk
-  void launch_step_bucket(int chunk, int bucket);
   void update_expert_biases();
   double reported_loss();
   std::vector<double> context_parallel_losses(GPTModel& chunk);
@@ -158,11 +152,9 @@ class Trainer {
   std::vector<int> slots_per_chunk_;
   std::vector<MicroBatch> cp_local_;  // this CP rank's share of the iteration's micro-batches (cp > 1)
   std::vector<std::unique_ptr<GPTModel>> chunks_;
-  // Per chunk: the grad buffers' buckets, their reduction, and the AdamW moments (the whole buffer, or with
-  // the distributed optimizer this rank's shard of every bucket, back to back).
-  std::vector<ChunkGradState> optimizer_state_;
-  std::unique_ptr<GlobalGradNorm> grad_norm_;
-  std::vector<CommHandle> param_gathers_;
+  // The chunks' grad buffers, their reduction, the main parameters and AdamW moments this rank holds, the
+  // update and the param gathers (DDP, or the distributed optimizer).
+  std::unique_ptr<DataParallelStrategy> data_parallel_;
   StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)
   Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
   Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions
@@ -184,6 +176,8 @@ std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& 
 // buffers) with `communicator` answering the rank's group sizes (no data moves).
 std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, const layouts::RankSchedule& schedule,
                                           Backend& backend, Communicator& communicator);
+// What the chunk's DataParallelStrategy works on: its gradient-buffer regions and flat buffers.
+DataParallelChunk data_parallel_chunk(const GPTModel& model);
 // The no-pipelining schedule (layouts::build_rank_schedule over one uniform stage) of m micro-batches.
 layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches);
 // Activation slots each model chunk needs under `schedule`: the most micro-batches of the chunk whose

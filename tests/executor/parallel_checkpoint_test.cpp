@@ -1,5 +1,6 @@
 // Checkpoints of parallel layouts on the CPU backend (ranks as threads): every rank writes its shard of the
-// iteration; resuming under the same layout continues bit-exactly; resuming under another layout reshards
+// iteration; resuming under the same layout continues bit-exactly (the distributed optimizer's bf16 run at
+// dp3 included, its fp32 shards gathered to be saved); resuming under another layout reshards
 // (parameters and optimizer moments assembled from the TP slices) and continues the same run within fp32
 // rounding (the tolerance of the layout matrix).
 #include <gtest/gtest.h>
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 layouts::ModelSpec gpt_tiny() { return test::gpt_tiny(/*tied=*/true); }
 
 layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false,
-                               bool dist_opt = false, int cp = 1, int ep = 1, int etp = 0) {
+                               bool dist_opt = false, int cp = 1, int ep = 1, int etp = 0, int gbs = 8) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = tp;
   c.expert_model_parallel_size = ep;
@@ -33,7 +34,7 @@ layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int 
   c.sequence_parallel = sp;
   c.use_distributed_optimizer = dist_opt;
   c.micro_batch_size = 2;
-  c.global_batch_size = 8;
+  c.global_batch_size = gbs;
   c.validate(m);
   return c;
 }
@@ -134,6 +135,31 @@ TEST_F(ParallelCheckpoint, DistributedOptimizerShardsResumeBitExactlyAndRefuseAn
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("resume under that layout only"), std::string::npos) << e.what();
   }
+}
+
+// A bf16 model at dp3 under the distributed optimizer (fp32 main parameters in the shards only, gathered
+// through the gradient buffer to be saved): saving mid-run changes nothing, and the run resumes bit-exactly.
+TEST_F(ParallelCheckpoint, Bf16DistributedOptimizerShardsAtDp3SaveWithoutDisturbingTheRunAndResume) {
+  const layouts::ModelSpec m = gpt_tiny();
+  const layouts::ParallelConfig c = layout(m, 1, 1, 3, false, /*dist_opt=*/true, 1, 1, 0, /*gbs=*/6);
+  auto bf16 = [](std::int64_t iters) {
+    TrainOptions o = options(iters);
+    o.bf16 = true;
+    return o;
+  };
+  const RunResult plain = train(c, bf16(4));
+  TrainOptions saving = bf16(4);
+  saving.save = (dir_ / "mid_run").string();
+  saving.save_interval = 2;
+  EXPECT_EQ(train(c, saving).losses, plain.losses);
+  TrainOptions first = bf16(2);
+  first.save = dir_.string();
+  train(c, first);
+  TrainOptions second = bf16(4);
+  second.load = dir_.string();
+  const RunResult resumed = train(c, second);
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(resumed.losses[i], plain.losses[2 + i]) << "iteration " << 3 + i;
 }
 
 TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
