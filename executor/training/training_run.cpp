@@ -80,9 +80,10 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
     config_.schedule = single_stage_schedule(t.model.num_layers, t.batch.num_microbatches);
   trainer_ = std::make_unique<Trainer>(t, config_.schedule, backend, communicator);
   load_checkpoint();
-  if (communicator_.world_rank() == 0)  // refuses a --save directory holding another run's checkpoints
-    checkpoint::claim_save_directory(config_.save, run_id_, run_id_resumed_ ? config_.load : "",
-                                     config_.overwrite_checkpoints);
+  // Refuses a --save directory that another run trains into now or whose checkpoints are another run's.
+  if (communicator_.world_rank() == 0)
+    save_claim_ = checkpoint::claim_save_directory(config_.save, run_id_, run_id_resumed_ ? config_.load : "",
+                                                   config_.overwrite_checkpoints);
   data::DataConfig data = config_.data;
   data.gpt.sequence_length = t.batch.seq;
   data.skip_empty_evaluation_splits = true;
