@@ -680,6 +680,14 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
 void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
   if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
   shards.front().require_metadata_equal("model_config", config_.model.describe());
+  // Slices of one save only: a shard of another iteration or run would be assembled into the parameters.
+  for (const checkpoint::CheckpointReader& shard : shards)
+    for (const char* key : {"iteration", "consumed_samples", "model_config"})
+      if (shard.metadata_value(key) != shards.front().metadata_value(key))
+        throw UserError("checkpoint shard " + shard.directory() + " holds " + key + " " +
+                        shard.metadata_value(key) + " but " + shards.front().directory() + " holds " +
+                        shards.front().metadata_value(key) +
+                        "; the shards come from different saves: resume from a directory one save wrote");
   if (shards.front().has_metadata("distributed_optimizer_shards"))
     throw UserError(
         "checkpoint " + shards.front().directory() + " was saved under " +
