@@ -389,6 +389,10 @@ const Registrar registrar({
           "no loss on positions whose input is the EOD token (the tokenizer's: see --tokenizer-type)");
       add_tokenizer_flags(app, a.tokenizer, false);
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
+      app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad",
+                   a.options.check_for_nan_in_loss_and_grad,
+                   "stop at a non-finite loss or gradient norm (default, as Megatron); --no-...: skip the "
+                   "update instead");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--eval-interval", a.options.eval_interval,
                      "validation loss every N iterations (default 1000), and once after training")

@@ -405,6 +405,7 @@ void Trainer::run_optimizer_step(layouts::OptimizerStep step, StepResult& result
       return;
     case layouts::OptimizerStep::kGradNorm:
       result.grad_norm = grad_norm_->compute(communicator_);
+      require_finite("gradient norm", result.grad_norm, grad_norm_->local_norm());
       result.skipped = !std::isfinite(result.grad_norm);
       return;
     case layouts::OptimizerStep::kAdamW: {
@@ -469,7 +470,7 @@ void Trainer::update_expert_biases() {
   for (auto& chunk : chunks_) update_router_expert_biases(*chunk, communicator_, expert_counts_);
 }
 
-double Trainer::reported_loss() {
+double Trainer::reported_loss(double& local) {
   // The last pipeline stage holds the losses; their mean over the data-parallel ranks is what Megatron logs.
   // Under context parallelism a micro-batch's loss is the sum of its CP ranks' token losses over the sum of
   // their counted tokens.
@@ -482,10 +483,12 @@ double Trainer::reported_loss() {
       for (double l : losses) sum += l;
       sum /= static_cast<double>(losses.size());
     }
+  local = sum;
   if (communicator_.world_size() == 1) return sum;
   const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0 &&
                       communicator_.rank(CommGroup::kContext) == 0;
-  return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
+  if (!counts) local = 0.0;
+  return world_sum(local) / static_cast<double>(config_.data_parallel_size);
 }
 
 const std::vector<MicroBatch>& Trainer::context_parallel_share(const std::vector<MicroBatch>& microbatches) {
@@ -544,12 +547,14 @@ std::vector<double> Trainer::reported_mtp_losses() {
   return losses;
 }
 
-double Trainer::world_sum(double value) {
+double Trainer::world_sum(double value) { return world_reduce(value, ReduceOp::kSum); }
+
+double Trainer::world_reduce(double value, ReduceOp op) {
   if (communicator_.world_size() == 1) return value;
   const float values[2] = {static_cast<float>(value), 0.0f};
   RecordingPause pause(backend_);
   backend_.upload(scalar_, values);
-  communicator_.all_reduce(CommGroup::kWorld, flat_range(backend_, scalar_, 0, 1), ReduceOp::kSum,
+  communicator_.all_reduce(CommGroup::kWorld, flat_range(backend_, scalar_, 0, 1), op,
                            {"world_sum", -1, OpPhase::kOptimizer});
   float reduced[2];
   backend_.download(scalar_, reduced);
@@ -572,7 +577,9 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   }
   StepResult result = pending_result_;
   if (result.skipped) ++skipped_iterations_;
-  result.loss = reported_loss();
+  double local_loss = 0.0;
+  result.loss = reported_loss(local_loss);
+  require_finite("loss", result.loss, local_loss);
   result.load_balancing_loss = reported_load_balancing_loss();
   result.mtp_losses = reported_mtp_losses();
   ++iteration_;
