@@ -229,8 +229,11 @@ int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts:
   run.peak_tflops = peak_tflops_of(*backend);
   RendezvousOptions rendezvous;
   rendezvous.fingerprint = spec.name + " " + describe_layout(spec, parallel);
+  rendezvous.timeout_s = a.options.distributed_timeout_s();
+  NcclOptions nccl;
+  nccl.collective_timeout_s = nccl.setup_timeout_s = a.options.distributed_timeout_s();
   std::unique_ptr<NcclCommunicator> communicator =
-      NcclCommunicator::connect(*backend, layouts::RankGrid::from_config(parallel), launch, rendezvous);
+      NcclCommunicator::connect(*backend, layouts::RankGrid::from_config(parallel), launch, rendezvous, nccl);
   const bool logs = launch.rank == launch.world_size - 1;
   std::ostringstream quiet;
   std::ostream& log = logs ? std::cout : quiet;
@@ -283,6 +286,7 @@ int run_train(TrainArgs& a) {
   const std::string fresh_start = check_load_path(a.options.load);  // refuses a --load that does not exist
   if (!fresh_start.empty() && launch.rank == 0 && a.nproc <= 1) std::cout << fresh_start << std::endl;
   if (a.device.empty()) a.device = default_device();
+  if (a.device == "cpu") require_single_process_for_cpu(launch);
   check_run_flags(a, parallel, launch);
   if (a.dry_run) return dry_run(a, spec, parallel);
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
@@ -399,6 +403,10 @@ const Registrar registrar({
           "no loss on positions whose input is the EOD token (the tokenizer's: see --tokenizer-type)");
       add_tokenizer_flags(app, a.tokenizer, false);
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
+      app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad",
+                   a.options.check_for_nan_in_loss_and_grad,
+                   "stop at a non-finite loss or gradient norm (default, as Megatron); --no-...: skip the "
+                   "update instead");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--eval-interval", a.options.eval_interval,
                      "validation loss every N iterations (default 1000), and once after training")
@@ -410,6 +418,9 @@ const Registrar registrar({
                      "ranks on this host (must equal the layout's world size): threads with --device cpu, "
                      "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")
           ->check(integer_between(1, 4096));
+      app.add_option("--distributed-timeout-minutes", a.options.distributed_timeout_minutes,
+                     "minutes the ranks' rendezvous, NCCL setup or one collective may take before the job "
+                     "ends (default 10, Megatron's)");
       app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)")
           ->check(CLI::IsMember({"cuda", "cpu"}));
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");

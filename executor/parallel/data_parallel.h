@@ -71,6 +71,7 @@ class DataParallelStrategy {
   // The global gradient norm (each element of the model counted once over the world); clipping and the
   // skip on a non-finite norm follow it.
   float grad_norm();
+  float local_grad_norm() const { return norm_.local_norm(); }  // this rank's part of the last grad_norm()
   // AdamW over the ranges this rank owns ("adamw", phase kOptimizer).
   void step(const AdamWHyper& hyper);
 

@@ -317,6 +317,7 @@ void Trainer::run_optimizer_step(layouts::OptimizerStep step, StepResult& result
       return;
     case layouts::OptimizerStep::kGradNorm:
       result.grad_norm = data_parallel_->grad_norm();
+      require_finite("gradient norm", result.grad_norm, data_parallel_->local_grad_norm());
       result.skipped = !std::isfinite(result.grad_norm);
       return;
     case layouts::OptimizerStep::kAdamW: {
@@ -382,7 +383,7 @@ void Trainer::update_expert_biases() {
   for (auto& chunk : chunks_) update_router_expert_biases(*chunk, communicator_, expert_counts_);
 }
 
-double Trainer::reported_loss() {
+double Trainer::reported_loss(double& local) {
   // The last pipeline stage holds the losses; their mean over the data-parallel ranks is what Megatron logs.
   // Under context parallelism a micro-batch's loss is the sum of its CP ranks' token losses over the sum of
   // their counted tokens.
@@ -395,10 +396,12 @@ double Trainer::reported_loss() {
       for (double l : losses) sum += l;
       sum /= static_cast<double>(losses.size());
     }
+  local = sum;
   if (communicator_.world_size() == 1) return sum;
   const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0 &&
                       communicator_.rank(CommGroup::kContext) == 0;
-  return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
+  if (!counts) local = 0.0;
+  return world_sum(local) / static_cast<double>(config_.data_parallel_size);
 }
 
 const std::vector<MicroBatch>& Trainer::context_parallel_share(const std::vector<MicroBatch>& microbatches) {
@@ -457,12 +460,14 @@ std::vector<double> Trainer::reported_mtp_losses() {
   return losses;
 }
 
-double Trainer::world_sum(double value) {
+double Trainer::world_sum(double value) { return world_reduce(value, ReduceOp::kSum); }
+
+double Trainer::world_reduce(double value, ReduceOp op) {
   if (communicator_.world_size() == 1) return value;
   const float values[2] = {static_cast<float>(value), 0.0f};
   RecordingPause pause(backend_);
   backend_.upload(scalar_, values);
-  communicator_.all_reduce(CommGroup::kWorld, flat_range(backend_, scalar_, 0, 1), ReduceOp::kSum,
+  communicator_.all_reduce(CommGroup::kWorld, flat_range(backend_, scalar_, 0, 1), op,
                            {"world_sum", -1, OpPhase::kOptimizer});
   float reduced[2];
   backend_.download(scalar_, reduced);
@@ -479,7 +484,9 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   run_items(context_parallel_share(microbatches));
   StepResult result = pending_result_;
   if (result.skipped) ++skipped_iterations_;
-  result.loss = reported_loss();
+  double local_loss = 0.0;
+  result.loss = reported_loss(local_loss);
+  require_finite("loss", result.loss, local_loss);
   result.load_balancing_loss = reported_load_balancing_loss();
   result.mtp_losses = reported_mtp_losses();
   ++iteration_;
@@ -573,6 +580,14 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
 void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
   if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
   shards.front().require_metadata_equal("model_config", config_.model.describe());
+  // Slices of one save only: a shard of another iteration or run would be assembled into the parameters.
+  for (const checkpoint::CheckpointReader& shard : shards)
+    for (const char* key : {"iteration", "consumed_samples", "model_config"})
+      if (shard.metadata_value(key) != shards.front().metadata_value(key))
+        throw UserError("checkpoint shard " + shard.directory() + " holds " + key + " " +
+                        shard.metadata_value(key) + " but " + shards.front().directory() + " holds " +
+                        shards.front().metadata_value(key) +
+                        "; the shards come from different saves: resume from a directory one save wrote");
   if (shards.front().has_metadata("distributed_optimizer_shards"))
     throw UserError(
         "checkpoint " + shards.front().directory() + " was saved under " +

@@ -1,7 +1,8 @@
 // Trainer: one training iteration of one rank, interpreting its pipeline schedule (forward/backward of each
 // (micro-batch, model chunk), batched p2p of activations and gradients), then data-parallel gradient
 // reduction, the tied-embedding and sequence-parallel gradient all-reduces, the global grad norm and
-// clipping, AdamW with Megatron's LR schedule, NaN/inf skipping, and the checkpointed training state.
+// clipping, AdamW with Megatron's LR schedule, the non-finite loss and gradient check (stop, or skip the
+// step), and the checkpointed training state.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -52,6 +53,10 @@ struct TrainerConfig {
   bool use_distributed_optimizer =
       false;                          // --use-distributed-optimizer: reduce-scatter, sharded AdamW, gather
   bool overlap_param_gather = false;  // --overlap-param-gather: the gathers finish before the next forward
+  // --check-for-nan-in-loss-and-grad (Megatron's default on): a non-finite loss or gradient norm stops the
+  // run with a UserError naming the iteration and the first rank whose own part is non-finite; off, a
+  // non-finite gradient norm skips the update (counted in skipped_iterations).
+  bool check_for_nan_in_loss_and_grad = true;
   // The rank's walk of the iteration (layouts::walk_rank_step): the items the trainer interprets. Absent:
   // the schedule's forwards, backwards and p2p, then the grad norm and AdamW (a single rank).
   std::optional<layouts::RankStep> step;
@@ -67,7 +72,7 @@ struct StepResult {
   double loss = 0.0;           // mean over the iteration's micro-batches of their mean token loss
   float grad_norm = 0.0f;      // global L2 norm before clipping
   double learning_rate = 0.0;  // the rate this iteration's update used
-  bool skipped = false;        // non-finite gradients: no update
+  bool skipped = false;        // non-finite gradients (without the check): no update
   double elapsed_s = 0.0;      // wall time of the iteration (backend synchronized)
   // MoE with a load-balancing loss: Megatron's logged load_balancing_loss (the loss / its coefficient,
   // mean over micro-batches, MoE layers and data-parallel ranks); -1 otherwise.
@@ -136,7 +141,11 @@ class Trainer {
   void reduce_tied_embedding();
   void reduce_sequence_parallel_norms();
   void update_expert_biases();
-  double reported_loss();
+  double reported_loss(double& local);  // local: this rank's counted part
+  // Collective (every rank passes the same `global`): with the check on, throws UserError when `global`
+  // (the `what`, e.g. "gradient norm") is not finite, naming the first rank whose `local` is not.
+  void require_finite(const std::string& what, double global, double local);
+  double world_reduce(double value, ReduceOp op);
   std::vector<double> context_parallel_losses(GPTModel& chunk);
   // This CP rank's share of each micro-batch (the micro-batches themselves without context parallelism).
   const std::vector<MicroBatch>& context_parallel_share(const std::vector<MicroBatch>& microbatches);

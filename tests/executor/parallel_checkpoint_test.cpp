@@ -2,11 +2,13 @@
 // iteration; resuming under the same layout continues bit-exactly (the distributed optimizer's bf16 run at
 // dp3 included, its fp32 shards gathered to be saved); resuming under another layout reshards
 // (parameters and optimizer moments assembled from the TP slices) and continues the same run within fp32
-// rounding (the tolerance of the layout matrix).
+// rounding (the tolerance of the layout matrix). Every load checks each shard it reads: a shard of another
+// iteration, rank directories swapped, a missing or damaged rank_00000 are refused naming that shard.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -231,6 +233,70 @@ TEST_F(ParallelCheckpoint, MoeWithExpertTensorParallelismReshards) {
   // The same tp x dp with the experts whole (etp1): another layout of the expert weights, resharded.
   fs::remove_all(dir_);
   expect_reshards(m, saved, layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
+}
+
+// Trains `iterations` of the tiny model under tp2 into dir_, saving after each; the resuming run's options.
+TrainOptions save_tp2(const fs::path& dir, int iterations) {
+  TrainOptions first = options(iterations);
+  first.save = dir.string();
+  first.save_interval = 1;
+  train(layout(gpt_tiny(), 2, 1, 1), first);
+  TrainOptions second = options(iterations + 1);
+  second.load = dir.string();
+  return second;
+}
+
+std::string load_error(const layouts::ParallelConfig& c, const TrainOptions& o) {
+  try {
+    train(c, o);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(ParallelCheckpoint, AShardOfAnotherIterationIsRefusedWhenResharding) {
+  const TrainOptions second = save_tp2(dir_, 2);
+  const fs::path stale = dir_ / "iter_0000002" / "rank_00001";
+  fs::remove_all(stale);
+  fs::copy(dir_ / "iter_0000001" / "rank_00001", stale, fs::copy_options::recursive);
+  const std::string message = load_error(layout(gpt_tiny(), 1, 1, 1), second);
+  EXPECT_NE(message.find(stale.string() + " records iteration 1"), std::string::npos) << message;
+}
+
+TEST_F(ParallelCheckpoint, SwappedRankDirectoriesAreRefusedUnderTheSameLayout) {
+  const TrainOptions second = save_tp2(dir_, 1);
+  const fs::path iteration = dir_ / "iter_0000001";
+  fs::rename(iteration / "rank_00000", iteration / "aside");
+  fs::rename(iteration / "rank_00001", iteration / "rank_00000");
+  fs::rename(iteration / "aside", iteration / "rank_00001");
+  const std::string indexed = load_error(layout(gpt_tiny(), 2, 1, 1), second);
+  EXPECT_NE(indexed.find("holds the shard this save wrote as rank_00001"), std::string::npos) << indexed;
+  // A save from before shards.txt: the world rank its manifest records names the swap.
+  fs::remove(iteration / "shards.txt");
+  const std::string legacy = load_error(layout(gpt_tiny(), 2, 1, 1), second);
+  EXPECT_NE(legacy.find("was written by world rank 1, not rank 0"), std::string::npos) << legacy;
+}
+
+TEST_F(ParallelCheckpoint, AMissingOrDamagedRankZeroIsNamedWithItsCause) {
+  const TrainOptions second = save_tp2(dir_, 1);
+  const fs::path manifest = dir_ / "iter_0000001" / "rank_00000" / "manifest.txt";
+  std::ofstream(manifest, std::ios::app) << "x\n";
+  const std::string damaged = load_error(layout(gpt_tiny(), 1, 1, 1), second);
+  EXPECT_NE(damaged.find(manifest.string() + " is truncated"), std::string::npos) << damaged;
+  EXPECT_EQ(damaged.find("mp_rank_00"), std::string::npos) << damaged;
+  fs::remove_all(dir_ / "iter_0000001" / "rank_00000");
+  const std::string missing = load_error(layout(gpt_tiny(), 1, 1, 1), second);
+  EXPECT_NE(missing.find("rank_00000 is missing"), std::string::npos) << missing;
+  EXPECT_EQ(missing.find("mp_rank_00"), std::string::npos) << missing;
+}
+
+TEST_F(ParallelCheckpoint, ASaveFromBeforeTheShardIndexStillLoads) {
+  const TrainOptions second = save_tp2(dir_, 1);
+  fs::remove(dir_ / "iter_0000001" / "shards.txt");
+  EXPECT_NE(train(layout(gpt_tiny(), 2, 1, 1), second).log.find("loaded checkpoint"), std::string::npos);
+  EXPECT_NE(train(layout(gpt_tiny(), 1, 1, 1), second).log.find("resharded the checkpoint"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // `megatune train` on bad input (CPU backend, tiny model): a --save directory holding another run's
 // checkpoints is refused unless --overwrite-checkpoints, a --load that does not exist is refused and an empty
 // one starts fresh with a line, nonsense optimizer flags and a full --ops-out device fail with one line, and
-// a model whose arena exceeds the (injected) free GPU memory is refused before anything is allocated.
+// a model whose arena exceeds the (injected) free GPU memory is refused before anything is allocated; the
+// CPU backend started as one of several processes by a launcher refuses before training; a non-finite
+// gradient norm stops the run in one line unless --no-check-for-nan-in-loss-and-grad skips such steps.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -87,6 +89,33 @@ TEST(CliTrain, NonsenseFlagsAndFullOutputs) {
     expect_refusal(run_megatune(train(more), 120), flag);
   }
   expect_refusal(run_megatune(train({"--train-iters", "2", "--ops-out", "/dev/full"}), 120), "No space left");
+}
+
+TEST(CliTrain, TheCpuBackendUnderALauncherOfSeveralProcessesIsRefused) {
+  for (const char* rank : {"RANK=0", "RANK=1"}) {
+    SCOPED_TRACE(rank);
+    const CliResult r =
+        run_megatune(train({"--train-iters", "2"}), 60, "",
+                     {"env", rank, "WORLD_SIZE=2", "MASTER_ADDR=no-such-host.invalid", "MASTER_PORT=29500"});
+    expect_refusal(r, "--device cpu runs every rank as a thread of one process");
+    EXPECT_NE(r.err.find("--nproc N"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("iteration"), std::string::npos) << r.out;  // refused before training
+  }
+  expect_refusal(run_megatune(train({"--train-iters", "2", "--distributed-timeout-minutes", "0"}), 60),
+                 "--distributed-timeout-minutes 0 makes no sense");
+}
+
+TEST(CliTrain, ANonFiniteGradientNormStopsTheRunUnlessTheCheckIsOff) {
+  // --lr 1e30: the first update makes the weights overflow the second iteration; two ranks as threads.
+  const std::vector<std::string> diverging = {"--train-iters", "2", "--lr",         "1e30",
+                                              "--dp",          "2", "--world-size", "2"};
+  expect_refusal(run_megatune(train(diverging), 60),
+                 "iteration 2: the gradient norm is NaN (first non-finite on rank 0 of 2); the run stopped");
+  std::vector<std::string> unchecked = diverging;
+  unchecked.push_back("--no-check-for-nan-in-loss-and-grad");
+  const CliResult skipped = run_megatune(train(unchecked), 60);
+  ASSERT_EQ(skipped.exit_code, 0) << skipped.err;
+  EXPECT_NE(skipped.out.find("number of skipped iterations:   1 |"), std::string::npos) << skipped.out;
 }
 
 TEST(CliTrain, AModelThatDoesNotFitTheGpuIsRefusedBeforeAllocating) {
