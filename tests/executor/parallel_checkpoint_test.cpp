@@ -89,22 +89,27 @@ class ParallelCheckpoint : public ::testing::Test {
       EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
     return whole;
   }
-  // Trains 4 iterations whole and 2 saved under `saved`; 2 more resumed under `target` (default: one rank)
-  // continue the curve.
+  // Trains 4 iterations whole and 2 saved under `saved`; 2 more resumed from that one checkpoint under each
+  // of `targets` (default: one rank) continue the curve.
   void expect_reshards(const layouts::ModelSpec& m, const layouts::ParallelConfig& saved,
-                       std::optional<layouts::ParallelConfig> target = std::nullopt) {
+                       std::vector<layouts::ParallelConfig> targets = {}) {
+    if (targets.empty()) targets.push_back(layout(m, 1, 1, 1));
     const RunResult whole = train(saved, options(4), m);
     TrainOptions first = options(2);
     first.save = dir_.string();
     train(saved, first, m);
-    TrainOptions second = options(4);
-    second.load = dir_.string();
-    const RunResult resumed = train(target ? *target : layout(m, 1, 1, 1), second, m);
-    EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
-    ASSERT_EQ(resumed.losses.size(), 2u);
-    for (int i = 0; i < 2; ++i)
-      EXPECT_NEAR(resumed.losses[i], whole.losses[2 + i], 2e-5 * whole.losses[2 + i])
-          << "iteration " << 3 + i;
+    for (const layouts::ParallelConfig& target : targets) {
+      SCOPED_TRACE("tp" + std::to_string(target.tp()) + " dp" + std::to_string(target.dp()) + " etp" +
+                   std::to_string(target.etp()));
+      TrainOptions second = options(4);
+      second.load = dir_.string();
+      const RunResult resumed = train(target, second, m);
+      EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
+      ASSERT_EQ(resumed.losses.size(), 2u);
+      for (int i = 0; i < 2; ++i)
+        EXPECT_NEAR(resumed.losses[i], whole.losses[2 + i], 2e-5 * whole.losses[2 + i])
+            << "iteration " << 3 + i;
+    }
   }
   fs::path dir_;
 };
@@ -227,12 +232,11 @@ TEST_F(ParallelCheckpoint, MoeWithExpertTensorParallelismReshards) {
   m.moe_router_topk = 2;
   m.moe_ffn_hidden_size = 32;
   const layouts::ParallelConfig saved = layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/2);
-  expect_reshards(m, saved);
-  fs::remove_all(dir_);
-  expect_reshards(m, saved, layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
-  // The same tp x dp with the experts whole (etp1): another layout of the expert weights, resharded.
-  fs::remove_all(dir_);
-  expect_reshards(m, saved, layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
+  // Into one rank, into etp1 x ep2 under tp2, and into the same tp x dp with the experts whole (etp1):
+  // another layout of the expert weights, resharded.
+  expect_reshards(m, saved,
+                  {layout(m, 1, 1, 1), layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1),
+                   layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1)});
 }
 
 // Trains `iterations` of the tiny model under tp2 into dir_, saving after each; the resuming run's options.

@@ -1,14 +1,17 @@
 // The parallel-layout matrix on the CPU backend (ranks as threads): every dense layout the planner can pick
 // trains the tiny models from the same seed and reproduces the single-rank loss curve and the single-rank
-// weights after training. Tolerance: fp32 on the CPU, relative 2e-5 on each iteration's loss; on each weight
-// relative 1e-4 plus an absolute 2e-5 (AdamW moves a parameter whose gradient is ~0, e.g. a bias, by up to
-// lr per step whatever the gradient's rounding, lr 3e-3): TP, PP and DP change the order of floating-point
-// sums only. The multi-latent-attention model (tiny-deepseek-v3-mla) runs its own, smaller matrix.
+// weights after training (the single-rank reference of each model is trained once per test binary:
+// tests/executor/reference_run_cache.h). Tolerance: fp32 on the CPU, relative 2e-5 on each iteration's loss;
+// on each weight relative 1e-4 plus an absolute 2e-5 (AdamW moves a parameter whose gradient is ~0, e.g. a
+// bias, by up to lr per step whatever the gradient's rounding, lr 3e-3): TP, PP and DP change the order of
+// floating-point sums only. The multi-latent-attention model (tiny-deepseek-v3-mla) runs its own, smaller
+// matrix.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -17,6 +20,7 @@
 #include "layouts/parallel_config.h"
 #include "layouts/rank_grid.h"
 #include "tests/executor/parallel_test_models.h"
+#include "tests/executor/reference_run_cache.h"
 
 namespace megatune::executor {
 namespace {
@@ -119,6 +123,25 @@ Trained train(const layouts::ModelSpec& model, const Layout& l) {
   return out;
 }
 
+// The single-rank run a layout is held against: from the on-disk cache when this binary made it before.
+Trained single_rank_reference(const layouts::ModelSpec& model, const Layout& l, const std::string& key) {
+  Trained single;
+  if (const std::optional<test::ReferenceRun> cached = test::load_reference_run("layout-matrix-" + key)) {
+    single.losses = cached->losses;
+    for (const auto& [name, values] : cached->weights) single.weights[name].push_back({0, 1, {}, values});
+    return single;
+  }
+  Layout single_rank{"single"};
+  single_rank.sigmoid_bias = l.sigmoid_bias;
+  single_rank.micro_batch = l.micro_batch;
+  single_rank.global_batch = l.global_batch;
+  single = train(model, single_rank);
+  test::ReferenceRun run{single.losses, {}};
+  for (const auto& [name, copies] : single.weights) run.weights[name] = copies.front().values;
+  test::store_reference_run("layout-matrix-" + key, run);
+  return single;
+}
+
 void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l) {
   SCOPED_TRACE(l.name);
   static std::map<std::string, Trained> reference_cache;
@@ -131,11 +154,7 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
       (l.sigmoid_bias ? "-sigmoid-bias" : "") +
       (model.mtp_num_layers > 0 ? "-mtp" + std::to_string(model.mtp_num_layers) : "") + "-mbs" +
       std::to_string(l.micro_batch) + "-gbs" + std::to_string(l.global_batch);
-  Layout single_rank{"single"};
-  single_rank.sigmoid_bias = l.sigmoid_bias;
-  single_rank.micro_batch = l.micro_batch;
-  single_rank.global_batch = l.global_batch;
-  if (!reference_cache.count(ref_key)) reference_cache[ref_key] = train(model, single_rank);
+  if (!reference_cache.count(ref_key)) reference_cache[ref_key] = single_rank_reference(model, l, ref_key);
   const Trained& single = reference_cache[ref_key];
   const Trained parallel = train(model, l);
   ASSERT_EQ(parallel.losses.size(), single.losses.size());

@@ -256,17 +256,21 @@ TEST_F(CompareTest, ParallelLayoutOnThreadsJoinsEveryRank) {
     if (e.at("ph") == "X") pids.insert(e.at("pid").get<int>());
   EXPECT_EQ(pids.size(), 8u);  // predicted and measured of 4 ranks
 
-  // Communication on CPU threads is timed: the last stage's first receive waits for the first stage's
-  // whole forward of micro-batch 0 (tens of kernels), far longer than an empty bracket.
+  // Communication on CPU threads is timed: a receive lasts until its peer has sent, far longer than an empty
+  // bracket. Which rank waits depends on the scheduler (on a loaded host the sender can be the late one), but
+  // the pipeline makes some rank wait: the longest receive of the first iteration, over all ranks, shows it.
   const planner::MeasuredRun measured = planner::read_measured_run(run_dir);
-  for (const planner::TracedRank& rank : measured.ranks) {
-    if (rank.pp != 1) continue;
-    const auto& ops = rank.iterations.front().ops;
-    const auto recv =
-        std::find_if(ops.begin(), ops.end(), [](const planner::TracedOp& op) { return op.kind == "recv"; });
-    ASSERT_NE(recv, ops.end());
-    EXPECT_GT(recv->duration_s(), 5e-6) << "rank " << rank.rank;
-  }
+  double longest_recv_s = 0;
+  int recvs = 0;
+  for (const planner::TracedRank& rank : measured.ranks)
+    for (const planner::TracedOp& op : rank.iterations.front().ops)
+      if (op.kind == "recv") {
+        ++recvs;
+        EXPECT_GE(op.duration_s(), 0.0) << "rank " << rank.rank;
+        longest_recv_s = std::max(longest_recv_s, op.duration_s());
+      }
+  EXPECT_GT(recvs, 0);
+  EXPECT_GT(longest_recv_s, 5e-6);
 
   // --save: one run per rank, every op with both times.
   const std::string db = (dir_ / "runs.db").string();
