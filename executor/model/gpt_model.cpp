@@ -44,8 +44,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   if (stage_.num_layers < 0) stage_.num_layers = config_.num_layers - stage_.first_layer;
   if (stage_.first_layer < 0 || stage_.first_layer + stage_.num_layers > config_.num_layers)
     throw std::invalid_argument("GPTModel: stage layers outside the model");
-  tp_rank_ = communicator_.rank(CommGroup::kTensor);
-  tp_size_ = communicator_.size(CommGroup::kTensor);
+  tp_rank_ = tp_.rank();
+  tp_size_ = tp_.size();
   cp_rank_ = communicator_.rank(CommGroup::kContext);
   cp_size_ = communicator_.size(CommGroup::kContext);
   if (tp_size_ != config_.tensor_parallel_size)
