@@ -12,7 +12,6 @@
 #include <thread>
 
 #include "executor/model/gpt_model_phases.h"
-#include "executor/model/linear_gemm.h"
 #include "executor/parallel/context_parallel_split.h"
 #include "executor/parallel/state_labels.h"
 #include "layouts/step_program.h"
@@ -39,14 +38,15 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
       compute_dtype_(compute_dtype),
       backend_(backend),
       communicator_(communicator),
+      tp_(backend, communicator, config.sequence_parallel),
       stage_(with_mtp_layers(config, stage)),
       layout_(config, stage_, batch.bucketing) {
   config_.validate();
   if (stage_.num_layers < 0) stage_.num_layers = config_.num_layers - stage_.first_layer;
   if (stage_.first_layer < 0 || stage_.first_layer + stage_.num_layers > config_.num_layers)
     throw std::invalid_argument("GPTModel: stage layers outside the model");
-  tp_rank_ = communicator_.rank(CommGroup::kTensor);
-  tp_size_ = communicator_.size(CommGroup::kTensor);
+  tp_rank_ = tp_.rank();
+  tp_size_ = tp_.size();
   cp_rank_ = communicator_.rank(CommGroup::kContext);
   cp_size_ = communicator_.size(CommGroup::kContext);
   if (tp_size_ != config_.tensor_parallel_size)
@@ -73,7 +73,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
                     "--context-parallel-size 1");
   if (config_.mla)
     mla_ = std::make_unique<MlaAttention>(config_, batch_.micro_batch, batch_.seq, rows_, compute_dtype_,
-                                          backend_, communicator_);
+                                          backend_, tp_);
   require_attention_support();
   if (cp_size_ > 1 && stage_.num_layers > 0)
     ring_ = std::make_unique<RingAttention>(ring_shape(), compute_dtype_, backend_, communicator_);
@@ -229,6 +229,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   const std::int64_t scratch_bytes = backend_.scratch_bytes(needs);
   if (scratch_bytes > 0)
     backend_.set_scratch(backend_.allocate(DType::kFP32, 1, (scratch_bytes + 3) / 4, "kernel scratch"));
+  build_linears();
 }
 
 GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention) {
@@ -262,9 +263,9 @@ void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor
   // On the sequence shard (moe_layer.h): the routed experts' backward, then the recompute of the block's
   // input (the pre-MLP norm output, unless a full-recompute re-run of the layer has just written it) that
   // the shared expert's and the router's weight gradients read.
-  const MoeLayerWeights w = moe_weights(model_params_, l), g = moe_weights(grads_, l);
+  const MoeLayerLinears w = moe_linears(l);
   const int local = layer_parameters_.at(local_index(l)).moe_local;
-  moe_->backward_routed(w, g, d_out, d_in, moe_slot_, local, l, accumulate);
+  moe_->backward_routed(w, d_out, d_in, moe_slot_, local, l, accumulate);
   const LayerWeights n = layer_weights(model_params_, l);
   if (recompute_ != RecomputeGranularity::kFull)
     backend_.norm_forward(
@@ -272,25 +273,7 @@ void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor
         {"pre_mlp_norm", l, OpPhase::kRecompute});
   const float aux_loss_scale =
       static_cast<float>(1.0 / (batch_.num_microbatches * batch_.gradient_average_ranks));
-  moe_->backward_dense(w, g, norm2_shard_, a.ln2, d_out, d_in, moe_slot_, local, l, accumulate,
-                       aux_loss_scale);
-}
-
-Tensor GPTModel::reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label,
-                                  int layer, OpPhase phase) {
-  if (tp_size_ == 1) return full;
-  if (sp()) {
-    communicator_.reduce_scatter(CommGroup::kTensor, full, shard_out, {rs_label, layer, phase, kTpRole});
-    return shard_out;
-  }
-  communicator_.all_reduce(CommGroup::kTensor, full, ReduceOp::kSum, {ar_label, layer, phase, kTpRole});
-  return full;
-}
-
-Tensor GPTModel::gather_to_full(Tensor shard, Tensor full_out, const char* label, int layer, OpPhase phase) {
-  if (!sp()) return shard;
-  communicator_.all_gather(CommGroup::kTensor, shard, full_out, {label, layer, phase, kTpRole});
-  return full_out;
+  moe_->backward_dense(w, norm2_shard_, a.ln2, d_out, d_in, moe_slot_, local, l, accumulate, aux_loss_scale);
 }
 
 std::vector<const ParameterEntry*> GPTModel::sequence_parallel_grad_entries() const {
@@ -351,52 +334,38 @@ GPTModel::LayerActivations& GPTModel::activations_for(int slot, int local_layer)
 
 void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor output, OpPhase phase) {
   const LayerWeights w = layer_weights(model_params_, l);
-  const std::int64_t T = batch_.tokens();
-  // Row-parallel biases are added once: on TP rank 0, before the reduction.
-  const bool row_bias = tp_rank_ == 0;
-  auto gemm_linear = [&](Tensor x, Tensor weight, Tensor bias, Tensor y, const char* label) {
-    backend_.gemm(linear_forward_args(x, weight, y, bias, T), {label, l, phase});
-  };
+  const LayerLinears& lin = layer_linears_.at(local_index(l));
   backend_.norm_forward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd),
                         {"input_norm", l, phase});
   if (mla_) {
-    // Only the one query projection (no --q-lora-rank) reads the gathered input.
-    const Tensor x_full = config_.q_lora_rank > 0
-                              ? norm1_shard_
-                              : gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, phase);
-    mla_->forward(l, w.mla, norm1_shard_, x_full, a.mla, phase);
+    mla_->forward(l, mla_weights(l), norm1_shard_, a.ln1, a.mla, phase);
   } else {
-    gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, phase);
-    gemm_linear(a.ln1, w.qkv_w, w.qkv_b, a.qkv, "qkv");
+    lin.qkv->forward(norm1_shard_, a.ln1, a.qkv, {}, phase);
     if (config_.position == PositionEmbedding::kRope)
       backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(),
                     config_.head_dim, config_.rope_theta, false, {"rope", l, phase}, positions_);
   }
   core_attention_forward(a, l, phase);
-  gemm_linear(a.attn, w.proj_w, row_bias ? w.proj_b : Tensor{}, fc2_out_, "proj");
-  const Tensor proj = reduce_from_full(fc2_out_, reduced_, "proj_ar", "proj_rs", l, phase);
+  const Tensor proj = lin.proj->forward(a.attn, {}, fc2_out_, reduced_, phase);
   // The residual add fused into the pre-MLP norm: a.mid = bf16(proj output + input), a.ln2 = norm(a.mid).
   backend_.norm_forward(
       norm_args(proj, input, a.mid, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
       {"pre_mlp_norm", l, phase});
   const int moe_local = layer_parameters_.at(local_index(l)).moe_local;
   if (moe_local >= 0) {  // on the sequence shard (moe_layer.h)
-    moe_->forward(moe_weights(model_params_, l), norm2_shard_, a.ln2, reduced_, moe_slot_, moe_local, l,
-                  phase);
+    moe_->forward(moe_linears(l), norm2_shard_, a.ln2, reduced_, moe_slot_, moe_local, l, phase);
     backend_.add(a.mid, reduced_, output, {"residual2", l, phase});
     return;
   }
-  gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, phase);
+  const Tensor fc1_in = lin.fc1->gather_input(norm2_shard_, a.ln2, phase);
   if (config_.activation == ActivationKind::kGelu) {
     // fc1 with bias and GELU fused in the GEMM's epilogue; a.fc1 keeps the pre-activation for the backward.
-    backend_.linear_gelu_forward(linear_forward_args(a.ln2, w.fc1_w, a.fc1, w.fc1_b, T), a.act,
-                                 {"fc1", l, phase});
+    lin.fc1->forward_gemm_gelu(fc1_in, a.fc1, a.act, phase);
   } else {
-    gemm_linear(a.ln2, w.fc1_w, w.fc1_b, a.fc1, "fc1");
+    lin.fc1->forward_gemm(fc1_in, a.fc1, phase);
     backend_.activation_forward(config_.activation, a.fc1, a.act, {"act", l, phase});
   }
-  gemm_linear(a.act, w.fc2_w, row_bias ? w.fc2_b : Tensor{}, fc2_out_, "fc2");
-  const Tensor fc2 = reduce_from_full(fc2_out_, reduced_, "fc2_ar", "fc2_rs", l, phase);
+  const Tensor fc2 = lin.fc2->forward(a.act, {}, fc2_out_, reduced_, phase);
   backend_.add(a.mid, fc2, output, {"residual2", l, phase});
 }
 
@@ -404,23 +373,14 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   const LayerWeights w = layer_weights(model_params_, l);
   const LayerWeights g = layer_weights(grads_, l);
   const int local = local_index(l);
-  const std::int64_t T = batch_.tokens();
+  const LayerLinears& lin = layer_linears_.at(local);
   // The shared norm outputs hold another layer's values unless a full-recompute forward re-run of this layer
   // has just written them.
   const bool recompute_shared = recompute_ != RecomputeGranularity::kFull;
   const OpPhase kR = OpPhase::kRecompute;
-  auto dgrad = [&](Tensor dy, Tensor weight, Tensor dx, const char* label) {
-    backend_.gemm(linear_data_grad_args(dy, weight, dx, T), {label, l, kB});
-  };
-  // dW (+)= dy^T . x into the fp32 grad buffer (overwriting on the iteration's first write), the bias
-  // gradient (column sums of dy) fused in.
+  // The linears' weight gradients go into the fp32 grad buffer, overwriting on the iteration's first write.
   const bool accumulate = layer_grads_written_[local];
   layer_grads_written_[local] = true;
-  auto wgrad = [&](Tensor dy, Tensor x, Tensor weight, Tensor d_weight, Tensor d_bias, const char* label) {
-    GemmArgs args = linear_weight_grad_args(dy, x, weight, d_weight, d_bias, T);
-    args.accumulate = accumulate;
-    backend_.gemm(args, {label, l, kB});
-  };
   // MLP. d_res_ holds the gradient of the layer output (its sequence shard under SP, gathered for the GEMMs).
   // fc2's data gradient goes to the shared activation buffer; one pass then turns it into fc1's output
   // gradient (in place over the saved fc1 output, which nothing reads afterwards) and recomputes the
@@ -429,28 +389,24 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   if (layer_is_moe(l)) {
     moe_mlp_backward(l, a, d_res_, d_ln2, accumulate);
   } else {
-    const Tensor d_out = gather_to_full(d_res_, full_scratch_, "fc2_grad_ag", l, kB);
-    dgrad(d_out, w.fc2_w, a.act, "fc2_dgrad");
+    const Tensor d_out = lin.fc2->gather_output_grad(d_res_, full_scratch_);
+    lin.fc2->data_grad(d_out, a.act);
     backend_.activation_backward_recompute(config_.activation, a.fc1, a.act, a.fc1, a.act, {"act", l, kB});
-    wgrad(d_out, a.act, w.fc2_w, g.fc2_w, g.fc2_b, "fc2_wgrad");
-    const Tensor d_fc1 = a.fc1;
+    lin.fc2->weight_grad(d_out, a.act, accumulate);
     if (recompute_shared)
       backend_.norm_forward(
           with_stats(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
           {"pre_mlp_norm", l, kR});
-    gather_to_full(norm2_shard_, a.ln2, "fc1_input_ag", l, kB);
-    dgrad(d_fc1, w.fc1_w, d_hidden_, "fc1_dgrad");
-    wgrad(d_fc1, a.ln2, w.fc1_w, g.fc1_w, g.fc1_b, "fc1_wgrad");
-    d_ln2 = reduce_from_full(d_hidden_, d_hidden_shard_, "fc1_dgrad_ar", "fc1_dgrad_rs", l, kB);
+    d_ln2 = lin.fc1->backward(
+        {.dy = a.fc1, .x = norm2_shard_, .x_full = a.ln2, .dx = d_hidden_, .dx_shard = d_hidden_shard_},
+        accumulate);
   }
 
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
                          d_ln2, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.
   if (recompute_ == RecomputeGranularity::kSelective) core_attention_forward(a, l, kR);
-  const Tensor d_proj = gather_to_full(d_mid_, full_scratch_, "proj_grad_ag", l, kB);
-  dgrad(d_proj, w.proj_w, d_attn_, "proj_dgrad");
-  wgrad(d_proj, a.attn, w.proj_w, g.proj_w, g.proj_b, "proj_wgrad");
+  lin.proj->backward({.dy = d_mid_, .dy_full = full_scratch_, .x = a.attn, .dx = d_attn_}, accumulate);
   if (mla_) {
     mla_backward(l, a, input, accumulate);
   } else {
@@ -462,10 +418,9 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
       backend_.norm_forward(
           with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
           {"input_norm", l, kR});
-    gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, kB);
-    dgrad(d_qkv_, w.qkv_w, d_hidden_, "qkv_dgrad");
-    wgrad(d_qkv_, a.ln1, w.qkv_w, g.qkv_w, g.qkv_b, "qkv_wgrad");
-    reduce_from_full(d_hidden_, d_hidden_shard_, "qkv_dgrad_ar", "qkv_dgrad_rs", l, kB);
+    lin.qkv->backward(
+        {.dy = d_qkv_, .x = norm1_shard_, .x_full = a.ln1, .dx = d_hidden_, .dx_shard = d_hidden_shard_},
+        accumulate);
   }
   const Tensor d_ln1 = d_hidden_shard_;  // the input norm output's gradient
   backend_.norm_backward(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd),
@@ -474,14 +429,11 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
 
 void GPTModel::mla_backward(int l, LayerActivations& a, Tensor input, bool accumulate) {
   const LayerWeights w = layer_weights(model_params_, l);
-  const LayerWeights g = layer_weights(grads_, l);
   if (recompute_ != RecomputeGranularity::kFull)
     backend_.norm_forward(
         with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
         {"input_norm", l, OpPhase::kRecompute});
-  const Tensor x_full =
-      config_.q_lora_rank > 0 ? norm1_shard_ : gather_to_full(norm1_shard_, a.ln1, "qkv_input_ag", l, kB);
-  mla_->backward(l, w.mla, g.mla, a.mla, a.attn, a.lse, d_attn_, norm1_shard_, x_full, d_hidden_shard_,
+  mla_->backward(l, mla_weights(l), a.mla, a.attn, a.lse, d_attn_, norm1_shard_, a.ln1, d_hidden_shard_,
                  sp() ? d_hidden_ : d_hidden_shard_, accumulate);
 }
 
@@ -509,7 +461,7 @@ void GPTModel::embed_tokens(const std::vector<std::int32_t>& global_ids, Tensor 
   const Tensor full = sp() ? full_scratch_ : output;
   backend_.embedding_forward(tokens, view(model_params_, layout_.find("embedding.word_embeddings.weight")),
                              position, batch_.seq, full, {"embedding", layer, kF}, positions);
-  reduce_from_full(full, output, "embedding_ar", "embedding_rs", layer, kF);
+  tp_.reduce(full, output, "embedding_ar", "embedding_rs", layer, kF);
 }
 
 void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients) {
@@ -594,7 +546,7 @@ void GPTModel::backward(int index, int begin, int end) {
 }
 
 void GPTModel::embedding_backward(int slot) {
-  const Tensor d_embedding = gather_to_full(d_res_, full_scratch_, "embedding_grad_ag", -1, kB);
+  const Tensor d_embedding = tp_.gather_sequence(d_res_, full_scratch_, "embedding_grad_ag", -1, kB);
   Tensor d_position;
   if (config_.position == PositionEmbedding::kLearned)
     d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));

@@ -1,11 +1,13 @@
 // GPTModel: one pipeline stage (model chunk) of the decoder LM (embedding, transformer layers, final norm, LM
 // head, cross-entropy) on one Backend and one tensor-parallel rank: parameter and gradient buffers,
 // activation slots sized up front (one per micro-batch in flight), forward and backward of one micro-batch,
-// and Megatron's tensor- and sequence-parallel communication through a Communicator.
+// and Megatron's tensor- and sequence-parallel communication (its linears:
+// executor/parallel/tensor_parallel.h).
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "executor/parallel/communicator.h"
 #include "executor/parallel/grad_buckets.h"
 #include "executor/parallel/ring_attention.h"
+#include "executor/parallel/tensor_parallel.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
 
@@ -146,9 +149,10 @@ class GPTModel {
   std::vector<const ParameterEntry*> sequence_parallel_grad_entries() const;
 
  private:
+  // A layer's norm weights (or their gradients); the linears hold their own (LayerLinears).
   struct LayerWeights {
-    Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, fc2_w, fc2_b;
-    MlaAttention::Weights mla;  // multi-latent attention's projections (instead of qkv)
+    Tensor norm1_w, norm1_b, norm2_w, norm2_b;
+    MlaAttention::LatentNorms mla;  // multi-latent attention's latent norms
   };
   // A layer's parameters in the layout (null where the model has none: LayerNorm biases under RMSNorm,
   // linear biases without --add-bias-linear). Shapes on this TP rank: norms (1, h); qkv (qkv_width, h);
@@ -166,7 +170,19 @@ class GPTModel {
     std::vector<const ParameterEntry*> expert_fc1, expert_fc2;
     int moe_local = -1;
   };
-  MoeLayerWeights moe_weights(Tensor buffer, int layer) const;
+  // A layer's linears (gpt_model_linears.cpp), built from its LayerParameters once the buffers exist: each
+  // one's TP split comes from the parameter table. Empty where the layer has none.
+  struct LayerLinears {
+    std::optional<TensorParallelLinear> qkv, proj, fc1, fc2;           // dense attention and MLP
+    std::optional<TensorParallelLinear> q_down, q_up, kv_down, kv_up;  // multi-latent attention
+    std::optional<TensorParallelLinear> router, shared_fc1, shared_fc2;
+    std::optional<ExpertLinears> expert_fc1, expert_fc2;  // this rank's routed experts
+  };
+  void build_linears();
+  LinearParameters linear_parameters(const ParameterEntry& weight, const ParameterEntry* bias) const;
+  LayerLinears layer_linears(const LayerParameters& p, int layer) const;
+  MoeLayerLinears moe_linears(int layer) const;
+  MlaAttention::Weights mla_weights(int layer) const;
   void index_layer_parameters();
   // What one layer's backward reads. "saved" tensors are per layer (one shared set under full
   // recomputation); the norm outputs and the activation output are views of buffers shared by all layers:
@@ -208,6 +224,7 @@ class GPTModel {
   // Multi-token prediction (gpt_model_mtp.cpp). Layers are numbered globally: decoder layers 0.., MTP layer
   // k as -3 - k; local_index() is their place in layer_parameters_ (decoder layers, then MTP layers).
   int local_index(int layer) const;
+  int global_layer(int local) const;  // local_index's inverse
   // The loss stage holds every MTP layer (run_setup refuses other placements).
   static StageSpan with_mtp_layers(const TransformerConfig& config, StageSpan stage);
   int local_layer_count() const { return stage_.num_layers + stage_.num_mtp_layers; }
@@ -220,28 +237,19 @@ class GPTModel {
   void final_norm_backward(int slot, Tensor d_out);
   void mtp_forward(const MicroBatch& batch, int index, int slot, bool with_gradients);
   void mtp_backward(int slot, int mtp_local);
-  void eh_proj_forward(int mtp_layer, MtpLayerSaved& saved);
-  Tensor eh_proj_backward(int mtp_layer, int mtp_local, MtpLayerSaved& saved);
+  void eh_proj_forward(int mtp_layer, MtpLayerSaved& saved);     // mtp_layer: the model's MTP layer k
+  Tensor eh_proj_backward(int mtp_local, MtpLayerSaved& saved);  // mtp_local: the stage's MTP layer index
   void mtp_embedding_backward(int mtp_layer, const MtpLayerSaved& saved, Tensor d_embedding);
   // The vocab-parallel embedding of `global_ids` (T) into output (rows, h): tokens receives this rank's ids.
   void embed_tokens(const std::vector<std::int32_t>& global_ids, Tensor tokens, Tensor output,
                     const SequencePositions& positions, int layer);
-  // The LM head and the loss per token chunk (layouts::loss_chunk_rows) on the normed hidden states
-  // (rows, h): logits, cross entropy into `losses` (1, T), and with gradients the head's data gradient into
-  // head_grad (T, h) and its weight gradient.
-  struct HeadLabels {
-    const char *logits, *dgrad, *wgrad;
-  };
-  void head_and_loss(Tensor hidden, Tensor targets, Tensor losses, float grad_scale, Tensor head_grad,
-                     bool with_gradients, const HeadLabels& labels, int layer);
+  // The LM head `head` (head_ or an MTP layer's) and the loss per token chunk (layouts::loss_chunk_rows) on
+  // the normed hidden states (rows, h): logits, cross entropy into `losses` (1, T), and with gradients the
+  // head's data gradient into head_grad (T, h) and its weight gradient.
+  void head_and_loss(const TensorParallelLinear& head, Tensor hidden, Tensor targets, Tensor losses,
+                     float grad_scale, Tensor head_grad, bool with_gradients, int layer);
   int slot_of(int index);  // acquires a slot on first use
-  // Tensor-parallel regions (megatron.md §4); no-ops at TP size 1. reduce_from_full: the sum over TP of a
-  // (T, h) partial result, into `out` (the (T / tp, h) shard under SP, else in place); gather_to_full: a
-  // (T / tp, h) shard into the (T, h) buffer under SP, else the identity (returns the tensor to use).
-  Tensor reduce_from_full(Tensor full, Tensor shard_out, const char* ar_label, const char* rs_label,
-                          int layer, layouts::OpPhase phase);
-  Tensor gather_to_full(Tensor shard, Tensor full_out, const char* label, int layer, layouts::OpPhase phase);
-  bool sp() const { return config_.sequence_parallel && tp_size_ > 1; }
+  bool sp() const { return tp_.sequence_parallel(); }
   bool keeps_main_parameters() const {
     return compute_dtype_ == DType::kFP32 || !batch_.main_parameters_sharded;
   }
@@ -261,9 +269,14 @@ class GPTModel {
   DType compute_dtype_;
   Backend& backend_;
   Communicator& communicator_;
+  TensorParallelRegions tp_;  // the TP group's mappings (the vocab-parallel embedding's, the linears')
   StageSpan stage_;
   ParameterLayout layout_;
   std::vector<LayerParameters> layer_parameters_;  // per local layer
+  std::vector<LayerLinears> layer_linears_;        // per local layer
+  std::optional<TensorParallelLinear> head_;       // the LM head (loss stage)
+  std::vector<TensorParallelLinear> mtp_heads_;    // per MTP layer of the stage: the shared LM head's use
+  std::vector<TensorParallelLinear> eh_proj_;      // per MTP layer of the stage
   std::unique_ptr<MlaAttention> mla_;              // multi-latent attention (shared by the layers)
   int tp_rank_ = 0, tp_size_ = 1;
   int cp_rank_ = 0, cp_size_ = 1;

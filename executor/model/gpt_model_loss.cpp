@@ -7,7 +7,6 @@
 
 #include "executor/model/gpt_model.h"
 #include "executor/model/gpt_model_phases.h"
-#include "executor/model/linear_gemm.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -43,26 +42,25 @@ void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with
         {"final_norm", -1, kF});
     hidden = s.final_norm;
   }
-  head_and_loss(hidden, targets_, rows_of(losses_, index, 1, 4), grad_scale, s.head_grad, with_gradients,
-                {"logits", "logits_dgrad", "logits_wgrad"}, -1);
+  head_and_loss(*head_, hidden, targets_, rows_of(losses_, index, 1, 4), grad_scale, s.head_grad,
+                with_gradients, -1);
 }
 
-void GPTModel::head_and_loss(Tensor hidden, Tensor targets, Tensor losses_row, float grad_scale,
-                             Tensor head_grad, bool with_gradients, const HeadLabels& labels, int layer) {
+void GPTModel::head_and_loss(const TensorParallelLinear& head, Tensor hidden, Tensor targets,
+                             Tensor losses_row, float grad_scale, Tensor head_grad, bool with_gradients,
+                             int layer) {
   const std::int64_t T = batch_.tokens();
-  const Tensor final_full = gather_to_full(hidden, full_scratch_, "logits_input_ag", layer, kF);
+  const Tensor final_full = head.gather_input(hidden, full_scratch_, kF);
   // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
   // logits' gradient in place; vocab-parallel under TP), then the head's data gradient (into head_grad,
   // read by the backward's final norm) and weight gradient, so one chunk of logits is held at a time.
-  const ParameterEntry& out_entry = head_entry();
-  const Tensor out_w = view(model_params_, out_entry);
   const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
   const std::int64_t vocab_offset = tp_rank_ * config_.vocab_per_rank();
   for (std::int64_t first = 0; first < T; first += loss_chunk_rows_) {
     const std::int64_t rows = std::min(loss_chunk_rows_, T - first);
     const Tensor logits = carve(logits_, 0, rows, logits_.cols, storage);
     const Tensor chunk_hidden = rows_of(final_full, first, rows, storage);
-    backend_.gemm(linear_forward_args(chunk_hidden, out_w, logits, {}, rows), {labels.logits, layer, kF});
+    head.forward_gemm(chunk_hidden, logits, kF);
     Tensor losses = losses_row;
     losses.data = losses.data == nullptr ? nullptr : static_cast<float*>(losses.data) + first;
     losses.cols = rows;
@@ -82,13 +80,9 @@ void GPTModel::head_and_loss(Tensor hidden, Tensor targets, Tensor losses_row, f
                                             reduce, {"cross_entropy", layer, kF});
     }
     if (!with_gradients) continue;
-    backend_.gemm(linear_data_grad_args(logits, out_w, rows_of(head_grad, first, rows, storage), rows),
-                  {labels.dgrad, layer, kB});
-    GemmArgs head_wgrad =
-        linear_weight_grad_args(logits, chunk_hidden, out_w, view(grads_, out_entry), {}, rows);
-    head_wgrad.accumulate = head_grad_written_;
+    head.data_grad(logits, rows_of(head_grad, first, rows, storage));
+    head.weight_grad(logits, chunk_hidden, head_grad_written_);
     head_grad_written_ = true;
-    backend_.gemm(head_wgrad, {labels.wgrad, layer, kB});
   }
 }
 
@@ -97,11 +91,10 @@ void GPTModel::loss_backward(int slot) {
   // forward()), partial over the vocabulary slices under TP.
   Slot& s = slots_[slot];
   if (config_.mtp_num_layers > 0) {  // the final norm's backward follows the MTP layers'
-    reduce_from_full(s.head_grad, mtp_->main_head_grad, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
+    head_->reduce_input_grad(s.head_grad, mtp_->main_head_grad);
     return;
   }
-  const Tensor d_final =
-      reduce_from_full(s.head_grad, d_hidden_shard_, "logits_dgrad_ar", "logits_dgrad_rs", -1, kB);
+  const Tensor d_final = head_->reduce_input_grad(s.head_grad, d_hidden_shard_);
   Tensor fn_b, d_fn_b;
   if (config_.norm == NormKind::kLayerNorm) {
     fn_b = view(model_params_, layout_.find("decoder.final_layernorm.bias"));

@@ -8,7 +8,6 @@
 
 #include "executor/model/gpt_model.h"
 #include "executor/model/gpt_model_phases.h"
-#include "executor/model/linear_gemm.h"
 #include "layouts/parameter_table.h"
 
 namespace megatune::executor {
@@ -65,6 +64,11 @@ bool GPTModel::holds_final_norm() const {
 
 int GPTModel::local_index(int layer) const {
   return layer >= 0 ? layer - stage_.first_layer : stage_.num_layers + (-3 - layer - stage_.first_mtp_layer);
+}
+
+int GPTModel::global_layer(int local) const {
+  return local < stage_.num_layers ? stage_.first_layer + local
+                                   : -3 - (stage_.first_mtp_layer + local - stage_.num_layers);
 }
 
 std::pair<Tensor, Tensor> GPTModel::norm_weights(Tensor buffer, const std::string& prefix) const {
@@ -172,8 +176,8 @@ void GPTModel::mtp_forward(const MicroBatch& mb, int index, int slot, bool with_
         counted > 0
             ? static_cast<float>(scale / (counted * batch_.num_microbatches * batch_.gradient_average_ranks))
             : 0.0f;
-    head_and_loss(m.final_norm, mtp_->targets, rows_of(mtp_->losses, row, 1, 4), grad_scale, m.head_grad,
-                  with_gradients, {"mtp_logits", "mtp_logits_dgrad", "mtp_logits_wgrad"}, l);
+    head_and_loss(mtp_heads_.at(d), m.final_norm, mtp_->targets, rows_of(mtp_->losses, row, 1, 4), grad_scale,
+                  m.head_grad, with_gradients, l);
     previous = m.final_norm;
   }
 }
@@ -181,22 +185,9 @@ void GPTModel::mtp_forward(const MicroBatch& mb, int index, int slot, bool with_
 void GPTModel::eh_proj_forward(int k, MtpLayerSaved& m) {
   // Column-parallel 2h -> h (Megatron's eh_proj: gather_output false), then its output gathered over TP
   // along the hidden dimension and, under SP, this rank's sequence rows kept (the scatter).
-  const int l = -3 - k;
-  const std::int64_t T = batch_.tokens(), h = config_.hidden, part = h / tp_size_;
-  const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
-  const Tensor w = view(model_params_, layout_.find(layouts::mtp_parameter(k, "eh_proj.weight")));
-  const Tensor input = gather_to_full(m.concat, mtp_->concat_full, "mtp_eh_proj_input_ag", l, kF);
-  if (tp_size_ == 1) {
-    backend_.gemm(linear_forward_args(input, w, m.layer_in, {}, T), {"mtp_eh_proj", l, kF});
-    return;
-  }
-  backend_.gemm(linear_forward_args(input, w, mtp_->proj_out, {}, T), {"mtp_eh_proj", l, kF});
-  communicator_.all_gather(CommGroup::kTensor, mtp_->proj_out, mtp_->proj_gathered,
-                           {"mtp_eh_proj_output_ag", l, kF, kTpRole});
-  const std::int64_t first_row = sp() ? tp_rank_ * rows_ : 0;
-  for (int r = 0; r < tp_size_; ++r)
-    backend_.copy(rows_of(mtp_->proj_gathered, r * T + first_row, rows_, storage),
-                  columns_of(m.layer_in, r * part, part, storage));
+  eh_proj_.at(k - stage_.first_mtp_layer)
+      .forward_gathered_output(m.concat, mtp_->concat_full, mtp_->proj_out, mtp_->proj_gathered, m.layer_in,
+                               kF);
 }
 
 void GPTModel::mtp_backward(int slot, int d) {
@@ -205,8 +196,7 @@ void GPTModel::mtp_backward(int slot, int d) {
   MtpLayerSaved& m = mtp_->saved[slot][d];
   Slot& s = slots_[slot];
   // The gradient of this layer's final norm output: from the head, plus the next MTP layer's hnorm.
-  const Tensor d_final =
-      reduce_from_full(m.head_grad, d_hidden_shard_, "logits_dgrad_ar", "logits_dgrad_rs", l, kB);
+  const Tensor d_final = mtp_heads_.at(d).reduce_input_grad(m.head_grad, d_hidden_shard_);
   if (k < config_.mtp_num_layers - 1) backend_.add(d_final, mtp_->carry, d_final, {"mtp_grad_add", l, kB});
   const auto [fw, fb] = norm_weights(model_params_, layouts::mtp_parameter(k, "final_layernorm"));
   const auto [dfw, dfb] = norm_weights(grads_, layouts::mtp_parameter(k, "final_layernorm"));
@@ -216,7 +206,7 @@ void GPTModel::mtp_backward(int slot, int d) {
   if (recompute_ == RecomputeGranularity::kFull)
     layer_forward(l, acts, m.layer_in, m.layer_out, OpPhase::kRecompute);
   layer_backward(l, acts, m.layer_in);
-  const Tensor d_concat = eh_proj_backward(k, d, m);
+  const Tensor d_concat = eh_proj_backward(d, m);
   // hnorm: the first MTP layer's input is h_0, whose gradient also holds the main head's (the residual).
   const Tensor previous = d == 0 ? s.residual.back() : mtp_->saved[slot][d - 1].final_norm;
   Tensor d_previous = mtp_->carry, d_residual;
@@ -237,29 +227,24 @@ void GPTModel::mtp_backward(int slot, int d) {
   mtp_embedding_backward(k, m, d_mid_);
 }
 
-Tensor GPTModel::eh_proj_backward(int k, int d, MtpLayerSaved& m) {
+Tensor GPTModel::eh_proj_backward(int d, MtpLayerSaved& m) {
   // d_res_ holds the gradient of eh_proj's (gathered, scattered) output: gathered over the sequence under
   // SP (the scatter's backward), this rank's hidden columns are the GEMMs' output gradient.
-  const int l = -3 - k;
-  const std::int64_t T = batch_.tokens(), part = config_.hidden / tp_size_;
-  const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
-  const ParameterEntry& entry = layout_.find(layouts::mtp_parameter(k, "eh_proj.weight"));
-  const Tensor w = view(model_params_, entry);
-  const Tensor d_out = gather_to_full(d_res_, full_scratch_, "mtp_eh_proj_grad_ag", l, kB);
-  const Tensor input = gather_to_full(m.concat, mtp_->concat_full, "mtp_eh_proj_input_ag", l, kB);
-  const Tensor dy = tp_size_ == 1 ? d_out : columns_of(d_out, tp_rank_ * part, part, storage);
-  backend_.gemm(linear_data_grad_args(dy, w, mtp_->d_concat_full, T), {"mtp_eh_proj_dgrad", l, kB});
-  GemmArgs wgrad = linear_weight_grad_args(dy, input, w, view(grads_, entry), {}, T);
-  wgrad.accumulate = mtp_->eh_proj_written[d];
+  const TensorParallelLinear& eh_proj = eh_proj_.at(d);
+  const Tensor dy = eh_proj.gathered_output_grad(d_res_, full_scratch_);
+  const bool accumulate = mtp_->eh_proj_written[d];
   mtp_->eh_proj_written[d] = true;
-  backend_.gemm(wgrad, {"mtp_eh_proj_wgrad", l, kB});
-  return reduce_from_full(mtp_->d_concat_full, mtp_->d_concat, "mtp_eh_proj_dgrad_ar", "mtp_eh_proj_dgrad_rs",
-                          l, kB);
+  return eh_proj.backward({.dy = dy,
+                           .x = m.concat,
+                           .x_full = mtp_->concat_full,
+                           .dx = mtp_->d_concat_full,
+                           .dx_shard = mtp_->d_concat},
+                          accumulate);
 }
 
 void GPTModel::mtp_embedding_backward(int k, const MtpLayerSaved& m, Tensor d_embedding) {
   const int l = -3 - k;
-  const Tensor d_full = gather_to_full(d_embedding, full_scratch_, "embedding_grad_ag", l, kB);
+  const Tensor d_full = tp_.gather_sequence(d_embedding, full_scratch_, "embedding_grad_ag", l, kB);
   Tensor d_position;
   if (config_.position == PositionEmbedding::kLearned)
     d_position = view(grads_, layout_.find("embedding.position_embeddings.weight"));

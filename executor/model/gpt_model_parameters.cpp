@@ -49,8 +49,7 @@ void GPTModel::index_layer_parameters() {
   for (const ParameterEntry& e : layout_.entries()) by_name[e.name] = &e;
   int moe_layers = 0;
   for (int i = 0; i < local_layer_count(); ++i) {
-    const int l = i < stage_.num_layers ? stage_.first_layer + i
-                                        : -3 - (stage_.first_mtp_layer + i - stage_.num_layers);
+    const int l = global_layer(i);
     const std::string prefix =
         l >= 0 ? layer_parameter(l, "") : layouts::mtp_parameter(-3 - l, "transformer_layer.");
     auto find = [&](int, const char* suffix) -> const ParameterEntry* {
@@ -98,22 +97,8 @@ void GPTModel::index_layer_parameters() {
 std::vector<int> GPTModel::moe_layer_numbers() const {
   std::vector<int> out;
   for (int i = 0; i < local_layer_count(); ++i)
-    if (layer_parameters_[i].moe_local >= 0)
-      out.push_back(i < stage_.num_layers ? stage_.first_layer + i
-                                          : -3 - (stage_.first_mtp_layer + i - stage_.num_layers));
+    if (layer_parameters_[i].moe_local >= 0) out.push_back(global_layer(i));
   return out;
-}
-
-MoeLayerWeights GPTModel::moe_weights(Tensor buffer, int l) const {
-  const LayerParameters& p = layer_parameters_.at(local_index(l));
-  auto get = [&](const ParameterEntry* e) { return e == nullptr ? Tensor{} : view(buffer, *e); };
-  MoeLayerWeights w;
-  w.router = get(p.router);
-  for (const ParameterEntry* e : p.expert_fc1) w.fc1.push_back(get(e));
-  for (const ParameterEntry* e : p.expert_fc2) w.fc2.push_back(get(e));
-  w.shared_fc1 = get(p.shared_fc1);
-  w.shared_fc2 = get(p.shared_fc2);
-  return w;
 }
 
 GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
@@ -122,18 +107,9 @@ GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
   LayerWeights w;
   w.norm1_w = get(p.norm1_w);
   w.norm1_b = get(p.norm1_b);
-  w.qkv_w = get(p.qkv_w);
-  w.qkv_b = get(p.qkv_b);
-  w.proj_w = get(p.proj_w);
-  w.proj_b = get(p.proj_b);
   w.norm2_w = get(p.norm2_w);
   w.norm2_b = get(p.norm2_b);
-  w.fc1_w = get(p.fc1_w);
-  w.fc1_b = get(p.fc1_b);
-  w.fc2_w = get(p.fc2_w);
-  w.fc2_b = get(p.fc2_b);
-  w.mla = {get(p.q_down),  get(p.q_norm_w),  get(p.q_norm_b),  get(p.q_up),
-           get(p.kv_down), get(p.kv_norm_w), get(p.kv_norm_b), get(p.kv_up)};
+  w.mla = {get(p.q_norm_w), get(p.q_norm_b), get(p.kv_norm_w), get(p.kv_norm_b)};
   return w;
 }
 

@@ -4,28 +4,24 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "executor/model/linear_gemm.h"
-
 namespace megatune::executor {
 namespace {
 
 using layouts::OpPhase;
 constexpr OpPhase kB = OpPhase::kBackward;
-constexpr layouts::OpRole kTpRole = layouts::OpRole::kTensorParallel;
 
 }  // namespace
 
 MlaAttention::MlaAttention(const TransformerConfig& config, std::int64_t micro_batch, std::int64_t seq,
-                           std::int64_t rows, DType dtype, Backend& backend, Communicator& communicator)
+                           std::int64_t rows, DType dtype, Backend& backend, const TensorParallelRegions& tp)
     : config_(config),
       micro_batch_(micro_batch),
       seq_(seq),
       rows_(rows),
       dtype_(dtype),
       backend_(backend),
-      communicator_(communicator) {
+      tp_(tp) {
   if (!config_.mla) throw std::invalid_argument("MlaAttention: the model has no multi-latent attention");
-  tp_size_ = communicator_.size(CommGroup::kTensor);
   heads_ = config_.heads_per_rank();
   q_rank_ = config_.q_lora_rank;
   kv_rank_ = config_.kv_lora_rank;
@@ -96,41 +92,38 @@ NormArgs MlaAttention::norm_args(Tensor x, Tensor gamma, Tensor beta, Tensor out
 }
 
 void MlaAttention::forward(int layer, const Weights& w, Tensor x, Tensor x_full, Saved& s, OpPhase phase) {
+  const Tensor q_input = q_rank_ > 0 ? Tensor{} : w.q_up->gather_input(x, x_full, phase);
   down_projections(layer, w, x, s, phase);
-  up_projections(layer, w, x_full, s, phase);
+  up_projections(layer, w, q_input, s, phase);
 }
 
 void MlaAttention::down_projections(int layer, const Weights& w, Tensor x, Saved& s, OpPhase phase) {
   // Replicated over TP, on this rank's rows: q latent (rows, r_q), [kv latent | rotary key] (rows, r_kv +
   // d_rope); the latents are normalized and packed with the rotary key, then gathered under SP.
-  if (q_rank_ > 0)
-    backend_.gemm(linear_forward_args(x, w.q_down, s.q_latent, {}, rows_), {"q_down", layer, phase});
-  backend_.gemm(linear_forward_args(x, w.kv_down, kv_compressed_, {}, rows_), {"kv_down", layer, phase});
+  if (q_rank_ > 0) w.q_down->forward_gemm(x, s.q_latent, phase);
+  w.kv_down->forward_gemm(x, kv_compressed_, phase);
   backend_.copy(cols(kv_compressed_, 0, kv_rank_), s.kv_latent);
   const Tensor packed = sp() ? latents_shard_ : s.latents;
   if (q_rank_ > 0) {
-    backend_.norm_forward(norm_args(s.q_latent, w.q_norm_w, w.q_norm_b, q_latent_norm_, s.q_mean, s.q_rstd),
+    backend_.norm_forward(norm_args(s.q_latent, w.norms.q_w, w.norms.q_b, q_latent_norm_, s.q_mean, s.q_rstd),
                           {"q_norm", layer, phase});
     backend_.copy(q_latent_norm_, cols(packed, 0, q_rank_));
   }
   backend_.norm_forward(
-      norm_args(s.kv_latent, w.kv_norm_w, w.kv_norm_b, kv_latent_norm_, s.kv_mean, s.kv_rstd),
+      norm_args(s.kv_latent, w.norms.kv_w, w.norms.kv_b, kv_latent_norm_, s.kv_mean, s.kv_rstd),
       {"kv_norm", layer, phase});
   backend_.copy(kv_latent_norm_, cols(packed, q_rank_, kv_rank_));
   backend_.copy(cols(kv_compressed_, kv_rank_, d_rope_), cols(packed, q_rank_ + kv_rank_, d_rope_));
-  if (sp())
-    communicator_.all_gather(CommGroup::kTensor, latents_shard_, s.latents,
-                             {"mla_latent_ag", layer, phase, kTpRole});
+  tp_.gather_sequence(latents_shard_, s.latents, "mla_latent_ag", layer, phase);
 }
 
-void MlaAttention::up_projections(int layer, const Weights& w, Tensor x_full, Saved& s, OpPhase phase) {
+void MlaAttention::up_projections(int layer, const Weights& w, Tensor q_input, Saved& s, OpPhase phase) {
   // Column-parallel over heads, on all T tokens: q_rope_ = [q_nope (H * d_nope) | q_rope (H * d_rope) |
   // rotary key (d_rope)], so that one RoPE call rotates the queries' rotary parts and the shared key.
-  const std::int64_t T = micro_batch_ * seq_, H = heads_, d = d_nope_ + d_rope_;
-  const Tensor q_in = q_rank_ > 0 ? cols(s.latents, 0, q_rank_) : x_full;
-  backend_.gemm(linear_forward_args(q_in, w.q_up, cols(q_rope_, 0, H * d), {}, T), {"q_up", layer, phase});
-  backend_.gemm(linear_forward_args(cols(s.latents, q_rank_, kv_rank_), w.kv_up, s.kv, {}, T),
-                {"kv_up", layer, phase});
+  const std::int64_t H = heads_, d = d_nope_ + d_rope_;
+  const Tensor q_in = q_rank_ > 0 ? cols(s.latents, 0, q_rank_) : q_input;
+  w.q_up->forward_gemm(q_in, cols(q_rope_, 0, H * d), phase);
+  w.kv_up->forward_gemm(cols(s.latents, q_rank_, kv_rank_), s.kv, phase);
   backend_.copy(cols(s.latents, q_rank_ + kv_rank_, d_rope_), cols(q_rope_, H * d, d_rope_));
   backend_.rope(cols(q_rope_, H * d_nope_, H * d_rope_ + d_rope_), seq_, H, 1, d_rope_, config_.rope_theta,
                 false, {"rope", layer, phase});
@@ -163,12 +156,12 @@ AttentionArgs MlaAttention::attention_args(const Saved& s, Tensor out, Tensor ls
   return a;
 }
 
-void MlaAttention::backward(int layer, const Weights& w, const Weights& g, const Saved& s, Tensor out,
-                            Tensor lse, Tensor d_out, Tensor x, Tensor x_full, Tensor d_x, Tensor d_x_full,
-                            bool accumulate) {
+void MlaAttention::backward(int layer, const Weights& w, const Saved& s, Tensor out, Tensor lse, Tensor d_out,
+                            Tensor x, Tensor x_full, Tensor d_x, Tensor d_x_full, bool accumulate) {
+  const Tensor q_input = q_rank_ > 0 ? Tensor{} : w.q_up->gather_input(x, x_full, kB);
   attention_grads_to_up_projections(layer, s, out, lse, d_out);
-  up_projection_grads(layer, w, g, s, x_full, d_x_full, accumulate);
-  down_projection_grads(layer, w, g, s, x, d_x, d_x_full, accumulate);
+  up_projection_grads(layer, w, s, q_input, d_x_full, accumulate);
+  down_projection_grads(layer, w, s, x, d_x, d_x_full, accumulate);
 }
 
 void MlaAttention::attention_grads_to_up_projections(int layer, const Saved& s, Tensor out, Tensor lse,
@@ -199,69 +192,49 @@ void MlaAttention::attention_grads_to_up_projections(int layer, const Saved& s, 
                 true, {"rope", layer, kB});
 }
 
-void MlaAttention::up_projection_grads(int layer, const Weights& w, const Weights& g, const Saved& s,
-                                       Tensor x_full, Tensor d_x_full, bool accumulate) {
-  const std::int64_t T = micro_batch_ * seq_, H = heads_, d = d_nope_ + d_rope_;
-  auto linear_grads = [&](Tensor dy, Tensor in, Tensor weight, Tensor d_weight, Tensor d_in,
-                          const char* dgrad, const char* wgrad) {
-    backend_.gemm(linear_data_grad_args(dy, weight, d_in, T), {dgrad, layer, kB});
-    GemmArgs args = linear_weight_grad_args(dy, in, weight, d_weight, {}, T);
-    args.accumulate = accumulate;
-    backend_.gemm(args, {wgrad, layer, kB});
+void MlaAttention::up_projection_grads(int layer, const Weights& w, const Saved& s, Tensor q_input,
+                                       Tensor d_x_full, bool accumulate) {
+  const std::int64_t H = heads_, d = d_nope_ + d_rope_;
+  auto linear_grads = [&](const TensorParallelLinear& linear, Tensor dy, Tensor in, Tensor d_in) {
+    linear.data_grad(dy, d_in);
+    linear.weight_grad(dy, in, accumulate);
   };
   const Tensor d_q = cols(q_rope_, 0, H * d);
   if (q_rank_ > 0)
-    linear_grads(d_q, cols(s.latents, 0, q_rank_), w.q_up, g.q_up, cols(d_latents_, 0, q_rank_), "q_up_dgrad",
-                 "q_up_wgrad");
+    linear_grads(*w.q_up, d_q, cols(s.latents, 0, q_rank_), cols(d_latents_, 0, q_rank_));
   else
-    linear_grads(d_q, x_full, w.q_up, g.q_up, d_x_full, "q_up_dgrad", "q_up_wgrad");
-  linear_grads(d_kv_, cols(s.latents, q_rank_, kv_rank_), w.kv_up, g.kv_up,
-               cols(d_latents_, q_rank_, kv_rank_), "kv_up_dgrad", "kv_up_wgrad");
+    linear_grads(*w.q_up, d_q, q_input, d_x_full);
+  linear_grads(*w.kv_up, d_kv_, cols(s.latents, q_rank_, kv_rank_), cols(d_latents_, q_rank_, kv_rank_));
   backend_.copy(cols(q_rope_, H * d, d_rope_), cols(d_latents_, q_rank_ + kv_rank_, d_rope_));
   // Each rank's latent gradients cover its heads only: summed over TP (reduce-scattered to the rows of the
   // replicated down-projections under SP).
-  if (tp_size_ == 1) return;
-  if (sp())
-    communicator_.reduce_scatter(CommGroup::kTensor, d_latents_, d_latents_shard_,
-                                 {"mla_latent_dgrad_rs", layer, kB, kTpRole});
-  else
-    communicator_.all_reduce(CommGroup::kTensor, d_latents_, ReduceOp::kSum,
-                             {"mla_latent_dgrad_ar", layer, kB, kTpRole});
+  tp_.reduce(d_latents_, d_latents_shard_, "mla_latent_dgrad_ar", "mla_latent_dgrad_rs", layer, kB);
 }
 
-void MlaAttention::down_projection_grads(int layer, const Weights& w, const Weights& g, const Saved& s,
-                                         Tensor x, Tensor d_x, Tensor d_x_full, bool accumulate) {
+void MlaAttention::down_projection_grads(int layer, const Weights& w, const Saved& s, Tensor x, Tensor d_x,
+                                         Tensor d_x_full, bool accumulate) {
   const Tensor dl = d_latents_shard_;  // (rows, latent_width)
+  const LatentNorms &n = w.norms, &dn = w.norm_grads;
   backend_.copy(cols(dl, q_rank_, kv_rank_), kv_latent_norm_);
-  backend_.norm_backward(
-      norm_args(s.kv_latent, w.kv_norm_w, w.kv_norm_b, kv_latent_norm_, s.kv_mean, s.kv_rstd),
-      kv_latent_norm_, {}, d_kv_latent_, g.kv_norm_w, g.kv_norm_b, {"kv_norm", layer, kB});
+  backend_.norm_backward(norm_args(s.kv_latent, n.kv_w, n.kv_b, kv_latent_norm_, s.kv_mean, s.kv_rstd),
+                         kv_latent_norm_, {}, d_kv_latent_, dn.kv_w, dn.kv_b, {"kv_norm", layer, kB});
   backend_.copy(d_kv_latent_, cols(d_kv_compressed_, 0, kv_rank_));
   backend_.copy(cols(dl, q_rank_ + kv_rank_, d_rope_), cols(d_kv_compressed_, kv_rank_, d_rope_));
   if (q_rank_ > 0) {
     backend_.copy(cols(dl, 0, q_rank_), q_latent_norm_);
-    backend_.norm_backward(norm_args(s.q_latent, w.q_norm_w, w.q_norm_b, q_latent_norm_, s.q_mean, s.q_rstd),
-                           q_latent_norm_, {}, d_q_latent_, g.q_norm_w, g.q_norm_b, {"q_norm", layer, kB});
-  } else if (tp_size_ > 1) {
+    backend_.norm_backward(norm_args(s.q_latent, n.q_w, n.q_b, q_latent_norm_, s.q_mean, s.q_rstd),
+                           q_latent_norm_, {}, d_q_latent_, dn.q_w, dn.q_b, {"q_norm", layer, kB});
+  } else {
     // The one query projection is column-parallel: its input gradient is partial over TP.
-    if (sp())
-      communicator_.reduce_scatter(CommGroup::kTensor, d_x_full, d_x, {"qkv_dgrad_rs", layer, kB, kTpRole});
-    else
-      communicator_.all_reduce(CommGroup::kTensor, d_x_full, ReduceOp::kSum,
-                               {"qkv_dgrad_ar", layer, kB, kTpRole});
+    w.q_up->reduce_input_grad(d_x_full, d_x);
   }
-  auto linear_grads = [&](Tensor dy, Tensor weight, Tensor d_weight, bool add_to_dx, const char* dgrad,
-                          const char* wgrad) {
-    GemmArgs data = linear_data_grad_args(dy, weight, d_x, rows_);
-    data.accumulate = add_to_dx;
-    backend_.gemm(data, {dgrad, layer, kB});
-    GemmArgs args = linear_weight_grad_args(dy, x, weight, d_weight, {}, rows_);
-    args.accumulate = accumulate;
-    backend_.gemm(args, {wgrad, layer, kB});
+  auto linear_grads = [&](const TensorParallelLinear& linear, Tensor dy, bool add_to_dx) {
+    linear.data_grad(dy, d_x, add_to_dx);
+    linear.weight_grad(dy, x, accumulate);
   };
   // Without --q-lora-rank d_x already holds the query projection's (reduced) input gradient.
-  linear_grads(d_kv_compressed_, w.kv_down, g.kv_down, q_rank_ == 0, "kv_down_dgrad", "kv_down_wgrad");
-  if (q_rank_ > 0) linear_grads(d_q_latent_, w.q_down, g.q_down, true, "q_down_dgrad", "q_down_wgrad");
+  linear_grads(*w.kv_down, d_kv_compressed_, q_rank_ == 0);
+  if (q_rank_ > 0) linear_grads(*w.q_down, d_q_latent_, true);
 }
 
 }  // namespace megatune::executor

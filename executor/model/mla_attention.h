@@ -16,19 +16,25 @@
 
 #include "executor/backend/backend.h"
 #include "executor/model/transformer_config.h"
-#include "executor/parallel/communicator.h"
+#include "executor/parallel/tensor_parallel.h"
 
 namespace megatune::executor {
 
 class MlaAttention {
  public:
-  // A layer's MLA parameters in one flat buffer (model weights or gradients); null where the model has none
-  // (q_down / q_norm without --q-lora-rank, norm biases under RMSNorm). Shapes on this TP rank, H = heads /
-  // tp, d = qk_head_dim + qk_pos_emb_head_dim: q_down (r_q, h); q_up (H * d, r_q), or the one projection
-  // (H * d, h), rows [q_nope of every head | q_pos_emb of every head]; kv_down (r_kv + d_rope, h);
+  // A layer's latent norms (weights, or their fp32 gradients); null where the model has none (q without
+  // --q-lora-rank, biases under RMSNorm).
+  struct LatentNorms {
+    Tensor q_w, q_b, kv_w, kv_b;
+  };
+  // A layer's MLA projections (the model's linears, with their weights and gradients; q_down null without
+  // --q-lora-rank, q_up then the one query projection) and latent norms. Weight shapes on this TP rank,
+  // H = heads / tp, d = qk_head_dim + qk_pos_emb_head_dim: q_down (r_q, h); q_up (H * d, r_q), or the one
+  // projection (H * d, h), rows [q_nope of every head | q_pos_emb of every head]; kv_down (r_kv + d_rope, h);
   // kv_up (H * (qk_head_dim + v_head_dim), r_kv), rows [k_nope of every head | v of every head].
   struct Weights {
-    Tensor q_down, q_norm_w, q_norm_b, q_up, kv_down, kv_norm_w, kv_norm_b, kv_up;
+    const TensorParallelLinear *q_down = nullptr, *q_up = nullptr, *kv_down = nullptr, *kv_up = nullptr;
+    LatentNorms norms, norm_grads;
   };
   // What one layer's backward reads (rows: this rank's rows of the residual stream, T = micro-batch tokens).
   struct Saved {
@@ -42,40 +48,41 @@ class MlaAttention {
   };
 
   // rows: this rank's rows of the residual stream (T, or T / tp under SP); buffers shared by all layers come
-  // from the backend arena (in sizing mode, only counted).
+  // from the backend arena (in sizing mode, only counted). tp: the regions the latents are gathered and
+  // their gradients reduced over.
   MlaAttention(const TransformerConfig& config, std::int64_t micro_batch, std::int64_t seq, std::int64_t rows,
-               DType dtype, Backend& backend, Communicator& communicator);
+               DType dtype, Backend& backend, const TensorParallelRegions& tp);
 
   Saved allocate_saved();
-  // x: the input norm's output on this rank's rows (rows, h); x_full: the same gathered to (T, h) (only read
-  // by the one query projection without --q-lora-rank; x itself without SP).
+  // x: the input norm's output on this rank's rows (rows, h); x_full: (T, h), where the one query projection
+  // (without --q-lora-rank) gathers x under SP.
   void forward(int layer, const Weights& w, Tensor x, Tensor x_full, Saved& s, layouts::OpPhase phase);
   // The attention core's arguments: queries / keys / values of `s`, output (T, H * v_head_dim) and lse.
   AttentionArgs attention_args(const Saved& s, Tensor out, Tensor lse) const;
   // From the attention output's gradient d_out: the attention core's backward, then every MLA weight's
-  // gradient into g (overwritten unless accumulate) and the input norm output's gradient into d_x (rows, h).
-  // d_x_full: (T, h) scratch for the one query projection's partial input gradient (d_x itself without SP).
-  void backward(int layer, const Weights& w, const Weights& g, const Saved& s, Tensor out, Tensor lse,
-                Tensor d_out, Tensor x, Tensor x_full, Tensor d_x, Tensor d_x_full, bool accumulate);
+  // gradient (overwritten unless accumulate) and the input norm output's gradient into d_x (rows, h). x,
+  // x_full as in forward; d_x_full: (T, h) scratch for the one query projection's partial input gradient
+  // (d_x itself without SP).
+  void backward(int layer, const Weights& w, const Saved& s, Tensor out, Tensor lse, Tensor d_out, Tensor x,
+                Tensor x_full, Tensor d_x, Tensor d_x_full, bool accumulate);
 
  private:
   void down_projections(int layer, const Weights& w, Tensor x, Saved& s, layouts::OpPhase phase);
-  void up_projections(int layer, const Weights& w, Tensor x_full, Saved& s, layouts::OpPhase phase);
+  void up_projections(int layer, const Weights& w, Tensor q_input, Saved& s, layouts::OpPhase phase);
   void attention_grads_to_up_projections(int layer, const Saved& s, Tensor out, Tensor lse, Tensor d_out);
-  void up_projection_grads(int layer, const Weights& w, const Weights& g, const Saved& s, Tensor x_full,
-                           Tensor d_x_full, bool accumulate);
-  void down_projection_grads(int layer, const Weights& w, const Weights& g, const Saved& s, Tensor x,
-                             Tensor d_x, Tensor d_x_full, bool accumulate);
+  void up_projection_grads(int layer, const Weights& w, const Saved& s, Tensor x_full, Tensor d_x_full,
+                           bool accumulate);
+  void down_projection_grads(int layer, const Weights& w, const Saved& s, Tensor x, Tensor d_x,
+                             Tensor d_x_full, bool accumulate);
   NormArgs norm_args(Tensor x, Tensor gamma, Tensor beta, Tensor out, Tensor mean, Tensor rstd) const;
   Tensor cols(Tensor t, std::int64_t first, std::int64_t count) const;
-  bool sp() const { return config_.sequence_parallel && tp_size_ > 1; }
+  bool sp() const { return tp_.sequence_parallel(); }
 
   TransformerConfig config_;
   std::int64_t micro_batch_, seq_, rows_;
   DType dtype_;
   Backend& backend_;
-  Communicator& communicator_;
-  int tp_size_ = 1;
+  TensorParallelRegions tp_;
   std::int64_t heads_ = 0, q_rank_ = 0, kv_rank_ = 0, d_nope_ = 0, d_rope_ = 0, d_v_ = 0, latent_width_ = 0;
 
   // Shared by all layers (forward and backward scratch).

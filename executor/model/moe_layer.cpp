@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "executor/backend/recording_pause.h"
-#include "executor/model/linear_gemm.h"
 
 namespace megatune::executor {
 namespace {
@@ -28,6 +27,8 @@ MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::
       communicator_(communicator) {
   if (tokens % seq != 0) throw std::invalid_argument("MoeLayers: tokens must be whole sequences");
   if (tokens % tp_ != 0) throw std::invalid_argument("MoeLayers: tokens must split over the TP ranks");
+  if (tp_ > 1 && !config_.sequence_parallel)
+    throw std::invalid_argument("MoeLayers: tensor parallelism needs sequence parallelism");
   local_tokens_ = tokens_ / tp_;
   const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_per_rank(),
                      shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
@@ -127,10 +128,10 @@ void MoeLayers::build_permutation(Saved& s) const {
   if (!expert_parallel()) s.expert_offset = first_row;  // EP 1: every expert is local
 }
 
-void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tensor y, int slot, int local,
+void MoeLayers::forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor y, int slot, int local,
                         int layer, OpPhase phase) {
   Saved& s = saved(slot, local);
-  backend_.gemm(linear_forward_args(x, w.router, logits_, {}, local_tokens_), {"router", layer, phase});
+  w.router->forward_gemm(x, logits_, phase);
   std::vector<float> logits(static_cast<std::size_t>(logits_.numel()));
   backend_.download(logits_, logits.data());
   const bool biased = config_.router.enable_expert_bias;
@@ -177,56 +178,46 @@ void MoeLayers::forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tenso
   if (config_.shared_expert_ffn > 0) shared_forward(w, x, x_full, y, s, layer, phase);
 }
 
-void MoeLayers::experts_forward(const MoeLayerWeights& w, Saved& s, int layer, OpPhase phase) {
+void MoeLayers::experts_forward(const MoeLayerLinears& w, Saved& s, int layer, OpPhase phase) {
   // The local experts' rows are consecutive: one grouped GEMM per linear, one activation pass over all rows.
   const std::int64_t R = s.expert_offset.back();
   if (R == 0) return;
-  std::vector<GemmArgs> fc1, fc2;
-  for (std::size_t e = 0; e + 1 < s.expert_offset.size(); ++e) {
-    const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
-    if (n == 0) continue;
-    fc1.push_back(linear_forward_args(rows(s.expert_in, first, n), w.fc1[e], rows(s.fc1, first, n), {}, n));
-    fc2.push_back(linear_forward_args(rows(act_, first, n), w.fc2[e], rows(s.expert_out, first, n), {}, n));
-  }
-  backend_.grouped_gemm(fc1, {"expert_fc1", layer, phase});
+  w.fc1->forward(s.expert_in, s.fc1, s.expert_offset, phase);
   backend_.activation_forward(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
                               {"expert_act", layer, phase});
-  backend_.grouped_gemm(fc2, {"expert_fc2", layer, phase});
+  w.fc2->forward(act_, s.expert_out, s.expert_offset, phase);
 }
 
-void MoeLayers::shared_forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tensor y, Saved& s,
+void MoeLayers::shared_forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor y, Saved& s,
                                int layer, OpPhase phase) {
   // As the dense MLP: GELU in fc1's GEMM epilogue, SwiGLU as its own pass. TP > 1: over the gathered
-  // block input, fc2's partial sums reduce-scattered and added to the routed output.
-  const layouts::OpRole tp_role = layouts::OpRole::kTensorParallel;
-  if (tp_ > 1)
-    communicator_.all_gather(CommGroup::kTensor, x, x_full, {"shared_input_ag", layer, phase, tp_role});
-  const Tensor input = tp_ > 1 ? x_full : x;
-  const GemmArgs fc1 = linear_forward_args(input, w.shared_fc1, s.shared_fc1, {}, tokens_);
+  // block input, fc2's partial sums reduce-scattered and added to the routed output; at TP 1 fc2's GEMM
+  // adds its output to the routed one.
+  const Tensor input = w.shared_fc1->gather_input(x, x_full, phase);
   if (config_.activation == ActivationKind::kGelu) {
-    backend_.linear_gelu_forward(fc1, shared_act_, {"shared_fc1", layer, phase});
+    w.shared_fc1->forward_gemm_gelu(input, s.shared_fc1, shared_act_, phase);
   } else {
-    backend_.gemm(fc1, {"shared_fc1", layer, phase});
+    w.shared_fc1->forward_gemm(input, s.shared_fc1, phase);
     backend_.activation_forward(config_.activation, s.shared_fc1, shared_act_, {"act", layer, phase});
   }
-  GemmArgs fc2 = linear_forward_args(shared_act_, w.shared_fc2, tp_ > 1 ? shared_full_ : y, {}, tokens_);
-  fc2.accumulate = tp_ == 1;  // y = routed output + shared expert output
-  backend_.gemm(fc2, {"shared_fc2", layer, phase});
-  if (tp_ == 1) return;
-  communicator_.reduce_scatter(CommGroup::kTensor, shared_full_, shared_shard_,
-                               {"shared_fc2_rs", layer, phase, tp_role});
-  backend_.add(y, shared_shard_, y, {"shared_add", layer, phase});
+  if (tp_ == 1) {
+    w.shared_fc2->forward_gemm(shared_act_, y, phase, /*accumulate=*/true);
+    return;
+  }
+  w.shared_fc2->forward_gemm(shared_act_, shared_full_, phase);
+  const Tensor shared = w.shared_fc2->reduce_output(shared_full_, shared_shard_, phase);
+  backend_.add(y, shared, y, {"shared_add", layer, phase});
 }
 
-void MoeLayers::backward_routed(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor d_y, Tensor d_x,
-                                int slot, int local, int layer, bool accumulate) {
+void MoeLayers::backward_routed(const MoeLayerLinears& w, Tensor d_y, Tensor d_x, int slot, int local,
+                                int layer, bool accumulate) {
   Saved& s = saved(slot, local);
   const std::int64_t R = s.plan.rows();
   if (allgather_) {
     std::vector<float> plan_d_probs;
     backend_.moe_unpermute_backward(allgather_->gather_output_grad(d_y, layer), rows(s.expert_out, 0, R),
                                     s.plan, rows(d_rows_, 0, R), plan_d_probs, {"unpermute", layer, kB});
-    experts_backward(w, g, s, layer, accumulate);
+    experts_backward(w, s, layer, accumulate);
     backend_.moe_unpermute(rows(d_x_rows_, 0, R), s.plan, false, allgather_->input_grad_rows(),
                            {"permute", layer, kB});
     allgather_->scatter_input_grad(d_x, s.plan, plan_d_probs, s.routing, d_probs_, layer);
@@ -237,96 +228,59 @@ void MoeLayers::backward_routed(const MoeLayerWeights& w, const MoeLayerWeights&
   if (expert_parallel())
     dispatcher_->dispatch(s.dispatch, d_local_rows_, d_rows_, "combine_grad_a2a", "combine_grad_ag", layer,
                           kB);
-  experts_backward(w, g, s, layer, accumulate);
+  experts_backward(w, s, layer, accumulate);
   if (expert_parallel())
     dispatcher_->combine(s.dispatch, d_x_rows_, d_x_local_rows_, "dispatch_grad_rs", "dispatch_grad_a2a",
                          layer, kB);
   backend_.moe_unpermute(rows(d_x_local_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
 }
 
-void MoeLayers::backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor x_full,
-                               Tensor d_y, Tensor d_x, int slot, int local, int layer, bool accumulate,
-                               float aux_loss_scale) {
+void MoeLayers::backward_dense(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor d_y, Tensor d_x,
+                               int slot, int local, int layer, bool accumulate, float aux_loss_scale) {
   Saved& s = saved(slot, local);
-  if (config_.shared_expert_ffn > 0) shared_backward(w, g, x, x_full, d_y, d_x, s, layer, accumulate);
-  router_backward(w, g, x, d_x, s, d_probs_, layer, accumulate, aux_loss_scale);
+  if (config_.shared_expert_ffn > 0) shared_backward(w, x, x_full, d_y, d_x, s, layer, accumulate);
+  router_backward(w, x, d_x, s, d_probs_, accumulate, aux_loss_scale);
 }
 
-void MoeLayers::experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer,
-                                 bool accumulate) {
+void MoeLayers::experts_backward(const MoeLayerLinears& w, Saved& s, int layer, bool accumulate) {
   // As the dense MLP's backward, grouped over the local experts: fc2's data gradient into the activation
   // scratch, one pass turning it into fc1's output gradient (over the saved fc1 output) and recomputing the
   // activation output, then the weight gradients. The iteration's first write overwrites an expert's
   // gradient; an expert without rows then gets zeros.
   const std::int64_t R = s.expert_offset.back();
-  std::vector<GemmArgs> fc2_dgrad, fc2_wgrad, fc1_dgrad, fc1_wgrad;
-  for (std::size_t e = 0; e + 1 < s.expert_offset.size(); ++e) {
-    const std::int64_t first = s.expert_offset[e], n = s.expert_offset[e + 1] - first;
-    if (n == 0) {
-      if (!accumulate) {
-        backend_.fill_zero(g.fc1[e]);
-        backend_.fill_zero(g.fc2[e]);
-      }
-      continue;
-    }
-    const Tensor d_out = rows(d_rows_, first, n), fc1 = rows(s.fc1, first, n), act = rows(act_, first, n);
-    fc2_dgrad.push_back(linear_data_grad_args(d_out, w.fc2[e], act, n));
-    fc2_wgrad.push_back(linear_weight_grad_args(d_out, act, w.fc2[e], g.fc2[e], {}, n));
-    fc1_dgrad.push_back(linear_data_grad_args(fc1, w.fc1[e], rows(d_x_rows_, first, n), n));
-    fc1_wgrad.push_back(linear_weight_grad_args(fc1, rows(s.expert_in, first, n), w.fc1[e], g.fc1[e], {}, n));
-    fc2_wgrad.back().accumulate = fc1_wgrad.back().accumulate = accumulate;
-  }
-  if (R == 0) return;
-  backend_.grouped_gemm(fc2_dgrad, {"expert_fc2_dgrad", layer, kB});
-  backend_.activation_backward_recompute(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
-                                         rows(s.fc1, 0, R), rows(act_, 0, R), {"expert_act", layer, kB});
-  backend_.grouped_gemm(fc2_wgrad, {"expert_fc2_wgrad", layer, kB});
-  backend_.grouped_gemm(fc1_dgrad, {"expert_fc1_dgrad", layer, kB});
-  backend_.grouped_gemm(fc1_wgrad, {"expert_fc1_wgrad", layer, kB});
+  w.fc2->data_grad(d_rows_, act_, s.expert_offset);
+  if (R > 0)
+    backend_.activation_backward_recompute(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
+                                           rows(s.fc1, 0, R), rows(act_, 0, R), {"expert_act", layer, kB});
+  w.fc2->weight_grad(d_rows_, act_, s.expert_offset, accumulate);
+  w.fc1->data_grad(s.fc1, d_x_rows_, s.expert_offset);
+  w.fc1->weight_grad(s.fc1, s.expert_in, s.expert_offset, accumulate);
 }
 
-void MoeLayers::shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor x_full,
-                                Tensor d_y, Tensor d_x, Saved& s, int layer, bool accumulate) {
+void MoeLayers::shared_backward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor d_y, Tensor d_x,
+                                Saved& s, int layer, bool accumulate) {
   // TP > 1: over the gathered output gradient and block input; fc1's data gradient reduce-scattered and
-  // added to the routed experts'.
-  const layouts::OpRole tp_role = layouts::OpRole::kTensorParallel;
-  auto wgrad = [&](Tensor dy, Tensor in, Tensor weight, Tensor d_weight, const char* label) {
-    GemmArgs args = linear_weight_grad_args(dy, in, weight, d_weight, {}, tokens_);
-    args.accumulate = accumulate;
-    backend_.gemm(args, {label, layer, kB});
-  };
+  // added to the routed experts'. At TP 1 fc1's data-gradient GEMM adds to theirs.
   const bool split = tp_ > 1;
-  if (split)
-    communicator_.all_gather(CommGroup::kTensor, d_y, d_y_full_, {"shared_grad_ag", layer, kB, tp_role});
-  const Tensor dy = split ? d_y_full_ : d_y;
-  backend_.gemm(linear_data_grad_args(dy, w.shared_fc2, shared_act_, tokens_),
-                {"shared_fc2_dgrad", layer, kB});
+  const Tensor dy = w.shared_fc2->gather_output_grad(d_y, d_y_full_);
+  w.shared_fc2->data_grad(dy, shared_act_);
   backend_.activation_backward_recompute(config_.activation, s.shared_fc1, shared_act_, s.shared_fc1,
                                          shared_act_, {"act", layer, kB});
-  wgrad(dy, shared_act_, w.shared_fc2, g.shared_fc2, "shared_fc2_wgrad");
-  GemmArgs dgrad = linear_data_grad_args(s.shared_fc1, w.shared_fc1, split ? shared_full_ : d_x, tokens_);
-  dgrad.accumulate = !split;
-  backend_.gemm(dgrad, {"shared_fc1_dgrad", layer, kB});
-  if (split) communicator_.all_gather(CommGroup::kTensor, x, x_full, {"shared_input_ag", layer, kB, tp_role});
-  wgrad(s.shared_fc1, split ? x_full : x, w.shared_fc1, g.shared_fc1, "shared_fc1_wgrad");
+  w.shared_fc2->weight_grad(dy, shared_act_, accumulate);
+  w.shared_fc1->data_grad(s.shared_fc1, split ? shared_full_ : d_x, /*accumulate=*/!split);
+  w.shared_fc1->weight_grad(s.shared_fc1, w.shared_fc1->gather_input(x, x_full, kB), accumulate);
   if (!split) return;
-  communicator_.reduce_scatter(CommGroup::kTensor, shared_full_, shared_shard_,
-                               {"shared_dgrad_rs", layer, kB, tp_role});
-  backend_.add(d_x, shared_shard_, d_x, {"shared_dgrad_add", layer, kB});
+  const Tensor shared = w.shared_fc1->reduce_input_grad(shared_full_, shared_shard_);
+  backend_.add(d_x, shared, d_x, {"shared_dgrad_add", layer, kB});
 }
 
-void MoeLayers::router_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_x,
-                                Saved& s, const std::vector<float>& d_probs, int layer, bool accumulate,
-                                float aux_loss_scale) {
+void MoeLayers::router_backward(const MoeLayerLinears& w, Tensor x, Tensor d_x, Saved& s,
+                                const std::vector<float>& d_probs, bool accumulate, float aux_loss_scale) {
   std::vector<float> d_logits(static_cast<std::size_t>(d_logits_.numel()));
   route_tokens_backward(s.routing, config_.router, d_probs.data(), aux_loss_scale, d_logits.data());
   backend_.upload(d_logits_, d_logits.data());
-  GemmArgs dgrad = linear_data_grad_args(d_logits_, w.router, d_x, local_tokens_);
-  dgrad.accumulate = true;
-  backend_.gemm(dgrad, {"router_dgrad", layer, kB});
-  GemmArgs wgrad = linear_weight_grad_args(d_logits_, x, w.router, g.router, {}, local_tokens_);
-  wgrad.accumulate = accumulate;
-  backend_.gemm(wgrad, {"router_wgrad", layer, kB});
+  w.router->data_grad(d_logits_, d_x, /*accumulate=*/true);
+  w.router->weight_grad(d_logits_, x, accumulate);
 }
 
 void MoeLayers::apply_expert_bias_update(const std::vector<double>& all_counts) {

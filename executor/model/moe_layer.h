@@ -21,21 +21,25 @@
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/moe_allgather_dispatch.h"
 #include "executor/parallel/moe_dispatch.h"
+#include "executor/parallel/tensor_parallel.h"
 
 namespace megatune::executor {
 
-// One MoE layer's weights (or their gradients) on this rank.
-struct MoeLayerWeights {
-  Tensor router;                  // (E, h)
-  std::vector<Tensor> fc1;        // per local expert (glu * F_moe / etp, h)
-  std::vector<Tensor> fc2;        // per local expert (h, F_moe / etp)
-  Tensor shared_fc1, shared_fc2;  // (glu * F_shared / tp, h), (h, F_shared / tp); empty without one
+// One MoE layer's linears on this rank (with their weights and gradients; the model owns them).
+struct MoeLayerLinears {
+  const TensorParallelLinear* router = nullptr;  // (E, h), replicated
+  const ExpertLinears* fc1 = nullptr;            // per local expert (glu * F_moe / etp, h)
+  const ExpertLinears* fc2 = nullptr;            // per local expert (h, F_moe / etp)
+  // (glu * F_shared / tp, h) column- and (h, F_shared / tp) row-parallel; null without a shared expert
+  const TensorParallelLinear* shared_fc1 = nullptr;
+  const TensorParallelLinear* shared_fc2 = nullptr;
 };
 
 class MoeLayers {
  public:
   // Buffers for `layers` local MoE layers (local index 0..layers-1), `slots` micro-batches in flight,
-  // micro-batches of `tokens` rows in sequences of `seq` (the layer sees tokens / tp of them).
+  // micro-batches of `tokens` rows in sequences of `seq` (the layer sees tokens / tp of them; TP > 1 needs
+  // sequence parallelism).
   MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers, int slots,
             DType compute_dtype, Backend& backend, Communicator& communicator);
 
@@ -44,17 +48,18 @@ class MoeLayers {
   // local). `layer` (global) and `phase` tag the ops. Adds the micro-batch's load-balancing loss (divided by
   // its coefficient, as Megatron logs it; this shard's part under TP) to the logged sum unless phase is a
   // recompute.
-  void forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tensor y, int slot, int local, int layer,
+  void forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor y, int slot, int local, int layer,
                layouts::OpPhase phase);
   // The backward in two parts, with the recompute of x (the pre-MLP norm output) between them: the routed
   // experts' (d_x (T / tp, h) = their part of x's gradient, written) from d_y (T / tp, h), then the shared
-  // expert's and the router's (added to d_x; they read x, and x_full as in forward). Weight gradients into g,
-  // accumulated when `accumulate` (else the iteration's first write overwrites). aux_loss_scale: the factor
-  // the load-balancing loss's gradient carries (1 / (micro-batches * data-parallel ranks)).
-  void backward_routed(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor d_y, Tensor d_x, int slot,
-                       int local, int layer, bool accumulate);
-  void backward_dense(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor x_full, Tensor d_y,
-                      Tensor d_x, int slot, int local, int layer, bool accumulate, float aux_loss_scale);
+  // expert's and the router's (added to d_x; they read x, and x_full as in forward). Weight gradients into
+  // the linears' gradients, accumulated when `accumulate` (else the iteration's first write overwrites).
+  // aux_loss_scale: the factor the load-balancing loss's gradient carries (1 / (micro-batches *
+  // data-parallel ranks)).
+  void backward_routed(const MoeLayerLinears& w, Tensor d_y, Tensor d_x, int slot, int local, int layer,
+                       bool accumulate);
+  void backward_dense(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor d_y, Tensor d_x, int slot,
+                      int local, int layer, bool accumulate, float aux_loss_scale);
 
   // --moe-router-enable-expert-bias: each layer's expert bias (E) and the tokens its experts got in the
   // forward passes since the last update (E); apply_expert_bias_update moves the biases by the counts
@@ -90,17 +95,16 @@ class MoeLayers {
   const Saved& saved(int slot, int local) const { return saved_[slot * layers_ + local]; }
   void build_permutation(Saved& s) const;
   bool expert_parallel() const { return dispatcher_ != nullptr; }
-  void experts_forward(const MoeLayerWeights& w, Saved& s, int layer, layouts::OpPhase phase);
-  void experts_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Saved& s, int layer,
-                        bool accumulate);
-  void shared_forward(const MoeLayerWeights& w, Tensor x, Tensor x_full, Tensor y, Saved& s, int layer,
+  void experts_forward(const MoeLayerLinears& w, Saved& s, int layer, layouts::OpPhase phase);
+  void experts_backward(const MoeLayerLinears& w, Saved& s, int layer, bool accumulate);
+  void shared_forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor y, Saved& s, int layer,
                       layouts::OpPhase phase);
-  void shared_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor x_full,
-                       Tensor d_y, Tensor d_x, Saved& s, int layer, bool accumulate);
+  void shared_backward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor d_y, Tensor d_x, Saved& s,
+                       int layer, bool accumulate);
   // The load-balancing loss's token counts summed over the TP group (the shards of the micro-batch).
   void reduce_aux_loss_counts(std::vector<double>& counts);
-  void router_backward(const MoeLayerWeights& w, const MoeLayerWeights& g, Tensor x, Tensor d_x, Saved& s,
-                       const std::vector<float>& d_probs, int layer, bool accumulate, float aux_loss_scale);
+  void router_backward(const MoeLayerLinears& w, Tensor x, Tensor d_x, Saved& s,
+                       const std::vector<float>& d_probs, bool accumulate, float aux_loss_scale);
   Tensor rows(Tensor t, std::int64_t first, std::int64_t count) const;
 
   TransformerConfig config_;

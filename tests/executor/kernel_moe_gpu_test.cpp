@@ -11,7 +11,7 @@
 #include "executor/cuda/cuda_backend.h"
 #include "executor/kernels/reference_elementwise.h"
 #include "executor/kernels/reference_moe.h"
-#include "executor/model/linear_gemm.h"
+#include "executor/parallel/tensor_parallel.h"
 
 namespace megatune::executor {
 namespace {
