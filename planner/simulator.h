@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@ enum class SimulationGranularity {
   kKernel,  // one task per op of the step program: traces, op-level comparisons
 };
 
+class SimulationCache;  // simulation_cache.h
+
 struct SimulationOptions {
   SimulationGranularity granularity = SimulationGranularity::kPass;
   // false: one representative rank per pipeline stage (ranks differing only in tp/cp/dp/ep coordinates
@@ -30,6 +33,8 @@ struct SimulationOptions {
   // Megatron's --tp-comm-overlap: TP all-gathers and reduce-scatters overlap their GEMMs in chunks
   // (tp_comm_overlap.h); needs sequence parallelism.
   bool tp_comm_overlap = false;
+  // What the simulations of one search share (parsed layouts, pass prices); none: all per simulation.
+  SimulationCache* cache = nullptr;
 };
 
 inline constexpr int kOpKindCount = static_cast<int>(layouts::OpKind::kBroadcast) + 1;
@@ -89,12 +94,17 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
                           const OpPricer& pricer, const SimulationOptions& options = {});
 
 // A lower bound of simulate(model, config, pricer, options).step_time_s at pass granularity (the planner's),
-// much cheaper than simulate(): the largest per-stage sum of pass times (compute + blocking communication,
-// priced under the same options: step-program options such as the gradient dtype, --tp-comm-overlap) over
-// all microbatches. Those passes are a subset of what the stage's compute stream runs in that simulation,
-// one after another, so no schedule finishes sooner. The planner skips candidates whose bound exceeds the
-// k-th best simulated step time. Granularity, all_ranks and the recording switches of `options` are ignored.
+// much cheaper than simulate(), from pass times priced exactly as the simulation prices them (same options:
+// the gradient dtype, --tp-comm-overlap): each pp rank's compute stream runs all of its passes one after
+// another, after the first microbatch's forward filled the ranks before it and before the last
+// microbatch's backward drains back through them (pipeline_lower_bound in simulation_cache.h). With
+// kPassesAndGradientSync also: the rank's blocking gradient reductions follow its last pass, and its
+// communication stream runs every overlapped reduction and parameter gather one after another. The planner
+// skips candidates whose bound exceeds the k-th best simulated step time. Granularity, all_ranks and the
+// recording switches of `options` are ignored.
+enum class BoundTerms { kPasses, kPassesAndGradientSync };
 double step_time_lower_bound(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
-                             const OpPricer& pricer, const SimulationOptions& options = {});
+                             const OpPricer& pricer, const SimulationOptions& options = {},
+                             BoundTerms terms = BoundTerms::kPassesAndGradientSync);
 
 }  // namespace megatune::planner

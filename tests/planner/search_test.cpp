@@ -147,6 +147,47 @@ TEST(Search, AnInjectedMemoryModelJudgesOnlyWhatWouldBeSimulatedAndKeepsEveryWin
   }
 }
 
+// A memory model that stops at the first pp rank past the capacity (a lower bound of the peak) still gets the
+// nothing-fits error naming the exact smallest layout: the same message as a model that sizes every rank.
+TEST(Search, NothingFitsNamesTheExactSmallestLayoutWhenSizingStopsEarly) {
+  Fixture f("1x8xH100");
+  PlanRequest request{.model = layouts::model_preset("llama3-1b"), .world_size = 8, .global_batch_size = 16};
+  request.model.seq_length = 2048;
+  request.space.micro_batch = {1, 2};
+  auto scaled = [](MemoryEstimate e) {
+    e.total_bytes *= 1000;  // nothing fits
+    return e;
+  };
+  request.peak_memory_of = [&](const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                               const MemoryOptions& options) {
+    return scaled(peak_memory(model, config, options));
+  };
+  std::string exact;
+  try {
+    plan(request, *f.pricer);
+    FAIL() << "nothing fits";
+  } catch (const UserError& e) {
+    exact = e.what();
+  }
+  std::atomic<int> stopped{0};
+  request.peak_memory_of = [&](const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                               const MemoryOptions& options) {
+    if (options.stop_above_bytes == 0 || config.pp() == 1) return scaled(peak_memory(model, config, options));
+    ++stopped;
+    MemoryEstimate first = scaled(estimate_memory(model, config, 0, options));
+    first.complete = false;
+    return first;
+  };
+  try {
+    plan(request, *f.pricer);
+    FAIL() << "nothing fits";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), exact);
+  }
+  EXPECT_GT(stopped.load(), 0);
+  EXPECT_NE(exact.find("the smallest"), std::string::npos) << exact;
+}
+
 // 14 layers never split evenly over 4 ranks x 2 chunks; lighter first/last stages (layout strings) still
 // interleave them.
 TEST(Search, InterleavesLayerCountsNoEvenSplitFitsWithLighterEndStages) {
