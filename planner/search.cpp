@@ -101,35 +101,66 @@ std::string explain(const PlanCandidate& winner, const PlanCandidate& runner) {
   return out.str();
 }
 
+// --time-limit: when the search stops bounding and simulating (never, without a limit).
+class Deadline {
+ public:
+  Deadline(std::chrono::steady_clock::time_point start, double limit_s)
+      : limited_(limit_s > 0),
+        at_(start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                        std::chrono::duration<double>(limited_ ? limit_s : 0.0))) {}
+  bool passed() const { return limited_ && std::chrono::steady_clock::now() >= at_; }
+
+ private:
+  bool limited_;
+  std::chrono::steady_clock::time_point at_;
+};
+
 // Each candidate's step-time lower bound, on `threads` threads (0 where the bound fails: the simulation
-// reports the problem).
+// reports the problem; +infinity for the candidates the deadline left unbounded, simulated last).
 std::vector<double> lower_bounds(const PlanRequest& request, const OpPricer& pricer,
                                  const std::vector<PlanCandidate>& candidates,
-                                 const SimulationOptions& options, int threads) {
-  std::vector<double> bounds(candidates.size(), 0.0);
+                                 const SimulationOptions& options, int threads, const Deadline& deadline) {
+  std::vector<double> bounds(candidates.size(), std::numeric_limits<double>::infinity());
   std::atomic<std::size_t> next{0};
-  auto worker = [&] {
-    for (std::size_t i = next.fetch_add(1); i < candidates.size(); i = next.fetch_add(1)) {
-      try {
-        bounds[i] =
-            step_time_lower_bound(request.model, candidates[i].config, pricer, options, BoundTerms::kPasses);
-      } catch (const std::exception&) {
-        bounds[i] = 0.0;
-      }
+  auto bound = [&](std::size_t i) {
+    try {
+      bounds[i] =
+          step_time_lower_bound(request.model, candidates[i].config, pricer, options, BoundTerms::kPasses);
+    } catch (const std::exception&) {
+      bounds[i] = 0.0;
     }
   };
+  auto worker = [&] {
+    for (std::size_t i = next.fetch_add(1); i < candidates.size() && !deadline.passed();
+         i = next.fetch_add(1))
+      bound(i);
+  };
   WorkerThreads pool(threads - 1, worker);
-  worker();
+  const auto total = static_cast<std::int64_t>(candidates.size());
+  for (std::size_t i = next.fetch_add(1); i < candidates.size() && !deadline.passed();
+       i = next.fetch_add(1)) {
+    bound(i);
+        if (request.progress) request.progress({"bounding", static_cast<std::int64_t>(i) + 1, total});
+  }
+  pool.join();
+  if (request.progress) request.progress({"bounding", total, total});
   return bounds;
 }
 
 // Simulates candidates in increasing bound order on several threads, skipping one whose bound exceeds the
 // k-th best step time found so far; an injected memory model sizes each candidate just before (stopping at
-// the first pipeline rank past the capacity).
+// the first pipeline rank past the capacity). Past the deadline, once a candidate has been simulated, the
+// rest are left unreached.
 class SimulationPhase {
  public:
-  SimulationPhase(const PlanRequest& request, const OpPricer& pricer, CandidateSet& set, double capacity)
-      : request_(request), pricer_(pricer), set_(set), capacity_(capacity), ok_(set.candidates.size(), 0) {
+  SimulationPhase(const PlanRequest& request, const OpPricer& pricer, CandidateSet& set, double capacity,
+                  const Deadline& deadline)
+      : request_(request),
+        pricer_(pricer),
+        set_(set),
+        capacity_(capacity),
+        deadline_(deadline),
+        ok_(set.candidates.size(), 0) {
     options_.step = request.step;
     options_.tp_comm_overlap = request.tp_comm_overlap;
     options_.cache = &cache_;
@@ -152,10 +183,10 @@ class SimulationPhase {
     const auto total = static_cast<std::int64_t>(order_.size());
     for (std::size_t k = next_.fetch_add(1); k < order_.size(); k = next_.fetch_add(1)) {
       run_one(order_[k]);
-      if (request_.progress) request_.progress(done_.load(), total);
+      if (request_.progress) request_.progress({"simulating", done_.load(), total, best_step_s()});
     }
     pool.join();
-    if (request_.progress) request_.progress(total, total);
+    if (request_.progress) request_.progress({"simulating", total, total, best_step_s()});
   }
 
   // Indices of the simulated candidates.
@@ -172,6 +203,8 @@ class SimulationPhase {
     stats.failed = failed_;
     stats.first_failure = first_failure_;
     stats.simulated = static_cast<std::int64_t>(simulated().size());
+    stats.not_reached = not_reached_.load();
+    stats.stopped_by_time_limit = stats.not_reached > 0;
   }
 
   // With nothing simulated: the exact smallest peak among the candidates whose sizing stopped early.
@@ -190,6 +223,10 @@ class SimulationPhase {
   double threshold() {
     std::lock_guard<std::mutex> lock(mutex_);
     return best_times_.size() < keep_k_ ? std::numeric_limits<double>::infinity() : best_times_.back();
+  }
+  double best_step_s() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return best_times_.empty() ? 0.0 : best_times_.front();
   }
 
   bool fits(std::size_t i) {
@@ -211,6 +248,10 @@ class SimulationPhase {
 
   void run_one(std::size_t i) {
     done_.fetch_add(1);
+    if (deadline_.passed() && best_step_s() > 0.0) {
+      not_reached_.fetch_add(1);
+      return;
+    }
     if ((*bounds_)[i] > threshold()) {
       pruned_.fetch_add(1);
       return;
@@ -239,6 +280,7 @@ class SimulationPhase {
   const OpPricer& pricer_;
   CandidateSet& set_;
   double capacity_;
+  const Deadline& deadline_;
   SimulationCache cache_;
   SimulationOptions options_;
   MemoryOptions memory_options_;
@@ -247,7 +289,7 @@ class SimulationPhase {
   std::vector<std::size_t> order_;
   std::vector<char> ok_;
   std::atomic<std::size_t> next_{0};
-  std::atomic<std::int64_t> done_{0}, pruned_{0}, out_of_memory_{0};
+  std::atomic<std::int64_t> done_{0}, pruned_{0}, out_of_memory_{0}, not_reached_{0};
   std::mutex mutex_;                // guards the fields below
   std::vector<double> best_times_;  // the keep_k smallest step times so far, sorted
   std::vector<std::pair<std::int64_t, std::size_t>> unfinished_;  // (partial peak, candidate) out of memory
@@ -303,9 +345,10 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
 
   const auto sim_start = std::chrono::steady_clock::now();
   const int threads = std::clamp(request.threads, 1, max_worker_threads());
-  SimulationPhase phase(request, pricer, set, capacity);
+  const Deadline deadline(start, request.time_limit_s);
+  SimulationPhase phase(request, pricer, set, capacity, deadline);
   // The bound prices the passes exactly as the simulation does (same options), so it never exceeds it.
-  phase.run(lower_bounds(request, pricer, set.candidates, phase.options(), threads), threads);
+  phase.run(lower_bounds(request, pricer, set.candidates, phase.options(), threads, deadline), threads);
   phase.add_statistics(stats);
   stats.simulate_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - sim_start).count();

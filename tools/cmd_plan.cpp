@@ -43,6 +43,7 @@ struct PlanCommandOptions {
   int top_k = 10;
   long long threads = 0;
   bool progress = false;
+  double time_limit_s = 0.0;  // --time-limit; 0: none
   bool allow_tp_across_nodes = false;
   bool no_uneven = false;
   bool no_vpp = false;
@@ -142,6 +143,25 @@ void pin_search_knobs(const MegatronArgs& a, planner::SearchSpace& space) {
   if (a.sequence_parallel) space.sequence_parallel = {true};
 }
 
+// The search's progress bar on stderr: with --progress from the start, on a terminal once the search has
+// run a second; none otherwise.
+std::unique_ptr<ProgressBar> search_progress(bool forced, planner::PlanRequest& request) {
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  if (!forced && !terminal) return nullptr;
+  auto bar = std::make_unique<ProgressBar>(std::cerr, "searching", 0, terminal);
+  if (!forced) bar->show_after(1.0);
+  request.progress = [bar = bar.get()](const planner::SearchProgress& p) {
+    bar->set_total(static_cast<std::size_t>(p.total));
+    char detail[64];
+    if (p.best_step_s > 0)
+      std::snprintf(detail, sizeof detail, "%s, best %.3f s", p.phase, p.best_step_s);
+    else
+      std::snprintf(detail, sizeof detail, "%s", p.phase);
+    bar->update(static_cast<std::size_t>(p.done), detail);
+  };
+  return bar;
+}
+
 int run_plan(const PlanCommandOptions& o) {
   const MegatronArgs& a = o.args;
   if (a.model_preset.empty() && !a.num_layers) {
@@ -191,14 +211,8 @@ int run_plan(const PlanCommandOptions& o) {
   request.step.grad_reduce_in_bf16 = request.memory.grad_reduce_in_bf16 = o.comm.grad_reduce_in_bf16;
   if (a.tensor_model_parallel_size && *a.tensor_model_parallel_size > cluster.gpus_per_node)
     space.allow_tp_across_nodes = true;
-  std::unique_ptr<ProgressBar> bar;  // candidates simulated, on stderr
-  if (o.progress || isatty(STDERR_FILENO)) {
-    bar = std::make_unique<ProgressBar>(std::cerr, "searching", 0, isatty(STDERR_FILENO) != 0);
-    request.progress = [&bar](std::int64_t done, std::int64_t total) {
-      bar->set_total(static_cast<std::size_t>(total));
-      bar->update(static_cast<std::size_t>(done), "candidates");
-    };
-  }
+  request.time_limit_s = o.time_limit_s;
+  const std::unique_ptr<ProgressBar> bar = search_progress(o.progress, request);
 
   std::printf("planning %s (seq %d, global batch %d) on %s\nmodel: %s\npriced from: %s\n", model.name.c_str(),
               model.seq_length, *a.global_batch_size, cluster.describe().c_str(),
@@ -217,6 +231,12 @@ int run_plan(const PlanCommandOptions& o) {
       static_cast<long long>(st.enumerated), static_cast<long long>(st.invalid),
       static_cast<long long>(st.out_of_memory), static_cast<long long>(st.pruned_by_bound),
       static_cast<long long>(st.simulated), st.seconds);
+  if (st.stopped_by_time_limit) {
+    std::printf(
+        "time limit: stopped after %.2f s; the plan is the best of the %lld candidates simulated, %lld were "
+        "not reached (raise --time-limit to search them all)\n",
+        st.seconds, static_cast<long long>(st.simulated), static_cast<long long>(st.not_reached));
+  }
   if (st.failed > 0) {
     std::printf("warning: %lld candidates failed to simulate; first: %s\n", static_cast<long long>(st.failed),
                 st.first_failure.c_str());
@@ -348,7 +368,13 @@ const Registrar kPlanCommand{Command{
                      "Simulation threads (default 0: all cores; capped at 4 per core)")
           ->check(integer_at_least(0))
           ->group("Planner");
-      sub.add_flag("--progress", o->progress, "Progress bar even when stderr is not a terminal")
+      sub.add_flag("--progress", o->progress,
+                   "Progress bar from the start, even when stderr is not a terminal (on a terminal it "
+                   "appears once the search has run a second)")
+          ->group("Planner");
+      sub.add_option("--time-limit", o->time_limit_s,
+                     "Stop searching after this many seconds and return the best plan found so far")
+          ->check(positive_number())
           ->group("Planner");
       sub.add_flag("--allow-tp-across-nodes", o->allow_tp_across_nodes, "Search TP sizes larger than a node")
           ->group("Planner");
