@@ -10,6 +10,16 @@ using layouts::PipelineStage;
 
 int symbol_key(LayerSymbol symbol, bool moe) { return static_cast<int>(symbol) * 2 + (moe ? 1 : 0); }
 
+void PassCost::add(const PassCost& other) {
+  compute_s += other.compute_s;
+  comm_s += other.comm_s;
+  for (int c = 0; c < kCommCategoryCount; ++c) comm_by_category[c] += other.comm_by_category[c];
+  for (int k = 0; k < kOpKindCount; ++k) {
+    kinds[k].total_s += other.kinds[k].total_s;
+    kinds[k].count += other.kinds[k].count;
+  }
+}
+
 template <std::size_t N>
 std::size_t SimulationCache::IntsHash::operator()(const std::array<int, N>& key) const {
   std::size_t h = 1469598103934665603ull;

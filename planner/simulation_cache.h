@@ -21,6 +21,7 @@
 #include "layouts/parallel_config.h"
 #include "layouts/pipeline_layout.h"
 #include "layouts/step_program.h"
+#include "planner/event_engine.h"
 #include "planner/op_pricer.h"
 #include "planner/simulator.h"
 
@@ -29,7 +30,13 @@ namespace megatune::planner {
 // One pass (forward or backward of a layer kind on one microbatch): compute and blocking communication.
 struct PassCost {
   double compute_s = 0.0, comm_s = 0.0;
+  std::array<double, kCommCategoryCount> comm_by_category{};  // comm_s by what it moves
   std::array<KindTime, kOpKindCount> kinds{};
+  void add_comm(CommCategory category, double seconds) {
+    comm_s += seconds;
+    comm_by_category[static_cast<int>(category)] += seconds;
+  }
+  void add(const PassCost& other);  // times and counts summed
 };
 struct SymbolCosts {
   PassCost forward, backward;

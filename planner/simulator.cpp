@@ -10,7 +10,6 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "layouts/flops.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
@@ -179,6 +178,7 @@ class Builder {
           // The KV ring overlaps the attention kernel; what it does not hide stalls the CP group.
           SimTask ring{TaskKind::kCollective, std::max(0.0, ring_s - t)};
           ring.group = groups_->lookup(sim, CommGroup::kContext).id;
+          ring.category = CommCategory::kContext;
           add(ring, &op, "cp ring (exposed)");
           ring_s = 0.0;
         }
@@ -188,6 +188,7 @@ class Builder {
         const int peer_sim = groups_->sim_index(op.peer_rank);
         task.kind = op.kind == OpKind::kSend ? TaskKind::kSend : TaskKind::kRecv;
         task.peer = peer_sim;
+        task.category = CommCategory::kPipeline;
         const layouts::StepTransfer& transfer = *transfers.at(i);
         task.tag = p2p_tag(transfer.tensor == layouts::P2pTensor::kGradient, transfer.microbatch,
                            transfer.producer_stage);
@@ -195,6 +196,7 @@ class Builder {
         continue;
       }
       task.group = groups_->lookup(sim, op.group).id;
+      task.category = comm_category(op);
       const bool grad_sync = op.phase == OpPhase::kGradSync;
       if (is_param_gather(op) && config_.overlap_param_gather) {
         task.kind = TaskKind::kAsyncCollective;
@@ -244,11 +246,11 @@ class Builder {
       if (is_cp_ring(op)) {
         ring_s += t;
       } else if (op.is_communication()) {
-        c.comm_s += kept_s[i];
+        c.add_comm(comm_category(op), kept_s[i]);
       } else {
         c.compute_s += t;
         if ((op.kind == OpKind::kAttentionForward || op.kind == OpKind::kAttentionBackward) && ring_s > 0) {
-          c.comm_s += std::max(0.0, ring_s - t);
+          c.add_comm(CommCategory::kContext, std::max(0.0, ring_s - t));
           ring_s = 0.0;
         }
       }
@@ -318,14 +320,6 @@ class Builder {
     return true;
   }
 
-  static void add_kinds(std::array<KindTime, kOpKindCount>& into,
-                        const std::array<KindTime, kOpKindCount>& from) {
-    for (int k = 0; k < kOpKindCount; ++k) {
-      into[k].total_s += from[k].total_s;
-      into[k].count += from[k].count;
-    }
-  }
-
   // Compute + blocking communication of one microbatch's forward and backward through a stage (one chunk).
   std::pair<double, double> stage_pass_s(int sim, const PipelineStage& stage) {
     double forward = 0.0, backward = 0.0;
@@ -370,12 +364,8 @@ class Builder {
         const bool moe = sym == LayerSymbol::kDecoder && model_.is_moe_layer(next_layer);
         if (sym == LayerSymbol::kDecoder) ++next_layer;
         const SymbolCosts& sc = symbol_costs(sim, sym, moe);
-        chunks[c].forward.compute_s += sc.forward.compute_s;
-        chunks[c].forward.comm_s += sc.forward.comm_s;
-        add_kinds(chunks[c].forward.kinds, sc.forward.kinds);
-        chunks[c].backward.compute_s += sc.backward.compute_s;
-        chunks[c].backward.comm_s += sc.backward.comm_s;
-        add_kinds(chunks[c].backward.kinds, sc.backward.kinds);
+        chunks[c].forward.add(sc.forward);
+        chunks[c].backward.add(sc.backward);
         chunks[c].backward_entries.push_back(sc.backward);
       }
       std::reverse(chunks[c].backward_entries.begin(), chunks[c].backward_entries.end());
@@ -446,17 +436,21 @@ class Builder {
         b_.details.push_back(name);
       }
     }
+    // The pass's compute, then its blocking communication as one local delay per category it moves.
     void add_pass(const PassCost& cost, const char* name) {
       add(SimTask{TaskKind::kCompute, cost.compute_s}, name, "pass");
-      if (cost.comm_s > 0.0) {
-        SimTask comm{TaskKind::kCollective, cost.comm_s};
+      for (int c = 0; c < kCommCategoryCount; ++c) {
+        if (cost.comm_by_category[c] <= 0.0) continue;
+        SimTask comm{TaskKind::kCollective, cost.comm_by_category[c]};
         comm.group = local_;
+        comm.category = static_cast<CommCategory>(c);
         add(comm, tracing_ ? (std::string(name) + " comm").c_str() : name, "comm");
       }
     }
     SimTask collective_task(const Op& op, TaskKind kind) {
       SimTask t{kind, o_.price(op, sim_)};
       t.group = o_.groups_->lookup(sim_, op.group).id;
+      t.category = comm_category(op);
       tally(op.kind, t.duration_s);
       return t;
     }
@@ -513,10 +507,7 @@ class Builder {
         return;
       }
       PassCost segment;
-      for (int e = item.entry_begin; e < item.entry_end; ++e) {
-        segment.compute_s += cc.backward_entries[e].compute_s;
-        segment.comm_s += cc.backward_entries[e].comm_s;
-      }
+      for (int e = item.entry_begin; e < item.entry_end; ++e) segment.add(cc.backward_entries[e]);
       const bool trailing = item.entry_end == item.entry_count;  // no bucket follows it
       if (!trailing || segment.compute_s > 0 || segment.comm_s > 0) add_pass(segment, name_);
     }
@@ -602,49 +593,8 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
   input.group_member_count = builder.groups().member_counts();
   EngineResult replayed = replay(input);
 
-  result.simulated_ranks = static_cast<int>(sim_ranks.size());
-  result.step_time_s = replayed.step_time_s;
-  const int pp = config.pp();
-  result.stages.resize(pp);
-  std::vector<int> stage_sim(pp, -1);
-  for (int sim = 0; sim < static_cast<int>(sim_ranks.size()); ++sim) {
-    const int stage = builder.grid().dense_coordinates(sim_ranks[sim]).pp;
-    if (stage_sim[stage] < 0 || replayed.ranks[sim].finish_s > replayed.ranks[stage_sim[stage]].finish_s)
-      stage_sim[stage] = sim;
-  }
-  double bubble_sum = 0.0;
-  int critical = 0;
-  for (int s = 0; s < pp; ++s) {
-    const RankReplay& r = replayed.ranks[stage_sim[s]];
-    StageReport& report = result.stages[s];
-    report.pp_rank = s;
-    report.rank = sim_ranks[stage_sim[s]];
-    report.finish_s = r.finish_s;
-    report.compute_s = r.compute_busy_s;
-    report.exposed_comm_s = r.exposed_comm_s;
-    report.pipeline_wait_s = r.pipeline_wait_s;
-    report.async_comm_s = r.async_comm_busy_s;
-    const double working = r.compute_busy_s + r.exposed_comm_s;
-    bubble_sum += working > 0 ? r.pipeline_wait_s / working : 0.0;
-    if (r.finish_s > result.stages[critical].finish_s ||
-        (r.finish_s == result.stages[critical].finish_s &&
-         r.compute_busy_s > result.stages[critical].compute_s))
-      critical = s;
-  }
-  result.bubble_fraction = bubble_sum / pp;
-  result.critical_stage = critical;
-  result.exposed_comm_s = result.stages[critical].exposed_comm_s;
-  result.compute_s = result.stages[critical].compute_s;
-  result.kind_times = builds[stage_sim[critical]].kinds;
-
-  const std::int64_t gbs = config.resolved_global_batch_size();
-  result.model_flops = layouts::model_flops_per_iteration(model, gbs, config.tp());
-  if (result.step_time_s > 0) {
-    result.mfu =
-        layouts::mfu(result.model_flops, result.step_time_s, config.world_size, pricer.peak_bf16_tflops());
-    result.tflops_per_gpu = result.model_flops / (result.step_time_s * config.world_size * 1e12);
-    result.tokens_per_s = static_cast<double>(gbs) * model.seq_length / result.step_time_s;
-  }
+  summarize_replay(model, config, pricer.peak_bf16_tflops(), builder.grid(), sim_ranks, replayed, builds,
+                   result);
 
   if (effective.record_op_timeline && effective.granularity == SimulationGranularity::kKernel) {
     for (int sim = 0; sim < static_cast<int>(sim_ranks.size()); ++sim) {

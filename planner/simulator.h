@@ -11,6 +11,7 @@
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
 #include "planner/chrome_trace.h"
+#include "planner/event_engine.h"
 #include "planner/op_pricer.h"
 
 namespace megatune::planner {
@@ -76,6 +77,8 @@ struct SimulationResult {
   double bubble_fraction = 0.0;
   double exposed_comm_s = 0.0;  // on the stage with the largest finish time
   double compute_s = 0.0;       // same stage
+  // exposed_comm_s by what it moved (CommCategory, planner/event_engine.h: TP, CP, EP, PP, DP, other).
+  std::array<double, kCommCategoryCount> exposed_comm_by_category{};
   std::vector<StageReport> stages;
   int critical_stage = 0;                           // pp rank whose kinds are tabulated
   std::array<KindTime, kOpKindCount> kind_times{};  // per op kind on the critical stage, one iteration
