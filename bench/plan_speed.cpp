@@ -64,8 +64,8 @@ void run_search(const SearchCase& c, int threads) {
         planner::describe(result.ranked[0]).c_str(), result.ranked[0].layout.c_str(),
         result.ranked[0].simulation.step_time_s, 100.0 * result.ranked[0].simulation.mfu);
   } catch (const UserError& e) {
-    std::printf("%-22s on %s: %.2f s, no plan: %s\n", c.model.c_str(), c.cluster.c_str(), seconds_since(start),
-                e.what());
+    std::printf("%-22s on %s: %.2f s, no plan: %s\n", c.model.c_str(), c.cluster.c_str(),
+                seconds_since(start), e.what());
   }
   std::fflush(stdout);
 }

@@ -140,7 +140,7 @@ std::vector<double> lower_bounds(const PlanRequest& request, const OpPricer& pri
   for (std::size_t i = next.fetch_add(1); i < candidates.size() && !deadline.passed();
        i = next.fetch_add(1)) {
     bound(i);
-        if (request.progress) request.progress({"bounding", static_cast<std::int64_t>(i) + 1, total});
+    if (request.progress) request.progress({"bounding", static_cast<std::int64_t>(i) + 1, total});
   }
   pool.join();
   if (request.progress) request.progress({"bounding", total, total});
