@@ -53,9 +53,7 @@ class DocumentBuilder : public nlohmann::json_sax<nlohmann::json> {
   JsonValue take() { return std::move(root_); }
   [[noreturn]] void fail(std::size_t offset, const std::string& problem) const {
     const layouts::JsonTextPosition at = layouts::json_text_position(text_, offset);
-    throw JsonParseError(
-        "line " + std::to_string(at.line) + ", column " + std::to_string(at.column) + ": " + problem, at.line,
-        at.column);
+    throw JsonParseError(problem, at.line, at.column);
   }
   [[noreturn]] void fail_here(const std::string& problem) const {
     fail(layouts::json_error_offset(*bytes_read_), problem);

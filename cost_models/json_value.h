@@ -13,14 +13,21 @@
 namespace megatune::cost_models {
 
 // A parse error: what() is "line L, column C: <problem>".
+// what(): "line L, column C: problem"; problem() alone, for a caller that states the position its own way.
 class JsonParseError : public std::runtime_error {
  public:
-  JsonParseError(const std::string& message, int line, int column)
-      : std::runtime_error(message), line_(line), column_(column) {}
+  JsonParseError(const std::string& problem, int line, int column)
+      : std::runtime_error("line " + std::to_string(line) + ", column " + std::to_string(column) + ": " +
+                           problem),
+        problem_(problem),
+        line_(line),
+        column_(column) {}
   int line() const { return line_; }
   int column() const { return column_; }
+  const std::string& problem() const { return problem_; }
 
  private:
+  std::string problem_;
   int line_, column_;
 };
 

@@ -93,10 +93,23 @@ std::vector<std::pair<int, std::vector<std::string>>> parse_csv(const std::strin
   return records;
 }
 
-std::vector<InputRow> rows_from_csv(const std::string& text, const std::string& source) {
+// A column name the table does not have is a UserError listing the ones it has.
+void require_column(const TableDescription& table, const std::string& name, const std::string& source,
+                    int line) {
+  std::string known;
+  for (const ColumnDescription& column : table.columns) {
+    if (column.name == name) return;
+    known += (known.empty() ? "" : ", ") + column.name;
+  }
+  bad(source, line, "column \"" + name + "\" is not in table " + table.name + " (columns: " + known + ")");
+}
+
+std::vector<InputRow> rows_from_csv(const std::string& text, const std::string& source,
+                                    const TableDescription& table) {
   const auto records = parse_csv(text, source);
   if (records.empty()) throw UserError(source + ": empty CSV; the first line must name the columns");
   const std::vector<std::string>& header = records.front().second;
+  for (const std::string& name : header) require_column(table, name, source, records.front().first);
   std::vector<InputRow> rows;
   for (std::size_t r = 1; r < records.size(); ++r) {
     const auto& [line, values] = records[r];
@@ -134,7 +147,8 @@ std::vector<InputRow> rows_from_json(const std::string& text, const std::string&
   try {
     document = JsonValue::parse(text);
   } catch (const JsonParseError& error) {
-    bad(source, error.line(), std::string("invalid JSON (") + error.what() + ")");
+    bad(source, error.line(),
+        "invalid JSON at column " + std::to_string(error.column()) + " (" + error.problem() + ")");
   }
   const JsonValue* array = &document;
   if (document.is_object()) {
@@ -244,8 +258,12 @@ TableFormat table_format_from_path(const std::string& path) {
 std::int64_t import_table_text(Database& database, const std::string& table_name, TableFormat format,
                                const std::string& text, const std::string& source_name) {
   const TableDescription& table = cost_database_table(table_name);
-  const std::vector<InputRow> rows =
-      format == TableFormat::kCsv ? rows_from_csv(text, source_name) : rows_from_json(text, source_name);
+  if (const std::size_t nul = text.find('\0'); nul != std::string::npos)
+    throw UserError(
+        source_name + " holds binary data (a NUL byte at offset " + std::to_string(nul) +
+        "), not CSV or JSON text; give the table as a .csv or .json text file (nothing was imported)");
+  const std::vector<InputRow> rows = format == TableFormat::kCsv ? rows_from_csv(text, source_name, table)
+                                                                 : rows_from_json(text, source_name);
 
   std::map<std::string, const ColumnDescription*> columns;
   for (const ColumnDescription& column : table.columns) columns[column.name] = &column;
@@ -262,14 +280,8 @@ std::int64_t import_table_text(Database& database, const std::string& table_name
     std::vector<Typed> typed;
     std::map<std::string, bool> seen;
     for (const auto& [name, value] : row.fields) {
+      require_column(table, name, source_name, row.line);
       const auto found = columns.find(name);
-      if (found == columns.end()) {
-        std::string known;
-        for (const ColumnDescription& column : table.columns)
-          known += (known.empty() ? "" : ", ") + column.name;
-        bad(source_name, row.line,
-            "column \"" + name + "\" is not in table " + table.name + " (columns: " + known + ")");
-      }
       if (seen[name]) bad(source_name, row.line, "column \"" + name + "\" appears twice");
       seen[name] = true;
       Typed field{found->second, value};

@@ -3,6 +3,7 @@
 // post-schedule steps.
 #include <algorithm>
 #include <climits>
+#include <numeric>
 
 #include "layouts/op_sink.h"
 #include "layouts/parameter_table.h"
@@ -137,34 +138,32 @@ StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, con
   return p;
 }
 
-std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
-                                          const StageParameters& parameters, int chunk,
-                                          const StepProgramOptions& options) {
-  std::vector<GradBucket> buckets;
-  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
+namespace {
+
+// A region's bucket before its collective: elements (padded to lcm(group size, 128) under the distributed
+// optimizer, as the executor lays the buffer out) and the entry after which it is complete.
+struct BucketFill {
+  std::int64_t elements = 0;
+  bool expert = false;
+  int ready_after = 0;
+};
+
+// Every bucket of the stage's two regions, whatever their group sizes, in the order they complete.
+std::vector<BucketFill> bucket_fills(const StepShape& shape, const ParallelConfig& config,
+                                     const StageParameters& parameters, const StepProgramOptions& options) {
   const int dense_group = shape.dp * shape.cp;
-  const bool overlap = config.overlap_grad_reduce;
   std::int64_t bucket_limit = options.bucket_size_elements > 0
                                   ? options.bucket_size_elements
                                   : std::max<std::int64_t>(40'000'000, 1'000'000LL * dense_group);
-  if (!overlap) bucket_limit = INT64_MAX;
+  if (!config.overlap_grad_reduce) bucket_limit = INT64_MAX;
+  std::vector<BucketFill> fills;
   auto emit = [&](std::int64_t elements, bool expert, int ready_after) {
-    const int group_size = expert ? shape.edp : dense_group;
-    if (elements <= 0 || group_size <= 1) return;
-    GradBucket b;
-    b.op.kind = config.use_distributed_optimizer ? OpKind::kReduceScatter : OpKind::kAllReduce;
-    b.op.phase = OpPhase::kGradSync;
-    b.op.role = expert ? OpRole::kExpertGradReduce : OpRole::kGradReduce;
-    b.op.label = expert ? "expert_grad_bucket" : "grad_bucket";
-    b.op.dtype = grad_bytes == 2 ? DType::kBF16 : DType::kFP32;
-    b.op.bytes = elements * grad_bytes;
-    b.op.group = expert ? CommGroup::kExpertData : CommGroup::kDataContext;
-    b.op.group_size = group_size;
-    b.op.chunk = chunk;
-    b.ready_after_entry = ready_after;
-    b.elements = elements;
-    b.expert = expert;
-    buckets.push_back(std::move(b));
+    if (elements <= 0) return;
+    if (config.use_distributed_optimizer) {
+      const std::int64_t multiple = std::lcm<std::int64_t>(expert ? shape.edp : dense_group, 128);
+      elements = (elements + multiple - 1) / multiple * multiple;
+    }
+    fills.push_back({elements, expert, ready_after});
   };
   std::int64_t dense_fill = 0, expert_fill = 0;
   const int n = static_cast<int>(parameters.layer_reverse.size());
@@ -184,6 +183,34 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
   }
   emit(dense_fill, false, n - 1);
   emit(expert_fill, true, n - 1);
+  return fills;
+}
+
+}  // namespace
+
+std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
+                                          const StageParameters& parameters, int chunk,
+                                          const StepProgramOptions& options) {
+  std::vector<GradBucket> buckets;
+  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
+  for (const BucketFill& fill : bucket_fills(shape, config, parameters, options)) {
+    const int group_size = fill.expert ? shape.edp : shape.dp * shape.cp;
+    if (group_size <= 1) continue;
+    GradBucket b;
+    b.op.kind = config.use_distributed_optimizer ? OpKind::kReduceScatter : OpKind::kAllReduce;
+    b.op.phase = OpPhase::kGradSync;
+    b.op.role = fill.expert ? OpRole::kExpertGradReduce : OpRole::kGradReduce;
+    b.op.label = fill.expert ? "expert_grad_bucket" : "grad_bucket";
+    b.op.dtype = grad_bytes == 2 ? DType::kBF16 : DType::kFP32;
+    b.op.bytes = fill.elements * grad_bytes;
+    b.op.group = fill.expert ? CommGroup::kExpertData : CommGroup::kDataContext;
+    b.op.group_size = group_size;
+    b.op.chunk = chunk;
+    b.ready_after_entry = fill.ready_after;
+    b.elements = fill.elements;
+    b.expert = fill.expert;
+    buckets.push_back(std::move(b));
+  }
   return buckets;
 }
 
@@ -260,17 +287,18 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
     }
     case OptimizerStep::kGradNorm:
     case OptimizerStep::kAdamW: {
-      std::int64_t dense = 0, expert = 0;
+      // The parameters this rank updates: all of them, or under the distributed optimizer its shard of
+      // every padded bucket (the executor's AdamW covers the padding too).
+      std::int64_t local = 0;
       for (const PipelineStage& stage : stages) {
         const StageParameters p = stage_parameters(model, shape, stage);
-        dense += p.dense;
-        expert += p.expert;
+        if (!config.use_distributed_optimizer) {
+          local += p.dense + p.expert;
+          continue;
+        }
+        for (const BucketFill& fill : bucket_fills(shape, config, p, options))
+          local += fill.elements / (fill.expert ? shape.edp : shape.dp * shape.cp);
       }
-      const bool dist = config.use_distributed_optimizer;
-      const std::int64_t dense_shard =
-          dist ? (dense + shape.dp * shape.cp - 1) / (shape.dp * shape.cp) : dense;
-      const std::int64_t expert_shard = dist ? (expert + shape.edp - 1) / shape.edp : expert;
-      const std::int64_t local = dense_shard + expert_shard;
       if (step == OptimizerStep::kAdamW) {
         o.memory(OpKind::kOptimizer, "adamw", local * 30, DType::kFP32);
         break;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "cost_models/json_value.h"
@@ -34,12 +36,15 @@ std::string read_regular_file(const fs::path& path, const std::string& what) {
   return text.str();
 }
 
-JsonValue parse_json(const std::string& text, const std::string& where) {
+// `file` and, for a JSON-lines file, the `line` the text is (its position is then that line's column).
+JsonValue parse_json(const std::string& text, const std::string& file, int line = 0) {
   try {
     return JsonValue::parse(text);
   } catch (const cost_models::JsonParseError& e) {
-    throw UserError(where + ": line " + std::to_string(e.line()) + ", column " + std::to_string(e.column()) +
-                    ": " + e.what() + " (a corrupt trace: re-run megatune train --trace-dir)");
+    const std::string at = line > 0 ? file + " line " + std::to_string(line) + ", column " +
+                                          std::to_string(e.column()) + ": " + e.problem()
+                                    : file + ": " + e.what();
+    throw UserError(at + " (a corrupt trace: re-run megatune train --trace-dir)");
   }
 }
 
@@ -116,7 +121,39 @@ TracedOp read_op(const Reader& r) {
     if (out.size() == 7) out.push_back(out[5]);
     return out;
   });
+  if (op.end_s < op.start_s)
+    throw UserError(r.where + ": op " + std::to_string(op.id) + " ('" + op.text +
+                    "') ends before it starts (" + "start_s " + std::to_string(op.start_s) + ", end_s " +
+                    std::to_string(op.end_s) + "): a corrupt trace; re-run megatune train --trace-dir");
   return op;
+}
+
+TracedIteration read_iteration(const Reader& r, const std::vector<TracedIteration>& before) {
+  TracedIteration it;
+  it.iteration = r.integer("iteration");
+  it.step_s = r.number("step_s");
+  it.loss = r.number("loss");
+  it.sm_clock_mhz = r.number("sm_clock_mhz");
+  it.power_w = r.number("power_w");
+  it.recorded_ops = r.integer("ops");
+  if (!(it.step_s > 0))
+    throw UserError(r.where + ": iteration " + std::to_string(it.iteration) + " has step_s " +
+                    std::to_string(it.step_s) +
+                    ", not a positive step time: a corrupt trace; re-run megatune train --trace-dir");
+  if (!before.empty() && it.iteration <= before.back().iteration)
+    throw UserError(r.where + ": iteration " + std::to_string(it.iteration) + " follows iteration " +
+                    std::to_string(before.back().iteration) +
+                    " (iterations must increase): a corrupt trace; re-run megatune train --trace-dir");
+  return it;
+}
+
+// The op lines of an iteration must be as many as its record says (a file cut or edited between them).
+void check_op_count(const TracedIteration& it, const std::string& where) {
+  if (static_cast<std::int64_t>(it.ops.size()) != it.recorded_ops)
+    throw UserError(where + ": iteration " + std::to_string(it.iteration) + " records " +
+                    std::to_string(it.recorded_ops) + " ops, the file holds " +
+                    std::to_string(it.ops.size()) +
+                    " op lines: a truncated or edited trace; re-run megatune train --trace-dir");
 }
 
 TracedRank read_rank(const fs::path& path, int expected_rank) {
@@ -130,7 +167,7 @@ TracedRank read_rank(const fs::path& path, int expected_rank) {
     ++number;
     if (line.empty()) continue;
     const std::string at = where + " line " + std::to_string(number);
-    const JsonValue value = parse_json(line, at);
+    const JsonValue value = parse_json(line, where, number);
     const Reader r{value, at};
     const std::string record = r.str("record");
     if (record == "rank") {
@@ -152,13 +189,8 @@ TracedRank read_rank(const fs::path& path, int expected_rank) {
     } else if (!header) {
       throw UserError(at + ": the first line must be the \"rank\" record (a corrupt trace)");
     } else if (record == "iteration") {
-      TracedIteration it;
-      it.iteration = r.integer("iteration");
-      it.step_s = r.number("step_s");
-      it.loss = r.number("loss");
-      it.sm_clock_mhz = r.number("sm_clock_mhz");
-      it.power_w = r.number("power_w");
-      rank.iterations.push_back(std::move(it));
+      if (!rank.iterations.empty()) check_op_count(rank.iterations.back(), where);
+      rank.iterations.push_back(read_iteration(r, rank.iterations));
     } else if (record == "op") {
       if (rank.iterations.empty() || rank.iterations.back().iteration != r.integer("iteration"))
         throw UserError(at + ": an op outside its iteration record (a corrupt trace)");
@@ -172,10 +204,35 @@ TracedRank read_rank(const fs::path& path, int expected_rank) {
   }
   if (!header || rank.iterations.empty())
     throw UserError(where + ": no rank header or no traced iteration (a truncated trace)");
+  check_op_count(rank.iterations.back(), where);
   if (rank.rank != expected_rank)
     throw UserError(where + ": holds rank " + std::to_string(rank.rank) + ", run.json lists it as rank " +
                     std::to_string(expected_rank));
   return rank;
+}
+
+// run.json's "ranks": every rank of the world once, each with a file of its own in DIR.
+void check_rank_list(const JsonValue::Array& ranks, int world_size, const std::string& where) {
+  const std::string fix = " (an edited run.json); list each rank once, or re-run megatune train --trace-dir";
+  std::map<std::int64_t, std::string> files_by_rank;
+  std::set<std::string> files;
+  for (const JsonValue& entry : ranks) {
+    const Reader e{entry, where};
+    const std::int64_t rank = e.integer("rank");
+    const std::string file = e.str("file");
+    if (file.find('/') != std::string::npos)
+      throw UserError(where + ": rank file " + file + " is not in DIR");
+    if (rank < 0 || rank >= world_size)
+      throw UserError(where + ": lists rank " + std::to_string(rank) + ", outside the run's world size " +
+                      std::to_string(world_size) + fix);
+    if (!files_by_rank.emplace(rank, file).second)
+      throw UserError(where + ": lists rank " + std::to_string(rank) + " twice (" + files_by_rank[rank] +
+                      " and " + file + ")" + fix);
+    if (!files.insert(file).second) throw UserError(where + ": lists rank file " + file + " twice" + fix);
+  }
+  if (static_cast<int>(ranks.size()) != world_size)
+    throw UserError(where + ": lists " + std::to_string(ranks.size()) +
+                    " rank files, the run has world size " + std::to_string(world_size) + fix);
 }
 
 }  // namespace
@@ -217,12 +274,10 @@ MeasuredRun read_measured_run(const std::string& dir) {
   const JsonValue& ranks = r.at("ranks");
   if (!ranks.is_array() || ranks.as_array().empty())
     throw UserError(where + ": \"ranks\" lists no rank file");
+  check_rank_list(ranks.as_array(), run.world_size, where);
   for (const JsonValue& entry : ranks.as_array()) {
     const Reader e{entry, where};
-    const std::string file = e.str("file");
-    if (file.find('/') != std::string::npos)
-      throw UserError(where + ": rank file " + file + " is not in DIR");
-    run.ranks.push_back(read_rank(fs::path(dir) / file, static_cast<int>(e.integer("rank"))));
+    run.ranks.push_back(read_rank(fs::path(dir) / e.str("file"), static_cast<int>(e.integer("rank"))));
   }
   return run;
 }
@@ -255,11 +310,14 @@ bool fp32_run(const MeasuredRun& run) {
 }
 
 void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
-                const layouts::ParallelConfig& config) {
+                const layouts::ParallelConfig& config, JoinTarget target) {
   const std::string context = "--run " + run.dir + ": ";
-  const std::string fix = ": the trace was made with another model or layout (the run says " + run.model +
-                          ", " + run.layout +
-                          "); pass the run's own flags with --simulate-args, or drop them";
+  const std::string fix =
+      target == JoinTarget::kRunFlags
+          ? ": the trace does not match the model and layout its run.json records (" + run.model + ", " +
+                run.layout + "): an edited or foreign trace; re-run megatune train --trace-dir"
+          : ": the trace was made with another model or layout (the run says " + run.model + ", " +
+                run.layout + "); pass the run's own flags with --simulate-args, or drop them";
   if (run.world_size != config.world_size)
     throw UserError(context + "the run has " + std::to_string(run.world_size) + " ranks, the layout " +
                     std::to_string(config.world_size) + fix);
@@ -270,10 +328,15 @@ void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
           context + "rank " + std::to_string(rank.rank) + " iteration " + std::to_string(it.iteration);
       for (std::size_t i = 0; i < std::min(it.ops.size(), program.ops.size()); ++i) {
         const std::string field = first_difference(it.ops[i], program.ops[i], fp32_run(run));
+        // Routed token counts are the data's: the step program assumes balanced routing across expert ranks.
+        const bool routed = field == "GEMM shape" && it.ops[i].label.rfind("expert", 0) == 0;
         if (!field.empty())
           throw UserError(where + " op " + std::to_string(i) + " differs in " + field + " (traced '" +
                           it.ops[i].text + "', step program '" + layouts::to_string(program.ops[i]) + "')" +
-                          fix);
+                          (routed
+                               ? ": the tokens routed to this expert rank are not the step program's "
+                                 "balanced share (traces of --expert-model-parallel-size > 1 do not join yet)"
+                               : fix));
       }
       if (it.ops.size() < program.ops.size())
         throw UserError(where + " issued " + std::to_string(it.ops.size()) + " ops, the step program has " +

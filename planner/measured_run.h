@@ -29,6 +29,7 @@ struct TracedIteration {
   std::int64_t iteration = 0;
   double step_s = 0, loss = 0;
   double sm_clock_mhz = -1, power_w = -1;
+  std::int64_t recorded_ops = 0;  // the iteration record's "ops": how many op lines follow it
   std::vector<TracedOp> ops;
 };
 
@@ -57,7 +58,9 @@ struct MeasuredRun {
 };
 
 // Reads DIR/run.json and every rank file. UserError (one line naming the file and the fix) when DIR or a
-// file is missing, not a regular file (a FIFO, a device), not JSON, of another format or version.
+// file is missing, not a regular file (a FIFO, a device), not JSON, of another format or version, or when
+// the trace contradicts itself: a rank listed twice or missing, an iteration whose op lines are not as many
+// as it records, a step time that is not positive, an op that ends before it starts.
 MeasuredRun read_measured_run(const std::string& dir);
 
 // Checks every traced iteration of every rank against layouts::build_step_program(model, config, rank): every
@@ -66,8 +69,11 @@ MeasuredRun read_measured_run(const std::string& dir);
 // first mismatch (a trace of another model or layout) otherwise. Ops the executor issued after the program's
 // last one (work the step program does not list yet) are allowed; compare_run reports them as unjoined. A CPU
 // run without --bf16: its ops compute in fp32, the step program's in bf16.
+// `target` says whose (model, layout) it is, for the fix the message gives: the run's own flags (kRunFlags:
+// the trace contradicts itself) or flags given by the user (kGiven: give the run's own).
 bool fp32_run(const MeasuredRun& run);
+enum class JoinTarget { kGiven, kRunFlags };
 void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
-                const layouts::ParallelConfig& config);
+                const layouts::ParallelConfig& config, JoinTarget target = JoinTarget::kGiven);
 
 }  // namespace megatune::planner

@@ -44,6 +44,7 @@ void print_classes(const cost_models::Calibration& calibration, std::ostream& ou
 void run_calibrate(const CalibrateOptions& o, const std::function<cost_models::Database()>& open_database,
                    std::ostream& out) {
   if (o.runs.empty()) throw UserError("--run DIR is required: the --trace-dir of a megatune train run");
+  require_distinct_runs(o.runs);
   std::vector<TracedRunTarget> runs;
   std::vector<cost_models::ClusterSpec> clusters;
   for (const std::string& dir : o.runs) {

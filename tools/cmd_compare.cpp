@@ -3,6 +3,7 @@
 
 #include "tools/command_registry.h"
 #include "tools/compare_command.h"
+#include "tools/input_checks.h"
 
 namespace megatune::tools {
 namespace {
@@ -27,7 +28,8 @@ const Registrar kCompareCommand{Command{
       sub.add_option("--perfetto", o->perfetto,
                      "write a Chrome-trace JSON with predicted and measured tracks here");
       sub.add_option("--top", o->top, "worst ops listed per rank (default 15)")->check(CLI::Range(0, 100000));
-      sub.add_option("--rank", o->rank, "only this rank's per-kind and per-op tables");
+      sub.add_option("--rank", o->rank, "only this rank's per-kind and per-op tables")
+          ->check(integer_at_least(0));
       sub.add_flag(
           "--save", o->save,
           "store each traced rank as a run (runs + run_ops: per-op predicted and measured times) in the "
@@ -37,9 +39,10 @@ const Registrar kCompareCommand{Command{
       sub.add_flag("--leave-one-out", o->leave_one_out,
                    "with several --run: predict each from a calibration fitted on the others; print the step "
                    "time error before and after calibration");
-      sub.add_option("--hold-out", o->hold_out,
-                     "with --leave-one-out, what is held out together: run (default), shape (runs of one model, "
-                     "seq length and micro-batch) or model");
+      sub.add_option(
+          "--hold-out", o->hold_out,
+          "with --leave-one-out, what is held out together: run (default), shape (runs of one model, "
+          "seq length and micro-batch) or model");
       sub.footer(
           "Example:\n  megatune train --model tiny --device cpu --mock-data --train-iters 5 --gbs 4 --mbs 2 "
           "--trace-dir run1\n  megatune compare --run run1 --html run1.html --perfetto run1.trace.json\n"

@@ -55,7 +55,9 @@ int run_preprocess(PreprocessArgs& args) {
     if (!keys.empty()) keys.push_back(',');
     keys += key;
   }
-  require_regular_file(args.config.input_path, "--input");  // refused in one line, before the header line
+  // Refused in one line, before the header line.
+  check_json_keys(args.config.json_keys);
+  require_regular_file(args.config.input_path, "--input");
   std::fprintf(stderr, "megatune data preprocess: %s -> %s_{%s}_document.bin/.idx (%s tokenizer)\n",
                args.config.input_path.c_str(), args.config.output_prefix.c_str(), keys.c_str(),
                args.config.tokenizer.type.c_str());
@@ -123,6 +125,12 @@ int run_sample(const SampleArgs& args) {
       build_train_valid_test_datasets(config, {args.num_samples > 0 ? args.num_samples : -1, 0, 0});
   if (!datasets.train) throw UserError("--split " + args.split + " leaves no train split");
   const auto& train = *datasets.train;
+  if (args.first >= train.num_samples()) {
+    const std::string samples = std::to_string(train.num_samples());
+    throw UserError("--first " + std::to_string(args.first) +
+                    " is past the end of the train split, which has " + samples + " samples (" +
+                    train.description() + "); give --first below " + samples);
+  }
   if (!args.dump_indices.empty()) {
     const auto* gpt = dynamic_cast<const GPTDataset*>(&train);
     if (gpt == nullptr)

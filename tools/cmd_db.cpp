@@ -1,5 +1,6 @@
 // `megatune db`: the cost database: info (schema, row counts, GPUs and software versions), import and export
 // of tables as CSV/JSON, fitting cost models from measurements, and pricing single ops with provenance.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "cost_models/hardware_catalog.h"
 #include "cost_models/record_store.h"
 #include "cost_models/table_io.h"
+#include "layouts/op.h"
 #include "layouts/output_file.h"
 #include "layouts/user_error.h"
 #include "tools/calibrate_command.h"
@@ -254,6 +256,20 @@ int run_fit(const DbCommandOptions& options) {
   return 0;
 }
 
+// nccl-tests' names of the collectives `db price` prices.
+const std::vector<std::string> kCollectiveNames = {"all_reduce",     "all_to_all", "all_gather",
+                                                   "reduce_scatter", "send_recv",  "broadcast"};
+
+// Every op `db price` knows: GEMM, attention, the collectives and the memory-bound kinds of the step program.
+std::vector<std::string> price_op_names() {
+  std::vector<std::string> names = {"gemm", "attention_fwd", "attention_bwd"};
+  names.insert(names.end(), kCollectiveNames.begin(), kCollectiveNames.end());
+  for (int kind = static_cast<int>(layouts::OpKind::kEmbedding);
+       kind <= static_cast<int>(layouts::OpKind::kOptimizer); ++kind)
+    names.push_back(layouts::op_kind_name(static_cast<layouts::OpKind>(kind)));
+  return names;
+}
+
 int run_price(const DbCommandOptions& options) {
   const ClusterSpec cluster = parse_cluster_spec(options.cluster);
   Database database = open_for_cli(options);
@@ -285,9 +301,8 @@ int run_price(const DbCommandOptions& options) {
     throw UserError("--shape: " + std::to_string(s[1]) + " heads are not a multiple of " +
                     std::to_string(s[2]) + " key/value heads; give KV_HEADS dividing HEADS");
   }
-  const bool collective = options.op == "all_reduce" || options.op == "all_gather" ||
-                          options.op == "reduce_scatter" || options.op == "all_to_all" ||
-                          options.op == "send_recv" || options.op == "broadcast";
+  const bool collective =
+      std::find(kCollectiveNames.begin(), kCollectiveNames.end(), options.op) != kCollectiveNames.end();
   if (collective && options.op != "send_recv" &&
       (options.group_size > cluster.world_size() || options.group_nodes > cluster.nodes ||
        options.group_size > options.group_nodes * cluster.gpus_per_node)) {
@@ -390,7 +405,8 @@ const Registrar kDbCommand{Command{
               "op", options->op,
               "gemm | attention_fwd | attention_bwd | all_reduce | all_gather | reduce_scatter | "
               "all_to_all | send_recv | broadcast | a memory-bound kind (norm, rope, optimizer, ...)")
-          ->required();
+          ->required()
+          ->check(CLI::IsMember(price_op_names()));
       price
           ->add_option("--shape", options->shape,
                        "gemm: M N K; attention: BATCH HEADS KV_HEADS SEQ HEAD_DIM; others: BYTES")

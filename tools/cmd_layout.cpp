@@ -4,6 +4,7 @@
 
 #include "layouts/layout_report.h"
 #include "tools/command_registry.h"
+#include "tools/input_checks.h"
 #include "tools/megatron_args.h"
 
 namespace megatune::tools {
@@ -26,7 +27,9 @@ const Registrar kLayoutCommand{
               add_parallel_flags(sub, options->args);
               add_batch_flags(sub, options->args);
               sub.add_flag("--json", options->json, "Print JSON instead of text")->group("Output");
-              sub.add_option("--rank", options->rank, "Print only this global rank")->group("Output");
+              sub.add_option("--rank", options->rank, "Print only this global rank")
+                  ->check(integer_at_least(0))
+                  ->group("Output");
               sub.add_flag("--no-schedule", options->no_schedule, "Leave the schedules out")->group("Output");
               sub.add_flag("--no-p2p", options->no_p2p, "Schedules without the p2p groups")->group("Output");
               sub.footer(

@@ -97,6 +97,9 @@ void write_trace_manifest(const TrainArgs& a, const layouts::ModelSpec& spec,
   m.model_args = given_arguments(*a.app);
   m.command = {"megatune", "train"};
   m.command.insert(m.command.end(), m.model_args.begin(), m.model_args.end());
+  // The vocabulary a tokenizer flag chose is part of the model that compare rebuilds from these flags.
+  if (a.megatron.vocab_size && a.app->count("--vocab-size") == 0)
+    m.model_args.insert(m.model_args.end(), {"--vocab-size", std::to_string(*a.megatron.vocab_size)});
   m.model = spec.name;
   m.parameters = layouts::ModelSpec(spec).total_parameters();
   m.layout = describe_layout(spec, parallel);
@@ -209,7 +212,7 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
     const layouts::DenseCoordinates& c = arena.coordinates;
     std::cout << "rank " << rank << " (pp" << c.pp << " tp" << c.tp << " dp" << c.dp << " cp" << c.cp
               << "; its tp / dp / cp peers hold the same):\n"
-              << format_arena_breakdown(arena.breakdown);
+              << format_arena_breakdown(arena.breakdown) << format_parameter_state_bytes(arena);
   }
   return 0;
 }
@@ -226,8 +229,11 @@ int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts:
   run.peak_tflops = peak_tflops_of(*backend);
   RendezvousOptions rendezvous;
   rendezvous.fingerprint = spec.name + " " + describe_layout(spec, parallel);
+  rendezvous.timeout_s = a.options.distributed_timeout_s();
+  NcclOptions nccl;
+  nccl.collective_timeout_s = nccl.setup_timeout_s = a.options.distributed_timeout_s();
   std::unique_ptr<NcclCommunicator> communicator =
-      NcclCommunicator::connect(*backend, layouts::RankGrid::from_config(parallel), launch, rendezvous);
+      NcclCommunicator::connect(*backend, layouts::RankGrid::from_config(parallel), launch, rendezvous, nccl);
   const bool logs = launch.rank == launch.world_size - 1;
   std::ostringstream quiet;
   std::ostream& log = logs ? std::cout : quiet;
@@ -251,6 +257,23 @@ int train_nccl_rank(TrainArgs& a, const layouts::ModelSpec& spec, const layouts:
 #endif
 }
 
+// The flags that must agree with each other and with the layout, checked alike for a real run and for
+// --dry-run (which alone may leave out the data: it reads none).
+void check_run_flags(TrainArgs& a, const layouts::ParallelConfig& parallel, const LaunchEnvironment& launch) {
+  if (a.options.mock_data && !a.options.data_path.empty())
+    throw UserError("give only one of --data-path PREFIX and --mock-data");
+  if (!a.dry_run && !a.options.mock_data && a.options.data_path.empty())
+    throw UserError("give exactly one of --data-path PREFIX and --mock-data");
+  if (!a.trace_iterations.empty()) {
+    if (a.options.trace.dir.empty()) throw UserError("--trace-iterations needs --trace-dir DIR");
+    parse_trace_iterations(a.trace_iterations, a.options.trace);
+  }
+  if (a.nproc > 0 && a.nproc != parallel.world_size)
+    throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
+                    std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
+  if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
+}
+
 int run_train(TrainArgs& a) {
   // Like Megatron, the world size defaults to the launcher's (torchrun, Slurm, mpirun).
   const LaunchEnvironment launch = read_launch_environment();
@@ -263,18 +286,10 @@ int run_train(TrainArgs& a) {
   const std::string fresh_start = check_load_path(a.options.load);  // refuses a --load that does not exist
   if (!fresh_start.empty() && launch.rank == 0 && a.nproc <= 1) std::cout << fresh_start << std::endl;
   if (a.device.empty()) a.device = default_device();
+  if (a.device == "cpu") require_single_process_for_cpu(launch);
+  check_run_flags(a, parallel, launch);
   if (a.dry_run) return dry_run(a, spec, parallel);
-  if (a.options.mock_data == !a.options.data_path.empty())
-    throw UserError("give exactly one of --data-path PREFIX and --mock-data");
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
-  if (!a.trace_iterations.empty()) {
-    if (a.options.trace.dir.empty()) throw UserError("--trace-iterations needs --trace-dir DIR");
-    parse_trace_iterations(a.trace_iterations, a.options.trace);
-  }
-  if (a.nproc > 0 && a.nproc != parallel.world_size)
-    throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
-                    std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
-  if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
   // A multi-GPU layout started without a launcher (e.g. a plan's megatune.args as written): one process per
   // GPU on this host, as --nproc would.
   if (a.device == "cuda" && parallel.world_size > 1 && launch.world_size == 1 && a.nproc == 0)
@@ -388,6 +403,10 @@ const Registrar registrar({
           "no loss on positions whose input is the EOD token (the tokenizer's: see --tokenizer-type)");
       add_tokenizer_flags(app, a.tokenizer, false);
       app.add_option("--seed", a.options.seed, "initialization and data-order seed");
+      app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad",
+                   a.options.check_for_nan_in_loss_and_grad,
+                   "stop at a non-finite loss or gradient norm (default, as Megatron); --no-...: skip the "
+                   "update instead");
       app.add_option("--log-interval", a.options.log_interval, "log every N iterations (default 10)");
       app.add_option("--eval-interval", a.options.eval_interval,
                      "validation loss every N iterations (default 1000), and once after training")
@@ -399,6 +418,9 @@ const Registrar registrar({
                      "ranks on this host (must equal the layout's world size): threads with --device cpu, "
                      "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")
           ->check(integer_between(1, 4096));
+      app.add_option("--distributed-timeout-minutes", a.options.distributed_timeout_minutes,
+                     "minutes the ranks' rendezvous, NCCL setup or one collective may take before the job "
+                     "ends (default 10, Megatron's)");
       app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)")
           ->check(CLI::IsMember({"cuda", "cpu"}));
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");

@@ -129,14 +129,28 @@ void save_runs(const planner::RunComparison& comparison, const planner::Measured
 
 namespace {
 
+// --rank names one of the run's ranks.
+void check_rank_option(int rank, const planner::MeasuredRun& run) {
+  if (rank < 0) return;
+  for (const planner::TracedRank& r : run.ranks)
+    if (r.rank == rank) return;
+  throw UserError("--rank " + std::to_string(rank) + ": --run " + run.dir + " traced ranks 0 to " +
+                  std::to_string(run.ranks.size() - 1) +
+                  "; give one of them, or leave --rank out for every rank");
+}
+
 planner::RunComparison compare_one(const CompareOptions& o, const std::string& run_dir, std::ostream& out) {
-  const planner::MeasuredRun run = planner::read_measured_run(run_dir);
+  // The run must agree with its own flags before it is set beside anything.
+  const TracedRunTarget own = read_traced_run(run_dir);
+  const planner::MeasuredRun& run = own.run;
+  check_rank_option(o.rank, run);
   Target target{run.model_args, run.cluster, "the run's flags (" + run_dir + "/run.json)"};
   if (!o.plan.empty()) target = plan_target(o.plan);
   if (!o.simulate_args.empty()) target = {split_words(o.simulate_args), run.cluster, "--simulate-args"};
   if (!o.cluster.empty()) target.cluster = o.cluster;
-  const Resolved resolved = resolve_target(target.args, target.source);
-  planner::check_join(run, resolved.model, resolved.config);
+  const bool own_flags = o.plan.empty() && o.simulate_args.empty();
+  const Resolved resolved = own_flags ? own.target : resolve_target(target.args, target.source);
+  if (!own_flags) planner::check_join(run, resolved.model, resolved.config);
 
   const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(target.cluster);
   if (cluster.world_size() != resolved.config.world_size)
@@ -193,6 +207,9 @@ void run_leave_one_out(const CompareOptions& o, std::ostream& out) {
 
 void run_compare(const CompareOptions& o, std::ostream& out) {
   if (o.runs.empty()) throw UserError("--run DIR is required: the --trace-dir of a megatune train run");
+  require_distinct_runs(o.runs);
+  if (o.rank < -1)
+    throw UserError("--rank " + std::to_string(o.rank) + " is not a rank; give a rank >= 0, or leave it out");
   if (o.leave_one_out) {
     if (!o.simulate_args.empty() || !o.plan.empty() || !o.html.empty() || !o.perfetto.empty() || o.save)
       throw UserError(

@@ -4,6 +4,7 @@
 #include "tools/executor_memory_model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -35,6 +36,7 @@ std::unique_ptr<executor::Backend> cuda_sizing_backend() {
 // One stage's arena, or why the executor cannot size it.
 struct SizedStage {
   std::vector<executor::ArenaUse> breakdown;
+  std::vector<executor::ParameterStateBytes> state_bytes;
   std::int64_t total_bytes = 0;
   std::string error;  // non-empty: the executor refused the layout
 };
@@ -132,8 +134,9 @@ std::int64_t rank_parameters(StageArenaCache& cache, const std::string& model_ke
 }
 
 // A lower bound of every pp rank's peak under both models this function answers with: Megatron's counts
-// (2 + gradient) bytes per parameter, the executor 8 (its fp32 main parameters and gradients, one element per
-// parameter: the test holds its element count against the planner's), and both add the device buffers.
+// (2 + gradient) bytes per parameter, the executor at least 6 (bf16 weights and fp32 gradients, one element per
+// parameter, before its main parameters and moments, sharded or not: the test holds its element count against
+// the planner's), and both add the device buffers.
 std::int64_t peak_lower_bound(StageArenaCache& cache, const std::string& model_key,
                               const layouts::ModelSpec& model, const layouts::StepShape& shape,
                               const layouts::PipelineLayout& pipeline, const planner::MemoryOptions& options,
@@ -153,6 +156,7 @@ SizedStage size_stage(const layouts::ModelSpec& model, const layouts::ParallelCo
     const auto backend = cuda_sizing_backend();
     executor::RankArena arena = executor::size_rank_arena(model, config, train, rank, *backend);
     out.breakdown = std::move(arena.breakdown);
+    out.state_bytes = std::move(arena.state_bytes);
     out.total_bytes = arena.total_bytes;
   } catch (const std::exception& e) {
     out.error = e.what();
@@ -164,10 +168,17 @@ planner::MemoryEstimate stage_estimate(const SizedStage& arena, int pp_rank,
                                        const planner::MemoryItem& buffers) {
   planner::MemoryEstimate e;
   e.pp_rank = pp_rank;
-  for (const executor::ArenaUse& use : arena.breakdown)
-    e.items.push_back({use.what, use.bytes,
-                       "executor arena, " + std::to_string(use.allocations) +
-                           (use.allocations == 1 ? " allocation" : " allocations")});
+  for (const executor::ArenaUse& use : arena.breakdown) {
+    std::string note = "executor arena, " + std::to_string(use.allocations) +
+                       (use.allocations == 1 ? " allocation" : " allocations");
+    for (const executor::ParameterStateBytes& state : arena.state_bytes)
+      if (state.state == use.what) {
+        char per[48];
+        std::snprintf(per, sizeof per, ", %.2f bytes/parameter", state.bytes_per_parameter);
+        note += per;
+      }
+    e.items.push_back({use.what, use.bytes, note});
+  }
   e.buffer_bytes = buffers.bytes;
   e.items.push_back({"buffers outside the arena", e.buffer_bytes, "CUDA context, cuBLAS workspace, NCCL"});
   e.total_bytes = arena.total_bytes + e.buffer_bytes;

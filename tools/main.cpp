@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 
+#include "executor/parallel/interrupt_guard.h"
 #include "tools/command_registry.h"
 #include "tools/error_messages.h"
 
@@ -62,6 +63,10 @@ int main(int argc, char** argv) {
       const std::string name = sub->get_name();
       try {
         return checked_exit(action(), name);
+      } catch (const megatune::executor::Interrupted& e) {  // its children stopped: end as the signal says
+        std::fflush(stdout);
+        std::fprintf(stderr, "megatune %s: %s\n", name.c_str(), e.what());
+        return checked_exit(128 + e.signal(), name);
       } catch (const std::exception& e) {
         std::fflush(stdout);
         std::fprintf(stderr, "megatune %s: %s\n", name.c_str(),

@@ -148,7 +148,7 @@ void print_measured_table(const std::vector<Measurement>& ms, const planner::Pla
     if (!m.measured) continue;
     const planner::PlanCandidate& c = result.ranked[m.plan_index];
     const double predicted = c.simulation.step_time_s;
-    std::snprintf(line, sizeof line, "%-5zu %-44s %-14s %10.4f s %10.4f s %+7.1f%% %8.2f%% %8.4f%%\n",
+    std::snprintf(line, sizeof line, "%-5zu %-44s %-14s %10.4f s %10.4f s %+7.1f%% %8.2f%% %8.2f%%\n",
                   m.plan_index + 1, planner::describe(c).c_str(), c.layout.c_str(), predicted,
                   m.measured_step_s, 100 * (predicted - m.measured_step_s) / m.measured_step_s,
                   100 * c.simulation.mfu, 100 * m.measured_mfu);

@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 jobs=$(nproc 2>/dev/null || echo 2)
 
-need=(build-essential cmake git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev
+need=(build-essential cmake ninja-build git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev
       libsentencepiece-dev sentencepiece)
 # chromium: the compare test opens its HTML report headless (installing it took 25 s on the CPU machine).
 # nodejs + npm: the tokenizer tests install their reference tokenizers (npm packages) into the build tree.
@@ -32,13 +32,56 @@ configure_and_build() {  # dir, extra cmake args... [-- targets...] (no targets:
   local args=() targets=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
   [ $# -gt 0 ] && { shift; targets=("$@"); }
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "${args[@]}" > "$dir.configure.log" 2>&1 ||
+  # Ninja when a build folder is new or already Ninja's (a folder made by an older set-up keeps Make).
+  local generator=()
+  if command -v ninja > /dev/null 2>&1 &&
+     { [ ! -f "$dir/CMakeCache.txt" ] || grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$dir/CMakeCache.txt"; }; then
+    generator=(-G Ninja)
+  fi
+  cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${args[@]}" > "$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; exit 1; }
   if [ ${#targets[@]} -gt 0 ]; then
     cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
   else
     cmake --build "$dir" -j "$jobs"
   fi
+}
+
+# phase NAME COMMAND...: runs one phase of the test command and prints its wall time; the summary at the end
+# lists every phase (the whole command must stay within CI's budget on two cores).
+phase_summary=()
+phase() {
+  local name=$1; shift
+  local start=$SECONDS
+  echo "setup: phase '$name' starts"
+  "$@"
+  local took=$((SECONDS - start))
+  phase_summary+=("$(printf '%-34s %4d min %02d s' "$name" $((took / 60)) $((took % 60)))")
+  echo "setup: phase '$name' took ${took} s"
+}
+
+run_tests() {  # dir, extra ctest args...
+  local dir=$1; shift
+  (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure -j "$jobs" --timeout 900 "$@")
+}
+
+build_fuzzers() {
+  CC=clang CXX=clang++ configure_and_build build-fuzz -DMEGATUNE_CUDA=OFF -DMEGATUNE_FUZZ=ON -DMEGATUNE_TESTS=OFF \
+    -- megatune_fuzzers
+}
+
+run_fuzzers() {
+  for f in build-fuzz/bin/fuzz_*; do
+    [ -x "$f" ] || continue
+    local name source seeds
+    name=$(basename "$f")
+    source=$(find layouts cost_models executor -path "*/fuzz/$name.cpp" | head -n 1)
+    seeds=$(dirname "${source:-layouts/fuzz/x}")/seeds
+    mkdir -p build-fuzz/corpus/"$name"
+    "$f" -max_total_time="${MEGATUNE_FUZZ_SECONDS:-60}" -timeout=5 -rss_limit_mb=2048 \
+      build-fuzz/corpus/"$name" "$seeds"
+  done
 }
 
 case "$mode" in
@@ -54,25 +97,21 @@ case "$mode" in
     ;;
   test)
     # 1. The full build (CUDA too when nvcc is present) and every test; GPU tests skip without a GPU.
-    configure_and_build build
-    (cd build && ctest --output-on-failure -j "$jobs" --timeout 600)
-    # 2. CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
-    configure_and_build build-asan -DMEGATUNE_CUDA=OFF -DMEGATUNE_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-    (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-       ctest --output-on-failure -j "$jobs" -L cpu --timeout 900)
+    phase "build" configure_and_build build
+    phase "tests" run_tests build
+    # 2. CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer: only the CPU libraries, the
+    #    CLI the tools tests run, and the CPU test binaries (no CUDA, no benchmarks).
+    phase "sanitizer build" configure_and_build build-asan -DMEGATUNE_CUDA=OFF -DMEGATUNE_SANITIZE=ON \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo -- megatune megatune_cpu_tests
+    phase "sanitizer tests" run_tests build-asan -L cpu
     # 3. libFuzzer, bounded time: layout strings and parallel configurations (layouts/fuzz), cluster files and
     #    CSV / JSON imports (cost_models/fuzz), JSONL lines, indexed datasets and checkpoint manifests
-    #    (executor/data/fuzz); each target starts from the seeds next to its source.
-    CC=clang CXX=clang++ configure_and_build build-fuzz -DMEGATUNE_CUDA=OFF -DMEGATUNE_FUZZ=ON -DMEGATUNE_TESTS=OFF
-    for f in build-fuzz/bin/fuzz_*; do
-      [ -x "$f" ] || continue
-      name=$(basename "$f")
-      source=$(find layouts cost_models executor -path "*/fuzz/$name.cpp" | head -n 1)
-      seeds=$(dirname "${source:-layouts/fuzz/x}")/seeds
-      mkdir -p build-fuzz/corpus/"$name"
-      "$f" -max_total_time="${MEGATUNE_FUZZ_SECONDS:-60}" -timeout=5 -rss_limit_mb=2048 \
-        build-fuzz/corpus/"$name" "$seeds"
-    done
+    #    (executor/data/fuzz); each target starts from the seeds next to its source. Only the fuzz targets
+    #    are built.
+    phase "fuzz build" build_fuzzers
+    phase "fuzz" run_fuzzers
+    echo "setup: phase times"
+    printf '  %s\n' "${phase_summary[@]}"
     echo "setup: all tests passed"
     ;;
   *) echo "usage: tools/setup.sh plan|test" >&2; exit 2 ;;

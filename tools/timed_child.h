@@ -16,6 +16,8 @@ struct ChildOutcome {
 };
 
 // Runs /proc/self/exe with `arguments` (arguments[0] is the subcommand), writing its output to `log_path`.
+// SIGINT, SIGTERM or SIGHUP to this process meanwhile stops the child's group (SIGTERM, then SIGKILL) and
+// throws executor::Interrupted; the child also gets SIGTERM when this process dies.
 ChildOutcome run_self_with_timeout(const std::vector<std::string>& arguments, const std::string& log_path,
                                    double timeout_s);
 

@@ -22,11 +22,20 @@ ResolvedTarget resolve_target(std::vector<std::string> args, const std::string& 
 // Splits a string at white space ("--model tiny --tp 2" -> 3 words).
 std::vector<std::string> split_words(const std::string& text);
 
-// Reads the run, rebuilds its (model, layout) from its own flags and checks the join; UserError otherwise.
+// Reads the run, rebuilds its (model, layout) from its own flags and checks that the run agrees with them
+// (check_recorded_run); UserError otherwise.
 struct TracedRunTarget {
   planner::MeasuredRun run;
   ResolvedTarget target;
 };
 TracedRunTarget read_traced_run(const std::string& dir);
+
+// The run's own record against the (model, layout) that its flags build: the model name, the layout, the
+// batch sizes, the FLOPs per iteration and each rank's grid coordinates, then every op (planner::check_join).
+// UserError naming run.json's field or the first op that disagrees (an edited or foreign trace).
+void check_recorded_run(const planner::MeasuredRun& run, const ResolvedTarget& own);
+
+// --run DIR given twice (under any spelling of the same folder) is one line: a run counts once.
+void require_distinct_runs(const std::vector<std::string>& dirs);
 
 }  // namespace megatune::tools

@@ -58,6 +58,7 @@ void validate_train_options(const executor::TrainOptions& o) {
   finite_positive("--init-method-std", o.init_method_std, "0.02");
   finite_positive("--norm-epsilon", o.norm_epsilon, "1e-5");
   finite_positive("--rotary-base", o.rotary_base, "10000");
+  finite_positive("--distributed-timeout-minutes", o.distributed_timeout_minutes, "10");
   if (o.train_iters < 1) throw UserError("--train-iters " + std::to_string(o.train_iters) + " must be >= 1");
   if (o.log_interval < 1)
     throw UserError("--log-interval " + std::to_string(o.log_interval) + " must be >= 1");

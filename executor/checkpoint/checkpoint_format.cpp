@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "executor/checkpoint/crc32c.h"
 #include "layouts/input_file.h"
 #include "layouts/user_error.h"
 
@@ -108,6 +109,27 @@ std::vector<int64_t> list_checkpoint_iterations(const std::string& save_root) {
   }
   std::sort(iterations.begin(), iterations.end());
   return iterations;
+}
+
+std::string checksum_hex(uint32_t checksum) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", checksum);
+  return text;
+}
+
+std::string with_end_checksum(const std::string& body) {
+  return body + "end " + checksum_hex(crc32c_update(0, body.data(), body.size())) + "\n";
+}
+
+std::string check_end_checksum(const std::string& text, size_t* body_size, uint32_t* checksum) {
+  if (text.empty() || text.back() != '\n') return "is truncated (no final line)";
+  const size_t last_start = text.size() < 2 ? std::string::npos : text.rfind('\n', text.size() - 2);
+  *body_size = last_start == std::string::npos ? 0 : last_start + 1;
+  const std::string last_line = text.substr(*body_size, text.size() - *body_size - 1);
+  *checksum = crc32c_update(0, text.data(), *body_size);
+  if (last_line.rfind("end ", 0) != 0) return "is truncated (no end line)";
+  if (last_line.substr(4) != checksum_hex(*checksum)) return "fails its checksum";
+  return "";
 }
 
 std::string percent_encode(const std::string& bytes) {

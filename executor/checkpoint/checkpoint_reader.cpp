@@ -102,15 +102,9 @@ void CheckpointReader::load_manifest() {
   };
   if (non_regular_file_reason(path) == "does not exist") throw corrupt("is missing");
   const std::string text = read_regular_file(path, "checkpoint manifest", std::size_t{256} << 20);
-  // The last line is "end <crc32c of everything before it>".
-  if (text.empty() || text.back() != '\n') throw corrupt("is truncated (no final line)");
-  const size_t last_start = text.rfind('\n', text.size() - 2);
-  const size_t body_size = last_start == std::string::npos ? 0 : last_start + 1;
-  const std::string last_line = text.substr(body_size, text.size() - body_size - 1);
-  char expected_hex[9] = {};
-  std::snprintf(expected_hex, sizeof(expected_hex), "%08x", crc32c_update(0, text.data(), body_size));
-  if (last_line.rfind("end ", 0) != 0) throw corrupt("is truncated (no end line)");
-  if (last_line.substr(4) != expected_hex) throw corrupt("fails its checksum");
+  size_t body_size = 0;
+  const std::string problem = check_end_checksum(text, &body_size, &manifest_checksum_);
+  if (!problem.empty()) throw corrupt(problem);
 
   std::istringstream lines(text.substr(0, body_size));
   std::string line;

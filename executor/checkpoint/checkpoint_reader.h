@@ -35,8 +35,10 @@ class CheckpointReader {
   static CheckpointReader open_directory(const std::string& iteration_directory,
                                          const std::string& shard_name = kDefaultShardName);
 
-  int64_t iteration() const { return iteration_; }
+  int64_t iteration() const { return iteration_; }  // the iteration the manifest records
   const std::string& directory() const { return shard_directory_; }
+  // The manifest's end checksum (CRC-32C of the manifest, tensor checksums included): the shard's checksum.
+  uint32_t manifest_checksum() const { return manifest_checksum_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(const std::string& name) const;  // null if absent
   bool has_tensor(const std::string& name) const { return find_tensor(name) != nullptr; }
@@ -65,6 +67,7 @@ class CheckpointReader {
   std::string shard_directory_;
   int64_t iteration_ = 0;
   int64_t tensors_bin_bytes_ = 0;
+  uint32_t manifest_checksum_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };

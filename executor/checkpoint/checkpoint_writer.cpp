@@ -4,8 +4,10 @@
 #include <filesystem>
 #include <sstream>
 
+#include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/crc32c.h"
 #include "executor/checkpoint/run_lineage.h"
+#include "executor/checkpoint/shard_index.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
@@ -30,12 +32,6 @@ void create_directories_or_throw(const std::string& path) {
     throw UserError("checkpoint: cannot create directory " + path + ": " + error.message() +
                     "; check --save and its permissions");
   }
-}
-
-std::string hex32(uint32_t value) {
-  char text[9];
-  std::snprintf(text, sizeof(text), "%08x", value);
-  return text;
 }
 
 }  // namespace
@@ -126,10 +122,10 @@ void CheckpointWriter::commit_shard() {
     manifest << "tensor " << tensor.name << " " << tensor_dtype_name(tensor.dtype) << " ";
     if (tensor.shape.empty()) manifest << "scalar";
     for (size_t d = 0; d < tensor.shape.size(); ++d) manifest << (d ? "," : "") << tensor.shape[d];
-    manifest << " " << tensor.offset_bytes << " " << tensor.size_bytes << " " << hex32(tensor.crc32c) << "\n";
+    manifest << " " << tensor.offset_bytes << " " << tensor.size_bytes << " " << checksum_hex(tensor.crc32c)
+             << "\n";
   }
-  std::string text = manifest.str();
-  text += "end " + hex32(crc32c_update(0, text.data(), text.size())) + "\n";
+  const std::string text = with_end_checksum(manifest.str());
   DurableFile file((fs::path(shard) / kManifestFileName).string());
   file.write(text.data(), text.size());
   file.close();
@@ -155,6 +151,12 @@ void CheckpointWriter::finalize_iteration(const std::string& save_root, int64_t 
                       "; every rank must commit its shard before the save is finalized");
     }
   }
+  // The index binds each shard name to its manifest: a load refuses a shard replaced or swapped later.
+  ShardIndex index;
+  index.iteration = iteration;
+  for (const auto& shard : expected_shards)
+    index.shards.emplace_back(shard, CheckpointReader::open_directory(staging, shard).manifest_checksum());
+  write_shard_index(staging, index);
   fsync_directory(staging);
   move_directory_into_place(staging, iteration_directory(save_root, iteration));
   replace_file_atomically(tracker_file_path(save_root), std::to_string(iteration) + "\n");

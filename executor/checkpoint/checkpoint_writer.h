@@ -49,9 +49,10 @@ class CheckpointWriter {
   // commit_shard() + finalize_iteration() for a single-process save.
   void commit();
 
-  // Renames the staging directory of `iteration` into place (replacing an older save of the same
-  // iteration atomically), fsyncs, replaces the tracker file, then applies keep_last. Throws UserError if
-  // a shard in `expected_shards` is missing from the staging directory.
+  // Writes the iteration's shards.txt (each expected shard's manifest checksum), renames the staging
+  // directory of `iteration` into place (replacing an older save of the same iteration atomically),
+  // fsyncs, replaces the tracker file, then applies keep_last. Throws UserError if a shard in
+  // `expected_shards` is missing from the staging directory or its manifest is damaged.
   static void finalize_iteration(const std::string& save_root, int64_t iteration,
                                  const std::vector<std::string>& expected_shards, int64_t keep_last = 0);
 

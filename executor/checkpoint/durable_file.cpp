@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +23,27 @@ namespace {
 [[noreturn]] void fail(const std::string& what, const std::string& path, int error) {
   throw UserError("checkpoint: cannot " + what + " " + path + ": " + std::strerror(error) +
                   "; check free space and permissions of the --save directory");
+}
+
+// path.tmp.<pid>.<n>, written and fsynced: a name no other process or call uses at the same time.
+std::string write_temporary(const std::string& path, const std::string& contents) {
+  static std::atomic<unsigned long> counter{0};
+  const std::string temporary =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  try {
+    DurableFile file(temporary);
+    file.write(contents.data(), contents.size());
+    file.close();
+  } catch (...) {
+    ::unlink(temporary.c_str());
+    throw;
+  }
+  return temporary;
+}
+
+void fsync_parent(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  fsync_directory(parent.empty() ? "." : parent.string());
 }
 
 }  // namespace
@@ -80,15 +102,24 @@ void fsync_directory(const std::string& path) {
 }
 
 void replace_file_atomically(const std::string& path, const std::string& contents) {
-  const std::string temporary = path + ".tmp";
-  {
-    DurableFile file(temporary);
-    file.write(contents.data(), contents.size());
-    file.close();
+  const std::string temporary = write_temporary(path, contents);
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    fail("rename " + temporary + " to", path, error);
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) fail("rename " + temporary + " to", path, errno);
-  const fs::path parent = fs::path(path).parent_path();
-  fsync_directory(parent.empty() ? "." : parent.string());
+  fsync_parent(path);
+}
+
+bool create_file_exclusively(const std::string& path, const std::string& contents) {
+  const std::string temporary = write_temporary(path, contents);
+  const int linked = ::link(temporary.c_str(), path.c_str());
+  const int error = errno;
+  ::unlink(temporary.c_str());
+  if (linked != 0 && error == EEXIST) return false;
+  if (linked != 0) fail("link " + temporary + " to", path, error);
+  fsync_parent(path);
+  return true;
 }
 
 void move_directory_into_place(const std::string& from, const std::string& to) {

@@ -25,8 +25,12 @@ class DurableFile {
 };
 
 void fsync_directory(const std::string& path);
-// Writes `contents` to path.tmp, fsyncs, renames over `path`, fsyncs the parent directory.
+// Writes `contents` to a temporary name of this process and call (path.tmp.<pid>.<n>), fsyncs, renames over
+// `path`, fsyncs the parent directory. Concurrent writers never share a temporary: the last rename wins.
 void replace_file_atomically(const std::string& path, const std::string& contents);
+// Creates `path` holding `contents` only if it does not exist (a written temporary hard-linked into place,
+// atomic like O_CREAT | O_EXCL): false when it already exists, whoever made it. Fsyncs the parent.
+bool create_file_exclusively(const std::string& path, const std::string& contents);
 // Puts directory `from` at `to`: a plain rename when `to` does not exist; otherwise an atomic exchange
 // (renameat2 RENAME_EXCHANGE) after which `from` holds the old directory and is removed. Fsyncs the parent.
 void move_directory_into_place(const std::string& from, const std::string& to);

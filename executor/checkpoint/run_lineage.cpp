@@ -1,8 +1,15 @@
 // Run ids of checkpoint directories and the checks of --load and --save paths.
 #include "executor/checkpoint/run_lineage.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <random>
+#include <utility>
 
 #include "executor/checkpoint/checkpoint_format.h"
 #include "executor/checkpoint/checkpoint_reader.h"
@@ -43,7 +50,78 @@ std::string latest_text(const std::string& root) {
   }
 }
 
+// "process 1234 on host-a": who holds a lock, from what the holder wrote into the lock file.
+std::string lock_holder_text(int fd) {
+  char text[256] = {};
+  const ssize_t got = ::pread(fd, text, sizeof(text) - 1, 0);
+  std::string holder = got > 0 ? std::string(text, static_cast<size_t>(got)) : "";
+  holder.erase(holder.find_last_not_of(" \t\r\n") + 1);
+  return holder.empty() ? "" : " (" + holder + ")";
+}
+
+// Takes the exclusive lock on save_root's lock file without waiting; UserError when another run holds it.
+SaveDirectoryClaim lock_save_directory(const std::string& save_root) {
+  const std::string path = (fs::path(save_root) / kSaveLockFileName).string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw UserError("--save " + save_root + ": cannot open " + path + " (" + std::strerror(errno) +
+                    "); choose a writable directory");
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error == EWOULDBLOCK) {
+      const std::string holder = lock_holder_text(fd);
+      ::close(fd);
+      throw UserError("--save " + save_root + " is in use by another run that is training now" + holder +
+                      "; wait for it to end or give this run another --save directory");
+    }
+    ::close(fd);
+    if (error == ENOLCK || error == EOPNOTSUPP || error == ENOSYS || error == EINVAL)
+      return SaveDirectoryClaim();  // no flock here: the run id file's atomic creation still decides
+    throw UserError("--save " + save_root + ": cannot lock " + path + " (" + std::strerror(error) +
+                    "); choose another --save directory");
+  }
+  char host[128] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string holder = "process " + std::to_string(::getpid()) + " on " + host + "\n";
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, holder.data(), holder.size(), 0);
+  return SaveDirectoryClaim(fd);
+}
+
+// Records run_id as save_root's owner. A directory nobody owns gets the file created atomically, so of
+// two runs racing for it without a lock one wins; the loser is refused.
+void record_owner(const std::string& save_root, const std::string& run_id) {
+  const std::string path = (fs::path(save_root) / kRunIdFileName).string();
+  const std::string owner = save_directory_owner(save_root);
+  if (owner == run_id) return;
+  if (!owner.empty()) {
+    replace_file_atomically(path, run_id + "\n");  // ours to replace: checked by the caller
+    return;
+  }
+  if (create_file_exclusively(path, run_id + "\n")) return;
+  const std::string winner = save_directory_owner(save_root);
+  if (winner != run_id) {
+    throw UserError("--save " + save_root + " was claimed by another run (run id " + winner +
+                    ") as this one started; give this run another --save directory");
+  }
+}
+
 }  // namespace
+
+SaveDirectoryClaim::SaveDirectoryClaim(SaveDirectoryClaim&& other) noexcept
+    : lock_fd_(std::exchange(other.lock_fd_, -1)) {}
+
+SaveDirectoryClaim& SaveDirectoryClaim::operator=(SaveDirectoryClaim&& other) noexcept {
+  if (this != &other) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    lock_fd_ = std::exchange(other.lock_fd_, -1);
+  }
+  return *this;
+}
+
+SaveDirectoryClaim::~SaveDirectoryClaim() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // closing the descriptor releases the flock
+}
 
 bool holds_checkpoints(const std::string& root) {
   std::error_code error;
@@ -101,16 +179,22 @@ std::string save_directory_owner(const std::string& save_root) {
   return text;
 }
 
-void claim_save_directory(const std::string& save_root, const std::string& run_id,
-                          const std::string& resumed_from, bool overwrite) {
-  if (save_root.empty()) return;
+SaveDirectoryClaim claim_save_directory(const std::string& save_root, const std::string& run_id,
+                                        const std::string& resumed_from, bool overwrite) {
+  if (save_root.empty()) return SaveDirectoryClaim();
   if (run_id.empty()) throw std::invalid_argument("claim_save_directory: empty run id");
   std::error_code error;
   const fs::file_status status = fs::status(save_root, error);
   if (fs::exists(status) && !fs::is_directory(status)) {
     throw UserError("--save " + save_root + " is not a directory; give a directory for checkpoints");
   }
-  if (fs::exists(status) && holds_checkpoints(save_root)) {
+  fs::create_directories(save_root, error);
+  if (error) {
+    throw UserError("--save " + save_root + ": cannot create the directory (" + error.message() +
+                    "); choose a writable path");
+  }
+  SaveDirectoryClaim claim = lock_save_directory(save_root);
+  if (holds_checkpoints(save_root)) {
     const std::string owner = save_directory_owner(save_root);
     const bool ours = owner == run_id || same_directory(save_root, resumed_from);
     if (!ours && !overwrite) {
@@ -121,21 +205,16 @@ void claim_save_directory(const std::string& save_root, const std::string& run_i
                       kOverwriteFlag + " to replace them");
     }
   }
-  fs::create_directories(save_root, error);
-  if (error) {
-    throw UserError("--save " + save_root + ": cannot create the directory (" + error.message() +
-                    "); choose a writable path");
-  }
-  if (save_directory_owner(save_root) != run_id)
-    replace_file_atomically((fs::path(save_root) / kRunIdFileName).string(), run_id + "\n");
+  record_owner(save_root, run_id);
+  return claim;
 }
 
 void require_save_owner(const std::string& save_root, const std::string& run_id) {
   const std::string owner = save_directory_owner(save_root);
   if (owner.empty()) {
     // Not claimed (a writer outside a training run, or the file was removed): claim it now, which refuses a
-    // directory that holds another run's checkpoints.
-    claim_save_directory(save_root, run_id, "", false);
+    // directory that holds another run's checkpoints or that another run holds.
+    (void)claim_save_directory(save_root, run_id, "", false);
     return;
   }
   if (owner != run_id) {

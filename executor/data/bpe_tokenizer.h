@@ -3,6 +3,7 @@
 // post-processor's BOS). GPT2BPETokenizer, HuggingFaceTokenizer and TikTokenizer are instances of it.
 #pragma once
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,19 @@ class ByteLevelBpeTokenizer : public TextTokenizer {
 // stands for each byte in vocab.json / merges.txt / tokenizer.json. Returns false for text holding a
 // character that stands for no byte.
 bool byte_level_to_bytes(std::string_view byte_level_text, std::string& bytes);
+
+// The ids of a vocabulary file's tokens as written (vocab.json, tokenizer.json's model.vocab, tiktoken
+// ranks): two tokens with one id would encode as one, so the second is a UserError naming `where` (the flag
+// and file), both tokens and the id.
+class VocabularyIds {
+ public:
+  explicit VocabularyIds(std::string where) : where_(std::move(where)) {}
+  void add(const std::string& token, std::int32_t id);
+
+ private:
+  std::string where_;
+  std::unordered_map<std::int32_t, std::string> token_of_id_;
+};
 
 // Builders of the Megatron tokenizer types (UserErrors name the flag and file).
 ByteLevelBpeSpec gpt2_bpe_spec(const std::string& vocab_file, const std::string& merge_file);

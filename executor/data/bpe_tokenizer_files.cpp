@@ -58,6 +58,7 @@ std::string decode_base64(std::string_view text) {
 std::unordered_map<std::string, std::int32_t> read_ranks(const std::string& path) {
   const std::string flag = "--tokenizer-model";
   std::unordered_map<std::string, std::int32_t> ranks;
+  VocabularyIds ids(flag + " " + path);
   if (path.size() >= 5 && path.substr(path.size() - 5) == ".json") {
     const json list = parse_json_file(path, flag);
     if (!list.is_array()) throw UserError(flag + " " + path + " is not a JSON list of {rank, token_bytes}");
@@ -65,6 +66,7 @@ std::unordered_map<std::string, std::int32_t> read_ranks(const std::string& path
       if (!entry.is_object() || !entry.contains("rank") || !entry.contains("token_bytes"))
         throw UserError(flag + " " + path +
                         ": an entry lacks rank or token_bytes; give Megatron's tiktoken JSON");
+      ids.add(entry["token_bytes"].get<std::string>(), entry["rank"].get<std::int32_t>());
       ranks[decode_base64(entry["token_bytes"].get<std::string>())] = entry["rank"].get<std::int32_t>();
     }
     return ranks;
@@ -74,18 +76,28 @@ std::unordered_map<std::string, std::int32_t> read_ranks(const std::string& path
   for (int number = 1; std::getline(lines, line); ++number) {
     if (line.empty()) continue;
     const std::size_t space = line.find(' ');
+    std::int32_t rank = 0;
     try {
       if (space == std::string::npos) throw std::invalid_argument("no rank");
-      ranks[decode_base64(std::string_view(line).substr(0, space))] = std::stoi(line.substr(space + 1));
+      rank = std::stoi(line.substr(space + 1));
+      ranks[decode_base64(std::string_view(line).substr(0, space))] = rank;
     } catch (const std::exception&) {
       throw UserError(flag + " " + path + ":" + std::to_string(number) +
                       ": not a 'BASE64 RANK' line; give a tiktoken ranks file");
     }
+    ids.add(line.substr(0, space), rank);
   }
   return ranks;
 }
 
 }  // namespace
+
+void VocabularyIds::add(const std::string& token, std::int32_t id) {
+  const auto [at, fresh] = token_of_id_.emplace(id, token);
+  if (!fresh)
+    throw UserError(where_ + ": tokens '" + at->second + "' and '" + token + "' share id " +
+                    std::to_string(id) + " (they would encode as one); give each token an id of its own");
+}
 
 ByteLevelBpeSpec gpt2_bpe_spec(const std::string& vocab_file, const std::string& merge_file) {
   if (vocab_file.empty() || merge_file.empty())
@@ -95,9 +107,11 @@ ByteLevelBpeSpec gpt2_bpe_spec(const std::string& vocab_file, const std::string&
   if (!vocab.is_object())
     throw UserError("--vocab-file " + vocab_file + " is not a JSON object of token -> id");
   std::unordered_map<std::string, std::int32_t> tokens;
+  VocabularyIds ids("--vocab-file " + vocab_file);
   for (const auto& [token, id] : vocab.items()) {
     if (!id.is_number_integer())
       throw UserError("--vocab-file " + vocab_file + ": id of '" + token + "' is not an integer");
+    ids.add(token, id.get<std::int32_t>());
     tokens[to_bytes(token, "--vocab-file", vocab_file)] = id.get<std::int32_t>();
   }
   std::vector<std::pair<std::string, std::string>> merges;

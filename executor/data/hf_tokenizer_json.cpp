@@ -92,8 +92,11 @@ void read_model(const json& model, const std::string& path, ByteLevelBpeSpec& sp
   std::unordered_map<std::string, std::int32_t> vocab;
   std::string bytes;
   const json vocab_node = model.value("vocab", json::object());
-  for (const auto& [token, id] : vocab_node.items())
+  VocabularyIds ids(kFlag + " " + path);
+  for (const auto& [token, id] : vocab_node.items()) {
+    ids.add(token, id.get<std::int32_t>());
     if (byte_level_to_bytes(token, bytes)) vocab[bytes] = id.get<std::int32_t>();
+  }
   std::vector<std::pair<std::string, std::string>> merges;
   for (const json& merge : model.value("merges", json::array())) {
     std::string left, right;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/indexed_dataset_writer.h"
@@ -78,6 +79,15 @@ int64_t max_token_id(const std::string& path, const std::vector<std::string>& ke
 
 }  // namespace
 
+void check_json_keys(const std::vector<std::string>& keys) {
+  if (keys.empty()) throw UserError("--json-keys is empty; give the key that holds the text");
+  std::set<std::string> seen;
+  for (const std::string& key : keys)
+    if (!seen.insert(key).second)
+      throw UserError("--json-keys names '" + key +
+                      "' twice; give each key once (each key is one output dataset)");
+}
+
 PreprocessResult preprocess_data(const PreprocessConfig& config,
                                  const std::function<void(const PreprocessProgress&)>& on_progress) {
   const auto start = std::chrono::steady_clock::now();
@@ -86,7 +96,7 @@ PreprocessResult preprocess_data(const PreprocessConfig& config,
   };
   if (config.output_prefix.empty())
     throw UserError("--output-prefix is empty; give a path prefix for the outputs");
-  if (config.json_keys.empty()) throw UserError("--json-keys is empty; give the key that holds the text");
+  check_json_keys(config.json_keys);
   if (config.workers < 1 || config.workers > 1024)
     throw UserError("--workers " + std::to_string(config.workers) + " is outside 1..1024");
   std::error_code error;

@@ -55,9 +55,13 @@ struct PreprocessResult {
   double elapsed_s = 0;
 };
 
+// --json-keys: at least one, and none twice (each key is an output of its own); UserError otherwise.
+void check_json_keys(const std::vector<std::string>& keys);
+
 // Writes every output under a temporary name and renames it into place only when the whole input was
 // processed, so a failure never leaves a partial dataset or destroys an existing one. Throws UserError
-// for a missing input, an existing output (without overwrite), a bad JSON line or a missing key
+// for a missing input, bad --json-keys, an existing output (without overwrite), a bad JSON line or a missing
+// key
 // ("FILE:LINE: ..."), ids that do not fit the vocabulary.
 PreprocessResult preprocess_data(const PreprocessConfig& config,
                                  const std::function<void(const PreprocessProgress&)>& on_progress = {});

@@ -14,6 +14,7 @@
 #include "executor/model/gpt_model_phases.h"
 #include "executor/model/linear_gemm.h"
 #include "executor/parallel/context_parallel_split.h"
+#include "executor/parallel/state_labels.h"
 #include "layouts/step_program.h"
 #include "layouts/user_error.h"
 
@@ -39,7 +40,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
       backend_(backend),
       communicator_(communicator),
       stage_(with_mtp_layers(config, stage)),
-      layout_(config, stage_) {
+      layout_(config, stage_, batch.bucketing) {
   config_.validate();
   if (stage_.num_layers < 0) stage_.num_layers = config_.num_layers - stage_.first_layer;
   if (stage_.first_layer < 0 || stage_.first_layer + stage_.num_layers > config_.num_layers)
@@ -78,21 +79,22 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
     ring_ = std::make_unique<RingAttention>(ring_shape(), compute_dtype_, backend_, communicator_);
   index_layer_parameters();
   if (batch_.activation_slots < 1) throw std::invalid_argument("GPTModel: activation_slots must be >= 1");
-  main_params_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main parameters");
   // The compute-dtype copy covers every parameter a GEMM or norm reads. An untied word embedding (and the
   // learned positions) is only gathered: the lookup reads the fp32 main parameters and no copy is kept. The
   // buffer order is Megatron's (reversed): the embedding tables are the last elements, so the copy is the
-  // buffer's first model_copy_elements_.
+  // buffer's first model_copy_elements_. An fp32 model's parameters are its main parameters.
+  const bool fp32 = compute_dtype_ == DType::kFP32;
+  if (keeps_main_parameters())
+    main_params_ = backend_.allocate(DType::kFP32, 1, total, state_label::kMainParams);
   model_copy_elements_ = total;
-  if (compute_dtype_ != DType::kFP32 && !config_.tied_embeddings && stage_.has_embedding &&
-      !batch_.compute_copy_of_every_parameter) {
+  if (!fp32 && !config_.tied_embeddings && stage_.has_embedding && !batch_.main_parameters_sharded) {
     const bool learned = config_.position == PositionEmbedding::kLearned;
     model_copy_elements_ = layout_.entries()[learned ? 1 : 0].offset;
   }
-  model_params_ = compute_dtype_ == DType::kFP32 ? main_params_
-                                                 : backend_.allocate(compute_dtype_, 1, model_copy_elements_,
-                                                                     "model parameters (compute dtype)");
-  grads_ = backend_.allocate(DType::kFP32, 1, total, "fp32 main gradients");
+  model_params_ = fp32
+                      ? main_params_
+                      : backend_.allocate(compute_dtype_, 1, model_copy_elements_, state_label::kModelParams);
+  grads_ = backend_.allocate(DType::kFP32, 1, total, state_label::kMainGrads);
   // The buffer ranges zero_gradients() clears: everything but the GEMM weights (the LM head's included; a
   // tied head is the word embedding, which the head's gradient GEMM writes before the embedding's backward
   // adds to it).
@@ -522,11 +524,20 @@ void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients)
     throw std::invalid_argument("micro-batch size does not match micro_batch * seq");
   const int slot = slot_of(index);
   moe_slot_ = slot;
-  if (stage_.has_embedding) embedding_forward(mb, slot);
+  auto pre_hook = [&](int group) {
+    if (forward_pre_hook_) forward_pre_hook_(group);
+  };
+  if (stage_.has_embedding) {
+    pre_hook(-1);
+    embedding_forward(mb, slot);
+  }
   Slot& s = slots_[slot];
-  for (int i = 0; i < stage_.num_layers; ++i)
+  for (int i = 0; i < stage_.num_layers; ++i) {
+    pre_hook(stage_.first_layer + i);
     layer_forward(stage_.first_layer + i, activations_for(slot, i), s.residual[i], s.residual[i + 1], kF);
+  }
   if (config_.mtp_num_layers > 0 && holds_last_layer()) final_norm_forward(slot, kF);
+  if (stage_.num_mtp_layers > 0 || stage_.has_loss) pre_hook(-2);
   if (stage_.num_mtp_layers > 0) mtp_forward(mb, index, slot, with_gradients);
   if (stage_.has_loss) loss_forward(mb, index, slot, with_gradients);
   if (with_gradients)

@@ -4,6 +4,7 @@
 // and Megatron's tensor- and sequence-parallel communication through a Communicator.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "executor/model/parameter_layout.h"
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/communicator.h"
+#include "executor/parallel/grad_buckets.h"
 #include "executor/parallel/ring_attention.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
@@ -41,9 +43,12 @@ struct BatchShape {
   // The loss gradient is scaled by 1 / (counted tokens * num_microbatches * gradient_average_ranks): the
   // data-parallel ranks' summed gradients are then their mean.
   int gradient_average_ranks = 1;
-  // The compute-dtype copy covers every parameter, the untied embedding tables included (the distributed
-  // optimizer all-gathers updated parameters into it bucket by bucket).
-  bool compute_copy_of_every_parameter = false;
+  // The distributed optimizer holds the fp32 main parameters, each rank its shard: the model keeps none
+  // (an fp32 model's parameters are its main parameters), and its compute-dtype copy covers every parameter,
+  // the untied embedding tables included (the updated parameters are all-gathered into it bucket by bucket).
+  bool main_parameters_sharded = false;
+  // How the parameter and gradient buffers split into gradient buckets (their offsets and padding).
+  BufferBucketing bucketing;
   std::int64_t tokens() const { return micro_batch * seq; }
 };
 
@@ -60,11 +65,20 @@ class GPTModel {
   // Megatron's initialization (normal(0, std), output layers std / sqrt(2L), norms 1, biases 0) from `seed`,
   // deterministic and independent of the backend and of the layout: each parameter is drawn whole (seeded by
   // its name) and this rank keeps its tensor-parallel slice, so every layout starts from the same weights.
-  void initialize_parameters(std::uint64_t seed);
+  // initial_parameters: those values (buffer order, padding zero); initialize_parameters sets them.
+  std::vector<float> initial_parameters(std::uint64_t seed) const;
+  void initialize_parameters(std::uint64_t seed) { set_main_parameters(initial_parameters(seed)); }
   // Host copies of the fp32 main parameters / gradients (layout().total_elements() floats, buffer order).
+  // main_parameters: std::logic_error when the model keeps none (BatchShape::main_parameters_sharded: the
+  // DataParallelStrategy has them).
   std::vector<float> main_parameters() const;
-  void set_main_parameters(const std::vector<float>& values);  // also refreshes the model copy
+  // Sets the main parameters the model keeps and its compute-dtype copy (without main parameters: the copy).
+  void set_main_parameters(const std::vector<float>& values);
   std::vector<float> gradients() const;
+  // Called before the forward reads the parameters of entry group `group` (GradBufferEntry::group: a
+  // decoder layer, -1 the embedding, -2 the loss, which also covers the MTP layers that use the LM head):
+  // where a parameter gather still in flight is waited (DataParallelStrategy::before_forward).
+  void set_forward_pre_hook(std::function<void(int group)> hook) { forward_pre_hook_ = std::move(hook); }
 
   void zero_gradients();
   // Forward of micro-batch `index` of the iteration (keeps what its backward needs in the micro-batch's
@@ -112,7 +126,7 @@ class GPTModel {
   const BatchShape& batch() const { return batch_; }
   const ParameterLayout& layout() const { return layout_; }
   DType compute_dtype() const { return compute_dtype_; }
-  Tensor main_params() const { return main_params_; }
+  Tensor main_params() const { return main_params_; }  // empty when the model keeps none
   Tensor model_params() const { return model_params_; }
   Tensor grads() const { return grads_; }
   // View of one parameter inside a flat buffer (main, model or gradient). The model buffer holds no copy of
@@ -228,6 +242,9 @@ class GPTModel {
                           int layer, layouts::OpPhase phase);
   Tensor gather_to_full(Tensor shard, Tensor full_out, const char* label, int layer, layouts::OpPhase phase);
   bool sp() const { return config_.sequence_parallel && tp_size_ > 1; }
+  bool keeps_main_parameters() const {
+    return compute_dtype_ == DType::kFP32 || !batch_.main_parameters_sharded;
+  }
   NormArgs norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor gamma, Tensor beta, Tensor out,
                      Tensor mean, Tensor rstd) const;
   AttentionArgs attention_args(const LayerActivations& acts) const;
@@ -256,8 +273,8 @@ class GPTModel {
 
   Tensor model_params_;  // (1, model_copy_elements_) compute dtype; aliases main_params_ when fp32
   std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)
-  Tensor main_params_;                    // (1, total) fp32
-  Tensor grads_;                          // (1, total) fp32
+  Tensor main_params_;  // (1, total) fp32; empty under main_parameters_sharded with a bf16 copy
+  Tensor grads_;        // (1, total) fp32
   // Gradient bookkeeping of an iteration: the GEMM weights' gradients (linear layers, LM head) are not
   // zeroed; their first weight-gradient GEMM of the iteration overwrites them (beta = 0: no read of the
   // fp32 gradient, and the GEMM's algorithm is tuned), later ones accumulate. zeroed_grads_ are the rest of
@@ -302,6 +319,7 @@ class GPTModel {
   std::unique_ptr<MoeLayers> moe_;      // the stage's MoE layers (null for a dense stage)
   std::unique_ptr<MtpBuffers> mtp_;     // the stage's MTP layers (null without)
   int moe_slot_ = 0;                    // the activation slot of the micro-batch being run
+  std::function<void(int group)> forward_pre_hook_;
 };
 
 }  // namespace megatune::executor

@@ -137,7 +137,7 @@ GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
   return w;
 }
 
-void GPTModel::initialize_parameters(std::uint64_t seed) {
+std::vector<float> GPTModel::initial_parameters(std::uint64_t seed) const {
   const std::vector<ParameterEntry>& entries = layout_.entries();
   std::vector<float> host(layout_.total_elements(), 0.0f);
   const float scaled_std = config_.init_std / std::sqrt(2.0f * config_.num_layers);
@@ -170,10 +170,12 @@ void GPTModel::initialize_parameters(std::uint64_t seed) {
       for (std::size_t i = w; i < entries.size(); i += workers) init_one(i);
     });
   for (std::thread& t : threads) t.join();
-  set_main_parameters(host);
+  return host;
 }
 
 std::vector<float> GPTModel::main_parameters() const {
+  if (!keeps_main_parameters())
+    throw std::logic_error("GPTModel::main_parameters: the distributed optimizer holds them, sharded");
   std::vector<float> host(layout_.total_elements());
   backend_.download(main_params_, host.data());
   return host;
@@ -182,6 +184,10 @@ std::vector<float> GPTModel::main_parameters() const {
 void GPTModel::set_main_parameters(const std::vector<float>& values) {
   if (static_cast<std::int64_t>(values.size()) != layout_.total_elements())
     throw std::invalid_argument("set_main_parameters: wrong element count");
+  if (!keeps_main_parameters()) {  // the copy covers every parameter
+    backend_.upload(model_params_, values.data());
+    return;
+  }
   backend_.upload(main_params_, values.data());
   if (model_params_.data != main_params_.data) {
     Tensor copied = main_params_;  // the copy holds the first model_copy_elements_

@@ -44,24 +44,50 @@ layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& c) {
   return s;
 }
 
-ParameterLayout::ParameterLayout(const TransformerConfig& c, const StageSpan& stage) {
+namespace {
+
+// The region's entries in buffer order, with the index of each in `forward`.
+std::vector<GradBufferEntry> region_entries(const std::vector<ParameterEntry>& forward, bool shared_embedding,
+                                            bool experts, std::vector<std::size_t>* indices = nullptr) {
+  std::vector<GradBufferEntry> out;
+  for (std::size_t i = forward.size(); i-- > 0;) {
+    if ((forward[i].expert >= 0) != experts) continue;
+    out.push_back(grad_buffer_entry(forward[i], shared_embedding));
+    if (indices != nullptr) indices->push_back(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+ParameterLayout::ParameterLayout(const TransformerConfig& c, const StageSpan& stage,
+                                 const BufferBucketing& bucketing) {
   for (layouts::ParameterSpec& spec : layouts::stage_parameter_table(dense_parameter_shape(c), stage)) {
     ParameterEntry e;
     static_cast<layouts::ParameterSpec&>(e) = std::move(spec);
     entries_.push_back(std::move(e));
   }
   // Megatron keeps expert parameters in a buffer of their own (reduced over expert-dp): here the front of
-  // the flat buffers, each region in reverse forward order.
-  std::int64_t offset = 0;
+  // the flat buffers, each region in reverse forward order and bucketed by its own rule.
   for (const bool expert : {true, false}) {
-    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-      if ((it->expert >= 0) != expert) continue;
-      it->offset = offset;
-      offset += layouts::aligned_elements(it->numel());
+    std::vector<std::size_t> indices;
+    GradBufferLayout region(region_entries(entries_, bucketing.shared_embedding, expert, &indices),
+                            expert ? bucketing.expert : bucketing.dense);
+    for (std::size_t i = 0; i < indices.size(); ++i)
+      entries_[indices[i]].offset = total_elements_ + region.offset(static_cast<int>(i));
+    total_elements_ += region.total_elements();
+    if (!expert) {
+      dense_buffer_.emplace(std::move(region));
+    } else if (!indices.empty()) {
+      expert_elements_ = total_elements_;
+      expert_buffer_.emplace(std::move(region));
     }
-    if (expert) expert_elements_ = offset;
   }
-  total_elements_ = offset;
+}
+
+std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, bool shared_embedding,
+                                                 bool experts) {
+  return region_entries(layout.entries(), shared_embedding, experts);
 }
 
 std::vector<float> tensor_parallel_slice(const ParameterEntry& e, const std::vector<float>& global,

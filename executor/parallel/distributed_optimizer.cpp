@@ -1,124 +1,136 @@
-// DistributedOptimizer: owned ranges per bucket, the multi-tensor table cut to them, the step and the
-// bucketed param all-gather.
+// DistributedOptimizer: the sharded state's gathers (updated parameters, reduced gradients, the main
+// parameters for checkpoints) and the forward pre-hook that waits them.
 #include "executor/parallel/distributed_optimizer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <stdexcept>
 #include <string>
 
-#include "executor/backend/backend.h"
+#include "executor/backend/recording_pause.h"
 
 namespace megatune::executor {
 
 using layouts::OpPhase;
+using layouts::OpRole;
 
-namespace {
-
-void require_buffer(const Tensor& t, const GradBufferLayout& layout, const char* what) {
-  if (t.rows != 1 || t.cols < layout.total_elements())
-    throw std::invalid_argument(std::string("DistributedOptimizer: ") + what +
-                                " must be a (1, >= " + std::to_string(layout.total_elements()) + ") buffer");
-}
-
-}  // namespace
-
-DistributedOptimizer::DistributedOptimizer(Communicator& communicator, const GradBufferLayout& layout,
-                                           const OptimizerBuffers& buffers,
-                                           const DistributedOptimizerOptions& options)
-    : communicator_(communicator),
-      backend_(communicator.backend()),
-      layout_(layout),
-      buffers_(buffers),
-      options_(options),
-      has_main_params_(buffers.main_params.cols > 0),
-      norm_(communicator.backend()) {
-  require_layout_for_group(layout, communicator, options.group, "DistributedOptimizer");
-  require_buffer(buffers.grads, layout, "grads");
-  require_buffer(buffers.model_params, layout, "model_params");
-  if (has_main_params_) require_buffer(buffers.main_params, layout, "main_params");
-  const int rank = communicator.rank(options.group);
-  for (int b = 0; b < static_cast<int>(layout.buckets().size()); ++b) {
-    const GradBucketRange& bucket = layout.buckets()[b];
-    OwnedRange r;
-    r.bucket = b;
-    r.begin = options.sharded ? layout.shard_begin(b, rank) : bucket.begin;
-    r.end = options.sharded ? r.begin + layout.shard_elements(b) : bucket.end;
-    r.state_offset = owned_elements_;
-    owned_elements_ += r.end - r.begin;
-    owned_.push_back(r);
-  }
-  const std::int64_t state = std::max<std::int64_t>(owned_elements_, 1);
-  if (!has_main_params_) master_ = backend_.allocate(DType::kFP32, 1, state, "fp32 master params (owned)");
-  exp_avg_ = backend_.allocate(DType::kFP32, 1, state, "AdamW exp_avg, exp_avg_sq (fp32, owned)");
-  exp_avg_sq_ = backend_.allocate(DType::kFP32, 1, state, "AdamW exp_avg, exp_avg_sq (fp32, owned)");
-  if (backend_.sizing()) return;
-  backend_.fill_zero(exp_avg_);
-  backend_.fill_zero(exp_avg_sq_);
-  backend_.prepare_optimizer(optimizer_tensors());
-}
-
-std::vector<OptimizerTensor> DistributedOptimizer::optimizer_tensors() const {
-  const int tp_rank = communicator_.rank(CommGroup::kTensor);
-  const bool owns_replicated = options_.sharded || communicator_.rank(options_.group) == 0;
-  std::vector<OptimizerTensor> tensors;
-  for (const OwnedRange& r : owned_) {
-    const GradBucketRange& bucket = layout_.buckets()[r.bucket];
-    for (int e = bucket.first_entry; e < bucket.end_entry; ++e) {
-      const GradBufferEntry& entry = layout_.entries()[e];
-      const std::int64_t lo = std::max(r.begin, layout_.offset(e));
-      const std::int64_t hi = std::min(r.end, layout_.offset(e) + entry.numel);
-      if (hi <= lo) continue;
-      const std::int64_t state = r.state_offset + (lo - r.begin), n = hi - lo;
-      OptimizerTensor t;
-      t.main_param = has_main_params_ ? flat_range(backend_, buffers_.main_params, lo, n)
-                                      : flat_range(backend_, master_, state, n);
-      t.main_grad = flat_range(backend_, buffers_.grads, lo, n);
-      t.exp_avg = flat_range(backend_, exp_avg_, state, n);
-      t.exp_avg_sq = flat_range(backend_, exp_avg_sq_, state, n);
-      t.model_param = flat_range(backend_, buffers_.model_params, lo, n);
-      t.apply_weight_decay = entry.weight_decay;
-      t.in_grad_norm = owns_replicated && counts_in_grad_norm(entry, tp_rank);
-      tensors.push_back(t);
+DistributedOptimizer::DistributedOptimizer(Communicator& communicator, std::vector<DataParallelChunk> chunks,
+                                           const std::vector<std::vector<layouts::GradBucket>>& step_buckets,
+                                           const DataParallelOptions& options, bool sizing)
+    : DataParallelStrategy(communicator, std::move(chunks), step_buckets, options,
+                           /*shard_optimizer_state=*/true, sizing) {
+  for (const Chunk& chunk : chunks_) {
+    if (chunk.buffers.model_params.cols < chunk.buffers.total_elements())
+      throw std::invalid_argument("DistributedOptimizer: the model's copy must cover every parameter");
+    gathers_.emplace_back();
+    first_bucket_of_group_.emplace_back();
+    for (const Region& r : chunk.regions) {
+      gathers_.back().emplace_back(r.buffer->buckets().size());
+      std::map<int, int>& first = first_bucket_of_group_.back().emplace_back();
+      for (int e = 0; e < static_cast<int>(r.buffer->entries().size()); ++e)
+        first.emplace(r.buffer->entries()[e].group, r.buffer->bucket_of(e));  // keeps the first
     }
   }
-  return tensors;
 }
 
-void DistributedOptimizer::initialize_master_params(Tensor full) {
-  if (has_main_params_) return;
-  require_buffer(full, layout_, "the parameters to initialize from");
-  for (const OwnedRange& r : owned_)
-    backend_.copy(flat_range(backend_, full, r.begin, r.end - r.begin),
-                  flat_range(backend_, master_, r.state_offset, r.end - r.begin));
+CommHandle DistributedOptimizer::gather_range(int chunk, const OwnedRange& o, Tensor source, bool from_state,
+                                              Tensor target, const OpTag& tag) {
+  const Region& r = chunks_.at(chunk).regions.at(o.region);
+  const GradBucketRange& bucket = r.buffer->buckets().at(o.bucket);
+  const std::int64_t n = o.end - o.begin;
+  const Tensor input = flat_range(backend_, source, from_state ? o.state_offset : o.begin, n);
+  return communicator_.all_gather_async(
+      r.group, input,
+      flat_range(backend_, target, r.base + bucket.begin, bucket.numel(), communicator_.size(r.group)), tag);
 }
 
-DistributedOptimizer::StepResult DistributedOptimizer::step(const AdamWHyper& hyper) {
-  StepResult result;
-  result.grad_norm = norm_.compute(communicator_);
-  result.skipped = !std::isfinite(result.grad_norm);
-  if (result.skipped) return result;
-  backend_.adamw_step(hyper, {"adamw", -1, OpPhase::kOptimizer});
-  if (options_.sharded) gather_params();
-  return result;
-}
-
-void DistributedOptimizer::gather_params() {
-  const int group_size = communicator_.size(options_.group);
-  const OpTag tag{"param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather};
-  for (const OwnedRange& r : owned_) {
-    const GradBucketRange& bucket = layout_.buckets()[r.bucket];
-    CommHandle h = communicator_.all_gather_async(
-        options_.group, flat_range(backend_, buffers_.model_params, r.begin, r.end - r.begin),
-        flat_range(backend_, buffers_.model_params, bucket.begin, bucket.numel(), group_size), tag);
-    if (h) gathers_.push_back(std::move(h));
+void DistributedOptimizer::gather_reduced_grads(int chunk, std::int64_t begin, std::int64_t numel,
+                                                const OpTag& tag) {
+  const Chunk& c = chunks_.at(chunk);
+  for (const OwnedRange& o : c.owned) {
+    const Region& r = c.regions[o.region];
+    const GradBucketRange& bucket = r.buffer->buckets()[o.bucket];
+    if (r.base + bucket.end <= begin || r.base + bucket.begin >= begin + numel) continue;
+    CommHandle h = gather_range(chunk, o, c.buffers.grads, false, c.buffers.grads, tag);
+    if (h) h->wait();
   }
-  if (!options_.overlap_param_gather) wait_param_gather();
 }
 
-void DistributedOptimizer::wait_param_gather() {
-  for (CommHandle& h : gathers_) h->wait();
-  gathers_.clear();
+void DistributedOptimizer::gather_bucket(int chunk, int r, int bucket) {
+  const Chunk& c = chunks_.at(chunk);
+  const Region& region = c.regions.at(r);
+  const auto o = std::find_if(c.owned.begin(), c.owned.end(),
+                              [&](const OwnedRange& x) { return x.region == r && x.bucket == bucket; });
+  const OpTag tag = region.expert
+                        ? OpTag{"expert_param_ag", -1, OpPhase::kOptimizer, OpRole::kExpertParamGather}
+                        : OpTag{"param_ag", -1, OpPhase::kOptimizer, OpRole::kParamGather};
+  CommHandle h = gather_range(chunk, *o, c.buffers.model_params, false, c.buffers.model_params, tag);
+  if (!h) return;
+  if (options_.overlap_param_gather)
+    gathers_[chunk][r][bucket] = std::move(h);
+  else
+    h->wait();
+}
+
+void DistributedOptimizer::before_forward(int chunk, int group) {
+  // Buckets hold the parameters in reverse forward order: what the forward read before `group` lies in
+  // later buckets, already waited by their hooks.
+  for (std::size_t r = 0; r < gathers_.at(chunk).size(); ++r) {
+    const auto first = first_bucket_of_group_[chunk][r].find(group);
+    if (first == first_bucket_of_group_[chunk][r].end()) continue;
+    std::vector<CommHandle>& handles = gathers_[chunk][r];
+    for (std::size_t b = static_cast<std::size_t>(first->second); b < handles.size(); ++b)
+      if (handles[b]) {
+        handles[b]->wait();
+        handles[b].reset();
+      }
+  }
+}
+
+void DistributedOptimizer::wait_params() {
+  for (auto& chunk : gathers_)
+    for (auto& region : chunk)
+      for (CommHandle& h : region)
+        if (h) {
+          h->wait();
+          h.reset();
+        }
+}
+
+std::vector<float> DistributedOptimizer::main_parameters(int chunk) {
+  wait_params();
+  const Chunk& c = chunks_.at(chunk);
+  Tensor whole = c.buffers.main_params;  // an fp32 model's parameters are its main parameters
+  if (whole.numel() == 0) {
+    // Not a step-program op: the shards gathered into the gradient buffer, which is free between iterations.
+    RecordingPause pause(backend_);
+    whole = c.buffers.grads;
+    for (const OwnedRange& o : c.owned) {
+      CommHandle h = gather_range(chunk, o, c.master, true, whole,
+                                  {"main_param_ag", -1, OpPhase::kOptimizer, OpRole::kParamGather});
+      if (h) h->wait();
+    }
+  }
+  std::vector<float> host(static_cast<std::size_t>(whole.cols));
+  backend_.download(whole, host.data());
+  host.resize(static_cast<std::size_t>(c.buffers.total_elements()));
+  return host;
+}
+
+void DistributedOptimizer::set_main_parameters(int chunk, const std::vector<float>& values) {
+  wait_params();
+  const Chunk& c = chunks_.at(chunk);
+  const DataParallelChunk& b = c.buffers;
+  if (static_cast<std::int64_t>(values.size()) != b.total_elements())
+    throw std::invalid_argument("set_main_parameters: " + std::to_string(values.size()) +
+                                " values for a buffer of " + std::to_string(b.total_elements()));
+  std::vector<float> copy = values;  // the model's copy may be longer than the buffer
+  copy.resize(static_cast<std::size_t>(b.model_params.cols), 0.0f);
+  backend_.upload(b.model_params, copy.data());
+  if (c.master.numel() == 0) return;
+  std::vector<float> own;
+  for (const OwnedRange& o : c.owned) own.insert(own.end(), values.begin() + o.begin, values.begin() + o.end);
+  own.resize(static_cast<std::size_t>(c.master.cols), 0.0f);
+  backend_.upload(c.master, own.data());
 }
 
 }  // namespace megatune::executor

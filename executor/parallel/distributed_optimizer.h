@@ -1,89 +1,47 @@
-// DistributedOptimizer: AdamW over the parameters this data-parallel rank owns. Sharded (Megatron's
-// --use-distributed-optimizer): the rank owns its 1/dp shard of every gradient bucket, holds fp32 master
-// params and moments for that shard only, updates it, and all-gathers the updated params bucket by bucket.
-// Replicated (without the flag): every rank owns and updates the whole buffer, nothing is gathered.
-// The global gradient norm and clipping follow Megatron (grad_norm.h).
+// DistributedOptimizer: Megatron's --use-distributed-optimizer as a DataParallelStrategy. Each bucket of a
+// chunk's gradient buffer (padded to lcm(group size, 128) elements) splits into equal shards over the
+// region's data-parallel group (dp x cp; the routed experts' over expert-dp); the gradients are
+// reduce-scattered into this rank's shard, this rank holds the fp32 main parameters and AdamW moments of its
+// shard only and updates them, and the updated model-dtype parameters are all-gathered bucket by bucket
+// ("param_ag" / "expert_param_ag"). With --overlap-param-gather a bucket's gather is waited in the forward
+// pre-hook of the first parameters it holds. Memory per parameter with a bf16 model: 2 (bf16 parameters) +
+// 4 (fp32 gradients) + 12 / d (fp32 main parameters and moments), Megatron's 6 + 12/d; an fp32 model's
+// parameters are its main parameters (8 + 8/d).
 #pragma once
+#include <map>
 #include <vector>
 
-#include "executor/backend/backend.h"
-#include "executor/kernels/adamw_hyper.h"
-#include "executor/parallel/communicator.h"
-#include "executor/parallel/grad_buckets.h"
-#include "executor/parallel/grad_norm.h"
+#include "executor/parallel/data_parallel.h"
 
 namespace megatune::executor {
 
-struct DistributedOptimizerOptions {
-  bool sharded = true;  // Megatron's --use-distributed-optimizer
-  // step() only launches the param all-gathers; wait_param_gather() must run before the next forward
-  // reads the params (--overlap-param-gather). On the CPU the gathers complete eagerly.
-  bool overlap_param_gather = false;
-  CommGroup group = CommGroup::kDataContext;  // the group the buffer's buckets are reduced over
-};
-
-// Flat (1, >= layout.total_elements()) buffers laid out by the GradBufferLayout.
-struct OptimizerBuffers {
-  Tensor grads;         // fp32, reduced by a GradientReducer (sharded: reduce-scattered into the shard)
-  Tensor model_params;  // model dtype: the weights the model computes with; receives the updated params
-  // Optional fp32 master copy of the whole buffer, updated in place on the owned ranges (it may alias
-  // model_params for an fp32 model). Empty: the optimizer holds fp32 master params for its owned ranges
-  // only, filled by initialize_master_params().
-  Tensor main_params;
-};
-
-// A range of the buffer this rank owns: elements [begin, end) of bucket `bucket`, held at
-// [state_offset, state_offset + end - begin) of the optimizer's own state.
-struct OwnedRange {
-  int bucket = 0;
-  std::int64_t begin = 0, end = 0;
-  std::int64_t state_offset = 0;
-};
-
-class DistributedOptimizer {
+class DistributedOptimizer final : public DataParallelStrategy {
  public:
-  // Allocates the state from the backend's arena (run it in sizing mode and for real, like the model);
-  // when not sizing, zeroes the moments and registers the owned pieces of every parameter with
-  // Backend::prepare_optimizer (1-D views cut to the owned ranges; it replaces any table registered before).
-  DistributedOptimizer(Communicator& communicator, const GradBufferLayout& layout,
-                       const OptimizerBuffers& buffers, const DistributedOptimizerOptions& options);
+  DistributedOptimizer(Communicator& communicator, std::vector<DataParallelChunk> chunks,
+                       const std::vector<std::vector<layouts::GradBucket>>& step_buckets,
+                       const DataParallelOptions& options, bool sizing);
 
-  const std::vector<OwnedRange>& owned_ranges() const { return owned_; }
-  std::int64_t owned_elements() const { return owned_elements_; }
-  // Copies the owned ranges of a full fp32 parameter buffer (e.g. the initialized main params) into the
-  // master params; a no-op when OptimizerBuffers::main_params was given.
-  void initialize_master_params(Tensor full_fp32_params);
+  void gather_reduced_grads(int chunk, std::int64_t begin, std::int64_t numel, const OpTag& tag) override;
+  void before_forward(int chunk, int group) override;
+  void wait_params() override;
+  // Gathers the main-parameter shards through the chunk's gradient buffer (which holds nothing live between
+  // iterations: zero_gradients and the first weight-gradient GEMMs of the next one overwrite it).
+  std::vector<float> main_parameters(int chunk) override;
+  void set_main_parameters(int chunk, const std::vector<float>& values) override;
+  bool shards_optimizer_state() const override { return true; }
 
-  struct StepResult {
-    float grad_norm = 0.0f;
-    bool skipped = false;  // non-finite global norm: no update on any rank
-  };
-  // Global grad norm, AdamW on the owned ranges (clipped by hyper.max_grad_norm against the global norm;
-  // "adamw", phase kOptimizer), then (sharded) the all-gather of every bucket's updated params into
-  // model_params ("param_ag"). A skipped step gathers nothing.
-  StepResult step(const AdamWHyper& hyper);
-  void wait_param_gather();  // with overlap_param_gather: the gathers step() launched
-
-  // The optimizer's state over owned_elements() (checkpoints): fp32 (1, owned_elements()).
-  Tensor exp_avg() const { return exp_avg_; }
-  Tensor exp_avg_sq() const { return exp_avg_sq_; }
-  Tensor master_params() const { return master_; }  // empty when main_params was given
+ protected:
+  void gather_bucket(int chunk, int region, int bucket) override;
 
  private:
-  std::vector<OptimizerTensor> optimizer_tensors() const;
-  void gather_params();
-
-  Communicator& communicator_;
-  Backend& backend_;
-  const GradBufferLayout& layout_;
-  OptimizerBuffers buffers_;
-  DistributedOptimizerOptions options_;
-  bool has_main_params_;  // OptimizerBuffers::main_params given (a (1, 0) tensor counts as not given)
-  std::vector<OwnedRange> owned_;
-  std::int64_t owned_elements_ = 0;
-  Tensor master_, exp_avg_, exp_avg_sq_;  // (1, owned_elements_) fp32
-  GlobalGradNorm norm_;
-  std::vector<CommHandle> gathers_;
+  // The all-gather of owned range `o` of `source` (a (1, total) buffer, or with from_state the chunk's
+  // (1, owned) state tensor) into its bucket of `target` (1, total).
+  CommHandle gather_range(int chunk, const OwnedRange& o, Tensor source, bool from_state, Tensor target,
+                          const OpTag& tag);
+  // Per chunk, per region, per bucket: a param gather in flight.
+  std::vector<std::vector<std::vector<CommHandle>>> gathers_;
+  // Per chunk, per region: the first bucket holding each entry group.
+  std::vector<std::vector<std::map<int, int>>> first_bucket_of_group_;
 };
 
 }  // namespace megatune::executor

@@ -1,5 +1,5 @@
 // GradBufferLayout: aligned offsets, the bucket rule of layouts::grad_sync_buckets, bucket-end padding;
-// grad_buffer_entries from the executor's ParameterLayout.
+// grad_buffer_entry from layouts' parameter table.
 #include "executor/parallel/grad_buckets.h"
 
 #include <algorithm>
@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "executor/backend/backend.h"
-#include "executor/model/parameter_layout.h"
 #include "executor/parallel/communicator.h"
 
 namespace megatune::executor {
@@ -78,23 +77,16 @@ std::int64_t GradBufferLayout::shard_begin(int bucket, int dp_rank) const {
   return buckets_.at(bucket).begin + dp_rank * shard_elements(bucket);
 }
 
-std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, bool shared_embedding,
-                                                 bool experts) {
-  std::vector<GradBufferEntry> out;
-  const std::vector<ParameterEntry>& forward = layout.entries();
-  for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
-    if ((it->expert >= 0) != experts) continue;
-    GradBufferEntry e;
-    e.name = it->name;
-    e.numel = it->numel();
-    e.group = it->layer;  // layouts::StageParameters::layer_reverse's codes: the entry it belongs to
-    e.weight_decay = it->weight_decay;
-    // A routed expert is on its EP rank only, split over ETP: no other rank of its TP group holds a copy.
-    e.tensor_parallel_duplicate = it->split == TensorParallelSplit::kReplicated && it->expert < 0;
-    e.shared = shared_embedding && e.name == "embedding.word_embeddings.weight";
-    out.push_back(std::move(e));
-  }
-  return out;
+GradBufferEntry grad_buffer_entry(const layouts::ParameterSpec& spec, bool shared_embedding) {
+  GradBufferEntry e;
+  e.name = spec.name;
+  e.numel = spec.numel();
+  e.group = spec.layer;  // layouts::StageParameters::layer_reverse's codes: the entry it belongs to
+  e.weight_decay = spec.weight_decay;
+  // A routed expert is on its EP rank only, split over ETP: no other rank of its TP group holds a copy.
+  e.tensor_parallel_duplicate = spec.split == layouts::TensorParallelSplit::kReplicated && spec.expert < 0;
+  e.shared = shared_embedding && e.name == "embedding.word_embeddings.weight";
+  return e;
 }
 
 void require_layout_for_group(const GradBufferLayout& layout, const Communicator& communicator,

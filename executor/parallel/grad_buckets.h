@@ -1,7 +1,7 @@
 // GradBufferLayout: Megatron's contiguous gradient buffer of one model chunk (param_and_grad_buffer): where
 // each parameter's gradient lives and how the buffer splits into the buckets that are reduced over the
-// data-parallel group, padded so a bucket divides evenly into dp shards for the distributed optimizer; and
-// flat_range, the views into such flat buffers.
+// data-parallel group, padded so a bucket divides evenly into dp shards for the distributed optimizer; how a
+// model chunk's buffers are bucketed (BufferBucketing); and flat_range, the views into such flat buffers.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,12 +9,12 @@
 
 #include "executor/backend/tensor.h"
 #include "layouts/op.h"
+#include "layouts/parameter_table.h"
 
 namespace megatune::executor {
 
 class Backend;
 class Communicator;
-class ParameterLayout;
 
 // One parameter as the grad buffer sees it.
 struct GradBufferEntry {
@@ -41,6 +41,14 @@ struct GradBucketOptions {
   // splits into equal, aligned shards); 0 picks that rule, 1 pads nothing.
   bool distributed_optimizer = false;
   std::int64_t bucket_end_multiple = 0;
+};
+
+// How a model chunk's flat buffers split into gradient buckets: Megatron's param_and_grad_buffer per region,
+// the routed experts' (reduced over expert-dp) and the dense parameters' (over dp x cp). The default is one
+// unpadded bucket per region.
+struct BufferBucketing {
+  GradBucketOptions dense, expert;
+  bool shared_embedding = false;  // the chunk's word embedding is a tied copy that another stage owns
 };
 
 // A bucket: a range of the flat buffer and the entries in it.
@@ -82,13 +90,10 @@ class GradBufferLayout {
   int data_parallel_size_ = 1;
 };
 
-// The executor model's parameters in buffer order (the reverse of ParameterLayout::entries()), grouped like
-// layouts::stage_parameters, with the TP-duplicate flags of Megatron's tensor_model_parallel attribute.
-// Read from the standard parameter names until ParameterEntry carries its layer and TP role.
-// `shared_embedding`: this chunk's word embedding is a tied copy that another stage owns. `experts`: the
-// routed experts' parameters (the layout's expert region) instead of the dense ones.
-std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, bool shared_embedding = false,
-                                                 bool experts = false);
+// A parameter of layouts' table as the grad buffer sees it: grouped like layouts::stage_parameters, with the
+// TP-duplicate flag of Megatron's tensor_model_parallel attribute. `shared_embedding`: the chunk's word
+// embedding is a tied copy that another stage owns.
+GradBufferEntry grad_buffer_entry(const layouts::ParameterSpec& spec, bool shared_embedding);
 
 // Throws std::invalid_argument (naming `who`) unless `layout` was laid out for the size of `group`.
 void require_layout_for_group(const GradBufferLayout& layout, const Communicator& communicator,

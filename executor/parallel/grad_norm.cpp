@@ -18,6 +18,7 @@ GlobalGradNorm::GlobalGradNorm(Backend& backend)
 
 float GlobalGradNorm::compute(Communicator& communicator) {
   const float local = backend_.grad_norm({"grad_norm", -1, OpPhase::kOptimizer});
+  local_norm_ = local;
   if (communicator.size(CommGroup::kWorld) <= 1) return local;  // grad_norm() already set it
   float sum_of_squares = local * local;
   backend_.upload(scratch_, &sum_of_squares);

@@ -22,9 +22,12 @@ class GlobalGradNorm {
   // backend.set_grad_norm() and returned. Non-finite when any rank's gradients are. On one rank: the local
   // norm itself.
   float compute(Communicator& communicator);
+  // This rank's own part of the last compute(): the norm of the gradients it counts.
+  float local_norm() const { return local_norm_; }
 
  private:
   Backend& backend_;
+  float local_norm_ = 0.0f;
   Tensor scratch_;  // (1, 1) fp32
 };
 

@@ -117,4 +117,13 @@ void check_layout_world_size(const LaunchEnvironment& launch, int layout_world_s
                   "`, torchrun --nproc-per-node, srun --ntasks) or change the layout");
 }
 
+void require_single_process_for_cpu(const LaunchEnvironment& launch) {
+  if (launch.world_size == 1 && launch.rank == 0) return;
+  throw UserError(
+      "--device cpu runs every rank as a thread of one process, but this process was started as " +
+      launch.describe() +
+      ": start one process (`megatune train --device cpu --nproc N` runs N ranks as threads) "
+      "or use --device cuda for one process per GPU");
+}
+
 }  // namespace megatune::executor

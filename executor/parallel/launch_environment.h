@@ -38,4 +38,9 @@ LaunchEnvironment read_launch_environment(const EnvLookup& env = process_environ
 // (`layout_world_size`: --world-size, or tp * cp * pp * dp).
 void check_layout_world_size(const LaunchEnvironment& launch, int layout_world_size);
 
+// The CPU backend runs every rank of a layout as a thread of one process; a process a launcher started as
+// one of several would train the whole layout alone, beside its copies. Throws a UserError naming the
+// launcher's variables and the fix (one process with --nproc N, or --device cuda) for such a process.
+void require_single_process_for_cpu(const LaunchEnvironment& launch);
+
 }  // namespace megatune::executor

@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "executor/parallel/framed_socket.h"
+#include "executor/parallel/interrupt_guard.h"
 #include "executor/parallel/launch_environment.h"
 #include "executor/parallel/tcp_rendezvous.h"
 #include "layouts/user_error.h"
@@ -24,30 +25,6 @@ extern char** environ;
 
 namespace megatune::executor {
 namespace {
-
-volatile sig_atomic_t interrupt_signal = 0;
-void note_interrupt(int signal) { interrupt_signal = signal; }
-
-// SIGINT / SIGTERM handlers for the launch's lifetime (the previous ones come back afterwards).
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    interrupt_signal = 0;
-    struct sigaction action {};
-    action.sa_handler = note_interrupt;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &previous_int_);
-    sigaction(SIGTERM, &action, &previous_term_);
-  }
-  ~InterruptGuard() {
-    sigaction(SIGINT, &previous_int_, nullptr);
-    sigaction(SIGTERM, &previous_term_, nullptr);
-  }
-
- private:
-  struct sigaction previous_int_ {
-  }, previous_term_{};
-};
 
 // One output stream of a child: bytes cut into lines.
 struct ChildStream {
@@ -220,10 +197,10 @@ LaunchOutcome run_local_launch(const LocalLaunch& launch, std::ostream& out, std
       }
       any_running = any_running || c.running;
     }
-    if (interrupt_signal != 0 && !stopping) {
+    if (interrupts.signal() != 0 && !stopping) {
       outcome = {
-          128 + interrupt_signal, -1,
-          std::string("interrupted by signal ") + strsignal(interrupt_signal) + ": stopped every rank"};
+          128 + interrupts.signal(), -1,
+          std::string("interrupted by signal ") + strsignal(interrupts.signal()) + ": stopped every rank"};
       stop_all();
     }
     if (stopping && !killed && any_running && SteadyClock::now() >= kill_at) {

@@ -28,8 +28,8 @@ struct LaunchOutcome {
 };
 
 // Starts the ranks and waits for all of them. When one exits non-zero or is killed, the others get
-// SIGTERM, then SIGKILL after the grace period. SIGINT / SIGTERM to the launcher are passed on the same
-// way. Throws std::runtime_error only when no process could be started.
+// SIGTERM, then SIGKILL after the grace period. SIGINT / SIGTERM / SIGHUP to the launcher are passed on
+// the same way. Throws std::runtime_error only when no process could be started.
 LaunchOutcome run_local_launch(const LocalLaunch& launch, std::ostream& out, std::ostream& err);
 
 // This process's command line (/proc/self/cmdline) without `--nproc N` / `--nproc=N`.

@@ -198,7 +198,7 @@ void TcpRendezvous::run_rank0(const RendezvousOptions& options, const std::strin
                 (missing.size() > 1 ? "s " : " ") + rank_list(missing) + " of " +
                 std::to_string(world_size_) + " never arrived; start " +
                 (missing.size() > 1 ? "them" : "it") +
-                " with the same MASTER_ADDR / MASTER_PORT, or raise the rendezvous timeout";
+                " with the same MASTER_ADDR / MASTER_PORT, or raise --distributed-timeout-minutes";
       linger_end = deadline;
     }
     if (failure) {

@@ -18,7 +18,7 @@ struct RendezvousOptions {
   // The whole rendezvous is bounded by it: a rank that never arrives ends every rank that did with a line
   // naming the missing ranks. (A rank started before rank 0 also waits for rank 0 to start: at most this
   // long after rank 0 started, plus a few seconds for rank 0's verdict to arrive.)
-  double timeout_s = 120.0;
+  double timeout_s = 120.0;  // `megatune train`: --distributed-timeout-minutes
   // Identity of the job's configuration (model, layout, flags): must be equal on every rank.
   std::string fingerprint;
   double connect_retry_s = 0.05;  // pause between connection attempts while rank 0 is not listening yet

@@ -1,10 +1,14 @@
 // size_rank_arena: a refusing communicator over the rank's ProcessGroups, and the trainer's sizing pass.
 #include "executor/training/arena_sizing.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
+#include "executor/model/parameter_layout.h"
 #include "executor/parallel/communicator.h"
 #include "executor/parallel/process_groups.h"
+#include "executor/parallel/state_labels.h"
 #include "executor/training/trainer.h"
 
 namespace megatune::executor {
@@ -36,7 +40,65 @@ class SizingCommunicator final : public Communicator {
   ProcessGroups groups_;
 };
 
+// The rank's parameter counts over its model chunks.
+void count_parameters(const TrainerConfig& trainer, RankArena& arena) {
+  std::vector<StageSpan> chunks =
+      trainer.chunks.empty() ? std::vector<StageSpan>{StageSpan{}} : trainer.chunks;
+  for (const StageSpan& chunk : chunks) {
+    const ParameterLayout layout(trainer.model, chunk);
+    for (const ParameterEntry& e : layout.entries()) {
+      arena.parameters += e.numel();
+      if (e.expert >= 0) arena.expert_parameters += e.numel();
+    }
+  }
+}
+
+// Megatron's bytes per parameter of the weights and optimizer state over d ranks (megatron.md §5).
+double megatron_bytes_per_parameter(bool bf16, bool distributed_optimizer, int d) {
+  if (!distributed_optimizer) return bf16 ? 18.0 : 16.0;
+  return bf16 ? 6.0 + 12.0 / d : 8.0 + 8.0 / d;
+}
+
+void add_state_bytes(const TrainerConfig& trainer, const Communicator& communicator, RankArena& arena) {
+  count_parameters(trainer, arena);
+  const double parameters = static_cast<double>(std::max<std::int64_t>(arena.parameters, 1));
+  for (const char* state : {state_label::kModelParams, state_label::kMainGrads, state_label::kMainParams,
+                            state_label::kMoments}) {
+    ParameterStateBytes row;
+    row.state = state;
+    for (const ArenaUse& use : arena.breakdown)
+      if (use.what == state) row.bytes += use.bytes;
+    row.bytes_per_parameter = static_cast<double>(row.bytes) / parameters;
+    arena.state_bytes.push_back(row);
+  }
+  const bool bf16 = trainer.compute_dtype != DType::kFP32, dist = trainer.use_distributed_optimizer;
+  const double dense = static_cast<double>(arena.parameters - arena.expert_parameters),
+               experts = static_cast<double>(arena.expert_parameters);
+  arena.megatron_bytes_per_parameter =
+      (dense * megatron_bytes_per_parameter(bf16, dist, communicator.size(CommGroup::kDataContext)) +
+       experts * megatron_bytes_per_parameter(bf16, dist, communicator.size(CommGroup::kExpertData))) /
+      parameters;
+}
+
 }  // namespace
+
+std::string format_parameter_state_bytes(const RankArena& arena) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "  bytes per parameter by state (%.4g parameters on this rank):\n",
+                static_cast<double>(arena.parameters));
+  out += line;
+  double total = 0.0;
+  for (const ParameterStateBytes& row : arena.state_bytes) {
+    std::snprintf(line, sizeof line, "    %-34s %6.2f  (%.3f GiB)\n", row.state.c_str(),
+                  row.bytes_per_parameter, static_cast<double>(row.bytes) / (1024.0 * 1024.0 * 1024.0));
+    out += line;
+    total += row.bytes_per_parameter;
+  }
+  std::snprintf(line, sizeof line, "    %-34s %6.2f  (Megatron-LM: %.2f)\n", "total", total,
+                arena.megatron_bytes_per_parameter);
+  return out + line;
+}
 
 RankArena size_rank_arena(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                           const TrainOptions& options, int rank, Backend& backend) {
@@ -50,6 +112,7 @@ RankArena size_rank_arena(const layouts::ModelSpec& model, const layouts::Parall
   arena.coordinates = grid.dense_coordinates(rank);
   arena.breakdown = size_training_arena(run.trainer, run.schedule, backend, communicator);
   for (const ArenaUse& use : arena.breakdown) arena.total_bytes += use.bytes;
+  add_state_bytes(run.trainer, communicator, arena);
   return arena;
 }
 

@@ -145,6 +145,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.overlap_grad_reduce = parallel.overlap_grad_reduce;
   t.use_distributed_optimizer = parallel.use_distributed_optimizer;
   t.overlap_param_gather = parallel.overlap_param_gather;
+  t.check_for_nan_in_loss_and_grad = a.check_for_nan_in_loss_and_grad;
   t.step = layouts::walk_rank_step(spec, parallel, rank);
   t.forward_step = layouts::walk_rank_forward(spec, parallel, rank);
   const std::int64_t gbs = t.global_batch_size();

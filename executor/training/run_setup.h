@@ -49,6 +49,11 @@ struct TrainOptions {
   double moe_router_bias_update_rate = 1e-3;                // --moe-router-bias-update-rate
   double mtp_loss_scaling_factor = 0.1;                     // --mtp-loss-scaling-factor (Megatron's default)
   RunTraceOptions trace;                                    // --trace-dir, --trace-iterations
+  bool check_for_nan_in_loss_and_grad = true;               // --[no-]check-for-nan-in-loss-and-grad
+  // --distributed-timeout-minutes (Megatron's default 10): how long the ranks' rendezvous, communicator
+  // setup and any one collective may take before the job ends with a line naming what was awaited.
+  double distributed_timeout_minutes = 10.0;
+  double distributed_timeout_s() const { return distributed_timeout_minutes * 60.0; }
 };
 
 // What one global rank holds of a (model, layout): coordinates, model chunks, schedule.

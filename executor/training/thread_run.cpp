@@ -1,6 +1,7 @@
 // train_on_threads: one CpuBackend, ThreadCommunicator and TrainingRun per rank thread.
 #include "executor/training/thread_run.h"
 
+#include <chrono>
 #include <mutex>
 #include <ostream>
 #include <sstream>
@@ -26,25 +27,30 @@ std::vector<IterationRecord> train_on_threads(const layouts::ModelSpec& model,
   std::vector<IterationRecord> records;
   std::mutex user_error_mutex;
   std::string user_error;
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(options.distributed_timeout_s() * 1e3));
   try {
-    run_thread_ranks(world, [&](int rank, ThreadWorld& threads) {
-      try {
-        RunConfig run = build_run_config(model, config, options, rank);
-        run.record_first_iteration = record_first_iteration;
-        CpuBackend backend(/*emulate_bf16=*/options.bf16);
-        ThreadCommunicator communicator(backend, threads, ProcessGroups(grid, rank));
-        std::ostringstream quiet;
-        const bool last = rank == world - 1;
-        TrainingRun training(std::move(run), backend, communicator, last ? log : quiet);
-        std::vector<IterationRecord> mine = training.run();
-        if (inspect) inspect(rank, training);
-        if (last) records = std::move(mine);
-      } catch (const UserError& e) {
-        std::lock_guard<std::mutex> lock(user_error_mutex);
-        if (user_error.empty()) user_error = e.what();
-        throw;
-      }
-    });
+    run_thread_ranks(
+        world,
+        [&](int rank, ThreadWorld& threads) {
+          try {
+            RunConfig run = build_run_config(model, config, options, rank);
+            run.record_first_iteration = record_first_iteration;
+            CpuBackend backend(/*emulate_bf16=*/options.bf16);
+            ThreadCommunicator communicator(backend, threads, ProcessGroups(grid, rank));
+            std::ostringstream quiet;
+            const bool last = rank == world - 1;
+            TrainingRun training(std::move(run), backend, communicator, last ? log : quiet);
+            std::vector<IterationRecord> mine = training.run();
+            if (inspect) inspect(rank, training);
+            if (last) records = std::move(mine);
+          } catch (const UserError& e) {
+            std::lock_guard<std::mutex> lock(user_error_mutex);
+            if (user_error.empty()) user_error = e.what();
+            throw;
+          }
+        },
+        timeout);
   } catch (const std::runtime_error&) {
     if (!user_error.empty()) throw UserError(user_error);
     throw;

@@ -14,7 +14,8 @@ namespace megatune::executor {
 // (losses are reported on every rank). `log` receives the last rank's lines (Megatron logs from the last
 // rank). `inspect` (optional) runs on each rank's thread after training, with its TrainingRun, before the
 // threads join. A failing rank ends every rank; the first failure is rethrown (std::runtime_error, or the
-// UserError when the configuration is refused).
+// UserError when the configuration is refused). A blocking collective waits at most
+// options.distributed_timeout_s().
 std::vector<IterationRecord> train_on_threads(
     const layouts::ModelSpec& model, const layouts::ParallelConfig& config, const TrainOptions& options,
     std::ostream& log, const std::function<void(int rank, TrainingRun& run)>& inspect = {},

@@ -22,15 +22,6 @@ using layouts::P2pTensor;
 using layouts::ScheduleItemKind;
 
 namespace {
-struct OptimizerState {
-  Tensor exp_avg, exp_avg_sq;  // (1, total) fp32
-};
-OptimizerState allocate_optimizer_state(Backend& backend, std::int64_t total) {
-  OptimizerState state;
-  state.exp_avg = backend.allocate(DType::kFP32, 1, total, "AdamW exp_avg, exp_avg_sq (fp32)");
-  state.exp_avg_sq = backend.allocate(DType::kFP32, 1, total, "AdamW exp_avg, exp_avg_sq (fp32)");
-  return state;
-}
 
 std::vector<StageSpan> resolved_chunks(const TrainerConfig& config) {
   std::vector<StageSpan> chunks = config.chunks.empty() ? std::vector<StageSpan>{StageSpan{}} : config.chunks;
@@ -39,15 +30,42 @@ std::vector<StageSpan> resolved_chunks(const TrainerConfig& config) {
   return chunks;
 }
 
-BatchShape chunk_batch(const TrainerConfig& config, int slots) {
+// A chunk's batch shape and buffer bucketing: its regions bucketed over the communicator's dp-cp and
+// expert-dp groups (shared_embedding: the chunk's word embedding is a tied copy another stage owns).
+BatchShape chunk_batch(const TrainerConfig& config, int slots, const Communicator& communicator,
+                       bool shared_embedding) {
   BatchShape batch = config.batch;
   batch.activation_slots = slots;
   batch.gradient_average_ranks = config.gradient_reduction_size();
-  batch.compute_copy_of_every_parameter = config.use_distributed_optimizer;
+  batch.main_parameters_sharded = config.use_distributed_optimizer;
+  for (const bool expert : {false, true}) {
+    GradBucketOptions& o = expert ? batch.bucketing.expert : batch.bucketing.dense;
+    o.data_parallel_size = communicator.size(expert ? CommGroup::kExpertData : CommGroup::kDataContext);
+    o.overlap_grad_reduce = config.overlap_grad_reduce;
+    o.distributed_optimizer = config.use_distributed_optimizer;
+  }
+  batch.bucketing.shared_embedding = shared_embedding;
   return batch;
 }
 
+DataParallelOptions data_parallel_options(const TrainerConfig& config) {
+  DataParallelOptions o;
+  o.overlap_grad_reduce = config.overlap_grad_reduce;
+  o.overlap_param_gather = config.overlap_param_gather;
+  return o;
+}
+
 }  // namespace
+
+DataParallelChunk data_parallel_chunk(const GPTModel& model) {
+  DataParallelChunk c;
+  c.expert_buffer = model.layout().expert_buffer();
+  c.dense_buffer = &model.layout().dense_buffer();
+  c.grads = model.grads();
+  c.model_params = model.model_params();
+  c.main_params = model.main_params();
+  return c;
+}
 
 std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedule,
                                             const std::vector<StageSpan>& chunks) {
@@ -92,11 +110,16 @@ std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, const lay
 std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& backend) {
   SingleRankCommunicator communicator(backend);
   backend.begin_sizing();
+  std::vector<std::unique_ptr<GPTModel>> models;
+  std::vector<DataParallelChunk> chunks;
   for (const StageSpan& stage : resolved_chunks(config)) {
-    GPTModel model(config.model, chunk_batch(config, 1), config.recompute, config.compute_dtype, backend,
-                   communicator, stage);
-    allocate_optimizer_state(backend, model.layout().total_elements());
+    models.push_back(std::make_unique<GPTModel>(config.model, chunk_batch(config, 1, communicator, false),
+                                                config.recompute, config.compute_dtype, backend, communicator,
+                                                stage));
+    chunks.push_back(data_parallel_chunk(*models.back()));
   }
+  make_data_parallel_strategy(config.use_distributed_optimizer, communicator, std::move(chunks), {},
+                              data_parallel_options(config), /*sizing=*/true);
   backend.end_sizing();
   return backend.arena_breakdown();
 }
@@ -160,11 +183,6 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
         " ranks and its cp group " + std::to_string(communicator_.size(CommGroup::kContext)) +
         ", the trainer config dp " + std::to_string(config_.data_parallel_size) + " x cp " +
         std::to_string(config_.context_parallel_size));
-  if (config_.use_distributed_optimizer && 64 % config_.gradient_reduction_size() != 0)
-    throw UserError(
-        "--use-distributed-optimizer: the executor shards 64-aligned buckets, so the data-parallel x "
-        "context-parallel size (" +
-        std::to_string(config_.gradient_reduction_size()) + ") must divide 64; use powers of two");
   items_ = config_.step ? config_.step->items
                         : items_from_schedule(schedule_, chunks, config_.model.mtp_num_layers);
   if (config_.forward_step) {
@@ -180,35 +198,36 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
   if (size_only) return;
   backend_.reserve_arena(bytes);
   build(false);
-  for (auto& chunk : chunks_) chunk->initialize_parameters(config_.seed);
+  for (std::size_t c = 0; c < chunks_.size(); ++c)
+    data_parallel_->set_main_parameters(static_cast<int>(c), chunks_[c]->initial_parameters(config_.seed));
 }
 
 void Trainer::build(bool sizing) {
   const std::vector<StageSpan> chunks = resolved_chunks(config_);
+  data_parallel_.reset();
   chunks_.clear();
-  optimizer_state_.clear();
   std::int64_t sp_elements = 0;
+  std::vector<DataParallelChunk> views;
+  std::vector<std::vector<layouts::GradBucket>> step_buckets;
   for (std::size_t c = 0; c < chunks.size(); ++c) {
-    chunks_.push_back(std::make_unique<GPTModel>(config_.model, chunk_batch(config_, slots_per_chunk_[c]),
-                                                 config_.recompute, config_.compute_dtype, backend_,
-                                                 communicator_, chunks[c]));
+    const bool shared_embedding = (config_.model.tied_embeddings || config_.model.mtp_num_layers > 0) &&
+                                  schedule_.pp > 1 && !chunks[c].has_embedding;
+    chunks_.push_back(std::make_unique<GPTModel>(
+        config_.model, chunk_batch(config_, slots_per_chunk_[c], communicator_, shared_embedding),
+        config_.recompute, config_.compute_dtype, backend_, communicator_, chunks[c]));
     const GPTModel& model = *chunks_.back();
-    ChunkGradOptions grad_options;
-    grad_options.overlap_grad_reduce = config_.overlap_grad_reduce;
-    grad_options.distributed_optimizer = config_.use_distributed_optimizer;
-    grad_options.shared_embedding = (config_.model.tied_embeddings || config_.model.mtp_num_layers > 0) &&
-                                    schedule_.pp > 1 && !chunks[c].has_embedding;
-    static const std::vector<layouts::GradBucket> kNoBuckets;
-    const std::vector<layouts::GradBucket>& step_buckets =
-        config_.step && c < config_.step->buckets.size() ? config_.step->buckets[c] : kNoBuckets;
-    ChunkGradState state(model, communicator_, grad_options, step_buckets, !sizing);
-    if (!sizing) {
-      backend_.fill_zero(state.exp_avg);
-      backend_.fill_zero(state.exp_avg_sq);
-    }
-    optimizer_state_.push_back(std::move(state));
+    views.push_back(data_parallel_chunk(model));
+    step_buckets.push_back(config_.step && c < config_.step->buckets.size()
+                               ? config_.step->buckets[c]
+                               : std::vector<layouts::GradBucket>{});
     for (const ParameterEntry* e : model.sequence_parallel_grad_entries()) sp_elements += e->numel();
   }
+  data_parallel_ =
+      make_data_parallel_strategy(config_.use_distributed_optimizer, communicator_, std::move(views),
+                                  step_buckets, data_parallel_options(config_), sizing);
+  for (std::size_t c = 0; c < chunks_.size(); ++c)
+    chunks_[c]->set_forward_pre_hook(
+        [this, c](int group) { data_parallel_->before_forward(static_cast<int>(c), group); });
   sp_norm_grads_ = sp_elements > 0
                        ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
                        : Tensor{};
@@ -218,61 +237,6 @@ void Trainer::build(bool sizing) {
   if (config_.model.is_moe() && config_.model.router.enable_expert_bias)
     expert_counts_ = backend_.allocate(DType::kFP32, 1, config_.model.num_layers * config_.model.num_experts,
                                        "grad norm and loss reductions");
-  grad_norm_ = std::make_unique<GlobalGradNorm>(backend_);
-  if (!sizing) build_optimizer();
-}
-
-void Trainer::build_optimizer() {
-  // The multi-tensor table over the pieces of every parameter this rank updates (the whole buffer, or its
-  // shard of every bucket), padding included under the distributed optimizer (zero gradients, zero weights:
-  // AdamW leaves them at zero) so that the optimizer ops count the shard's elements. Each element of the
-  // model counts once in the global grad norm: replicated parameters on TP rank 0, the shard's owner under
-  // the distributed optimizer, rank 0 of the buffer's data-parallel group (dp-cp, or expert-dp) without it.
-  const int tp_rank = communicator_.rank(CommGroup::kTensor);
-  std::vector<OptimizerTensor> tensors;
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    const GPTModel& model = *chunks_[c];
-    const ChunkGradState& state = optimizer_state_[c];
-    std::int64_t state_offset = 0;
-    for (const GradRegion& region : state.regions) {
-      const GradBufferLayout& buffer = *region.buffer;
-      const bool dp_counts = config_.use_distributed_optimizer || communicator_.rank(region.group) == 0;
-      for (std::size_t b = 0; b < buffer.buckets().size(); ++b) {
-        const auto& owned = state.owned[region.first_bucket + b];
-        const std::int64_t begin = owned.first, end = owned.second;  // captured below
-        const GradBucketRange& bucket = buffer.buckets()[b];
-        std::int64_t at = begin;
-        auto piece = [&](std::int64_t lo, std::int64_t hi, bool decay, bool counts) {
-          if (hi <= lo) return;
-          OptimizerTensor t;
-          const std::int64_t n = hi - lo, st = state_offset + (lo - begin);
-          t.main_param = flat_range(backend_, model.main_params(), lo, n);
-          t.main_grad = flat_range(backend_, model.grads(), lo, n);
-          t.exp_avg = flat_range(backend_, state.exp_avg, st, n);
-          t.exp_avg_sq = flat_range(backend_, state.exp_avg_sq, st, n);
-          t.model_param =
-              model.model_params().data == model.main_params().data || lo + n <= model.model_params().cols
-                  ? flat_range(backend_, model.model_params(), lo, n)
-                  : flat_range(backend_, model.main_params(), lo, n);
-          t.apply_weight_decay = decay;
-          t.in_grad_norm = counts;
-          tensors.push_back(t);
-        };
-        for (int e = bucket.first_entry; e < bucket.end_entry; ++e) {
-          const GradBufferEntry& entry = buffer.entries()[e];
-          const std::int64_t offset = region.base + buffer.offset(e);
-          const std::int64_t lo = std::max(begin, offset), hi = std::min(end, offset + entry.numel);
-          if (hi <= lo) continue;
-          if (config_.use_distributed_optimizer) piece(at, lo, false, false);  // padding before it
-          piece(lo, hi, entry.weight_decay, dp_counts && counts_in_grad_norm(entry, tp_rank));
-          at = hi;
-        }
-        if (config_.use_distributed_optimizer) piece(at, end, false, false);
-        state_offset += end - begin;
-      }
-    }
-  }
-  backend_.prepare_optimizer(std::move(tensors));
 }
 
 void Trainer::run_p2p(const layouts::StepItem& item, bool evaluation) {
@@ -313,24 +277,11 @@ void Trainer::reduce_tied_embedding() {
     const ParameterEntry& e = chunk->layout().find("embedding.word_embeddings.weight");
     // Under the distributed optimizer only this rank's shard of each bucket is reduced, and the two stages'
     // shards cover different rows: gather the reduced buckets holding the embedding first.
-    const int dp = communicator_.size(CommGroup::kDataContext);
-    if (config_.use_distributed_optimizer && dp > 1) {
-      const GradRegion& dense = optimizer_state_[c].dense_region();
-      OpRecorder& recorder = backend_.recorder();
-      recorder.set_position(-1, static_cast<int>(c));
-      for (std::size_t b = 0; b < dense.buffer->buckets().size(); ++b) {
-        const GradBucketRange& range = dense.buffer->buckets()[b];
-        const std::int64_t range_begin = dense.base + range.begin, range_end = dense.base + range.end;
-        if (range_end <= e.offset || range_begin >= e.offset + e.numel()) continue;
-        const auto& owned = optimizer_state_[c].owned[dense.first_bucket + b];
-        const std::int64_t begin = owned.first, end = owned.second;  // captured below
-        communicator_.all_gather(
-            CommGroup::kDataContext, flat_range(backend_, chunk->grads(), begin, end - begin),
-            flat_range(backend_, chunk->grads(), range_begin, range_end - range_begin, dp),
-            {"embedding_grad_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
-      }
-      recorder.set_position(-1, -1);
-    }
+    backend_.recorder().set_position(-1, static_cast<int>(c));
+    data_parallel_->gather_reduced_grads(
+        static_cast<int>(c), e.offset, e.numel(),
+        {"embedding_grad_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
+    backend_.recorder().set_position(-1, -1);
     communicator_.all_reduce(
         CommGroup::kEmbedding, chunk->view(chunk->grads(), e), ReduceOp::kSum,
         {"embedding_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
@@ -356,45 +307,6 @@ void Trainer::reduce_sequence_parallel_norms() {
   each([&](Tensor grad, Tensor gathered) { backend_.copy(gathered, grad); });
 }
 
-void Trainer::gather_params(int chunk, int bucket) {
-  // The distributed optimizer's all-gather of the bucket's updated params from every shard into the model's
-  // compute copy (and the fp32 main params, which every rank holds whole).
-  const ChunkGradState& state = optimizer_state_.at(chunk);
-  int local = 0;
-  const GradRegion& region = state.region_of_step_bucket(bucket, &local);
-  const GradBucketRange& bucket_range = region.buffer->buckets().at(local);
-  const std::int64_t range_begin = region.base + bucket_range.begin,
-                     range_end = region.base + bucket_range.end;
-  const auto [begin, end] = state.owned.at(region.first_bucket + local);
-  const int dp = communicator_.size(region.group);
-  const GPTModel& model = *chunks_[chunk];
-  const Tensor params = model.model_params();  // covers the buffer (compute_copy_of_every_parameter)
-  OpRecorder& recorder = backend_.recorder();
-  recorder.set_position(-1, chunk);
-  const OpTag tag =
-      region.expert ? OpTag{"expert_param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kExpertParamGather}
-                    : OpTag{"param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather};
-  CommHandle h = communicator_.all_gather_async(
-      region.group, flat_range(backend_, params, begin, end - begin),
-      flat_range(backend_, params, range_begin, range_end - range_begin, dp), tag);
-  recorder.set_position(-1, -1);
-  if (h) param_gathers_.push_back(std::move(h));
-  if (params.data != model.main_params().data) {
-    // Not recorded (the step program's one gather per bucket): the fp32 copy, for checkpoints.
-    RecordingPause pause(backend_);
-    communicator_.all_gather(
-        region.group, flat_range(backend_, model.main_params(), begin, end - begin),
-        flat_range(backend_, model.main_params(), range_begin, range_end - range_begin, dp),
-        {"main_param_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kParamGather});
-  }
-}
-
-void Trainer::launch_step_bucket(int chunk, int bucket) {
-  int local = 0;
-  const GradRegion& region = optimizer_state_.at(chunk).region_of_step_bucket(bucket, &local);
-  region.reducer->launch_bucket(local);
-}
-
 void Trainer::run_optimizer_step(layouts::OptimizerStep step, StepResult& result) {
   switch (step) {
     case layouts::OptimizerStep::kEmbeddingGradReduce:
@@ -404,7 +316,8 @@ void Trainer::run_optimizer_step(layouts::OptimizerStep step, StepResult& result
       reduce_sequence_parallel_norms();
       return;
     case layouts::OptimizerStep::kGradNorm:
-      result.grad_norm = grad_norm_->compute(communicator_);
+      result.grad_norm = data_parallel_->grad_norm();
+      require_finite("gradient norm", result.grad_norm, data_parallel_->local_grad_norm());
       result.skipped = !std::isfinite(result.grad_norm);
       return;
     case layouts::OptimizerStep::kAdamW: {
@@ -417,7 +330,7 @@ void Trainer::run_optimizer_step(layouts::OptimizerStep step, StepResult& result
       hyper.weight_decay = static_cast<float>(config_.optimizer.weight_decay);
       hyper.step = iteration_ - skipped_iterations_ + 1;
       hyper.max_grad_norm = static_cast<float>(config_.optimizer.clip_grad);
-      backend_.adamw_step(hyper, {"adamw", -1, OpPhase::kOptimizer});
+      data_parallel_->step(hyper);
       return;
     }
   }
@@ -441,12 +354,12 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
         break;
       case layouts::StepItemKind::kGradBucket:
         recorder.set_position(-1, item.chunk);
-        launch_step_bucket(item.chunk, item.bucket);
+        data_parallel_->launch_bucket(item.chunk, item.bucket);
         break;
       case layouts::StepItemKind::kOptimizer:
         recorder.set_position(-1, -1);
         if (!reductions_done) {
-          for (ChunkGradState& state : optimizer_state_) state.finish_reductions();
+          data_parallel_->finish_grad_reduction();
           update_expert_biases();
           reductions_done = true;
           pending_result_.learning_rate = schedule_lr_.lr(consumed_samples_);
@@ -454,13 +367,14 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
         run_optimizer_step(item.optimizer_step, pending_result_);
         break;
       case layouts::StepItemKind::kParamGather:
-        if (!pending_result_.skipped) gather_params(item.chunk, item.bucket);
+        recorder.set_position(-1, item.chunk);
+        if (!pending_result_.skipped) data_parallel_->gather_params(item.chunk, item.bucket);
         break;
     }
   }
   recorder.set_position(-1, -1);
   if (!reductions_done) {
-    for (ChunkGradState& state : optimizer_state_) state.finish_reductions();
+    data_parallel_->finish_grad_reduction();
     update_expert_biases();
   }
 }
@@ -469,7 +383,7 @@ void Trainer::update_expert_biases() {
   for (auto& chunk : chunks_) update_router_expert_biases(*chunk, communicator_, expert_counts_);
 }
 
-double Trainer::reported_loss() {
+double Trainer::reported_loss(double& local) {
   // The last pipeline stage holds the losses; their mean over the data-parallel ranks is what Megatron logs.
   // Under context parallelism a micro-batch's loss is the sum of its CP ranks' token losses over the sum of
   // their counted tokens.
@@ -482,10 +396,12 @@ double Trainer::reported_loss() {
       for (double l : losses) sum += l;
       sum /= static_cast<double>(losses.size());
     }
+  local = sum;
   if (communicator_.world_size() == 1) return sum;
   const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0 &&
                       communicator_.rank(CommGroup::kContext) == 0;
-  return world_sum(counts ? sum : 0.0) / static_cast<double>(config_.data_parallel_size);
+  if (!counts) local = 0.0;
+  return world_sum(local) / static_cast<double>(config_.data_parallel_size);
 }
 
 const std::vector<MicroBatch>& Trainer::context_parallel_share(const std::vector<MicroBatch>& microbatches) {
@@ -544,12 +460,14 @@ std::vector<double> Trainer::reported_mtp_losses() {
   return losses;
 }
 
-double Trainer::world_sum(double value) {
+double Trainer::world_sum(double value) { return world_reduce(value, ReduceOp::kSum); }
+
+double Trainer::world_reduce(double value, ReduceOp op) {
   if (communicator_.world_size() == 1) return value;
   const float values[2] = {static_cast<float>(value), 0.0f};
   RecordingPause pause(backend_);
   backend_.upload(scalar_, values);
-  communicator_.all_reduce(CommGroup::kWorld, flat_range(backend_, scalar_, 0, 1), ReduceOp::kSum,
+  communicator_.all_reduce(CommGroup::kWorld, flat_range(backend_, scalar_, 0, 1), op,
                            {"world_sum", -1, OpPhase::kOptimizer});
   float reduced[2];
   backend_.download(scalar_, reduced);
@@ -560,19 +478,15 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   if (static_cast<int>(microbatches.size()) != config_.batch.num_microbatches)
     throw std::invalid_argument("train_step: wrong number of micro-batches");
   const auto start = std::chrono::steady_clock::now();
-  // --overlap-param-gather: the previous step's gathers ran during its tail; the forwards need them now.
-  for (CommHandle& h : param_gathers_) h->wait();
-  param_gathers_.clear();
+  // --overlap-param-gather: the previous step's gathers are waited in the forward pre-hooks.
   for (auto& chunk : chunks_) chunk->zero_gradients();
   pending_result_ = StepResult{};
   run_items(context_parallel_share(microbatches));
-  if (!config_.overlap_param_gather) {
-    for (CommHandle& h : param_gathers_) h->wait();
-    param_gathers_.clear();
-  }
   StepResult result = pending_result_;
   if (result.skipped) ++skipped_iterations_;
-  result.loss = reported_loss();
+  double local_loss = 0.0;
+  result.loss = reported_loss(local_loss);
+  require_finite("loss", result.loss, local_loss);
   result.load_balancing_loss = reported_load_balancing_loss();
   result.mtp_losses = reported_mtp_losses();
   ++iteration_;
@@ -583,16 +497,15 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
 }
 
 void Trainer::save(checkpoint::CheckpointWriter& writer) const {
-  // Parameters whole (every rank holds the fp32 buffer whole, also under the distributed optimizer); the
+  // Parameters whole (the distributed optimizer gathers its fp32 shards: every rank saves together); the
   // AdamW moments per parameter, or under the distributed optimizer this rank's shard of them as one tensor
   // per chunk ("optimizer.shard.*"), which resumes under the same layout only.
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const GPTModel& model = *chunks_[c];
-    const std::vector<float> params = model.main_parameters();
-    const ChunkGradState& state = optimizer_state_[c];
-    std::vector<float> m(static_cast<std::size_t>(state.exp_avg.cols)), v(m.size());
-    backend_.download(state.exp_avg, m.data());
-    backend_.download(state.exp_avg_sq, v.data());
+    const std::vector<float> params = data_parallel_->main_parameters(static_cast<int>(c));
+    const DataParallelStrategy::Moments moments = data_parallel_->moments(static_cast<int>(c));
+    const std::vector<float>& m = moments.exp_avg;
+    const std::vector<float>& v = moments.exp_avg_sq;
     for (const ParameterEntry& e : model.layout().entries()) {
       const std::vector<std::int64_t> shape =
           e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
@@ -621,20 +534,6 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
   writer.add_metadata("lr_decay_style", to_string(config_.lr.style));
 }
 
-void Trainer::upload_moments(std::size_t c, const std::vector<float>& m, const std::vector<float>& v) {
-  // Whole-buffer moments into the chunk's state: all of it, or this rank's shards.
-  const ChunkGradState& state = optimizer_state_[c];
-  std::vector<float> own_m, own_v;
-  for (const auto& [begin, end] : state.owned) {
-    own_m.insert(own_m.end(), m.begin() + begin, m.begin() + end);
-    own_v.insert(own_v.end(), v.begin() + begin, v.begin() + end);
-  }
-  own_m.resize(static_cast<std::size_t>(state.exp_avg.cols), 0.0f);
-  own_v.resize(own_m.size(), 0.0f);
-  backend_.upload(state.exp_avg, own_m.data());
-  backend_.upload(state.exp_avg_sq, own_v.data());
-}
-
 void Trainer::load(const checkpoint::CheckpointReader& reader) {
   reader.require_metadata_equal("model_config", config_.model.describe());
   const bool shards = reader.has_metadata("distributed_optimizer_shards");
@@ -656,20 +555,21 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
       reader.read_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
                          v.data() + e.offset);
     }
-    model.set_main_parameters(params);
+    data_parallel_->set_main_parameters(static_cast<int>(c), params);
     load_expert_biases({&reader}, *chunks_[c]);
     if (shards) {
-      const ChunkGradState& state = optimizer_state_[c];
-      std::vector<float> own(static_cast<std::size_t>(state.exp_avg.cols));
+      DataParallelStrategy::Moments own;
+      const std::int64_t owned = data_parallel_->owned_elements(static_cast<int>(c));
+      own.exp_avg.resize(static_cast<std::size_t>(owned));
+      own.exp_avg_sq.resize(own.exp_avg.size());
       const std::string chunk = std::to_string(c);
-      reader.read_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
-                         {static_cast<std::int64_t>(own.size())}, own.data());
-      backend_.upload(state.exp_avg, own.data());
-      reader.read_tensor("optimizer.shard.exp_avg_sq.chunk" + chunk, checkpoint::TensorDType::fp32,
-                         {static_cast<std::int64_t>(own.size())}, own.data());
-      backend_.upload(state.exp_avg_sq, own.data());
+      reader.read_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32, {owned},
+                         own.exp_avg.data());
+      reader.read_tensor("optimizer.shard.exp_avg_sq.chunk" + chunk, checkpoint::TensorDType::fp32, {owned},
+                         own.exp_avg_sq.data());
+      data_parallel_->set_moments(static_cast<int>(c), own);
     } else {
-      upload_moments(c, m, v);
+      data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
     }
   }
   iteration_ = reader.metadata_int("iteration");
@@ -680,6 +580,14 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
 void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
   if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
   shards.front().require_metadata_equal("model_config", config_.model.describe());
+  // Slices of one save only: a shard of another iteration or run would be assembled into the parameters.
+  for (const checkpoint::CheckpointReader& shard : shards)
+    for (const char* key : {"iteration", "consumed_samples", "model_config"})
+      if (shard.metadata_value(key) != shards.front().metadata_value(key))
+        throw UserError("checkpoint shard " + shard.directory() + " holds " + key + " " +
+                        shard.metadata_value(key) + " but " + shards.front().directory() + " holds " +
+                        shards.front().metadata_value(key) +
+                        "; the shards come from different saves: resume from a directory one save wrote");
   if (shards.front().has_metadata("distributed_optimizer_shards"))
     throw UserError(
         "checkpoint " + shards.front().directory() + " was saved under " +
@@ -725,11 +633,11 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
       put(m, "optimizer.exp_avg.");
       put(v, "optimizer.exp_avg_sq.");
     }
-    model.set_main_parameters(params);
+    data_parallel_->set_main_parameters(static_cast<int>(c), params);
     std::vector<const checkpoint::CheckpointReader*> readers;
     for (const checkpoint::CheckpointReader& shard : shards) readers.push_back(&shard);
     load_expert_biases(readers, *chunks_[c]);
-    upload_moments(c, m, v);
+    data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
   }
   iteration_ = shards.front().metadata_int("iteration");
   consumed_samples_ = shards.front().metadata_int("consumed_samples");

@@ -1,7 +1,8 @@
 // Trainer: one training iteration of one rank, interpreting its pipeline schedule (forward/backward of each
 // (micro-batch, model chunk), batched p2p of activations and gradients), then data-parallel gradient
 // reduction, the tied-embedding and sequence-parallel gradient all-reduces, the global grad norm and
-// clipping, AdamW with Megatron's LR schedule, NaN/inf skipping, and the checkpointed training state.
+// clipping, AdamW with Megatron's LR schedule, the non-finite loss and gradient check (stop, or skip the
+// step), and the checkpointed training state.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -12,10 +13,8 @@
 #include "executor/backend/backend.h"
 #include "executor/model/gpt_model.h"
 #include "executor/parallel/communicator.h"
+#include "executor/parallel/data_parallel.h"
 #include "executor/parallel/grad_buckets.h"
-#include "executor/parallel/grad_norm.h"
-#include "executor/parallel/gradient_reducer.h"
-#include "executor/training/chunk_grad_state.h"
 #include "executor/training/lr_schedule.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
@@ -54,6 +53,10 @@ struct TrainerConfig {
   bool use_distributed_optimizer =
       false;                          // --use-distributed-optimizer: reduce-scatter, sharded AdamW, gather
   bool overlap_param_gather = false;  // --overlap-param-gather: the gathers finish before the next forward
+  // --check-for-nan-in-loss-and-grad (Megatron's default on): a non-finite loss or gradient norm stops the
+  // run with a UserError naming the iteration and the first rank whose own part is non-finite; off, a
+  // non-finite gradient norm skips the update (counted in skipped_iterations).
+  bool check_for_nan_in_loss_and_grad = true;
   // The rank's walk of the iteration (layouts::walk_rank_step): the items the trainer interprets. Absent:
   // the schedule's forwards, backwards and p2p, then the grad norm and AdamW (a single rank).
   std::optional<layouts::RankStep> step;
@@ -69,7 +72,7 @@ struct StepResult {
   double loss = 0.0;           // mean over the iteration's micro-batches of their mean token loss
   float grad_norm = 0.0f;      // global L2 norm before clipping
   double learning_rate = 0.0;  // the rate this iteration's update used
-  bool skipped = false;        // non-finite gradients: no update
+  bool skipped = false;        // non-finite gradients (without the check): no update
   double elapsed_s = 0.0;      // wall time of the iteration (backend synchronized)
   // MoE with a load-balancing loss: Megatron's logged load_balancing_loss (the loss / its coefficient,
   // mean over micro-batches, MoE layers and data-parallel ranks); -1 otherwise.
@@ -127,22 +130,22 @@ class Trainer {
   GPTModel& model(int chunk = 0) { return *chunks_.at(chunk); }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   Backend& backend() { return backend_; }
+  DataParallelStrategy& data_parallel() { return *data_parallel_; }
   const TrainerConfig& config() const { return config_; }
 
  private:
   void build(bool sizing);
-  void build_optimizer();
-  void upload_moments(std::size_t chunk, const std::vector<float>& exp_avg,
-                      const std::vector<float>& exp_avg_sq);
   void run_items(const std::vector<MicroBatch>& microbatches);
   void run_p2p(const layouts::StepItem& item, bool evaluation = false);
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
   void reduce_tied_embedding();
   void reduce_sequence_parallel_norms();
-  void gather_params(int chunk, int bucket);  // bucket: index into the step's buckets of the chunk
-  void launch_step_bucket(int chunk, int bucket);
   void update_expert_biases();
-  double reported_loss();
+  double reported_loss(double& local);  // local: this rank's counted part
+  // Collective (every rank passes the same `global`): with the check on, throws UserError when `global`
+  // (the `what`, e.g. "gradient norm") is not finite, naming the first rank whose `local` is not.
+  void require_finite(const std::string& what, double global, double local);
+  double world_reduce(double value, ReduceOp op);
   std::vector<double> context_parallel_losses(GPTModel& chunk);
   // This CP rank's share of each micro-batch (the micro-batches themselves without context parallelism).
   const std::vector<MicroBatch>& context_parallel_share(const std::vector<MicroBatch>& microbatches);
@@ -158,11 +161,9 @@ class Trainer {
   std::vector<int> slots_per_chunk_;
   std::vector<MicroBatch> cp_local_;  // this CP rank's share of the iteration's micro-batches (cp > 1)
   std::vector<std::unique_ptr<GPTModel>> chunks_;
-  // Per chunk: the grad buffers' buckets, their reduction, and the AdamW moments (the whole buffer, or with
-  // the distributed optimizer this rank's shard of every bucket, back to back).
-  std::vector<ChunkGradState> optimizer_state_;
-  std::unique_ptr<GlobalGradNorm> grad_norm_;
-  std::vector<CommHandle> param_gathers_;
+  // The chunks' grad buffers, their reduction, the main parameters and AdamW moments this rank holds, the
+  // update and the param gathers (DDP, or the distributed optimizer).
+  std::unique_ptr<DataParallelStrategy> data_parallel_;
   StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)
   Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
   Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions
@@ -184,6 +185,8 @@ std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& 
 // buffers) with `communicator` answering the rank's group sizes (no data moves).
 std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, const layouts::RankSchedule& schedule,
                                           Backend& backend, Communicator& communicator);
+// What the chunk's DataParallelStrategy works on: its gradient-buffer regions and flat buffers.
+DataParallelChunk data_parallel_chunk(const GPTModel& model);
 // The no-pipelining schedule (layouts::build_rank_schedule over one uniform stage) of m micro-batches.
 layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches);
 // Activation slots each model chunk needs under `schedule`: the most micro-batches of the chunk whose

@@ -13,7 +13,9 @@
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/checkpoint/run_lineage.h"
+#include "executor/checkpoint/saved_iteration.h"
 #include "executor/data/gpt_dataset_indices.h"
+#include "executor/training/checkpoint_shards.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor {
@@ -80,9 +82,10 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
     config_.schedule = single_stage_schedule(t.model.num_layers, t.batch.num_microbatches);
   trainer_ = std::make_unique<Trainer>(t, config_.schedule, backend, communicator);
   load_checkpoint();
-  if (communicator_.world_rank() == 0)  // refuses a --save directory holding another run's checkpoints
-    checkpoint::claim_save_directory(config_.save, run_id_, run_id_resumed_ ? config_.load : "",
-                                     config_.overwrite_checkpoints);
+  // Refuses a --save directory that another run trains into now or whose checkpoints are another run's.
+  if (communicator_.world_rank() == 0)
+    save_claim_ = checkpoint::claim_save_directory(config_.save, run_id_, run_id_resumed_ ? config_.load : "",
+                                                   config_.overwrite_checkpoints);
   data::DataConfig data = config_.data;
   data.gpt.sequence_length = t.batch.seq;
   data.skip_empty_evaluation_splits = true;
@@ -108,14 +111,6 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
 
 TrainingRun::~TrainingRun() = default;
 
-namespace {
-std::string rank_shard_name(int rank) {
-  std::ostringstream name;
-  name << "rank_" << std::setw(5) << std::setfill('0') << rank;
-  return name.str();
-}
-}  // namespace
-
 void TrainingRun::save_checkpoint() {
   const int world = communicator_.world_size(), rank = communicator_.world_rank();
   if (world == 1) {
@@ -130,14 +125,7 @@ void TrainingRun::save_checkpoint() {
     if (rank == 0) options.run_id = run_id_;  // rank 0 checks the directory's owner and records the id
     checkpoint::CheckpointWriter writer(config_.save, trainer_->iteration(), options);
     trainer_->save(writer);
-    writer.add_metadata("layout", config_.layout_description);
-    writer.add_metadata_int("world_size", world);
-    writer.add_metadata_int("world_rank", rank);
-    writer.add_metadata_int("tp_rank", communicator_.rank(CommGroup::kTensor));
-    writer.add_metadata_int("tp_size", communicator_.size(CommGroup::kTensor));
-    // Routed experts are split over the expert-tensor-parallel group instead.
-    writer.add_metadata_int("etp_rank", communicator_.rank(CommGroup::kExpertTensor));
-    writer.add_metadata_int("etp_size", communicator_.size(CommGroup::kExpertTensor));
+    record_shard_coordinates(writer, communicator_, config_.layout_description);
     writer.commit_shard();
     trainer_->world_sum(0.0);
     if (rank == 0) {
@@ -157,39 +145,35 @@ void TrainingRun::load_checkpoint() {
     return;
   }
   const int world = communicator_.world_size(), rank = communicator_.world_rank();
-  // The saved layout: shard rank_00000 of a parallel save, the default shard of a single-rank one.
-  const std::string latest_dir = [&] {
-    const checkpoint::CheckpointReader probe = [&] {
-      try {
-        return checkpoint::CheckpointReader::open_latest(config_.load, rank_shard_name(0));
-      } catch (const UserError&) {
-        return checkpoint::CheckpointReader::open_latest(config_.load);
-      }
-    }();
-    return std::filesystem::path(probe.directory()).parent_path().string();
-  }();
-  const bool parallel_save = std::filesystem::exists(std::filesystem::path(latest_dir) / rank_shard_name(0));
+  // Every shard is checked against the tracker's iteration and the checksum shards.txt recorded for it
+  // (SavedIteration), and against the rank its name says wrote it.
+  const checkpoint::SavedIteration saved = checkpoint::SavedIteration::open_latest(config_.load);
+  const bool parallel_save = !saved.single_shard();
   std::vector<checkpoint::CheckpointReader> shards;
-  if (!parallel_save) {
-    shards.push_back(checkpoint::CheckpointReader::open_directory(latest_dir));
-  } else {
-    shards.push_back(checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(0)));
-  }
+  shards.push_back(saved.open_shard(parallel_save ? rank_shard_name(0) : checkpoint::kDefaultShardName));
+  if (parallel_save) require_shard_of_rank(shards.front(), 0, shards.front());
   run_id_ = checkpoint::run_id_for(&shards.front());
   run_id_resumed_ = true;
   const std::string saved_layout =
       shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "a single rank";
   const std::string this_layout = world == 1 ? "a single rank" : config_.layout_description;
   if (saved_layout == this_layout) {
-    const checkpoint::CheckpointReader mine =
-        world == 1 ? std::move(shards.front())
-                   : checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(rank));
-    trainer_->load(mine);
+    if (world == 1) {
+      trainer_->load(shards.front());
+    } else {
+      const checkpoint::CheckpointReader mine =
+          rank == 0 ? std::move(shards.front()) : saved.open_shard(rank_shard_name(rank));
+      if (rank != 0) require_shard_of_rank(mine, rank, shards.front());
+      require_own_coordinates(mine, communicator_);
+      trainer_->load(mine);
+    }
   } else {
     const std::int64_t saved_world =
         shards.front().has_metadata("world_size") ? shards.front().metadata_int("world_size") : 1;
-    for (int r = 1; r < saved_world; ++r)
-      shards.push_back(checkpoint::CheckpointReader::open_directory(latest_dir, rank_shard_name(r)));
+    for (int r = 1; r < saved_world; ++r) {
+      shards.push_back(saved.open_shard(rank_shard_name(r)));
+      require_shard_of_rank(shards.back(), r, shards.front());
+    }
     trainer_->load_resharded(shards);
     log_ << "resharded the checkpoint saved under " << saved_layout << " to " << this_layout << "\n";
   }
@@ -200,7 +184,7 @@ void TrainingRun::load_checkpoint() {
     throw UserError("--load " + config_.load +
                     ": the ranks' checkpoints hold different iterations; resume from "
                     "a directory written by one run");
-  log_ << "loaded checkpoint " << latest_dir << " at iteration " << trainer_->iteration()
+  log_ << "loaded checkpoint " << saved.directory() << " at iteration " << trainer_->iteration()
        << " (consumed samples " << trainer_->consumed_samples() << ")\n";
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "executor/checkpoint/run_lineage.h"
 #include "executor/data/dataset_builder.h"
 #include "executor/training/run_trace.h"
 #include "executor/training/trainer.h"
@@ -79,6 +80,7 @@ class TrainingRun {
   std::unique_ptr<Trainer> trainer_;
   std::string run_id_;           // this run's id: the resumed checkpoint's, else new (run_lineage.h)
   bool run_id_resumed_ = false;  // run_id_ came from the checkpoint under --load
+  checkpoint::SaveDirectoryClaim save_claim_;  // rank 0: the --save directory's lock, held while training
   std::shared_ptr<const data::SampleDataset> train_dataset_, valid_dataset_, test_dataset_;
   std::vector<EvaluationRecord> evaluations_;
   std::unique_ptr<RankTracer> tracer_;

@@ -1,13 +1,16 @@
 // A save never replaces another run's checkpoints: run ids recorded in --save directories and manifests,
 // the explicit overwrite, resuming, a deleted tracker; --load paths that do not exist or hold no checkpoint;
-// FIFOs in place of checkpoint files fail instead of hanging.
+// FIFOs in place of checkpoint files fail instead of hanging; of runs claiming one --save directory at once,
+// exactly one wins.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
@@ -107,6 +110,83 @@ TEST_F(LineageTest, DeletedTrackerIsNotAFreshStart) {
   // A run that started fresh anyway (no load) may not save over those iterations.
   EXPECT_NE(error_of([&] { claim_save_directory(root_, new_run_id(), "", false); }).find("another run"),
             std::string::npos);
+}
+
+// `claimers` processes claim `root` at once (each with its own run id) and hold their claims until all have
+// tried. Returns the winners' run ids; every loser must have been refused with a clear line.
+std::vector<std::string> race_for(const std::string& root, int claimers) {
+  int go[2], done[2], release[2];
+  if (::pipe(go) != 0 || ::pipe(done) != 0 || ::pipe(release) != 0) return {"pipe failed"};
+  std::vector<std::string> ids;
+  std::vector<pid_t> children;
+  for (int c = 0; c < claimers; ++c) {
+    ids.push_back(new_run_id());
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      char byte = 0;
+      ::close(go[1]);
+      ::close(release[1]);
+      (void)!::read(go[0], &byte, 1);  // every claimer starts at the same moment
+      char verdict = 'F';
+      SaveDirectoryClaim claim;
+      try {
+        claim = claim_save_directory(root, ids.back(), "", false);
+        verdict = 'W';
+      } catch (const UserError& e) {
+        const std::string message = e.what();
+        const bool clear = message.find("another --save directory") != std::string::npos &&
+                           message.find('\n') == std::string::npos;
+        verdict = clear ? 'L' : 'U';
+      }
+      (void)!::write(done[1], &verdict, 1);
+      (void)!::read(release[0], &byte, 1);  // hold the claim until every claimer has tried
+      ::_exit(0);
+    }
+    children.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(go[1]);
+  ::close(release[0]);
+  std::vector<std::string> winners;
+  for (int c = 0; c < claimers; ++c) {
+    char verdict = 0;
+    if (::read(done[0], &verdict, 1) != 1) verdict = '?';
+    if (verdict != 'W' && verdict != 'L') winners.push_back(std::string("bad verdict ") + verdict);
+    if (verdict == 'W') winners.push_back("winner");
+  }
+  ::close(release[1]);
+  for (const pid_t pid : children) ::waitpid(pid, nullptr, 0);
+  ::close(done[0]);
+  ::close(done[1]);
+  const std::string owner = save_directory_owner(root);
+  for (std::string& w : winners)
+    if (w == "winner") w = owner;
+  return winners;
+}
+
+TEST_F(LineageTest, OfRunsClaimingAFreshDirectoryAtOnceExactlyOneWinsAndSaves) {
+  for (int trial = 0; trial < 8; ++trial) {
+    const std::string root = base_ + "/race" + std::to_string(trial);
+    const std::vector<std::string> winners = race_for(root, 3);
+    ASSERT_EQ(winners.size(), 1u) << "trial " << trial << ": " << (winners.empty() ? "" : winners[0]);
+    ASSERT_EQ(winners[0].size(), 32u) << winners[0];  // the owner file holds the winner's id
+    save(root, 1, winners[0]);                        // the winner saves; nothing of a loser's is there
+    EXPECT_EQ(CheckpointReader::open_latest(root).iteration(), 1);
+  }
+}
+
+TEST_F(LineageTest, AHeldClaimRefusesASecondRunUntilReleased) {
+  const std::string first = new_run_id(), second = new_run_id();
+  std::optional<SaveDirectoryClaim> claim = claim_save_directory(root_, first, "", false);
+  EXPECT_TRUE(claim->held());
+  const std::string message = error_of([&] { claim_save_directory(root_, second, "", true); });
+  EXPECT_NE(message.find("in use by another run"), std::string::npos) << message;
+  EXPECT_NE(message.find("process " + std::to_string(::getpid())), std::string::npos) << message;
+  EXPECT_EQ(save_directory_owner(root_), first);
+  // The first run ends (or crashes) before its first save: a new run may take the empty directory.
+  claim.reset();
+  const SaveDirectoryClaim next = claim_save_directory(root_, second, "", false);
+  EXPECT_EQ(save_directory_owner(root_), second);
 }
 
 TEST_F(LineageTest, LoadPathsAreChecked) {

@@ -1,5 +1,7 @@
 // Tests checkpoint storage: round trip, Megatron-style layout, atomicity under an interrupted save,
-// corruption and mismatch detection, keep-last-N, and the CRC-32C.
+// corruption and mismatch detection, keep-last-N, the CRC-32C, and the shard index that binds every shard of
+// an iteration to its manifest checksum (a shard copied from another iteration, swapped, replaced, missing
+// or damaged is refused naming that shard and the cause; a save without the index still loads).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/checkpoint/crc32c.h"
+#include "executor/checkpoint/saved_iteration.h"
 #include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
@@ -292,6 +295,96 @@ TEST_F(CheckpointTest, BadNamesAreRejected) {
   EXPECT_THROW(writer.add_tensor("a", TensorDType::fp32, {1}, &value), UserError);
   EXPECT_THROW(writer.add_metadata("bad key", "x"), UserError);
   EXPECT_THROW(CheckpointWriter(root_, 1, {.shard_name = "a/b"}), UserError);
+}
+
+// Two shards ("rank_0", "rank_1") of `iteration` under `root`, each holding weights `value` + its rank.
+void save_two_shards(const std::string& root, int64_t iteration, float value) {
+  for (int rank = 0; rank < 2; ++rank) {
+    CheckpointWriter writer(root, iteration, {.shard_name = "rank_" + std::to_string(rank)});
+    std::vector<float> weights(12, value + static_cast<float>(rank));
+    writer.add_tensor("weights", TensorDType::fp32, {3, 4}, weights.data());
+    writer.commit_shard();
+  }
+  CheckpointWriter::finalize_iteration(root, iteration, {"rank_0", "rank_1"});
+}
+
+class ShardIndexTest : public CheckpointTest {
+ protected:
+  void SetUp() override {
+    CheckpointTest::SetUp();
+    save_two_shards(root_, 2, 20.0f);
+    save_two_shards(root_, 4, 40.0f);
+  }
+  fs::path shard(int64_t iteration, const std::string& name) const {
+    return fs::path(iteration_directory(root_, iteration)) / name;
+  }
+  void replace_shard(const fs::path& from, const fs::path& to) const {
+    fs::remove_all(to);
+    fs::copy(from, to, fs::copy_options::recursive);
+  }
+  std::string open_error(const std::string& name) const {
+    return error_of([&] { SavedIteration::open_latest(root_).open_shard(name); });
+  }
+};
+
+TEST_F(ShardIndexTest, EveryShardOpensAsTheSaveWroteIt) {
+  const SavedIteration saved = SavedIteration::open_latest(root_);
+  EXPECT_EQ(saved.iteration(), 4);
+  EXPECT_TRUE(saved.indexed());
+  EXPECT_FALSE(saved.single_shard());
+  EXPECT_EQ(weight_of(saved.open_shard("rank_1")), 41.0f);
+  EXPECT_NE(open_error("rank_2").find("has no shard rank_2: its shards.txt lists 2 shards, rank_0 .. rank_1"),
+            std::string::npos);
+  save(7, 1.0f);  // a single-process save
+  EXPECT_TRUE(SavedIteration::open_latest(root_).single_shard());
+}
+
+TEST_F(ShardIndexTest, AShardOfAnotherIterationIsRefused) {
+  replace_shard(shard(2, "rank_1"), shard(4, "rank_1"));
+  for (const bool indexed : {true, false}) {  // saves from before shards.txt are checked by iteration too
+    SCOPED_TRACE(indexed);
+    if (!indexed) fs::remove(fs::path(iteration_directory(root_, 4)) / kShardIndexFileName);
+    const std::string message = open_error("rank_1");
+    EXPECT_NE(message.find(shard(4, "rank_1").string() + " records iteration 2 but lies in the directory of "
+                                                         "iteration 4"),
+              std::string::npos)
+        << message;
+  }
+}
+
+TEST_F(ShardIndexTest, SwappedOrReplacedShardsAreRefused) {
+  const fs::path aside = fs::path(root_) / "aside";
+  fs::rename(shard(4, "rank_0"), aside);
+  fs::rename(shard(4, "rank_1"), shard(4, "rank_0"));
+  fs::rename(aside, shard(4, "rank_1"));
+  const std::string swapped = open_error("rank_0");
+  EXPECT_NE(swapped.find(shard(4, "rank_0").string() + " holds the shard this save wrote as rank_1"),
+            std::string::npos)
+      << swapped;
+  // Another save of the same iteration (another run's) in place of rank_1.
+  const std::string other = root_ + "_other";
+  save_two_shards(other, 4, 90.0f);
+  replace_shard(fs::path(iteration_directory(other, 4)) / "rank_1", shard(4, "rank_1"));
+  const std::string replaced = open_error("rank_1");
+  fs::remove_all(other);
+  EXPECT_NE(replaced.find(shard(4, "rank_1").string() + " is not the one this save wrote"), std::string::npos)
+      << replaced;
+}
+
+TEST_F(ShardIndexTest, AMissingOrDamagedShardIsNamedWithItsCause) {
+  fs::remove_all(shard(4, "rank_0"));
+  const std::string missing = open_error("rank_0");
+  EXPECT_NE(missing.find("checkpoint shard " + shard(4, "rank_0").string() + " is missing"),
+            std::string::npos)
+      << missing;
+  save_two_shards(root_, 4, 40.0f);
+  std::ofstream(shard(4, "rank_0") / kManifestFileName, std::ios::app) << "tensor extra\n";
+  const std::string damaged = open_error("rank_0");
+  EXPECT_NE(damaged.find((shard(4, "rank_0") / kManifestFileName).string() + " is truncated"),
+            std::string::npos)
+      << damaged;
+  std::ofstream(fs::path(iteration_directory(root_, 4)) / kShardIndexFileName, std::ios::app) << "x\n";
+  EXPECT_NE(open_error("rank_0").find("shards.txt is truncated (no end line)"), std::string::npos);
 }
 
 }  // namespace

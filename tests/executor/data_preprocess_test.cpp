@@ -70,6 +70,20 @@ TEST_F(PreprocessTest, SeveralJsonKeysGiveSeveralOutputs) {
   EXPECT_EQ(IndexedDataset(path("multi_title_document")).sequence(0), bytes("yz"));
 }
 
+TEST_F(PreprocessTest, AKeyGivenTwiceIsRefusedBeforeAnythingIsWritten) {
+  PreprocessConfig config;
+  config.input_path = write("in.jsonl", "{\"text\": \"x\", \"title\": \"yz\"}\n");
+  config.output_prefix = path("dup");
+  config.json_keys = {"text", "title", "text"};
+  try {
+    preprocess_data(config);
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--json-keys names 'text' twice"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(directory_), fs::directory_iterator()), 1);  // the input
+}
+
 TEST_F(PreprocessTest, PlainTextParagraphsLinesAndWholeFile) {
   const std::string text = "first line\nsame doc\n\n\nsecond\r\n";
   PreprocessConfig config;

@@ -154,5 +154,31 @@ TEST_F(BadTokenizerFiles, AreOneLineNamingTheFlag) {
   for (const auto& files : {gpt2, hf, tiktoken, sp}) EXPECT_EQ(error_of(files).find('\n'), std::string::npos);
 }
 
+// Two tokens with one id would encode as one: each reader refuses it, naming the file, both tokens and the
+// id.
+TEST_F(BadTokenizerFiles, TwoTokensSharingAnIdAreRefused) {
+  TokenizerFiles gpt2{.type = "GPT2BPETokenizer",
+                      .vocab_file = write("shared.json", "{\"a\": 0, \"b\": 1, \"c\": 1}"),
+                      .merge_file = write("merges.txt", "a b\n")};
+  const std::string message = error_of(gpt2);
+  EXPECT_NE(message.find("--vocab-file " + gpt2.vocab_file + ": tokens 'b' and 'c' share id 1"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos);
+
+  TokenizerFiles hf{.type = "HuggingFaceTokenizer",
+                    .tokenizer_model = write("shared-tokenizer.json",
+                                             "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"x\": 7, "
+                                             "\"y\": 7}, \"merges\": []}}")};
+  EXPECT_NE(error_of(hf).find("--tokenizer-model " + hf.tokenizer_model + ": tokens 'x' and 'y' share id 7"),
+            std::string::npos)
+      << error_of(hf);
+
+  TokenizerFiles tiktoken{.type = "TikTokenizer",
+                          .tokenizer_model = write("shared.tiktoken", "YQ== 3\nYg== 3\n")};
+  EXPECT_NE(error_of(tiktoken).find("tokens 'YQ==' and 'Yg==' share id 3"), std::string::npos)
+      << error_of(tiktoken);
+}
+
 }  // namespace
 }  // namespace megatune::executor::data

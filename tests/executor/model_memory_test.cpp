@@ -1,6 +1,7 @@
 // Where the engine's device memory goes: the arena a Trainer reserves, per allocation, computed with the
 // SizingBackend (the CUDA backend's dtype sizes, no GPU) for the benchmark shapes of bench/RESULTS.md, held
-// against compiled PyTorch's peak on the same runs; and what the shared / recomputed buffers save.
+// against compiled PyTorch's peak on the same runs; what the shared / recomputed buffers save; and the bytes
+// per parameter of each training state under DDP and the distributed optimizer against Megatron's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "executor/backend/sizing_backend.h"
+#include "executor/training/arena_sizing.h"
 #include "executor/training/trainer.h"
 #include "layouts/model_spec.h"
 
@@ -128,6 +130,50 @@ TEST(ArenaBreakdown, FullRecomputeKeepsOneLayerSet) {
   const auto with_none = size_training_arena(none, a), with_full = size_training_arena(full, b);
   EXPECT_EQ(bytes_of(with_full, "saved: qkv") * none.model.num_layers, bytes_of(with_none, "saved: qkv"));
   EXPECT_LT(total_of(with_full), total_of(with_none));
+}
+
+// One data-parallel rank of gpt-125m (tied: the bf16 copy covers every parameter) at dp x cp = d: DDP holds
+// 2 + 4 + 4 + 8 = 18 bytes per parameter in bf16; the distributed optimizer keeps the fp32 main parameters
+// and moments of its shard only, Megatron's 6 + 12/d (any d: the buckets pad to lcm(d, 128)); an fp32
+// model's parameters are its main parameters: 8 + 8/d. Tolerance 0.5%: the bucket padding and the arena's
+// 256-byte alignment.
+TEST(ParameterStateBytes, FollowMegatronsFormulaUnderDdpAndTheDistributedOptimizer) {
+  layouts::ModelSpec model = layouts::model_preset("gpt-125m");
+  model.seq_length = 256;
+  struct Case {
+    int dp, cp;
+    bool dist_opt, bf16;
+  };
+  for (const Case c : {Case{2, 1, false, true}, Case{3, 1, true, true}, Case{6, 1, true, true},
+                       Case{2, 2, true, true}, Case{3, 1, true, false}}) {
+    const int d = c.dp * c.cp;
+    SCOPED_TRACE("dp" + std::to_string(c.dp) + " cp" + std::to_string(c.cp) +
+                 (c.dist_opt ? " dist-opt" : "") + (c.bf16 ? " bf16" : " fp32"));
+    layouts::ParallelConfig config;
+    config.world_size = d;
+    config.context_parallel_size = c.cp;
+    config.use_distributed_optimizer = c.dist_opt;
+    config.micro_batch_size = 1;
+    config.global_batch_size = c.dp;
+    config.validate(model);
+    TrainOptions options;
+    options.bf16 = c.bf16;
+    SizingBackend backend;
+    const RankArena arena = size_rank_arena(model, config, options, 0, backend);
+    ASSERT_EQ(arena.state_bytes.size(), 4u);
+    const double shard = c.dist_opt ? 1.0 / d : 1.0;
+    const double expected[4] = {c.bf16 ? 2.0 : 0.0, 4.0, c.bf16 ? 4.0 * shard : 4.0, 8.0 * shard};
+    double total = 0.0;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(arena.state_bytes[i].bytes_per_parameter, expected[i], 0.005 * expected[i] + 1e-9)
+          << arena.state_bytes[i].state;
+      total += arena.state_bytes[i].bytes_per_parameter;
+    }
+    const double megatron = c.dist_opt ? (c.bf16 ? 6.0 + 12.0 / d : 8.0 + 8.0 / d) : 18.0;
+    EXPECT_DOUBLE_EQ(arena.megatron_bytes_per_parameter, megatron);
+    EXPECT_NEAR(total, megatron, 0.005 * megatron);
+    EXPECT_NE(format_parameter_state_bytes(arena).find("fp32 main parameters"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // One Trainer iteration on the CPU backend (fp32) against AdamW computed by hand from the gradients:
 // decoupled weight decay only on 2-D weights, bias correction, global-norm clipping; and a non-finite
-// gradient skips the update.
+// gradient skips the update without --check-for-nan-in-loss-and-grad and stops the run with it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
 #include "executor/training/trainer.h"
+#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {
@@ -96,8 +97,9 @@ TEST(OptimizerStep, MatchesHandComputedAdamW) { check_step(0.0); }
 
 TEST(OptimizerStep, ClipsByTheGlobalNorm) { check_step(0.05); }
 
-TEST(OptimizerStep, NonFiniteGradientsSkipTheIteration) {
-  const TrainerConfig config = small_config(1.0);
+TEST(OptimizerStep, NonFiniteGradientsSkipTheIterationWithoutTheCheck) {
+  TrainerConfig config = small_config(1.0);
+  config.check_for_nan_in_loss_and_grad = false;  // --no-check-for-nan-in-loss-and-grad
   CpuBackend backend;
   SingleRankCommunicator communicator(backend);
   Trainer trainer(config, single_stage_schedule(1, 2), backend, communicator);
@@ -113,6 +115,29 @@ TEST(OptimizerStep, NonFiniteGradientsSkipTheIteration) {
   const ParameterEntry& qkv =
       trainer.model().layout().find("decoder.layers.0.self_attention.linear_qkv.weight");
   for (std::int64_t j = 0; j < qkv.numel(); ++j) ASSERT_EQ(after[qkv.offset + j], params[qkv.offset + j]);
+}
+
+// --check-for-nan-in-loss-and-grad, Megatron's default: the same step stops the run, naming iteration and
+// rank, before any update.
+TEST(OptimizerStep, NonFiniteGradientsStopTheRunByDefault) {
+  const TrainerConfig config = small_config(1.0);
+  CpuBackend backend;
+  SingleRankCommunicator communicator(backend);
+  Trainer trainer(config, single_stage_schedule(1, 2), backend, communicator);
+  std::vector<float> params = trainer.model().main_parameters();
+  params[trainer.model().layout().find("decoder.layers.0.mlp.linear_fc2.weight").offset] =
+      std::numeric_limits<float>::infinity();
+  trainer.model().set_main_parameters(params);
+  std::string message;
+  try {
+    trainer.train_step(batches(config));
+  } catch (const UserError& e) {
+    message = e.what();
+  }
+  EXPECT_EQ(message.find("iteration 1: the gradient norm is "), 0u) << message;
+  EXPECT_NE(message.find("(first non-finite on rank 0 of 1)"), std::string::npos) << message;
+  EXPECT_NE(message.find("--no-check-for-nan-in-loss-and-grad"), std::string::npos) << message;
+  EXPECT_EQ(trainer.model().main_parameters(), params);  // no update
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // Checkpoints of parallel layouts on the CPU backend (ranks as threads): every rank writes its shard of the
-// iteration; resuming under the same layout continues bit-exactly; resuming under another layout reshards
+// iteration; resuming under the same layout continues bit-exactly (the distributed optimizer's bf16 run at
+// dp3 included, its fp32 shards gathered to be saved); resuming under another layout reshards
 // (parameters and optimizer moments assembled from the TP slices) and continues the same run within fp32
-// rounding (the tolerance of the layout matrix).
+// rounding (the tolerance of the layout matrix). Every load checks each shard it reads: a shard of another
+// iteration, rank directories swapped, a missing or damaged rank_00000 are refused naming that shard.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -22,7 +25,7 @@ namespace fs = std::filesystem;
 layouts::ModelSpec gpt_tiny() { return test::gpt_tiny(/*tied=*/true); }
 
 layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int dp, bool sp = false,
-                               bool dist_opt = false, int cp = 1, int ep = 1, int etp = 0) {
+                               bool dist_opt = false, int cp = 1, int ep = 1, int etp = 0, int gbs = 8) {
   layouts::ParallelConfig c;
   c.tensor_model_parallel_size = tp;
   c.expert_model_parallel_size = ep;
@@ -33,7 +36,7 @@ layouts::ParallelConfig layout(const layouts::ModelSpec& m, int tp, int pp, int 
   c.sequence_parallel = sp;
   c.use_distributed_optimizer = dist_opt;
   c.micro_batch_size = 2;
-  c.global_batch_size = 8;
+  c.global_batch_size = gbs;
   c.validate(m);
   return c;
 }
@@ -86,22 +89,27 @@ class ParallelCheckpoint : public ::testing::Test {
       EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "iteration " << 4 + i;
     return whole;
   }
-  // Trains 4 iterations whole and 2 saved under `saved`; 2 more resumed under `target` (default: one rank)
-  // continue the curve.
+  // Trains 4 iterations whole and 2 saved under `saved`; 2 more resumed from that one checkpoint under each
+  // of `targets` (default: one rank) continue the curve.
   void expect_reshards(const layouts::ModelSpec& m, const layouts::ParallelConfig& saved,
-                       std::optional<layouts::ParallelConfig> target = std::nullopt) {
+                       std::vector<layouts::ParallelConfig> targets = {}) {
+    if (targets.empty()) targets.push_back(layout(m, 1, 1, 1));
     const RunResult whole = train(saved, options(4), m);
     TrainOptions first = options(2);
     first.save = dir_.string();
     train(saved, first, m);
-    TrainOptions second = options(4);
-    second.load = dir_.string();
-    const RunResult resumed = train(target ? *target : layout(m, 1, 1, 1), second, m);
-    EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
-    ASSERT_EQ(resumed.losses.size(), 2u);
-    for (int i = 0; i < 2; ++i)
-      EXPECT_NEAR(resumed.losses[i], whole.losses[2 + i], 2e-5 * whole.losses[2 + i])
-          << "iteration " << 3 + i;
+    for (const layouts::ParallelConfig& target : targets) {
+      SCOPED_TRACE("tp" + std::to_string(target.tp()) + " dp" + std::to_string(target.dp()) + " etp" +
+                   std::to_string(target.etp()));
+      TrainOptions second = options(4);
+      second.load = dir_.string();
+      const RunResult resumed = train(target, second, m);
+      EXPECT_NE(resumed.log.find("resharded the checkpoint"), std::string::npos);
+      ASSERT_EQ(resumed.losses.size(), 2u);
+      for (int i = 0; i < 2; ++i)
+        EXPECT_NEAR(resumed.losses[i], whole.losses[2 + i], 2e-5 * whole.losses[2 + i])
+            << "iteration " << 3 + i;
+    }
   }
   fs::path dir_;
 };
@@ -134,6 +142,31 @@ TEST_F(ParallelCheckpoint, DistributedOptimizerShardsResumeBitExactlyAndRefuseAn
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("resume under that layout only"), std::string::npos) << e.what();
   }
+}
+
+// A bf16 model at dp3 under the distributed optimizer (fp32 main parameters in the shards only, gathered
+// through the gradient buffer to be saved): saving mid-run changes nothing, and the run resumes bit-exactly.
+TEST_F(ParallelCheckpoint, Bf16DistributedOptimizerShardsAtDp3SaveWithoutDisturbingTheRunAndResume) {
+  const layouts::ModelSpec m = gpt_tiny();
+  const layouts::ParallelConfig c = layout(m, 1, 1, 3, false, /*dist_opt=*/true, 1, 1, 0, /*gbs=*/6);
+  auto bf16 = [](std::int64_t iters) {
+    TrainOptions o = options(iters);
+    o.bf16 = true;
+    return o;
+  };
+  const RunResult plain = train(c, bf16(4));
+  TrainOptions saving = bf16(4);
+  saving.save = (dir_ / "mid_run").string();
+  saving.save_interval = 2;
+  EXPECT_EQ(train(c, saving).losses, plain.losses);
+  TrainOptions first = bf16(2);
+  first.save = dir_.string();
+  train(c, first);
+  TrainOptions second = bf16(4);
+  second.load = dir_.string();
+  const RunResult resumed = train(c, second);
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(resumed.losses[i], plain.losses[2 + i]) << "iteration " << 3 + i;
 }
 
 TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {
@@ -199,12 +232,75 @@ TEST_F(ParallelCheckpoint, MoeWithExpertTensorParallelismReshards) {
   m.moe_router_topk = 2;
   m.moe_ffn_hidden_size = 32;
   const layouts::ParallelConfig saved = layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/2);
-  expect_reshards(m, saved);
-  fs::remove_all(dir_);
-  expect_reshards(m, saved, layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
-  // The same tp x dp with the experts whole (etp1): another layout of the expert weights, resharded.
-  fs::remove_all(dir_);
-  expect_reshards(m, saved, layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1));
+  // Into one rank, into etp1 x ep2 under tp2, and into the same tp x dp with the experts whole (etp1):
+  // another layout of the expert weights, resharded.
+  expect_reshards(m, saved,
+                  {layout(m, 1, 1, 1), layout(m, 2, 1, 1, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1),
+                   layout(m, 2, 1, 2, /*sp=*/true, false, 1, /*ep=*/2, /*etp=*/1)});
+}
+
+// Trains `iterations` of the tiny model under tp2 into dir_, saving after each; the resuming run's options.
+TrainOptions save_tp2(const fs::path& dir, int iterations) {
+  TrainOptions first = options(iterations);
+  first.save = dir.string();
+  first.save_interval = 1;
+  train(layout(gpt_tiny(), 2, 1, 1), first);
+  TrainOptions second = options(iterations + 1);
+  second.load = dir.string();
+  return second;
+}
+
+std::string load_error(const layouts::ParallelConfig& c, const TrainOptions& o) {
+  try {
+    train(c, o);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(ParallelCheckpoint, AShardOfAnotherIterationIsRefusedWhenResharding) {
+  const TrainOptions second = save_tp2(dir_, 2);
+  const fs::path stale = dir_ / "iter_0000002" / "rank_00001";
+  fs::remove_all(stale);
+  fs::copy(dir_ / "iter_0000001" / "rank_00001", stale, fs::copy_options::recursive);
+  const std::string message = load_error(layout(gpt_tiny(), 1, 1, 1), second);
+  EXPECT_NE(message.find(stale.string() + " records iteration 1"), std::string::npos) << message;
+}
+
+TEST_F(ParallelCheckpoint, SwappedRankDirectoriesAreRefusedUnderTheSameLayout) {
+  const TrainOptions second = save_tp2(dir_, 1);
+  const fs::path iteration = dir_ / "iter_0000001";
+  fs::rename(iteration / "rank_00000", iteration / "aside");
+  fs::rename(iteration / "rank_00001", iteration / "rank_00000");
+  fs::rename(iteration / "aside", iteration / "rank_00001");
+  const std::string indexed = load_error(layout(gpt_tiny(), 2, 1, 1), second);
+  EXPECT_NE(indexed.find("holds the shard this save wrote as rank_00001"), std::string::npos) << indexed;
+  // A save from before shards.txt: the world rank its manifest records names the swap.
+  fs::remove(iteration / "shards.txt");
+  const std::string legacy = load_error(layout(gpt_tiny(), 2, 1, 1), second);
+  EXPECT_NE(legacy.find("was written by world rank 1, not rank 0"), std::string::npos) << legacy;
+}
+
+TEST_F(ParallelCheckpoint, AMissingOrDamagedRankZeroIsNamedWithItsCause) {
+  const TrainOptions second = save_tp2(dir_, 1);
+  const fs::path manifest = dir_ / "iter_0000001" / "rank_00000" / "manifest.txt";
+  std::ofstream(manifest, std::ios::app) << "x\n";
+  const std::string damaged = load_error(layout(gpt_tiny(), 1, 1, 1), second);
+  EXPECT_NE(damaged.find(manifest.string() + " is truncated"), std::string::npos) << damaged;
+  EXPECT_EQ(damaged.find("mp_rank_00"), std::string::npos) << damaged;
+  fs::remove_all(dir_ / "iter_0000001" / "rank_00000");
+  const std::string missing = load_error(layout(gpt_tiny(), 1, 1, 1), second);
+  EXPECT_NE(missing.find("rank_00000 is missing"), std::string::npos) << missing;
+  EXPECT_EQ(missing.find("mp_rank_00"), std::string::npos) << missing;
+}
+
+TEST_F(ParallelCheckpoint, ASaveFromBeforeTheShardIndexStillLoads) {
+  const TrainOptions second = save_tp2(dir_, 1);
+  fs::remove(dir_ / "iter_0000001" / "shards.txt");
+  EXPECT_NE(train(layout(gpt_tiny(), 2, 1, 1), second).log.find("loaded checkpoint"), std::string::npos);
+  EXPECT_NE(train(layout(gpt_tiny(), 1, 1, 1), second).log.find("resharded the checkpoint"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Data parallelism on threads as ranks: GradientReducer (the mean over dp, overlap on and off bit-identical,
-// early launch of ready buckets, recorded ops) and DistributedOptimizer (sharded and replicated AdamW against
-// one rank's AdamW over the whole buffer, the global grad norm under TP and DP, clipping, a skipped step).
+// early launch of ready buckets, recorded ops) and the DataParallelStrategy implementations (the distributed
+// optimizer at dp 2, 3, 4 and 6 with its own fp32 shards or an fp32 model's, and DDP, against one rank's
+// AdamW over the whole buffer; bf16 gathers; the global grad norm under TP and DP; a non-finite gradient).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,9 +9,10 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 
 #include "executor/kernels/reference_elementwise.h"
-#include "executor/parallel/distributed_optimizer.h"
+#include "executor/parallel/data_parallel.h"
 #include "executor/parallel/gradient_reducer.h"
 #include "layouts/rank_grid.h"
 #include "tests/executor/thread_rank_test_util.h"
@@ -59,14 +61,21 @@ std::vector<float> local_grads(const GradBufferLayout& layout, int tp_rank, int 
   return g;
 }
 
-// The mean over dp ranks, summed in dp order (exact for power-of-two dp whatever the scaling order).
+// A rank's gradients scaled by 1 / dp, as the reducer scales them (or the loss gradient carries it).
+std::vector<float> scaled_local_grads(const GradBufferLayout& layout, int tp_rank, int dp_rank, int dp,
+                                      int step) {
+  std::vector<float> g = local_grads(layout, tp_rank, dp_rank, step);
+  for (float& x : g) x *= 1.0f / static_cast<float>(dp);
+  return g;
+}
+
+// The mean over dp ranks: the scaled gradients summed in dp order, as the collectives sum them.
 std::vector<float> mean_grads(const GradBufferLayout& layout, int tp_rank, int dp, int step) {
   std::vector<float> sum(layout.total_elements(), 0.0f);
   for (int r = 0; r < dp; ++r) {
-    const std::vector<float> g = local_grads(layout, tp_rank, r, step);
+    const std::vector<float> g = scaled_local_grads(layout, tp_rank, r, dp, step);
     for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = r == 0 ? g[i] : sum[i] + g[i];
   }
-  for (float& x : sum) x /= static_cast<float>(dp);
   return sum;
 }
 
@@ -221,35 +230,57 @@ void expect_near_everywhere(const GradBufferLayout& layout, const std::vector<fl
       ASSERT_NEAR(got[i], want[i], tolerance) << layout.entries()[e].name << " element " << i;
 }
 
+// The strategy over one dense buffer laid out by `layout`.
+std::unique_ptr<DataParallelStrategy> strategy_over(Rank& rank, const GradBufferLayout& layout, bool sharded,
+                                                    Tensor grads, Tensor model_params, Tensor main_params) {
+  DataParallelChunk chunk;
+  chunk.dense_buffer = &layout;
+  chunk.grads = grads;
+  chunk.model_params = model_params;
+  chunk.main_params = main_params;
+  DataParallelOptions options;
+  options.overlap_grad_reduce = true;
+  return make_data_parallel_strategy(sharded, rank.comm, {chunk}, {}, options, /*sizing=*/false);
+}
+
+// One iteration's update after the gradients are in place: reduce, norm, AdamW, gather; returns the norm.
+float reduce_and_step(DataParallelStrategy& strategy, int step) {
+  strategy.finish_grad_reduction();
+  const float norm = strategy.grad_norm();
+  strategy.step(hyper_at(step));
+  strategy.gather_all_params();
+  return norm;
+}
+
 // Three training steps of a dp group: reduce, step; returns each rank's params and each step's norm.
+// give_main_params: the model is fp32, its parameters are the main parameters.
 void train_data_parallel(Rank& rank, const GradBufferLayout& layout, bool sharded, bool give_main_params,
                          std::vector<float>& params_out, std::vector<float>& norms) {
-  const int dp_rank = rank.comm.rank(CommGroup::kDataContext);
+  const int dp_rank = rank.comm.rank(CommGroup::kDataContext), dp = rank.comm.size(CommGroup::kDataContext);
   const std::vector<float> init = initial_params(layout, 0);
   Tensor model_params = rank.make(init);
   Tensor grads = rank.make(std::vector<float>(layout.total_elements(), 0.0f));
-  OptimizerBuffers buffers{grads, model_params, give_main_params ? model_params : Tensor{}};
-  DistributedOptimizer optimizer(rank.comm, layout, buffers, {sharded});
-  optimizer.initialize_master_params(model_params);
-  GradientReducer reducer(rank.comm, layout, grads, {true, sharded});
+  const auto strategy =
+      strategy_over(rank, layout, sharded, grads, model_params, give_main_params ? model_params : Tensor{});
+  strategy->set_main_parameters(0, init);
+  if (sharded) {
+    EXPECT_EQ(strategy->owned_elements(0) * dp, layout.total_elements());
+  }
   for (int s = 0; s < 3; ++s) {
-    rank.backend.upload(grads, local_grads(layout, 0, dp_rank, s).data());
-    for (int e = 0; e < static_cast<int>(layout.entries().size()); ++e) reducer.mark_ready(e);
-    reducer.finish();
-    const DistributedOptimizer::StepResult result = optimizer.step(hyper_at(s + 1));
-    EXPECT_FALSE(result.skipped);
-    norms.push_back(result.grad_norm);
+    rank.backend.upload(grads, scaled_local_grads(layout, 0, dp_rank, dp, s).data());
+    norms.push_back(reduce_and_step(*strategy, s + 1));
   }
   params_out = rank.read(model_params);
+  EXPECT_EQ(strategy->main_parameters(0), params_out);  // fp32: the gathered shards are the model's
 }
 
-TEST(DistributedOptimizer, StepsLikeOneRankOverTheWholeBuffer) {
+TEST(DataParallelStrategy, StepsLikeOneRankOverTheWholeBuffer) {
   struct Case {
     int dp;
     bool sharded, give_main_params;
   };
-  for (const Case c : {Case{2, true, false}, Case{4, true, false}, Case{4, true, true}, Case{2, false, true},
-                       Case{4, false, false}}) {
+  for (const Case c : {Case{2, true, false}, Case{3, true, false}, Case{4, true, false}, Case{6, true, false},
+                       Case{4, true, true}, Case{2, false, true}, Case{3, false, true}}) {
     SCOPED_TRACE("dp" + std::to_string(c.dp) + (c.sharded ? " sharded" : " replicated") +
                  (c.give_main_params ? " with main params" : ""));
     const GradBufferLayout layout = test_layout(c.dp, c.sharded);
@@ -264,46 +295,57 @@ TEST(DistributedOptimizer, StepsLikeOneRankOverTheWholeBuffer) {
   }
 }
 
-// bf16 model params (the CPU backend emulating bf16): the gathered params are the bf16 rounding of the
-// fp32 master params, the same on every rank.
-TEST(DistributedOptimizer, GathersBf16ModelParams) {
-  const GradBufferLayout layout = test_layout(4, true);
+TEST(DataParallelStrategy, ReplicatedNeedsTheWholeMainParameters) {
+  const GradBufferLayout layout = test_layout(2, false);
+  run_grid(1, 2, [&](Rank& rank) {
+    Tensor params = rank.make(initial_params(layout, 0)), grads = rank.make(local_grads(layout, 0, 0, 0));
+    EXPECT_THROW(strategy_over(rank, layout, false, grads, params, {}), std::invalid_argument);
+  });
+}
+
+// bf16 model params (the CPU backend emulating bf16) over dp 3: the fp32 main parameters live in the
+// shards only; the gathered params are the bf16 rounding of the fp32 master params, the same on every rank,
+// and the gathered shards are the single rank's fp32 parameters.
+TEST(DataParallelStrategy, DistributedOptimizerKeepsFp32ShardsAndGathersBf16Params) {
+  constexpr int kDp = 3;
+  const GradBufferLayout layout = test_layout(kDp, true);
   std::vector<float> reference_norms;
-  const std::vector<float> reference = single_rank_adamw(layout, 0, 4, 1, reference_norms);
+  const std::vector<float> reference = single_rank_adamw(layout, 0, kDp, 1, reference_norms);
   std::mutex mutex;
-  std::vector<std::vector<float>> gathered(4);
+  std::vector<std::vector<float>> gathered(kDp), main(kDp);
   run_grid(
-      1, 4,
+      1, kDp,
       [&](Rank& rank) {
         const int dp_rank = rank.comm.rank(CommGroup::kDataContext);
-        const std::vector<float> init = initial_params(layout, 0);
-        Tensor master = rank.make(init), grads = rank.make(local_grads(layout, 0, dp_rank, 0));
-        Tensor params = rank.make(1, layout.total_elements(), init, DType::kBF16);
-        GradientReducer reducer(rank.comm, layout, grads, {false, true});
-        reducer.finish();
-        DistributedOptimizer optimizer(rank.comm, layout, {grads, params, {}}, {});
-        optimizer.initialize_master_params(master);
-        optimizer.step(hyper_at(1));
+        Tensor grads = rank.make(scaled_local_grads(layout, 0, dp_rank, kDp, 0));
+        Tensor params = rank.make(1, layout.total_elements(), {}, DType::kBF16);
+        const auto strategy = strategy_over(rank, layout, true, grads, params, {});
+        strategy->set_main_parameters(0, initial_params(layout, 0));
+        reduce_and_step(*strategy, 1);
+        std::vector<float> own = rank.read(params), whole = strategy->main_parameters(0);
         std::lock_guard<std::mutex> lock(mutex);
-        gathered[dp_rank] = rank.read(params);
+        gathered[dp_rank] = std::move(own);
+        main[dp_rank] = std::move(whole);
       },
       /*bf16=*/true);
-  for (int r = 1; r < 4; ++r) EXPECT_EQ(gathered[r], gathered[0]);
+  for (int r = 1; r < kDp; ++r) EXPECT_EQ(gathered[r], gathered[0]);
   std::vector<float> rounded = reference;
   reference::round_to_bf16_inplace(rounded.data(), static_cast<std::int64_t>(rounded.size()));
   expect_near_everywhere(layout, gathered[0], rounded, 1e-6f);
+  for (int r = 0; r < kDp; ++r) expect_near_everywhere(layout, main[r], reference, 1e-6f);
 }
 
-TEST(DistributedOptimizer, RecordsNormReduceAdamWAndParamGathers) {
+TEST(DataParallelStrategy, RecordsNormReduceAdamWAndParamGathers) {
   const GradBufferLayout layout = test_layout(2, true);
   run_grid(1, 2, [&](Rank& rank) {
     Tensor params = rank.make(initial_params(layout, 0));
     Tensor grads = rank.make(local_grads(layout, 0, 0, 0));
-    DistributedOptimizer optimizer(rank.comm, layout, {grads, params, {}}, {});
-    optimizer.initialize_master_params(params);
-    EXPECT_EQ(optimizer.owned_elements() * 2, layout.total_elements());
+    const auto strategy = strategy_over(rank, layout, true, grads, params, params);
+    strategy->set_main_parameters(0, initial_params(layout, 0));
     rank.backend.recorder().set_enabled(true);
-    optimizer.step(hyper_at(1));
+    strategy->grad_norm();
+    strategy->step(hyper_at(1));
+    strategy->gather_all_params();
     const std::vector<layouts::Op>& ops = rank.backend.recorder().ops();
     ASSERT_EQ(ops.size(), 3 + layout.buckets().size());
     EXPECT_EQ(ops[0].kind, OpKind::kGradNorm);
@@ -324,7 +366,7 @@ TEST(DistributedOptimizer, RecordsNormReduceAdamWAndParamGathers) {
 }
 
 // Under tp2 x dp2 the global norm counts TP-sharded gradients on both TP ranks and TP-replicated ones once.
-TEST(DistributedOptimizer, GlobalGradNormCountsEveryElementOnce) {
+TEST(DataParallelStrategy, GlobalGradNormCountsEveryElementOnce) {
   for (bool sharded : {true, false}) {
     const GradBufferLayout layout = test_layout(2, sharded);
     double sum_of_squares = 0.0;
@@ -341,33 +383,113 @@ TEST(DistributedOptimizer, GlobalGradNormCountsEveryElementOnce) {
       const int tp_rank = rank.comm.rank(CommGroup::kTensor),
                 dp_rank = rank.comm.rank(CommGroup::kDataContext);
       Tensor params = rank.make(initial_params(layout, tp_rank));
-      Tensor grads = rank.make(local_grads(layout, tp_rank, dp_rank, 0));
-      GradientReducer reducer(rank.comm, layout, grads, {false, sharded});
-      reducer.finish();
-      DistributedOptimizer optimizer(rank.comm, layout, {grads, params, {}}, {sharded});
-      optimizer.initialize_master_params(params);
-      const DistributedOptimizer::StepResult result = optimizer.step(hyper_at(1));
-      EXPECT_NEAR(result.grad_norm, expected, 1e-6 * expected);
+      Tensor grads = rank.make(scaled_local_grads(layout, tp_rank, dp_rank, 2, 0));
+      const auto strategy = strategy_over(rank, layout, sharded, grads, params, params);
+      strategy->finish_grad_reduction();
+      const float norm = strategy->grad_norm();
+      EXPECT_NEAR(norm, expected, 1e-6 * expected);
     });
   }
 }
 
-TEST(DistributedOptimizer, ANonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
+TEST(DataParallelStrategy, ANonFiniteGradientOnOneRankGivesEveryRankANonFiniteNorm) {
   const GradBufferLayout layout = test_layout(4, true);
   run_grid(1, 4, [&](Rank& rank) {
     const int dp_rank = rank.comm.rank(CommGroup::kDataContext);
-    const std::vector<float> init = initial_params(layout, 0);
     std::vector<float> g = local_grads(layout, 0, dp_rank, 0);
     if (dp_rank == 2) g[layout.offset(3) + 5] = std::numeric_limits<float>::infinity();
-    Tensor params = rank.make(init), grads = rank.make(g);
-    GradientReducer reducer(rank.comm, layout, grads, {false, true});
-    reducer.finish();
-    DistributedOptimizer optimizer(rank.comm, layout, {grads, params, {}}, {});
-    optimizer.initialize_master_params(params);
-    const DistributedOptimizer::StepResult result = optimizer.step(hyper_at(1));
-    EXPECT_TRUE(result.skipped);
-    EXPECT_EQ(rank.read(params), init);
+    Tensor params = rank.make(initial_params(layout, 0)), grads = rank.make(g);
+    const auto strategy = strategy_over(rank, layout, true, grads, params, {});
+    strategy->finish_grad_reduction();
+    EXPECT_FALSE(std::isfinite(strategy->grad_norm()));
   });
+}
+
+// A data-parallel group of 2 seen from its rank 0 whose all-gathers complete only when waited, as on a GPU:
+// each wait logs the element its output starts at. Nothing else moves.
+class DeferringCommunicator final : public Communicator {
+ public:
+  DeferringCommunicator(Backend& backend, const void* base, std::vector<std::int64_t>& waited)
+      : Communicator(backend), base_(static_cast<const char*>(base)), waited_(waited) {}
+  int world_rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  int rank(CommGroup) const override { return 0; }
+  int size(CommGroup group) const override {
+    return group == CommGroup::kDataContext || group == CommGroup::kWorld ? 2 : 1;
+  }
+  int global_rank(CommGroup, int rank_in_group) const override { return rank_in_group; }
+  void abort(const std::string& message) override { throw std::runtime_error(message); }
+
+ protected:
+  class Gather final : public CommWork {
+   public:
+    Gather(std::vector<std::int64_t>& log, std::int64_t at) : log_(log), at_(at) {}
+    void wait() override {
+      if (!done_) log_.push_back(at_);
+      done_ = true;
+    }
+
+   private:
+    std::vector<std::int64_t>& log_;
+    std::int64_t at_;
+    bool done_ = false;
+  };
+  CommHandle do_all_reduce(CommGroup, Tensor, ReduceOp) override { return nullptr; }
+  CommHandle do_all_gather(CommGroup, Tensor, Tensor output) override {
+    return std::make_unique<Gather>(waited_, (static_cast<const char*>(output.data) - base_) / 4);
+  }
+  CommHandle do_reduce_scatter(CommGroup, Tensor, Tensor) override { return nullptr; }
+  CommHandle do_broadcast(CommGroup, Tensor, int) override { return nullptr; }
+  CommHandle do_all_to_all(CommGroup, Tensor, Tensor) override { return nullptr; }
+  CommHandle do_batch_p2p(CommGroup, const std::vector<P2pTransferArgs>&) override {
+    throw std::logic_error("no p2p here");
+  }
+
+ private:
+  const char* base_;
+  std::vector<std::int64_t>& waited_;
+};
+
+// --overlap-param-gather: the gathers launched after the step are waited bucket by bucket where the forward
+// first reads them (the forward reads the buffer back to front); without it, at once.
+TEST(DataParallelStrategy, OverlappedParamGathersAreWaitedInTheForwardPreHookOfTheirBucket) {
+  const GradBufferLayout layout = test_layout(2, true);
+  const int buckets = static_cast<int>(layout.buckets().size());
+  ASSERT_GT(buckets, 2);
+  for (const bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    CpuBackend backend;
+    backend.reserve_arena(1 << 20);
+    const Tensor params = backend.allocate(DType::kFP32, 1, layout.total_elements(), "params");
+    const Tensor grads = backend.allocate(DType::kFP32, 1, layout.total_elements(), "grads");
+    backend.fill_zero(grads);
+    std::vector<std::int64_t> waited;
+    DeferringCommunicator comm(backend, params.data, waited);
+    DataParallelChunk chunk;
+    chunk.dense_buffer = &layout;
+    chunk.grads = grads;
+    chunk.model_params = chunk.main_params = params;
+    DataParallelOptions options;
+    options.overlap_param_gather = overlap;
+    const auto strategy = make_data_parallel_strategy(true, comm, {chunk}, {}, options, false);
+    strategy->set_main_parameters(0, initial_params(layout, 0));
+    reduce_and_step(*strategy, 1);
+    if (!overlap) {
+      EXPECT_EQ(static_cast<int>(waited.size()), buckets);
+      continue;
+    }
+    EXPECT_TRUE(waited.empty());
+    const int last_group = layout.entries().back().group;  // the forward's first parameters
+    strategy->before_forward(0, last_group);
+    ASSERT_EQ(waited.size(), 1u);
+    EXPECT_EQ(waited[0], layout.buckets().back().begin);
+    strategy->before_forward(0, last_group);  // nothing left for it
+    EXPECT_EQ(waited.size(), 1u);
+    strategy->before_forward(0, layout.entries().front().group);  // the first bucket: every other one
+    EXPECT_EQ(static_cast<int>(waited.size()), buckets);
+    strategy->wait_params();
+    EXPECT_EQ(static_cast<int>(waited.size()), buckets);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // GradBufferLayout: offsets equal the executor's ParameterLayout, buckets agree with the planner's
-// layouts::grad_sync_buckets for the tiny model and GPT / Llama presets (tp 1 and 2), the distributed
-// optimizer's padding splits every bucket into equal shards, and grad_buffer_entries' groups and TP flags.
+// layouts::grad_sync_buckets for the tiny model and GPT / Llama presets (tp 1 and 2; the distributed
+// optimizer's padded ones too), the distributed optimizer's padding splits every bucket into equal shards
+// for any dp and ParameterLayout lays its buffers out by it, and grad_buffer_entries' groups and TP flags.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -64,8 +65,11 @@ TEST(GradBufferLayout, BucketsAgreeWithThePlanner) {
     if (c.overlap) {
       EXPECT_GT(planner.size(), 1u);
     }
+    // The distributed optimizer's buckets are padded to lcm(dp, 128) on both sides.
     for (std::size_t b = 0; b < planner.size(); ++b)
-      EXPECT_EQ(layout.buckets()[b].parameter_elements * 4, planner[b]) << "bucket " << b;
+      EXPECT_EQ((c.dist_opt ? layout.buckets()[b].numel() : layout.buckets()[b].parameter_elements) * 4,
+                planner[b])
+          << "bucket " << b;
   }
 }
 
@@ -118,6 +122,24 @@ TEST(GradBufferLayout, DistributedOptimizerBucketsSplitIntoEqualShards) {
     }
     EXPECT_EQ(previous_end, layout.total_elements());
     EXPECT_THROW(layout.shard_begin(0, dp), std::out_of_range);
+  }
+}
+
+// Any dp under the distributed optimizer: the model's buffers are laid out by the padded buckets.
+TEST(GradBufferLayout, ParameterLayoutFollowsTheDistributedOptimizersPadding) {
+  const TransformerConfig config =
+      transformer_config_from(layouts::model_preset("gpt-125m"), 1, 1e4f, 1e-5f, 0.02f);
+  for (int dp : {3, 6}) {
+    BufferBucketing bucketing;
+    bucketing.dense = {dp, true, 300'000, true, 0};
+    const ParameterLayout params(config, {}, bucketing);
+    const GradBufferLayout layout(grad_buffer_entries(ParameterLayout(config)), bucketing.dense);
+    ASSERT_GT(layout.buckets().size(), 2u);
+    EXPECT_EQ(params.dense_buffer().buckets().size(), layout.buckets().size());
+    EXPECT_EQ(params.total_elements(), layout.total_elements());
+    EXPECT_EQ(params.total_elements() % std::lcm(dp, 128), 0);
+    for (const ParameterEntry& e : params.entries())
+      EXPECT_EQ(e.offset, layout.offset(layout.find(e.name))) << "dp " << dp << " " << e.name;
   }
 }
 

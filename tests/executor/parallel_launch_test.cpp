@@ -1,5 +1,6 @@
 // Launch of multi-process jobs without a GPU: the launchers' environments (torchrun, Slurm, Open MPI,
-// none) and their bad values, the TCP rendezvous on localhost (threads and a forked process as ranks) with
+// none) and their bad values, the CPU backend refusing to be one of several processes, the distributed
+// timeout of ranks as threads, the TCP rendezvous on localhost (threads and a forked process as ranks) with
 // its failure lines, and the one-host launcher with /bin/sh children.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -16,7 +17,9 @@
 #include "executor/parallel/launch_environment.h"
 #include "executor/parallel/local_launcher.h"
 #include "executor/parallel/tcp_rendezvous.h"
+#include "executor/training/thread_run.h"
 #include "layouts/user_error.h"
+#include "tests/executor/parallel_test_models.h"
 
 namespace megatune::executor {
 namespace {
@@ -158,6 +161,69 @@ TEST(LaunchEnvironment, LayoutWorldSizeMustMatch) {
         << line;
     EXPECT_NE(line.find("--nproc 8"), std::string::npos) << line;
   }
+}
+
+TEST(LaunchEnvironment, TheCpuBackendRefusesToBeOneOfSeveralProcesses) {
+  EXPECT_NO_THROW(require_single_process_for_cpu(read_launch_environment(fake({}))));
+  EXPECT_NO_THROW(require_single_process_for_cpu(
+      read_launch_environment(fake({{"RANK", "0"}, {"WORLD_SIZE", "1"}}))));  // torchrun of one process
+  for (const char* rank : {"0", "1"}) {
+    SCOPED_TRACE(rank);
+    const LaunchEnvironment launch = read_launch_environment(fake({{"RANK", rank},
+                                                                   {"WORLD_SIZE", "2"},
+                                                                   {"MASTER_ADDR", "no-such-host.invalid"},
+                                                                   {"MASTER_PORT", "1"}}));
+    try {
+      require_single_process_for_cpu(launch);
+      FAIL() << "a CPU rank started as one of two processes was accepted";
+    } catch (const UserError& e) {
+      const std::string line = e.what();
+      EXPECT_NE(line.find(std::string("rank ") + rank + " of 2"), std::string::npos) << line;
+      EXPECT_NE(line.find("--nproc N"), std::string::npos) << line;
+      EXPECT_NE(line.find("--device cuda"), std::string::npos) << line;
+      EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+    }
+  }
+}
+
+// --distributed-timeout-minutes bounds every wait of ranks as threads: after training rank 0 enters one more
+// world reduction that rank 1 does not, and rank 0's wait ends at the timeout (0.005 minutes) with that
+// figure.
+TEST(DistributedTimeout, BoundsAWaitOfRanksAsThreads) {
+  const layouts::ModelSpec model = test::llama_tiny(true);
+  layouts::ParallelConfig config;
+  config.world_size = 2;
+  config.micro_batch_size = 1;
+  config.global_batch_size = 2;
+  config.validate(model);
+  TrainOptions options;
+  options.train_iters = 1;
+  options.mock_data = true;
+  options.distributed_timeout_minutes = 0.005;
+  std::atomic<bool> rank0_done{false};
+  std::ostringstream log;
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    train_on_threads(model, config, options, log, [&](int rank, TrainingRun& run) {
+      if (rank == 1) {
+        while (!rank0_done && seconds_since(start) < 10)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return;
+      }
+      try {
+        run.trainer().world_sum(1.0);
+      } catch (...) {
+        rank0_done = true;
+        throw;
+      }
+      rank0_done = true;
+    });
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("timed out after 0.3 s"), std::string::npos) << message;
+  EXPECT_LT(seconds_since(start), 5.0);
 }
 
 // ---- rendezvous: every rank a thread of this process, or a forked process.

@@ -1,14 +1,17 @@
 // The parallel-layout matrix on the CPU backend (ranks as threads): every dense layout the planner can pick
 // trains the tiny models from the same seed and reproduces the single-rank loss curve and the single-rank
-// weights after training. Tolerance: fp32 on the CPU, relative 2e-5 on each iteration's loss; on each weight
-// relative 1e-4 plus an absolute 2e-5 (AdamW moves a parameter whose gradient is ~0, e.g. a bias, by up to
-// lr per step whatever the gradient's rounding, lr 3e-3): TP, PP and DP change the order of floating-point
-// sums only. The multi-latent-attention model (tiny-deepseek-v3-mla) runs its own, smaller matrix.
+// weights after training (the single-rank reference of each model is trained once per test binary:
+// tests/executor/reference_run_cache.h). Tolerance: fp32 on the CPU, relative 2e-5 on each iteration's loss;
+// on each weight relative 1e-4 plus an absolute 2e-5 (AdamW moves a parameter whose gradient is ~0, e.g. a
+// bias, by up to lr per step whatever the gradient's rounding, lr 3e-3): TP, PP and DP change the order of
+// floating-point sums only. The multi-latent-attention model (tiny-deepseek-v3-mla) runs its own, smaller
+// matrix.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -17,6 +20,7 @@
 #include "layouts/parallel_config.h"
 #include "layouts/rank_grid.h"
 #include "tests/executor/parallel_test_models.h"
+#include "tests/executor/reference_run_cache.h"
 
 namespace megatune::executor {
 namespace {
@@ -50,6 +54,7 @@ struct Layout {
   bool sigmoid_bias = false;  // MoE: sigmoid routing with DeepSeek-V3's expert bias (no aux loss)
   int etp = 1;                // MoE: --expert-tensor-parallel-size
   bool allgather = false;     // MoE: --moe-token-dispatcher-type allgather
+  int micro_batch = 2, global_batch = 8;
 };
 
 layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
@@ -62,8 +67,8 @@ layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const L
   if (l.allgather) c.moe_token_dispatcher_type = layouts::MoeDispatcher::kAllGather;
   c.world_size = l.tp * l.pp * l.dp * l.cp;
   c.sequence_parallel = l.sp;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 8;
+  c.micro_batch_size = l.micro_batch;
+  c.global_batch_size = l.global_batch;
   c.num_virtual_stages_per_pipeline_rank = l.vpp;
   c.pipeline_model_parallel_layout = l.layout_string;
   c.use_distributed_optimizer = l.dist_opt;
@@ -118,6 +123,25 @@ Trained train(const layouts::ModelSpec& model, const Layout& l) {
   return out;
 }
 
+// The single-rank run a layout is held against: from the on-disk cache when this binary made it before.
+Trained single_rank_reference(const layouts::ModelSpec& model, const Layout& l, const std::string& key) {
+  Trained single;
+  if (const std::optional<test::ReferenceRun> cached = test::load_reference_run("layout-matrix-" + key)) {
+    single.losses = cached->losses;
+    for (const auto& [name, values] : cached->weights) single.weights[name].push_back({0, 1, {}, values});
+    return single;
+  }
+  Layout single_rank{"single"};
+  single_rank.sigmoid_bias = l.sigmoid_bias;
+  single_rank.micro_batch = l.micro_batch;
+  single_rank.global_batch = l.global_batch;
+  single = train(model, single_rank);
+  test::ReferenceRun run{single.losses, {}};
+  for (const auto& [name, copies] : single.weights) run.weights[name] = copies.front().values;
+  test::store_reference_run("layout-matrix-" + key, run);
+  return single;
+}
+
 void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l) {
   SCOPED_TRACE(l.name);
   static std::map<std::string, Trained> reference_cache;
@@ -128,10 +152,9 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
       key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied") +
       (model.is_moe() ? "-moe" + std::to_string(model.moe_shared_expert_intermediate_size) : "") +
       (l.sigmoid_bias ? "-sigmoid-bias" : "") +
-      (model.mtp_num_layers > 0 ? "-mtp" + std::to_string(model.mtp_num_layers) : "");
-  Layout single_rank{"single"};
-  single_rank.sigmoid_bias = l.sigmoid_bias;
-  if (!reference_cache.count(ref_key)) reference_cache[ref_key] = train(model, single_rank);
+      (model.mtp_num_layers > 0 ? "-mtp" + std::to_string(model.mtp_num_layers) : "") + "-mbs" +
+      std::to_string(l.micro_batch) + "-gbs" + std::to_string(l.global_batch);
+  if (!reference_cache.count(ref_key)) reference_cache[ref_key] = single_rank_reference(model, l, ref_key);
   const Trained& single = reference_cache[ref_key];
   const Trained parallel = train(model, l);
   ASSERT_EQ(parallel.losses.size(), single.losses.size());
@@ -198,6 +221,75 @@ INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
                            return name + (std::get<1>(info.param) ? "_gpt" : "_llama") +
                                   (std::get<2>(info.param) ? "_tied" : "_untied");
                          });
+
+// The distributed optimizer at data-parallel sizes that do not divide 64 (buckets padded to lcm(dp, 128)):
+// dp3 on 2 micro-batches of 2 against the single rank's 3, dp6 with several buckets and overlapped gathers on
+// micro-batches of 1.
+struct OddDataParallelCase {
+  Layout layout;
+  bool gpt = false, tied = false;
+};
+
+const std::vector<OddDataParallelCase>& odd_dp_matrix() {
+  static const std::vector<OddDataParallelCase> cases = {
+      {{"dp3 dist-opt", 1, 1, 3, 0, false, true, false, "", 1, 1, false, 1, false, 2, 6}, true, true},
+      {{"dp6 dist-opt overlaps", 1, 1, 6, 0, false, true, true, "", 1, 1, false, 1, false, 1, 6},
+       false,
+       false},
+  };
+  return cases;
+}
+
+class OddDataParallelMatrix : public ::testing::TestWithParam<int> {};
+
+TEST_P(OddDataParallelMatrix, ReproducesTheSingleRankRun) {
+  const OddDataParallelCase& c = odd_dp_matrix().at(GetParam());
+  expect_matches_single_rank(c.gpt ? gpt_tiny(c.tied) : llama_tiny(c.tied), c.layout);
+}
+
+INSTANTIATE_TEST_SUITE_P(DistributedOptimizer, OddDataParallelMatrix,
+                         ::testing::Range(0, static_cast<int>(odd_dp_matrix().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           std::string name = odd_dp_matrix().at(info.param).layout.name;
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
+
+// A bf16 model at dp3 (the CPU backend rounding to bf16): the distributed optimizer keeps the fp32 main
+// parameters in its shards only and gathers bf16 parameters, DDP keeps them whole; without clipping (the
+// grad norm's summation order is the one difference) both runs are bit-identical, losses and fp32 main
+// parameters alike.
+TEST(DistributedOptimizerBf16, Dp3MatchesDdpBitForBit) {
+  const layouts::ModelSpec model = llama_tiny(false);
+  using Weights = std::map<std::string, std::vector<float>>;  // rank 0's fp32 main parameters by name
+  auto run = [&](bool dist_opt, Weights& main) {
+    const Layout l{"dp3", 1, 1, 3, 0, false, dist_opt, true, "", 1, 1, false, 1, false, 2, 6};
+    TrainOptions o = options();
+    o.train_iters = 6;
+    o.bf16 = true;
+    o.clip_grad = 0.0;
+    std::ostringstream log;
+    std::vector<double> losses;
+    const auto records =
+        train_on_threads(model, parallel_config(model, l), o, log, [&](int rank, TrainingRun& training) {
+          Trainer& trainer = training.trainer();
+          const std::vector<float> gathered = trainer.data_parallel().main_parameters(0);  // collective
+          if (rank != 0) return;
+          for (const ParameterEntry& e : trainer.model(0).layout().entries())
+            main[e.name].assign(gathered.begin() + e.offset, gathered.begin() + e.offset + e.numel());
+        });
+    for (const IterationRecord& r : records) losses.push_back(r.step.loss);
+    return losses;
+  };
+  Weights ddp_main, dist_main;
+  const std::vector<double> ddp = run(false, ddp_main), dist = run(true, dist_main);
+  ASSERT_EQ(ddp.size(), 6u);
+  EXPECT_EQ(dist, ddp);
+  EXPECT_LT(ddp.back(), ddp.front());
+  EXPECT_FALSE(ddp_main.empty());
+  EXPECT_TRUE(dist_main == ddp_main);
+}
 
 // Multi-latent attention: its TP plan (replicated down-projections, latents gathered / reduced over TP),
 // with and without query compression, and pipelining.

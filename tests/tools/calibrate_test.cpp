@@ -127,6 +127,18 @@ TEST_F(CalibrateTest, BadInputsGiveOneClearLine) {
        "no such directory"},
       {{"db", "--embedded", "calibrate", "--run", path("mbs1")}, "--embedded"},
       {{"compare", "--leave-one-out", "--run", path("mbs1")}, "at least two --run"},
+      // A run given twice would be weighted twice (or predicted from itself).
+      {{"db", "--db", path("x.db"), "calibrate", "--run", path("mbs1"), "--run", path("mbs1"), "--cluster",
+        "1x1xH200"},
+       "--run " + path("mbs1") + " is given twice"},
+      {{"db", "--db", path("x.db"), "calibrate", "--run", path("mbs1"), "--run", path("mbs1") + "/",
+        "--cluster", "1x1xH200"},
+       "is given twice (also as " + path("mbs1") + ")"},
+      {{"compare", "--leave-one-out", "--run", path("mbs1"), "--run", path("mbs2"), "--run", path("mbs1")},
+       "is given twice"},
+      {{"compare", "--run", path("mbs1"), "--rank", "5"},
+       "--rank 5: --run " + path("mbs1") + " traced ranks 0 to 0"},
+      {{"compare", "--run", path("mbs1"), "--rank", "-1"}, "--rank"},
   };
   for (const Case& c : cases) {
     const CliResult r = run_megatune(c.args);

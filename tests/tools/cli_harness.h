@@ -61,21 +61,13 @@ inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-// Runs `megatune args...` (stdout to `stdout_path` when given, e.g. "/dev/full"), killing it after
-// `limit_s`. `prefix` runs before the binary (e.g. {"setpriv", "--reuid=65534", ...}).
-inline CliResult run_megatune(const std::vector<std::string>& args, double limit_s = 20,
-                              const std::string& stdout_path = "",
-                              const std::vector<std::string>& prefix = {}) {
-  const TempDir capture;
-  const std::string out_path = stdout_path.empty() ? capture / "out" : stdout_path;
-  const std::string err_path = capture / "err";
-  std::vector<std::string> argv_text = prefix;
-  argv_text.push_back(MEGATUNE_CLI_PATH);
-  argv_text.insert(argv_text.end(), args.begin(), args.end());
+// Starts `argv_text` (a program and its arguments) with standard input from /dev/null and its output into
+// the files named; returns its pid.
+inline pid_t start_process(std::vector<std::string> argv_text, const std::string& out_path,
+                           const std::string& err_path) {
   std::vector<char*> argv;
   for (std::string& a : argv_text) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const auto start = std::chrono::steady_clock::now();
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -87,6 +79,22 @@ inline CliResult run_megatune(const std::vector<std::string>& args, double limit
     ::execvp(argv[0], argv.data());
     ::_exit(127);
   }
+  return pid;
+}
+
+// Runs `megatune args...` (stdout to `stdout_path` when given, e.g. "/dev/full"), killing it after
+// `limit_s`. `prefix` runs before the binary (e.g. {"setpriv", "--reuid=65534", ...}).
+inline CliResult run_megatune(const std::vector<std::string>& args, double limit_s = 20,
+                              const std::string& stdout_path = "",
+                              const std::vector<std::string>& prefix = {}) {
+  const TempDir capture;
+  const std::string out_path = stdout_path.empty() ? capture / "out" : stdout_path;
+  const std::string err_path = capture / "err";
+  std::vector<std::string> argv_text = prefix;
+  argv_text.push_back(MEGATUNE_CLI_PATH);
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = start_process(argv_text, out_path, err_path);
   CliResult result;
   int status = 0;
   while (true) {

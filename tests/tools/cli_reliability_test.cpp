@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <regex>
 
 #include "tests/tools/cli_harness.h"
@@ -203,6 +204,44 @@ TEST(CliSilentNonsense, IgnoredFlagCombinationsAreRefused) {
       "--no-causal does not apply");
 }
 
+TEST(CliSilentNonsense, RanksOpsAndSamplesOutsideWhatExistsAreRefused) {
+  expect_one_line_refusal(run_megatune({"layout", "--model", "tiny", "--rank", "-1"}),
+                          "--rank: value -1 must be at least 0");
+  expect_one_line_refusal(run_megatune({"layout", "--model", "tiny", "--rank", "1"}), "outside the world");
+  const CliResult price = run_megatune({"db", "--embedded", "price", "gemmm", "--shape", "8", "8", "8"});
+  expect_one_line_refusal(price, "gemmm");
+  for (const char* known : {"gemm", "attention_bwd", "reduce_scatter", "rope_bwd", "optimizer"})
+    EXPECT_NE(price.err.find(known), std::string::npos) << known << ": " << price.err;
+  EXPECT_EQ(run_megatune({"db", "--embedded", "price", "rope_bwd", "--shape", "4096"}).exit_code, 0);
+  TempDir dir;
+  write_text(dir / "corpus.txt", "one small document\n\nand another one\n");
+  ASSERT_EQ(run_megatune({"data", "preprocess", "--input", dir / "corpus.txt", "--output-prefix", dir / "c"})
+                .exit_code,
+            0);
+  const std::vector<std::string> sample = {"data",    "sample", "--data-path",  dir / "c_text_document",
+                                           "--split", "1,0,0",  "--seq-length", "4"};
+  const CliResult last = run_megatune(with(sample, {"--first", "0", "--count", "1000"}));
+  ASSERT_EQ(last.exit_code, 0) << last.err;
+  const std::string samples = std::to_string(std::count(last.out.begin(), last.out.end(), '\n') - 1);
+  const CliResult past = run_megatune(with(sample, {"--first", samples}));
+  expect_one_line_refusal(
+      past, "--first " + samples + " is past the end of the train split, which has " + samples + " samples");
+  EXPECT_EQ(run_megatune(with(sample, {"--first", std::to_string(std::stoi(samples) - 1)})).exit_code, 0);
+}
+
+TEST(CliSilentNonsense, ABinaryOrForeignFileIsNotImportedAsZeroRows) {
+  TempDir dir;
+  const std::string db = dir / "x.db";
+  write_text(dir / "binary.csv", std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16));
+  expect_one_line_refusal(
+      run_megatune({"db", "--db", db, "import", dir / "binary.csv", "--table", "gpu_models"}),
+      "holds binary data");
+  write_text(dir / "foreign.csv", "when,what\n");  // a header of another table and no rows
+  expect_one_line_refusal(
+      run_megatune({"db", "--db", db, "import", dir / "foreign.csv", "--table", "gpu_models"}),
+      "column \"when\" is not in table gpu_models");
+}
+
 TEST(CliSilentNonsense, AbsurdClusterFileValues) {
   TempDir dir;
   const std::vector<std::pair<std::string, std::string>> files = {
@@ -315,6 +354,33 @@ TEST(CliUnclear, OverflowIsReportedAgainstTheFlagsGiven) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(r.err.find("--world-size -"), std::string::npos) << r.err;
   EXPECT_FALSE(has_source_location(r.err)) << r.err;
+}
+
+TEST(CliUnclear, PreprocessRefusesAKeyGivenTwiceAndWritesNothing) {
+  TempDir dir;
+  write_text(dir / "in.jsonl", "{\"text\": \"hello\"}\n");
+  const CliResult r = run_megatune({"data", "preprocess", "--input", dir / "in.jsonl", "--output-prefix",
+                                    dir / "out", "--json-keys", "text", "text"});
+  expect_one_line_refusal(r, "--json-keys names 'text' twice");
+  EXPECT_FALSE(std::filesystem::exists(dir / "out_text_document.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out_text_document.idx"));
+}
+
+TEST(CliUnclear, AJsonErrorStatesItsPositionOnce) {
+  TempDir dir;
+  std::filesystem::create_directory(dir / "run");
+  write_text(dir / "run/run.json", "{\"format\":\n x}");
+  const CliResult trace = run_megatune({"compare", "--run", dir / "run"});
+  expect_one_line_refusal(trace, "run.json: line 2, column 2: syntax error");
+  write_text(dir / "rows.json", "[{\"name\": 1,\n ]");
+  const CliResult rows =
+      run_megatune({"db", "--db", dir / "x.db", "import", dir / "rows.json", "--table", "gpu_models"});
+  expect_one_line_refusal(rows, "rows.json:2: invalid JSON at column 2 (syntax error");
+  for (const CliResult* r : {&trace, &rows}) {
+    const std::string& err = r->err;
+    EXPECT_EQ(err.find("column"), err.rfind("column")) << err;
+    EXPECT_EQ(err.find("line 2"), err.rfind("line 2")) << err;
+  }
 }
 
 TEST(CliUnclear, ReadOnlyDatabaseIsReadable) {

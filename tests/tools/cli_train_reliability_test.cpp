@@ -1,7 +1,9 @@
 // `megatune train` on bad input (CPU backend, tiny model): a --save directory holding another run's
 // checkpoints is refused unless --overwrite-checkpoints, a --load that does not exist is refused and an empty
 // one starts fresh with a line, nonsense optimizer flags and a full --ops-out device fail with one line, and
-// a model whose arena exceeds the (injected) free GPU memory is refused before anything is allocated.
+// a model whose arena exceeds the (injected) free GPU memory is refused before anything is allocated; the
+// CPU backend started as one of several processes by a launcher refuses before training; a non-finite
+// gradient norm stops the run in one line unless --no-check-for-nan-in-loss-and-grad skips such steps.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -55,6 +57,29 @@ TEST(CliTrain, LoadPaths) {
       "no latest_checkpointed_iteration.txt");
 }
 
+// --dry-run makes the real run's checks of the flags against each other and the layout: the same line.
+TEST(CliTrain, TheDryRunRefusesWhatARealRunRefuses) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nproc", "4", "--tp", "2"}, "--nproc 4 does not match the layout's world size 2"},
+      {{"--data-path", "corpus_text_document"}, "give only one of --data-path PREFIX and --mock-data"},
+      {{"--trace-iterations", "2:3"}, "--trace-iterations needs --trace-dir DIR"}};
+  for (const auto& [flags, says] : cases) {
+    std::vector<std::string> args = flags;
+    args.insert(args.begin(), {"--train-iters", "2"});
+    const CliResult real = run_megatune(train(args), 60);
+    expect_refusal(real, says);
+    args.push_back("--dry-run");
+    const CliResult dry = run_megatune(train(args), 60);
+    expect_refusal(dry, says);
+    EXPECT_EQ(dry.err, real.err);
+  }
+  // Only the data may be left out of a dry run: it reads none.
+  const CliResult no_data = run_megatune({"train", "--model", "tiny", "--device", "cpu", "--dry-run"}, 60);
+  EXPECT_EQ(no_data.exit_code, 0) << no_data.err;
+  expect_refusal(run_megatune({"train", "--model", "tiny", "--device", "cpu"}, 60),
+                 "give exactly one of --data-path PREFIX and --mock-data");
+}
+
 TEST(CliTrain, NonsenseFlagsAndFullOutputs) {
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--lr", "nan"}, {"--adam-eps", "0"}, {"--adam-beta1", "2"}, {"--train-iters", "0"}}) {
@@ -64,6 +89,33 @@ TEST(CliTrain, NonsenseFlagsAndFullOutputs) {
     expect_refusal(run_megatune(train(more), 120), flag);
   }
   expect_refusal(run_megatune(train({"--train-iters", "2", "--ops-out", "/dev/full"}), 120), "No space left");
+}
+
+TEST(CliTrain, TheCpuBackendUnderALauncherOfSeveralProcessesIsRefused) {
+  for (const char* rank : {"RANK=0", "RANK=1"}) {
+    SCOPED_TRACE(rank);
+    const CliResult r =
+        run_megatune(train({"--train-iters", "2"}), 60, "",
+                     {"env", rank, "WORLD_SIZE=2", "MASTER_ADDR=no-such-host.invalid", "MASTER_PORT=29500"});
+    expect_refusal(r, "--device cpu runs every rank as a thread of one process");
+    EXPECT_NE(r.err.find("--nproc N"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("iteration"), std::string::npos) << r.out;  // refused before training
+  }
+  expect_refusal(run_megatune(train({"--train-iters", "2", "--distributed-timeout-minutes", "0"}), 60),
+                 "--distributed-timeout-minutes 0 makes no sense");
+}
+
+TEST(CliTrain, ANonFiniteGradientNormStopsTheRunUnlessTheCheckIsOff) {
+  // --lr 1e30: the first update makes the weights overflow the second iteration; two ranks as threads.
+  const std::vector<std::string> diverging = {"--train-iters", "2", "--lr",         "1e30",
+                                              "--dp",          "2", "--world-size", "2"};
+  expect_refusal(run_megatune(train(diverging), 60),
+                 "iteration 2: the gradient norm is NaN (first non-finite on rank 0 of 2); the run stopped");
+  std::vector<std::string> unchecked = diverging;
+  unchecked.push_back("--no-check-for-nan-in-loss-and-grad");
+  const CliResult skipped = run_megatune(train(unchecked), 60);
+  ASSERT_EQ(skipped.exit_code, 0) << skipped.err;
+  EXPECT_NE(skipped.out.find("number of skipped iterations:   1 |"), std::string::npos) << skipped.out;
 }
 
 TEST(CliTrain, AModelThatDoesNotFitTheGpuIsRefusedBeforeAllocating) {

@@ -54,9 +54,14 @@ TEST(CliTrainTokenizer, VocabularyAndEndOfDocumentComeFromTheTokenizerFlags) {
                                     "2",
                                     "--eod-mask-loss"};
   train.insert(train.end(), tokenizer.begin(), tokenizer.end());
-  const CliResult ok = run_megatune(train, 120);
+  std::vector<std::string> traced = train;
+  traced.insert(traced.end(), {"--trace-dir", dir / "trace"});
+  const CliResult ok = run_megatune(traced, 120);
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_NE(ok.out.find("iteration        3/       3"), std::string::npos) << ok.out;
+  // The trace records the vocabulary the tokenizer chose: compare rebuilds the same model from it.
+  const CliResult compare = run_megatune({"compare", "--run", dir / "trace", "--top", "0"}, 60);
+  EXPECT_EQ(compare.exit_code, 0) << compare.err;
 
   // The tiny preset's own vocabulary (the byte tokenizer's) is smaller than the TikTokenizer's 1256 ids.
   train.insert(train.end(), {"--vocab-size", "384"});

@@ -1,10 +1,14 @@
 // `megatune plan --measure-top K` on the CPU backend: the top candidates are trained and traced, the table
 // shows their measured step times, the re-ranked winner is the fastest measured one and the written plan
-// names it, and the calibration lands in the --db named; failing candidates and bad flags get one line each.
+// names it, and the calibration lands in the --db named; failing candidates and bad flags get one line each;
+// SIGTERM to the plan ends its running `megatune train` child too.
+#include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "cli_harness.h"
@@ -65,6 +69,16 @@ TEST(PlanMeasureTopTest, MeasuresTheTopCandidatesAndMakesTheFastestMeasuredOneTh
       run_megatune(measure_plan({"-o", plan, "--measure-keep", dir / "runs", "--db", db}), 120);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("predicted vs measured"), std::string::npos) << r.out;
+  // Both MFU columns of each measured row carry two decimals.
+  const std::regex mfu_columns(R"( [0-9]+\.[0-9]{2}% +[0-9]+\.[0-9]{2}%$)");
+  std::istringstream table(r.out.substr(r.out.find("predicted vs measured")));
+  int measured_rows = 0;
+  for (std::string line; std::getline(table, line) && line.find("re-ranked") == std::string::npos;)
+    if (line.find(" s ") != std::string::npos) {
+      ++measured_rows;
+      EXPECT_TRUE(std::regex_search(line, mfu_columns)) << line;
+    }
+  EXPECT_EQ(measured_rows, 2) << r.out;
   EXPECT_NE(r.out.find("calibration from 2 traced runs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("stored as calibrations row"), std::string::npos) << r.out;  // --db named
   {
@@ -138,6 +152,60 @@ TEST(PlanMeasureTopTest, BadMeasureFlagsGetOneLine) {
   EXPECT_NE(keep.exit_code, 0);
   EXPECT_EQ(keep.error_lines(), 1) << keep.err;
   EXPECT_NE(keep.err.find("--measure-keep needs --measure-top"), std::string::npos) << keep.err;
+}
+
+// The pids whose parent is `parent` (from /proc/<pid>/stat).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> children;
+  DIR* proc = ::opendir("/proc");
+  for (dirent* entry = proc ? ::readdir(proc) : nullptr; entry != nullptr; entry = ::readdir(proc)) {
+    const std::string name = entry->d_name;
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;  // not a process
+    char stat_text[512] = {};
+    const int fd = ::open(("/proc/" + name + "/stat").c_str(), O_RDONLY);
+    if (fd < 0) continue;  // ended meanwhile
+    const ssize_t got = ::read(fd, stat_text, sizeof(stat_text) - 1);
+    ::close(fd);
+    const std::string stat(stat_text, got > 0 ? static_cast<std::size_t>(got) : 0);
+    const std::size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid == parent) children.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  if (proc) ::closedir(proc);
+  return children;
+}
+
+TEST(PlanMeasureTopTest, SigtermToThePlanEndsItsTrainingChild) {
+  TempDir dir;
+  std::vector<std::string> words = measure_plan({});
+  const auto iterations = std::find(words.begin(), words.end(), "--measure-iterations");
+  ASSERT_NE(iterations, words.end());
+  *(iterations + 1) = "1000000";  // a child that trains far longer than the test
+  words.insert(words.begin(), MEGATUNE_CLI_PATH);
+  const std::string err_path = dir / "err";
+  const pid_t plan = start_process(words, "/dev/null", err_path);
+  std::vector<pid_t> children;
+  const auto start = std::chrono::steady_clock::now();
+  while (children.empty() && std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    children = children_of(plan);
+  }
+  ASSERT_EQ(children.size(), 1u) << "the plan started no training child";
+  ::kill(plan, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(plan, &status, 0), plan);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << status;
+  // Reaped by the plan before it ended: the child's pid no longer names a process (nor a zombie).
+  EXPECT_NE(::kill(children[0], 0), 0);
+  EXPECT_EQ(errno, ESRCH);
+  const std::string err = read_text(err_path);
+  EXPECT_NE(err.find("interrupted by signal Terminated: stopped its running child, megatune train"),
+            std::string::npos)
+      << err;
 }
 
 }  // namespace
