@@ -1,73 +1,99 @@
-// Benchmark: planner search speed (candidates simulated per second) on llama3-70b over 1024 H100s and
-// over 64 H100s, and the time of one llama3-405b simulation at 16384 to 1048576 GPUs, priced from the
-// embedded catalog. Usage: bench_plan_speed [threads]
+// Benchmark: planner search speed, priced from the embedded catalog. Every model preset on 16384 H100s
+// and deepseek-v3 on 2048 with megatune plan's default memory model (the executor's sizing), llama3-405b
+// on 1048576 GPUs; llama3-70b over 1024 and 64 H100s (Megatron's memory model) and its exhaustive search
+// (the simulator's own rate); and the time of one llama3-405b simulation at 16384 to 1048576 GPUs.
+// Usage: bench_plan_speed [threads] [presets|scale|all]   (default: 2 all)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
 #include "layouts/model_spec.h"
+#include "layouts/user_error.h"
 #include "planner/search.h"
 #include "planner/simulator.h"
+#include "tools/executor_memory_model.h"
 
-int main(int argc, char** argv) {
-  using namespace megatune;
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
-  struct Case {
-    const char* cluster;
-    int global_batch_size;
-  };
-  for (Case c : {Case{"128x8xH100", 1024}, Case{"8x8xH100", 512}}) {
-    cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(c.cluster);
-    auto cost_model = cost_models::CostModel::from_embedded(cluster);
-    planner::CostModelPricer pricer(*cost_model);
-    planner::PlanRequest request;
-    request.model = layouts::model_preset("llama3-70b");
-    request.model.seq_length = 4096;
-    request.world_size = cluster.world_size();
-    request.global_batch_size = c.global_batch_size;
-    request.threads = threads;
-    request.top_k = 5;
-    const auto start = std::chrono::steady_clock::now();
-    planner::PlanResult result = planner::plan(request, pricer);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+namespace {
+
+using namespace megatune;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct SearchCase {
+  std::string model;
+  std::string cluster;
+  int global_batch_size;
+  int seq_length = 0;  // 0: the preset's
+  bool executor_memory = true;
+};
+
+// One search as `megatune plan` runs it (top 10, the memory model given), timed; one line of figures.
+void run_search(const SearchCase& c, int threads) {
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(c.cluster);
+  auto cost_model = cost_models::CostModel::from_embedded(cluster);
+  planner::CostModelPricer pricer(*cost_model);
+  planner::PlanRequest request;
+  request.model = layouts::model_preset(c.model);
+  if (c.seq_length > 0) request.model.seq_length = c.seq_length;
+  request.world_size = cluster.world_size();
+  request.global_batch_size = c.global_batch_size;
+  request.threads = threads;
+  request.memory_headroom_fraction = 0.05;
+  if (c.executor_memory) {
+    request.memory_model = planner::MemoryModelKind::kMegatune;
+    request.peak_memory_of = tools::executor_peak_memory();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    const planner::PlanResult result = planner::plan(request, pricer);
+    const double seconds = seconds_since(start);
     const auto& st = result.statistics;
     std::printf(
-        "llama3-70b seq 4096 gbs %d on %s (%d threads): %.2f s total; enumerated %lld, invalid %lld, out of "
-        "memory %lld, pruned by bound %lld, simulated %lld; search %.2f s = %.0f candidates/s; best %s step "
-        "%.3f s "
-        "MFU %.1f%%\n",
-        c.global_batch_size, c.cluster, threads, seconds, static_cast<long long>(st.enumerated),
+        "%-22s seq %5d gbs %5d on %-12s (%s memory, %d threads): %6.2f s; enumerated %lld, invalid %lld, out "
+        "of memory %lld, pruned by bound %lld, simulated %lld; best %s %s step %.3f s MFU %.1f%%\n",
+        c.model.c_str(), request.model.seq_length, c.global_batch_size, c.cluster.c_str(),
+        c.executor_memory ? "executor" : "Megatron", threads, seconds, static_cast<long long>(st.enumerated),
         static_cast<long long>(st.invalid), static_cast<long long>(st.out_of_memory),
-        static_cast<long long>(st.pruned_by_bound), static_cast<long long>(st.simulated), st.simulate_seconds,
-        st.simulate_seconds > 0 ? st.simulated / st.simulate_seconds : 0.0,
-        planner::describe(result.ranked[0]).c_str(), result.ranked[0].simulation.step_time_s,
-        100.0 * result.ranked[0].simulation.mfu);
+        static_cast<long long>(st.pruned_by_bound), static_cast<long long>(st.simulated),
+        planner::describe(result.ranked[0]).c_str(), result.ranked[0].layout.c_str(),
+        result.ranked[0].simulation.step_time_s, 100.0 * result.ranked[0].simulation.mfu);
+  } catch (const UserError& e) {
+    std::printf("%-22s on %s: %.2f s, no plan: %s\n", c.model.c_str(), c.cluster.c_str(),
+                seconds_since(start), e.what());
   }
-  // Every surviving candidate simulated (no lower-bound pruning): the simulator's own rate.
-  {
-    cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("128x8xH100");
-    auto cost_model = cost_models::CostModel::from_embedded(cluster);
-    planner::CostModelPricer pricer(*cost_model);
-    planner::PlanRequest request;
-    request.model = layouts::model_preset("llama3-70b");
-    request.model.seq_length = 4096;
-    request.world_size = cluster.world_size();
-    request.global_batch_size = 1024;
-    request.threads = threads;
-    request.top_k = 1 << 30;  // keep everything: nothing is pruned by the bound
-    planner::PlanResult result = planner::plan(request, pricer);
-    const auto& st = result.statistics;
-    std::printf(
-        "exhaustive (no bound pruning), 128x8xH100: %lld candidates simulated in %.2f s = %.0f "
-        "simulations/s\n",
-        static_cast<long long>(st.simulated), st.simulate_seconds,
-        st.simulate_seconds > 0 ? st.simulated / st.simulate_seconds : 0.0);
-  }
-  // One simulation of the same layout as the world grows (llama3-405b, tp8 pp16 with 7-layer first/last
-  // ranks, 16 microbatches): only the data-parallel groups grow, so the time should not.
+  std::fflush(stdout);
+}
+
+// Every simulation of the survivors (no lower-bound pruning): the simulator's own rate.
+void run_exhaustive(int threads) {
+  cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("128x8xH100");
+  auto cost_model = cost_models::CostModel::from_embedded(cluster);
+  planner::CostModelPricer pricer(*cost_model);
+  planner::PlanRequest request;
+  request.model = layouts::model_preset("llama3-70b");
+  request.model.seq_length = 4096;
+  request.world_size = cluster.world_size();
+  request.global_batch_size = 1024;
+  request.threads = threads;
+  request.top_k = 1 << 30;  // keep everything: nothing is pruned by the bound
+  planner::PlanResult result = planner::plan(request, pricer);
+  const auto& st = result.statistics;
+  std::printf(
+      "exhaustive (no bound pruning), llama3-70b on 128x8xH100: %lld candidates simulated in %.2f s = %.0f "
+      "simulations/s\n",
+      static_cast<long long>(st.simulated), st.simulate_seconds,
+      st.simulate_seconds > 0 ? st.simulated / st.simulate_seconds : 0.0);
+}
+
+// One simulation of the same layout as the world grows (llama3-405b, tp8 pp16 with 7-layer first/last
+// ranks, 16 microbatches): only the data-parallel groups grow, so the time should not.
+void run_simulation_scaling() {
   for (int world : {16384, 131072, 1048576}) {
     cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(std::to_string(world / 8) + "x8xH100");
     auto cost_model = cost_models::CostModel::from_embedded(cluster);
@@ -87,12 +113,33 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     double step_s = 0;
     for (int i = 0; i < repeats; ++i) step_s = planner::simulate(model, config, pricer).step_time_s;
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / repeats;
     std::printf(
         "simulate llama3-405b tp8 pp16 dp%d (%d GPUs, 16 microbatches): %.2f ms per simulation, step %.3f "
         "s\n",
-        config.dp(), world, seconds * 1e3, step_s);
+        config.dp(), world, seconds_since(start) / repeats * 1e3, step_s);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  const std::string part = argc > 2 ? argv[2] : "all";
+  if (part == "presets" || part == "all") {
+    // Every preset on 16384 GPUs at global batch 2048 (16384 where 2048 sequences leave no layout: the tiny
+    // models' few heads and layers cannot take up 8 GPUs per replica).
+    for (const std::string& name : layouts::model_preset_names()) {
+      const bool tiny = name == "tiny" || name == "tiny-mixtral";
+      run_search({name, "2048x8xH100", tiny ? 16384 : 2048}, threads);
+    }
+    run_search({"deepseek-v3", "256x8xH100", 2048}, threads);
+    run_search({"llama3-405b", "131072x8xH100", 16384, 8192}, threads);
+  }
+  if (part == "scale" || part == "all") {
+    run_search({"llama3-70b", "128x8xH100", 1024, 4096, false}, threads);
+    run_search({"llama3-70b", "8x8xH100", 512, 4096, false}, threads);
+    run_exhaustive(threads);
+    run_simulation_scaling();
   }
   return 0;
 }

@@ -126,6 +126,11 @@ class Replayer {
     return list[seq];
   }
 
+  static void expose(RankReplay& rr, CommCategory category, double seconds) {
+    rr.exposed_comm_s += seconds;
+    rr.exposed_by_category[static_cast<int>(category)] += seconds;
+  }
+
   void record(int r, std::size_t pc, double start, double end) {
     if (in_.record_timeline) result_.ranks[r].timeline[pc] = {start, end};
   }
@@ -153,7 +158,7 @@ class Replayer {
             // A group of one simulated rank: no one to wait for.
             record(r, s.pc, s.now_s, s.now_s + t.duration_s);
             s.now_s += t.duration_s;
-            rr.exposed_comm_s += t.duration_s;
+            expose(rr, t.category, t.duration_s);
             break;
           }
           if (t.group < 0 || t.group >= static_cast<int>(s.next_seq.size())) {
@@ -216,7 +221,7 @@ class Replayer {
           }
           double wait = std::max(0.0, it->second.arrive_s - s.now_s);
           double comm_part = std::min(wait, it->second.duration_s);
-          rr.exposed_comm_s += comm_part;
+          expose(rr, CommCategory::kPipeline, comm_part);
           rr.pipeline_wait_s += wait - comm_part;
           record(r, s.pc, s.now_s, s.now_s + wait);
           s.now_s += wait;
@@ -229,7 +234,7 @@ class Replayer {
             return;
           }
           double wait = std::max(0.0, s.comm_free_s - s.now_s);
-          rr.exposed_comm_s += wait;
+          expose(rr, CommCategory::kData, wait);  // the overlapped gradient reductions and gathers
           record(r, s.pc, s.now_s, s.now_s + wait);
           s.now_s += wait;
           break;
@@ -254,7 +259,7 @@ class Replayer {
     for (const Arrival& a : inst.arrivals) {
       RankState& m = states_[a.rank];
       RankReplay& rr = result_.ranks[a.rank];
-      rr.exposed_comm_s += inst.duration_s;
+      expose(rr, in_.programs[a.rank][a.pc].category, inst.duration_s);
       rr.pipeline_wait_s += start - a.issue_s;
       record(a.rank, a.pc, start, end);
       m.now_s = end;
@@ -311,5 +316,23 @@ class Replayer {
 }  // namespace
 
 EngineResult replay(const EngineInput& input) { return Replayer(input).run(); }
+
+const char* comm_category_name(CommCategory category) {
+  switch (category) {
+    case CommCategory::kTensor:
+      return "TP";
+    case CommCategory::kContext:
+      return "CP";
+    case CommCategory::kExpert:
+      return "EP";
+    case CommCategory::kPipeline:
+      return "PP";
+    case CommCategory::kData:
+      return "DP";
+    case CommCategory::kOther:
+      return "other";
+  }
+  return "other";
+}
 
 }  // namespace megatune::planner

@@ -1,6 +1,7 @@
 // Discrete-event replay of per-rank task lists: a compute stream, an asynchronous collective stream and a
 // p2p stream per rank; group collectives start when every member arrives, a recv completes after its send.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,6 +17,13 @@ enum class TaskKind : std::uint8_t {
   kWaitComm,         // blocks the compute stream until every async collective of this rank finished
 };
 
+// What a communication task moves, for the breakdown of exposed communication: tensor (and expert tensor)
+// parallel, context parallel, expert dispatch, pipeline p2p, data-parallel gradient reduction and parameter
+// gathers, the rest (tied embedding, grad norm).
+enum class CommCategory : std::uint8_t { kTensor, kContext, kExpert, kPipeline, kData, kOther };
+inline constexpr int kCommCategoryCount = 6;
+const char* comm_category_name(CommCategory category);  // "TP", "CP", "EP", "PP", "DP", "other"
+
 struct SimTask {
   TaskKind kind = TaskKind::kCompute;
   double duration_s = 0.0;  // compute/collective time; for kSend the transfer time; unused for kRecv
@@ -23,6 +31,7 @@ struct SimTask {
   int peer = -1;            // kSend: destination rank index; kRecv: source rank index
   std::int64_t tag = 0;     // kSend / kRecv: identifies the transfer on the (src, dst) channel
   int op_index = -1;        // caller's annotation (index into its op list), carried into the timeline
+  CommCategory category = CommCategory::kOther;  // collectives: what they move (recv: pipeline, waits: data)
 };
 
 struct EngineInput {
@@ -37,9 +46,10 @@ struct TaskTiming {
 };
 
 struct RankReplay {
-  double finish_s = 0.0;             // when the rank's last task (any stream) finished
-  double compute_busy_s = 0.0;       // sum of kCompute durations
-  double exposed_comm_s = 0.0;       // compute stream stalled on communication itself
+  double finish_s = 0.0;        // when the rank's last task (any stream) finished
+  double compute_busy_s = 0.0;  // sum of kCompute durations
+  double exposed_comm_s = 0.0;  // compute stream stalled on communication itself
+  std::array<double, kCommCategoryCount> exposed_by_category{};  // the same, by what it moved
   double pipeline_wait_s = 0.0;      // compute stream stalled on other ranks (bubble, skew)
   double async_comm_busy_s = 0.0;    // time the comm stream was busy
   std::vector<TaskTiming> timeline;  // per task, when recorded

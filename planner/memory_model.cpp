@@ -112,6 +112,15 @@ std::vector<int> in_flight_microbatches_per_chunk(const layouts::ParallelConfig&
   return counts;
 }
 
+MemoryItem device_buffers(const StepShape& s, const MemoryOptions& options) {
+  int groups = 0;
+  for (int size : {s.tp, s.cp, s.dp * s.cp, s.pp, s.ep, s.etp, s.edp}) groups += size > 1 ? 1 : 0;
+  const std::int64_t bytes = options.cuda_context_bytes + options.cublas_workspace_bytes +
+                             groups * options.nccl_buffer_bytes_per_group + (s.pp > 1 ? 4 * s.p2p_bytes : 0);
+  return {"buffers", bytes,
+          "CUDA context, cuBLAS workspace, NCCL (" + std::to_string(groups) + " groups), p2p"};
+}
+
 MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                                int pp_rank, const MemoryOptions& options) {
   MemoryEstimate e;
@@ -195,12 +204,9 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
                                                                 : "activation grads + gathered input"});
 
   // Buffers.
-  int groups = 0;
-  for (int size : {s.tp, s.cp, s.dp * s.cp, s.pp, s.ep, s.etp, s.edp}) groups += size > 1 ? 1 : 0;
-  e.buffer_bytes = options.cuda_context_bytes + options.cublas_workspace_bytes +
-                   groups * options.nccl_buffer_bytes_per_group + (s.pp > 1 ? 4 * s.p2p_bytes : 0);
-  e.items.push_back({"buffers", e.buffer_bytes,
-                     "CUDA context, cuBLAS workspace, NCCL (" + std::to_string(groups) + " groups), p2p"});
+  const MemoryItem buffers = device_buffers(s, options);
+  e.buffer_bytes = buffers.bytes;
+  e.items.push_back(buffers);
   const std::int64_t allocated = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.activation_bytes +
                                  e.logits_bytes + e.transient_bytes;
   e.fragmentation_bytes = static_cast<std::int64_t>(options.fragmentation_fraction * allocated);

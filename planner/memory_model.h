@@ -26,6 +26,9 @@ struct MemoryOptions {
   std::int64_t nccl_buffer_bytes_per_group = 64LL << 20;  // per communicator the rank belongs to (> 1 rank)
   double fragmentation_fraction = 0.05;                   // allocator margin on everything allocated
   layouts::StepProgramOptions step;                       // dispatcher, CP comm type
+  // A PeakMemoryFunction may stop at the first pp rank whose total exceeds this (0: it sizes every rank):
+  // the estimate is then that rank's, a lower bound of the peak, with `complete` false.
+  std::int64_t stop_above_bytes = 0;
 };
 
 struct MemoryItem {
@@ -48,6 +51,7 @@ struct MemoryEstimate {
   std::int64_t total_bytes = 0;
   std::vector<int> in_flight_per_chunk;  // microbatches whose activations a chunk holds at the peak
   std::vector<MemoryItem> items;
+  bool complete = true;  // false: the ranks after pp_rank were not sized (MemoryOptions::stop_above_bytes)
   // Aligned text, one item per line, with the total.
   std::string itemize() const;
 };
@@ -61,6 +65,10 @@ std::int64_t layer_activation_bytes(const layouts::ModelSpec& model, const layou
 // backward (warm-up + 1), distributed over chunks by the interleaved table.
 std::vector<int> in_flight_microbatches_per_chunk(const layouts::ParallelConfig& config, int vpp,
                                                   int pp_rank);
+
+// The device memory every pp rank holds outside its tensors: CUDA context, cuBLAS workspace, one NCCL buffer
+// per communicator of more than one rank, and the p2p buffers under pipelining.
+MemoryItem device_buffers(const layouts::StepShape& shape, const MemoryOptions& options);
 
 MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                                int pp_rank, const MemoryOptions& options = {});

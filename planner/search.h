@@ -50,6 +50,13 @@ struct SearchSpace {
   layouts::RankOrder rank_order = layouts::RankOrder::kTpCpEpDpPp;
 };
 
+// Where a running search stands, for a progress display.
+struct SearchProgress {
+  const char* phase = "";  // "bounding" (the candidates' lower bounds) or "simulating"
+  std::int64_t done = 0, total = 0;
+  double best_step_s = 0.0;  // the fastest candidate simulated so far; 0 before the first
+};
+
 struct PlanRequest {
   layouts::ModelSpec model;  // seq_length set
   int world_size = 0;
@@ -65,8 +72,12 @@ struct PlanRequest {
   double memory_headroom_fraction = 0.0;  // keep this fraction of the GPU's memory free
   int top_k = 10;
   int threads = 2;
-  // Called from the calling thread while the search runs: (candidates simulated, candidates to simulate).
-  std::function<void(std::int64_t, std::int64_t)> progress;
+  // --time-limit (> 0): past this many seconds the search stops bounding and simulating once a candidate
+  // has been simulated, and returns the best found so far (PlanStatistics::stopped_by_time_limit). The
+  // enumeration always completes.
+  double time_limit_s = 0.0;
+  // Called from the calling thread while the search runs.
+  std::function<void(const SearchProgress&)> progress;
 };
 
 struct PlanCandidate {
@@ -88,6 +99,8 @@ struct PlanStatistics {
   std::string first_failure;
   double seconds = 0.0;
   double simulate_seconds = 0.0;  // wall time of the simulation phase
+  bool stopped_by_time_limit = false;
+  std::int64_t not_reached = 0;  // candidates the time limit left unsimulated (and unpruned)
 };
 
 struct PlanResult {

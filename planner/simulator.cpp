@@ -5,14 +5,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
-#include "layouts/flops.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
 #include "planner/event_engine.h"
+#include "planner/simulation_cache.h"
 #include "planner/simulator_parts.h"
 #include "planner/tp_comm_overlap.h"
 
@@ -39,6 +41,20 @@ std::int64_t p2p_tag(bool gradient, int microbatch, int producer_stage) {
          static_cast<std::int64_t>(producer_stage);
 }
 
+// Whether every op of a pass is priced from the cache's key alone: no group outside kPassGroups, no pipeline
+// p2p.
+bool priced_by_key(const std::vector<Op>& ops) {
+  for (const Op& op : ops) {
+    if (!op.is_communication()) continue;
+    if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
+      if (!is_cp_ring(op)) return false;
+      continue;
+    }
+    if (std::find(kPassGroups.begin(), kPassGroups.end(), op.group) == kPassGroups.end()) return false;
+  }
+  return true;
+}
+
 class Builder {
  public:
   Builder(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, const OpPricer& pricer,
@@ -49,7 +65,10 @@ class Builder {
         options_(options),
         result_(result),
         grid_(layouts::RankGrid::from_config(config)),
-        layout_(config.resolved_pipeline_layout(model)),
+        layout_holder_(options.cache != nullptr ? options.cache->layout(model, config)
+                                                : std::make_shared<const layouts::PipelineLayout>(
+                                                      config.resolved_pipeline_layout(model))),
+        layout_(*layout_holder_),
         shape_(layouts::resolve_step_shape(model, config)) {
     if (options.all_ranks) {
       for (int r = 0; r < grid_.world_size(); ++r) sim_ranks_.push_back(r);
@@ -159,6 +178,7 @@ class Builder {
           // The KV ring overlaps the attention kernel; what it does not hide stalls the CP group.
           SimTask ring{TaskKind::kCollective, std::max(0.0, ring_s - t)};
           ring.group = groups_->lookup(sim, CommGroup::kContext).id;
+          ring.category = CommCategory::kContext;
           add(ring, &op, "cp ring (exposed)");
           ring_s = 0.0;
         }
@@ -168,6 +188,7 @@ class Builder {
         const int peer_sim = groups_->sim_index(op.peer_rank);
         task.kind = op.kind == OpKind::kSend ? TaskKind::kSend : TaskKind::kRecv;
         task.peer = peer_sim;
+        task.category = CommCategory::kPipeline;
         const layouts::StepTransfer& transfer = *transfers.at(i);
         task.tag = p2p_tag(transfer.tensor == layouts::P2pTensor::kGradient, transfer.microbatch,
                            transfer.producer_stage);
@@ -175,6 +196,7 @@ class Builder {
         continue;
       }
       task.group = groups_->lookup(sim, op.group).id;
+      task.category = comm_category(op);
       const bool grad_sync = op.phase == OpPhase::kGradSync;
       if (is_param_gather(op) && config_.overlap_param_gather) {
         task.kind = TaskKind::kAsyncCollective;
@@ -191,13 +213,6 @@ class Builder {
 
   // Pass level: ops of each layer kind priced once; one compute task (+ one local delay for its blocking
   // communication) per forward / backward pass.
-  struct PassCost {
-    double compute_s = 0.0, comm_s = 0.0;
-    std::array<KindTime, kOpKindCount> kinds{};
-  };
-  struct SymbolCosts {
-    PassCost forward, backward;
-  };
 
   // Every op's priced time, in order (a CP ring step is one transfer: priced on its send, its recv is free);
   // with `provenances`, also each price's provenance.
@@ -231,11 +246,11 @@ class Builder {
       if (is_cp_ring(op)) {
         ring_s += t;
       } else if (op.is_communication()) {
-        c.comm_s += kept_s[i];
+        c.add_comm(comm_category(op), kept_s[i]);
       } else {
         c.compute_s += t;
         if ((op.kind == OpKind::kAttentionForward || op.kind == OpKind::kAttentionBackward) && ring_s > 0) {
-          c.comm_s += std::max(0.0, ring_s - t);
+          c.add_comm(CommCategory::kContext, std::max(0.0, ring_s - t));
           ring_s = 0.0;
         }
       }
@@ -245,9 +260,11 @@ class Builder {
 
   // Costs of one symbol (E, dense t, MoE t, m, L) for one microbatch on this rank.
   const SymbolCosts& symbol_costs(int sim, LayerSymbol symbol, bool moe) {
-    const int key = static_cast<int>(symbol) * 2 + (moe ? 1 : 0);
+    const int key = symbol_key(symbol, moe);
     auto it = symbol_cache_.find(key);
     if (it != symbol_cache_.end()) return it->second;
+    SymbolCosts costs;
+    if (shared_symbol_costs(sim, key, costs)) return symbol_cache_.emplace(key, costs).first->second;
     PipelineStage stage;
     stage.symbols = {symbol};
     stage.first_decoder_layer = 0;
@@ -261,35 +278,76 @@ class Builder {
     }
     stage.has_embedding = symbol == LayerSymbol::kEmbedding;
     stage.has_loss = symbol == LayerSymbol::kLoss;
-    SymbolCosts costs;
-    costs.forward = price_ops(layouts::stage_forward_ops(model_, shape_, stage, 0, options_.step), sim);
-    costs.backward = price_ops(layouts::stage_backward_ops(model_, shape_, stage, 0, options_.step), sim);
+    const auto counted = result_.provenance_counts;
+    const std::vector<Op> forward = layouts::stage_forward_ops(model_, shape_, stage, 0, options_.step);
+    const std::vector<Op> backward = layouts::stage_backward_ops(model_, shape_, stage, 0, options_.step);
+    costs.forward = price_ops(forward, sim);
+    costs.backward = price_ops(backward, sim);
+    for (int p = 0; p < kProvenanceCount; ++p)
+      costs.provenance_counts[p] = result_.provenance_counts[p] - counted[p];
+    if (options_.cache != nullptr && priced_by_key(forward) && priced_by_key(backward))
+      options_.cache->add_symbol_costs(config_, pass_placements(sim), key, costs);
     return symbol_cache_.emplace(key, costs).first->second;
   }
 
-  static void add_kinds(std::array<KindTime, kOpKindCount>& into,
-                        const std::array<KindTime, kOpKindCount>& from) {
-    for (int k = 0; k < kOpKindCount; ++k) {
-      into[k].total_s += from[k].total_s;
-      into[k].count += from[k].count;
+  // The pass and sync groups' placements of this grid (every representative's pass groups are placed
+  // alike), looked up once per grid.
+  const PassPlacements& pass_placements(int sim) {
+    if (pass_placements_) return *pass_placements_;
+    if (const std::optional<GridPlacements> cached = options_.cache->placements(config_))
+      return *(pass_placements_ = cached->pass);
+    GridPlacements placements;
+    for (std::size_t g = 0; g < kPassGroups.size(); ++g)
+      placements.pass[g] = groups_->lookup(sim, kPassGroups[g]).placement;
+    for (int pp = 0; pp < grid_.pp(); ++pp) {
+      const int rep = groups_->sim_index(grid_.rank_of(layouts::DenseCoordinates{0, 0, 0, pp}));
+      SyncPlacements& sync = placements.sync_by_pp_rank.emplace_back();
+      for (std::size_t g = 0; g < kSyncGroups.size(); ++g)
+        sync[g] = groups_->lookup(rep, kSyncGroups[g]).placement;
     }
+    options_.cache->add_placements(config_, placements);
+    return *(pass_placements_ = placements.pass);
   }
 
-  // Compute + blocking communication of every pass a stage runs, summed: no schedule can beat it.
-  double stage_work_lower_bound(int sim) {
-    const layouts::DenseCoordinates coords = grid_.dense_coordinates(sim_ranks_[sim]);
-    const auto stages = layout_.stages_of_rank(coords.pp);
-    double total = 0.0;
-    for (const PipelineStage* stage : stages) {
-      int next_layer = stage->first_decoder_layer;
-      for (LayerSymbol sym : stage->symbols) {
-        const bool moe = sym == LayerSymbol::kDecoder && model_.is_moe_layer(next_layer);
-        if (sym == LayerSymbol::kDecoder) ++next_layer;
-        const SymbolCosts& sc = symbol_costs(sim, sym, moe);
-        total += sc.forward.compute_s + sc.forward.comm_s + sc.backward.compute_s + sc.backward.comm_s;
-      }
+  // A symbol's costs from the search's shared cache, its provenance counted into this result.
+  bool shared_symbol_costs(int sim, int key, SymbolCosts& costs) {
+    if (options_.cache == nullptr) return false;
+    const std::optional<SymbolCosts> shared =
+        options_.cache->symbol_costs(config_, pass_placements(sim), key);
+    if (!shared) return false;
+    costs = *shared;
+    for (int p = 0; p < kProvenanceCount; ++p) result_.provenance_counts[p] += costs.provenance_counts[p];
+    return true;
+  }
+
+  // Compute + blocking communication of one microbatch's forward and backward through a stage (one chunk).
+  std::pair<double, double> stage_pass_s(int sim, const PipelineStage& stage) {
+    double forward = 0.0, backward = 0.0;
+    int next_layer = stage.first_decoder_layer;
+    for (LayerSymbol sym : stage.symbols) {
+      const bool moe = sym == LayerSymbol::kDecoder && model_.is_moe_layer(next_layer);
+      if (sym == LayerSymbol::kDecoder) ++next_layer;
+      const SymbolCosts& sc = symbol_costs(sim, sym, moe);
+      forward += sc.forward.compute_s + sc.forward.comm_s;
+      backward += sc.backward.compute_s + sc.backward.comm_s;
     }
-    return total * config_.num_microbatches();
+    return {forward, backward};
+  }
+
+  // step_time_lower_bound: the pipeline bound over this layout's stage passes.
+  double lower_bound(bool with_sync) {
+    std::vector<std::pair<double, double>> pass_s;
+    for (const PipelineStage& stage : layout_.stages()) pass_s.push_back(stage_pass_s(0, stage));
+    std::vector<RankSync> sync(sim_ranks_.size());
+    for (int sim = 0; with_sync && sim < static_cast<int>(sim_ranks_.size()); ++sim) {
+      auto price = [&](const Op& op) -> std::optional<double> {
+        return pricer_.price(op, groups_->lookup(sim, op.group).placement).time_s;
+      };
+      const int pp_rank = grid_.dense_coordinates(sim_ranks_[sim]).pp;
+      sync[sim] = *rank_sync(model_, shape_, config_, layout_.stages_of_rank(pp_rank), options_.step,
+                             options_.cache, price);
+    }
+    return pipeline_lower_bound(layout_, config_.num_microbatches(), pass_s, sync);
   }
 
   // Per chunk of a rank: the pass costs and the backward's per-entry costs (StageParameters' reverse order).
@@ -306,12 +364,8 @@ class Builder {
         const bool moe = sym == LayerSymbol::kDecoder && model_.is_moe_layer(next_layer);
         if (sym == LayerSymbol::kDecoder) ++next_layer;
         const SymbolCosts& sc = symbol_costs(sim, sym, moe);
-        chunks[c].forward.compute_s += sc.forward.compute_s;
-        chunks[c].forward.comm_s += sc.forward.comm_s;
-        add_kinds(chunks[c].forward.kinds, sc.forward.kinds);
-        chunks[c].backward.compute_s += sc.backward.compute_s;
-        chunks[c].backward.comm_s += sc.backward.comm_s;
-        add_kinds(chunks[c].backward.kinds, sc.backward.kinds);
+        chunks[c].forward.add(sc.forward);
+        chunks[c].backward.add(sc.backward);
         chunks[c].backward_entries.push_back(sc.backward);
       }
       std::reverse(chunks[c].backward_entries.begin(), chunks[c].backward_entries.end());
@@ -382,17 +436,21 @@ class Builder {
         b_.details.push_back(name);
       }
     }
+    // The pass's compute, then its blocking communication as one local delay per category it moves.
     void add_pass(const PassCost& cost, const char* name) {
       add(SimTask{TaskKind::kCompute, cost.compute_s}, name, "pass");
-      if (cost.comm_s > 0.0) {
-        SimTask comm{TaskKind::kCollective, cost.comm_s};
+      for (int c = 0; c < kCommCategoryCount; ++c) {
+        if (cost.comm_by_category[c] <= 0.0) continue;
+        SimTask comm{TaskKind::kCollective, cost.comm_by_category[c]};
         comm.group = local_;
+        comm.category = static_cast<CommCategory>(c);
         add(comm, tracing_ ? (std::string(name) + " comm").c_str() : name, "comm");
       }
     }
     SimTask collective_task(const Op& op, TaskKind kind) {
       SimTask t{kind, o_.price(op, sim_)};
       t.group = o_.groups_->lookup(sim_, op.group).id;
+      t.category = comm_category(op);
       tally(op.kind, t.duration_s);
       return t;
     }
@@ -449,10 +507,7 @@ class Builder {
         return;
       }
       PassCost segment;
-      for (int e = item.entry_begin; e < item.entry_end; ++e) {
-        segment.compute_s += cc.backward_entries[e].compute_s;
-        segment.comm_s += cc.backward_entries[e].comm_s;
-      }
+      for (int e = item.entry_begin; e < item.entry_end; ++e) segment.add(cc.backward_entries[e]);
       const bool trailing = item.entry_end == item.entry_count;  // no bucket follows it
       if (!trailing || segment.compute_s > 0 || segment.comm_s > 0) add_pass(segment, name_);
     }
@@ -506,13 +561,15 @@ class Builder {
   const SimulationOptions& options_;
   SimulationResult& result_;
   layouts::RankGrid grid_;
-  layouts::PipelineLayout layout_;
+  std::shared_ptr<const layouts::PipelineLayout> layout_holder_;
+  const layouts::PipelineLayout& layout_;
   layouts::StepShape shape_;
   std::vector<int> sim_ranks_;
   std::unique_ptr<GroupMap> groups_;
   cost_models::Provenance last_provenance_ = cost_models::Provenance::kAnalytic;
   // Symbol costs are the same for every representative (their groups have the same shape and placement).
   std::unordered_map<int, SymbolCosts> symbol_cache_;
+  std::optional<PassPlacements> pass_placements_;  // with options_.cache
 };
 
 }  // namespace
@@ -536,49 +593,8 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
   input.group_member_count = builder.groups().member_counts();
   EngineResult replayed = replay(input);
 
-  result.simulated_ranks = static_cast<int>(sim_ranks.size());
-  result.step_time_s = replayed.step_time_s;
-  const int pp = config.pp();
-  result.stages.resize(pp);
-  std::vector<int> stage_sim(pp, -1);
-  for (int sim = 0; sim < static_cast<int>(sim_ranks.size()); ++sim) {
-    const int stage = builder.grid().dense_coordinates(sim_ranks[sim]).pp;
-    if (stage_sim[stage] < 0 || replayed.ranks[sim].finish_s > replayed.ranks[stage_sim[stage]].finish_s)
-      stage_sim[stage] = sim;
-  }
-  double bubble_sum = 0.0;
-  int critical = 0;
-  for (int s = 0; s < pp; ++s) {
-    const RankReplay& r = replayed.ranks[stage_sim[s]];
-    StageReport& report = result.stages[s];
-    report.pp_rank = s;
-    report.rank = sim_ranks[stage_sim[s]];
-    report.finish_s = r.finish_s;
-    report.compute_s = r.compute_busy_s;
-    report.exposed_comm_s = r.exposed_comm_s;
-    report.pipeline_wait_s = r.pipeline_wait_s;
-    report.async_comm_s = r.async_comm_busy_s;
-    const double working = r.compute_busy_s + r.exposed_comm_s;
-    bubble_sum += working > 0 ? r.pipeline_wait_s / working : 0.0;
-    if (r.finish_s > result.stages[critical].finish_s ||
-        (r.finish_s == result.stages[critical].finish_s &&
-         r.compute_busy_s > result.stages[critical].compute_s))
-      critical = s;
-  }
-  result.bubble_fraction = bubble_sum / pp;
-  result.critical_stage = critical;
-  result.exposed_comm_s = result.stages[critical].exposed_comm_s;
-  result.compute_s = result.stages[critical].compute_s;
-  result.kind_times = builds[stage_sim[critical]].kinds;
-
-  const std::int64_t gbs = config.resolved_global_batch_size();
-  result.model_flops = layouts::model_flops_per_iteration(model, gbs, config.tp());
-  if (result.step_time_s > 0) {
-    result.mfu =
-        layouts::mfu(result.model_flops, result.step_time_s, config.world_size, pricer.peak_bf16_tflops());
-    result.tflops_per_gpu = result.model_flops / (result.step_time_s * config.world_size * 1e12);
-    result.tokens_per_s = static_cast<double>(gbs) * model.seq_length / result.step_time_s;
-  }
+  summarize_replay(model, config, pricer.peak_bf16_tflops(), builder.grid(), sim_ranks, replayed, builds,
+                   result);
 
   if (effective.record_op_timeline && effective.granularity == SimulationGranularity::kKernel) {
     for (int sim = 0; sim < static_cast<int>(sim_ranks.size()); ++sim) {
@@ -598,17 +614,19 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
 }
 
 double step_time_lower_bound(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
-                             const OpPricer& pricer, const SimulationOptions& options) {
+                             const OpPricer& pricer, const SimulationOptions& options, BoundTerms terms) {
+  const bool with_sync = terms == BoundTerms::kPassesAndGradientSync;
+  if (options.cache != nullptr)
+    if (const std::optional<double> bound =
+            cached_lower_bound(model, config, pricer, options.step, *options.cache, with_sync))
+      return *bound;
   SimulationResult scratch;
   SimulationOptions pass_level = options;  // the passes simulate() prices at its planner granularity
   pass_level.granularity = SimulationGranularity::kPass;
   pass_level.all_ranks = false;
   pass_level.record_trace = pass_level.record_op_timeline = false;
   Builder builder(model, config, pricer, pass_level, scratch);
-  double bound = 0.0;
-  for (int sim = 0; sim < static_cast<int>(builder.sim_ranks().size()); ++sim)
-    bound = std::max(bound, builder.stage_work_lower_bound(sim));
-  return bound;
+  return builder.lower_bound(with_sync);
 }
 
 }  // namespace megatune::planner

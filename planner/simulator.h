@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
 #include "planner/chrome_trace.h"
+#include "planner/event_engine.h"
 #include "planner/op_pricer.h"
 
 namespace megatune::planner {
@@ -18,6 +20,8 @@ enum class SimulationGranularity {
   kPass,    // one task per forward/backward pass (ops priced once per layer kind): the planner's fast path
   kKernel,  // one task per op of the step program: traces, op-level comparisons
 };
+
+class SimulationCache;  // simulation_cache.h
 
 struct SimulationOptions {
   SimulationGranularity granularity = SimulationGranularity::kPass;
@@ -30,6 +34,8 @@ struct SimulationOptions {
   // Megatron's --tp-comm-overlap: TP all-gathers and reduce-scatters overlap their GEMMs in chunks
   // (tp_comm_overlap.h); needs sequence parallelism.
   bool tp_comm_overlap = false;
+  // What the simulations of one search share (parsed layouts, pass prices); none: all per simulation.
+  SimulationCache* cache = nullptr;
 };
 
 inline constexpr int kOpKindCount = static_cast<int>(layouts::OpKind::kBroadcast) + 1;
@@ -71,6 +77,8 @@ struct SimulationResult {
   double bubble_fraction = 0.0;
   double exposed_comm_s = 0.0;  // on the stage with the largest finish time
   double compute_s = 0.0;       // same stage
+  // exposed_comm_s by what it moved (CommCategory, planner/event_engine.h: TP, CP, EP, PP, DP, other).
+  std::array<double, kCommCategoryCount> exposed_comm_by_category{};
   std::vector<StageReport> stages;
   int critical_stage = 0;                           // pp rank whose kinds are tabulated
   std::array<KindTime, kOpKindCount> kind_times{};  // per op kind on the critical stage, one iteration
@@ -89,12 +97,17 @@ SimulationResult simulate(const layouts::ModelSpec& model, const layouts::Parall
                           const OpPricer& pricer, const SimulationOptions& options = {});
 
 // A lower bound of simulate(model, config, pricer, options).step_time_s at pass granularity (the planner's),
-// much cheaper than simulate(): the largest per-stage sum of pass times (compute + blocking communication,
-// priced under the same options: step-program options such as the gradient dtype, --tp-comm-overlap) over
-// all microbatches. Those passes are a subset of what the stage's compute stream runs in that simulation,
-// one after another, so no schedule finishes sooner. The planner skips candidates whose bound exceeds the
-// k-th best simulated step time. Granularity, all_ranks and the recording switches of `options` are ignored.
+// much cheaper than simulate(), from pass times priced exactly as the simulation prices them (same options:
+// the gradient dtype, --tp-comm-overlap): each pp rank's compute stream runs all of its passes one after
+// another, after the first microbatch's forward filled the ranks before it and before the last
+// microbatch's backward drains back through them (pipeline_lower_bound in simulation_cache.h). With
+// kPassesAndGradientSync also: the rank's blocking gradient reductions follow its last pass, and its
+// communication stream runs every overlapped reduction and parameter gather one after another. The planner
+// skips candidates whose bound exceeds the k-th best simulated step time. Granularity, all_ranks and the
+// recording switches of `options` are ignored.
+enum class BoundTerms { kPasses, kPassesAndGradientSync };
 double step_time_lower_bound(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
-                             const OpPricer& pricer, const SimulationOptions& options = {});
+                             const OpPricer& pricer, const SimulationOptions& options = {},
+                             BoundTerms terms = BoundTerms::kPassesAndGradientSync);
 
 }  // namespace megatune::planner

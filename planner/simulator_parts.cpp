@@ -1,11 +1,39 @@
-// The simulator's trace events; RankBuild is header-only (planner/simulator_parts.h).
+// The simulator's trace events and communication categories; RankBuild is header-only
+// (planner/simulator_parts.h).
 #include "planner/simulator_parts.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
 
+#include "layouts/flops.h"
+
 namespace megatune::planner {
+
+using layouts::CommGroup;
+
+CommCategory comm_category(const layouts::Op& op) {
+  if (op.role == layouts::OpRole::kContextParallelRing) return CommCategory::kContext;
+  if (op.kind == layouts::OpKind::kSend || op.kind == layouts::OpKind::kRecv) return CommCategory::kPipeline;
+  switch (op.group) {
+    case CommGroup::kTensor:
+    case CommGroup::kExpertTensor:
+      return CommCategory::kTensor;
+    case CommGroup::kContext:
+      return CommCategory::kContext;
+    case CommGroup::kExpert:
+    case CommGroup::kTensorExpert:
+      return CommCategory::kExpert;
+    case CommGroup::kPipeline:
+      return CommCategory::kPipeline;
+    case CommGroup::kData:
+    case CommGroup::kDataContext:
+    case CommGroup::kExpertData:
+      return CommCategory::kData;
+    default:
+      return CommCategory::kOther;
+  }
+}
 
 void append_trace_events(const layouts::RankGrid& grid, const std::vector<int>& sim_ranks,
                          const std::vector<std::vector<SimTask>>& programs, const EngineResult& replayed,
@@ -59,6 +87,55 @@ std::string SimulationResult::kind_table() const {
     out << line;
   }
   return out.str();
+}
+
+void summarize_replay(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                      double peak_bf16_tflops, const layouts::RankGrid& grid,
+                      const std::vector<int>& sim_ranks, const EngineResult& replayed,
+                      const std::vector<RankBuild>& builds, SimulationResult& result) {
+  result.simulated_ranks = static_cast<int>(sim_ranks.size());
+  result.step_time_s = replayed.step_time_s;
+  const int pp = config.pp();
+  result.stages.resize(pp);
+  std::vector<int> stage_sim(pp, -1);
+  for (int sim = 0; sim < static_cast<int>(sim_ranks.size()); ++sim) {
+    const int stage = grid.dense_coordinates(sim_ranks[sim]).pp;
+    if (stage_sim[stage] < 0 || replayed.ranks[sim].finish_s > replayed.ranks[stage_sim[stage]].finish_s)
+      stage_sim[stage] = sim;
+  }
+  double bubble_sum = 0.0;
+  int critical = 0;
+  for (int s = 0; s < pp; ++s) {
+    const RankReplay& r = replayed.ranks[stage_sim[s]];
+    StageReport& report = result.stages[s];
+    report.pp_rank = s;
+    report.rank = sim_ranks[stage_sim[s]];
+    report.finish_s = r.finish_s;
+    report.compute_s = r.compute_busy_s;
+    report.exposed_comm_s = r.exposed_comm_s;
+    report.pipeline_wait_s = r.pipeline_wait_s;
+    report.async_comm_s = r.async_comm_busy_s;
+    const double working = r.compute_busy_s + r.exposed_comm_s;
+    bubble_sum += working > 0 ? r.pipeline_wait_s / working : 0.0;
+    if (r.finish_s > result.stages[critical].finish_s ||
+        (r.finish_s == result.stages[critical].finish_s &&
+         r.compute_busy_s > result.stages[critical].compute_s))
+      critical = s;
+  }
+  result.bubble_fraction = bubble_sum / pp;
+  result.critical_stage = critical;
+  result.exposed_comm_s = result.stages[critical].exposed_comm_s;
+  result.exposed_comm_by_category = replayed.ranks[stage_sim[critical]].exposed_by_category;
+  result.compute_s = result.stages[critical].compute_s;
+  result.kind_times = builds[stage_sim[critical]].kinds;
+
+  const std::int64_t gbs = config.resolved_global_batch_size();
+  result.model_flops = layouts::model_flops_per_iteration(model, gbs, config.tp());
+  if (result.step_time_s > 0) {
+    result.mfu = layouts::mfu(result.model_flops, result.step_time_s, config.world_size, peak_bf16_tflops);
+    result.tflops_per_gpu = result.model_flops / (result.step_time_s * config.world_size * 1e12);
+    result.tokens_per_s = static_cast<double>(gbs) * model.seq_length / result.step_time_s;
+  }
 }
 
 }  // namespace megatune::planner

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cost_models/cluster_spec.h"
@@ -19,6 +20,7 @@
 #include "layouts/output_file.h"
 #include "layouts/user_error.h"
 #include "layouts/worker_threads.h"
+#include "planner/layout_comparison.h"
 #include "planner/memory_model.h"
 #include "planner/plan_report.h"
 #include "planner/pricing_source.h"
@@ -29,6 +31,8 @@
 #include "tools/input_checks.h"
 #include "tools/measure_top.h"
 #include "tools/megatron_args.h"
+#include "tools/plan_against.h"
+#include "tools/plan_flags.h"
 #include "tools/progress_bar.h"
 
 namespace megatune::tools {
@@ -43,6 +47,8 @@ struct PlanCommandOptions {
   int top_k = 10;
   long long threads = 0;
   bool progress = false;
+  double time_limit_s = 0.0;           // --time-limit; 0: none
+  std::optional<std::string> against;  // --against: the Megatron flags of the layout to set beside the pick
   bool allow_tp_across_nodes = false;
   bool no_uneven = false;
   bool no_vpp = false;
@@ -90,56 +96,23 @@ std::string with_measurements(std::string plan_json, const std::string& measured
   return plan_json.insert(end, ",\n  \"measured\": " + measured_json);
 }
 
-// --recompute-method / --recompute-num-layers: the simulator and the executor recompute every layer on its
-// own (uniform, one layer per unit), so those pin full recomputation; any other unit is refused.
-void pin_recompute(const MegatronArgs& a, planner::SearchSpace& space) {
-  if (a.recompute_granularity)
-    space.recompute = {layouts::parse_recompute_granularity(*a.recompute_granularity)};
-  const bool method = a.recompute_method && *a.recompute_method != "none";
-  if (!method && !a.recompute_num_layers) return;
-  if (a.recompute_method && *a.recompute_method == "block")
-    throw UserError(
-        "--recompute-method block: megatune prices and runs full recomputation of every layer only; use "
-        "--recompute-method uniform --recompute-num-layers 1, or drop the recompute flags");
-  if (a.recompute_num_layers && *a.recompute_num_layers != 1)
-    throw UserError("--recompute-num-layers " + std::to_string(*a.recompute_num_layers) +
-                    ": megatune prices and runs full recomputation one layer at a time; use "
-                    "--recompute-num-layers 1 or drop it");
-  if (a.recompute_granularity && space.recompute.front() != layouts::RecomputeGranularity::kFull)
-    throw UserError(
-        "--recompute-method / --recompute-num-layers apply only to --recompute-granularity full: "
-        "drop them or use full recomputation");
-  space.recompute = {layouts::RecomputeGranularity::kFull};
-}
-
-// Megatron flags the user gives pin that knob of the search, or a setting every candidate runs with.
-void pin_search_knobs(const MegatronArgs& a, planner::SearchSpace& space) {
-  if (a.tensor_model_parallel_size) space.tp = {*a.tensor_model_parallel_size};
-  if (a.pipeline_model_parallel_size) space.pp = {*a.pipeline_model_parallel_size};
-  if (a.context_parallel_size) space.cp = {*a.context_parallel_size};
-  if (a.data_parallel_size) space.dp = *a.data_parallel_size;
-  if (a.expert_model_parallel_size) space.ep = {*a.expert_model_parallel_size};
-  if (a.expert_tensor_parallel_size) space.etp = {*a.expert_tensor_parallel_size};
-  if (a.micro_batch_size) space.micro_batch = {*a.micro_batch_size};
-  pin_recompute(a, space);
-  if (a.use_distributed_optimizer) space.distributed_optimizer = {true};
-  if (a.pipeline_model_parallel_layout) space.pipeline_layout = *a.pipeline_model_parallel_layout;
-  if (a.num_virtual_stages_per_pipeline_rank) space.virtual_stages = *a.num_virtual_stages_per_pipeline_rank;
-  if (a.num_layers_per_virtual_pipeline_stage)
-    space.layers_per_virtual_stage = *a.num_layers_per_virtual_pipeline_stage;
-  for (const std::optional<int>& layers :
-       {a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers})
-    if (layers && *layers < 0) throw UserError("--decoder-first/last-pipeline-num-layers must be at least 0");
-  if (a.decoder_first_pipeline_num_layers) space.first_stage_layers = *a.decoder_first_pipeline_num_layers;
-  if (a.decoder_last_pipeline_num_layers) space.last_stage_layers = *a.decoder_last_pipeline_num_layers;
-  space.account_for_embedding = a.account_for_embedding_in_pipeline_split;
-  space.account_for_loss = a.account_for_loss_in_pipeline_split;
-  if (a.microbatch_group_size_per_vp_stage)
-    space.microbatch_group_size = *a.microbatch_group_size_per_vp_stage;
-  if (a.moe_token_dispatcher_type)
-    space.moe_dispatcher = layouts::parse_moe_dispatcher(*a.moe_token_dispatcher_type);
-  if (a.use_tp_pp_dp_mapping) space.rank_order = layouts::RankOrder::kTpCpEpPpDp;
-  if (a.sequence_parallel) space.sequence_parallel = {true};
+// The search's progress bar on stderr: with --progress from the start, on a terminal once the search has
+// run a second; none otherwise.
+std::unique_ptr<ProgressBar> search_progress(bool forced, planner::PlanRequest& request) {
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  if (!forced && !terminal) return nullptr;
+  auto bar = std::make_unique<ProgressBar>(std::cerr, "searching", 0, terminal);
+  if (!forced) bar->show_after(1.0);
+  request.progress = [bar = bar.get()](const planner::SearchProgress& p) {
+    bar->set_total(static_cast<std::size_t>(p.total));
+    char detail[64];
+    if (p.best_step_s > 0)
+      std::snprintf(detail, sizeof detail, "%s, best %.3f s", p.phase, p.best_step_s);
+    else
+      std::snprintf(detail, sizeof detail, "%s", p.phase);
+    bar->update(static_cast<std::size_t>(p.done), detail);
+  };
+  return bar;
 }
 
 int run_plan(const PlanCommandOptions& o) {
@@ -191,14 +164,11 @@ int run_plan(const PlanCommandOptions& o) {
   request.step.grad_reduce_in_bf16 = request.memory.grad_reduce_in_bf16 = o.comm.grad_reduce_in_bf16;
   if (a.tensor_model_parallel_size && *a.tensor_model_parallel_size > cluster.gpus_per_node)
     space.allow_tp_across_nodes = true;
-  std::unique_ptr<ProgressBar> bar;  // candidates simulated, on stderr
-  if (o.progress || isatty(STDERR_FILENO)) {
-    bar = std::make_unique<ProgressBar>(std::cerr, "searching", 0, isatty(STDERR_FILENO) != 0);
-    request.progress = [&bar](std::int64_t done, std::int64_t total) {
-      bar->set_total(static_cast<std::size_t>(total));
-      bar->update(static_cast<std::size_t>(done), "candidates");
-    };
-  }
+  request.time_limit_s = o.time_limit_s;
+  // Checked, simulated and sized before the search: bad flags cost no search.
+  std::optional<planner::PlanCandidate> against;
+  if (o.against) against = against_candidate(*o.against, request, pricer);
+  const std::unique_ptr<ProgressBar> bar = search_progress(o.progress, request);
 
   std::printf("planning %s (seq %d, global batch %d) on %s\nmodel: %s\npriced from: %s\n", model.name.c_str(),
               model.seq_length, *a.global_batch_size, cluster.describe().c_str(),
@@ -217,6 +187,12 @@ int run_plan(const PlanCommandOptions& o) {
       static_cast<long long>(st.enumerated), static_cast<long long>(st.invalid),
       static_cast<long long>(st.out_of_memory), static_cast<long long>(st.pruned_by_bound),
       static_cast<long long>(st.simulated), st.seconds);
+  if (st.stopped_by_time_limit) {
+    std::printf(
+        "time limit: stopped after %.2f s; the plan is the best of the %lld candidates simulated, %lld were "
+        "not reached (raise --time-limit to search them all)\n",
+        st.seconds, static_cast<long long>(st.simulated), static_cast<long long>(st.not_reached));
+  }
   if (st.failed > 0) {
     std::printf("warning: %lld candidates failed to simulate; first: %s\n", static_cast<long long>(st.failed),
                 st.first_failure.c_str());
@@ -242,6 +218,12 @@ int run_plan(const PlanCommandOptions& o) {
   }
   std::printf("time per op kind on pp rank %d (one iteration):\n%s", winner.simulation.critical_stage,
               winner.simulation.kind_table().c_str());
+  if (against) {
+    std::printf("\nagainst your layout (--against \"%s\"):\n%s", o.against->c_str(),
+                planner::format_layout_comparison(*against, winner, result.memory_capacity_bytes,
+                                                  result.memory_capacity_bytes * (1.0 - o.headroom))
+                    .c_str());
+  }
 
   const std::string train =
       planner::shell_join("megatune train", planner::megatune_train_arguments(model, winner));
@@ -348,7 +330,17 @@ const Registrar kPlanCommand{Command{
                      "Simulation threads (default 0: all cores; capped at 4 per core)")
           ->check(integer_at_least(0))
           ->group("Planner");
-      sub.add_flag("--progress", o->progress, "Progress bar even when stderr is not a terminal")
+      sub.add_flag("--progress", o->progress,
+                   "Progress bar from the start, even when stderr is not a terminal (on a terminal it "
+                   "appears once the search has run a second)")
+          ->group("Planner");
+      sub.add_option("--against", o->against,
+                     "Megatron parallel and batch flags of a layout to set beside the pick, quoted as one "
+                     "argument, e.g. --against \"--tp 8 --pp 4 --micro-batch-size 1\"")
+          ->group("Planner");
+      sub.add_option("--time-limit", o->time_limit_s,
+                     "Stop searching after this many seconds and return the best plan found so far")
+          ->check(positive_number())
           ->group("Planner");
       sub.add_flag("--allow-tp-across-nodes", o->allow_tp_across_nodes, "Search TP sizes larger than a node")
           ->group("Planner");
@@ -372,7 +364,8 @@ const Registrar kPlanCommand{Command{
           "--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split, "
           "--recompute-method uniform, --recompute-num-layers 1) pin that knob; "
           "--moe-token-dispatcher-type, --microbatch-group-size-per-virtual-pipeline-stage and "
-          "--use-tp-pp-dp-mapping are what every candidate runs with.\nExample:\n  megatune plan --model "
+          "--use-tp-pp-dp-mapping are what every candidate runs with. --against takes the same parallel and "
+          "batch flags as one quoted argument.\nExample:\n  megatune plan --model "
           "llama3-70b "
           "--cluster "
           "8x8xH100 --global-batch-size 512 --seq-length 4096 -o plan.json");

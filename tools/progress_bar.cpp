@@ -57,6 +57,8 @@ std::string ProgressBar::render(std::size_t done, std::size_t total, double elap
 void ProgressBar::update(std::size_t done, const std::string& detail) {
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
+  if (elapsed < show_after_s_) return;
+  drawn_ = true;
   if (interactive_) {
     if (done < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
@@ -77,7 +79,7 @@ void ProgressBar::update(std::size_t done, const std::string& detail) {
 void ProgressBar::finish() {
   if (finished_) return;
   finished_ = true;
-  if (interactive_) out_ << "\n" << std::flush;
+  if (interactive_ && drawn_) out_ << "\n" << std::flush;
 }
 
 }  // namespace megatune::tools

@@ -1,5 +1,6 @@
 // ProgressBar: one line on a terminal redrawn in place ("[#####     ] 120/480 25% eta 1m20s  gemm ..."),
-// or, when the stream is not a terminal (logs), one line per 10% so logs stay short. The one progress bar
+// or, when the stream is not a terminal (logs), one line per 10% so logs stay short; optionally only once
+// the work has run a while. The one progress bar
 // of the CLI: profile sweeps, the plan search, data preprocessing.
 #pragma once
 #include <chrono>
@@ -17,6 +18,8 @@ class ProgressBar {
   ProgressBar(std::ostream& out, std::string label, std::size_t total, bool interactive,
               Units units = Units::kItems);
   void set_total(std::size_t total) { total_ = total; }  // when the total is known only once work runs
+  // Draw nothing until the work has run this long (work that ends sooner shows no bar at all).
+  void show_after(double seconds) { show_after_s_ = seconds; }
   void update(std::size_t done, const std::string& detail = "");
   void finish();  // ends the line (idempotent)
   // "[####      ] 40/100  40% eta 12s" for `done` of `total` after `elapsed_s` (pure, for tests).
@@ -30,6 +33,8 @@ class ProgressBar {
   bool interactive_;
   Units units_;
   bool finished_ = false;
+  bool drawn_ = false;
+  double show_after_s_ = 0.0;
   int last_decile_ = -1;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_draw_;

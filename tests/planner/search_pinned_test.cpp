@@ -50,7 +50,8 @@ std::string refusal(const PlanRequest& request, const Pricing& pricing) {
 // Decoder layers held by pp rank `pp_rank` over its chunks.
 int rank_layers(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int pp_rank) {
   int layers = 0;
-  for (const layouts::PipelineStage* stage : config.resolved_pipeline_layout(model).stages_of_rank(pp_rank))
+  const auto resolved = config.resolved_pipeline_layout(model);  // the stages point into it
+  for (const layouts::PipelineStage* stage : resolved.stages_of_rank(pp_rank))
     layers += stage->num_decoder_layers;
   return layers;
 }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
+#include <vector>
 
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
@@ -145,6 +147,76 @@ TEST(Search, AnInjectedMemoryModelJudgesOnlyWhatWouldBeSimulatedAndKeepsEveryWin
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
   }
+}
+
+// A memory model that stops at the first pp rank past the capacity (a lower bound of the peak) still gets the
+// nothing-fits error naming the exact smallest layout: the same message as a model that sizes every rank.
+TEST(Search, NothingFitsNamesTheExactSmallestLayoutWhenSizingStopsEarly) {
+  Fixture f("1x8xH100");
+  PlanRequest request{.model = layouts::model_preset("llama3-1b"), .world_size = 8, .global_batch_size = 16};
+  request.model.seq_length = 2048;
+  request.space.micro_batch = {1, 2};
+  auto scaled = [](MemoryEstimate e) {
+    e.total_bytes *= 1000;  // nothing fits
+    return e;
+  };
+  request.peak_memory_of = [&](const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                               const MemoryOptions& options) {
+    return scaled(peak_memory(model, config, options));
+  };
+  std::string exact;
+  try {
+    plan(request, *f.pricer);
+    FAIL() << "nothing fits";
+  } catch (const UserError& e) {
+    exact = e.what();
+  }
+  std::atomic<int> stopped{0};
+  request.peak_memory_of = [&](const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                               const MemoryOptions& options) {
+    if (options.stop_above_bytes == 0 || config.pp() == 1) return scaled(peak_memory(model, config, options));
+    ++stopped;
+    MemoryEstimate first = scaled(estimate_memory(model, config, 0, options));
+    first.complete = false;
+    return first;
+  };
+  try {
+    plan(request, *f.pricer);
+    FAIL() << "nothing fits";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), exact);
+  }
+  EXPECT_GT(stopped.load(), 0);
+  EXPECT_NE(exact.find("the smallest"), std::string::npos) << exact;
+}
+
+// Past the time limit the search stops once a candidate has been simulated: it returns that best-so-far and
+// counts what it did not reach; progress names both phases and ends at the total.
+TEST(Search, ATimeLimitReturnsTheBestFoundSoFarAndProgressEndsAtTheTotal) {
+  Fixture f("2x8xH100");
+  PlanRequest request{.model = layouts::model_preset("llama3-8b"), .world_size = 16, .global_batch_size = 64};
+  request.model.seq_length = 2048;
+  std::vector<SearchProgress> seen;
+  request.progress = [&seen](const SearchProgress& p) { seen.push_back(p); };
+  const PlanResult full = plan(request, *f.pricer);
+  EXPECT_FALSE(full.statistics.stopped_by_time_limit);
+  EXPECT_EQ(full.statistics.not_reached, 0);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(std::string(seen.front().phase), "bounding");
+  EXPECT_EQ(std::string(seen.back().phase), "simulating");
+  EXPECT_EQ(seen.back().done, seen.back().total);
+  EXPECT_DOUBLE_EQ(seen.back().best_step_s, full.ranked[0].simulation.step_time_s);
+  for (const SearchProgress& p : seen) EXPECT_LE(p.done, p.total);
+
+  request.progress = nullptr;
+  request.time_limit_s = 1e-9;
+  const PlanResult cut = plan(request, *f.pricer);
+  EXPECT_TRUE(cut.statistics.stopped_by_time_limit);
+  EXPECT_GT(cut.statistics.not_reached, 0);
+  ASSERT_FALSE(cut.ranked.empty());
+  EXPECT_GE(cut.statistics.simulated, 1);
+  EXPECT_LT(cut.statistics.simulated, full.statistics.simulated);
+  EXPECT_GE(cut.ranked[0].simulation.step_time_s, full.ranked[0].simulation.step_time_s);
 }
 
 // 14 layers never split evenly over 4 ranks x 2 chunks; lighter first/last stages (layout strings) still

@@ -7,6 +7,7 @@
 
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
@@ -208,6 +209,55 @@ TEST(Simulator, TraceIsValidJsonWithOnePidPerRank) {
   }
   EXPECT_GT(complete, 100);
   EXPECT_EQ(pids, (std::set<std::int64_t>{0, 1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace megatune::planner
+
+namespace megatune::planner {
+namespace {
+
+// The exposed communication of the critical stage splits by what it moved and adds up to the whole: TP
+// collectives under tensor parallelism, the ring under context parallelism, expert dispatch under expert
+// parallelism, and the gradient reduction of an unoverlapped data-parallel run, each only where it exists.
+TEST(Simulator, ExposedCommunicationSplitsByWhatItMovesAndAddsUp) {
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("2x8xH100");
+  auto cost_model = cost_models::CostModel::from_embedded(cluster);
+  const CostModelPricer pricer(*cost_model);
+  struct Case {
+    const char* model;
+    int tp, cp, ep, pp;
+    CommCategory present;
+    std::vector<CommCategory> absent;
+  };
+  const std::vector<Case> cases = {
+      {"llama3-1b", 8, 1, 1, 1, CommCategory::kTensor, {CommCategory::kContext, CommCategory::kExpert}},
+      {"llama3-1b", 1, 8, 1, 1, CommCategory::kContext, {CommCategory::kTensor, CommCategory::kExpert}},
+      {"mixtral-small", 1, 1, 8, 1, CommCategory::kExpert, {CommCategory::kTensor, CommCategory::kContext}},
+      {"llama3-1b", 1, 1, 1, 2, CommCategory::kData, {CommCategory::kTensor, CommCategory::kExpert}},
+  };
+  for (const Case& c : cases) {
+    layouts::ModelSpec model = layouts::model_preset(c.model);
+    model.seq_length = 4096;
+    layouts::ParallelConfig config;
+    config.world_size = 16;
+    config.tensor_model_parallel_size = c.tp;
+    config.context_parallel_size = c.cp;
+    config.expert_model_parallel_size = c.ep;
+    config.pipeline_model_parallel_size = c.pp;
+    config.sequence_parallel = c.tp > 1;
+    config.global_batch_size = 2 * config.dp();
+    config.validate(model);
+    const SimulationResult r = simulate(model, config, pricer);
+    double sum = 0.0;
+    for (double s : r.exposed_comm_by_category) sum += s;
+    EXPECT_NEAR(sum, r.exposed_comm_s, 1e-12 * r.exposed_comm_s) << c.model;
+    EXPECT_GT(r.exposed_comm_by_category[static_cast<int>(c.present)], 0.0)
+        << c.model << " " << comm_category_name(c.present);
+    for (CommCategory absent : c.absent)
+      EXPECT_EQ(r.exposed_comm_by_category[static_cast<int>(absent)], 0.0)
+          << c.model << " " << comm_category_name(absent);
+  }
 }
 
 }  // namespace

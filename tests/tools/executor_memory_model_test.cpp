@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "executor/backend/sizing_backend.h"
 #include "executor/training/arena_sizing.h"
@@ -50,6 +52,118 @@ TEST(ExecutorMemoryModel, PeakIsTheLargestStageArenaPlusTheBuffersOutsideIt) {
   std::int64_t items = 0;
   for (const planner::MemoryItem& item : peak.items) items += item.bytes;
   EXPECT_EQ(items, peak.total_bytes);  // the itemization adds up
+}
+
+// The largest stage arena plus the buffers, sizing every stage directly (what the cached function must give).
+std::pair<std::int64_t, int> direct_peak(const layouts::ModelSpec& model,
+                                         const layouts::ParallelConfig& config) {
+  executor::TrainOptions bf16;
+  bf16.bf16 = true;
+  std::int64_t largest = -1;
+  int largest_pp = -1;
+  for (int rank : executor::one_rank_per_stage(config)) {
+    executor::SizingBackend backend;
+    const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, backend);
+    const std::int64_t total =
+        arena.total_bytes + planner::estimate_memory(model, config, arena.coordinates.pp).buffer_bytes;
+    if (total > largest) {
+      largest = total;
+      largest_pp = arena.coordinates.pp;
+    }
+  }
+  return {largest, largest_pp};
+}
+
+// One function sizes a stage once and answers every later layout holding the same stage from its cache: the
+// peaks equal direct sizing over interleaved, uneven, MoE and data-parallel layouts asked in turn.
+TEST(ExecutorMemoryModel, StagesSizedOnceGiveTheSamePeaksAsSizingEveryStage) {
+  const layouts::ModelSpec model = model_of("tiny", 128);
+  const layouts::ModelSpec moe = model_of("tiny-mixtral", 128);
+  layouts::ModelSpec deeper = model;
+  deeper.num_layers = 8;
+  struct Asked {
+    const layouts::ModelSpec* model;
+    layouts::ParallelConfig config;
+  };
+  std::vector<Asked> asked;
+  for (int vpp : {1, 2}) {
+    layouts::ParallelConfig even = layout(4, 1, 16);
+    if (vpp > 1) even.num_virtual_stages_per_pipeline_rank = vpp;
+    asked.push_back({&deeper, even});
+    layouts::ParallelConfig uneven = layout(4, 2, 16);
+    uneven.pipeline_model_parallel_layout = vpp > 1 ? "Et|t|tt|t|t|t|t|L" : "Et|ttt|ttt|tL";
+    asked.push_back({&deeper, uneven});
+  }
+  layouts::ParallelConfig data = layout(2, 1, 8);
+  data.world_size = 4;
+  data.use_distributed_optimizer = data.overlap_grad_reduce = true;
+  asked.push_back({&model, data});
+  layouts::ParallelConfig experts = layout(2, 1, 8);
+  experts.world_size = 4;
+  experts.expert_model_parallel_size = 2;
+  asked.push_back({&moe, experts});
+  const planner::PeakMemoryFunction peak_of = executor_peak_memory();
+  for (int round = 0; round < 2; ++round) {
+    for (const Asked& a : asked) {
+      a.config.validate(*a.model);
+      const auto [bytes, pp] = direct_peak(*a.model, a.config);
+      const planner::MemoryEstimate peak = peak_of(*a.model, a.config, {});
+      EXPECT_TRUE(peak.complete);
+      EXPECT_EQ(peak.total_bytes, bytes) << a.config.pipeline_model_parallel_layout;
+      EXPECT_EQ(peak.pp_rank, pp);
+    }
+  }
+}
+
+// Asked to stop above a capacity, the function returns at most the peak, marked incomplete when it stopped:
+// below every stage's parameters and gradients it refuses before sizing anything.
+TEST(ExecutorMemoryModel, StoppingAboveACapacityGivesALowerBoundOfThePeak) {
+  layouts::ModelSpec model = model_of("gpt-125m", 1024);
+  const layouts::ParallelConfig config = layout(4, 2, 16);
+  const planner::PeakMemoryFunction peak_of = executor_peak_memory();
+  const planner::MemoryEstimate full = peak_of(model, config, {});
+  const std::int64_t buffers = planner::estimate_memory(model, config, 0).buffer_bytes;
+  for (std::int64_t capacity :
+       {std::int64_t(1), buffers + 1, full.total_bytes / 2, full.total_bytes - 1, full.total_bytes}) {
+    planner::MemoryOptions options;
+    options.stop_above_bytes = capacity;
+    const planner::MemoryEstimate e = peak_of(model, config, options);
+    EXPECT_LE(e.total_bytes, full.total_bytes) << capacity;
+    if (capacity >= full.total_bytes) {
+      EXPECT_TRUE(e.complete);
+      EXPECT_EQ(e.total_bytes, full.total_bytes);
+    } else {
+      EXPECT_GT(e.total_bytes, capacity);  // still says it does not fit
+    }
+  }
+}
+
+// The refusal before sizing counts 6 bytes (bf16 weights, fp32 gradients: Megatron's model) per parameter of
+// the planner's count; the executor holds 8 (fp32 main parameters and gradients) per element of its own.
+// Over dense, MoE, MLA and MTP stages the executor's elements are never fewer than 3/4 of the planner's
+// parameters, so the refusal is below both models.
+TEST(ExecutorMemoryModel, TheExecutorHoldsEightBytesPerPlannerParameterAtLeastSixOverEight) {
+  for (const char* preset : {"gpt-125m", "tiny-mixtral", "tiny-deepseek-v3-full", "llama3-1b"}) {
+    const layouts::ModelSpec model = model_of(preset, 128);
+    layouts::ParallelConfig config = layout(2, 1, 8);
+    config.world_size = 4;
+    config.tensor_model_parallel_size = 2;
+    config.sequence_parallel = true;
+    if (model.is_moe()) config.tensor_model_parallel_size = 1, config.expert_model_parallel_size = 2;
+    config.validate(model);
+    executor::TrainOptions bf16;
+    bf16.bf16 = true;
+    for (int rank : executor::one_rank_per_stage(config)) {
+      executor::SizingBackend backend;
+      const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, backend);
+      std::int64_t main_bytes = 0;
+      for (const executor::ArenaUse& use : arena.breakdown)
+        if (use.what == "fp32 main parameters" || use.what == "fp32 main gradients") main_bytes += use.bytes;
+      const std::int64_t parameters =
+          planner::estimate_memory(model, config, arena.coordinates.pp).parameters;
+      EXPECT_GE(main_bytes, 6 * parameters) << preset << " pp rank " << arena.coordinates.pp;
+    }
+  }
 }
 
 TEST(ExecutorMemoryModel, ChunkedLogitsMakeTheExecutorsPeakSmallerThanMegatrons) {

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 namespace megatune::tools {
 namespace {
@@ -29,6 +31,27 @@ TEST(ProgressBar, LogModePrintsEachDecileOnce) {
   EXPECT_NE(text.find("  item\n"), std::string::npos);  // the detail in log lines too
   EXPECT_EQ(ProgressBar::render(2500000, 10000000, 1.0, 4, ProgressBar::Units::kBytes),
             "[#   ] 2.5/10.0 MB  25% eta 3s");
+}
+
+// A bar told to wait draws nothing (and ends no line) while the work is younger than the wait.
+TEST(ProgressBar, ShowsNothingBeforeItsDelay) {
+  for (bool interactive : {false, true}) {
+    std::ostringstream out;
+    ProgressBar bar(out, "searching", 10, interactive);
+    bar.show_after(0.05);
+    for (std::size_t i = 0; i < 10; ++i) bar.update(i, "bounding");
+    EXPECT_EQ(out.str(), "");
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    bar.update(10, "simulating");
+    bar.finish();
+    EXPECT_NE(out.str().find("10/10 100%"), std::string::npos) << out.str();
+  }
+  std::ostringstream out;
+  ProgressBar quick(out, "searching", 10, true);
+  quick.show_after(60.0);
+  quick.update(10);
+  quick.finish();
+  EXPECT_EQ(out.str(), "");
 }
 
 }  // namespace

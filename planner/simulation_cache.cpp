@@ -1,0 +1,224 @@
+// SimulationCache: keyed maps under one mutex; the pipeline bound from stage pass times.
+#include "planner/simulation_cache.h"
+
+#include <algorithm>
+
+namespace megatune::planner {
+
+using layouts::LayerSymbol;
+using layouts::PipelineStage;
+
+int symbol_key(LayerSymbol symbol, bool moe) { return static_cast<int>(symbol) * 2 + (moe ? 1 : 0); }
+
+void PassCost::add(const PassCost& other) {
+  compute_s += other.compute_s;
+  comm_s += other.comm_s;
+  for (int c = 0; c < kCommCategoryCount; ++c) comm_by_category[c] += other.comm_by_category[c];
+  for (int k = 0; k < kOpKindCount; ++k) {
+    kinds[k].total_s += other.kinds[k].total_s;
+    kinds[k].count += other.kinds[k].count;
+  }
+}
+
+template <std::size_t N>
+std::size_t SimulationCache::IntsHash::operator()(const std::array<int, N>& key) const {
+  std::size_t h = 1469598103934665603ull;
+  for (int v : key) h = (h ^ static_cast<std::size_t>(static_cast<unsigned>(v))) * 1099511628211ull;
+  return h;
+}
+
+SimulationCache::PriceKey SimulationCache::price_key(const layouts::ParallelConfig& c,
+                                                     const PassPlacements& placements, int symbol) {
+  PriceKey key{c.tp(),
+               c.cp(),
+               c.ep(),
+               c.etp(),
+               c.micro_batch_size,
+               c.sequence_parallel_enabled() ? 1 : 0,
+               static_cast<int>(c.recompute_granularity),
+               static_cast<int>(c.recompute_method),
+               c.recompute_num_layers,
+               static_cast<int>(c.moe_token_dispatcher_type)};
+  std::size_t at = 10;
+  for (const cost_models::CollectiveGroup& placement : placements) {
+    key[at++] = placement.size;
+    key[at++] = placement.nodes;
+  }
+  key[at] = symbol;
+  return key;
+}
+
+SimulationCache::GridKey SimulationCache::grid_key(const layouts::ParallelConfig& c) {
+  return {c.world_size, c.tp(), c.cp(), c.pp(), c.ep(), c.etp(), static_cast<int>(c.rank_order)};
+}
+
+std::shared_ptr<const layouts::PipelineLayout> SimulationCache::layout(const layouts::ModelSpec& model,
+                                                                       const layouts::ParallelConfig& c) {
+  const std::string key = c.pipeline_model_parallel_layout + '|' + std::to_string(model.num_layers) + ' ' +
+                          std::to_string(model.mtp_num_layers) + ' ' + std::to_string(c.pp()) + ' ' +
+                          std::to_string(c.num_layers_per_virtual_pipeline_stage) + ' ' +
+                          std::to_string(c.num_virtual_stages_per_pipeline_rank) + ' ' +
+                          std::to_string(c.decoder_first_pipeline_num_layers) + ' ' +
+                          std::to_string(c.decoder_last_pipeline_num_layers) + ' ' +
+                          std::to_string(c.account_for_embedding_in_pipeline_split) +
+                          std::to_string(c.account_for_loss_in_pipeline_split);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = layouts_.find(key);
+    if (it != layouts_.end()) return it->second;
+  }
+  auto parsed = std::make_shared<const layouts::PipelineLayout>(c.resolved_pipeline_layout(model));
+  std::lock_guard<std::mutex> lock(mutex_);
+  return layouts_.emplace(key, std::move(parsed)).first->second;
+}
+
+std::optional<GridPlacements> SimulationCache::placements(const layouts::ParallelConfig& config) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = placements_.find(grid_key(config));
+  if (it == placements_.end()) return std::nullopt;
+  return it->second;
+}
+
+void SimulationCache::add_placements(const layouts::ParallelConfig& config,
+                                     const GridPlacements& placements) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  placements_.emplace(grid_key(config), placements);
+}
+
+std::shared_ptr<const layouts::StageParameters> SimulationCache::stage_parameters(
+    const layouts::ModelSpec& model, const layouts::StepShape& shape, const PipelineStage& stage) {
+  const std::string key = std::to_string(shape.tp) + ' ' + std::to_string(shape.ep) + ' ' +
+                          std::to_string(shape.etp) + ' ' + std::to_string(stage.first_decoder_layer) + ' ' +
+                          std::to_string(stage.first_mtp_layer) + ' ' + stage.to_string();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = parameters_.find(key);
+    if (it != parameters_.end()) return it->second;
+  }
+  auto counted =
+      std::make_shared<const layouts::StageParameters>(layouts::stage_parameters(model, shape, stage));
+  std::lock_guard<std::mutex> lock(mutex_);
+  return parameters_.emplace(key, std::move(counted)).first->second;
+}
+
+std::optional<SymbolCosts> SimulationCache::symbol_costs(const layouts::ParallelConfig& config,
+                                                         const PassPlacements& placements, int symbol) {
+  const PriceKey key = price_key(config, placements, symbol);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = costs_.find(key);
+  if (it == costs_.end()) return std::nullopt;
+  return it->second;
+}
+
+void SimulationCache::add_symbol_costs(const layouts::ParallelConfig& config,
+                                       const PassPlacements& placements, int symbol,
+                                       const SymbolCosts& costs) {
+  const PriceKey key = price_key(config, placements, symbol);
+  std::lock_guard<std::mutex> lock(mutex_);
+  costs_.emplace(key, costs);
+}
+
+std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::StepShape& shape,
+                                  const layouts::ParallelConfig& config,
+                                  const std::vector<const PipelineStage*>& stages,
+                                  const layouts::StepProgramOptions& options, SimulationCache* cache,
+                                  const std::function<std::optional<double>(const layouts::Op&)>& price) {
+  RankSync sync;
+  for (const PipelineStage* stage : stages) {
+    const std::shared_ptr<const layouts::StageParameters> parameters =
+        cache != nullptr ? cache->stage_parameters(model, shape, *stage)
+                         : std::make_shared<const layouts::StageParameters>(
+                               layouts::stage_parameters(model, shape, *stage));
+    for (const layouts::GradBucket& bucket :
+         layouts::grad_sync_buckets(shape, config, *parameters, stage->vpp_rank, options)) {
+      const std::optional<double> reduce = price(bucket.op);
+      if (!reduce) return std::nullopt;
+      (config.overlap_grad_reduce ? sync.async_s : sync.blocking_s) += *reduce;
+      if (!config.use_distributed_optimizer) continue;
+      const std::optional<double> gather = price(layouts::param_gather_op(bucket));
+      if (!gather) return std::nullopt;
+      (config.overlap_param_gather ? sync.async_s : sync.blocking_s) += *gather;
+    }
+  }
+  return sync;
+}
+
+double pipeline_lower_bound(const layouts::PipelineLayout& layout, int num_microbatches,
+                            const std::vector<std::pair<double, double>>& pass_s,
+                            const std::vector<RankSync>& sync) {
+  double bound = 0.0, fill = 0.0, drain = 0.0;
+  for (int pp_rank = 0; pp_rank < layout.pp(); ++pp_rank) {
+    double work = 0.0;
+    for (const PipelineStage* stage : layout.stages_of_rank(pp_rank))
+      work += pass_s[stage->stage_index].first + pass_s[stage->stage_index].second;
+    const RankSync& s = sync[pp_rank];
+    bound = std::max({bound, fill + work * num_microbatches + std::max(drain, s.blocking_s), s.async_s});
+    const std::pair<double, double>& first_chunk = pass_s[layout.stage(pp_rank, 0).stage_index];
+    fill += first_chunk.first;  // what the next ranks wait for
+    drain += first_chunk.second;
+  }
+  return bound * (1.0 - 1e-12);  // the simulation adds the same times in another order
+}
+
+namespace {
+
+// Each stage's (forward, backward) pass time from the cached layer-kind prices; nullopt when one is missing.
+std::optional<std::vector<std::pair<double, double>>> cached_pass_s(const layouts::ModelSpec& model,
+                                                                    const layouts::ParallelConfig& config,
+                                                                    const layouts::PipelineLayout& layout,
+                                                                    const PassPlacements& placements,
+                                                                    SimulationCache& cache) {
+  std::array<std::optional<std::pair<double, double>>, 256> symbols{};  // by symbol_key
+  for (LayerSymbol symbol :
+       {LayerSymbol::kEmbedding, LayerSymbol::kDecoder, LayerSymbol::kMtp, LayerSymbol::kLoss})
+    for (bool moe : {false, true}) {
+      const int key = symbol_key(symbol, moe);
+      if (const std::optional<SymbolCosts> c = cache.symbol_costs(config, placements, key))
+        symbols[key] = {
+            {c->forward.compute_s + c->forward.comm_s, c->backward.compute_s + c->backward.comm_s}};
+    }
+  std::vector<std::pair<double, double>> pass_s(layout.stages().size());
+  for (const PipelineStage& stage : layout.stages()) {
+    int next_layer = stage.first_decoder_layer;
+    for (LayerSymbol sym : stage.symbols) {
+      const bool moe = sym == LayerSymbol::kDecoder && model.is_moe_layer(next_layer);
+      if (sym == LayerSymbol::kDecoder) ++next_layer;
+      const std::optional<std::pair<double, double>>& cost = symbols[symbol_key(sym, moe)];
+      if (!cost) return std::nullopt;
+      pass_s[stage.stage_index].first += cost->first;
+      pass_s[stage.stage_index].second += cost->second;
+    }
+  }
+  return pass_s;
+}
+
+}  // namespace
+
+std::optional<double> cached_lower_bound(const layouts::ModelSpec& model,
+                                         const layouts::ParallelConfig& config, const OpPricer& pricer,
+                                         const layouts::StepProgramOptions& options, SimulationCache& cache,
+                                         bool with_sync) {
+  const std::optional<GridPlacements> placements = cache.placements(config);
+  if (!placements) return std::nullopt;
+  const std::shared_ptr<const layouts::PipelineLayout> layout = cache.layout(model, config);
+  const std::optional<std::vector<std::pair<double, double>>> pass_s =
+      cached_pass_s(model, config, *layout, placements->pass, cache);
+  if (!pass_s) return std::nullopt;
+  const layouts::StepShape shape = layouts::resolve_step_shape(model, config);
+  std::vector<RankSync> sync(layout->pp());
+  for (int pp_rank = 0; with_sync && pp_rank < layout->pp(); ++pp_rank) {
+    const SyncPlacements& placed = placements->sync_by_pp_rank[pp_rank];
+    auto price = [&](const layouts::Op& op) -> std::optional<double> {
+      const auto group = std::find(kSyncGroups.begin(), kSyncGroups.end(), op.group);
+      if (group == kSyncGroups.end()) return std::nullopt;
+      return pricer.price(op, placed[group - kSyncGroups.begin()]).time_s;
+    };
+    const std::optional<RankSync> rank =
+        rank_sync(model, shape, config, layout->stages_of_rank(pp_rank), options, &cache, price);
+    if (!rank) return std::nullopt;
+    sync[pp_rank] = *rank;
+  }
+  return pipeline_lower_bound(*layout, config.num_microbatches(), *pass_s, sync);
+}
+
+}  // namespace megatune::planner
