@@ -7,6 +7,7 @@ mode=${1:-plan}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 jobs=$(nproc 2>/dev/null || echo 2)
+all_rooms="layouts;cost_models;planner;executor;profiler;tools"
 
 need=(build-essential cmake ninja-build git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev
       libsentencepiece-dev sentencepiece)
@@ -96,13 +97,15 @@ case "$mode" in
     fi
     ;;
   test)
-    # 1. The full build (CUDA too when nvcc is present) and every test; GPU tests skip without a GPU.
-    phase "build" configure_and_build build
+    # 1. The full build (CUDA too when nvcc is present, benchmarks, GPU tests) and its tests: the GPU ones
+    #    (they skip without a GPU) and the CLI's CPU tests, which run the CUDA-enabled executable. The other
+    #    rooms' CPU tests run once, in step 2, where the sanitizers watch them (built at -O2 as well).
+    phase "build" configure_and_build build -DMEGATUNE_CPU_TEST_ROOMS=tools
     phase "tests" run_tests build
-    # 2. CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer: only the CPU libraries, the
+    # 2. Every CPU test under AddressSanitizer + UndefinedBehaviorSanitizer: only the CPU libraries, the
     #    CLI the tools tests run, and the CPU test binaries (no CUDA, no benchmarks).
     phase "sanitizer build" configure_and_build build-asan -DMEGATUNE_CUDA=OFF -DMEGATUNE_SANITIZE=ON \
-      -DCMAKE_BUILD_TYPE=RelWithDebInfo -- megatune megatune_cpu_tests
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DMEGATUNE_CPU_TEST_ROOMS=$all_rooms" -- megatune megatune_cpu_tests
     phase "sanitizer tests" run_tests build-asan -L cpu
     # 3. libFuzzer, bounded time: layout strings and parallel configurations (layouts/fuzz), cluster files and
     #    CSV / JSON imports (cost_models/fuzz), JSONL lines, indexed datasets and checkpoint manifests
