@@ -25,14 +25,6 @@
 namespace megatune::tools {
 namespace {
 
-std::unique_ptr<executor::Backend> cuda_sizing_backend() {
-#ifdef MEGATUNE_HAVE_CUDA
-  return std::make_unique<executor::SizingBackend>(nullptr, executor::cuda::flash_attention_unsupported);
-#else
-  return std::make_unique<executor::SizingBackend>();
-#endif
-}
-
 // One stage's arena, or why the executor cannot size it.
 struct SizedStage {
   std::vector<executor::ArenaUse> breakdown;
@@ -134,9 +126,9 @@ std::int64_t rank_parameters(StageArenaCache& cache, const std::string& model_ke
 }
 
 // A lower bound of every pp rank's peak under both models this function answers with: Megatron's counts
-// (2 + gradient) bytes per parameter, the executor at least 6 (bf16 weights and fp32 gradients, one element per
-// parameter, before its main parameters and moments, sharded or not: the test holds its element count against
-// the planner's), and both add the device buffers.
+// (2 + gradient) bytes per parameter, the executor at least 6 (bf16 weights and fp32 gradients, one element
+// per parameter, before its main parameters and moments, sharded or not: the test holds its element count
+// against the planner's), and both add the device buffers.
 std::int64_t peak_lower_bound(StageArenaCache& cache, const std::string& model_key,
                               const layouts::ModelSpec& model, const layouts::StepShape& shape,
                               const layouts::PipelineLayout& pipeline, const planner::MemoryOptions& options,
@@ -153,7 +145,7 @@ SizedStage size_stage(const layouts::ModelSpec& model, const layouts::ParallelCo
   try {
     executor::TrainOptions train;
     train.bf16 = true;
-    const auto backend = cuda_sizing_backend();
+    const auto backend = executor_sizing_backend();
     executor::RankArena arena = executor::size_rank_arena(model, config, train, rank, *backend);
     out.breakdown = std::move(arena.breakdown);
     out.state_bytes = std::move(arena.state_bytes);
@@ -241,6 +233,14 @@ planner::MemoryEstimate cached_peak(StageArenaCache& cache, const layouts::Model
 }
 
 }  // namespace
+
+std::unique_ptr<executor::Backend> executor_sizing_backend() {
+#ifdef MEGATUNE_HAVE_CUDA
+  return std::make_unique<executor::SizingBackend>(nullptr, executor::cuda::flash_attention_unsupported);
+#else
+  return std::make_unique<executor::SizingBackend>();
+#endif
+}
 
 planner::PeakMemoryFunction executor_peak_memory() {
   auto cache = std::make_shared<StageArenaCache>();

@@ -38,8 +38,8 @@ TEST(ExecutorMemoryModel, PeakIsTheLargestStageArenaPlusTheBuffersOutsideIt) {
   std::int64_t largest = 0;
   int largest_pp = -1;
   for (int rank : executor::one_rank_per_stage(config)) {
-    executor::SizingBackend backend;
-    const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, backend);
+    const std::unique_ptr<executor::Backend> backend = executor_sizing_backend();  // as the model sizes
+    const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, *backend);
     const std::int64_t buffers = planner::estimate_memory(model, config, arena.coordinates.pp).buffer_bytes;
     if (arena.total_bytes + buffers > largest) {
       largest = arena.total_bytes + buffers;
@@ -62,8 +62,8 @@ std::pair<std::int64_t, int> direct_peak(const layouts::ModelSpec& model,
   std::int64_t largest = -1;
   int largest_pp = -1;
   for (int rank : executor::one_rank_per_stage(config)) {
-    executor::SizingBackend backend;
-    const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, backend);
+    const std::unique_ptr<executor::Backend> backend = executor_sizing_backend();  // as the model sizes
+    const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, *backend);
     const std::int64_t total =
         arena.total_bytes + planner::estimate_memory(model, config, arena.coordinates.pp).buffer_bytes;
     if (total > largest) {
@@ -77,8 +77,10 @@ std::pair<std::int64_t, int> direct_peak(const layouts::ModelSpec& model,
 // One function sizes a stage once and answers every later layout holding the same stage from its cache: the
 // peaks equal direct sizing over interleaved, uneven, MoE and data-parallel layouts asked in turn.
 TEST(ExecutorMemoryModel, StagesSizedOnceGiveTheSamePeaksAsSizingEveryStage) {
-  const layouts::ModelSpec model = model_of("tiny", 128);
-  const layouts::ModelSpec moe = model_of("tiny-mixtral", 128);
+  // Head dim 64: a shape the CUDA attention kernels take, so a build with CUDA sizes these too.
+  layouts::ModelSpec model = model_of("tiny", 128);
+  layouts::ModelSpec moe = model_of("tiny-mixtral", 128);
+  model.kv_channels = moe.kv_channels = 64;
   layouts::ModelSpec deeper = model;
   deeper.num_layers = 8;
   struct Asked {
