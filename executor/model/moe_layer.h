@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "executor/backend/backend.h"
+#include "executor/model/moe_allgather_dispatch.h"
+#include "executor/model/moe_dispatch.h"
 #include "executor/model/moe_router.h"
 #include "executor/model/transformer_config.h"
-#include "executor/parallel/moe_allgather_dispatch.h"
-#include "executor/parallel/moe_dispatch.h"
 #include "executor/parallel/tensor_parallel.h"
 
 namespace megatune::executor {

@@ -1,5 +1,5 @@
 // MoeAllGatherDispatcher: gathers over tp-ep, the local experts' permutation, reduce-scatters back.
-#include "executor/parallel/moe_allgather_dispatch.h"
+#include "executor/model/moe_allgather_dispatch.h"
 
 #include <algorithm>
 #include <stdexcept>

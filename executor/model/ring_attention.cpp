@@ -1,6 +1,6 @@
 // RingAttention: context parallelism's p2p ring (forward, backward), on Backend
 // kernels and Communicator transfers.
-#include "executor/parallel/ring_attention.h"
+#include "executor/model/ring_attention.h"
 
 #include <string>
 #include <vector>

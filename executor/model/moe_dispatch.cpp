@@ -1,6 +1,6 @@
 // MoeDispatcher: counts exchange over tp-ep, padded all-to-all over EP, all-gather / reduce-scatter over ETP
 // and the (ETP rank, source, expert) <-> (expert, ETP rank, source) sort.
-#include "executor/parallel/moe_dispatch.h"
+#include "executor/model/moe_dispatch.h"
 
 #include <algorithm>
 #include <stdexcept>
