@@ -14,7 +14,7 @@
 
 #include "executor/backend/sizing_backend.h"
 #include "executor/training/arena_sizing.h"
-#include "executor/training/trainer.h"  // activation_slots_per_chunk
+#include "executor/training/trainer_schedule.h"  // activation_slots_per_chunk
 #include "layouts/schedule.h"
 #include "layouts/step_program.h"
 #include "planner/plan_report.h"

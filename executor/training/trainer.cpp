@@ -1,25 +1,23 @@
-// Trainer: the iteration (schedule -> forward/backward, grad sync, norm, AdamW) and its checkpoint state.
+// Trainer: building the model chunks and their data-parallel strategy, and the iteration's loop (the walk's
+// items -> forward/backward, p2p, grad buckets, grad sync, norm, AdamW, param gathers). Its reported metrics,
+// checkpoint state and schedule glue live in trainer_metrics.cpp, trainer_checkpoint.cpp,
+// trainer_schedule.cpp.
 #include "executor/training/trainer.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <map>
 #include <stdexcept>
 
 #include "executor/backend/recording_pause.h"
-#include "executor/checkpoint/checkpoint_reader.h"
-#include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/parallel/context_parallel_split.h"
 #include "executor/training/expert_bias_state.h"
-#include "layouts/user_error.h"
+#include "executor/training/trainer_schedule.h"
 
 namespace megatune::executor {
 
 using layouts::OpPhase;
 using layouts::P2pDirection;
 using layouts::P2pTensor;
-using layouts::ScheduleItemKind;
 
 namespace {
 
@@ -67,40 +65,6 @@ DataParallelChunk data_parallel_chunk(const GPTModel& model) {
   return c;
 }
 
-std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedule,
-                                            const std::vector<StageSpan>& chunks) {
-  const int n = static_cast<int>(chunks.size());
-  std::vector<int> peak(n, 1);
-  std::vector<std::vector<bool>> live(n, std::vector<bool>(schedule.num_microbatches, false));
-  std::vector<int> count(n, 0);
-  auto acquire = [&](int chunk, int mb) {
-    if (!live.at(chunk).at(mb)) {
-      live[chunk][mb] = true;
-      peak[chunk] = std::max(peak[chunk], ++count[chunk]);
-    }
-  };
-  auto release = [&](int chunk, int mb) {
-    if (live.at(chunk).at(mb)) {
-      live[chunk][mb] = false;
-      --count[chunk];
-    }
-  };
-  for (const layouts::ScheduleItem& item : schedule.items) {
-    if (item.kind == ScheduleItemKind::kForward) acquire(item.chunk, item.microbatch);
-    if (item.kind == ScheduleItemKind::kBackward && chunks.at(item.chunk).has_embedding)
-      release(item.chunk, item.microbatch);
-    if (item.kind != ScheduleItemKind::kP2p) continue;
-    // A batch's receive buffers are taken before its sent gradients' slots are free (both are in flight).
-    for (const layouts::P2pTransfer& t : item.transfers)
-      if (t.direction == P2pDirection::kRecv && t.tensor == P2pTensor::kActivation)
-        acquire(t.chunk, t.microbatch);
-    for (const layouts::P2pTransfer& t : item.transfers)
-      if (t.direction == P2pDirection::kSend && t.tensor == P2pTensor::kGradient)
-        release(t.chunk, t.microbatch);
-  }
-  return peak;
-}
-
 std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, const layouts::RankSchedule& schedule,
                                           Backend& backend, Communicator& communicator) {
   const Trainer sizing(config, schedule, backend, communicator, /*size_only=*/true);
@@ -123,41 +87,6 @@ std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& 
   backend.end_sizing();
   return backend.arena_breakdown();
 }
-
-namespace {
-
-// The items of an iteration without a walk: the schedule's own (a single rank: no p2p, no buckets), then the
-// grad norm and AdamW.
-std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& schedule,
-                                                   const std::vector<StageSpan>& chunks, int mtp_num_layers) {
-  std::vector<layouts::StepItem> items;
-  for (int i = 0; i < static_cast<int>(schedule.items.size()); ++i) {
-    const layouts::ScheduleItem& s = schedule.items[i];
-    if (s.kind == ScheduleItemKind::kP2p)
-      throw std::invalid_argument("p2p item in a schedule without a walk");
-    layouts::StepItem item;
-    item.kind = s.kind == ScheduleItemKind::kForward ? layouts::StepItemKind::kForward
-                                                     : layouts::StepItemKind::kBackward;
-    item.schedule_item = i;
-    item.microbatch = s.microbatch;
-    item.chunk = s.chunk;
-    const StageSpan& c = chunks.at(s.chunk);
-    // The loss stage holds the MTP layers (GPTModel::with_mtp_layers).
-    const int mtp = c.num_mtp_layers > 0 ? c.num_mtp_layers : c.has_loss ? mtp_num_layers : 0;
-    item.entry_count = c.num_layers + mtp + (c.has_embedding ? 1 : 0) + (c.has_loss ? 1 : 0);
-    item.entry_end = item.entry_count;
-    items.push_back(item);
-  }
-  for (layouts::OptimizerStep step : {layouts::OptimizerStep::kGradNorm, layouts::OptimizerStep::kAdamW}) {
-    layouts::StepItem item;
-    item.kind = layouts::StepItemKind::kOptimizer;
-    item.optimizer_step = step;
-    items.push_back(item);
-  }
-  return items;
-}
-
-}  // namespace
 
 Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& schedule, Backend& backend,
                  Communicator& communicator, bool size_only)
@@ -383,27 +312,6 @@ void Trainer::update_expert_biases() {
   for (auto& chunk : chunks_) update_router_expert_biases(*chunk, communicator_, expert_counts_);
 }
 
-double Trainer::reported_loss(double& local) {
-  // The last pipeline stage holds the losses; their mean over the data-parallel ranks is what Megatron logs.
-  // Under context parallelism a micro-batch's loss is the sum of its CP ranks' token losses over the sum of
-  // their counted tokens.
-  bool holds_loss = false;
-  double sum = 0.0;
-  for (auto& chunk : chunks_)
-    if (chunk->stage().has_loss) {
-      holds_loss = true;
-      const std::vector<double> losses = context_parallel_losses(*chunk);  // synchronizes
-      for (double l : losses) sum += l;
-      sum /= static_cast<double>(losses.size());
-    }
-  local = sum;
-  if (communicator_.world_size() == 1) return sum;
-  const bool counts = holds_loss && communicator_.rank(CommGroup::kTensor) == 0 &&
-                      communicator_.rank(CommGroup::kContext) == 0;
-  if (!counts) local = 0.0;
-  return world_sum(local) / static_cast<double>(config_.data_parallel_size);
-}
-
 const std::vector<MicroBatch>& Trainer::context_parallel_share(const std::vector<MicroBatch>& microbatches) {
   if (config_.context_parallel_size == 1) return microbatches;
   cp_local_.resize(microbatches.size());
@@ -411,67 +319,6 @@ const std::vector<MicroBatch>& Trainer::context_parallel_share(const std::vector
     context_parallel_slice(microbatches[i], config_.context_parallel_size,
                            communicator_.rank(CommGroup::kContext), cp_local_[i]);
   return cp_local_;
-}
-
-std::vector<double> Trainer::context_parallel_losses(GPTModel& chunk) {
-  std::vector<double> losses = chunk.microbatch_losses();
-  if (config_.context_parallel_size == 1) return losses;
-  const std::size_t m = losses.size();
-  std::vector<float> sums(2 * m);  // (loss sum, counted tokens) per micro-batch
-  for (std::size_t i = 0; i < m; ++i) {
-    sums[2 * i] = static_cast<float>(losses[i] * chunk.counted_tokens()[i]);
-    sums[2 * i + 1] = static_cast<float>(chunk.counted_tokens()[i]);
-  }
-  RecordingPause pause(backend_);
-  backend_.upload(cp_loss_sums_, sums.data());
-  communicator_.all_reduce(CommGroup::kContext, cp_loss_sums_, ReduceOp::kSum,
-                           {"cp_loss_sum", -1, OpPhase::kOptimizer});
-  backend_.download(cp_loss_sums_, sums.data());
-  for (std::size_t i = 0; i < m; ++i) losses[i] = sums[2 * i + 1] > 0 ? sums[2 * i] / sums[2 * i + 1] : 0.0;
-  return losses;
-}
-
-double Trainer::reported_load_balancing_loss() {
-  const TransformerConfig& model = config_.model;
-  if (!model.is_moe() || !model.router.has_aux_loss()) return -1.0;
-  double sum = 0.0;
-  for (auto& chunk : chunks_) sum += chunk->moe_load_balancing_loss();
-  sum /= static_cast<double>(config_.batch.num_microbatches);
-  int moe_layers = 0;
-  for (int flag : model.moe_layers) moe_layers += flag != 0 ? 1 : 0;
-  // Each TP rank's loss is its sequence shard's part of the micro-batch's (moe_layer.h): summed over TP,
-  // averaged over the data-parallel ranks, as Megatron's tracker reduces it.
-  if (communicator_.world_size() > 1)
-    sum = world_sum(sum) / static_cast<double>(config_.gradient_reduction_size());
-  return sum / static_cast<double>(moe_layers);
-}
-
-std::vector<double> Trainer::reported_mtp_losses() {
-  // Megatron's MTPLossLoggingHelper: each MTP layer's loss, mean over micro-batches, averaged over dp-cp.
-  std::vector<double> losses(config_.model.mtp_num_layers, 0.0);
-  for (auto& chunk : chunks_) {
-    const std::vector<double> own = chunk->mtp_losses();
-    for (std::size_t i = 0; i < own.size(); ++i) losses[chunk->stage().first_mtp_layer + i] = own[i];
-  }
-  if (communicator_.world_size() == 1) return losses;
-  const bool counts = communicator_.rank(CommGroup::kTensor) == 0;
-  for (double& loss : losses)
-    loss = world_sum(counts ? loss : 0.0) / static_cast<double>(config_.gradient_reduction_size());
-  return losses;
-}
-
-double Trainer::world_sum(double value) { return world_reduce(value, ReduceOp::kSum); }
-
-double Trainer::world_reduce(double value, ReduceOp op) {
-  if (communicator_.world_size() == 1) return value;
-  const float values[2] = {static_cast<float>(value), 0.0f};
-  RecordingPause pause(backend_);
-  backend_.upload(scalar_, values);
-  communicator_.all_reduce(CommGroup::kWorld, flat_range(backend_, scalar_, 0, 1), op,
-                           {"world_sum", -1, OpPhase::kOptimizer});
-  float reduced[2];
-  backend_.download(scalar_, reduced);
-  return reduced[0];
 }
 
 StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
@@ -496,159 +343,4 @@ StepResult Trainer::train_step(const std::vector<MicroBatch>& microbatches) {
   return result;
 }
 
-void Trainer::save(checkpoint::CheckpointWriter& writer) const {
-  // Parameters whole (the distributed optimizer gathers its fp32 shards: every rank saves together); the
-  // AdamW moments per parameter, or under the distributed optimizer this rank's shard of them as one tensor
-  // per chunk ("optimizer.shard.*"), which resumes under the same layout only.
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    const GPTModel& model = *chunks_[c];
-    const std::vector<float> params = data_parallel_->main_parameters(static_cast<int>(c));
-    const DataParallelStrategy::Moments moments = data_parallel_->moments(static_cast<int>(c));
-    const std::vector<float>& m = moments.exp_avg;
-    const std::vector<float>& v = moments.exp_avg_sq;
-    for (const ParameterEntry& e : model.layout().entries()) {
-      const std::vector<std::int64_t> shape =
-          e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
-      writer.add_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
-      if (config_.use_distributed_optimizer) continue;
-      writer.add_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
-                        m.data() + e.offset);
-      writer.add_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
-                        v.data() + e.offset);
-    }
-    save_expert_biases(writer, *chunks_[c]);
-    if (config_.use_distributed_optimizer) {
-      const std::string chunk = std::to_string(c);
-      writer.add_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
-                        {static_cast<std::int64_t>(m.size())}, m.data());
-      writer.add_tensor("optimizer.shard.exp_avg_sq.chunk" + chunk, checkpoint::TensorDType::fp32,
-                        {static_cast<std::int64_t>(v.size())}, v.data());
-    }
-  }
-  if (config_.use_distributed_optimizer) writer.add_metadata_int("distributed_optimizer_shards", 1);
-  writer.add_metadata_int("iteration", iteration_);
-  writer.add_metadata_int("consumed_samples", consumed_samples_);
-  writer.add_metadata_int("skipped_iterations", skipped_iterations_);
-  writer.add_metadata_int("seed", static_cast<std::int64_t>(config_.seed));
-  writer.add_metadata("model_config", config_.model.describe());
-  writer.add_metadata("lr_decay_style", to_string(config_.lr.style));
-}
-
-void Trainer::load(const checkpoint::CheckpointReader& reader) {
-  reader.require_metadata_equal("model_config", config_.model.describe());
-  const bool shards = reader.has_metadata("distributed_optimizer_shards");
-  if (shards != config_.use_distributed_optimizer)
-    throw UserError("checkpoint " + reader.directory() + (shards ? " holds" : " does not hold") +
-                    " distributed-optimizer shards but this run " + (shards ? "does not use" : "uses") +
-                    " --use-distributed-optimizer; resume with the flags it was saved with");
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    GPTModel& model = *chunks_[c];
-    const std::int64_t total = model.layout().total_elements();
-    std::vector<float> params(total, 0.0f), m(total, 0.0f), v(total, 0.0f);
-    for (const ParameterEntry& e : model.layout().entries()) {
-      const std::vector<std::int64_t> shape =
-          e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
-      reader.read_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
-      if (shards) continue;
-      reader.read_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
-                         m.data() + e.offset);
-      reader.read_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
-                         v.data() + e.offset);
-    }
-    data_parallel_->set_main_parameters(static_cast<int>(c), params);
-    load_expert_biases({&reader}, *chunks_[c]);
-    if (shards) {
-      DataParallelStrategy::Moments own;
-      const std::int64_t owned = data_parallel_->owned_elements(static_cast<int>(c));
-      own.exp_avg.resize(static_cast<std::size_t>(owned));
-      own.exp_avg_sq.resize(own.exp_avg.size());
-      const std::string chunk = std::to_string(c);
-      reader.read_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32, {owned},
-                         own.exp_avg.data());
-      reader.read_tensor("optimizer.shard.exp_avg_sq.chunk" + chunk, checkpoint::TensorDType::fp32, {owned},
-                         own.exp_avg_sq.data());
-      data_parallel_->set_moments(static_cast<int>(c), own);
-    } else {
-      data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
-    }
-  }
-  iteration_ = reader.metadata_int("iteration");
-  consumed_samples_ = reader.metadata_int("consumed_samples");
-  skipped_iterations_ = reader.metadata_int("skipped_iterations");
-}
-
-void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
-  if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
-  shards.front().require_metadata_equal("model_config", config_.model.describe());
-  // Slices of one save only: a shard of another iteration or run would be assembled into the parameters.
-  for (const checkpoint::CheckpointReader& shard : shards)
-    for (const char* key : {"iteration", "consumed_samples", "model_config"})
-      if (shard.metadata_value(key) != shards.front().metadata_value(key))
-        throw UserError("checkpoint shard " + shard.directory() + " holds " + key + " " +
-                        shard.metadata_value(key) + " but " + shards.front().directory() + " holds " +
-                        shards.front().metadata_value(key) +
-                        "; the shards come from different saves: resume from a directory one save wrote");
-  if (shards.front().has_metadata("distributed_optimizer_shards"))
-    throw UserError(
-        "checkpoint " + shards.front().directory() + " was saved under " +
-        (shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "another layout") +
-        " with per-rank distributed-optimizer shards, which resume under that layout only; rerun with it");
-  // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice); a
-  // routed expert's from its expert-tensor-parallel slices.
-  auto assemble = [&](const ParameterEntry& e, const std::string& name) {
-    const bool expert = e.expert >= 0;
-    const CommGroup group = expert ? CommGroup::kExpertTensor : CommGroup::kTensor;
-    const char* rank_key = expert ? "etp_rank" : "tp_rank";
-    const char* size_key = expert ? "etp_size" : "tp_size";
-    std::map<std::int64_t, std::vector<float>> slices;
-    std::int64_t source_tp = 0;
-    for (const checkpoint::CheckpointReader& shard : shards) {
-      const checkpoint::TensorInfo* info = shard.find_tensor(name);
-      if (info == nullptr) continue;
-      const std::int64_t r = shard.has_metadata(rank_key) ? shard.metadata_int(rank_key) : 0;
-      source_tp = shard.has_metadata(size_key) ? shard.metadata_int(size_key) : 1;
-      if (slices.count(r)) continue;
-      std::vector<float> values(static_cast<std::size_t>(info->num_elements()));
-      shard.read_tensor(name, checkpoint::TensorDType::fp32, info->shape, values.data());
-      slices.emplace(r, std::move(values));
-    }
-    if (source_tp == 0 || static_cast<std::int64_t>(slices.size()) != source_tp)
-      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " +
-                      name + "; resume from a complete save");
-    std::vector<std::vector<float>> ordered;
-    for (auto& [r, values] : slices) ordered.push_back(std::move(values));
-    return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), communicator_.rank(group),
-                                 communicator_.size(group));
-  };
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    GPTModel& model = *chunks_[c];
-    const std::int64_t total = model.layout().total_elements();
-    std::vector<float> params(total, 0.0f), m(total, 0.0f), v(total, 0.0f);
-    for (const ParameterEntry& e : model.layout().entries()) {
-      const auto put = [&](std::vector<float>& buffer, const std::string& prefix) {
-        const std::vector<float> local = assemble(e, prefix + e.name);
-        std::copy(local.begin(), local.end(), buffer.begin() + e.offset);
-      };
-      put(params, "model.");
-      put(m, "optimizer.exp_avg.");
-      put(v, "optimizer.exp_avg_sq.");
-    }
-    data_parallel_->set_main_parameters(static_cast<int>(c), params);
-    std::vector<const checkpoint::CheckpointReader*> readers;
-    for (const checkpoint::CheckpointReader& shard : shards) readers.push_back(&shard);
-    load_expert_biases(readers, *chunks_[c]);
-    data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
-  }
-  iteration_ = shards.front().metadata_int("iteration");
-  consumed_samples_ = shards.front().metadata_int("consumed_samples");
-  skipped_iterations_ = shards.front().metadata_int("skipped_iterations");
-}
-
-}  // namespace megatune::executor
-
-namespace megatune::executor {
-layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches) {
-  return layouts::build_rank_schedule(layouts::PipelineLayout::uniform(num_layers, 1), num_microbatches, 1,
-                                      0);
-}
 }  // namespace megatune::executor

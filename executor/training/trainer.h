@@ -16,6 +16,7 @@
 #include "executor/parallel/data_parallel.h"
 #include "executor/parallel/grad_buckets.h"
 #include "executor/training/lr_schedule.h"
+#include "executor/training/trainer_schedule.h"  // single_stage_schedule, activation_slots_per_chunk
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
 
@@ -187,10 +188,4 @@ std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, const lay
                                           Backend& backend, Communicator& communicator);
 // What the chunk's DataParallelStrategy works on: its gradient-buffer regions and flat buffers.
 DataParallelChunk data_parallel_chunk(const GPTModel& model);
-// The no-pipelining schedule (layouts::build_rank_schedule over one uniform stage) of m micro-batches.
-layouts::RankSchedule single_stage_schedule(int num_layers, int num_microbatches);
-// Activation slots each model chunk needs under `schedule`: the most micro-batches of the chunk whose
-// activation arrived (or forward ran) and whose backward, and the send of its input gradient, have not.
-std::vector<int> activation_slots_per_chunk(const layouts::RankSchedule& schedule,
-                                            const std::vector<StageSpan>& chunks);
 }  // namespace megatune::executor

@@ -1,0 +1,163 @@
+// Trainer's checkpoint state: save, load under the same layout, and load_resharded from another layout's
+// shards (tensor-parallel and expert-tensor-parallel slices assembled, then sliced for this rank).
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "executor/checkpoint/checkpoint_reader.h"
+#include "executor/checkpoint/checkpoint_writer.h"
+#include "executor/training/expert_bias_state.h"
+#include "executor/training/trainer.h"
+#include "layouts/user_error.h"
+
+namespace megatune::executor {
+
+void Trainer::save(checkpoint::CheckpointWriter& writer) const {
+  // Parameters whole (the distributed optimizer gathers its fp32 shards: every rank saves together); the
+  // AdamW moments per parameter, or under the distributed optimizer this rank's shard of them as one tensor
+  // per chunk ("optimizer.shard.*"), which resumes under the same layout only.
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const GPTModel& model = *chunks_[c];
+    const std::vector<float> params = data_parallel_->main_parameters(static_cast<int>(c));
+    const DataParallelStrategy::Moments moments = data_parallel_->moments(static_cast<int>(c));
+    const std::vector<float>& m = moments.exp_avg;
+    const std::vector<float>& v = moments.exp_avg_sq;
+    for (const ParameterEntry& e : model.layout().entries()) {
+      const std::vector<std::int64_t> shape =
+          e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
+      writer.add_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
+      if (config_.use_distributed_optimizer) continue;
+      writer.add_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
+                        m.data() + e.offset);
+      writer.add_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
+                        v.data() + e.offset);
+    }
+    save_expert_biases(writer, *chunks_[c]);
+    if (config_.use_distributed_optimizer) {
+      const std::string chunk = std::to_string(c);
+      writer.add_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32,
+                        {static_cast<std::int64_t>(m.size())}, m.data());
+      writer.add_tensor("optimizer.shard.exp_avg_sq.chunk" + chunk, checkpoint::TensorDType::fp32,
+                        {static_cast<std::int64_t>(v.size())}, v.data());
+    }
+  }
+  if (config_.use_distributed_optimizer) writer.add_metadata_int("distributed_optimizer_shards", 1);
+  writer.add_metadata_int("iteration", iteration_);
+  writer.add_metadata_int("consumed_samples", consumed_samples_);
+  writer.add_metadata_int("skipped_iterations", skipped_iterations_);
+  writer.add_metadata_int("seed", static_cast<std::int64_t>(config_.seed));
+  writer.add_metadata("model_config", config_.model.describe());
+  writer.add_metadata("lr_decay_style", to_string(config_.lr.style));
+}
+
+void Trainer::load(const checkpoint::CheckpointReader& reader) {
+  reader.require_metadata_equal("model_config", config_.model.describe());
+  const bool shards = reader.has_metadata("distributed_optimizer_shards");
+  if (shards != config_.use_distributed_optimizer)
+    throw UserError("checkpoint " + reader.directory() + (shards ? " holds" : " does not hold") +
+                    " distributed-optimizer shards but this run " + (shards ? "does not use" : "uses") +
+                    " --use-distributed-optimizer; resume with the flags it was saved with");
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    GPTModel& model = *chunks_[c];
+    const std::int64_t total = model.layout().total_elements();
+    std::vector<float> params(total, 0.0f), m(total, 0.0f), v(total, 0.0f);
+    for (const ParameterEntry& e : model.layout().entries()) {
+      const std::vector<std::int64_t> shape =
+          e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
+      reader.read_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
+      if (shards) continue;
+      reader.read_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
+                         m.data() + e.offset);
+      reader.read_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
+                         v.data() + e.offset);
+    }
+    data_parallel_->set_main_parameters(static_cast<int>(c), params);
+    load_expert_biases({&reader}, *chunks_[c]);
+    if (shards) {
+      DataParallelStrategy::Moments own;
+      const std::int64_t owned = data_parallel_->owned_elements(static_cast<int>(c));
+      own.exp_avg.resize(static_cast<std::size_t>(owned));
+      own.exp_avg_sq.resize(own.exp_avg.size());
+      const std::string chunk = std::to_string(c);
+      reader.read_tensor("optimizer.shard.exp_avg.chunk" + chunk, checkpoint::TensorDType::fp32, {owned},
+                         own.exp_avg.data());
+      reader.read_tensor("optimizer.shard.exp_avg_sq.chunk" + chunk, checkpoint::TensorDType::fp32, {owned},
+                         own.exp_avg_sq.data());
+      data_parallel_->set_moments(static_cast<int>(c), own);
+    } else {
+      data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
+    }
+  }
+  iteration_ = reader.metadata_int("iteration");
+  consumed_samples_ = reader.metadata_int("consumed_samples");
+  skipped_iterations_ = reader.metadata_int("skipped_iterations");
+}
+
+void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
+  if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
+  shards.front().require_metadata_equal("model_config", config_.model.describe());
+  // Slices of one save only: a shard of another iteration or run would be assembled into the parameters.
+  for (const checkpoint::CheckpointReader& shard : shards)
+    for (const char* key : {"iteration", "consumed_samples", "model_config"})
+      if (shard.metadata_value(key) != shards.front().metadata_value(key))
+        throw UserError("checkpoint shard " + shard.directory() + " holds " + key + " " +
+                        shard.metadata_value(key) + " but " + shards.front().directory() + " holds " +
+                        shards.front().metadata_value(key) +
+                        "; the shards come from different saves: resume from a directory one save wrote");
+  if (shards.front().has_metadata("distributed_optimizer_shards"))
+    throw UserError(
+        "checkpoint " + shards.front().directory() + " was saved under " +
+        (shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "another layout") +
+        " with per-rank distributed-optimizer shards, which resume under that layout only; rerun with it");
+  // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice); a
+  // routed expert's from its expert-tensor-parallel slices.
+  auto assemble = [&](const ParameterEntry& e, const std::string& name) {
+    const bool expert = e.expert >= 0;
+    const CommGroup group = expert ? CommGroup::kExpertTensor : CommGroup::kTensor;
+    const char* rank_key = expert ? "etp_rank" : "tp_rank";
+    const char* size_key = expert ? "etp_size" : "tp_size";
+    std::map<std::int64_t, std::vector<float>> slices;
+    std::int64_t source_tp = 0;
+    for (const checkpoint::CheckpointReader& shard : shards) {
+      const checkpoint::TensorInfo* info = shard.find_tensor(name);
+      if (info == nullptr) continue;
+      const std::int64_t r = shard.has_metadata(rank_key) ? shard.metadata_int(rank_key) : 0;
+      source_tp = shard.has_metadata(size_key) ? shard.metadata_int(size_key) : 1;
+      if (slices.count(r)) continue;
+      std::vector<float> values(static_cast<std::size_t>(info->num_elements()));
+      shard.read_tensor(name, checkpoint::TensorDType::fp32, info->shape, values.data());
+      slices.emplace(r, std::move(values));
+    }
+    if (source_tp == 0 || static_cast<std::int64_t>(slices.size()) != source_tp)
+      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " +
+                      name + "; resume from a complete save");
+    std::vector<std::vector<float>> ordered;
+    for (auto& [r, values] : slices) ordered.push_back(std::move(values));
+    return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), communicator_.rank(group),
+                                 communicator_.size(group));
+  };
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    GPTModel& model = *chunks_[c];
+    const std::int64_t total = model.layout().total_elements();
+    std::vector<float> params(total, 0.0f), m(total, 0.0f), v(total, 0.0f);
+    for (const ParameterEntry& e : model.layout().entries()) {
+      const auto put = [&](std::vector<float>& buffer, const std::string& prefix) {
+        const std::vector<float> local = assemble(e, prefix + e.name);
+        std::copy(local.begin(), local.end(), buffer.begin() + e.offset);
+      };
+      put(params, "model.");
+      put(m, "optimizer.exp_avg.");
+      put(v, "optimizer.exp_avg_sq.");
+    }
+    data_parallel_->set_main_parameters(static_cast<int>(c), params);
+    std::vector<const checkpoint::CheckpointReader*> readers;
+    for (const checkpoint::CheckpointReader& shard : shards) readers.push_back(&shard);
+    load_expert_biases(readers, *chunks_[c]);
+    data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
+  }
+  iteration_ = shards.front().metadata_int("iteration");
+  consumed_samples_ = shards.front().metadata_int("consumed_samples");
+  skipped_iterations_ = shards.front().metadata_int("skipped_iterations");
+}
+
+}  // namespace megatune::executor
