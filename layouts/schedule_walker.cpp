@@ -30,6 +30,15 @@ class Walker {
     out.microbatch = item.microbatch;
     out.chunk = item.chunk;
     out.stage_index = item.stage_index;
+    const PipelineStage& stage = step_.stages.at(item.chunk);
+    StageContents contents;
+    contents.first_layer = stage.first_decoder_layer;
+    contents.num_layers = stage.num_decoder_layers;
+    contents.has_embedding = stage.has_embedding;
+    contents.has_loss = stage.has_loss;
+    contents.first_mtp_layer = stage.first_mtp_layer;
+    contents.num_mtp_layers = stage.num_mtp_layers;
+    out.forward_groups = forward_segment_groups(contents);
     step_.items.push_back(std::move(out));
   }
 
@@ -192,6 +201,14 @@ RankStep walk(const ModelSpec& model, const ParallelConfig& config, int rank,
 }
 
 }  // namespace
+
+std::vector<int> forward_segment_groups(const StageContents& stage) {
+  std::vector<int> groups;
+  if (stage.has_embedding) groups.push_back(-1);
+  for (int i = 0; i < stage.num_layers; ++i) groups.push_back(stage.first_layer + i);
+  if (stage.has_loss || stage.num_mtp_layers > 0) groups.push_back(-2);
+  return groups;
+}
 
 RankStep walk_rank_step(const ModelSpec& model, const ParallelConfig& config, int rank,
                         const StepProgramOptions& options) {

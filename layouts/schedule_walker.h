@@ -6,12 +6,14 @@
 //
 // Order of the items (the order of build_step_program's ops):
 // 1. The schedule's items (RankSchedule::items) in order: kForward, kBackward and kP2p, each with
-//    schedule_item = its index there. With --overlap-grad-reduce the last backward of each chunk that has
-//    gradient buckets is split into kBackward segments at the buckets' ready points: a segment runs the
-//    parameter entries [entry_begin, entry_end) (StageParameters' reverse order: loss, layers last..first,
-//    embedding) and is followed by the kGradBucket items of the buckets that its last entry completes
-//    (schedule_item of that backward): the point where the bucket's reduction is launched. Every other
-//    backward is one kBackward item over all entries [0, entry_count).
+//    schedule_item = its index there. A kForward lists its forward segments (forward_groups): the embedding,
+//    each decoder layer, the head; the executor's pipeline runner waits each segment's parameters before it.
+//    With --overlap-grad-reduce the last backward of each chunk that has gradient buckets is split into
+//    kBackward segments at the buckets' ready points: a segment runs the parameter entries [entry_begin,
+//    entry_end) (StageParameters' reverse order: loss, layers last..first, embedding) and is followed by the
+//    kGradBucket items of the buckets that its last entry completes (schedule_item of that backward): the
+//    point where the bucket's reduction is launched. Every other backward is one kBackward item over all
+//    entries [0, entry_count).
 // 2. Without overlap: the kGradBucket items of every chunk (schedule_item -1), chunks in the order of their
 //    last backward, buckets in index order.
 // 3. kOptimizer items, in OptimizerStep order, those that apply to the rank (schedule_item -1).
@@ -63,6 +65,10 @@ struct StepItem {
   // kBackward: the parameter entries this item runs, of entry_count (= the stage's symbols). A whole pass
   // is [0, entry_count); a segmented pass starts at entry_begin == 0 and ends at entry_end == entry_count.
   int entry_begin = 0, entry_end = 0, entry_count = 0;
+  // kForward: the pass's segments in forward order, each named by the parameter group it reads
+  // (forward_segment_groups): an interpreter runs the pass segment by segment and waits a group's parameters
+  // (a per-layer parameter gather) right before the segment that reads them.
+  std::vector<int> forward_groups;
   std::vector<StepTransfer> transfers;  // kP2p: sends first, then receives (each in schedule order)
   int bucket = -1;                      // kGradBucket / kParamGather: index into RankStep::buckets[chunk]
   int ready_after_entry = -1;           // kGradBucket: the backward entry whose gradient completes it
@@ -79,6 +85,12 @@ struct RankStep {
   std::vector<std::vector<GradBucket>> buckets;  // per chunk: grad_sync_buckets, in reduction order
   std::vector<StepItem> items;                   // in issue order
 };
+
+// The forward segments of a stage holding `stage`, by the parameter group each reads (the codes of
+// StageParameters::layer_reverse): -1 the embedding (E), the global index of each decoder layer (t), then -2
+// once for the head (the final norm, the MTP layers and the LM head with its loss: the MTP layers read the
+// LM head and the embedding) when the stage holds L or m. An empty stage has none.
+std::vector<int> forward_segment_groups(const StageContents& stage);
 
 // The walk of one global rank of a validated (model, config). Throws std::out_of_range for a rank outside
 // the world.

@@ -1,6 +1,6 @@
-// GPTModel: buffers and the forward/backward passes of the decoder LM over a Backend (parameters in
-// gpt_model_parameters.cpp, core attention in gpt_model_attention.cpp, the LM head and loss in
-// gpt_model_loss.cpp, multi-token prediction in gpt_model_mtp.cpp).
+// GPTModel: buffers and the layers of the decoder LM over a Backend (the passes segment by segment in
+// gpt_model_passes.cpp, parameters in gpt_model_parameters.cpp, core attention in gpt_model_attention.cpp,
+// the LM head and loss in gpt_model_loss.cpp, multi-token prediction in gpt_model_mtp.cpp).
 #include "executor/model/gpt_model.h"
 
 #include <algorithm>
@@ -437,8 +437,6 @@ void GPTModel::mla_backward(int l, LayerActivations& a, Tensor input, bool accum
                  sp() ? d_hidden_ : d_hidden_shard_, accumulate);
 }
 
-void GPTModel::forward(const MicroBatch& mb, int index) { run_forward(mb, index, true); }
-
 void GPTModel::embedding_forward(const MicroBatch& mb, int slot) {
   embed_tokens(mb.tokens, slots_[slot].tokens, slots_[slot].residual.front(), positions_, -1);
 }
@@ -462,87 +460,6 @@ void GPTModel::embed_tokens(const std::vector<std::int32_t>& global_ids, Tensor 
   backend_.embedding_forward(tokens, view(model_params_, layout_.find("embedding.word_embeddings.weight")),
                              position, batch_.seq, full, {"embedding", layer, kF}, positions);
   tp_.reduce(full, output, "embedding_ar", "embedding_rs", layer, kF);
-}
-
-void GPTModel::run_forward(const MicroBatch& mb, int index, bool with_gradients) {
-  const std::int64_t T = batch_.tokens();
-  if (index < 0 || index >= batch_.num_microbatches)
-    throw std::out_of_range("micro-batch index out of range");
-  if (forward_done_[index]) throw std::logic_error("forward of a micro-batch whose backward has not run");
-  const bool needs_tokens = stage_.has_embedding, needs_labels = stage_.has_loss;
-  if ((needs_tokens && static_cast<std::int64_t>(mb.tokens.size()) != T) ||
-      (needs_labels && (static_cast<std::int64_t>(mb.labels.size()) != T ||
-                        static_cast<std::int64_t>(mb.loss_mask.size()) != T)))
-    throw std::invalid_argument("micro-batch size does not match micro_batch * seq");
-  const int slot = slot_of(index);
-  moe_slot_ = slot;
-  auto pre_hook = [&](int group) {
-    if (forward_pre_hook_) forward_pre_hook_(group);
-  };
-  if (stage_.has_embedding) {
-    pre_hook(-1);
-    embedding_forward(mb, slot);
-  }
-  Slot& s = slots_[slot];
-  for (int i = 0; i < stage_.num_layers; ++i) {
-    pre_hook(stage_.first_layer + i);
-    layer_forward(stage_.first_layer + i, activations_for(slot, i), s.residual[i], s.residual[i + 1], kF);
-  }
-  if (config_.mtp_num_layers > 0 && holds_last_layer()) final_norm_forward(slot, kF);
-  if (stage_.num_mtp_layers > 0 || stage_.has_loss) pre_hook(-2);
-  if (stage_.num_mtp_layers > 0) mtp_forward(mb, index, slot, with_gradients);
-  if (stage_.has_loss) loss_forward(mb, index, slot, with_gradients);
-  if (with_gradients)
-    forward_done_[index] = true;
-  else if (stage_.has_loss)
-    slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
-}
-
-void GPTModel::forward_only(const MicroBatch& mb, int index) { run_forward(mb, index, false); }
-
-int GPTModel::backward_entries() const {
-  return local_layer_count() + (stage_.has_embedding ? 1 : 0) + (stage_.has_loss ? 1 : 0);
-}
-
-void GPTModel::backward(int index) { backward(index, 0, backward_entries()); }
-
-void GPTModel::backward(int index, int begin, int end) {
-  const int count = backward_entries();
-  if (index < 0 || index >= batch_.num_microbatches || !forward_done_[index])
-    throw std::logic_error("backward of a micro-batch whose forward did not run");
-  if (begin < 0 || begin > end || end > count)
-    throw std::out_of_range("backward: entry range outside the stage");
-  const int slot = slot_of(index);
-  moe_slot_ = slot;
-  Slot& s = slots_[slot];
-  const int loss_entries = stage_.has_loss ? 1 : 0;
-  if (begin == 0 && !stage_.has_loss) backend_.copy(s.output_grad, d_res_);
-  for (int e = begin; e < end; ++e) {
-    const int mtp_entries = stage_.num_mtp_layers;
-    if (e < loss_entries) {
-      loss_backward(slot);
-    } else if (e < loss_entries + mtp_entries) {
-      mtp_backward(slot, mtp_entries - 1 - (e - loss_entries));  // MTP layers last..first
-    } else if (e < loss_entries + mtp_entries + stage_.num_layers) {
-      const int i = stage_.num_layers - 1 - (e - loss_entries - mtp_entries);  // layers last..first
-      const int l = stage_.first_layer + i;
-      LayerActivations& acts = activations_for(slot, i);
-      if (config_.mtp_num_layers > 0 && l == config_.num_layers - 1)
-        final_norm_backward(slot, stage_.has_loss ? mtp_->d_hidden : s.output_grad);
-      if (recompute_ == RecomputeGranularity::kFull)
-        layer_forward(l, acts, s.residual[i], s.residual[i + 1],
-                      OpPhase::kRecompute);  // as Megatron: the layer
-      layer_backward(l, acts, s.residual[i]);
-    } else {
-      embedding_backward(slot);
-    }
-  }
-  if (end < count) return;
-  forward_done_[index] = false;
-  if (!stage_.has_embedding)
-    backend_.copy(d_res_, s.input_grad);
-  else
-    slot_of_microbatch_[index] = -1;  // nothing to send: the slot is free
 }
 
 void GPTModel::embedding_backward(int slot) {

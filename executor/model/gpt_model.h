@@ -5,7 +5,6 @@
 // executor/parallel/tensor_parallel.h).
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,10 +77,6 @@ class GPTModel {
   // Sets the main parameters the model keeps and its compute-dtype copy (without main parameters: the copy).
   void set_main_parameters(const std::vector<float>& values);
   std::vector<float> gradients() const;
-  // Called before the forward reads the parameters of entry group `group` (GradBufferEntry::group: a
-  // decoder layer, -1 the embedding, -2 the loss, which also covers the MTP layers that use the LM head):
-  // where a parameter gather still in flight is waited (DataParallelStrategy::before_forward).
-  void set_forward_pre_hook(std::function<void(int group)> hook) { forward_pre_hook_ = std::move(hook); }
 
   void zero_gradients();
   // Forward of micro-batch `index` of the iteration (keeps what its backward needs in the micro-batch's
@@ -90,6 +85,13 @@ class GPTModel {
   // stage_input(index) first; on a stage without the loss the output gradient into output_grad(index) before
   // the backward. `batch` supplies tokens (embedding stage) and labels / loss mask (loss stage).
   void forward(const MicroBatch& batch, int index);
+  // Segments [begin, end) of that forward, in layouts::forward_segment_groups' order (the embedding, each
+  // decoder layer, the head: final norm, MTP layers, LM head and loss), so that the caller can wait the
+  // parameters a segment reads right before it (DataParallelStrategy::before_forward with the segment's
+  // group); the pass is complete after the segment that reaches the last one.
+  void forward(const MicroBatch& batch, int index, int begin, int end);
+  int forward_segments() const;
+  std::vector<int> forward_segment_groups() const;  // of each segment: GradBufferEntry::group's code
   void backward(int index);
   // One segment of the backward: entries [begin, end) of backward_entries() in Megatron's buffer order (the
   // loss, the layers last..first, the embedding), so that a gradient bucket's reduction can start between
@@ -114,6 +116,7 @@ class GPTModel {
   // Forward only of micro-batch `index` inside a pipeline (evaluation): no gradient work. The loss stage
   // frees the slot at once; other stages keep it (stage_output(index)) until release(index), after the send.
   void forward_only(const MicroBatch& batch, int index);
+  void forward_only(const MicroBatch& batch, int index, int begin, int end);  // segments, as forward's
   // Tokens of micro-batch `index` counted in its loss (loss stage; set by its forward).
   double counted_tokens(int index) const { return counted_tokens_.at(index); }
   // Mean loss of each micro-batch of the iteration (downloads the per-token losses once).
@@ -205,7 +208,7 @@ class GPTModel {
   };
   // Forward of one micro-batch; with_gradients: also the LM head's backward GEMMs (per loss chunk) and the
   // bookkeeping for backward(); without (evaluation): the losses only.
-  void run_forward(const MicroBatch& batch, int index, bool with_gradients);
+  void run_forward(const MicroBatch& batch, int index, int begin, int end, bool with_gradients);
   void embedding_forward(const MicroBatch& batch, int slot);
   void loss_forward(const MicroBatch& batch, int index, int slot, bool with_gradients);
   void loss_backward(int slot);
@@ -332,7 +335,6 @@ class GPTModel {
   std::unique_ptr<MoeLayers> moe_;      // the stage's MoE layers (null for a dense stage)
   std::unique_ptr<MtpBuffers> mtp_;     // the stage's MTP layers (null without)
   int moe_slot_ = 0;                    // the activation slot of the micro-batch being run
-  std::function<void(int group)> forward_pre_hook_;
 };
 
 }  // namespace megatune::executor

@@ -123,7 +123,7 @@ std::vector<double> GPTModel::microbatch_losses() {
 double GPTModel::evaluate(const MicroBatch& mb) {
   if (!stage_.has_embedding || !stage_.has_loss)
     throw std::logic_error("evaluate: the model must hold the embedding and the loss (one pipeline stage)");
-  run_forward(mb, 0, false);
+  forward_only(mb, 0);
   return microbatch_losses()[0];
 }
 

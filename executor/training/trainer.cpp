@@ -154,9 +154,6 @@ void Trainer::build(bool sizing) {
   data_parallel_ =
       make_data_parallel_strategy(config_.use_distributed_optimizer, communicator_, std::move(views),
                                   step_buckets, data_parallel_options(config_), sizing);
-  for (std::size_t c = 0; c < chunks_.size(); ++c)
-    chunks_[c]->set_forward_pre_hook(
-        [this, c](int group) { data_parallel_->before_forward(static_cast<int>(c), group); });
   sp_norm_grads_ = sp_elements > 0
                        ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
                        : Tensor{};
@@ -166,6 +163,26 @@ void Trainer::build(bool sizing) {
   if (config_.model.is_moe() && config_.model.router.enable_expert_bias)
     expert_counts_ = backend_.allocate(DType::kFP32, 1, config_.model.num_layers * config_.model.num_experts,
                                        "grad norm and loss reductions");
+}
+
+void Trainer::run_forward(const layouts::StepItem& item, const MicroBatch& batch, bool evaluation) {
+  GPTModel& model = *chunks_.at(item.chunk);
+  const std::vector<int>& groups = item.forward_groups;
+  if (groups != model.forward_segment_groups())
+    throw std::logic_error("forward of chunk " + std::to_string(item.chunk) +
+                           ": the walk's segments are not the model chunk's");
+  const auto run = [&](int begin, int end) {
+    if (evaluation)
+      model.forward_only(batch, item.microbatch, begin, end);
+    else
+      model.forward(batch, item.microbatch, begin, end);
+  };
+  if (groups.empty()) run(0, 0);  // an empty stage: its output is its input
+  for (int s = 0; s < static_cast<int>(groups.size()); ++s) {
+    data_parallel_->before_forward(item.chunk, groups[s]);
+    if (forward_segment_hook_) forward_segment_hook_(item.chunk, item.microbatch, groups[s]);
+    run(s, s + 1);
+  }
 }
 
 void Trainer::run_p2p(const layouts::StepItem& item, bool evaluation) {
@@ -272,7 +289,7 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
     switch (item.kind) {
       case layouts::StepItemKind::kForward:
         recorder.set_position(item.microbatch, item.chunk);
-        chunks_.at(item.chunk)->forward(microbatches.at(item.microbatch), item.microbatch);
+        run_forward(item, microbatches.at(item.microbatch), /*evaluation=*/false);
         break;
       case layouts::StepItemKind::kBackward:
         recorder.set_position(item.microbatch, item.chunk);

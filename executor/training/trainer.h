@@ -5,6 +5,7 @@
 // step), and the checkpointed training state.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,6 +124,13 @@ class Trainer {
   // also a barrier).
   double world_sum(double value);
 
+  // Called as the pipeline runner reaches each forward segment of a (micro-batch, chunk) (the walk's
+  // layouts::StepItem::forward_groups: the embedding, each decoder layer, the head), in training and in
+  // evaluation: after the data-parallel strategy's before_forward(chunk, group), where a parameter gather of
+  // the group is waited, and before the segment runs.
+  using ForwardSegmentHook = std::function<void(int chunk, int microbatch, int group)>;
+  void set_forward_segment_hook(ForwardSegmentHook hook) { forward_segment_hook_ = std::move(hook); }
+
   std::int64_t iteration() const { return iteration_; }
   std::int64_t consumed_samples() const { return consumed_samples_; }
   std::int64_t skipped_iterations() const { return skipped_iterations_; }
@@ -137,6 +145,8 @@ class Trainer {
  private:
   void build(bool sizing);
   void run_items(const std::vector<MicroBatch>& microbatches);
+  // A kForward item segment by segment (evaluation: forward only).
+  void run_forward(const layouts::StepItem& item, const MicroBatch& batch, bool evaluation);
   void run_p2p(const layouts::StepItem& item, bool evaluation = false);
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
   void reduce_tied_embedding();
@@ -165,6 +175,7 @@ class Trainer {
   // The chunks' grad buffers, their reduction, the main parameters and AdamW moments this rank holds, the
   // update and the param gathers (DDP, or the distributed optimizer).
   std::unique_ptr<DataParallelStrategy> data_parallel_;
+  ForwardSegmentHook forward_segment_hook_;
   StepResult pending_result_;  // the iteration being run (grad norm, skip, learning rate)
   Tensor sp_norm_grads_;  // (1, n) fp32: the sequence-parallel norm gradients, gathered for their all-reduce
   Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions

@@ -13,7 +13,7 @@ EvaluationResult Trainer::evaluate(const std::vector<MicroBatch>& microbatches) 
   const std::vector<MicroBatch>& local = context_parallel_share(microbatches);
   for (const layouts::StepItem& item : forward_items_) {
     if (item.kind == layouts::StepItemKind::kForward)
-      chunks_.at(item.chunk)->forward_only(local.at(item.microbatch), item.microbatch);
+      run_forward(item, local.at(item.microbatch), /*evaluation=*/true);
     else if (item.kind == layouts::StepItemKind::kP2p)
       run_p2p(item, /*evaluation=*/true);
   }

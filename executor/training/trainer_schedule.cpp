@@ -63,6 +63,8 @@ std::vector<layouts::StepItem> items_from_schedule(const layouts::RankSchedule& 
     const int mtp = c.num_mtp_layers > 0 ? c.num_mtp_layers : c.has_loss ? mtp_num_layers : 0;
     item.entry_count = c.num_layers + mtp + (c.has_embedding ? 1 : 0) + (c.has_loss ? 1 : 0);
     item.entry_end = item.entry_count;
+    if (item.kind == layouts::StepItemKind::kForward)
+      item.forward_groups = layouts::forward_segment_groups(c);
     items.push_back(item);
   }
   for (layouts::OptimizerStep step : {layouts::OptimizerStep::kGradNorm, layouts::OptimizerStep::kAdamW}) {

@@ -99,16 +99,17 @@ Curve data_parallel_rank(int rank, ThreadWorld& world, TrainerConfig c, bool sha
   strategy->set_main_parameters(0, model->initial_parameters(c.seed));
   EXPECT_GT(model->layout().dense_buffer().buckets().size(), 2u);
   Curve curve;
-  // The forward pre-hook: the strategy waits a bucket's gather where the forward first reads it.
+  // The forward segment by segment: the strategy waits a bucket's gather where the forward first reads it.
   std::vector<int> hooked;
-  model->set_forward_pre_hook([&](int group) {
-    hooked.push_back(group);
-    strategy->before_forward(0, group);
-  });
   for (int it = 0; it < kIterations; ++it) {
     model->zero_gradients();
     for (int i = 0; i < c.batch.num_microbatches; ++i) {
-      model->forward(data[it][rank * c.batch.num_microbatches + i], i);
+      const std::vector<int> groups = model->forward_segment_groups();
+      for (int s = 0; s < static_cast<int>(groups.size()); ++s) {
+        hooked.push_back(groups[s]);
+        strategy->before_forward(0, groups[s]);
+        model->forward(data[it][rank * c.batch.num_microbatches + i], i, s, s + 1);
+      }
       if (it == 0 && i == 0) {
         EXPECT_EQ(hooked, (std::vector<int>{-1, 0, 1, -2}));  // E, layers, loss
       }

@@ -1,6 +1,7 @@
 // Tests of the schedule walker: its items follow the schedule (1F1B, interleaved, custom layouts with empty
 // stages), p2p peers are the right global ranks in both rank orders, gradient buckets appear once per chunk
-// where build_step_program issues them, and every op of the step program carries its role.
+// where build_step_program issues them, forward items list their segments, and every op of the step
+// program carries its role.
 #include "layouts/schedule_walker.h"
 
 #include <gtest/gtest.h>
@@ -403,6 +404,51 @@ TEST(ScheduleWalker, ForwardWalkHasForwardsAndActivationTransfersOnly) {
   ASSERT_GE(first.items.size(), 2u);
   EXPECT_EQ(first.items[1].transfers.at(0).peer_rank,
             RankGrid::from_config(config).rank_of({.tp = 1, .pp = 1}));
+}
+
+// A forward item lists its stage's segments in forward order: the embedding (-1), each decoder layer by its
+// global index, the head (-2) once; an empty stage none. In the training and the forward-only walk alike.
+TEST(ScheduleWalker, ForwardItemsListTheirStagesSegments) {
+  const ModelSpec model = tiny_with_layers(4);
+  ParallelConfig config = config_for(4, 1, 4, 8);
+  config.pipeline_model_parallel_layout = "Et|tt||tL";
+  config.validate(model);
+  const std::vector<std::vector<int>> expected = {{-1, 0}, {1, 2}, {}, {3, -2}};
+  for (int rank = 0; rank < config.world_size; ++rank) {
+    for (const RankStep& step :
+         {walk_rank_step(model, config, rank), walk_rank_forward(model, config, rank)}) {
+      int forwards = 0;
+      for (const StepItem& item : step.items) {
+        if (item.kind != StepItemKind::kForward) {
+          EXPECT_TRUE(item.forward_groups.empty());
+          continue;
+        }
+        ++forwards;
+        EXPECT_EQ(item.forward_groups, expected[rank]) << "rank " << rank;
+      }
+      EXPECT_EQ(forwards, config.num_microbatches());
+    }
+  }
+  // Interleaved: each model chunk its own stage's layers.
+  ParallelConfig interleaved = config_for(2, 1, 2, 8);
+  interleaved.pipeline_model_parallel_layout = "Et|t|t|tL";
+  interleaved.overlap_p2p_comm = true;  // vpp 2 at pp 2
+  interleaved.validate(model);
+  for (const StepItem& item : walk_rank_step(model, interleaved, 1).items)
+    if (item.kind == StepItemKind::kForward)
+      EXPECT_EQ(item.forward_groups, (item.chunk == 0 ? std::vector<int>{1} : std::vector<int>{3, -2}));
+  // MTP layers share the head's segment (they read the LM head); the whole model without a layout.
+  StageContents mtp;
+  mtp.first_layer = 2;
+  mtp.num_layers = 2;
+  mtp.has_embedding = false;
+  mtp.num_mtp_layers = 1;
+  EXPECT_EQ(forward_segment_groups(mtp), (std::vector<int>{2, 3, -2}));
+  mtp.has_loss = false;
+  EXPECT_EQ(forward_segment_groups(mtp), (std::vector<int>{2, 3, -2}));
+  StageContents whole;
+  whole.num_layers = 2;
+  EXPECT_EQ(forward_segment_groups(whole), (std::vector<int>{-1, 0, 1, -2}));
 }
 
 }  // namespace
