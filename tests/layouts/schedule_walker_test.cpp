@@ -434,9 +434,13 @@ TEST(ScheduleWalker, ForwardItemsListTheirStagesSegments) {
   interleaved.pipeline_model_parallel_layout = "Et|t|t|tL";
   interleaved.overlap_p2p_comm = true;  // vpp 2 at pp 2
   interleaved.validate(model);
-  for (const StepItem& item : walk_rank_step(model, interleaved, 1).items)
-    if (item.kind == StepItemKind::kForward)
-      EXPECT_EQ(item.forward_groups, (item.chunk == 0 ? std::vector<int>{1} : std::vector<int>{3, -2}));
+  int interleaved_forwards = 0;
+  for (const StepItem& item : walk_rank_step(model, interleaved, 1).items) {
+    if (item.kind != StepItemKind::kForward) continue;
+    ++interleaved_forwards;
+    EXPECT_EQ(item.forward_groups, (item.chunk == 0 ? std::vector<int>{1} : std::vector<int>{3, -2}));
+  }
+  EXPECT_EQ(interleaved_forwards, 2 * interleaved.num_microbatches());
   // MTP layers share the head's segment (they read the LM head); the whole model without a layout.
   StageContents mtp;
   mtp.first_layer = 2;
