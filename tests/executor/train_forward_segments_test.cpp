@@ -19,6 +19,7 @@
 #include "executor/training/trainer.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule_walker.h"
+#include "tests/executor/small_models.h"
 
 namespace megatune::executor {
 namespace {
@@ -39,14 +40,7 @@ std::vector<MicroBatch> batches(int count, std::int64_t tokens, int vocab) {
 
 TrainerConfig two_layer_config() {
   TrainerConfig c;
-  c.model.num_layers = 2;
-  c.model.hidden = 16;
-  c.model.heads = 2;
-  c.model.kv_heads = 1;
-  c.model.head_dim = 8;
-  c.model.ffn_hidden = 32;
-  c.model.vocab_size = 64;
-  c.model.max_seq = 8;
+  c.model = test::gradient_check_model(/*llama=*/false);  // 2 layers, vocab 32, 8 positions
   c.batch.micro_batch = 2;
   c.batch.seq = 8;
   c.batch.num_microbatches = 2;
@@ -66,7 +60,7 @@ TEST(ForwardSegments, OneRankHooksEachLayerBeforeItsOps) {
     ops_before.push_back(backend.recorder().ops().size());
   });
   backend.recorder().set_enabled(true);
-  const std::vector<MicroBatch> data = batches(2, config.batch.tokens(), 64);
+  const std::vector<MicroBatch> data = batches(2, config.batch.tokens(), 32);
   trainer.train_step(data);
   const std::vector<Hook> expected = {{0, 0, -1}, {0, 0, 0}, {0, 0, 1}, {0, 0, -2},
                                       {0, 1, -1}, {0, 1, 0}, {0, 1, 1}, {0, 1, -2}};
