@@ -2,7 +2,9 @@
 
   make-data PREFIX            a Megatron indexed dataset (PREFIX.bin/.idx) of identical 32-token documents,
                               so that every sample megatune draws is the same 33 tokens, whatever its shuffle
-  make-hf KIND DIR            a random transformers model (KIND gpt2 | llama), saved as safetensors
+  make-hf KIND SHAPE DIR      a random transformers model (KIND gpt2 | llama; SHAPE small: head dim 16, as
+                              megatune's tiny preset; wide: head dim 64, which the CUDA kernels take), saved
+                              as safetensors
   hf-loss DIR PREFIX          the mean next-token cross entropy of DIR's model on the sample, in fp32
   reference-loss DIR PREFIX   the same loss from a plain-Python forward pass of the HF folder (GPT-2 or
                               Llama as transformers defines them; no torch), in float64
@@ -42,20 +44,21 @@ def make_data(prefix):
         json.dump([int(t) for t in doc] + [int(doc[0])], out)
 
 
-def make_hf(kind, directory):
+def make_hf(kind, shape, directory):
     import torch
     import transformers
 
     torch.manual_seed(5)
+    wide = shape == "wide"
     if kind == "gpt2":
-        config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=64, n_layer=2, n_head=4,
-                                         activation_function="gelu_new", tie_word_embeddings=True,
-                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    else:
-        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                          max_position_embeddings=SEQ, rms_norm_eps=1e-5,
-                                          tie_word_embeddings=False)
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=128 if wide else 64, n_layer=2,
+                                         n_head=2 if wide else 4, activation_function="gelu_new",
+                                         tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    else:  # grouped-query attention: 4 heads on 2 key/value heads
+        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=128 if wide else 64,
+                                          intermediate_size=256 if wide else 128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=64 if wide else 16,
+                                          max_position_embeddings=SEQ, rms_norm_eps=1e-5, tie_word_embeddings=False)
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # far from the initialization, so that a wrong mapping shows in the loss
         for p in model.parameters():
@@ -227,7 +230,7 @@ def main():
     if command == "make-data":
         make_data(sys.argv[2])
     elif command == "make-hf":
-        make_hf(sys.argv[2], sys.argv[3])
+        make_hf(sys.argv[2], sys.argv[3], sys.argv[4])
     elif command == "hf-loss":
         hf_loss(sys.argv[2], sys.argv[3])
     elif command == "reference-loss":

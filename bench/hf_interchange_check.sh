@@ -2,8 +2,8 @@
 # Hugging Face interchange against transformers (needs python3 with torch, transformers, safetensors;
 # no network). Usage, from the repository root:
 #   bash bench/hf_interchange_check.sh build/bin/megatune [WORK_DIR]
-# DEVICE=cpu (default: megatune's fp32 CPU backend, tolerance 1e-4 relative) or DEVICE=cuda (bf16,
-# tolerance 3e-2 relative).
+# DEVICE=cpu (default: megatune's fp32 CPU backend, tolerance 1e-4 relative, head dim 16) or DEVICE=cuda
+# (bf16, tolerance 3e-2 relative, head dim 64).
 # (a) megatune trains a tiny GPT-2 and a tiny Llama (GQA) 5 iterations, exports them with `convert --to-hf`;
 #     transformers' loss on the validation sample equals megatune's validation loss (and so does the loss of
 #     a plain-Python forward pass of the export, which needs no torch).
@@ -20,15 +20,22 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=${2:-$(mktemp -d)}
 mkdir -p "$WORK"
 DEVICE=${DEVICE:-cpu}
-if [ "$DEVICE" = cpu ]; then TOLERANCE=1e-4; else TOLERANCE=3e-2; fi
+if [ "$DEVICE" = cpu ]; then TOLERANCE=1e-4; DEFAULT_SHAPE=small; else TOLERANCE=3e-2; DEFAULT_SHAPE=wide; fi
+SHAPE=${SHAPE:-$DEFAULT_SHAPE}  # SHAPE=wide on the CPU runs the CUDA shapes in fp32
 PY="python3 $HERE/hf_interchange_check.py"
 DATA="$WORK/data"
 FAILED=0
 COMMON=(--device "$DEVICE" --data-path "$DATA" --split 969,30,1 --gbs 2 --mbs 2 --eval-iters 1
         --eval-interval 1000 --log-interval 1)
-GPT2=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
-      --vocab-size 256)
-LLAMA=(--model tiny)
+# Head dim 16 on the CPU (the tiny preset's), 64 on CUDA (a head dim its attention kernels take).
+if [ $SHAPE = small ]; then
+  GPT2=(--num-layers 2 --hidden-size 64 --num-attention-heads 4)
+  LLAMA=(--model tiny)  # 2 layers, h 64, 4 heads on 2 key/value heads, untied
+else
+  GPT2=(--num-layers 2 --hidden-size 128 --num-attention-heads 2)
+  LLAMA=(--model tiny --hidden-size 128 --kv-channels 64 --ffn-hidden-size 256)
+fi
+GPT2+=(--seq-length 32 --max-position-embeddings 32 --vocab-size 256)
 
 # The final validation loss a megatune train log holds.
 megatune_loss() { sed -n 's/.*on validation set | lm loss value: \([0-9.E+-]*\).*/\1/p' "$1" | tail -1; }
@@ -75,7 +82,7 @@ done
 # (b) HF -> megatune
 for name in gpt2 llama; do
   rm -rf "$WORK/$name-random" "$WORK/$name-imported"
-  $PY make-hf $name "$WORK/$name-random" 2>"$WORK/$name-make-hf.err" ||
+  $PY make-hf $name $SHAPE "$WORK/$name-random" 2>"$WORK/$name-make-hf.err" ||
     { echo "FAIL (b) $name: transformers could not make the model (see $WORK/$name-make-hf.err)"; FAILED=1; continue; }
   hf=$($PY hf-loss "$WORK/$name-random" "$DATA" 2>>"$WORK/$name-make-hf.err") ||
     { echo "FAIL (b) $name: transformers loss (see $WORK/$name-make-hf.err)"; FAILED=1; continue; }
