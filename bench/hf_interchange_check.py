@@ -7,7 +7,7 @@
                               as safetensors
   hf-loss DIR PREFIX          the mean next-token cross entropy of DIR's model on the sample, in fp32
   reference-loss DIR PREFIX   the same loss from a plain-Python forward pass of the HF folder (GPT-2 or
-                              Llama as transformers defines them; no torch), in float64
+                              Llama or Mixtral as transformers defines them; no torch), in float64
 """
 import json
 import math
@@ -186,6 +186,29 @@ def gpt2_logits(c, w, ids):
     return matmul_t(x, w.get("lm_head.weight", w[p + "wte.weight"]))
 
 
+def swiglu(m, w, gate_name, up_name, down_name):
+    gate, up = matmul_t(m, w[gate_name]), matmul_t(m, w[up_name])
+    f = [[g / (1 + math.exp(-g)) * u for g, u in zip(rg, ru)] for rg, ru in zip(gate, up)]
+    return matmul_t(f, w[down_name])
+
+
+def mixtral_moe(c, w, prefix, m):  # softmax over the experts, the top k renormalized, as transformers' Mixtral
+    k = c["num_experts_per_tok"]
+    out = []
+    for row, logits in zip(m, matmul_t(m, w[prefix + "gate.weight"])):
+        top = max(logits)
+        probs = [math.exp(v - top) for v in logits]
+        chosen = sorted(range(len(probs)), key=lambda e: -probs[e])[:k]
+        total = sum(probs[e] for e in chosen)
+        acc = [0.0] * len(row)
+        for e in chosen:
+            e_prefix = f"{prefix}experts.{e}."
+            y = swiglu([row], w, e_prefix + "w1.weight", e_prefix + "w3.weight", e_prefix + "w2.weight")[0]
+            acc = [a + probs[e] / total * v for a, v in zip(acc, y)]
+        out.append(acc)
+    return out
+
+
 def llama_logits(c, w, ids):
     heads, kv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
     d = c.get("head_dim") or c["hidden_size"] // heads
@@ -200,9 +223,8 @@ def llama_logits(c, w, ids):
         o = matmul_t(attention(qs, ks, vs, heads, kv, d), w[q + "self_attn.o_proj.weight"])
         x = [[u + v for u, v in zip(r, s)] for r, s in zip(x, o)]
         m = rms_norm(x, w[q + "post_attention_layernorm.weight"], eps)
-        gate, up = matmul_t(m, w[q + "mlp.gate_proj.weight"]), matmul_t(m, w[q + "mlp.up_proj.weight"])
-        f = [[g / (1 + math.exp(-g)) * u for g, u in zip(rg, ru)] for rg, ru in zip(gate, up)]
-        f = matmul_t(f, w[q + "mlp.down_proj.weight"])
+        f = mixtral_moe(c, w, q + "block_sparse_moe.", m) if "num_local_experts" in c else \
+            swiglu(m, w, q + "mlp.gate_proj.weight", q + "mlp.up_proj.weight", q + "mlp.down_proj.weight")
         x = [[u + v for u, v in zip(r, s)] for r, s in zip(x, f)]
     x = rms_norm(x, w["model.norm.weight"], eps)
     return matmul_t(x, w.get("lm_head.weight", w["model.embed_tokens.weight"]))

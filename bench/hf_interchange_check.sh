@@ -4,7 +4,7 @@
 #   bash bench/hf_interchange_check.sh build/bin/megatune [WORK_DIR]
 # DEVICE=cpu (default: megatune's fp32 CPU backend, tolerance 1e-4 relative, head dim 16) or DEVICE=cuda
 # (bf16, tolerance 3e-2 relative, head dim 64).
-# (a) megatune trains a tiny GPT-2 and a tiny Llama (GQA) 5 iterations, exports them with `convert --to-hf`;
+# (a) megatune trains a tiny GPT-2, Llama (GQA) and Mixtral 5 iterations, exports them with `convert --to-hf`;
 #     transformers' loss on the validation sample equals megatune's validation loss (and so does the loss of
 #     a plain-Python forward pass of the export, which needs no torch).
 # (b) transformers makes random GPT-2 and Llama models; `convert --from-hf` imports them and megatune's
@@ -31,9 +31,11 @@ COMMON=(--device "$DEVICE" --data-path "$DATA" --split 969,30,1 --gbs 2 --mbs 2 
 if [ $SHAPE = small ]; then
   GPT2=(--num-layers 2 --hidden-size 64 --num-attention-heads 4)
   LLAMA=(--model tiny)  # 2 layers, h 64, 4 heads on 2 key/value heads, untied
+  MIXTRAL=(--model tiny-mixtral)  # tiny's attention, 8 experts top-2 in every layer
 else
   GPT2=(--num-layers 2 --hidden-size 128 --num-attention-heads 2)
   LLAMA=(--model tiny --hidden-size 128 --kv-channels 64 --ffn-hidden-size 256)
+  MIXTRAL=(--model tiny-mixtral --hidden-size 128 --kv-channels 64)
 fi
 GPT2+=(--seq-length 32 --max-position-embeddings 32 --vocab-size 256)
 
@@ -65,8 +67,12 @@ run() {  # LOG COMMAND...: runs it, its output into LOG; a failure is a FAIL lin
 $PY make-data "$DATA" || { echo "FAIL making the dataset"; exit 1; }
 
 # (a) megatune -> HF
-for name in gpt2 llama; do
-  if [ $name = gpt2 ]; then MODEL=("${GPT2[@]}"); else MODEL=("${LLAMA[@]}"); fi
+for name in gpt2 llama mixtral; do
+  case $name in
+    gpt2) MODEL=("${GPT2[@]}") ;;
+    llama) MODEL=("${LLAMA[@]}") ;;
+    mixtral) MODEL=("${MIXTRAL[@]}") ;;
+  esac
   rm -rf "$WORK/$name-trained" "$WORK/$name-hf"
   run "$WORK/$name-train.log" "$B" train "${MODEL[@]}" "${COMMON[@]}" --train-iters 5 --lr 1e-3 \
       --save "$WORK/$name-trained" || continue
