@@ -1,6 +1,7 @@
 // Hugging Face config.json <-> ModelSpec, and the HF tensors of each megatune parameter.
 #include "executor/checkpoint/hf_model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+constexpr int kDefaultSeqLength = 4096;
 
 struct ConfigFile {
   std::string path;
@@ -298,9 +301,12 @@ HfModel read_hf_config(const std::string& directory, int make_vocab_size_divisib
   }
   m.spec.name = "custom";
   m.spec.vocab_size = c.integer("vocab_size");
-  m.spec.seq_length = m.spec.max_position_embeddings;
+  // A training default, not a model fact: the position table, up to 4096 (train --seq-length overrides it).
+  m.spec.seq_length = std::min(m.spec.max_position_embeddings, kDefaultSeqLength);
   m.spec.make_vocab_size_divisible_by = make_vocab_size_divisible_by;
-  m.spec.untie_embeddings_and_output_weights = !c.flag_or("tie_word_embeddings", true);
+  // transformers' defaults: GPT-2 ties its head, Llama / Mistral / Mixtral do not.
+  const bool tied_by_default = m.architecture == HfArchitecture::kGpt2;
+  m.spec.untie_embeddings_and_output_weights = !c.flag_or("tie_word_embeddings", tied_by_default);
   m.spec.validate();
   return m;
 }

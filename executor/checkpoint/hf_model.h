@@ -15,7 +15,7 @@ enum class HfArchitecture { kGpt2, kLlama, kMistral, kMixtral };
 
 struct HfModel {
   HfArchitecture architecture = HfArchitecture::kLlama;
-  layouts::ModelSpec spec;  // vocab_size: the HF vocabulary (unpadded)
+  layouts::ModelSpec spec;  // vocab_size: the HF vocabulary (unpadded); seq_length: min(positions, 4096)
   layouts::ModelNumerics numerics;
   std::string tensor_prefix;  // GPT-2 files saved from GPT2LMHeadModel: "transformer."; from GPT2Model: ""
 };

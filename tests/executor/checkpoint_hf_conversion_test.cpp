@@ -188,6 +188,30 @@ TEST_F(HfConversion, RefusesAConfigAndWeightsOfDifferentModels) {
   EXPECT_THROW(checkpoint::read_hf_config(path("hf"), 128), UserError);
 }
 
+TEST_F(HfConversion, TakesTransformersDefaultsForFieldsAConfigLeavesOut) {
+  fs::create_directories(path("hf"));
+  std::ofstream(path("hf/config.json"))
+      << R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 8192, "vocab_size": 300})";
+  const HfModel llama = checkpoint::read_hf_config(path("hf"), 128);
+  EXPECT_TRUE(llama.spec.untie_embeddings_and_output_weights);  // LlamaConfig's default
+  EXPECT_EQ(llama.spec.query_groups(), 4);
+  EXPECT_EQ(llama.spec.seq_length, 4096);
+  EXPECT_EQ(llama.numerics.norm_epsilon, 1e-6);
+  EXPECT_EQ(llama.numerics.rotary_base, 10000.0);
+  std::ofstream(path("hf/config.json")) << R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
+      "n_positions": 1024, "vocab_size": 300})";
+  const HfModel gpt2 = checkpoint::read_hf_config(path("hf"), 128);
+  EXPECT_FALSE(gpt2.spec.untie_embeddings_and_output_weights);
+  EXPECT_EQ(gpt2.spec.ffn_size(), 256);
+  EXPECT_EQ(gpt2.spec.seq_length, 1024);
+  std::ofstream(path("hf/config.json"))
+      << R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 8192, "vocab_size": 300,
+      "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})";
+  EXPECT_THROW(checkpoint::read_hf_config(path("hf"), 128), UserError);
+}
+
 // A checkpoint trained 3 iterations under tp2 pp2 (sequence parallel) on CPU threads, exported to HF and
 // imported at tp1: the same fp32 parameters, and the same validation loss as the original resumed at tp1.
 TEST_F(HfConversion, TrainedTp2Pp2CheckpointSurvivesHfAtTp1) {
