@@ -1,6 +1,7 @@
 // `megatune train`: trains a model with Megatron's flags on the CUDA or the CPU backend, printing Megatron's
 // log lines, saving and resuming checkpoints.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "executor/parallel/launch_environment.h"
 #include "executor/parallel/local_launcher.h"
 #include "executor/training/arena_sizing.h"
+#include "executor/training/hf_conversion.h"
 #include "executor/training/run_setup.h"
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
@@ -49,6 +51,7 @@ struct TrainArgs {
   std::string trace_iterations;              // --trace-iterations START:COUNT
   bool dry_run = false;                      // --dry-run: print the arena, train nothing
   executor::data::TokenizerFiles tokenizer;  // --tokenizer-type and its files (default: the byte tokenizer)
+  std::vector<std::string> adopted_model_flags;  // the --load checkpoint's model flags, when none were given
   const CLI::App* app = nullptr;
 };
 
@@ -63,6 +66,30 @@ void apply_tokenizer(TrainArgs& a) {
                     " ids): drop --vocab-size (it comes from the tokenizer, as in Megatron) or raise it");
   if (!a.megatron.vocab_size) a.megatron.vocab_size = static_cast<int>(vocab);
   a.options.eod_token = tokenizer->eod_id();
+}
+
+// `train --load DIR` with no model flags: the model the checkpoint records (its model_args), so a resumed
+// or converted checkpoint needs none; --seq-length, --rotary-base and --norm-epsilon given here still win.
+void adopt_checkpoint_model(TrainArgs& a) {
+  if (a.options.load.empty() || !given_model_flags(*a.app, {"--seq-length"}).empty()) return;
+  if (!std::filesystem::exists(std::filesystem::path(a.options.load) / "latest_checkpointed_iteration.txt"))
+    return;
+  const std::vector<std::string> flags = checkpoint_model_args(a.options.load);
+  if (flags.empty()) return;  // a save from before model_args: the model flags are needed, as before
+  const std::optional<int> seq_length = a.megatron.seq_length;
+  layouts::ModelNumerics numerics{a.options.rotary_base, a.options.norm_epsilon};
+  parse_recorded_model_flags(flags, a.megatron, numerics, "--load " + a.options.load);
+  for (std::size_t i = 0; i < flags.size(); ++i) {  // those given here stay the user's (value after name)
+    const bool valued = i + 1 < flags.size() && flags[i + 1].rfind("--", 0) != 0;
+    if (a.app->count(flags[i]) == 0) {
+      a.adopted_model_flags.push_back(flags[i]);
+      if (valued) a.adopted_model_flags.push_back(flags[i + 1]);
+    }
+    if (valued) ++i;
+  }
+  if (seq_length) a.megatron.seq_length = seq_length;
+  if (a.app->count("--rotary-base") == 0) a.options.rotary_base = numerics.rotary_base;
+  if (a.app->count("--norm-epsilon") == 0) a.options.norm_epsilon = numerics.norm_epsilon;
 }
 
 #ifdef MEGATUNE_HAVE_CUDA
@@ -95,10 +122,12 @@ void write_trace_manifest(const TrainArgs& a, const layouts::ModelSpec& spec,
                           const std::string& gpu, double peak_tflops) {
   RunManifest m;
   m.model_args = given_arguments(*a.app);
+  // A model taken from the --load checkpoint: its flags, so that compare rebuilds the same model.
+  m.model_args.insert(m.model_args.end(), a.adopted_model_flags.begin(), a.adopted_model_flags.end());
   m.command = {"megatune", "train"};
   m.command.insert(m.command.end(), m.model_args.begin(), m.model_args.end());
   // The vocabulary a tokenizer flag chose is part of the model that compare rebuilds from these flags.
-  if (a.megatron.vocab_size && a.app->count("--vocab-size") == 0)
+  if (a.megatron.vocab_size && a.app->count("--vocab-size") == 0 && a.adopted_model_flags.empty())
     m.model_args.insert(m.model_args.end(), {"--vocab-size", std::to_string(*a.megatron.vocab_size)});
   m.model = spec.name;
   m.parameters = layouts::ModelSpec(spec).total_parameters();
@@ -278,6 +307,7 @@ int run_train(TrainArgs& a) {
   // Like Megatron, the world size defaults to the launcher's (torchrun, Slurm, mpirun).
   const LaunchEnvironment launch = read_launch_environment();
   if (!a.megatron.world_size && launch.world_size > 1) a.megatron.world_size = launch.world_size;
+  adopt_checkpoint_model(a);
   apply_tokenizer(a);
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);

@@ -1,6 +1,7 @@
 // MegatronArgs: registers Megatron-LM's model / parallel / batch flags on a CLI11 app and resolves them.
 #include "tools/megatron_args.h"
 
+#include <algorithm>
 #include <string>
 
 #include "layouts/user_error.h"
@@ -211,6 +212,35 @@ layouts::ModelSpec resolve_model(const MegatronArgs& args) {
   }
   m.validate();
   return m;
+}
+
+void parse_recorded_model_flags(const std::vector<std::string>& flags, MegatronArgs& args,
+                                layouts::ModelNumerics& numerics, const std::string& source) {
+  CLI::App app;
+  add_model_flags(app, args);
+  app.add_option("--rotary-base", numerics.rotary_base);
+  app.add_option("--norm-epsilon", numerics.norm_epsilon);
+  std::vector<std::string> reversed(flags.rbegin(), flags.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    throw UserError(source + " records model flags megatune cannot read (" + e.what() +
+                    "); give the model flags on the command line");
+  }
+}
+
+std::vector<std::string> given_model_flags(const CLI::App& app, const std::vector<std::string>& except) {
+  CLI::App model;
+  MegatronArgs unused;
+  add_model_flags(model, unused);
+  std::vector<std::string> given;
+  for (const CLI::Option* option : model.get_options()) {
+    if (option->get_lnames().empty()) continue;
+    const std::string name = "--" + option->get_lnames().front();
+    if (std::find(except.begin(), except.end(), name) != except.end()) continue;
+    if (app.count(name) > 0) given.push_back(name);
+  }
+  return given;
 }
 
 layouts::ParallelConfig resolve_parallel(const MegatronArgs& args) {

@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "layouts/model_flags.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 
@@ -57,6 +59,14 @@ void add_model_flags(CLI::App& app, MegatronArgs& args);
 void add_parallel_flags(CLI::App& app, MegatronArgs& args);
 // --micro-batch-size/--mbs, --global-batch-size/--gbs.
 void add_batch_flags(CLI::App& app, MegatronArgs& args);
+
+// Parses flags a checkpoint recorded (layouts/model_flags.h: model flags, --rotary-base, --norm-epsilon)
+// into `args` and `numerics`. UserError naming `source` when they do not parse.
+void parse_recorded_model_flags(const std::vector<std::string>& flags, MegatronArgs& args,
+                                layouts::ModelNumerics& numerics, const std::string& source);
+// The model-group flags (add_model_flags) given on `app`'s command line, as "--name", except those in
+// `except`.
+std::vector<std::string> given_model_flags(const CLI::App& app, const std::vector<std::string>& except = {});
 
 // The preset (or an empty custom model) with every given flag applied; validated. UserError on bad input.
 layouts::ModelSpec resolve_model(const MegatronArgs& args);

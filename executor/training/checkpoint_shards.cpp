@@ -3,6 +3,7 @@
 
 #include <array>
 #include <iomanip>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -37,14 +38,57 @@ std::string rank_shard_name(int world_rank) {
   return name.str();
 }
 
-void record_shard_coordinates(checkpoint::CheckpointWriter& writer, const Communicator& communicator,
+ShardCoordinates shard_coordinates(const Communicator& communicator) {
+  ShardCoordinates c;
+  c.world_size = communicator.world_size();
+  c.world_rank = communicator.world_rank();
+  int* ranks[] = {&c.tp, &c.pp, &c.dp, &c.cp, &c.ep, &c.etp};
+  for (std::size_t i = 0; i < kCoordinates.size(); ++i) *ranks[i] = communicator.rank(kCoordinates[i].second);
+  c.tp_size = communicator.size(CommGroup::kTensor);
+  c.etp_size = communicator.size(CommGroup::kExpertTensor);
+  return c;
+}
+
+void record_shard_coordinates(checkpoint::CheckpointWriter& writer, const ShardCoordinates& c,
                               const std::string& layout) {
   writer.add_metadata("layout", layout);
-  writer.add_metadata_int("world_size", communicator.world_size());
-  writer.add_metadata_int("world_rank", communicator.world_rank());
-  for (const auto& [key, group] : kCoordinates) writer.add_metadata_int(key, communicator.rank(group));
-  writer.add_metadata_int("tp_size", communicator.size(CommGroup::kTensor));
-  writer.add_metadata_int("etp_size", communicator.size(CommGroup::kExpertTensor));
+  writer.add_metadata_int("world_size", c.world_size);
+  writer.add_metadata_int("world_rank", c.world_rank);
+  const int ranks[] = {c.tp, c.pp, c.dp, c.cp, c.ep, c.etp};
+  for (std::size_t i = 0; i < kCoordinates.size(); ++i)
+    writer.add_metadata_int(kCoordinates[i].first, ranks[i]);
+  writer.add_metadata_int("tp_size", c.tp_size);
+  writer.add_metadata_int("etp_size", c.etp_size);
+}
+
+void record_shard_coordinates(checkpoint::CheckpointWriter& writer, const Communicator& communicator,
+                              const std::string& layout) {
+  record_shard_coordinates(writer, shard_coordinates(communicator), layout);
+}
+
+std::vector<float> assemble_unsharded(const std::vector<checkpoint::CheckpointReader>& shards,
+                                      const ParameterEntry& e, const std::string& name) {
+  const bool expert = e.expert >= 0;
+  const char* rank_key = expert ? "etp_rank" : "tp_rank";
+  const char* size_key = expert ? "etp_size" : "tp_size";
+  std::map<std::int64_t, std::vector<float>> slices;
+  std::int64_t source_tp = 0;
+  for (const checkpoint::CheckpointReader& shard : shards) {
+    const checkpoint::TensorInfo* info = shard.find_tensor(name);
+    if (info == nullptr) continue;
+    const std::int64_t r = shard.has_metadata(rank_key) ? shard.metadata_int(rank_key) : 0;
+    source_tp = shard.has_metadata(size_key) ? shard.metadata_int(size_key) : 1;
+    if (slices.count(r)) continue;
+    std::vector<float> values(static_cast<std::size_t>(info->num_elements()));
+    shard.read_tensor(name, checkpoint::TensorDType::fp32, info->shape, values.data());
+    slices.emplace(r, std::move(values));
+  }
+  if (source_tp == 0 || static_cast<std::int64_t>(slices.size()) != source_tp)
+    throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " + name +
+                    "; resume from a complete save");
+  std::vector<std::vector<float>> ordered;
+  for (auto& [r, values] : slices) ordered.push_back(std::move(values));
+  return tensor_parallel_assemble(e, ordered);
 }
 
 void require_shard_of_rank(const checkpoint::CheckpointReader& shard, int world_rank,

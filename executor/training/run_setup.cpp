@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "layouts/flops.h"
+#include "layouts/model_flags.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
@@ -108,6 +109,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
       transformer_config_from(spec, parallel.tp(), static_cast<float>(a.rotary_base),
                               static_cast<float>(a.norm_epsilon), static_cast<float>(a.init_method_std));
   t.model.sequence_parallel = parallel.sequence_parallel_enabled();
+  t.model_args = layouts::join_model_flags(layouts::model_flags(spec, {a.rotary_base, a.norm_epsilon}));
   t.model.mtp_loss_scaling_factor = static_cast<float>(a.mtp_loss_scaling_factor);
   if (t.model.is_moe()) {
     const layouts::ExpertCoordinates expert =

@@ -38,6 +38,9 @@ struct OptimizerConfig {
 
 struct TrainerConfig {
   TransformerConfig model;
+  // The Megatron flags that rebuild the model (layouts/model_flags.h), saved as checkpoint metadata
+  // "model_args" so that a resume or a conversion needs no model flags; empty: not recorded.
+  std::string model_args;
   BatchShape batch;  // micro-batch, sequence, micro-batches per iteration
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
   DType compute_dtype = DType::kBF16;

@@ -6,6 +6,7 @@
 
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
+#include "executor/training/checkpoint_shards.h"
 #include "executor/training/expert_bias_state.h"
 #include "executor/training/trainer.h"
 #include "layouts/user_error.h"
@@ -47,6 +48,7 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
   writer.add_metadata_int("skipped_iterations", skipped_iterations_);
   writer.add_metadata_int("seed", static_cast<std::int64_t>(config_.seed));
   writer.add_metadata("model_config", config_.model.describe());
+  if (!config_.model_args.empty()) writer.add_metadata("model_args", config_.model_args);
   writer.add_metadata("lr_decay_style", to_string(config_.lr.style));
 }
 
@@ -109,31 +111,10 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
         "checkpoint " + shards.front().directory() + " was saved under " +
         (shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "another layout") +
         " with per-rank distributed-optimizer shards, which resume under that layout only; rerun with it");
-  // One tensor's unsharded values from the shards' TP slices (any data-parallel copy of each slice); a
-  // routed expert's from its expert-tensor-parallel slices.
+  // One tensor's unsharded values from the shards' TP slices (checkpoint_shards.h), sliced for this rank.
   auto assemble = [&](const ParameterEntry& e, const std::string& name) {
-    const bool expert = e.expert >= 0;
-    const CommGroup group = expert ? CommGroup::kExpertTensor : CommGroup::kTensor;
-    const char* rank_key = expert ? "etp_rank" : "tp_rank";
-    const char* size_key = expert ? "etp_size" : "tp_size";
-    std::map<std::int64_t, std::vector<float>> slices;
-    std::int64_t source_tp = 0;
-    for (const checkpoint::CheckpointReader& shard : shards) {
-      const checkpoint::TensorInfo* info = shard.find_tensor(name);
-      if (info == nullptr) continue;
-      const std::int64_t r = shard.has_metadata(rank_key) ? shard.metadata_int(rank_key) : 0;
-      source_tp = shard.has_metadata(size_key) ? shard.metadata_int(size_key) : 1;
-      if (slices.count(r)) continue;
-      std::vector<float> values(static_cast<std::size_t>(info->num_elements()));
-      shard.read_tensor(name, checkpoint::TensorDType::fp32, info->shape, values.data());
-      slices.emplace(r, std::move(values));
-    }
-    if (source_tp == 0 || static_cast<std::int64_t>(slices.size()) != source_tp)
-      throw UserError("checkpoint " + shards.front().directory() + " lacks tensor-parallel slices of " +
-                      name + "; resume from a complete save");
-    std::vector<std::vector<float>> ordered;
-    for (auto& [r, values] : slices) ordered.push_back(std::move(values));
-    return tensor_parallel_slice(e, tensor_parallel_assemble(e, ordered), communicator_.rank(group),
+    const CommGroup group = e.expert >= 0 ? CommGroup::kExpertTensor : CommGroup::kTensor;
+    return tensor_parallel_slice(e, assemble_unsharded(shards, e, name), communicator_.rank(group),
                                  communicator_.size(group));
   };
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
