@@ -9,10 +9,10 @@
 #include <string>
 #include <thread>
 
+#include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
 #include "layouts/model_spec.h"
-#include "layouts/user_error.h"
 #include "planner/search.h"
 #include "planner/simulator.h"
 #include "tools/executor_memory_model.h"

@@ -9,10 +9,10 @@
 #include <initializer_list>
 #include <sstream>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "cost_models/json_value.h"
 #include "cost_models/plausible_ranges.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::cost_models {
 namespace {

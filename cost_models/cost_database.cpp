@@ -13,7 +13,7 @@
 #include <system_error>
 #include <thread>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::cost_models {
 namespace {

@@ -6,12 +6,12 @@
 #include <set>
 #include <unordered_map>
 
+#include "base/user_error.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/embedded_data.h"
 #include "cost_models/fitted_forms.h"
 #include "cost_models/fitting.h"
 #include "cost_models/record_store.h"
-#include "layouts/user_error.h"
 
 namespace megatune::cost_models {
 namespace {

@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <cctype>
 
+#include "base/user_error.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/json_value.h"
 #include "cost_models/record_store.h"
-#include "layouts/user_error.h"
 
 namespace megatune::cost_models {
 namespace {
@@ -284,6 +284,11 @@ double peak_tflops(const GpuModel& gpu, layouts::DType dtype) {
                     " peak in the catalog; use another --dtype or GPU");
   }
   return peak;
+}
+
+double device_peak_bf16_tflops(const std::string& device_name) {
+  const GpuModel* gpu = HardwareCatalog::embedded().find_gpu(device_name);
+  return gpu ? gpu->peak_bf16_tflops : 0.0;
 }
 
 }  // namespace megatune::cost_models

@@ -54,6 +54,11 @@ class HardwareCatalog {
 // GPU has one, as cuBLAS does by default in training code). Throws UserError when the GPU lacks the type.
 double peak_tflops(const GpuModel& gpu, layouts::DType dtype);
 
+// The dense BF16 peak in TFLOP/s of the GPU a device reports by name ("NVIDIA H200", "NVIDIA H100 80GB
+// HBM3"), from the embedded catalog: the one GPU-peak table (train's MFU, the profiler's synthetic device and
+// the planner all read it). 0 when the catalog does not know the GPU (MFU is then not printed).
+double device_peak_bf16_tflops(const std::string& device_name);
+
 // The catalog JSON compiled into the binary.
 const std::string& embedded_hardware_catalog_json();
 

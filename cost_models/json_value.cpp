@@ -5,7 +5,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
-#include "layouts/json_syntax_error.h"
+#include "base/json_syntax_error.h"
 
 namespace megatune::cost_models {
 namespace {
@@ -52,11 +52,11 @@ class DocumentBuilder : public nlohmann::json_sax<nlohmann::json> {
 
   JsonValue take() { return std::move(root_); }
   [[noreturn]] void fail(std::size_t offset, const std::string& problem) const {
-    const layouts::JsonTextPosition at = layouts::json_text_position(text_, offset);
+    const base::JsonTextPosition at = base::json_text_position(text_, offset);
     throw JsonParseError(problem, at.line, at.column);
   }
   [[noreturn]] void fail_here(const std::string& problem) const {
-    fail(layouts::json_error_offset(*bytes_read_), problem);
+    fail(base::json_error_offset(*bytes_read_), problem);
   }
 
   bool null() override { return add(JsonValue(nullptr)); }
@@ -78,7 +78,7 @@ class DocumentBuilder : public nlohmann::json_sax<nlohmann::json> {
   bool end_array() override { return close(); }
   bool parse_error(std::size_t bytes_read, const std::string&,
                    const nlohmann::detail::exception& error) override {
-    fail(layouts::json_error_offset(bytes_read), layouts::json_error_problem(error.what()));
+    fail(base::json_error_offset(bytes_read), base::json_error_problem(error.what()));
   }
 
  private:

@@ -6,7 +6,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::cost_models {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::cost_models {
 namespace {

@@ -10,11 +10,11 @@
 #include <ostream>
 #include <sstream>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/json_value.h"
 #include "cost_models/plausible_ranges.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::cost_models {
 namespace {

@@ -1,5 +1,5 @@
-// Model FLOPs per training iteration (Megatron's num_floating_point_operations), MFU, and the peak
-// dense throughput of known GPUs.
+// Model FLOPs per training iteration (Megatron's num_floating_point_operations) and MFU. The GPU peaks MFU
+// divides by are the hardware catalog's (cost_models::device_peak_bf16_tflops).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -29,16 +29,5 @@ double model_flops_per_iteration(const ModelSpec& model, int64_t global_batch_si
 
 // Model FLOPs utilization: flops / (step_time_s * gpus * peak_tflops_per_gpu * 1e12).
 double mfu(double flops, double step_time_s, int gpus, double peak_tflops_per_gpu);
-
-// Number format of a peak rate (layouts/op.h has the tensor DType; this one also knows tf32).
-enum class PeakPrecision { kFp32, kTf32, kBf16, kFp16, kFp8 };
-std::string_view to_string(PeakPrecision precision);        // "fp32" | "tf32" | "bf16" | "fp16" | "fp8"
-PeakPrecision parse_peak_precision(std::string_view text);  // UserError on unknown text
-
-// Datasheet dense (no sparsity) peak in TFLOP/s per GPU. `gpu_name` is matched case-insensitively and
-// loosely: "H100", "h100-sxm", "NVIDIA H100 80GB HBM3" (the CUDA device name), "H200", "A100", "B200", ...
-// Unknown GPU or precision: UserError naming the input and listing the known GPUs.
-double peak_dense_tflops(std::string_view gpu_name, PeakPrecision precision = PeakPrecision::kBf16);
-std::vector<std::string> known_gpu_names();
 
 }  // namespace megatune::layouts

@@ -271,13 +271,7 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
       // The parameters the table marks (norms; MLA's replicated down-projections and latent norms).
       std::int64_t norm_params = 0;
       for (const PipelineStage& stage : stages) {
-        StageContents contents;
-        contents.first_layer = stage.first_decoder_layer;
-        contents.num_layers = stage.num_decoder_layers;
-        contents.has_embedding = stage.has_embedding;
-        contents.has_loss = stage.has_loss;
-        contents.first_mtp_layer = stage.first_mtp_layer;
-        contents.num_mtp_layers = stage.num_mtp_layers;
+        const StageContents contents = stage_contents(stage);
         for (const ParameterSpec& p : stage_parameter_table(parameter_table_shape(model, shape), contents))
           if (p.sequence_parallel_grad) norm_params += p.numel();
       }

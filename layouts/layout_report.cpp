@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <string>
 
+#include "base/user_error.h"
 #include "layouts/flops.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
-#include "layouts/user_error.h"
 
 namespace megatune::layouts {
 
@@ -220,7 +220,7 @@ std::string layout_report_json(const ModelSpec& model, const ParallelConfig& con
   const Prepared p = prepare(model, config, options);
   const ParameterCounts counts = model.parameter_counts(config.tp());
   std::string out = "{\n";
-  out += "  \"model\": {\"name\": " + json_quote(model.name) +
+  out += "  \"model\": {\"name\": " + base::json_quote(model.name) +
          ", \"num_layers\": " + std::to_string(model.num_layers) +
          ", \"hidden_size\": " + std::to_string(model.hidden_size) +
          ", \"ffn_hidden_size\": " + std::to_string(model.ffn_size()) +
@@ -242,13 +242,14 @@ std::string layout_report_json(const ModelSpec& model, const ParallelConfig& con
          ", \"micro_batch_size\": " + std::to_string(config.micro_batch_size) +
          ", \"global_batch_size\": " + std::to_string(config.resolved_global_batch_size()) +
          ", \"num_microbatches\": " + std::to_string(config.num_microbatches()) +
-         ", \"rank_order\": " + json_quote(std::string(to_string(config.rank_order))) +
-         ", \"recompute_granularity\": " + json_quote(std::string(to_string(config.recompute_granularity))) +
+         ", \"rank_order\": " + base::json_quote(std::string(to_string(config.rank_order))) +
+         ", \"recompute_granularity\": " +
+         base::json_quote(std::string(to_string(config.recompute_granularity))) +
          ", \"use_distributed_optimizer\": " + (config.use_distributed_optimizer ? "true" : "false") +
-         ", \"layout\": " + json_quote(p.layout.to_string()) +
+         ", \"layout\": " + base::json_quote(p.layout.to_string()) +
          (p.schedules.empty()
               ? ""
-              : ", \"schedule\": " + json_quote(std::string(to_string(p.schedules.front().kind)))) +
+              : ", \"schedule\": " + base::json_quote(std::string(to_string(p.schedules.front().kind)))) +
          "},\n";
   char flops[64];
   std::snprintf(flops, sizeof flops, "%.6e",
@@ -260,7 +261,7 @@ std::string layout_report_json(const ModelSpec& model, const ParallelConfig& con
            "\n    {\"stage\": " + std::to_string(stage.stage_index) +
            ", \"pp_rank\": " + std::to_string(stage.pp_rank) +
            ", \"vpp_rank\": " + std::to_string(stage.vpp_rank) +
-           ", \"symbols\": " + json_quote(stage.to_string()) +
+           ", \"symbols\": " + base::json_quote(stage.to_string()) +
            ", \"embedding\": " + (stage.has_embedding ? "true" : "false") +
            ", \"first_decoder_layer\": " + std::to_string(stage.first_decoder_layer) +
            ", \"num_decoder_layers\": " + std::to_string(stage.num_decoder_layers) +
@@ -283,7 +284,7 @@ std::string layout_report_json(const ModelSpec& model, const ParallelConfig& con
     bool first_group = true;
     for (GroupKind kind : all_group_kinds()) {
       const std::vector<int> group = p.grid.group_of(rank, kind);
-      out += std::string(first_group ? "" : ", ") + json_quote(std::string(to_string(kind))) + ": " +
+      out += std::string(first_group ? "" : ", ") + base::json_quote(std::string(to_string(kind))) + ": " +
              json_int_array(group);
       first_group = false;
     }
@@ -298,7 +299,7 @@ std::string layout_report_json(const ModelSpec& model, const ParallelConfig& con
       const RankSchedule& s = p.schedules[c.pp];
       out += ", \"warmup_forwards\": " + std::to_string(s.num_warmup_forwards) +
              ", \"max_in_flight_microbatches\": " + std::to_string(max_in_flight_microbatches(s)) +
-             ",\n     \"schedule\": " + json_quote(format_schedule(s, options.include_p2p));
+             ",\n     \"schedule\": " + base::json_quote(format_schedule(s, options.include_p2p));
     }
     out += "}";
   }

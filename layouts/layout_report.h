@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "layouts/json_quote.h"
+#include "base/json_quote.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 

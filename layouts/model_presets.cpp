@@ -1,8 +1,8 @@
 // Named model presets (published shapes) and the shapes of the PyTorch peer anchor.
 #include <string>
 
+#include "base/user_error.h"
 #include "layouts/model_spec.h"
-#include "layouts/user_error.h"
 
 namespace megatune::layouts {
 

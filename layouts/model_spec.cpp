@@ -4,7 +4,7 @@
 #include <cctype>
 #include <string>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::layouts {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::layouts {
 

@@ -2,7 +2,21 @@
 // splits.
 #include "layouts/parameter_table.h"
 
+#include "layouts/pipeline_layout.h"
+
 namespace megatune::layouts {
+
+StageContents stage_contents(const PipelineStage& stage) {
+  StageContents contents;
+  contents.first_layer = stage.first_decoder_layer;
+  contents.num_layers = stage.num_decoder_layers;
+  contents.has_embedding = stage.has_embedding;
+  contents.has_loss = stage.has_loss;
+  contents.first_mtp_layer = stage.first_mtp_layer;
+  contents.num_mtp_layers = stage.num_mtp_layers;
+  return contents;
+}
+
 namespace {
 
 std::int64_t parts_sum(const std::vector<std::int64_t>& parts) {

@@ -60,6 +60,10 @@ struct StageContents {
   int num_mtp_layers = 0;
 };
 
+struct PipelineStage;
+// What a stage of a parsed pipeline layout holds.
+StageContents stage_contents(const PipelineStage& stage);
+
 struct ParameterSpec {
   std::string name;  // Megatron-like: "decoder.layers.3.mlp.linear_fc1.weight", "mtp.layers.0.eh_proj.weight"
   // Global decoder layer; -1 embedding, -2 final norm / output layer, -3 - k MTP layer k (the step program's

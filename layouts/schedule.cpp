@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::layouts {
 

@@ -31,13 +31,7 @@ class Walker {
     out.chunk = item.chunk;
     out.stage_index = item.stage_index;
     const PipelineStage& stage = step_.stages.at(item.chunk);
-    StageContents contents;
-    contents.first_layer = stage.first_decoder_layer;
-    contents.num_layers = stage.num_decoder_layers;
-    contents.has_embedding = stage.has_embedding;
-    contents.has_loss = stage.has_loss;
-    contents.first_mtp_layer = stage.first_mtp_layer;
-    contents.num_mtp_layers = stage.num_mtp_layers;
+    const StageContents contents = stage_contents(stage);
     out.forward_groups = forward_segment_groups(contents);
     step_.items.push_back(std::move(out));
   }

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "layouts/json_quote.h"
+#include "base/json_quote.h"
 
 namespace megatune::planner {
 
@@ -30,6 +30,6 @@ struct TraceProcess {
 void write_chrome_trace(std::ostream& out, const std::vector<TraceProcess>& processes,
                         const std::vector<TraceEvent>& events);
 
-using layouts::json_quote;
+using base::json_quote;
 
 }  // namespace megatune::planner

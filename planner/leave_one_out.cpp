@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 #include "planner/simulator.h"
 
 namespace megatune::planner {

@@ -8,10 +8,10 @@
 #include <set>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "cost_models/json_value.h"
 #include "layouts/run_trace_format.h"
 #include "layouts/step_program.h"
-#include "layouts/user_error.h"
 
 namespace megatune::planner {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::planner {
 namespace {

@@ -4,11 +4,11 @@
 
 #include <filesystem>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "cost_models/calibration_store.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/embedded_data.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::planner {
 

@@ -12,8 +12,8 @@
 #include <sstream>
 #include <thread>
 
-#include "layouts/user_error.h"
-#include "layouts/worker_threads.h"
+#include "base/user_error.h"
+#include "base/worker_threads.h"
 #include "planner/search_candidates.h"
 #include "planner/simulation_cache.h"
 

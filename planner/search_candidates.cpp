@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <functional>
 
+#include "base/user_error.h"
 #include "layouts/pipeline_layout.h"
-#include "layouts/user_error.h"
 #include "planner/layout_choices.h"
 
 namespace megatune::planner {

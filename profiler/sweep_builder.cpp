@@ -5,9 +5,9 @@
 #include <sstream>
 #include <string>
 
+#include "base/user_error.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
-#include "layouts/user_error.h"
 
 namespace megatune::profiler {
 namespace {

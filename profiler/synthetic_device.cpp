@@ -4,9 +4,18 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cost_models/hardware_catalog.h"
 #include "profiler/trace_timing.h"
 
 namespace megatune::profiler {
+
+double catalog_h200_peak_flops_per_s() {
+  return cost_models::HardwareCatalog::embedded().gpu("H200").peak_bf16_tflops * 1e12;
+}
+
+double catalog_h200_hbm_bytes_per_s() {
+  return cost_models::HardwareCatalog::embedded().gpu("H200").hbm_bandwidth_bytes_per_s;
+}
 
 SyntheticDevice::SyntheticDevice(const SyntheticDeviceSpec& spec, int world_size)
     : spec_(spec), world_size_(world_size), tracer_(/*launch_gap_ns=*/1500) {}

@@ -10,11 +10,15 @@
 
 namespace megatune::profiler {
 
+// The H200's dense BF16 peak and HBM bandwidth in the hardware catalog (the synthetic device's default GPU).
+double catalog_h200_peak_flops_per_s();
+double catalog_h200_hbm_bytes_per_s();
+
 struct SyntheticDeviceSpec {
-  double peak_flops_per_s = 989.4e12;
+  double peak_flops_per_s = catalog_h200_peak_flops_per_s();
   double gemm_efficiency = 0.80;
   double attention_efficiency = 0.45;
-  double memory_bytes_per_s = 4.8e12 * 0.8;
+  double memory_bytes_per_s = catalog_h200_hbm_bytes_per_s() * 0.8;
   double launch_latency_s = 4e-6;
   double link_bytes_per_s = 450e9 * 0.8;  // per direction
   double collective_latency_s = 15e-6;

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstdio>
 
+#include "base/user_error.h"
 #include "cost_models/calibration_store.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
-#include "layouts/user_error.h"
 #include "planner/calibration_fit.h"
 #include "tools/traced_run_target.h"
 

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_format.h"
 #include "executor/checkpoint/hf_model.h"
 #include "executor/checkpoint/safetensors_folder.h"
 #include "executor/training/hf_conversion.h"
-#include "layouts/user_error.h"
 #include "tools/command_registry.h"
 #include "tools/megatron_args.h"
 

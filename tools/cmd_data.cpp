@@ -10,13 +10,13 @@
 #include <memory>
 #include <string>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "executor/data/byte_tokenizer.h"
 #include "executor/data/dataset_builder.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/npy_file.h"
 #include "executor/data/preprocess.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
 #include "tools/progress_bar.h"

@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "base/output_file.h"
+#include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/cost_model.h"
@@ -18,8 +20,6 @@
 #include "cost_models/record_store.h"
 #include "cost_models/table_io.h"
 #include "layouts/op.h"
-#include "layouts/output_file.h"
-#include "layouts/user_error.h"
 #include "tools/calibrate_command.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"

@@ -13,13 +13,13 @@
 #include <optional>
 #include <thread>
 
+#include "base/input_file.h"
+#include "base/output_file.h"
+#include "base/user_error.h"
+#include "base/worker_threads.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/record_store.h"
-#include "layouts/input_file.h"
-#include "layouts/output_file.h"
-#include "layouts/user_error.h"
-#include "layouts/worker_threads.h"
 #include "planner/layout_comparison.h"
 #include "planner/memory_model.h"
 #include "planner/plan_report.h"

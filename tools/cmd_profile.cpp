@@ -8,17 +8,17 @@
 #include <memory>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/fitting.h"
 #include "cost_models/hardware_catalog.h"
 #include "cost_models/record_store.h"
 #include "layouts/model_spec.h"
-#include "layouts/user_error.h"
 #include "profiler/profile_session.h"
-#include "tools/progress_bar.h"
 #include "profiler/sweep_builder.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
+#include "tools/progress_bar.h"
 #ifdef MEGATUNE_HAVE_CUDA
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"

@@ -2,9 +2,9 @@
 // exposed communication, per-stage and per-op-kind times, memory) and write a Perfetto trace.
 #include <cstdio>
 
+#include "base/output_file.h"
+#include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
-#include "layouts/output_file.h"
-#include "layouts/user_error.h"
 #include "planner/chrome_trace.h"
 #include "planner/memory_model.h"
 #include "planner/pricing_source.h"

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "base/output_file.h"
+#include "base/user_error.h"
+#include "cost_models/hardware_catalog.h"
 #include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
@@ -21,9 +24,7 @@
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
-#include "layouts/output_file.h"
 #include "layouts/rank_grid.h"
-#include "layouts/user_error.h"
 #include "planner/plan_report.h"
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
@@ -95,11 +96,7 @@ void adopt_checkpoint_model(TrainArgs& a) {
 #ifdef MEGATUNE_HAVE_CUDA
 // The GPU's dense bf16 peak, 0 for a GPU the catalog does not know (no MFU column then).
 double peak_tflops_of(const CudaBackend& backend) {
-  try {
-    return layouts::peak_dense_tflops(backend.device_name());
-  } catch (const UserError&) {
-    return 0.0;
-  }
+  return cost_models::device_peak_bf16_tflops(backend.device_name());
 }
 #endif
 

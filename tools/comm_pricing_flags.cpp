@@ -1,7 +1,7 @@
 // plan and simulate's communication-pricing flags.
 #include "tools/comm_pricing_flags.h"
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::tools {
 

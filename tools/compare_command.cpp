@@ -7,6 +7,9 @@
 #include <optional>
 #include <sstream>
 
+#include "base/input_file.h"
+#include "base/output_file.h"
+#include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/json_value.h"
@@ -14,9 +17,6 @@
 #include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/training/arena_sizing.h"
-#include "layouts/input_file.h"
-#include "layouts/output_file.h"
-#include "layouts/user_error.h"
 #include "planner/compare_report.h"
 #include "planner/leave_one_out.h"
 #include "planner/measured_run.h"

@@ -5,8 +5,8 @@
 #include <regex>
 #include <stdexcept>
 
+#include "base/user_error.h"
 #include "cost_models/sqlite_database.h"
-#include "layouts/user_error.h"
 
 namespace megatune::tools {
 namespace {

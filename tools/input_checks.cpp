@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::tools {
 namespace {

@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "base/user_error.h"
 #include "cost_models/calibration_store.h"
 #include "cost_models/cost_database.h"
-#include "layouts/user_error.h"
 #include "planner/calibration_fit.h"
 #include "planner/op_pricer.h"
 #include "planner/plan_report.h"

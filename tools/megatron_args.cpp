@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 #include "tools/input_checks.h"
 
 namespace megatune::tools {

@@ -5,8 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 
+#include "base/user_error.h"
 #include "layouts/pipeline_layout.h"
-#include "layouts/user_error.h"
 #include "planner/memory_model.h"
 #include "planner/simulator.h"
 #include "tools/megatron_args.h"

@@ -7,10 +7,10 @@
 #include <map>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/training/run_setup.h"
 #include "layouts/flops.h"
 #include "layouts/rank_grid.h"
-#include "layouts/user_error.h"
 #include "tools/megatron_args.h"
 
 namespace megatune::tools {

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/training/arena_sizing.h"
-#include "layouts/user_error.h"
 #include "planner/memory_fit.h"
 #include "planner/memory_model.h"
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/run_lineage.h"
-#include "layouts/user_error.h"
 
 namespace megatune::tools {
 namespace {

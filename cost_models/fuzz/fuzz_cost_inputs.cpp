@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <string>
 
+#include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/table_io.h"
 #include "layouts/fuzz/fuzz_files.h"
-#include "layouts/user_error.h"
 
 namespace {
 

@@ -8,9 +8,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "executor/checkpoint/crc32c.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 

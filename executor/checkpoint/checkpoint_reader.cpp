@@ -11,9 +11,9 @@
 #include <iterator>
 #include <sstream>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "executor/checkpoint/crc32c.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 

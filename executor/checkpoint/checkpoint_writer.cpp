@@ -4,11 +4,11 @@
 #include <filesystem>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/crc32c.h"
 #include "executor/checkpoint/run_lineage.h"
 #include "executor/checkpoint/shard_index.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 

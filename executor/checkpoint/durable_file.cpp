@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor::checkpoint {
 

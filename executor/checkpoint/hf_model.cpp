@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor::checkpoint {
 namespace {

@@ -10,8 +10,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/durable_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 namespace {

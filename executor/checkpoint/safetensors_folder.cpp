@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/durable_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor::checkpoint {
 

@@ -4,10 +4,10 @@
 #include <filesystem>
 #include <sstream>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_format.h"
 #include "executor/checkpoint/durable_file.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 

@@ -5,7 +5,7 @@
 #include <limits>
 #include <set>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor::data {
 

@@ -1,7 +1,7 @@
 // PretrainingDataLoader: Megatron's MegatronPretrainingSampler order, dp-sliced micro-batches, resumable.
 #include "executor/data/data_loader.h"
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor::data {
 

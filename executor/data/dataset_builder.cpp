@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <limits>
 
+#include "base/user_error.h"
 #include "executor/data/blended_dataset.h"
 #include "executor/data/indexed_dataset.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "executor/data/bpe_tokenizer.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 namespace {

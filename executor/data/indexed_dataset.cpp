@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor::data {
 

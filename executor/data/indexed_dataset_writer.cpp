@@ -7,8 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "base/user_error.h"
 #include "executor/data/indexed_dataset.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 

@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "layouts/json_syntax_error.h"
+#include "base/json_syntax_error.h"
 
 namespace megatune::executor::data {
 
@@ -12,12 +12,10 @@ JsonLine::JsonLine(std::string_view line) {
   try {
     *object = nlohmann::json::parse(line);
   } catch (const nlohmann::json::parse_error& error) {
-    const layouts::JsonTextPosition at =
-        layouts::json_text_position(line, layouts::json_error_offset(error.byte));
-    throw JsonLineError(layouts::json_error_problem(error.what()) + " at column " +
-                        std::to_string(at.column));
+    const base::JsonTextPosition at = base::json_text_position(line, base::json_error_offset(error.byte));
+    throw JsonLineError(base::json_error_problem(error.what()) + " at column " + std::to_string(at.column));
   } catch (const nlohmann::json::exception& error) {  // a number out of range
-    throw JsonLineError(layouts::json_error_problem(error.what()));
+    throw JsonLineError(base::json_error_problem(error.what()));
   }
   if (!object->is_object())
     throw JsonLineError("a JSONL line must be a JSON object, not " + std::string(object->type_name()) +

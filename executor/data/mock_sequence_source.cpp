@@ -1,8 +1,8 @@
 // MockSequenceSource: synthetic documents for --mock-data (lengths from MT19937, content 1, 2, 3, ..., EOD).
 #include "executor/data/mock_sequence_source.h"
 
+#include "base/user_error.h"
 #include "executor/data/numpy_random.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 

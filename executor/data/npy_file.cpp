@@ -6,8 +6,8 @@
 #include <cstring>
 #include <limits>
 
-#include "layouts/output_file.h"
-#include "layouts/user_error.h"
+#include "base/output_file.h"
+#include "base/user_error.h"
 
 namespace megatune::executor::data {
 

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor::data {
 

@@ -10,12 +10,12 @@
 #include <memory>
 #include <set>
 
+#include "base/input_file.h"
+#include "base/user_error.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/indexed_dataset_writer.h"
 #include "executor/data/json_line.h"
 #include "executor/data/tokenizer_pool.h"
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 

@@ -4,8 +4,8 @@
 #include <utility>
 #include <vector>
 
-#include "layouts/input_file.h"
-#include "layouts/user_error.h"
+#include "base/input_file.h"
+#include "base/user_error.h"
 
 #ifdef MEGATUNE_HAVE_SENTENCEPIECE
 #include <sentencepiece_processor.h>

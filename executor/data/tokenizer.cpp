@@ -1,10 +1,10 @@
 // make_tokenizer: Megatron's --tokenizer-type names to tokenizers, and the byte and SentencePiece ones.
 #include "executor/data/tokenizer.h"
 
+#include "base/user_error.h"
 #include "executor/data/bpe_tokenizer.h"
 #include "executor/data/byte_tokenizer.h"
 #include "executor/data/sentencepiece_tokenizer.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 namespace {

@@ -11,11 +11,11 @@
 #include <string>
 #include <thread>
 
+#include "base/user_error.h"
 #include "executor/model/gpt_model_phases.h"
 #include "executor/parallel/context_parallel_split.h"
 #include "executor/parallel/state_labels.h"
 #include "layouts/step_program.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <string>
 
+#include "base/user_error.h"
 #include "executor/model/gpt_model.h"
 #include "executor/model/gpt_model_phases.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 #include <thread>
 
+#include "base/user_error.h"
 #include "executor/model/gpt_model.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

@@ -3,8 +3,8 @@
 
 #include <sstream>
 
+#include "base/user_error.h"
 #include "layouts/model_spec.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 

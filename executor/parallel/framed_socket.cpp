@@ -16,7 +16,7 @@
 #include <cstring>
 #include <thread>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor {
 namespace {

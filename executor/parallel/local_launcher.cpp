@@ -15,11 +15,11 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "base/user_error.h"
 #include "executor/parallel/framed_socket.h"
 #include "executor/parallel/interrupt_guard.h"
 #include "executor/parallel/launch_environment.h"
 #include "executor/parallel/tcp_rendezvous.h"
-#include "layouts/user_error.h"
 
 extern char** environ;
 

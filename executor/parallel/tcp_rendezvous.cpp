@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/user_error.h"
 #include "executor/parallel/framed_socket.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

@@ -7,9 +7,9 @@
 #include <sstream>
 #include <utility>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

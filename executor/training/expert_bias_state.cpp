@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <string>
 
+#include "base/user_error.h"
 #include "executor/backend/recording_pause.h"
 #include "executor/parallel/grad_buckets.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/checkpoint/durable_file.h"
 #include "executor/checkpoint/run_lineage.h"
@@ -14,7 +15,6 @@
 #include "executor/training/checkpoint_shards.h"
 #include "executor/training/run_setup.h"
 #include "layouts/rank_grid.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::executor {
 

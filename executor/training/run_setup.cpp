@@ -3,12 +3,13 @@
 
 #include <sstream>
 
+#include "base/user_error.h"
 #include "layouts/flops.h"
 #include "layouts/model_flags.h"
+#include "layouts/parameter_table.h"
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_walker.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {
@@ -50,14 +51,7 @@ RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelC
   const layouts::PipelineLayout layout = config.resolved_pipeline_layout(model);
   if (model.mtp_num_layers > 0) require_runnable_mtp(model, config, layout);
   for (const layouts::PipelineStage* stage : layout.stages_of_rank(out.coordinates.pp)) {
-    StageSpan span;
-    span.first_layer = stage->first_decoder_layer;
-    span.num_layers = stage->num_decoder_layers;
-    span.has_embedding = stage->has_embedding;
-    span.has_loss = stage->has_loss;
-    span.first_mtp_layer = stage->first_mtp_layer;
-    span.num_mtp_layers = stage->num_mtp_layers;
-    out.chunks.push_back(span);
+    out.chunks.push_back(layouts::stage_contents(*stage));
   }
   out.schedule = layouts::build_schedule(model, config, out.coordinates.pp);
   return out;

@@ -11,16 +11,16 @@
 #include <filesystem>
 #include <sstream>
 
+#include "base/json_quote.h"
+#include "base/user_error.h"
 #include "executor/checkpoint/durable_file.h"
 #include "executor/training/trainer.h"
-#include "layouts/json_quote.h"
 #include "layouts/run_trace_format.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {
 
-using layouts::json_quote;
+using base::json_quote;
 
 std::string number(double value) {
   if (!std::isfinite(value)) return "null";

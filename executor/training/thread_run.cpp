@@ -6,12 +6,12 @@
 #include <ostream>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/cpu/thread_communicator.h"
 #include "executor/cpu/thread_world.h"
 #include "executor/parallel/process_groups.h"
 #include "layouts/rank_grid.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 

@@ -4,12 +4,12 @@
 #include <map>
 #include <stdexcept>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/training/checkpoint_shards.h"
 #include "executor/training/expert_bias_state.h"
 #include "executor/training/trainer.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 

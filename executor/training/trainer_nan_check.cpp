@@ -3,8 +3,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/training/trainer.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 

@@ -10,13 +10,13 @@
 #include <ostream>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/checkpoint/run_lineage.h"
 #include "executor/checkpoint/saved_iteration.h"
 #include "executor/data/gpt_dataset_indices.h"
 #include "executor/training/checkpoint_shards.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

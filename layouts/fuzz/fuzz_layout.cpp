@@ -5,11 +5,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/user_error.h"
 #include "layouts/parallel_config.h"
 #include "layouts/pipeline_layout.h"
 #include "layouts/schedule.h"
 #include "layouts/schedule_replay.h"
-#include "layouts/user_error.h"
 
 namespace {
 

@@ -6,12 +6,12 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "base/user_error.h"
 #include "executor/cuda/cuda_backend.h"
 #include "executor/parallel/communicator.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
 #include "layouts/step_program.h"
-#include "layouts/user_error.h"
 #include "profiler/cuda/cupti_tracer.h"
 #include "profiler/op_range_observer.h"
 #include "profiler/trace_timing.h"

@@ -3,13 +3,13 @@
 
 #include <fstream>
 
+#include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/embedded_data.h"
 #include "cost_models/hardware_catalog.h"
 #include "cost_models/plausible_ranges.h"
 #include "cost_models/record_store.h"
-#include "layouts/user_error.h"
 #include "tests/cost_models/test_paths.h"
 
 namespace megatune::cost_models {
@@ -218,6 +218,20 @@ TEST(EmbeddedData, ShippedTablesLoadIntoAFreshDatabase) {
   const auto before = table_row_counts(database);
   install_embedded_data(database);
   EXPECT_EQ(table_row_counts(database), before);
+}
+
+// The one GPU-peak table: device names as CUDA reports them resolve through the catalog's aliases.
+TEST(DevicePeak, CudaDeviceNamesResolveThroughTheCatalog) {
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H200"), 989.4);
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H100 80GB HBM3"), 989.4);
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("h100-sxm"), 989.4);
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H100 PCIe"), 756.5);
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H100 NVL"), 835.5);
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA GH200 480GB"), 989.4);
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA A100-SXM4-80GB"), 312.0);
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("B200"), 2250.0);
+  EXPECT_EQ(device_peak_bf16_tflops("NVIDIA GeForce RTX 4090"), 0.0);
+  EXPECT_EQ(device_peak_bf16_tflops(""), 0.0);
 }
 
 }  // namespace

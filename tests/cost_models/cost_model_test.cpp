@@ -8,11 +8,11 @@
 #include <cmath>
 #include <thread>
 
+#include "base/user_error.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/fitted_forms.h"
 #include "cost_models/fitting.h"
 #include "cost_models/record_store.h"
-#include "layouts/user_error.h"
 
 namespace megatune::cost_models {
 namespace {

@@ -11,9 +11,9 @@
 #include <functional>
 #include <thread>
 
+#include "base/user_error.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/record_store.h"
-#include "layouts/user_error.h"
 #include "tests/cost_models/test_paths.h"
 
 namespace megatune::cost_models {

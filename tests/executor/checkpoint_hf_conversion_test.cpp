@@ -9,12 +9,12 @@
 #include <random>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/hf_model.h"
 #include "executor/checkpoint/safetensors_folder.h"
 #include "executor/training/hf_conversion.h"
 #include "executor/training/thread_run.h"
 #include "layouts/model_flags.h"
-#include "layouts/user_error.h"
 #include "tests/executor/parallel_test_models.h"
 
 namespace megatune::executor {

@@ -12,10 +12,10 @@
 #include <fstream>
 #include <optional>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/checkpoint/run_lineage.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 namespace {

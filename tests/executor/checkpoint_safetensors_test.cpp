@@ -7,9 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/safetensors.h"
 #include "executor/checkpoint/safetensors_folder.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 namespace {

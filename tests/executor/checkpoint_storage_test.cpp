@@ -11,11 +11,11 @@
 #include <iterator>
 #include <numeric>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/checkpoint/checkpoint_writer.h"
 #include "executor/checkpoint/crc32c.h"
 #include "executor/checkpoint/saved_iteration.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::checkpoint {
 namespace {

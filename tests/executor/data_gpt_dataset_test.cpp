@@ -8,12 +8,12 @@
 #include <filesystem>
 #include <numeric>
 
+#include "base/user_error.h"
 #include "executor/data/blended_dataset.h"
 #include "executor/data/dataset_builder.h"
 #include "executor/data/gpt_dataset.h"
 #include "executor/data/indexed_dataset_writer.h"
 #include "executor/data/mock_sequence_source.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 namespace {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "base/user_error.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/indexed_dataset_writer.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 namespace {

@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/user_error.h"
 #include "executor/data/byte_tokenizer.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/json_line.h"
 #include "executor/data/preprocess.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 namespace {

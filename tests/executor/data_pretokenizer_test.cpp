@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/user_error.h"
 #include "executor/data/bpe_tokenizer.h"
 #include "executor/data/pretokenizer.h"
 #include "executor/data/tokenizer.h"
 #include "executor/data/unicode_category.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor::data {
 namespace {

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "base/user_error.h"
 #include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/model/gpt_model.h"
@@ -11,7 +12,6 @@
 #include "executor/training/arena_sizing.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

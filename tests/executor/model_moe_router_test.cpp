@@ -5,8 +5,8 @@
 #include <cmath>
 #include <random>
 
+#include "base/user_error.h"
 #include "executor/model/moe_router.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

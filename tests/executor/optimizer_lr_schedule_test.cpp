@@ -5,8 +5,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "base/user_error.h"
 #include "executor/training/lr_schedule.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

@@ -7,10 +7,10 @@
 #include <limits>
 #include <random>
 
+#include "base/user_error.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/parallel/communicator.h"
 #include "executor/training/trainer.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

@@ -13,12 +13,12 @@
 #include <sstream>
 #include <thread>
 
+#include "base/user_error.h"
 #include "executor/parallel/framed_socket.h"
 #include "executor/parallel/launch_environment.h"
 #include "executor/parallel/local_launcher.h"
 #include "executor/parallel/tcp_rendezvous.h"
 #include "executor/training/thread_run.h"
-#include "layouts/user_error.h"
 #include "tests/executor/parallel_test_models.h"
 
 namespace megatune::executor {

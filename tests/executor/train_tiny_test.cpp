@@ -6,12 +6,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/data/preprocess.h"
 #include "executor/parallel/communicator.h"
 #include "executor/training/training_run.h"
 #include "layouts/model_spec.h"
-#include "layouts/user_error.h"
 
 namespace megatune::executor {
 namespace {

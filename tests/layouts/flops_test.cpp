@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::layouts {
 namespace {
@@ -65,27 +65,6 @@ TEST(Flops, Mfu) {
   EXPECT_DOUBLE_EQ(mfu(989.4e12, 1.0, 1, 989.4), 1.0);
   EXPECT_DOUBLE_EQ(mfu(989.4e12 * 8 * 0.5, 2.0, 8, 989.4), 0.25);
   EXPECT_EQ(mfu(1e12, 0.0, 1, 989.4), 0.0);
-}
-
-TEST(PeakTable, LooseNamesAndErrors) {
-  EXPECT_DOUBLE_EQ(peak_dense_tflops("H100"), 989.4);
-  EXPECT_DOUBLE_EQ(peak_dense_tflops("NVIDIA H100 80GB HBM3"), 989.4);
-  EXPECT_DOUBLE_EQ(peak_dense_tflops("h100-sxm"), 989.4);
-  EXPECT_DOUBLE_EQ(peak_dense_tflops("NVIDIA H200"), 989.4);
-  EXPECT_DOUBLE_EQ(peak_dense_tflops("NVIDIA H100 PCIe"), 756.5);
-  EXPECT_DOUBLE_EQ(peak_dense_tflops("NVIDIA A100-SXM4-80GB"), 312.0);
-  EXPECT_DOUBLE_EQ(peak_dense_tflops("B200"), 2250.0);
-  EXPECT_DOUBLE_EQ(peak_dense_tflops("H200", PeakPrecision::kFp8), 1978.9);
-  EXPECT_EQ(parse_peak_precision("BF16"), PeakPrecision::kBf16);
-  EXPECT_THROW(parse_peak_precision("int4"), UserError);
-  EXPECT_THROW(peak_dense_tflops("A100", PeakPrecision::kFp8), UserError);
-  try {
-    peak_dense_tflops("RTX 4090");
-    FAIL();
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("GPU 'RTX 4090' has no peak FLOP/s entry"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("H100 SXM"), std::string::npos);
-  }
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // report, including the DeepSeek-V3 assignment of the Done-when command.
 #include <gtest/gtest.h>
 
+#include "base/user_error.h"
 #include "layouts/layout_report.h"
-#include "layouts/user_error.h"
 // tools/ sources are compiled only into the megatune executable; this test compiles the flag set itself.
 #include "tools/megatron_args.h"
 
@@ -137,7 +137,7 @@ TEST(LayoutReport, JsonAndRankFilter) {
   EXPECT_TRUE(contains(all, "\"rank\": 0,") && contains(all, "\"rank\": 15,"));
   only.only_rank = 16;
   EXPECT_THROW(layouts::layout_report_text(p.model, p.config, only), UserError);
-  EXPECT_EQ(layouts::json_quote("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
+  EXPECT_EQ(base::json_quote("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
 }
 
 TEST(LayoutReport, StageContents) {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::layouts {
 namespace {

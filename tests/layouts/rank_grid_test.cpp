@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::layouts {
 namespace {

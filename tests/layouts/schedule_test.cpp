@@ -6,9 +6,9 @@
 #include <random>
 #include <tuple>
 
+#include "base/user_error.h"
 #include "layouts/parallel_config.h"
 #include "layouts/schedule_replay.h"
-#include "layouts/user_error.h"
 
 namespace megatune::layouts {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "base/user_error.h"
 #include "layouts/model_spec.h"
-#include "layouts/user_error.h"
 
 namespace megatune::planner {
 namespace {

@@ -4,9 +4,9 @@
 // size and the rank order reach every candidate and its price; contradicting pins get one clear line.
 #include <gtest/gtest.h>
 
+#include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
-#include "layouts/user_error.h"
 #include "planner/search.h"
 #include "planner/simulator.h"
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
-#include "layouts/user_error.h"
 #include "planner/plan_report.h"
 
 namespace megatune::planner {

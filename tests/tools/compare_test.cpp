@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/user_error.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/record_store.h"
 #include "executor/cpu/cpu_backend.h"
@@ -23,7 +24,6 @@
 #include "executor/training/thread_run.h"
 #include "layouts/flops.h"
 #include "layouts/step_program.h"
-#include "layouts/user_error.h"
 #include "planner/measured_run.h"
 #include "tools/compare_command.h"
 #include "tools/megatron_args.h"

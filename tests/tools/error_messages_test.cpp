@@ -6,8 +6,8 @@
 
 #include <new>
 
+#include "base/user_error.h"
 #include "cost_models/sqlite_database.h"
-#include "layouts/user_error.h"
 #include "tools/input_checks.h"
 
 namespace megatune::tools {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "base/user_error.h"
 #include "cli_harness.h"
-#include "layouts/user_error.h"
 
 namespace megatune::tests {
 namespace {

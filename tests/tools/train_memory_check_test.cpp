@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "base/user_error.h"
 #include "executor/backend/sizing_backend.h"
-#include "layouts/user_error.h"
 
 namespace megatune::tools {
 namespace {

@@ -10,7 +10,7 @@
 #include <functional>
 #include <limits>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune::tools {
 namespace {

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "base/user_error.h"
 #include "executor/checkpoint/checkpoint_reader.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/json_line.h"
 #include "layouts/fuzz/fuzz_files.h"
-#include "layouts/user_error.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace megatune::layouts {
+namespace megatune::base {
 
 struct JsonTextPosition {
   int line = 1;    // 1-based
@@ -25,4 +25,4 @@ std::size_t json_error_offset(std::size_t bytes_read);
 // overflow ..." becomes "number overflow ...".
 std::string json_error_problem(std::string_view library_message);
 
-}  // namespace megatune::layouts
+}  // namespace megatune::base

@@ -1,7 +1,7 @@
 // json_syntax_error: byte offsets to line:column and nlohmann-json messages without their prefix.
-#include "layouts/json_syntax_error.h"
+#include "base/json_syntax_error.h"
 
-namespace megatune::layouts {
+namespace megatune::base {
 
 JsonTextPosition json_text_position(std::string_view text, std::size_t offset) {
   JsonTextPosition position;
@@ -32,4 +32,4 @@ std::string json_error_problem(std::string_view library_message) {
   return std::string(problem);
 }
 
-}  // namespace megatune::layouts
+}  // namespace megatune::base

@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "layouts/input_file.h"
-#include "layouts/output_file.h"
-#include "layouts/user_error.h"
-#include "layouts/worker_threads.h"
+#include "base/input_file.h"
+#include "base/output_file.h"
+#include "base/user_error.h"
+#include "base/worker_threads.h"
 
 namespace megatune {
 namespace {

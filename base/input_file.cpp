@@ -1,5 +1,5 @@
 // Non-blocking, regular-file-only opening of user-given input paths.
-#include "layouts/input_file.h"
+#include "base/input_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune {
 namespace {

@@ -1,5 +1,5 @@
 // OutputFile: temporary file + fsync + rename, or checked in-place writes to a device or FIFO.
-#include "layouts/output_file.h"
+#include "base/output_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune {
 

@@ -1,13 +1,13 @@
 // json_quote: a JSON string literal by nlohmann-json's serializer (invalid UTF-8 becomes U+FFFD, so the
 // output is always valid JSON).
-#include "layouts/json_quote.h"
+#include "base/json_quote.h"
 
 #include <nlohmann/json.hpp>
 
-namespace megatune::layouts {
+namespace megatune::base {
 
 std::string json_quote(std::string_view text) {
   return nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-}  // namespace megatune::layouts
+}  // namespace megatune::base

@@ -5,8 +5,8 @@
 #include <string>
 #include <string_view>
 
-namespace megatune::layouts {
+namespace megatune::base {
 
 std::string json_quote(std::string_view text);
 
-}  // namespace megatune::layouts
+}  // namespace megatune::base

@@ -1,11 +1,11 @@
 // json_syntax_error: byte offsets as line:column, nlohmann-json messages without the library's prefix.
-#include "layouts/json_syntax_error.h"
+#include "base/json_syntax_error.h"
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-namespace megatune::layouts {
+namespace megatune::base {
 namespace {
 
 TEST(JsonSyntaxError, OffsetsBecomeLineAndColumn) {
@@ -37,4 +37,4 @@ TEST(JsonSyntaxError, LibraryMessagesLoseTheirPrefix) {
 }
 
 }  // namespace
-}  // namespace megatune::layouts
+}  // namespace megatune::base

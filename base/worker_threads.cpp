@@ -1,11 +1,11 @@
 // Capped thread counts and a pool that survives failed thread starts.
-#include "layouts/worker_threads.h"
+#include "base/worker_threads.h"
 
 #include <algorithm>
 #include <new>
 #include <system_error>
 
-#include "layouts/user_error.h"
+#include "base/user_error.h"
 
 namespace megatune {
 
