@@ -225,7 +225,7 @@ TEST(DevicePeak, CudaDeviceNamesResolveThroughTheCatalog) {
   EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H200"), 989.4);
   EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H100 80GB HBM3"), 989.4);
   EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("h100-sxm"), 989.4);
-  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H100 PCIe"), 756.5);
+  EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H100 PCIe"), 756.0);
   EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA H100 NVL"), 835.5);
   EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA GH200 480GB"), 989.4);
   EXPECT_DOUBLE_EQ(device_peak_bf16_tflops("NVIDIA A100-SXM4-80GB"), 312.0);
