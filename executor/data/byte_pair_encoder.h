@@ -4,6 +4,7 @@
 // ranks, where a token's rank is its merge rank and its id.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -40,8 +41,16 @@ class BytePairEncoder {
            static_cast<std::uint32_t>(right);
   }
   void merge_parts(std::vector<std::int32_t>& parts) const;
-  std::unordered_map<std::string, std::int32_t> tokens_;  // bytes -> id
-  std::unordered_map<std::uint64_t, Merge> merges_;       // (left id, right id) -> rank, merged id
+  // Looks strings up by std::string_view without building a std::string per piece or split.
+  struct BytesHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view bytes) const { return std::hash<std::string_view>{}(bytes); }
+  };
+  using TokenTable = std::unordered_map<std::string, std::int32_t, BytesHash, std::equal_to<>>;
+  template <typename Table>
+  static void require_single_bytes(const Table& tokens, std::int32_t* byte_ids, std::int32_t offset);
+  TokenTable tokens_;                                // bytes -> id
+  std::unordered_map<std::uint64_t, Merge> merges_;  // (left id, right id) -> rank, merged id
   std::int32_t byte_ids_[256] = {};
   std::int32_t max_id_ = -1;
   bool whole_piece_first_ = false;
