@@ -271,7 +271,7 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
       // The parameters the table marks (norms; MLA's replicated down-projections and latent norms).
       std::int64_t norm_params = 0;
       for (const PipelineStage& stage : stages) {
-        const StageContents contents = stage_contents(stage);
+        const StageContents contents = contents_of(stage);
         for (const ParameterSpec& p : stage_parameter_table(parameter_table_shape(model, shape), contents))
           if (p.sequence_parallel_grad) norm_params += p.numel();
       }

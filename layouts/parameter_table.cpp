@@ -6,7 +6,7 @@
 
 namespace megatune::layouts {
 
-StageContents stage_contents(const PipelineStage& stage) {
+StageContents contents_of(const PipelineStage& stage) {
   StageContents contents;
   contents.first_layer = stage.first_decoder_layer;
   contents.num_layers = stage.num_decoder_layers;

@@ -62,7 +62,7 @@ struct StageContents {
 
 struct PipelineStage;
 // What a stage of a parsed pipeline layout holds.
-StageContents stage_contents(const PipelineStage& stage);
+StageContents contents_of(const PipelineStage& stage);
 
 struct ParameterSpec {
   std::string name;  // Megatron-like: "decoder.layers.3.mlp.linear_fc1.weight", "mtp.layers.0.eh_proj.weight"

@@ -31,7 +31,7 @@ class Walker {
     out.chunk = item.chunk;
     out.stage_index = item.stage_index;
     const PipelineStage& stage = step_.stages.at(item.chunk);
-    const StageContents contents = stage_contents(stage);
+    const StageContents contents = contents_of(stage);
     out.forward_groups = forward_segment_groups(contents);
     step_.items.push_back(std::move(out));
   }

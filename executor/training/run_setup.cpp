@@ -51,7 +51,7 @@ RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelC
   const layouts::PipelineLayout layout = config.resolved_pipeline_layout(model);
   if (model.mtp_num_layers > 0) require_runnable_mtp(model, config, layout);
   for (const layouts::PipelineStage* stage : layout.stages_of_rank(out.coordinates.pp)) {
-    out.chunks.push_back(layouts::stage_contents(*stage));
+    out.chunks.push_back(layouts::contents_of(*stage));
   }
   out.schedule = layouts::build_schedule(model, config, out.coordinates.pp);
   return out;
