@@ -32,7 +32,10 @@ class SizingCommunicator final : public Communicator {
   CommHandle do_all_gather(CommGroup, Tensor, Tensor) override { refuse(); }
   CommHandle do_reduce_scatter(CommGroup, Tensor, Tensor) override { refuse(); }
   CommHandle do_broadcast(CommGroup, Tensor, int) override { refuse(); }
-  CommHandle do_all_to_all(CommGroup, Tensor, Tensor) override { refuse(); }
+  CommHandle do_all_to_all(CommGroup, Tensor, const std::vector<std::int64_t>&, Tensor,
+                           const std::vector<std::int64_t>&) override {
+    refuse();
+  }
   CommHandle do_batch_p2p(CommGroup, const std::vector<P2pTransferArgs>&) override { refuse(); }
 
  private:
