@@ -48,6 +48,7 @@ MoeRowArena::MoeRowArena(Backend& backend, DType dtype, int entries, std::vector
       entries_(entries),
       saved_cols_(std::move(saved_cols)),
       scratch_cols_(std::move(scratch_cols)),
+      start_(rows.expected),
       bound_(rows.bound) {
   for (std::int64_t c : saved_cols_) saved_first_.push_back(std::exchange(saved_width_, saved_width_ + c));
   for (std::int64_t c : scratch_cols_)

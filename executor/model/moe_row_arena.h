@@ -39,6 +39,7 @@ class MoeRowArena {
   Tensor saved(int entry, int buffer) const;  // (capacity_rows, saved_cols[buffer])
   Tensor scratch(int buffer) const;           // (capacity_rows, scratch_cols[buffer])
   std::int64_t capacity_rows() const { return capacity_; }
+  std::int64_t start_rows() const { return start_; }  // the expected count it began with
   std::int64_t bound_rows() const { return bound_; }
   int growths() const { return growths_; }
 
@@ -50,7 +51,7 @@ class MoeRowArena {
   DType dtype_;
   int entries_ = 0;
   std::vector<std::int64_t> saved_cols_, scratch_cols_, saved_first_, scratch_first_;
-  std::int64_t saved_width_ = 0, scratch_width_ = 0, capacity_ = 0, bound_ = 0;
+  std::int64_t saved_width_ = 0, scratch_width_ = 0, capacity_ = 0, start_ = 0, bound_ = 0;
   int growths_ = 0;
   Tensor saved_block_,
       scratch_block_;  // (1, entries * saved width * capacity), (1, scratch width * capacity)
