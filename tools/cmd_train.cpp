@@ -238,7 +238,8 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
     const layouts::DenseCoordinates& c = arena.coordinates;
     std::cout << "rank " << rank << " (pp" << c.pp << " tp" << c.tp << " dp" << c.dp << " cp" << c.cp
               << "; its tp / dp / cp peers hold the same):\n"
-              << format_arena_breakdown(arena.breakdown) << format_parameter_state_bytes(arena);
+              << format_arena_breakdown(arena.breakdown) << format_sizing_notes(arena)
+              << format_parameter_state_bytes(arena);
   }
   return 0;
 }
@@ -415,6 +416,8 @@ const Registrar registrar({
                      "Multi-token prediction: the MTP losses' weight, averaged over the MTP layers (0.1)");
       app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,
                      "MoE expert capacity factor: tokens over capacity are dropped (default: dropless)");
+      app.add_flag("--moe-pad-expert-input-to-capacity", a.options.moe_pad_expert_input_to_capacity,
+                   "MoE: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)");
       app.add_option("--train-iters", a.options.train_iters, "iterations to train (default 100)");
       app.add_option("--save", a.options.save, "checkpoint directory to save into");
       app.add_option("--load", a.options.load, "checkpoint directory to resume from (its latest iteration)");

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "executor/backend/sizing_backend.h"
+#include "executor/model/moe_row_arena.h"
 #include "executor/training/arena_sizing.h"
 #include "executor/training/trainer_schedule.h"  // activation_slots_per_chunk
 #include "layouts/schedule.h"
@@ -161,8 +162,12 @@ planner::MemoryEstimate stage_estimate(const SizedStage& arena, int pp_rank,
   planner::MemoryEstimate e;
   e.pp_rank = pp_rank;
   for (const executor::ArenaUse& use : arena.breakdown) {
-    std::string note = "executor arena, " + std::to_string(use.allocations) +
-                       (use.allocations == 1 ? " allocation" : " allocations");
+    // The MoE expert rows are blocks beside the arena, sized here to the balanced routing (moe_row_arena.h).
+    const bool routed_rows =
+        use.what == executor::MoeRowArena::kSavedLabel || use.what == executor::MoeRowArena::kScratchLabel;
+    std::string note =
+        std::string(routed_rows ? "executor, beside the arena (balanced routing), " : "executor arena, ") +
+        std::to_string(use.allocations) + (use.allocations == 1 ? " allocation" : " allocations");
     for (const executor::ParameterStateBytes& state : arena.state_bytes)
       if (state.state == use.what) {
         char per[48];

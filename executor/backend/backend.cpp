@@ -136,17 +136,21 @@ void Backend::reserve_arena(std::int64_t bytes) {
   breakdown_.clear();
 }
 
+void Backend::account(const char* what, std::int64_t bytes, int allocations) {
+  auto use =
+      std::find_if(breakdown_.begin(), breakdown_.end(), [&](const ArenaUse& u) { return u.what == what; });
+  if (use == breakdown_.end()) use = breakdown_.insert(breakdown_.end(), ArenaUse{what, 0, 0});
+  use->bytes += bytes;
+  use->allocations += allocations;
+}
+
 Tensor Backend::bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, const char* what) {
   const std::int64_t aligned = (bytes + kArenaAlignBytes - 1) / kArenaAlignBytes * kArenaAlignBytes;
   Tensor t;
   t.rows = rows;
   t.cols = cols;
   t.row_stride = cols;
-  auto use =
-      std::find_if(breakdown_.begin(), breakdown_.end(), [&](const ArenaUse& u) { return u.what == what; });
-  if (use == breakdown_.end()) use = breakdown_.insert(breakdown_.end(), ArenaUse{what, 0, 0});
-  use->bytes += aligned;
-  use->allocations += 1;
+  account(what, aligned, 1);
   if (sizing_) {
     sized_bytes_ += aligned;
     return t;
@@ -160,6 +164,30 @@ Tensor Backend::bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, c
   t.data = arena_base_ + arena_used_;
   arena_used_ += aligned;
   return t;
+}
+
+Tensor Backend::allocate_block(DType dtype, std::int64_t rows, std::int64_t cols, const char* what) {
+  Tensor t;
+  t.rows = rows;
+  t.cols = cols;
+  t.row_stride = cols;
+  t.dtype = dtype;
+  const std::int64_t bytes = storage_bytes(dtype) * rows * cols;
+  account(what, bytes, 1);
+  if (sizing_) return t;
+  t.data = reserve_block(bytes);
+  block_bytes_ += bytes;
+  fill_zero(t);
+  return t;
+}
+
+void Backend::release_block(Tensor block, const char* what) {
+  const std::int64_t bytes = storage_bytes(block.dtype) * block.rows * block.cols;
+  account(what, -bytes, -1);
+  if (block.data == nullptr) return;
+  synchronize();  // no kernel or transfer still reads or writes it
+  free_block(block.data);
+  block_bytes_ -= bytes;
 }
 
 Tensor Backend::allocate(DType dtype, std::int64_t rows, std::int64_t cols, const char* what) {
@@ -400,6 +428,8 @@ void Backend::moe_unpermute_backward(Tensor d_out, Tensor rows, const MoePermuta
                      (d_out.numel() + rows.numel() + d_rows.numel()) * element_bytes(d_out)),
            tag);
   do_moe_unpermute_backward(d_out, rows, plan, d_rows, d_probs);
+  for (const auto& [first, n] : plan.pad_runs)
+    if (n > 0) fill_zero(row_slice(d_rows, first, n));
   end_op();
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "executor/backend/op_recorder.h"
@@ -128,6 +129,9 @@ struct MoePermutation {
   std::vector<std::int32_t> row_token;   // (R)
   std::vector<std::int32_t> token_rows;  // (T, k)
   std::vector<float> token_probs;        // (T, k)
+  // Runs [first, first + n) of rows no choice points to: copies that fill an expert to its capacity
+  // (--moe-pad-expert-input-to-capacity); the combine leaves them out and its backward gives them zeros.
+  std::vector<std::pair<std::int64_t, std::int64_t>> pad_runs;
   std::int64_t rows() const { return static_cast<std::int64_t>(row_token.size()); }
 };
 
@@ -165,6 +169,14 @@ class Backend {
   // per `what` label (as aligned in the arena).
   const std::vector<ArenaUse>& arena_breakdown() const { return breakdown_; }
   std::int64_t arena_capacity_bytes() const { return arena_capacity_; }
+  // Blocks outside the arena, for buffers sized by what a step needs (the MoE layers' routed rows, which
+  // grow when a step routes more than any before): in sizing mode allocate_block() only counts; either way
+  // its bytes enter the breakdown under `what` (not the arena's sized bytes), and release_block() takes
+  // them out again and frees the block (the device idle first). The backend frees what is left when it
+  // ends. block_bytes(): what the blocks hold now.
+  Tensor allocate_block(DType dtype, std::int64_t rows, std::int64_t cols, const char* what);
+  void release_block(Tensor block, const char* what);
+  std::int64_t block_bytes() const { return block_bytes_; }
   static constexpr std::int64_t kArenaAlignBytes = 256;
 
   // Host <-> backend copies (convert from/to float). Synchronous.
@@ -330,6 +342,10 @@ class Backend {
   virtual void on_op_end() {}
   // Reserves `bytes` of backend memory for the arena (called once); returns its base.
   virtual void* reserve_memory(std::int64_t bytes) = 0;
+  // A block of `bytes` outside the arena (allocate_block), and its release; the backend frees those still
+  // held when it ends.
+  virtual void* reserve_block(std::int64_t bytes) = 0;
+  virtual void free_block(void* block) = 0;
   virtual void do_gemm(const GemmArgs& args) = 0;
   virtual void do_grouped_gemm(const std::vector<GemmArgs>& gemms) {
     for (const GemmArgs& g : gemms) do_gemm(g);
@@ -385,12 +401,15 @@ class Backend {
   OpObserver* op_observer_ = nullptr;
   std::size_t observed_ops_ = 0;
   Tensor bump(std::int64_t bytes, std::int64_t rows, std::int64_t cols, const char* what);
+  // Adds `bytes` (negative: removes) to the breakdown line `what`.
+  void account(const char* what, std::int64_t bytes, int allocations);
   OpRecorder recorder_;
   char* arena_base_ = nullptr;
   std::int64_t arena_capacity_ = 0;
   std::int64_t arena_used_ = 0;
   bool sizing_ = false;
   std::int64_t sized_bytes_ = 0;
+  std::int64_t block_bytes_ = 0;
   std::vector<ArenaUse> breakdown_;
 };
 

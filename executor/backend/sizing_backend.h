@@ -39,6 +39,8 @@ class SizingBackend final : public Backend {
 
  protected:
   void* reserve_memory(std::int64_t) override { refuse(); }
+  void* reserve_block(std::int64_t) override { refuse(); }
+  void free_block(void*) override { refuse(); }
   void do_gemm(const GemmArgs&) override { refuse(); }
   void do_bias_grad(Tensor, Tensor) override { refuse(); }
   void do_embedding_forward(Tensor, Tensor, Tensor, std::int64_t, Tensor) override { refuse(); }

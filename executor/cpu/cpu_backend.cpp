@@ -35,6 +35,18 @@ void* CpuBackend::reserve_memory(std::int64_t bytes) {
   return arena_.get();
 }
 
+void* CpuBackend::reserve_block(std::int64_t bytes) {
+  blocks_.push_back(std::make_unique<float[]>(static_cast<std::size_t>((bytes + 3) / 4)));
+  return blocks_.back().get();
+}
+
+void CpuBackend::free_block(void* block) {
+  const auto held = std::find_if(blocks_.begin(), blocks_.end(),
+                                 [&](const std::unique_ptr<float[]>& b) { return b.get() == block; });
+  if (held == blocks_.end()) throw std::logic_error("CpuBackend::free_block: not a block of this backend");
+  blocks_.erase(held);
+}
+
 void CpuBackend::round_if_bf16(Tensor t) {
   if (!emulate_bf16_ || t.is_int32 || t.dtype != DType::kBF16) return;
   for (std::int64_t r = 0; r < t.rows; ++r)

@@ -37,6 +37,8 @@ class CpuBackend final : public Backend {
   void on_op_begin(const layouts::Op& op) override;
   void on_op_end() override;
   void* reserve_memory(std::int64_t bytes) override;
+  void* reserve_block(std::int64_t bytes) override;
+  void free_block(void* block) override;
   void do_gemm(const GemmArgs& args) override;
   void do_bias_grad(Tensor d_out, Tensor d_bias) override;
   void do_embedding_forward(Tensor tokens, Tensor table, Tensor position_table, std::int64_t seq,
@@ -72,6 +74,7 @@ class CpuBackend final : public Backend {
   void round_if_bf16(Tensor t);
   bool emulate_bf16_;
   std::unique_ptr<float[]> arena_;
+  std::vector<std::unique_ptr<float[]>> blocks_;  // allocate_block()'s
   std::vector<OptimizerTensor> optimizer_tensors_;
   float last_grad_norm_ = 0.0f;
   std::vector<TimedOp> timed_;

@@ -102,12 +102,43 @@ CommHandle ThreadCommunicator::do_broadcast(CommGroup group, Tensor tensor, int 
   return nullptr;
 }
 
-CommHandle ThreadCommunicator::do_all_to_all(CommGroup group, Tensor input, Tensor output) {
-  collective(group, "all_to_all", input, -1, output, [&](const Contributions& all, int me, float* out) {
-    const std::int64_t block = input.numel() / static_cast<std::int64_t>(all.size());
-    for (std::size_t j = 0; j < all.size(); ++j)
-      for (std::int64_t i = 0; i < block; ++i) out[j * block + i] = all[j].input[me * block + i];
-  });
+CommHandle ThreadCommunicator::do_all_to_all(CommGroup group, Tensor input,
+                                             const std::vector<std::int64_t>& send_rows, Tensor output,
+                                             const std::vector<std::int64_t>& receive_rows) {
+  if (input.is_int32 || output.is_int32) world_.fail("all_to_all: int32 tensors are not supported");
+  const int n = size(group), me = rank(group), me_world = world_rank();
+  const std::int64_t cols = input.cols;
+  std::vector<std::int64_t> send_first(static_cast<std::size_t>(n) + 1, 0), receive_first = send_first;
+  for (int j = 0; j < n; ++j) {
+    send_first[j + 1] = send_first[j] + send_rows[j];
+    receive_first[j + 1] = receive_first[j] + receive_rows[j];
+  }
+  const float* data = floats(input);
+  for (int j = 0; j < n; ++j)  // buffered sends never block
+    if (j != me)
+      world_.post(group, me_world, global_rank(group, j),
+                  std::vector<float>(data + send_first[j] * cols, data + send_first[j + 1] * cols));
+  std::vector<float> result(static_cast<std::size_t>(receive_first[n] * cols));
+  for (int i = 0; i < n; ++i) {
+    float* out = result.data() + receive_first[i] * cols;
+    if (i == me) {
+      if (send_rows[me] != receive_rows[me])
+        world_.fail("all_to_all over " + group_label(group) + ": rank " + std::to_string(me_world) +
+                    " sends itself " + std::to_string(send_rows[me]) + " rows but expects " +
+                    std::to_string(receive_rows[me]));
+      std::copy(data + send_first[me] * cols, data + send_first[me + 1] * cols, out);
+      continue;
+    }
+    const int source = global_rank(group, i);
+    const std::vector<float> block = world_.take(group, source, me_world);
+    if (static_cast<std::int64_t>(block.size()) != receive_rows[i] * cols)
+      world_.fail("rank " + std::to_string(me_world) + ": all_to_all over " + group_label(group) +
+                  " received " + std::to_string(block.size()) + " elements from rank " +
+                  std::to_string(source) + " for " + std::to_string(receive_rows[i] * cols));
+    std::copy(block.begin(), block.end(), out);
+  }
+  if (!result.empty()) cpu_.upload(output, result.data());
+  cpu_.end_timed_op_now(0);  // the all-to-all's op (recorded just before) covers the exchange
   return nullptr;
 }
 

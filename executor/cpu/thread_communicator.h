@@ -17,6 +17,8 @@ namespace megatune::executor {
 //   (CpuBackend::upload, which rounds like every kernel output when the backend emulates bf16).
 // - The async forms complete eagerly: the data is in place when *_async returns, and the handle is nullptr
 //   (as for size-1 groups: callers test the handle before waiting).
+// - all_to_all moves each member's block through the mailboxes below (a send and a receive per pair, as
+//   NCCL's grouped send/recv), so the blocks may differ in size.
 // - Batched send/recv: sends are copied into per-(group, source, destination) FIFO mailboxes and never
 //   block, so no batch of sends and receives can deadlock; each receive blocks until the matching message
 //   arrives (sizes must match; messages between a pair are matched in issue order).
@@ -42,7 +44,8 @@ class ThreadCommunicator final : public Communicator {
   CommHandle do_all_gather(CommGroup group, Tensor input, Tensor output) override;
   CommHandle do_reduce_scatter(CommGroup group, Tensor input, Tensor output) override;
   CommHandle do_broadcast(CommGroup group, Tensor tensor, int root_in_group) override;
-  CommHandle do_all_to_all(CommGroup group, Tensor input, Tensor output) override;
+  CommHandle do_all_to_all(CommGroup group, Tensor input, const std::vector<std::int64_t>& send_rows,
+                           Tensor output, const std::vector<std::int64_t>& receive_rows) override;
   CommHandle do_batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers) override;
 
  private:

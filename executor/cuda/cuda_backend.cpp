@@ -86,6 +86,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(grad_norm_device_);
   cudaFreeHost(pinned_staging_);
   cudaFree(arena_);
+  for (void* block : blocks_) cudaFree(block);
   cudaStreamDestroy(compute_);
   cudaStreamDestroy(communication_);
 }
@@ -104,13 +105,27 @@ CudaBackend::MemoryInfo CudaBackend::memory_info(int device) {
 std::int64_t CudaBackend::storage_bytes(DType dtype) const { return layouts::dtype_bytes(dtype); }
 
 std::int64_t CudaBackend::device_bytes() const {
-  return arena_capacity_bytes() + static_cast<std::int64_t>(gemm_->workspace_bytes()) +
+  return arena_capacity_bytes() + block_bytes() + static_cast<std::int64_t>(gemm_->workspace_bytes()) +
          static_cast<std::int64_t>(grad_norm_workspace_bytes_);
 }
 
 void* CudaBackend::reserve_memory(std::int64_t bytes) {
   MEGATUNE_CUDA_CHECK(cudaMalloc(&arena_, static_cast<std::size_t>(std::max<std::int64_t>(bytes, 256))));
   return arena_;
+}
+
+void* CudaBackend::reserve_block(std::int64_t bytes) {
+  void* block = nullptr;
+  MEGATUNE_CUDA_CHECK(cudaMalloc(&block, static_cast<std::size_t>(std::max<std::int64_t>(bytes, 256))));
+  blocks_.push_back(block);
+  return block;
+}
+
+void CudaBackend::free_block(void* block) {
+  const auto held = std::find(blocks_.begin(), blocks_.end(), block);
+  if (held == blocks_.end()) throw std::logic_error("CudaBackend::free_block: not a block of this backend");
+  blocks_.erase(held);
+  MEGATUNE_CUDA_CHECK(cudaFree(block));
 }
 
 // Small contiguous host <-> device copies (the per-step ones: MoE router logits and their gradients, losses)

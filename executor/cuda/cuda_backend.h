@@ -84,6 +84,8 @@ class CudaBackend final : public Backend {
   void on_op_begin(const layouts::Op& op) override;
   void on_op_end() override;
   void* reserve_memory(std::int64_t bytes) override;
+  void* reserve_block(std::int64_t bytes) override;
+  void free_block(void* block) override;
   void do_gemm(const GemmArgs& args) override;
   void do_grouped_gemm(const std::vector<GemmArgs>& gemms) override;
   void do_bias_grad(Tensor d_out, Tensor d_bias) override;
@@ -131,6 +133,7 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> events_;
   int next_event_ = 0;
   void* arena_ = nullptr;
+  std::vector<void*> blocks_;  // allocate_block()'s, freed with the backend
   std::unique_ptr<cuda::GemmRunner> gemm_;
   std::unique_ptr<cuda::MoeIndexCache> moe_indices_;
   // upload() / download() of small contiguous tensors: one pinned buffer (allocated on first use), or null

@@ -89,10 +89,6 @@ std::size_t element_bytes(const Tensor& t) {
   return t.is_int32 ? 4 : static_cast<std::size_t>(layouts::dtype_bytes(t.dtype));
 }
 
-char* block(const Tensor& t, std::size_t elements, int index) {
-  return static_cast<char*>(t.data) + elements * element_bytes(t) * static_cast<std::size_t>(index);
-}
-
 std::string group_name(CommGroup group) { return layouts::comm_group_name(group); }
 
 // Blocking NCCL setup (ncclCommInitRank / ncclCommSplit) cannot be interrupted. While it runs, this guard
@@ -378,16 +374,27 @@ CommHandle NcclCommunicator::do_broadcast(CommGroup group, Tensor t, int root_in
   });
 }
 
-CommHandle NcclCommunicator::do_all_to_all(CommGroup group, Tensor input, Tensor output) {
+CommHandle NcclCommunicator::do_all_to_all(CommGroup group, Tensor input,
+                                           const std::vector<std::int64_t>& send_rows, Tensor output,
+                                           const std::vector<std::int64_t>& receive_rows) {
+  // NCCL has no all-to-all with split sizes: grouped sends and receives of each pair's rows, as Megatron
+  // (torch.distributed.all_to_all_single) does; a pair with no rows issues nothing.
   const int n = size(group);
-  const std::size_t elements = std::size_t(input.numel()) / std::size_t(n);
+  const std::size_t cols = std::size_t(input.cols);
   return issue(group, "all-to-all", [&](ncclComm_t comm, cudaStream_t stream) {
     MEGATUNE_NCCL_CHECK(ncclGroupStart());
+    std::size_t sent = 0, received = 0;  // elements before the peer's block
     for (int peer = 0; peer < n; ++peer) {
-      MEGATUNE_NCCL_CHECK(
-          ncclSend(block(input, elements, peer), elements, nccl_type(input), peer, comm, stream));
-      MEGATUNE_NCCL_CHECK(
-          ncclRecv(block(output, elements, peer), elements, nccl_type(output), peer, comm, stream));
+      const std::size_t out = std::size_t(send_rows[peer]) * cols,
+                        in = std::size_t(receive_rows[peer]) * cols;
+      if (out > 0)
+        MEGATUNE_NCCL_CHECK(ncclSend(static_cast<char*>(input.data) + sent * element_bytes(input), out,
+                                     nccl_type(input), peer, comm, stream));
+      if (in > 0)
+        MEGATUNE_NCCL_CHECK(ncclRecv(static_cast<char*>(output.data) + received * element_bytes(output), in,
+                                     nccl_type(output), peer, comm, stream));
+      sent += out;
+      received += in;
     }
     MEGATUNE_NCCL_CHECK(ncclGroupEnd());
   });

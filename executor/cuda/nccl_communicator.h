@@ -86,7 +86,8 @@ class NcclCommunicator final : public Communicator {
   CommHandle do_all_gather(CommGroup group, Tensor input, Tensor output) override;
   CommHandle do_reduce_scatter(CommGroup group, Tensor input, Tensor output) override;
   CommHandle do_broadcast(CommGroup group, Tensor tensor, int root_in_group) override;
-  CommHandle do_all_to_all(CommGroup group, Tensor input, Tensor output) override;
+  CommHandle do_all_to_all(CommGroup group, Tensor input, const std::vector<std::int64_t>& send_rows,
+                           Tensor output, const std::vector<std::int64_t>& receive_rows) override;
   CommHandle do_batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers) override;
 
  private:

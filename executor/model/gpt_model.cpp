@@ -136,11 +136,16 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   mlp_scratch_ = backend_.allocate(compute_dtype_, 1, T * std::max(ffn, attn_w + qkv_w),
                                    "activation output / gradient scratch (shared)");
   const bool keep_attention = recompute_ == RecomputeGranularity::kNone;
+  // An MoE layer's MLP keeps its own rows (moe_layer.h): no dense fc1 output for it.
+  auto dense_mlp = [&](int l) { return layer_parameters_.at(l).moe_local < 0; };
   if (recompute_ == RecomputeGranularity::kFull) {
-    if (L > 0) full_recompute_set_ = allocate_layer_activations(keep_attention);
+    bool any_dense = false;
+    for (int l = 0; l < L; ++l) any_dense = any_dense || dense_mlp(l);
+    if (L > 0) full_recompute_set_ = allocate_layer_activations(keep_attention, any_dense);
   } else {
     for (Slot& slot : slots_)
-      for (int l = 0; l < L; ++l) slot.saved.push_back(allocate_layer_activations(keep_attention));
+      for (int l = 0; l < L; ++l)
+        slot.saved.push_back(allocate_layer_activations(keep_attention, dense_mlp(l)));
   }
   if (!keep_attention && L > 0) {
     shared_attn_ = backend_.allocate(compute_dtype_, T, attn_w, "recomputed attention (shared)");
@@ -232,7 +237,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   build_linears();
 }
 
-GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention) {
+GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention, bool dense_mlp) {
   const std::int64_t T = batch_.tokens(), h = config_.hidden;
   LayerActivations a;
   a.ln1 = norm1_out_;
@@ -254,7 +259,8 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
   a.ln2 = norm2_out_;
   a.ln2_mean = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
   a.ln2_rstd = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
-  a.fc1 = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "saved: fc1 output (pre-activation)");
+  if (dense_mlp)
+    a.fc1 = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "saved: fc1 output (pre-activation)");
   a.act = carve(mlp_scratch_, 0, T, config_.ffn_per_rank(), backend_.storage_bytes(compute_dtype_));
   return a;
 }

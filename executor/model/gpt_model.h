@@ -214,7 +214,8 @@ class GPTModel {
   void loss_backward(int slot);
   void embedding_backward(int slot);
   LayerWeights layer_weights(Tensor buffer, int layer) const;
-  LayerActivations allocate_layer_activations(bool with_attention);
+  // dense_mlp: the layer's MLP is dense (it keeps the fc1 output; an MoE layer's rows are MoeLayers').
+  LayerActivations allocate_layer_activations(bool with_attention, bool dense_mlp);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
   void layer_backward(int layer, LayerActivations& acts, Tensor input);
   // Multi-latent attention's backward from the attention output's gradient (d_attn_) to the input norm

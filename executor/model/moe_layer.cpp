@@ -33,38 +33,41 @@ MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::
   const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_per_rank(),
                      shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
   max_local_rows_ = local_tokens_ * config_.router.topk;  // dropless: every choice of every token
-  max_expert_rows_ = max_local_rows_;
+  if (config_.router.pad_to_capacity)                     // every expert its capacity
+    max_local_rows_ = config_.num_experts * config_.router.expert_capacity(local_tokens_);
+  const int ep = communicator.size(CommGroup::kExpert), etp = communicator.size(CommGroup::kExpertTensor);
   if (layers > 0 && config_.moe_allgather_dispatcher && communicator.size(CommGroup::kTensorExpert) > 1) {
     allgather_ = std::make_unique<MoeAllGatherDispatcher>(backend_, communicator, config_.num_experts,
                                                           local_tokens_, h, dtype_);
-    max_local_rows_ = max_expert_rows_ = allgather_->max_expert_rows(config_.router.topk);
   } else if (layers > 0 && communicator.size(CommGroup::kTensorExpert) > 1) {
-    dispatcher_ = std::make_unique<MoeDispatcher>(backend_, communicator, config_.num_experts,
-                                                  max_local_rows_, h, dtype_);
-    max_expert_rows_ = dispatcher_->max_received_rows();
+    dispatcher_ = std::make_unique<MoeDispatcher>(backend_, communicator, config_.num_experts);
   }
   saved_.resize(static_cast<std::size_t>(slots * layers));
   if (config_.router.enable_expert_bias) {
     expert_bias_.assign(static_cast<std::size_t>(layers), std::vector<float>(config_.num_experts, 0.0f));
     tokens_seen_.assign(static_cast<std::size_t>(layers), std::vector<double>(config_.num_experts, 0.0));
   }
-  const char* rows_label = "saved: MoE permuted tokens and expert outputs";
+  const char* rows_label = "saved: MoE expert outputs in token order";
   for (Saved& s : saved_) {
-    s.permuted = backend_.allocate(dtype_, max_local_rows_, h, rows_label);
-    s.expert_in = expert_parallel() ? backend_.allocate(dtype_, max_expert_rows_, h, rows_label) : s.permuted;
-    s.fc1 = backend_.allocate(dtype_, max_expert_rows_, glu * ffn, "saved: MoE expert fc1 outputs");
-    s.expert_out = backend_.allocate(dtype_, max_expert_rows_, h, rows_label);
-    s.returned = expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, rows_label) : s.expert_out;
+    if (expert_parallel()) s.returned = backend_.allocate(dtype_, max_local_rows_, h, rows_label);
     if (shared > 0)
-      s.shared_fc1 = backend_.allocate(dtype_, tokens_, glu * shared, "saved: MoE expert fc1 outputs");
+      s.shared_fc1 = backend_.allocate(dtype_, tokens_, glu * shared, "saved: MoE shared expert fc1 outputs");
   }
   if (layers == 0) return;
+  // The expert rows: saved expert input and fc1 output (and the fc2 output unless the alltoall dispatcher
+  // moves it at once); scratch: the activation output, the row gradients, the dispatch's received and
+  // gathered rows.
+  std::vector<std::int64_t> saved_cols{h, glu * ffn}, scratch_cols{ffn, h, h};
+  if (!expert_parallel()) saved_cols.push_back(h);
+  if (expert_parallel()) scratch_cols.push_back(h);
+  if (expert_parallel() && etp > 1) scratch_cols.push_back(h);
+  rows_ = std::make_unique<MoeRowArena>(backend_, dtype_, slots * layers, saved_cols, scratch_cols,
+                                        moe_expert_rows(config_, local_tokens_, ep, etp));
   const char* scratch = "MoE scratch (shared)";
-  act_ = backend_.allocate(dtype_, max_expert_rows_, ffn, scratch);
-  d_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, scratch);
-  d_x_rows_ = backend_.allocate(dtype_, max_expert_rows_, h, scratch);
-  d_local_rows_ = expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, scratch) : d_rows_;
-  d_x_local_rows_ = expert_parallel() ? backend_.allocate(dtype_, max_local_rows_, h, scratch) : d_x_rows_;
+  // One buffer for the three: the forward's permuted rows are sent at once; in the backward the combine's
+  // gradient is dispatched before the permutation's gradient comes back into it.
+  if (expert_parallel())
+    permuted_ = d_local_rows_ = d_x_local_rows_ = backend_.allocate(dtype_, max_local_rows_, h, scratch);
   logits_ = backend_.allocate(dtype_, local_tokens_, config_.num_experts, scratch);
   d_logits_ = backend_.allocate(dtype_, local_tokens_, config_.num_experts, scratch);
   if (shared > 0) shared_act_ = backend_.allocate(dtype_, tokens_, shared, scratch);
@@ -99,22 +102,28 @@ Tensor MoeLayers::rows(Tensor t, std::int64_t first, std::int64_t count) const {
 
 void MoeLayers::build_permutation(Saved& s) const {
   // Megatron's permute: the kept (token, choice) pairs sorted by expert (all E: the rows for each EP rank are
-  // then contiguous), tokens in order within an expert.
+  // then contiguous), tokens in order within an expert; padded to the capacity, each expert's rows are its
+  // capacity, the kept ones first.
   const MoeRouting& r = s.routing;
   const int k = r.topk;
   MoePermutation& p = s.plan;
   p.tokens = r.tokens;
   p.topk = k;
   p.row_token.clear();
+  p.pad_runs.clear();
   p.token_rows.assign(static_cast<std::size_t>(r.tokens * k), -1);
   p.token_probs.assign(static_cast<std::size_t>(r.tokens * k), 0.0f);
   // A counting sort (one pass to count, one to place), as the host builds it while the GPU waits.
   const std::int64_t E = config_.num_experts;
+  const bool pad = config_.router.pad_to_capacity;
+  const std::int64_t capacity = pad ? config_.router.expert_capacity(r.tokens) : 0;
   std::vector<std::int64_t> first_row(static_cast<std::size_t>(E + 1), 0);
   for (std::int64_t i = 0; i < r.tokens * k; ++i)
     if (r.kept[i]) ++first_row[r.expert[i] + 1];
+  s.rows_per_expert.assign(first_row.begin() + 1, first_row.end());
+  if (pad) std::fill(first_row.begin() + 1, first_row.end(), capacity);
   for (std::int64_t e = 0; e < E; ++e) first_row[e + 1] += first_row[e];
-  p.row_token.resize(static_cast<std::size_t>(first_row[E]));
+  p.row_token.assign(static_cast<std::size_t>(first_row[E]), 0);  // pad rows copy token 0, weighted 0
   std::vector<std::int64_t> next(first_row.begin(), first_row.end() - 1);
   for (std::int64_t t = 0; t < r.tokens; ++t)
     for (int j = 0; j < k; ++j) {
@@ -125,12 +134,25 @@ void MoeLayers::build_permutation(Saved& s) const {
       p.token_probs[i] = r.prob[i];
       p.row_token[row] = static_cast<std::int32_t>(t);
     }
+  if (pad)
+    for (std::int64_t e = 0; e < E; ++e) {
+      p.pad_runs.emplace_back(next[e], first_row[e + 1] - next[e]);
+      s.rows_per_expert[e] = capacity;
+    }
   if (!expert_parallel()) s.expert_offset = first_row;  // EP 1: every expert is local
+}
+
+MoeDispatchBuffers MoeLayers::dispatch_buffers() const {
+  MoeDispatchBuffers b;
+  b.received = rows_->scratch(kReceived);
+  if (communicator_.size(CommGroup::kExpertTensor) > 1) b.gathered = rows_->scratch(kGathered);
+  return b;
 }
 
 void MoeLayers::forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor y, int slot, int local,
                         int layer, OpPhase phase) {
   Saved& s = saved(slot, local);
+  const int e = entry(slot, local);
   w.router->forward_gemm(x, logits_, phase);
   std::vector<float> logits(static_cast<std::size_t>(logits_.numel()));
   backend_.download(logits_, logits.data());
@@ -147,16 +169,17 @@ void MoeLayers::forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tenso
       logged_aux_loss_ += s.routing.aux_loss / config_.router.aux_loss_coeff;
   };
   if (phase != OpPhase::kRecompute && biased)
-    for (std::int64_t e = 0; e < config_.num_experts; ++e)
-      tokens_seen_[local][e] += static_cast<double>(s.routing.tokens_per_expert[e]);
+    for (std::int64_t i = 0; i < config_.num_experts; ++i)
+      tokens_seen_[local][i] += static_cast<double>(s.routing.tokens_per_expert[i]);
   if (allgather_) {
     s.plan = allgather_->dispatch(s.routing, x, s.expert_offset, layer, phase);
     const std::int64_t R = s.plan.rows();
-    backend_.moe_permute(allgather_->gathered_rows(), s.plan, rows(s.permuted, 0, R),
+    rows_->reserve(R);
+    backend_.moe_permute(allgather_->gathered_rows(), s.plan, rows(permuted(e), 0, R),
                          {"permute", layer, phase});
-    experts_forward(w, s, layer, phase);
+    experts_forward(w, e, layer, phase);
     add_aux_loss();
-    backend_.moe_unpermute(rows(s.expert_out, 0, R), s.plan, true, allgather_->combine_rows(),
+    backend_.moe_unpermute(rows(expert_out(e), 0, R), s.plan, true, allgather_->combine_rows(),
                            {"unpermute", layer, phase});
     allgather_->combine(y, layer, phase);
     if (config_.shared_expert_ffn > 0) shared_forward(w, x, x_full, y, s, layer, phase);
@@ -164,28 +187,34 @@ void MoeLayers::forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tenso
   }
   build_permutation(s);
   const std::int64_t R = s.plan.rows();
-  backend_.moe_permute(x, s.plan, rows(s.permuted, 0, R), {"permute", layer, phase});
+  if (!expert_parallel()) rows_->reserve(R);  // the permuted rows are the experts' (at EP > 1 local ones)
+  backend_.moe_permute(x, s.plan, rows(permuted(e), 0, R), {"permute", layer, phase});
   if (expert_parallel()) {
-    s.dispatch = dispatcher_->plan(s.routing.tokens_per_expert, layer, phase);
+    s.dispatch = dispatcher_->plan(s.rows_per_expert, layer, phase);
     s.expert_offset = s.dispatch.expert_offsets();
-    dispatcher_->dispatch(s.dispatch, s.permuted, s.expert_in, "dispatch_a2a", "dispatch_ag", layer, phase);
+    rows_->reserve(s.dispatch.expert_side_rows());
+    dispatcher_->dispatch(s.dispatch, rows(permuted(e), 0, R), dispatch_buffers(), expert_in(e),
+                          "dispatch_a2a", "dispatch_ag", layer, phase);
   }
-  experts_forward(w, s, layer, phase);
+  experts_forward(w, e, layer, phase);
   add_aux_loss();
   if (expert_parallel())
-    dispatcher_->combine(s.dispatch, s.expert_out, s.returned, "combine_rs", "combine_a2a", layer, phase);
-  backend_.moe_unpermute(rows(s.returned, 0, R), s.plan, true, y, {"unpermute", layer, phase});
+    dispatcher_->combine(s.dispatch, expert_out(e), dispatch_buffers(), rows(s.returned, 0, R), "combine_rs",
+                         "combine_a2a", layer, phase);
+  backend_.moe_unpermute(rows(returned(e), 0, R), s.plan, true, y, {"unpermute", layer, phase});
   if (config_.shared_expert_ffn > 0) shared_forward(w, x, x_full, y, s, layer, phase);
 }
 
-void MoeLayers::experts_forward(const MoeLayerLinears& w, Saved& s, int layer, OpPhase phase) {
+void MoeLayers::experts_forward(const MoeLayerLinears& w, int e, int layer, OpPhase phase) {
   // The local experts' rows are consecutive: one grouped GEMM per linear, one activation pass over all rows.
-  const std::int64_t R = s.expert_offset.back();
+  const std::vector<std::int64_t>& offset = saved_[e].expert_offset;
+  const std::int64_t R = offset.back();
   if (R == 0) return;
-  w.fc1->forward(s.expert_in, s.fc1, s.expert_offset, phase);
-  backend_.activation_forward(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
+  const Tensor fc1 = expert_fc1(e), act = rows_->scratch(kAct);
+  w.fc1->forward(expert_in(e), fc1, offset, phase);
+  backend_.activation_forward(config_.activation, rows(fc1, 0, R), rows(act, 0, R),
                               {"expert_act", layer, phase});
-  w.fc2->forward(act_, s.expert_out, s.expert_offset, phase);
+  w.fc2->forward(act, expert_out(e), offset, phase);
 }
 
 void MoeLayers::shared_forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor y, Saved& s,
@@ -212,27 +241,31 @@ void MoeLayers::shared_forward(const MoeLayerLinears& w, Tensor x, Tensor x_full
 void MoeLayers::backward_routed(const MoeLayerLinears& w, Tensor d_y, Tensor d_x, int slot, int local,
                                 int layer, bool accumulate) {
   Saved& s = saved(slot, local);
+  const int e = entry(slot, local);
   const std::int64_t R = s.plan.rows();
+  const Tensor d_rows = rows_->scratch(kDRows), d_x_rows = rows_->scratch(kDxRows);
   if (allgather_) {
     std::vector<float> plan_d_probs;
-    backend_.moe_unpermute_backward(allgather_->gather_output_grad(d_y, layer), rows(s.expert_out, 0, R),
-                                    s.plan, rows(d_rows_, 0, R), plan_d_probs, {"unpermute", layer, kB});
-    experts_backward(w, s, layer, accumulate);
-    backend_.moe_unpermute(rows(d_x_rows_, 0, R), s.plan, false, allgather_->input_grad_rows(),
+    backend_.moe_unpermute_backward(allgather_->gather_output_grad(d_y, layer), rows(expert_out(e), 0, R),
+                                    s.plan, rows(d_rows, 0, R), plan_d_probs, {"unpermute", layer, kB});
+    experts_backward(w, e, layer, accumulate);
+    backend_.moe_unpermute(rows(d_x_rows, 0, R), s.plan, false, allgather_->input_grad_rows(),
                            {"permute", layer, kB});
     allgather_->scatter_input_grad(d_x, s.plan, plan_d_probs, s.routing, d_probs_, layer);
     return;
   }
-  backend_.moe_unpermute_backward(d_y, rows(s.returned, 0, R), s.plan, rows(d_local_rows_, 0, R), d_probs_,
+  const Tensor d_local = expert_parallel() ? d_local_rows_ : d_rows;
+  const Tensor d_x_local = expert_parallel() ? d_x_local_rows_ : d_x_rows;
+  backend_.moe_unpermute_backward(d_y, rows(returned(e), 0, R), s.plan, rows(d_local, 0, R), d_probs_,
                                   {"unpermute", layer, kB});
   if (expert_parallel())
-    dispatcher_->dispatch(s.dispatch, d_local_rows_, d_rows_, "combine_grad_a2a", "combine_grad_ag", layer,
-                          kB);
-  experts_backward(w, s, layer, accumulate);
+    dispatcher_->dispatch(s.dispatch, rows(d_local, 0, R), dispatch_buffers(), d_rows, "combine_grad_a2a",
+                          "combine_grad_ag", layer, kB);
+  experts_backward(w, e, layer, accumulate);
   if (expert_parallel())
-    dispatcher_->combine(s.dispatch, d_x_rows_, d_x_local_rows_, "dispatch_grad_rs", "dispatch_grad_a2a",
-                         layer, kB);
-  backend_.moe_unpermute(rows(d_x_local_rows_, 0, R), s.plan, false, d_x, {"permute", layer, kB});
+    dispatcher_->combine(s.dispatch, d_x_rows, dispatch_buffers(), rows(d_x_local, 0, R), "dispatch_grad_rs",
+                         "dispatch_grad_a2a", layer, kB);
+  backend_.moe_unpermute(rows(d_x_local, 0, R), s.plan, false, d_x, {"permute", layer, kB});
 }
 
 void MoeLayers::backward_dense(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor d_y, Tensor d_x,
@@ -242,19 +275,21 @@ void MoeLayers::backward_dense(const MoeLayerLinears& w, Tensor x, Tensor x_full
   router_backward(w, x, d_x, s, d_probs_, accumulate, aux_loss_scale);
 }
 
-void MoeLayers::experts_backward(const MoeLayerLinears& w, Saved& s, int layer, bool accumulate) {
+void MoeLayers::experts_backward(const MoeLayerLinears& w, int e, int layer, bool accumulate) {
   // As the dense MLP's backward, grouped over the local experts: fc2's data gradient into the activation
   // scratch, one pass turning it into fc1's output gradient (over the saved fc1 output) and recomputing the
   // activation output, then the weight gradients. The iteration's first write overwrites an expert's
   // gradient; an expert without rows then gets zeros.
-  const std::int64_t R = s.expert_offset.back();
-  w.fc2->data_grad(d_rows_, act_, s.expert_offset);
+  const std::vector<std::int64_t>& offset = saved_[e].expert_offset;
+  const std::int64_t R = offset.back();
+  const Tensor fc1 = expert_fc1(e), act = rows_->scratch(kAct), d_rows = rows_->scratch(kDRows);
+  w.fc2->data_grad(d_rows, act, offset);
   if (R > 0)
-    backend_.activation_backward_recompute(config_.activation, rows(s.fc1, 0, R), rows(act_, 0, R),
-                                           rows(s.fc1, 0, R), rows(act_, 0, R), {"expert_act", layer, kB});
-  w.fc2->weight_grad(d_rows_, act_, s.expert_offset, accumulate);
-  w.fc1->data_grad(s.fc1, d_x_rows_, s.expert_offset);
-  w.fc1->weight_grad(s.fc1, s.expert_in, s.expert_offset, accumulate);
+    backend_.activation_backward_recompute(config_.activation, rows(fc1, 0, R), rows(act, 0, R),
+                                           rows(fc1, 0, R), rows(act, 0, R), {"expert_act", layer, kB});
+  w.fc2->weight_grad(d_rows, act, offset, accumulate);
+  w.fc1->data_grad(fc1, rows_->scratch(kDxRows), offset);
+  w.fc1->weight_grad(fc1, expert_in(e), offset, accumulate);
 }
 
 void MoeLayers::shared_backward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor d_y, Tensor d_x,

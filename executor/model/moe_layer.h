@@ -20,6 +20,7 @@
 #include "executor/model/moe_allgather_dispatch.h"
 #include "executor/model/moe_dispatch.h"
 #include "executor/model/moe_router.h"
+#include "executor/model/moe_row_arena.h"
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/tensor_parallel.h"
 
@@ -74,29 +75,46 @@ class MoeLayers {
   void reset_logged_load_balancing_loss() { logged_aux_loss_ = 0.0; }
   // The routing of (slot, local)'s last forward (tests).
   const MoeRouting& routing(int slot, int local) const { return saved(slot, local).routing; }
+  // The expert rows' blocks: their rows now, their bound, how often a step grew them (tests, reports).
+  const MoeRowArena& expert_rows() const { return *rows_; }
 
  private:
   // Rows: "local" ones are this rank's token copies in global expert order (R_local <= T * k); "expert" ones
-  // are what this rank's experts process, sorted by local expert (R_expert <= etp * ep * T * k; the same rows
-  // as the local ones at EP 1 and ETP 1).
+  // are what this rank's experts process, sorted by local expert (the same rows as the local ones at EP 1 and
+  // ETP 1). The expert rows live in rows_ (moe_row_arena.h), sized to what the step routes: fetch their
+  // views after rows_.reserve(), never keep them across one.
   struct Saved {
     MoeRouting routing;
     MoePermutation plan;
-    MoeDispatchPlan dispatch;                 // etp x ep > 1: where the rows went
-    std::vector<std::int64_t> expert_offset;  // (local experts + 1) first expert row of each local expert
-    Tensor permuted;                          // (R_local max, h) the token copies in expert order
-    Tensor expert_in;   // (R_expert max, h) the rows the local experts read (aliases permuted at EP 1)
-    Tensor fc1;         // (R_expert max, glu * F_moe / etp) pre-activation (its gradient in the backward)
-    Tensor expert_out;  // (R_expert max, h) fc2 outputs (partial sums over ETP)
-    Tensor returned;  // (R_local max, h) the expert outputs back in local order (aliases expert_out at EP 1)
+    MoeDispatchPlan dispatch;                   // etp x ep > 1: where the rows went
+    std::vector<std::int64_t> expert_offset;    // (local experts + 1) first expert row of each local expert
+    std::vector<std::int64_t> rows_per_expert;  // (E) this rank's rows for each expert (padded: capacity)
+    Tensor returned;    // (R_local max, h) the alltoall dispatcher's expert outputs back in local order
     Tensor shared_fc1;  // (T, glu * F_shared / tp) pre-activation
   };
+  // rows_'s saved buffers (per (slot, local)) and scratch buffers.
+  enum SavedRows { kExpertIn, kExpertFc1, kExpertOut };
+  enum ScratchRows { kAct, kDRows, kDxRows, kReceived, kGathered };
+  int entry(int slot, int local) const { return slot * layers_ + local; }
+  Tensor expert_in(int e) const { return rows_->saved(e, kExpertIn); }    // (R_expert, h)
+  Tensor expert_fc1(int e) const { return rows_->saved(e, kExpertFc1); }  // (R_expert, glu * F_moe / etp)
+  // (R_expert, h) fc2 outputs (partial sums over ETP); the alltoall dispatcher combines them at once
+  // (scratch)
+  Tensor expert_out(int e) const {
+    return expert_parallel() ? rows_->scratch(kDRows) : rows_->saved(e, kExpertOut);
+  }
+  // (R_local, h) the token copies in expert order (the experts' input unless the alltoall dispatcher moves
+  // them)
+  Tensor permuted(int e) const { return expert_parallel() ? permuted_ : expert_in(e); }
+  // (R_local, h) the expert outputs in local order (what the weighted combine's backward reads)
+  Tensor returned(int e) const { return expert_parallel() ? saved_[e].returned : expert_out(e); }
+  MoeDispatchBuffers dispatch_buffers() const;
   Saved& saved(int slot, int local) { return saved_[slot * layers_ + local]; }
   const Saved& saved(int slot, int local) const { return saved_[slot * layers_ + local]; }
   void build_permutation(Saved& s) const;
   bool expert_parallel() const { return dispatcher_ != nullptr; }
-  void experts_forward(const MoeLayerLinears& w, Saved& s, int layer, layouts::OpPhase phase);
-  void experts_backward(const MoeLayerLinears& w, Saved& s, int layer, bool accumulate);
+  void experts_forward(const MoeLayerLinears& w, int e, int layer, layouts::OpPhase phase);
+  void experts_backward(const MoeLayerLinears& w, int e, int layer, bool accumulate);
   void shared_forward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor y, Saved& s, int layer,
                       layouts::OpPhase phase);
   void shared_backward(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor d_y, Tensor d_x, Saved& s,
@@ -109,18 +127,20 @@ class MoeLayers {
 
   TransformerConfig config_;
   // tokens_: the micro-batch's T; local_tokens_: this TP rank's T / tp rows, from row tp_rank * T / tp.
-  std::int64_t tokens_ = 0, local_tokens_ = 0, seq_ = 0, max_local_rows_ = 0, max_expert_rows_ = 0;
+  std::int64_t tokens_ = 0, local_tokens_ = 0, seq_ = 0, max_local_rows_ = 0;
   int layers_ = 0, tp_ = 1, tp_rank_ = 0;
   DType dtype_;
   Backend& backend_;
   Communicator& communicator_;
   std::vector<Saved> saved_;  // (slot, local)
-  // Shared by the layers: the activation output (R_expert max, F_moe / etp) (recomputed in the backward), the
-  // gradient rows (R_expert max, h) twice, the logits and their gradient (T, E), the shared expert's
-  // activation (T, F_s).
-  Tensor act_, d_rows_, d_x_rows_, logits_, d_logits_, shared_act_;
-  // EP or ETP > 1: the gradients of the local rows (the combine's and the permutation's).
-  Tensor d_local_rows_, d_x_local_rows_;
+  // Shared by the layers: the logits and their gradient (T, E), the shared expert's activation (T, F_s).
+  // (The activation output (R_expert, F_moe / etp), recomputed in the backward, and the expert rows'
+  // gradients are rows_'s scratch.)
+  Tensor logits_, d_logits_, shared_act_;
+  // EP or ETP > 1 (alltoall): the permuted local rows and the gradients of the local rows (the combine's and
+  // the permutation's), (R_local max, h), one buffer (their lifetimes do not overlap).
+  Tensor permuted_, d_local_rows_, d_x_local_rows_;
+  std::unique_ptr<MoeRowArena> rows_;
   // TP > 1: the shared expert's (T, h) partial output or input gradient, its reduce-scattered shard
   // (T / tp, h) and the gathered output gradient (T, h); the aux-loss counts' all-reduce buffer.
   Tensor shared_full_, shared_shard_, d_y_full_, aux_counts_;

@@ -135,9 +135,8 @@ void choose(const float* logits, const MoeRouterConfig& c, const float* expert_b
 void drop_over_capacity(MoeRouting& r, const MoeRouterConfig& c) {
   const std::int64_t T = r.tokens, E = c.num_experts;
   const int k = c.topk;
-  const auto capacity = static_cast<std::int64_t>(
-      std::ceil(static_cast<double>(T * k) / static_cast<double>(E) * c.capacity_factor));
-  if (capacity > T) return;
+  const std::int64_t capacity = c.expert_capacity(T);
+  if (capacity >= T) return;
   std::vector<std::vector<std::int64_t>> slots(static_cast<std::size_t>(E));  // (token * k + j) per expert
   for (std::int64_t i = 0; i < T * k; ++i) slots[r.expert[i]].push_back(i);
   for (std::vector<std::int64_t>& s : slots) {
@@ -236,6 +235,12 @@ LoadBalancingType parse_load_balancing_type(std::string_view text) {
                   "'; use aux_loss, seq_aux_loss or none");
 }
 
+std::int64_t MoeRouterConfig::expert_capacity(std::int64_t tokens) const {
+  const auto capacity = static_cast<std::int64_t>(
+      std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(num_experts) * capacity_factor));
+  return std::min(capacity, tokens);
+}
+
 void MoeRouterConfig::validate(std::int64_t experts) const {
   if (topk < 1 || topk > experts)
     throw UserError("--moe-router-topk must lie in [1, --num-experts] (got " + std::to_string(topk) +
@@ -246,6 +251,8 @@ void MoeRouterConfig::validate(std::int64_t experts) const {
   if (enable_expert_bias && score_function != RouterScoreFunction::kSigmoid)
     throw UserError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid");
   if (!(bias_update_rate >= 0.0)) throw UserError("--moe-router-bias-update-rate must be >= 0");
+  if (pad_to_capacity && !drops_tokens())
+    throw UserError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (the capacity)");
 }
 
 MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t seq, const MoeRouterConfig& c,

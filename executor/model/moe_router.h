@@ -24,10 +24,16 @@ struct MoeRouterConfig {
   bool pre_softmax = false;                                            // --moe-router-pre-softmax
   LoadBalancingType load_balancing = LoadBalancingType::kAuxLoss;      // --moe-router-load-balancing-type
   double aux_loss_coeff = 0.0;                                         // --moe-aux-loss-coeff
-  double capacity_factor = 0.0;     // --moe-expert-capacity-factor; <= 0: dropless
+  double capacity_factor = 0.0;  // --moe-expert-capacity-factor; <= 0: dropless
+  // --moe-pad-expert-input-to-capacity: every expert gets exactly its capacity of rows from each rank
+  // (the kept tokens, then copies that carry no weight and no gradient), as Megatron pads them.
+  bool pad_to_capacity = false;
   bool enable_expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid routing only)
   double bias_update_rate = 1e-3;   // --moe-router-bias-update-rate
   bool drops_tokens() const { return capacity_factor > 0.0; }
+  // Megatron's get_capacity(tokens * topk, experts, factor): the rows each expert keeps of `tokens` routed
+  // tokens, ceil(tokens * topk / experts * factor), at most every token once. Needs drops_tokens().
+  std::int64_t expert_capacity(std::int64_t tokens) const;
   bool has_aux_loss() const { return load_balancing != LoadBalancingType::kNone && aux_loss_coeff > 0.0; }
   // Throws UserError naming the flag.
   void validate(std::int64_t experts) const;

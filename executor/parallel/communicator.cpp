@@ -100,14 +100,34 @@ void Communicator::all_to_all(CommGroup group, Tensor input, Tensor output, cons
   const int n = size(group);
   if (input.rows != output.rows || input.cols != output.cols || input.rows % n != 0)
     throw std::logic_error("all_to_all: input and output must have one shape, rows divisible by the size");
+  const std::vector<std::int64_t> blocks(static_cast<std::size_t>(n), input.rows / n);
+  all_to_all(group, input, blocks, output, blocks, tag);
+}
+
+void Communicator::all_to_all(CommGroup group, Tensor input, const std::vector<std::int64_t>& send_rows,
+                              Tensor output, const std::vector<std::int64_t>& receive_rows,
+                              const OpTag& tag) {
+  const int n = size(group);
+  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(receive_rows.size()) != n)
+    throw std::logic_error("all_to_all: one send and one receive count per member");
+  std::int64_t sent = 0, received = 0;
+  for (int j = 0; j < n; ++j) {
+    if (send_rows[j] < 0 || receive_rows[j] < 0) throw std::logic_error("all_to_all: negative row count");
+    sent += send_rows[j];
+    received += receive_rows[j];
+  }
+  if (input.cols != output.cols || sent > input.rows || received > output.rows)
+    throw std::logic_error("all_to_all: the counts exceed the tensors' rows, or their columns differ");
+  input.rows = sent;
+  output.rows = received;
   if (n <= 1) {
-    if (input.data != output.data) backend_.copy(input, output);
+    if (input.data != output.data && sent > 0) backend_.copy(input, output);
     return;
   }
   require_contiguous(input, "all_to_all");
   require_contiguous(output, "all_to_all");
   record(OpKind::kAllToAll, group, logical_bytes(input), input.dtype, tag);
-  wait_on(do_all_to_all(group, input, output));
+  wait_on(do_all_to_all(group, input, send_rows, output, receive_rows));
 }
 
 void Communicator::batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers) {

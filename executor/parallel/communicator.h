@@ -1,6 +1,7 @@
 // Communicator: the collectives and point-to-point transfers a rank issues over its process groups, with
 // asynchronous work handles and op recording (the collectives a rank issues are recorded like its kernels).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,12 @@ class Communicator {
   // `input` and `output` (same shape) hold size equal row blocks; block j of the input goes to member j,
   // block i of the output comes from member i.
   void all_to_all(CommGroup group, Tensor input, Tensor output, const OpTag& tag);
+  // Variable splits (Megatron's all-to-all with input and output split sizes): the first sum(send_rows)
+  // rows of `input` are size consecutive blocks, block j (send_rows[j] rows) going to member j; the first
+  // sum(receive_rows) rows of `output` receive member i's block for this member (receive_rows[i] rows) in
+  // member order. Only those rows move, and the recorded bytes are the rows sent.
+  void all_to_all(CommGroup group, Tensor input, const std::vector<std::int64_t>& send_rows, Tensor output,
+                  const std::vector<std::int64_t>& receive_rows, const OpTag& tag);
   // Posts every transfer together and returns when all of them met their peers' matching transfers (each
   // transfer is recorded as one kSend / kRecv op with its peer).
   void batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers);
@@ -87,7 +94,9 @@ class Communicator {
   virtual CommHandle do_all_gather(CommGroup group, Tensor input, Tensor output) = 0;
   virtual CommHandle do_reduce_scatter(CommGroup group, Tensor input, Tensor output) = 0;
   virtual CommHandle do_broadcast(CommGroup group, Tensor tensor, int root_in_group) = 0;
-  virtual CommHandle do_all_to_all(CommGroup group, Tensor input, Tensor output) = 0;
+  // input (sum(send_rows), cols), output (sum(receive_rows), cols); one count per member.
+  virtual CommHandle do_all_to_all(CommGroup group, Tensor input, const std::vector<std::int64_t>& send_rows,
+                                   Tensor output, const std::vector<std::int64_t>& receive_rows) = 0;
   virtual CommHandle do_batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers) = 0;
 
   Backend& backend_;
@@ -114,7 +123,10 @@ class SingleRankCommunicator final : public Communicator {
   CommHandle do_all_gather(CommGroup, Tensor, Tensor) override { return nullptr; }
   CommHandle do_reduce_scatter(CommGroup, Tensor, Tensor) override { return nullptr; }
   CommHandle do_broadcast(CommGroup, Tensor, int) override { return nullptr; }
-  CommHandle do_all_to_all(CommGroup, Tensor, Tensor) override { return nullptr; }
+  CommHandle do_all_to_all(CommGroup, Tensor, const std::vector<std::int64_t>&, Tensor,
+                           const std::vector<std::int64_t>&) override {
+    return nullptr;
+  }
   CommHandle do_batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers) override;
 };
 

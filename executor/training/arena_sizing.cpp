@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "executor/model/moe_row_arena.h"
 #include "executor/model/parameter_layout.h"
 #include "executor/parallel/communicator.h"
 #include "executor/parallel/process_groups.h"
@@ -32,7 +33,10 @@ class SizingCommunicator final : public Communicator {
   CommHandle do_all_gather(CommGroup, Tensor, Tensor) override { refuse(); }
   CommHandle do_reduce_scatter(CommGroup, Tensor, Tensor) override { refuse(); }
   CommHandle do_broadcast(CommGroup, Tensor, int) override { refuse(); }
-  CommHandle do_all_to_all(CommGroup, Tensor, Tensor) override { refuse(); }
+  CommHandle do_all_to_all(CommGroup, Tensor, const std::vector<std::int64_t>&, Tensor,
+                           const std::vector<std::int64_t>&) override {
+    refuse();
+  }
   CommHandle do_batch_p2p(CommGroup, const std::vector<P2pTransferArgs>&) override { refuse(); }
 
  private:
@@ -80,7 +84,27 @@ void add_state_bytes(const TrainerConfig& trainer, const Communicator& communica
       parameters;
 }
 
+// The MoE layers' expert rows as the sizing pass took them (moe_row_arena.h), when the stage holds any.
+void add_moe_rows_note(const TrainerConfig& trainer, const Communicator& communicator, RankArena& arena) {
+  const bool sized = std::any_of(arena.breakdown.begin(), arena.breakdown.end(),
+                                 [](const ArenaUse& u) { return u.what == MoeRowArena::kSavedLabel; });
+  if (!sized) return;
+  const TransformerConfig& model = trainer.model;
+  const std::int64_t local_tokens = trainer.batch.tokens() / model.tensor_parallel_size;
+  const MoeExpertRows rows = moe_expert_rows(model, local_tokens, communicator.size(CommGroup::kExpert),
+                                             communicator.size(CommGroup::kExpertTensor));
+  arena.sizing_notes.push_back("MoE expert rows: " + std::to_string(rows.expected) +
+                               " per layer and micro-batch (" + rows.rule + "; at most " +
+                               std::to_string(rows.bound) + ")");
+}
+
 }  // namespace
+
+std::string format_sizing_notes(const RankArena& arena) {
+  std::string out;
+  for (const std::string& note : arena.sizing_notes) out += "  " + note + "\n";
+  return out;
+}
 
 std::string format_parameter_state_bytes(const RankArena& arena) {
   std::string out;
@@ -113,6 +137,7 @@ RankArena size_rank_arena(const layouts::ModelSpec& model, const layouts::Parall
   arena.breakdown = size_training_arena(run.trainer, run.schedule, backend, communicator);
   for (const ArenaUse& use : arena.breakdown) arena.total_bytes += use.bytes;
   add_state_bytes(run.trainer, communicator, arena);
+  add_moe_rows_note(run.trainer, communicator, arena);
   return arena;
 }
 

@@ -31,12 +31,18 @@ struct RankArena {
   // Megatron's bytes per parameter for the same state (megatron.md §5: bf16 18 or 6 + 12/d, fp32 16 or
   // 8 + 8/d, d = dp x cp for dense parameters and expert-dp for routed experts'), averaged over the rank's.
   double megatron_bytes_per_parameter = 0.0;
+  // How the breakdown sized what depends on the step's data, one line each (the MoE layers' expert rows:
+  // a sizing pass routes nothing, so they take the balanced count).
+  std::vector<std::string> sizing_notes;
 };
 
 // `backend` counts in its own storage sizes (a SizingBackend: the CUDA backend's; a CpuBackend: 4 bytes per
 // element) and must not have reserved its arena. UserError for layouts the executor cannot run.
 RankArena size_rank_arena(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                           const TrainOptions& options, int rank, Backend& backend);
+
+// The sizing notes of `arena`, one indented line each.
+std::string format_sizing_notes(const RankArena& arena);
 
 // The state rows of `arena` as a table (bytes per parameter, their total against Megatron's figure).
 std::string format_parameter_state_bytes(const RankArena& arena);

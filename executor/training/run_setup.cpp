@@ -126,6 +126,11 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
         throw UserError("--moe-expert-capacity-factor must be > 0 (leave it out for dropless routing)");
       router.capacity_factor = *a.moe_expert_capacity_factor;
     }
+    router.pad_to_capacity = a.moe_pad_expert_input_to_capacity;
+    if (router.pad_to_capacity && t.model.moe_allgather_dispatcher)
+      throw UserError(
+          "--moe-pad-expert-input-to-capacity needs --moe-token-dispatcher-type alltoall (as Megatron "
+          "requires)");
     t.model.validate();
   }
   t.batch.micro_batch = parallel.micro_batch_size;

@@ -45,6 +45,7 @@ struct TrainOptions {
   std::string moe_router_load_balancing_type = "aux_loss";  // --moe-router-load-balancing-type
   double moe_aux_loss_coeff = 0.0;                          // --moe-aux-loss-coeff
   std::optional<double> moe_expert_capacity_factor;         // --moe-expert-capacity-factor (unset: dropless)
+  bool moe_pad_expert_input_to_capacity = false;            // --moe-pad-expert-input-to-capacity
   bool moe_router_enable_expert_bias = false;               // --moe-router-enable-expert-bias
   double moe_router_bias_update_rate = 1e-3;                // --moe-router-bias-update-rate
   double mtp_loss_scaling_factor = 0.1;                     // --mtp-loss-scaling-factor (Megatron's default)

@@ -188,6 +188,22 @@ void TrainingRun::load_checkpoint() {
        << " (consumed samples " << trainer_->consumed_samples() << ")\n";
 }
 
+void TrainingRun::log_moe_rows() {
+  for (int c = 0; c < trainer_->num_chunks(); ++c) {
+    const MoeLayers* moe = trainer_->model(c).moe_layers();
+    if (moe == nullptr || moe->layers() == 0) continue;
+    const MoeRowArena& rows = moe->expert_rows();
+    log_ << "memory: MoE expert rows" << (trainer_->num_chunks() > 1 ? " of chunk " + std::to_string(c) : "")
+         << ": " << rows.capacity_rows() << " per layer and micro-batch (began at " << rows.start_rows()
+         << ", grown " << rows.growths() << " time" << (rows.growths() == 1 ? "" : "s")
+         << " by steps that routed more; at most " << rows.bound_rows() << ")" << std::endl;
+  }
+  if (backend_.block_bytes() > 0)
+    log_ << "memory: " << std::fixed << std::setprecision(1)
+         << static_cast<double>(backend_.block_bytes()) / (1 << 20) << " MiB outside the arena"
+         << std::defaultfloat << std::endl;
+}
+
 void TrainingRun::evaluate(data::PretrainingDataLoader& loader, const std::string& split, bool final) {
   const TrainerConfig& t = config_.trainer;
   std::vector<MicroBatch> microbatches(t.batch.num_microbatches);
@@ -294,6 +310,7 @@ std::vector<IterationRecord> TrainingRun::run() {
     if (!config_.save.empty() && config_.save_interval > 0 && record.iteration % config_.save_interval == 0)
       save_checkpoint();
   }
+  log_moe_rows();
   if (do_valid) evaluate(*valid_loader, "validation", true);
   if (do_test) evaluate(*test_loader, "test", true);
   const bool saved_last = config_.save_interval > 0 && trainer_->iteration() % config_.save_interval == 0;

@@ -73,6 +73,9 @@ class TrainingRun {
   void load_checkpoint();
   // eval_iters global batches of `loader`'s split, logged as Megatron's framed validation line.
   void evaluate(data::PretrainingDataLoader& loader, const std::string& split, bool final);
+  // After the iterations, one memory line per model chunk with MoE layers: the expert rows' blocks (sized
+  // to what was routed) against the count they began with and their bound.
+  void log_moe_rows();
   RunConfig config_;
   Backend& backend_;
   Communicator& communicator_;

@@ -212,5 +212,27 @@ TEST(MoeModel, CapacityDropMatchesFiniteDifferences) {
   check_gradients(c, RecomputeGranularity::kNone);
 }
 
+// --moe-pad-expert-input-to-capacity: every expert computes exactly its capacity of rows, and the padding
+// carries no weight: the loss and every gradient are the unpadded capacity model's.
+TEST(MoeModel, PaddingToTheCapacityChangesNeitherLossNorGradients) {
+  TransformerConfig c = moe_model(4, 2, 8);
+  c.router.capacity_factor = 1.5;  // capacity ceil(12 * 2 / 4 * 1.5) = 9 rows per expert
+  TransformerConfig padded = c;
+  padded.router.pad_to_capacity = true;
+  Model plain_model(c), padded_model(padded);
+  padded_model.model->set_main_parameters(plain_model.model->main_parameters());
+  const std::vector<MicroBatch> batches = random_batches(batch_shape(), c.vocab_size);
+  const double plain_loss = plain_model.run(batches), padded_loss = padded_model.run(batches);
+  EXPECT_NEAR(padded_loss, plain_loss, 1e-6 * plain_loss);
+  const std::vector<float> plain_grads = plain_model.model->gradients(),
+                           padded_grads = padded_model.model->gradients();
+  ASSERT_EQ(plain_grads.size(), padded_grads.size());
+  for (std::size_t i = 0; i < plain_grads.size(); ++i)
+    ASSERT_NEAR(padded_grads[i], plain_grads[i], 1e-6f + 1e-5f * std::fabs(plain_grads[i])) << i;
+  const MoeLayers& moe = *padded_model.model->moe_layers();
+  EXPECT_EQ(moe.expert_rows().capacity_rows(), 4 * 9);  // every expert its capacity, from the start
+  EXPECT_EQ(moe.expert_rows().growths(), 0);
+}
+
 }  // namespace
 }  // namespace megatune::executor

@@ -440,7 +440,10 @@ class DeferringCommunicator final : public Communicator {
   }
   CommHandle do_reduce_scatter(CommGroup, Tensor, Tensor) override { return nullptr; }
   CommHandle do_broadcast(CommGroup, Tensor, int) override { return nullptr; }
-  CommHandle do_all_to_all(CommGroup, Tensor, Tensor) override { return nullptr; }
+  CommHandle do_all_to_all(CommGroup, Tensor, const std::vector<std::int64_t>&, Tensor,
+                           const std::vector<std::int64_t>&) override {
+    return nullptr;
+  }
   CommHandle do_batch_p2p(CommGroup, const std::vector<P2pTransferArgs>&) override {
     throw std::logic_error("no p2p here");
   }

@@ -30,7 +30,7 @@ struct Case {
   int ep = 0;   // > 0: the MoE model (4 experts, top-2, a shared expert) at this expert-parallel size
   int etp = 0;  // --expert-tensor-parallel-size; 0: Megatron's default (tp)
   bool allgather = false;  // --moe-token-dispatcher-type allgather
-  int mtp = 0;  // --mtp-num-layers
+  int mtp = 0;             // --mtp-num-layers
 };
 
 layouts::ModelSpec model_of(const Case& c) {
@@ -50,11 +50,15 @@ layouts::ModelSpec model_of(const Case& c) {
 }
 
 // Expert parallelism: the rows an expert receives follow the routing, the step program's follow uniform
-// routing: the experts' GEMMs and activation, the payload all-to-alls and the alltoall dispatcher's ETP
-// all-gathers and reduce-scatters (with the allgather dispatcher the permutation of the gathered rows too)
-// are compared but for those sizes.
+// routing: the experts' GEMMs and activation, the all-to-alls of received rows and the alltoall dispatcher's
+// ETP all-gathers and reduce-scatters (with the allgather dispatcher the permutation of the gathered rows
+// too) are compared but for those sizes. The all-to-alls that send this rank's own token copies (the
+// dispatch, and the combine's gradient) carry every choice (dropless, no padding): their bytes are compared
+// too.
 bool same_work(const layouts::Op& e, const layouts::Op& p, bool routed_sizes) {
-  const bool routed = e.label.rfind("expert_", 0) == 0 || e.kind == layouts::OpKind::kAllToAll ||
+  const bool sends_own_rows = e.label == "dispatch_a2a" || e.label == "combine_grad_a2a";
+  const bool routed = e.label.rfind("expert_", 0) == 0 ||
+                      (e.kind == layouts::OpKind::kAllToAll && !sends_own_rows) ||
                       e.kind == layouts::OpKind::kRouter || e.group == layouts::CommGroup::kExpertTensor;
   if (!routed_sizes || !routed) return e.same_work(p);
   layouts::Op sized = e;

@@ -136,6 +136,45 @@ TEST_P(EveryGroup, CollectivesMoveTheExpectedData) {
   });
 }
 
+// The variable-split all-to-all (the MoE dispatch's): member i sends member j (i + 2 * j) % 3 rows, each
+// block arrives whole and in member order, and the recorded bytes are the rows sent, not a padded block.
+TEST(ThreadCommunicator, AllToAllWithSplitsMovesAndRecordsEachPairsRows) {
+  const RankGrid grid = grid_tp2_pp2_dp2(RankOrder::kTpCpEpDpPp);
+  run_grid(grid, [&](Rank& rank) {
+    const CommGroup g = CommGroup::kWorld;
+    const int n = rank.comm.size(g), me = rank.comm.rank(g);
+    constexpr std::int64_t kCols = 3;
+    auto rows = [](int from, int to) { return std::int64_t{(from + 2 * to) % 3}; };
+    std::vector<std::int64_t> send(n), receive(n);
+    std::vector<float> input, expected;
+    for (int j = 0; j < n; ++j) {
+      send[j] = rows(me, j);
+      receive[j] = rows(j, me);
+      // Row r of the block for j: values (me, j, r) distinct over the world.
+      for (std::int64_t r = 0; r < send[j] * kCols; ++r) input.push_back(value(me, 100 * j + r));
+      for (std::int64_t r = 0; r < receive[j] * kCols; ++r) expected.push_back(value(j, 100 * me + r));
+    }
+    // Larger tensors than the counts: only the counted rows move.
+    Tensor in = rank.make(2 * n, kCols, {}),
+           out = rank.make(2 * n, kCols, std::vector<float>(2 * n * kCols, -1.0f));
+    in.rows = static_cast<std::int64_t>(input.size()) / kCols;
+    rank.backend.upload(in, input.data());
+    in.rows = 2 * n;
+    rank.backend.recorder().set_enabled(true);
+    rank.comm.all_to_all(g, in, send, out, receive, {"dispatch_a2a", 0, OpPhase::kForward});
+    std::vector<float> got = rank.read(out);
+    const std::size_t received = expected.size();
+    EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + received), expected);
+    for (std::size_t i = received; i < got.size(); ++i) ASSERT_EQ(got[i], -1.0f) << "row past the counts";
+    const std::vector<layouts::Op>& ops = rank.backend.recorder().ops();
+    ASSERT_EQ(ops.size(), 1u);
+    EXPECT_EQ(ops[0].kind, OpKind::kAllToAll);
+    EXPECT_EQ(ops[0].bytes, static_cast<std::int64_t>(input.size()) * 4);  // the rows sent, fp32
+    EXPECT_THROW(rank.comm.all_to_all(g, in, std::vector<std::int64_t>(n, 3), out, receive, kTag),
+                 std::logic_error);  // more rows than the input holds
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(BothRankOrders, EveryGroup,
                          ::testing::Values(RankOrder::kTpCpEpDpPp, RankOrder::kTpCpEpPpDp));
 

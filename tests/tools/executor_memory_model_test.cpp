@@ -30,9 +30,8 @@ layouts::ModelSpec model_of(const std::string& preset, int seq) {
   return m;
 }
 
-TEST(ExecutorMemoryModel, PeakIsTheLargestStageArenaPlusTheBuffersOutsideIt) {
-  const layouts::ModelSpec model = model_of("gpt-125m", 1024);
-  const layouts::ParallelConfig config = layout(2, 2, 8);
+void expect_peak_is_the_largest_stage(const layouts::ModelSpec& model,
+                                      const layouts::ParallelConfig& config) {
   executor::TrainOptions bf16;  // the CUDA backend computes in bf16
   bf16.bf16 = true;
   std::int64_t largest = 0;
@@ -52,6 +51,35 @@ TEST(ExecutorMemoryModel, PeakIsTheLargestStageArenaPlusTheBuffersOutsideIt) {
   std::int64_t items = 0;
   for (const planner::MemoryItem& item : peak.items) items += item.bytes;
   EXPECT_EQ(items, peak.total_bytes);  // the itemization adds up
+}
+
+TEST(ExecutorMemoryModel, PeakIsTheLargestStageArenaPlusTheBuffersOutsideIt) {
+  expect_peak_is_the_largest_stage(model_of("gpt-125m", 1024), layout(2, 2, 8));
+}
+
+// Expert parallelism: the MoE layers' expert rows (outside the arena, sized to the balanced routing) are in
+// the sizing pass's total and so in the planner's peak; and that peak's MoE part does not grow with ep.
+TEST(ExecutorMemoryModel, AnExpertParallelLayoutsPeakHoldsTheRoutedRows) {
+  layouts::ModelSpec model = model_of("tiny-mixtral", 256);
+  model.num_layers = 8;
+  layouts::ParallelConfig ep2 = layout(2, 2, 16);
+  ep2.world_size = 4;
+  ep2.expert_model_parallel_size = 2;
+  expect_peak_is_the_largest_stage(model, ep2);
+  layouts::ParallelConfig ep1 = ep2;
+  ep1.expert_model_parallel_size = 1;
+  auto moe_rows = [&](const layouts::ParallelConfig& config) {
+    executor::TrainOptions bf16;
+    bf16.bf16 = true;
+    const std::unique_ptr<executor::Backend> backend = executor_sizing_backend();
+    std::int64_t bytes = 0;
+    for (const executor::ArenaUse& u : executor::size_rank_arena(model, config, bf16, 0, *backend).breakdown)
+      if (u.what.find("MoE expert") != std::string::npos) bytes += u.bytes;
+    return bytes;
+  };
+  EXPECT_GT(moe_rows(ep2), 0);
+  // The same rows at the experts (ep2 adds the all-to-all's received rows, one scratch buffer).
+  EXPECT_LE(static_cast<double>(moe_rows(ep2)), 1.1 * static_cast<double>(moe_rows(ep1)));
 }
 
 // The largest stage arena plus the buffers, sizing every stage directly (what the cached function must give).
