@@ -2,7 +2,8 @@
 // and deepseek-v3 on 2048 with megatune plan's default memory model (the executor's sizing), llama3-405b
 // on 1048576 GPUs; llama3-70b over 1024 and 64 H100s (Megatron's memory model) and its exhaustive search
 // (the simulator's own rate); and the time of one llama3-405b simulation at 16384 to 1048576 GPUs.
-// Usage: bench_plan_speed [threads] [presets|scale|all]   (default: 2 all)
+// Usage: bench_plan_speed [threads] [presets|scale|all] [no-fsdp]   (default: 2 all; no-fsdp: the search
+// without its Megatron FSDP strategies, the space it had before them)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+bool g_fsdp_dimension = true;  // search the Megatron FSDP strategies (SearchSpace::fsdp)
+
 struct SearchCase {
   std::string model;
   std::string cluster;
@@ -45,6 +48,7 @@ void run_search(const SearchCase& c, int threads) {
   request.global_batch_size = c.global_batch_size;
   request.threads = threads;
   request.memory_headroom_fraction = 0.05;
+  if (!g_fsdp_dimension) request.space.fsdp.clear();
   if (c.executor_memory) {
     request.memory_model = planner::MemoryModelKind::kMegatune;
     request.peak_memory_of = tools::executor_peak_memory();
@@ -82,6 +86,7 @@ void run_exhaustive(int threads) {
   request.global_batch_size = 1024;
   request.threads = threads;
   request.top_k = 1 << 30;  // keep everything: nothing is pruned by the bound
+  if (!g_fsdp_dimension) request.space.fsdp.clear();
   planner::PlanResult result = planner::plan(request, pricer);
   const auto& st = result.statistics;
   std::printf(
@@ -125,6 +130,7 @@ void run_simulation_scaling() {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const std::string part = argc > 2 ? argv[2] : "all";
+  g_fsdp_dimension = !(argc > 3 && std::string(argv[3]) == "no-fsdp");
   if (part == "presets" || part == "all") {
     // Every preset on 16384 GPUs at global batch 2048 (16384 where 2048 sequences leave no layout: the tiny
     // models' few heads and layers cannot take up 8 GPUs per replica).

@@ -1,6 +1,6 @@
 // Gradient synchronization and the optimizer step (declared in step_program.h): the parameters each stage
 // holds, Megatron's gradient buckets over them, the distributed optimizer's param gathers and the ops of the
-// post-schedule steps.
+// post-schedule steps; FSDP's per-segment parameter gathers.
 #include <algorithm>
 #include <climits>
 #include <numeric>
@@ -156,10 +156,13 @@ std::vector<BucketFill> bucket_fills(const StepShape& shape, const ParallelConfi
                                   ? options.bucket_size_elements
                                   : std::max<std::int64_t>(40'000'000, 1'000'000LL * dense_group);
   if (!config.overlap_grad_reduce) bucket_limit = INT64_MAX;
+  // FSDP with sharded parameters: a bucket per parameter entry (Megatron FSDP's per-module unit), what one
+  // forward segment gathers and one entry's backward reduce-scatters.
+  if (config.shards_parameters()) bucket_limit = 1;
   std::vector<BucketFill> fills;
   auto emit = [&](std::int64_t elements, bool expert, int ready_after) {
     if (elements <= 0) return;
-    if (config.use_distributed_optimizer) {
+    if (config.shards_optimizer_state()) {
       const std::int64_t multiple = std::lcm<std::int64_t>(expert ? shape.edp : dense_group, 128);
       elements = (elements + multiple - 1) / multiple * multiple;
     }
@@ -197,7 +200,7 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
     const int group_size = fill.expert ? shape.edp : shape.dp * shape.cp;
     if (group_size <= 1) continue;
     GradBucket b;
-    b.op.kind = config.use_distributed_optimizer ? OpKind::kReduceScatter : OpKind::kAllReduce;
+    b.op.kind = config.shards_optimizer_state() ? OpKind::kReduceScatter : OpKind::kAllReduce;
     b.op.phase = OpPhase::kGradSync;
     b.op.role = fill.expert ? OpRole::kExpertGradReduce : OpRole::kGradReduce;
     b.op.label = fill.expert ? "expert_grad_bucket" : "grad_bucket";
@@ -227,6 +230,15 @@ Op param_gather_op(const GradBucket& bucket) {
   return op;
 }
 
+Op fsdp_param_gather_op(const GradBucket& bucket, OpPhase phase, int microbatch) {
+  Op op = param_gather_op(bucket);
+  op.phase = phase;
+  op.role = bucket.expert ? OpRole::kFsdpExpertParamGather : OpRole::kFsdpParamGather;
+  op.label = bucket.expert ? "fsdp_expert_param_ag" : "fsdp_param_ag";
+  op.microbatch = microbatch;
+  return op;
+}
+
 std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
                                    const ParallelConfig& config, const std::vector<PipelineStage>& stages,
                                    OptimizerStep step, const StepProgramOptions& options) {
@@ -239,7 +251,7 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
       // gradients, and the first stage's shards do not cover the same embedding rows as the last stage's:
       // the buckets holding the embedding (E, or the loss entry with the last stage's copy) are first
       // all-gathered over dp-cp.
-      if (config.use_distributed_optimizer && shape.dp * shape.cp > 1)
+      if (config.shards_optimizer_state() && shape.dp * shape.cp > 1)
         for (const PipelineStage& stage : stages) {
           if (!stage.has_embedding && !stage.has_loss) continue;
           const StageParameters p = stage_parameters(model, shape, stage);
@@ -286,7 +298,7 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
       std::int64_t local = 0;
       for (const PipelineStage& stage : stages) {
         const StageParameters p = stage_parameters(model, shape, stage);
-        if (!config.use_distributed_optimizer) {
+        if (!config.shards_optimizer_state()) {
           local += p.dense + p.expert;
           continue;
         }

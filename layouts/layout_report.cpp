@@ -164,7 +164,11 @@ std::string layout_report_text(const ModelSpec& model, const ParallelConfig& con
     out += " (" + std::string(to_string(config.recompute_method)) + ", " +
            std::to_string(config.recompute_num_layers) + " layers)";
   }
-  out += "; distributed optimizer " + std::string(config.use_distributed_optimizer ? "on" : "off") + "\n";
+  out += "; distributed optimizer " + std::string(config.use_distributed_optimizer ? "on" : "off");
+  if (config.fsdp())
+    out += std::string("; ") + (config.use_torch_fsdp2 ? "torch FSDP2" : "Megatron FSDP") + " " +
+           std::string(to_string(config.sharding()));
+  out += "\n";
   char flops[64];
   std::snprintf(flops, sizeof flops, "%.4g",
                 model_flops_per_iteration(model, config.resolved_global_batch_size(), config.tp()));
@@ -246,6 +250,8 @@ std::string layout_report_json(const ModelSpec& model, const ParallelConfig& con
          ", \"recompute_granularity\": " +
          base::json_quote(std::string(to_string(config.recompute_granularity))) +
          ", \"use_distributed_optimizer\": " + (config.use_distributed_optimizer ? "true" : "false") +
+         ", \"data_parallel_sharding\": " + base::json_quote(std::string(to_string(config.sharding()))) +
+         ", \"fsdp\": " + (config.fsdp() ? "true" : "false") +
          ", \"layout\": " + base::json_quote(p.layout.to_string()) +
          (p.schedules.empty()
               ? ""

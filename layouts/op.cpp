@@ -149,6 +149,10 @@ const char* op_role_name(OpRole role) {
       return "param_gather";
     case OpRole::kExpertParamGather:
       return "expert_param_gather";
+    case OpRole::kFsdpParamGather:
+      return "fsdp_param_gather";
+    case OpRole::kFsdpExpertParamGather:
+      return "fsdp_expert_param_gather";
   }
   return "?";
 }

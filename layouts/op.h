@@ -77,6 +77,8 @@ enum class OpRole : std::uint8_t {
   kGradNormReduce,            // all-reduce of the squared gradient norm
   kParamGather,               // distributed optimizer: all-gather of a dense bucket's bf16 params
   kExpertParamGather,         // distributed optimizer: all-gather of an expert bucket's bf16 params
+  kFsdpParamGather,  // FSDP optim_grads_params: a dense bucket's params gathered before a segment reads them
+  kFsdpExpertParamGather,  // the same of an expert bucket, over expert-dp
 };
 
 struct AttentionShape {

@@ -52,6 +52,35 @@ RecomputeMethod parse_recompute_method(std::string_view text) {
   throw UserError("--recompute-method '" + std::string(text) + "' is unknown: use uniform or block");
 }
 
+std::string_view to_string(DataParallelSharding sharding) {
+  switch (sharding) {
+    case DataParallelSharding::kNoShard:
+      return "no_shard";
+    case DataParallelSharding::kOptim:
+      return "optim";
+    case DataParallelSharding::kOptimGrads:
+      return "optim_grads";
+    case DataParallelSharding::kOptimGradsParams:
+      return "optim_grads_params";
+  }
+  return "no_shard";
+}
+
+DataParallelSharding parse_data_parallel_sharding(std::string_view text) {
+  for (const DataParallelSharding s :
+       {DataParallelSharding::kNoShard, DataParallelSharding::kOptim, DataParallelSharding::kOptimGrads,
+        DataParallelSharding::kOptimGradsParams})
+    if (text == to_string(s)) return s;
+  throw UserError("--data-parallel-sharding-strategy '" + std::string(text) +
+                  "' is unknown: use no_shard, optim, optim_grads or optim_grads_params");
+}
+
+DataParallelSharding ParallelConfig::sharding() const {
+  if (use_torch_fsdp2) return DataParallelSharding::kOptimGradsParams;
+  if (use_megatron_fsdp) return data_parallel_sharding_strategy;
+  return use_distributed_optimizer ? DataParallelSharding::kOptim : DataParallelSharding::kNoShard;
+}
+
 RankOrder parse_rank_order(std::string_view text) {
   if (text == "tp-cp-ep-dp-pp") return RankOrder::kTpCpEpDpPp;
   if (text == "tp-cp-ep-pp-dp") return RankOrder::kTpCpEpPpDp;
@@ -341,13 +370,36 @@ void ParallelConfig::validate(const ModelSpec& model) const {
                     " applies only to --recompute-granularity full: drop it or use full recomputation");
   }
 
-  // Optimizer and overlap.
-  if (overlap_param_gather && !use_distributed_optimizer) {
+  // Optimizer, FSDP and overlap.
+  validate_fsdp();
+  if (overlap_param_gather && !shards_optimizer_state()) {
     throw UserError("--overlap-param-gather needs --use-distributed-optimizer: add it or drop the overlap");
   }
   if (overlap_param_gather && !overlap_grad_reduce) {
     throw UserError("--overlap-param-gather needs --overlap-grad-reduce: add it or drop the overlap");
   }
+}
+
+void ParallelConfig::validate_fsdp() const {
+  const std::string strategy =
+      "--data-parallel-sharding-strategy " + std::string(to_string(data_parallel_sharding_strategy));
+  if (use_megatron_fsdp && use_torch_fsdp2)
+    throw UserError(
+        "--use-megatron-fsdp and --use-torch-fsdp2 are two FSDP implementations: give one of them");
+  if (!use_megatron_fsdp && data_parallel_sharding_strategy != DataParallelSharding::kNoShard)
+    throw UserError(
+        strategy + " is Megatron FSDP's: add --use-megatron-fsdp" +
+        (use_torch_fsdp2 ? " instead of --use-torch-fsdp2 (which always runs optim_grads_params)" : ""));
+  if (!fsdp()) return;
+  const char* which = use_torch_fsdp2 ? "--use-torch-fsdp2" : "--use-megatron-fsdp";
+  if (rank_order == RankOrder::kTpCpEpPpDp)
+    throw UserError(std::string("--use-tp-pp-dp-mapping is not supported with ") + which +
+                    " (Megatron refuses it): drop it");
+  if (sharding() != DataParallelSharding::kNoShard && dp() * cp() == 1 && edp() == 1)
+    throw UserError(
+        std::string(which) + " with " + (use_torch_fsdp2 ? std::string("optim_grads_params") : strategy) +
+        " shards over the data-parallel ranks, and dp x cp = 1 (expert-dp = 1): add data-parallel "
+        "ranks (--world-size) or use --data-parallel-sharding-strategy no_shard");
 }
 
 }  // namespace megatune::layouts

@@ -1,5 +1,5 @@
 // ParallelConfig: a Megatron parallel layout (TP/PP/DP/CP/EP/ETP, VPP or a layout string, batch sizes,
-// recomputation, optimizer sharding) and its validation against a model and a world size.
+// recomputation, optimizer sharding, Megatron FSDP) and its validation against a model and a world size.
 #pragma once
 #include <optional>
 #include <string>
@@ -28,6 +28,15 @@ RankOrder parse_rank_order(std::string_view text);
 // (Megatron's own default is allgather).
 enum class MoeDispatcher { kAllToAll, kAllGather };
 MoeDispatcher parse_moe_dispatcher(std::string_view text);  // UserError naming the flag
+
+// What the data-parallel ranks (dp x cp; the routed experts: expert-dp) shard, Megatron FSDP's
+// --data-parallel-sharding-strategy: no_shard (DDP), optim (the fp32 main parameters and AdamW moments, as
+// --use-distributed-optimizer), optim_grads (also the reduced gradients, reduce-scattered and kept
+// sharded), optim_grads_params (ZeRO-3: also the model parameters, all-gathered per layer right before its
+// forward and again before its backward, and released after use).
+enum class DataParallelSharding { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
+std::string_view to_string(DataParallelSharding sharding);                 // "no_shard" | "optim" | ...
+DataParallelSharding parse_data_parallel_sharding(std::string_view text);  // UserError naming the flag
 
 struct ParallelConfig {
   int world_size = 1;                             // --world-size (GPUs)
@@ -59,6 +68,11 @@ struct ParallelConfig {
   int microbatch_group_size_per_vp_stage = 0;  // --microbatch-group-size-per-virtual-pipeline-stage; 0: pp
   RankOrder rank_order = RankOrder::kTpCpEpDpPp;
   MoeDispatcher moe_token_dispatcher_type = MoeDispatcher::kAllToAll;  // --moe-token-dispatcher-type
+  // Megatron FSDP (--use-megatron-fsdp, with --data-parallel-sharding-strategy) or --use-torch-fsdp2 (run as
+  // optim_grads_params). Under either, --use-distributed-optimizer names the FSDP's own optimizer sharding.
+  bool use_megatron_fsdp = false;
+  bool use_torch_fsdp2 = false;
+  DataParallelSharding data_parallel_sharding_strategy = DataParallelSharding::kNoShard;
 
   // Short names; the derived sizes assume the division holds (validate() checks it).
   int tp() const { return tensor_model_parallel_size; }
@@ -73,6 +87,12 @@ struct ParallelConfig {
   int micro_batch_group_size() const {
     return microbatch_group_size_per_vp_stage > 0 ? microbatch_group_size_per_vp_stage : pp();
   }
+  bool fsdp() const { return use_megatron_fsdp || use_torch_fsdp2; }
+  // The sharding run: the FSDP's; without FSDP optim with --use-distributed-optimizer, else no_shard.
+  DataParallelSharding sharding() const;
+  bool shards_optimizer_state() const { return sharding() != DataParallelSharding::kNoShard; }
+  bool shards_gradients() const { return sharding() >= DataParallelSharding::kOptimGrads; }
+  bool shards_parameters() const { return sharding() == DataParallelSharding::kOptimGradsParams; }
   bool sequence_parallel_enabled() const { return sequence_parallel && tensor_model_parallel_size > 1; }
   int resolved_global_batch_size() const;  // global_batch_size or mbs * dp
   int num_microbatches() const;            // gbs / (mbs * dp)
@@ -89,6 +109,9 @@ struct ParallelConfig {
   // layout string rules, SP with MoE+EP+TP, recomputation and optimizer flag combinations.
   // Throws UserError: one line naming the flag(s) and the way out.
   void validate(const ModelSpec& model) const;
+
+ private:
+  void validate_fsdp() const;  // the FSDP flags' rules (part of validate)
 };
 
 }  // namespace megatune::layouts

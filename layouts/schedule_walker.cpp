@@ -76,7 +76,7 @@ class Walker {
     if (shape.sp) optimizer(OptimizerStep::kSequenceParallelNormGradReduce);
     optimizer(OptimizerStep::kGradNorm);
     optimizer(OptimizerStep::kAdamW);
-    if (!config_.use_distributed_optimizer) return;
+    if (!config_.shards_optimizer_state() || config_.shards_parameters()) return;
     for (int c = 0; c < static_cast<int>(step_.buckets.size()); ++c) {
       for (int b = 0; b < static_cast<int>(step_.buckets[c].size()); ++b) {
         StepItem gather = base(StepItemKind::kParamGather, -1);

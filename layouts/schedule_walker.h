@@ -17,9 +17,11 @@
 // 2. Without overlap: the kGradBucket items of every chunk (schedule_item -1), chunks in the order of their
 //    last backward, buckets in index order.
 // 3. kOptimizer items, in OptimizerStep order, those that apply to the rank (schedule_item -1).
-// 4. With the distributed optimizer: a kParamGather per bucket, chunks in order (schedule_item -1). The
-//    simulator issues them at the start of the iteration with --overlap-param-gather (the gather of the
-//    previous iteration's update overlapping the first forwards).
+// 4. With the distributed optimizer (or FSDP optim, optim_grads): a kParamGather per bucket, chunks in
+//    order (schedule_item -1). The simulator issues them at the start of the iteration with
+//    --overlap-param-gather (the gather of the previous iteration's update overlapping the first forwards).
+//    FSDP optim_grads_params has none: its gathers are ops of the kForward and kBackward items
+//    (step_item_ops), each right before the segment or entry that reads the bucket.
 #pragma once
 #include <string>
 #include <vector>
@@ -91,6 +93,9 @@ struct RankStep {
 // once for the head (the final norm, the MTP layers and the LM head with its loss: the MTP layers read the
 // LM head and the embedding) when the stage holds L or m. An empty stage has none.
 std::vector<int> forward_segment_groups(const StageContents& stage);
+// The forward segment (its group code) of a parameter code of StageParameters::layer_reverse: the code
+// itself, -2 (the head) for the MTP layers' codes.
+inline int forward_segment_group_of(int layer_code) { return layer_code <= -2 ? -2 : layer_code; }
 
 // The walk of one global rank of a validated (model, config). Throws std::out_of_range for a rank outside
 // the world.

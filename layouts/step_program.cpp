@@ -559,11 +559,15 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
 }
 
 std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
-                                  int microbatch, const StepProgramOptions& options) {
+                                  int microbatch, const StepProgramOptions& options,
+                                  std::vector<std::size_t>* segment_starts) {
   std::vector<Op> ops;
   const std::vector<int> layers = stage_symbol_layers(stage);
   for (std::size_t i = 0; i < stage.symbols.size(); ++i) {
     const LayerSymbol sym = stage.symbols[i];
+    if (segment_starts != nullptr &&
+        (i == 0 || forward_segment_group_of(layers[i]) != forward_segment_group_of(layers[i - 1])))
+      segment_starts->push_back(ops.size());
     OpSink o(ops, OpPhase::kForward, layers[i] >= 0 || layers[i] <= -3 ? layers[i] : -1, microbatch,
              stage.vpp_rank);
     const bool mtp = shape.mtp_num_layers > 0;
@@ -655,12 +659,67 @@ Op p2p_transfer_op(const StepShape& shape, const StepTransfer& transfer) {
 
 }  // namespace
 
+namespace {
+
+// FSDP optim_grads_params: the buckets' parameter codes (StageParameters::layer_reverse) of a chunk, by
+// bucket.
+std::vector<int> bucket_layer_codes(const RankStep& step, int chunk) {
+  const std::vector<int> layers = stage_symbol_layers(step.stages.at(chunk));
+  std::vector<int> codes;
+  for (const GradBucket& b : step.buckets.at(chunk))
+    codes.push_back(layers.at(layers.size() - 1 - static_cast<std::size_t>(b.ready_after_entry)));
+  return codes;
+}
+
+// A forward pass with each segment preceded by the gathers of its buckets (forward order: the reverse of
+// the buckets').
+std::vector<Op> fsdp_forward_ops(const ModelSpec& model, const RankStep& step, const StepItem& item,
+                                 const StepProgramOptions& options) {
+  std::vector<std::size_t> starts;
+  const std::vector<Op> body =
+      stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options, &starts);
+  const std::vector<GradBucket>& buckets = step.buckets.at(item.chunk);
+  const std::vector<int> codes = bucket_layer_codes(step, item.chunk);
+  std::vector<Op> ops;
+  for (std::size_t s = 0; s < starts.size(); ++s) {
+    const int group = item.forward_groups.at(s);
+    for (std::size_t b = buckets.size(); b-- > 0;)
+      if (forward_segment_group_of(codes[b]) == group)
+        ops.push_back(fsdp_param_gather_op(buckets[b], OpPhase::kForward, item.microbatch));
+    const std::size_t end = s + 1 < starts.size() ? starts[s + 1] : body.size();
+    ops.insert(ops.end(), body.begin() + static_cast<std::ptrdiff_t>(starts[s]),
+               body.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+  if (starts.empty()) return body;
+  return ops;
+}
+
+// A backward (segment) with each entry preceded by the gathers of its buckets.
+std::vector<Op> fsdp_backward_ops(const ModelSpec& model, const RankStep& step, const StepItem& item,
+                                  const StepProgramOptions& options) {
+  const std::vector<GradBucket>& buckets = step.buckets.at(item.chunk);
+  std::vector<Op> ops;
+  for (int e = item.entry_begin; e < item.entry_end; ++e) {
+    for (const GradBucket& b : buckets)
+      if (b.ready_after_entry == e)
+        ops.push_back(fsdp_param_gather_op(b, OpPhase::kBackward, item.microbatch));
+    for (Op& op : stage_backward_segment_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch,
+                                             e, e + 1, options))
+      ops.push_back(std::move(op));
+  }
+  return ops;
+}
+
+}  // namespace
+
 std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
                               const StepItem& item, const StepProgramOptions& options) {
   switch (item.kind) {
     case StepItemKind::kForward:
+      if (config.shards_parameters()) return fsdp_forward_ops(model, step, item, options);
       return stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options);
     case StepItemKind::kBackward:
+      if (config.shards_parameters()) return fsdp_backward_ops(model, step, item, options);
       return stage_backward_segment_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch,
                                         item.entry_begin, item.entry_end, options);
     case StepItemKind::kP2p: {

@@ -63,8 +63,13 @@
 //   Dense grads over dp-cp, expert grads over expert-dp; fp32 (bf16 with grad_reduce_in_bf16).
 //   Then: tied-embedding all-reduce between first and last stage (pp > 1, tied), all-reduce over tp of
 //   the sequence-parallel norm grads, grad norm, AdamW (bytes per local param: 16 fp32 read+write of
-//   param/m/v, 4 grad read, 2 bf16 param write), and with the distributed optimizer an all-gather of the
-//   bf16 params per bucket.
+//   param/m/v, 4 grad read, 2 bf16 param write), and with the distributed optimizer (or FSDP optim,
+//   optim_grads) an all-gather of the bf16 params per bucket.
+// - FSDP optim_grads_params (ParallelConfig::shards_parameters): a bucket per parameter entry (reduce-
+//   scattered like the distributed optimizer's, padded the same way), no gather after the step; instead each
+//   forward segment is preceded by the all-gathers of the buckets of its entries (forward order), and each
+//   entry's backward by its bucket's all-gather (fsdp_param_gather_op), dense over dp-cp, experts over
+//   expert-dp.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -131,8 +136,11 @@ std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank,
 
 // Ops of one pass of `stage` (forward, or backward with its recomputation), for one microbatch. Layer,
 // microbatch and chunk fields are filled; communication ops carry group and group size, no peers.
+// `segment_starts` (when given) receives, per forward segment (forward_segment_groups' order), the index of
+// its first op.
 std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
-                                  int microbatch, const StepProgramOptions& options = {});
+                                  int microbatch, const StepProgramOptions& options = {},
+                                  std::vector<std::size_t>* segment_starts = nullptr);
 std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
                                    int microbatch, const StepProgramOptions& options = {});
 // The backward ops split by parameter entry, in StageParameters' reverse order (loss, layers last..first,
@@ -182,6 +190,11 @@ std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const Parallel
 // The distributed optimizer's all-gather of a bucket's updated bf16 params (role kParamGather or
 // kExpertParamGather, OpPhase::kOptimizer, bytes = 2 per element).
 Op param_gather_op(const GradBucket& bucket);
+
+// FSDP optim_grads_params: the all-gather of a bucket's bf16 params right before a forward segment (phase
+// kForward) or an entry's backward (kBackward) of `microbatch` reads them (role kFsdpParamGather or
+// kFsdpExpertParamGather, bytes = 2 per element, the bucket's group).
+Op fsdp_param_gather_op(const GradBucket& bucket, OpPhase phase, int microbatch);
 
 // The steps after the schedule and the grad buckets, in this order (the walker emits those that apply).
 enum class OptimizerStep {

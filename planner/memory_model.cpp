@@ -121,6 +121,39 @@ MemoryItem device_buffers(const StepShape& s, const MemoryOptions& options) {
           "CUDA context, cuBLAS workspace, NCCL (" + std::to_string(groups) + " groups), p2p"};
 }
 
+namespace {
+
+// Megatron's bytes per parameter by sharding (d = dp x cp for dense parameters, expert-dp for experts):
+// no_shard 2 + 4 + 12, optim (the distributed optimizer) 2 + 4 + 12/d, FSDP optim_grads 2 + (4 + 12)/d,
+// optim_grads_params 18/d plus the gathered bf16 parameters of the two largest entries in flight (the
+// layer being computed and the prefetched next one).
+void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& config, const StepShape& s,
+                         std::int64_t dense, std::int64_t expert, std::int64_t largest_entry,
+                         const MemoryOptions& options) {
+  const auto sharded = [&](bool shard, std::int64_t bytes_per_param) {
+    const std::int64_t d = shard ? s.dp * s.cp : 1, ed = shard ? s.edp : 1;
+    return bytes_per_param * ((dense + d - 1) / d + (expert + ed - 1) / ed);
+  };
+  const bool params = config.shards_parameters(), grads = config.shards_gradients();
+  const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
+  e.weight_bytes = sharded(params, 2) + (params ? 2 * 2 * largest_entry : 0);
+  e.gradient_bytes = sharded(grads, grad_bytes);
+  e.optimizer_bytes = sharded(config.shards_optimizer_state(), 12);
+  const std::string over = " sharded over dp*cp (experts: edp)";
+  e.items.push_back({"weights (bf16)", e.weight_bytes,
+                     std::to_string(e.parameters) + " params x 2 B" +
+                         (params ? over + " + 2 gathered entries of " + std::to_string(largest_entry) : "")});
+  e.items.push_back(
+      {"gradients", e.gradient_bytes,
+       std::string(options.grad_reduce_in_bf16 ? "bf16 grad buffer" : "fp32 main-grad buffer, 4 B/param") +
+           (grads ? over : "")});
+  e.items.push_back(
+      {"optimizer state", e.optimizer_bytes,
+       config.shards_optimizer_state() ? "12 B/param" + over : "12 B/param: fp32 master + Adam m, v"});
+}
+
+}  // namespace
+
 MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                                int pp_rank, const MemoryOptions& options) {
   MemoryEstimate e;
@@ -131,25 +164,16 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
   const int vpp = static_cast<int>(stages.size());
 
   // Parameters, gradients, optimizer state.
-  std::int64_t dense = 0, expert = 0;
+  std::int64_t dense = 0, expert = 0, largest_entry = 0;
   for (const PipelineStage* stage : stages) {
     layouts::StageParameters p = layouts::stage_parameters(model, s, *stage);
     dense += p.dense;
     expert += p.expert;
+    for (std::size_t i = 0; i < p.layer_reverse.size(); ++i)
+      largest_entry = std::max(largest_entry, p.dense_per_layer_reverse[i] + p.expert_per_layer_reverse[i]);
   }
   e.parameters = dense + expert;
-  e.weight_bytes = 2 * e.parameters;
-  e.gradient_bytes = (options.grad_reduce_in_bf16 ? 2 : 4) * e.parameters;
-  const std::int64_t dense_shards = config.use_distributed_optimizer ? s.dp * s.cp : 1;
-  const std::int64_t expert_shards = config.use_distributed_optimizer ? s.edp : 1;
-  e.optimizer_bytes =
-      12 * ((dense + dense_shards - 1) / dense_shards + (expert + expert_shards - 1) / expert_shards);
-  const char* opt_detail = config.use_distributed_optimizer ? "12 B/param sharded over dp*cp (experts: edp)"
-                                                            : "12 B/param: fp32 master + Adam m, v";
-  e.items.push_back({"weights (bf16)", e.weight_bytes, std::to_string(e.parameters) + " params x 2 B"});
-  e.items.push_back({"gradients", e.gradient_bytes,
-                     options.grad_reduce_in_bf16 ? "bf16 grad buffer" : "fp32 main-grad buffer, 4 B/param"});
-  e.items.push_back({"optimizer state", e.optimizer_bytes, opt_detail});
+  add_parameter_state(e, config, s, dense, expert, largest_entry, options);
 
   // Activations of the in-flight microbatches of each chunk.
   e.in_flight_per_chunk = in_flight_microbatches_per_chunk(config, vpp, pp_rank);

@@ -56,8 +56,10 @@ std::string format_plan_table(const PlanResult& result) {
                     std::to_string(cfg.ep()), std::to_string(cfg.etp()), std::to_string(cfg.micro_batch_size),
                     std::string(layouts::to_string(cfg.recompute_granularity)),
                     cfg.sequence_parallel_enabled() ? "on" : "off",
-                    cfg.use_distributed_optimizer ? "on" : "off", fixed(s.step_time_s, 3),
-                    fixed(100.0 * s.mfu, 1) + "%", fixed(s.tokens_per_s, 0),
+                    cfg.fsdp() ? "fsdp " + std::string(layouts::to_string(cfg.sharding()))
+                    : cfg.use_distributed_optimizer ? "on"
+                                                    : "off",
+                    fixed(s.step_time_s, 3), fixed(100.0 * s.mfu, 1) + "%", fixed(s.tokens_per_s, 0),
                     gib(static_cast<double>(c.peak_memory_bytes)) + "/" + capacity,
                     fixed(100.0 * s.bubble_fraction, 1) + "%", fixed(s.exposed_comm_s * 1e3, 0) + " ms"});
   }
@@ -110,7 +112,8 @@ std::string describe_run_settings(const ModelSpec& model, const ParallelConfig& 
   std::ostringstream out;
   out << "tp" << c.tp() << " pp" << c.pp() << " vpp" << c.vpp(model) << " dp" << c.dp() << " cp" << c.cp()
       << " ep" << c.ep() << " etp" << c.etp() << (c.sequence_parallel_enabled() ? " sp" : "")
-      << (c.use_distributed_optimizer ? " dist-opt" : "") << "; layout "
+      << (c.use_distributed_optimizer ? " dist-opt" : "")
+      << (c.fsdp() ? " fsdp " + std::string(layouts::to_string(c.sharding())) : "") << "; layout "
       << c.resolved_pipeline_layout(model).to_string() << "; micro-batch " << c.micro_batch_size
       << ", global batch " << c.resolved_global_batch_size() << "; recompute "
       << layouts::to_string(c.recompute_granularity);
@@ -161,6 +164,12 @@ std::vector<std::string> parallel_arguments(const PlanCandidate& candidate) {
     }
   }
   if (c.use_distributed_optimizer) args.push_back("--use-distributed-optimizer");
+  if (c.use_torch_fsdp2) args.push_back("--use-torch-fsdp2");
+  if (c.use_megatron_fsdp) {
+    args.push_back("--use-megatron-fsdp");
+    add(args, "--data-parallel-sharding-strategy",
+        std::string(layouts::to_string(c.data_parallel_sharding_strategy)));
+  }
   if (c.overlap_grad_reduce) args.push_back("--overlap-grad-reduce");
   if (c.overlap_param_gather) args.push_back("--overlap-param-gather");
   if (c.overlap_p2p_comm) args.push_back("--overlap-p2p-comm");
@@ -297,6 +306,7 @@ std::string candidate_json_indented(const PlanCandidate& c, const std::string& i
     << ", \"recompute\": " << json_quote(std::string(layouts::to_string(cfg.recompute_granularity)))
     << ", \"sequence_parallel\": " << (cfg.sequence_parallel_enabled() ? "true" : "false")
     << ", \"distributed_optimizer\": " << (cfg.use_distributed_optimizer ? "true" : "false")
+    << ", \"fsdp\": " << (cfg.fsdp() ? json_quote(std::string(layouts::to_string(cfg.sharding()))) : "null")
     << ", \"pipeline_layout\": " << json_quote(c.layout) << ", \"step_time_s\": " << num(s.step_time_s)
     << ", \"mfu\": " << num(s.mfu) << ", \"tokens_per_s\": " << num(s.tokens_per_s)
     << ", \"peak_memory_bytes\": " << c.peak_memory_bytes

@@ -64,6 +64,9 @@ std::string config_difference(const PlanCandidate& a, const PlanCandidate& b) {
   if (x.use_distributed_optimizer != y.use_distributed_optimizer)
     parts.push_back(std::string("dist-opt ") + (x.use_distributed_optimizer ? "on" : "off") + " vs " +
                     (y.use_distributed_optimizer ? "on" : "off"));
+  if (x.fsdp() != y.fsdp() || (x.fsdp() && x.sharding() != y.sharding()))
+    parts.push_back("fsdp " + std::string(x.fsdp() ? layouts::to_string(x.sharding()) : "off") + " vs " +
+                    std::string(y.fsdp() ? layouts::to_string(y.sharding()) : "off"));
   if (x.sequence_parallel_enabled() != y.sequence_parallel_enabled())
     parts.push_back(std::string("sp ") + (x.sequence_parallel_enabled() ? "on" : "off") + " vs " +
                     (y.sequence_parallel_enabled() ? "on" : "off"));
@@ -321,6 +324,7 @@ std::string describe(const PlanCandidate& c) {
       << c.config.micro_batch_size << ' ' << recompute_short(c.config.recompute_granularity)
       << (c.config.sequence_parallel_enabled() ? " sp" : "")
       << (c.config.use_distributed_optimizer ? " dopt" : "");
+  if (c.config.fsdp()) out << " fsdp:" << layouts::to_string(c.config.sharding());
   return out.str();
 }
 
@@ -331,8 +335,10 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
   const SearchSpace& space = request.space;
   if (request.world_size <= 0) throw UserError("--cluster: the world size must be positive");
   if (request.global_batch_size <= 0) throw UserError("--global-batch-size must be positive");
-  if (space.distributed_optimizer.empty() || space.sequence_parallel.empty() || space.recompute.empty())
-    throw UserError("planner: the search space needs at least one recompute, dist-opt and SP choice");
+  if ((space.distributed_optimizer.empty() && space.fsdp.empty()) || space.sequence_parallel.empty() ||
+      space.recompute.empty())
+    throw UserError(
+        "planner: the search space needs at least one recompute, dist-opt (or FSDP) and SP choice");
   result.memory_capacity_bytes = pricer.memory_capacity_bytes();
   if (!(request.memory_headroom_fraction >= 0.0 && request.memory_headroom_fraction < 1.0))
     throw UserError("--memory-headroom must be a fraction in [0, 1), e.g. 0.05");

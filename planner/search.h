@@ -27,6 +27,9 @@ struct SearchSpace {
                                                           layouts::RecomputeGranularity::kSelective,
                                                           layouts::RecomputeGranularity::kFull};
   std::vector<bool> distributed_optimizer = {false, true};
+  // Megatron FSDP strategies tried beside them (--use-megatron-fsdp), on grids with dp x cp > 1. optim runs
+  // the distributed optimizer's program; optim_grads only differs from it in Megatron's memory model.
+  std::vector<layouts::DataParallelSharding> fsdp = {layouts::DataParallelSharding::kOptimGradsParams};
   std::vector<bool> sequence_parallel = {true, false};  // only meaningful with tp > 1
   int max_virtual_stages = 8;
   // Pinned by the user's Megatron flags: a --pipeline-model-parallel-layout string (the only layout tried,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <optional>
 
 #include "base/user_error.h"
 #include "layouts/pipeline_layout.h"
@@ -184,6 +185,13 @@ struct Knobs {
   int ep = 1, etp = 0, mbs = 1;
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
   bool dopt = false, sp = false;
+  std::optional<layouts::DataParallelSharding> fsdp;  // Megatron FSDP with this strategy
+};
+
+// One choice of the data-parallel sharding dimension: DDP, the distributed optimizer, or an FSDP strategy.
+struct ShardingChoice {
+  bool dopt = false;
+  std::optional<layouts::DataParallelSharding> fsdp;
 };
 
 PlanCandidate make_candidate(const PlanRequest& request, const Grid& grid, const LayoutChoice& layout,
@@ -209,9 +217,13 @@ PlanCandidate make_candidate(const PlanRequest& request, const Grid& grid, const
   cfg.rank_order = space.rank_order;
   if (layout.vpp > 1) cfg.microbatch_group_size_per_vp_stage = space.microbatch_group_size;
   cfg.use_distributed_optimizer = k.dopt;
+  if (k.fsdp) {
+    cfg.use_megatron_fsdp = true;
+    cfg.data_parallel_sharding_strategy = *k.fsdp;
+  }
   const bool replicated = grid.dp * grid.cp > 1;
   cfg.overlap_grad_reduce = replicated;
-  cfg.overlap_param_gather = k.dopt && replicated;
+  cfg.overlap_param_gather = cfg.shards_optimizer_state() && replicated;
   if (layout.vpp > 1 && grid.pp == 2) cfg.overlap_p2p_comm = true;
   layout.apply(request.model, cfg);
   c.layout = layout.text;
@@ -276,34 +288,39 @@ void enumerate_grid(const PlanRequest& request, const Grid& grid, CandidateFilte
   const SearchSpace& space = request.space;
   const std::vector<int> mbss = !space.micro_batch.empty() ? space.micro_batch : std::vector<int>{1, 2, 4, 8};
   // Sharding does nothing without data parallelism; SP nothing without TP.
-  const std::vector<bool> dopts = grid.dp * grid.cp == 1
-                                      ? std::vector<bool>{space.distributed_optimizer.front()}
-                                      : space.distributed_optimizer;
+  std::vector<ShardingChoice> shardings;
+  if (grid.dp * grid.cp == 1) {
+    shardings.push_back(
+        {space.distributed_optimizer.empty() ? false : space.distributed_optimizer.front(), {}});
+  } else {
+    for (bool dopt : space.distributed_optimizer) shardings.push_back({dopt, {}});
+    for (layouts::DataParallelSharding s : space.fsdp) shardings.push_back({false, s});
+  }
   const std::vector<bool> sps = grid.tp == 1 ? std::vector<bool>{false} : space.sequence_parallel;
   const std::vector<std::pair<int, int>> experts = expert_layouts(request, grid);
   const auto count = [&](std::size_t n) {
-    return static_cast<std::int64_t>(n * space.recompute.size() * dopts.size());
+    return static_cast<std::int64_t>(n * space.recompute.size() * shardings.size());
   };
   for (const LayoutChoice& layout : layout_choices(request.model, grid.pp, space))
     for (auto [ep, etp] : experts)
       for (int mbs : mbss) {
         if ((request.global_batch_size / grid.dp) % mbs != 0) continue;
-        auto make = [&](RecomputeGranularity rc, bool dopt, bool sp) {
-          return make_candidate(request, grid, layout, {ep, etp, mbs, rc, dopt, sp});
+        auto make = [&](RecomputeGranularity rc, const ShardingChoice& d, bool sp) {
+          return make_candidate(request, grid, layout, {ep, etp, mbs, rc, d.dopt, sp, d.fsdp});
         };
         if (layout.vpp > 1 && request.global_batch_size / (grid.dp * mbs) < grid.pp) {
           filter.refuse(count(sps.size()),
-                        [&] { return make(space.recompute.front(), dopts.front(), sps.front()); });
+                        [&] { return make(space.recompute.front(), shardings.front(), sps.front()); });
           continue;
         }
         const bool needs_sp = request.model.is_moe() && ep > 1 && grid.tp > 1;
         for (RecomputeGranularity rc : space.recompute)
-          for (bool dopt : dopts)
+          for (const ShardingChoice& d : shardings)
             for (bool sp : sps) {
               if (needs_sp && !sp)
-                filter.refuse(1, [&] { return make(rc, dopt, sp); });
+                filter.refuse(1, [&] { return make(rc, d, sp); });
               else
-                filter.add(make(rc, dopt, sp));
+                filter.add(make(rc, d, sp));
             }
       }
 }

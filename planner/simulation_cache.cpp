@@ -134,7 +134,8 @@ std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts
       const std::optional<double> reduce = price(bucket.op);
       if (!reduce) return std::nullopt;
       (config.overlap_grad_reduce ? sync.async_s : sync.blocking_s) += *reduce;
-      if (!config.use_distributed_optimizer) continue;
+      // The gather after the step (FSDP optim_grads_params gathers in the passes instead).
+      if (!config.shards_optimizer_state() || config.shards_parameters()) continue;
       const std::optional<double> gather = price(layouts::param_gather_op(bucket));
       if (!gather) return std::nullopt;
       (config.overlap_param_gather ? sync.async_s : sync.blocking_s) += *gather;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 
 #include "layouts/rank_grid.h"
 #include "layouts/schedule.h"
@@ -33,6 +34,18 @@ bool is_cp_ring(const Op& op) { return op.role == layouts::OpRole::kContextParal
 
 bool is_param_gather(const Op& op) {
   return op.role == layouts::OpRole::kParamGather || op.role == layouts::OpRole::kExpertParamGather;
+}
+
+bool is_fsdp_gather(const Op& op) {
+  return op.role == layouts::OpRole::kFsdpParamGather || op.role == layouts::OpRole::kFsdpExpertParamGather;
+}
+
+// FSDP's prefetch: a segment's parameter gather runs while the previous segment computes, so only what
+// exceeds that compute stalls. `credit_s`: the compute since the previous gathers; returns the exposed time.
+double exposed_gather_s(double gather_s, double& credit_s) {
+  const double exposed = std::max(0.0, gather_s - credit_s);
+  credit_s = std::max(0.0, credit_s - gather_s);
+  return exposed;
 }
 
 // p2p tag: (tensor, microbatch, producer stage).
@@ -154,12 +167,26 @@ class Builder {
     std::vector<cost_models::Provenance> provenances;
     const std::vector<double> times_s = price_all(ops, sim, &provenances);
     const std::vector<double> kept_s = stream_times_s(ops, times_s);
+    double prefetch_credit_s = 0.0, prefetch_s = 0.0;  // FSDP: compute since the last gathers, and its rest
+    bool gathering = false;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
       const double t = times_s[i];
       last_provenance_ = provenances[i];
       b.kinds[static_cast<int>(op.kind)].total_s += t;
       b.kinds[static_cast<int>(op.kind)].count += 1;
+      if (is_fsdp_gather(op)) {
+        if (!gathering) prefetch_s = std::exchange(prefetch_credit_s, 0.0);
+        gathering = true;
+        SimTask task{TaskKind::kCollective, exposed_gather_s(t, prefetch_s)};
+        task.op_index = static_cast<int>(i);
+        task.group = groups_->lookup(sim, op.group).id;
+        task.category = comm_category(op);
+        add(task, &op, op.label);
+        continue;
+      }
+      gathering = false;
+      if (!op.is_communication()) prefetch_credit_s += t;
       if (is_cp_ring(op)) {
         ring_s += t;
         continue;
@@ -353,8 +380,11 @@ class Builder {
   // Per chunk of a rank: the pass costs and the backward's per-entry costs (StageParameters' reverse order).
   struct ChunkCosts {
     PassCost forward, backward;
-    std::vector<PassCost> backward_entries;
+    std::vector<PassCost> forward_entries, backward_entries;  // per symbol, in forward / backward order
     std::int64_t forward_count = 0, backward_count = 0;
+    // FSDP optim_grads_params: the exposed time of the forward's gathers, and of each backward entry's.
+    double fsdp_forward_s = 0.0;
+    std::vector<double> fsdp_backward_entry_s;
   };
   std::vector<ChunkCosts> chunk_costs(int sim, const std::vector<PipelineStage>& stages) {
     std::vector<ChunkCosts> chunks(stages.size());
@@ -365,6 +395,7 @@ class Builder {
         if (sym == LayerSymbol::kDecoder) ++next_layer;
         const SymbolCosts& sc = symbol_costs(sim, sym, moe);
         chunks[c].forward.add(sc.forward);
+        chunks[c].forward_entries.push_back(sc.forward);
         chunks[c].backward.add(sc.backward);
         chunks[c].backward_entries.push_back(sc.backward);
       }
@@ -383,7 +414,9 @@ class Builder {
           tracing_(owner.options_.record_trace),
           step_(layouts::walk_rank_step(owner.model_, owner.config_, owner.sim_ranks_[sim],
                                         owner.options_.step)),
-          chunks_(owner.chunk_costs(sim, step_.stages)) {}
+          chunks_(owner.chunk_costs(sim, step_.stages)) {
+      if (o_.config_.shards_parameters()) fsdp_gather_costs();
+    }
 
     RankBuild run() {
       if (o_.config_.overlap_param_gather) {
@@ -491,9 +524,43 @@ class Builder {
       return p2p_time_.emplace(t.peer_pp_rank, o_.price(op, sim_, 0)).first->second;
     }
 
+    // FSDP optim_grads_params: per chunk, its buckets' gathers priced once and what the prefetch leaves
+    // exposed (exposed_gather_s): in the forward behind the previous symbol's compute, in the backward behind
+    // the previous entry's (the first entry's gather is exposed whole).
+    void fsdp_gather_costs() {
+      for (std::size_t c = 0; c < chunks_.size(); ++c) {
+        ChunkCosts& cc = chunks_[c];
+        const std::size_t n = cc.backward_entries.size();
+        std::vector<double> gather_s(n, 0.0);  // per backward entry
+        for (const layouts::GradBucket& b : step_.buckets[c]) {
+          const Op op = layouts::fsdp_param_gather_op(b, OpPhase::kForward, 0);
+          const double t = o_.price(op, sim_);
+          gather_s.at(static_cast<std::size_t>(b.ready_after_entry)) += t;
+        }
+        double credit = 0.0;
+        for (std::size_t i = 0; i < n; ++i) {  // forward order: entry n - 1 - i
+          cc.fsdp_forward_s += exposed_gather_s(gather_s[n - 1 - i], credit);
+          credit = cc.forward_entries[i].compute_s;
+        }
+        credit = 0.0;
+        for (std::size_t e = 0; e < n; ++e) {
+          cc.fsdp_backward_entry_s.push_back(exposed_gather_s(gather_s[e], credit));
+          credit = cc.backward_entries[e].compute_s;
+        }
+      }
+    }
+    void fsdp_gathers(double exposed_s, const char* name) {
+      if (exposed_s <= 0.0) return;
+      SimTask t{TaskKind::kCollective, exposed_s};
+      t.group = local_;
+      t.category = CommCategory::kData;
+      add(t, name, "fsdp_param_ag");
+    }
+
     void forward(const layouts::StepItem& item) {
       if (tracing_) std::snprintf(name_, sizeof name_, "F%d.%d", item.microbatch, item.chunk);
       ChunkCosts& cc = chunks_.at(item.chunk);
+      fsdp_gathers(cc.fsdp_forward_s, "fsdp param gathers");
       add_pass(cc.forward, name_);
       ++cc.forward_count;
     }
@@ -502,6 +569,11 @@ class Builder {
       if (tracing_) std::snprintf(name_, sizeof name_, "B%d.%d", item.microbatch, item.chunk);
       ChunkCosts& cc = chunks_.at(item.chunk);
       if (item.entry_begin == 0) ++cc.backward_count;
+      if (!cc.fsdp_backward_entry_s.empty()) {
+        double exposed = 0.0;
+        for (int e = item.entry_begin; e < item.entry_end; ++e) exposed += cc.fsdp_backward_entry_s.at(e);
+        fsdp_gathers(exposed, "fsdp param gathers");
+      }
       if (item.entry_begin == 0 && item.entry_end == item.entry_count) {
         add_pass(cc.backward, name_);
         return;

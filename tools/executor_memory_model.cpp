@@ -78,7 +78,7 @@ std::string layout_key(const std::string& model_key, const layouts::ParallelConf
       << ' ' << c.recompute_num_layers << ' ' << c.use_distributed_optimizer << c.overlap_grad_reduce
       << c.overlap_param_gather << c.overlap_p2p_comm << c.sequence_parallel_enabled() << ' '
       << c.micro_batch_group_size() << ' ' << static_cast<int>(c.rank_order) << ' '
-      << static_cast<int>(c.moe_token_dispatcher_type);
+      << static_cast<int>(c.moe_token_dispatcher_type) << ' ' << c.fsdp() << static_cast<int>(c.sharding());
   return key.str();
 }
 

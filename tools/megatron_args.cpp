@@ -146,6 +146,12 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
                "Overlap parameter all-gather with forward");
   app.add_flag("--overlap-p2p-comm", args.overlap_p2p_comm, "Overlap pipeline p2p with compute");
   app.add_flag("--use-tp-pp-dp-mapping", args.use_tp_pp_dp_mapping, "Rank order tp-cp-ep-pp-dp");
+  app.add_flag("--use-megatron-fsdp", args.use_megatron_fsdp,
+               "Megatron FSDP (what it shards: --data-parallel-sharding-strategy)");
+  string_option(app, "--data-parallel-sharding-strategy", args.data_parallel_sharding_strategy,
+                "Megatron FSDP: no_shard, optim, optim_grads or optim_grads_params (ZeRO-3)")
+      ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
+  app.add_flag("--use-torch-fsdp2", args.use_torch_fsdp2, "Torch FSDP2 (run as optim_grads_params)");
   for (CLI::Option* opt : app.get_options()) {
     if (opt->get_group() == "Options") opt->group("Parallelism");
   }
@@ -289,6 +295,11 @@ layouts::ParallelConfig resolve_parallel(const MegatronArgs& args) {
   c.overlap_grad_reduce = args.overlap_grad_reduce;
   c.overlap_param_gather = args.overlap_param_gather;
   c.overlap_p2p_comm = args.overlap_p2p_comm;
+  c.use_megatron_fsdp = args.use_megatron_fsdp;
+  c.use_torch_fsdp2 = args.use_torch_fsdp2;
+  if (args.data_parallel_sharding_strategy)
+    c.data_parallel_sharding_strategy =
+        layouts::parse_data_parallel_sharding(*args.data_parallel_sharding_strategy);
   c.rank_order =
       args.use_tp_pp_dp_mapping ? layouts::RankOrder::kTpCpEpPpDp : layouts::RankOrder::kTpCpEpDpPp;
   if (args.world_size) {

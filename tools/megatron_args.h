@@ -48,6 +48,9 @@ struct MegatronArgs {
   bool overlap_param_gather = false;
   bool overlap_p2p_comm = false;
   bool use_tp_pp_dp_mapping = false;
+  bool use_megatron_fsdp = false;                              // --use-megatron-fsdp
+  bool use_torch_fsdp2 = false;                                // --use-torch-fsdp2
+  std::optional<std::string> data_parallel_sharding_strategy;  // --data-parallel-sharding-strategy
 
   // Batch group.
   std::optional<int> micro_batch_size, global_batch_size;

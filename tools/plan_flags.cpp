@@ -37,7 +37,17 @@ void pin_search_knobs(const MegatronArgs& a, planner::SearchSpace& space) {
   if (a.expert_tensor_parallel_size) space.etp = {*a.expert_tensor_parallel_size};
   if (a.micro_batch_size) space.micro_batch = {*a.micro_batch_size};
   pin_recompute(a, space);
-  if (a.use_distributed_optimizer) space.distributed_optimizer = {true};
+  if (a.use_distributed_optimizer) {
+    space.distributed_optimizer = {true};
+    space.fsdp.clear();
+  }
+  if (a.use_megatron_fsdp || a.use_torch_fsdp2) {  // the FSDP strategy given, nothing else
+    space.distributed_optimizer.clear();
+    space.fsdp = {a.use_torch_fsdp2 ? layouts::DataParallelSharding::kOptimGradsParams
+                  : a.data_parallel_sharding_strategy
+                      ? layouts::parse_data_parallel_sharding(*a.data_parallel_sharding_strategy)
+                      : layouts::DataParallelSharding::kNoShard};
+  }
   if (a.pipeline_model_parallel_layout) space.pipeline_layout = *a.pipeline_model_parallel_layout;
   if (a.num_virtual_stages_per_pipeline_rank) space.virtual_stages = *a.num_virtual_stages_per_pipeline_rank;
   if (a.num_layers_per_virtual_pipeline_stage)

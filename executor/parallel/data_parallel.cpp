@@ -7,6 +7,7 @@
 #include <string>
 
 #include "executor/parallel/distributed_optimizer.h"
+#include "executor/parallel/fsdp_data_parallel.h"
 #include "executor/parallel/replicated_data_parallel.h"
 
 namespace megatune::executor {
@@ -185,6 +186,8 @@ void DataParallelStrategy::gather_bucket(int, int, int) {}
 
 void DataParallelStrategy::before_forward(int, int) {}
 
+void DataParallelStrategy::before_backward(int, int) {}
+
 void DataParallelStrategy::wait_params() {}
 
 DataParallelStrategy::Moments DataParallelStrategy::moments(int chunk) const {
@@ -227,6 +230,8 @@ std::unique_ptr<DataParallelStrategy> make_data_parallel_strategy(
     bool distributed_optimizer, Communicator& communicator, std::vector<DataParallelChunk> chunks,
     const std::vector<std::vector<layouts::GradBucket>>& step_buckets, const DataParallelOptions& options,
     bool sizing) {
+  if (options.fsdp && *options.fsdp != layouts::DataParallelSharding::kNoShard)
+    return std::make_unique<FsdpDataParallel>(communicator, std::move(chunks), step_buckets, options, sizing);
   if (distributed_optimizer)
     return std::make_unique<DistributedOptimizer>(communicator, std::move(chunks), step_buckets, options,
                                                   sizing);

@@ -5,11 +5,13 @@
 // parameters, each waited in a forward pre-hook where the model first reads them.
 // Implementations: ReplicatedDataParallel (DDP: all-reduce, every rank holds and updates everything) and
 // DistributedOptimizer (--use-distributed-optimizer: reduce-scatter, each rank holds and updates its shard,
-// then the model-dtype parameters are all-gathered). A fully sharded strategy (FSDP) would also shard the
-// model parameters and gather them in the pre-hook.
+// then the model-dtype parameters are all-gathered) and FsdpDataParallel (Megatron FSDP: optim and
+// optim_grads as the distributed optimizer; optim_grads_params also gathers each segment's parameters in
+// the forward pre-hook and again before the segment's backward).
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -41,6 +43,9 @@ struct DataParallelChunk {
 struct DataParallelOptions {
   bool overlap_grad_reduce = false;   // --overlap-grad-reduce: buckets launched at the walker's points
   bool overlap_param_gather = false;  // --overlap-param-gather: a bucket's gather is waited where it is read
+  // Megatron FSDP's sharding strategy when it runs (--use-megatron-fsdp, --use-torch-fsdp2); unset: DDP or
+  // the distributed optimizer. no_shard runs as DDP.
+  std::optional<layouts::DataParallelSharding> fsdp;
 };
 
 // The ranges of a chunk's buffer this rank updates: elements [begin, end) (absolute) of bucket `bucket` of
@@ -82,6 +87,13 @@ class DataParallelStrategy {
   // Forward pre-hook: the model is about to read the parameters of `group` (GradBufferEntry::group) of
   // `chunk`; a gather still in flight for them is waited here.
   virtual void before_forward(int chunk, int group);
+  // Backward pre-hook: the backward of parameter entry `layer_code`
+  // (layouts::StageParameters::layer_reverse's codes, GradBufferEntry::group) of `chunk` is about to run
+  // (FSDP optim_grads_params gathers it here).
+  virtual void before_backward(int chunk, int layer_code);
+  // Whether the parameters are gathered around each use (the trainer then runs each backward entry by
+  // entry, calling before_backward before each).
+  virtual bool gathers_parameters_at_use() const { return false; }
   virtual void wait_params();  // every gather in flight
 
   // ---- training state (checkpoints)
@@ -147,10 +159,10 @@ class DataParallelStrategy {
   GlobalGradNorm norm_;
 };
 
-// The strategy the flags pick: DistributedOptimizer with --use-distributed-optimizer, else
-// ReplicatedDataParallel. `step_buckets[c]`: the walker's buckets of chunk c (may be empty: a run without
-// the walker, whose buckets are launched by finish_grad_reduction()). Run it in the sizing pass and for
-// real, like the model.
+// The strategy the flags pick: FsdpDataParallel for a sharded options.fsdp strategy, DistributedOptimizer
+// with --use-distributed-optimizer, else ReplicatedDataParallel. `step_buckets[c]`: the walker's buckets of
+// chunk c (may be empty: a run without the walker, whose buckets are launched by finish_grad_reduction()).
+// Run it in the sizing pass and for real, like the model.
 std::unique_ptr<DataParallelStrategy> make_data_parallel_strategy(
     bool distributed_optimizer, Communicator& communicator, std::vector<DataParallelChunk> chunks,
     const std::vector<std::vector<layouts::GradBucket>>& step_buckets, const DataParallelOptions& options,

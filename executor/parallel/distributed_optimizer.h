@@ -15,7 +15,7 @@
 
 namespace megatune::executor {
 
-class DistributedOptimizer final : public DataParallelStrategy {
+class DistributedOptimizer : public DataParallelStrategy {
  public:
   DistributedOptimizer(Communicator& communicator, std::vector<DataParallelChunk> chunks,
                        const std::vector<std::vector<layouts::GradBucket>>& step_buckets,
@@ -33,11 +33,12 @@ class DistributedOptimizer final : public DataParallelStrategy {
  protected:
   void gather_bucket(int chunk, int region, int bucket) override;
 
- private:
   // The all-gather of owned range `o` of `source` (a (1, total) buffer, or with from_state the chunk's
   // (1, owned) state tensor) into its bucket of `target` (1, total).
   CommHandle gather_range(int chunk, const OwnedRange& o, Tensor source, bool from_state, Tensor target,
                           const OpTag& tag);
+
+ private:
   // Per chunk, per region, per bucket: a param gather in flight.
   std::vector<std::vector<std::vector<CommHandle>>> gathers_;
   // Per chunk, per region: the first bucket holding each entry group.

@@ -57,10 +57,22 @@ void count_parameters(const TrainerConfig& trainer, RankArena& arena) {
   }
 }
 
-// Megatron's bytes per parameter of the weights and optimizer state over d ranks (megatron.md §5).
-double megatron_bytes_per_parameter(bool bf16, bool distributed_optimizer, int d) {
-  if (!distributed_optimizer) return bf16 ? 18.0 : 16.0;
-  return bf16 ? 6.0 + 12.0 / d : 8.0 + 8.0 / d;
+// Megatron's bytes per parameter of the weights, gradients and optimizer state over d ranks (megatron.md
+// §5; Megatron FSDP shards the fp32 gradients too under optim_grads, and the weights under
+// optim_grads_params). An fp32 model's weights are its main parameters (4 B, the state its moments).
+double megatron_bytes_per_parameter(bool bf16, layouts::DataParallelSharding sharding, int d) {
+  const double weights = bf16 ? 2.0 : 4.0, grads = 4.0, state = bf16 ? 12.0 : 8.0;
+  switch (sharding) {
+    case layouts::DataParallelSharding::kNoShard:
+      return weights + grads + state;
+    case layouts::DataParallelSharding::kOptim:
+      return weights + grads + state / d;
+    case layouts::DataParallelSharding::kOptimGrads:
+      return weights + (grads + state) / d;
+    case layouts::DataParallelSharding::kOptimGradsParams:
+      return (weights + grads + state) / d;
+  }
+  return weights + grads + state;
 }
 
 void add_state_bytes(const TrainerConfig& trainer, const Communicator& communicator, RankArena& arena) {
@@ -75,7 +87,11 @@ void add_state_bytes(const TrainerConfig& trainer, const Communicator& communica
     row.bytes_per_parameter = static_cast<double>(row.bytes) / parameters;
     arena.state_bytes.push_back(row);
   }
-  const bool bf16 = trainer.compute_dtype != DType::kFP32, dist = trainer.use_distributed_optimizer;
+  const bool bf16 = trainer.compute_dtype != DType::kFP32;
+  const layouts::DataParallelSharding dist =
+      trainer.fsdp ? *trainer.fsdp
+                   : (trainer.use_distributed_optimizer ? layouts::DataParallelSharding::kOptim
+                                                        : layouts::DataParallelSharding::kNoShard);
   const double dense = static_cast<double>(arena.parameters - arena.expert_parameters),
                experts = static_cast<double>(arena.expert_parameters);
   arena.megatron_bytes_per_parameter =

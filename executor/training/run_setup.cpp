@@ -63,8 +63,9 @@ std::string describe_layout(const layouts::ModelSpec& model, const layouts::Para
       << config.vpp(model) << (config.sequence_parallel_enabled() ? " sp" : "");
   // The expert grid places the experts' slices: a checkpoint resumes shard by shard only under the same one.
   if (model.is_moe()) out << " ep" << config.ep() << " etp" << config.etp();
-  out << (config.use_distributed_optimizer ? " dist-opt" : "") << " layout "
-      << config.resolved_pipeline_layout(model).to_string();
+  out << (config.use_distributed_optimizer ? " dist-opt" : "");
+  if (config.fsdp()) out << " fsdp " << layouts::to_string(config.sharding());
+  out << " layout " << config.resolved_pipeline_layout(model).to_string();
   return out.str();
 }
 
@@ -144,7 +145,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.context_parallel_size = parallel.cp();
   t.chunks = placement.chunks;
   t.overlap_grad_reduce = parallel.overlap_grad_reduce;
-  t.use_distributed_optimizer = parallel.use_distributed_optimizer;
+  t.use_distributed_optimizer = parallel.shards_optimizer_state();
+  if (parallel.fsdp()) t.fsdp = parallel.sharding();
   t.overlap_param_gather = parallel.overlap_param_gather;
   t.check_for_nan_in_loss_and_grad = a.check_for_nan_in_loss_and_grad;
   t.step = layouts::walk_rank_step(spec, parallel, rank);

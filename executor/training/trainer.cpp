@@ -41,6 +41,11 @@ BatchShape chunk_batch(const TrainerConfig& config, int slots, const Communicato
     o.data_parallel_size = communicator.size(expert ? CommGroup::kExpertData : CommGroup::kDataContext);
     o.overlap_grad_reduce = config.overlap_grad_reduce;
     o.distributed_optimizer = config.use_distributed_optimizer;
+    // FSDP optim_grads_params: a bucket per parameter entry (layouts::grad_sync_buckets' rule).
+    if (config.fsdp == layouts::DataParallelSharding::kOptimGradsParams) {
+      o.overlap_grad_reduce = true;
+      o.bucket_size_elements = 1;
+    }
   }
   batch.bucketing.shared_embedding = shared_embedding;
   return batch;
@@ -50,6 +55,7 @@ DataParallelOptions data_parallel_options(const TrainerConfig& config) {
   DataParallelOptions o;
   o.overlap_grad_reduce = config.overlap_grad_reduce;
   o.overlap_param_gather = config.overlap_param_gather;
+  o.fsdp = config.fsdp;
   return o;
 }
 
@@ -185,6 +191,21 @@ void Trainer::run_forward(const layouts::StepItem& item, const MicroBatch& batch
   }
 }
 
+void Trainer::run_backward(const layouts::StepItem& item) {
+  GPTModel& model = *chunks_.at(item.chunk);
+  if (!data_parallel_->gathers_parameters_at_use()) {
+    model.backward(item.microbatch, item.entry_begin, item.entry_end);
+    return;
+  }
+  // Entry by entry, each after its parameters' gather (the entries run in reverse symbol order).
+  if (!config_.step) throw std::logic_error("parameters gathered at use need the rank's walk");
+  const std::vector<int> codes = layouts::stage_symbol_layers(config_.step->stages.at(item.chunk));
+  for (int e = item.entry_begin; e < item.entry_end; ++e) {
+    data_parallel_->before_backward(item.chunk, codes.at(codes.size() - 1 - static_cast<std::size_t>(e)));
+    model.backward(item.microbatch, e, e + 1);
+  }
+}
+
 void Trainer::run_p2p(const layouts::StepItem& item, bool evaluation) {
   std::vector<P2pTransferArgs> transfers;
   for (const layouts::StepTransfer& t : item.transfers) {
@@ -293,7 +314,7 @@ void Trainer::run_items(const std::vector<MicroBatch>& microbatches) {
         break;
       case layouts::StepItemKind::kBackward:
         recorder.set_position(item.microbatch, item.chunk);
-        chunks_.at(item.chunk)->backward(item.microbatch, item.entry_begin, item.entry_end);
+        run_backward(item);
         break;
       case layouts::StepItemKind::kP2p:
         run_p2p(item);

@@ -58,6 +58,9 @@ struct TrainerConfig {
   bool use_distributed_optimizer =
       false;                          // --use-distributed-optimizer: reduce-scatter, sharded AdamW, gather
   bool overlap_param_gather = false;  // --overlap-param-gather: the gathers finish before the next forward
+  // Megatron FSDP's sharding strategy when it runs (--use-megatron-fsdp, --use-torch-fsdp2): FsdpDataParallel
+  // (use_distributed_optimizer is then set for its sharded optimizer state); unset: DDP or dist-opt.
+  std::optional<layouts::DataParallelSharding> fsdp;
   // --check-for-nan-in-loss-and-grad (Megatron's default on): a non-finite loss or gradient norm stops the
   // run with a UserError naming the iteration and the first rank whose own part is non-finite; off, a
   // non-finite gradient norm skips the update (counted in skipped_iterations).
@@ -150,6 +153,7 @@ class Trainer {
   void run_items(const std::vector<MicroBatch>& microbatches);
   // A kForward item segment by segment (evaluation: forward only).
   void run_forward(const layouts::StepItem& item, const MicroBatch& batch, bool evaluation);
+  void run_backward(const layouts::StepItem& item);  // one kBackward item (entry by entry under FSDP ZeRO-3)
   void run_p2p(const layouts::StepItem& item, bool evaluation = false);
   void run_optimizer_step(layouts::OptimizerStep step, StepResult& result);
   void reduce_tied_embedding();

@@ -176,5 +176,38 @@ TEST(ParameterStateBytes, FollowMegatronsFormulaUnderDdpAndTheDistributedOptimiz
   }
 }
 
+// Megatron FSDP on one rank of gpt-125m at dp = d (bf16). Megatron's bytes per parameter: optim 2 + 4 + 12/d,
+// optim_grads 2 + (4 + 12)/d, optim_grads_params (2 + 4 + 12)/d. The executor shards the fp32 main parameters
+// and moments the same way (4/d + 8/d) under every strategy; its bf16 parameters (2) and fp32 gradients (4)
+// stay whole (the gradients accumulate there; the gathered parameters land in the model's buffer), so its
+// total is 6 + 12/d: what the sizing pass reports, beside Megatron's figure.
+TEST(ParameterStateBytes, MegatronFsdpShardsTheOptimizerStateAndStatesMegatronsFigure) {
+  layouts::ModelSpec model = layouts::model_preset("gpt-125m");
+  model.seq_length = 256;
+  const int d = 4;
+  using S = layouts::DataParallelSharding;
+  for (const S s : {S::kOptim, S::kOptimGrads, S::kOptimGradsParams}) {
+    SCOPED_TRACE(std::string(layouts::to_string(s)));
+    layouts::ParallelConfig config;
+    config.world_size = d;
+    config.use_megatron_fsdp = true;
+    config.data_parallel_sharding_strategy = s;
+    config.micro_batch_size = 1;
+    config.global_batch_size = d;
+    config.validate(model);
+    TrainOptions options;
+    options.bf16 = true;
+    SizingBackend backend;
+    const RankArena arena = size_rank_arena(model, config, options, 0, backend);
+    ASSERT_EQ(arena.state_bytes.size(), 4u);
+    const double expected[4] = {2.0, 4.0, 4.0 / d, 8.0 / d};
+    for (int i = 0; i < 4; ++i)
+      EXPECT_NEAR(arena.state_bytes[i].bytes_per_parameter, expected[i], 0.005 * expected[i])
+          << arena.state_bytes[i].state;
+    const double megatron = s == S::kOptim ? 6.0 + 12.0 / d : s == S::kOptimGrads ? 2.0 + 16.0 / d : 18.0 / d;
+    EXPECT_DOUBLE_EQ(arena.megatron_bytes_per_parameter, megatron);
+  }
+}
+
 }  // namespace
 }  // namespace megatune::executor

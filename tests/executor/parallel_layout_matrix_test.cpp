@@ -56,6 +56,7 @@ struct Layout {
   bool allgather = false;     // MoE: --moe-token-dispatcher-type allgather
   int micro_batch = 2, global_batch = 8;
   bool capacity_pad = false;  // MoE: --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity
+  std::optional<layouts::DataParallelSharding> fsdp;  // --use-megatron-fsdp with this strategy
 };
 
 layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
@@ -76,6 +77,10 @@ layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const L
   c.overlap_grad_reduce = l.overlap;
   c.overlap_param_gather = l.overlap && l.dist_opt;
   c.overlap_p2p_comm = l.vpp > 0;  // Megatron runs pp 2 with virtual stages only so
+  if (l.fsdp) {
+    c.use_megatron_fsdp = true;
+    c.data_parallel_sharding_strategy = *l.fsdp;
+  }
   c.validate(model);
   return c;
 }
@@ -113,12 +118,18 @@ Trained train(const layouts::ModelSpec& model, const Layout& l) {
         Trainer& trainer = run.trainer();
         const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
         const int tp_rank = grid.dense_coordinates(rank).tp, etp_rank = grid.expert_coordinates(rank).etp;
+        // Under FSDP's sharded parameters the model holds its shard only after the step: the whole ones
+        // come from the strategy (a collective: every rank calls it, as a checkpoint save does).
+        std::vector<std::vector<float>> chunk_params;
+        for (int c = 0; c < trainer.num_chunks(); ++c)
+          chunk_params.push_back(l.fsdp ? trainer.data_parallel().main_parameters(c)
+                                        : trainer.model(c).main_parameters());
         std::lock_guard<std::mutex> lock(mutex);
         for (int c = 0; c < trainer.num_chunks(); ++c) {
           GPTModel& m = trainer.model(c);
           if (m.moe_layers() != nullptr && m.moe_layers()->layers() > 0)
             out.moe_row_growths += m.moe_layers()->expert_rows().growths();
-          const std::vector<float> params = m.main_parameters();
+          const std::vector<float>& params = chunk_params[c];
           for (const ParameterEntry& e : m.layout().entries()) {
             const bool expert = e.expert >= 0;  // split over the expert-tensor-parallel group
             out.weights[e.name].push_back(
@@ -413,6 +424,65 @@ TEST_P(MoeLayoutMatrix, ReproducesTheSingleRankRun) {
 INSTANTIATE_TEST_SUITE_P(Moe, MoeLayoutMatrix, ::testing::Range(0, static_cast<int>(moe_matrix().size())),
                          [](const ::testing::TestParamInfo<int>& info) {
                            std::string name = moe_matrix().at(info.param).name;
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
+                         });
+
+// Megatron FSDP: each sharding strategy on dp2, and optim_grads_params (each parameter entry's bucket
+// gathered before its forward segment and again before its backward, nothing gathered after the step, the
+// gradients reduce-scattered per entry) under overlap, tp2 x dp2, pp2 x dp2 (the tied embedding's buckets),
+// virtual stages, and on the MoE model with the experts sharded over expert-dp (ep2 x edp2).
+struct FsdpCase {
+  Layout layout;
+  bool gpt = false, tied = false, moe = false;
+};
+
+Layout fsdp_layout(std::string name, int tp, int pp, int dp, layouts::DataParallelSharding sharding) {
+  Layout l{std::move(name), tp, pp, dp};
+  l.fsdp = sharding;
+  return l;
+}
+
+const std::vector<FsdpCase>& fsdp_matrix() {
+  using S = layouts::DataParallelSharding;
+  static const std::vector<FsdpCase> cases = [] {
+    std::vector<FsdpCase> c = {
+        {fsdp_layout("dp2 optim", 1, 1, 2, S::kOptim)},
+        {fsdp_layout("dp2 optim_grads", 1, 1, 2, S::kOptimGrads), true, true},
+        {fsdp_layout("dp2 optim_grads_params", 1, 1, 2, S::kOptimGradsParams)},
+        {fsdp_layout("dp2 optim_grads_params overlap", 1, 1, 2, S::kOptimGradsParams), true, true},
+        {fsdp_layout("tp2 sp dp2 optim_grads_params", 2, 1, 2, S::kOptimGradsParams)},
+        {fsdp_layout("pp2 dp2 optim_grads_params", 1, 2, 2, S::kOptimGradsParams), true, true},
+        {fsdp_layout("pp2 vpp2 dp2 optim_grads_params", 1, 2, 2, S::kOptimGradsParams)},
+        {fsdp_layout("ep2 dp4 optim_grads_params", 1, 1, 4, S::kOptimGradsParams), false, false, true},
+    };
+    c[3].layout.overlap = true;
+    c[4].layout.sp = true;
+    c[6].layout.vpp = 2;
+    c[7].layout.ep = 2;
+    return c;
+  }();
+  return cases;
+}
+
+class FsdpLayoutMatrix : public ::testing::TestWithParam<int> {};
+
+TEST_P(FsdpLayoutMatrix, ReproducesTheSingleRankRun) {
+  const FsdpCase& c = fsdp_matrix().at(GetParam());
+  layouts::ModelSpec model = c.gpt ? gpt_tiny(c.tied) : llama_tiny(c.tied);
+  if (c.moe) {
+    model.num_experts = 4;
+    model.moe_router_topk = 2;
+    model.moe_ffn_hidden_size = 64;
+  }
+  expect_matches_single_rank(model, c.layout);
+}
+
+INSTANTIATE_TEST_SUITE_P(MegatronFsdp, FsdpLayoutMatrix,
+                         ::testing::Range(0, static_cast<int>(fsdp_matrix().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           std::string name = fsdp_matrix().at(info.param).layout.name;
                            for (char& c : name)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return name;

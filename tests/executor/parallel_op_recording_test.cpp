@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "executor/training/thread_run.h"
@@ -29,9 +30,19 @@ struct Case {
   layouts::RecomputeGranularity recompute = layouts::RecomputeGranularity::kNone;
   int ep = 0;   // > 0: the MoE model (4 experts, top-2, a shared expert) at this expert-parallel size
   int etp = 0;  // --expert-tensor-parallel-size; 0: Megatron's default (tp)
-  bool allgather = false;  // --moe-token-dispatcher-type allgather
-  int mtp = 0;             // --mtp-num-layers
+  bool allgather = false;                             // --moe-token-dispatcher-type allgather
+  int mtp = 0;                                        // --mtp-num-layers
+  std::optional<layouts::DataParallelSharding> fsdp;  // --use-megatron-fsdp with this strategy
 };
+
+// Megatron FSDP optim_grads_params (the per-segment gathers in the forward and the backward).
+Case fsdp_case(std::string name, int tp, int pp, int dp, int ep, bool overlap) {
+  Case c{std::move(name), tp, pp, dp};
+  c.ep = ep;
+  c.overlap = overlap;
+  c.fsdp = layouts::DataParallelSharding::kOptimGradsParams;
+  return c;
+}
 
 layouts::ModelSpec model_of(const Case& c) {
   layouts::ModelSpec m = c.mla != Case::Mla::kNone ? test::deepseek_mla_tiny(c.mla == Case::Mla::kQLora)
@@ -91,6 +102,10 @@ layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
     p.recompute_num_layers = 1;
   }
   p.overlap_param_gather = c.dist_opt && c.overlap;
+  if (c.fsdp) {
+    p.use_megatron_fsdp = true;
+    p.data_parallel_sharding_strategy = *c.fsdp;
+  }
   p.validate(m);
   return p;
 }
@@ -184,7 +199,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"moe_etp2_tp2_sp_dp2_dist_opt_overlaps", 2, 1, 2, 0, true, true, false, false, "", true, 1,
              Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 1, 2},
         Case{"moe_allgather_ep2_etp2_tp2_sp_dp2", 2, 1, 2, 0, true, false, false, false, "", false, 1,
-             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2, 2, true}),
+             Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2, 2, true},
+        fsdp_case("fsdp_zero3_dp2", 1, 1, 2, 0, false),
+        fsdp_case("fsdp_zero3_tp2_pp2_dp2_overlap", 2, 2, 2, 0, true),
+        fsdp_case("fsdp_zero3_moe_ep2_dp4", 1, 1, 4, 2, false)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

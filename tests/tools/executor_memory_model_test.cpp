@@ -128,6 +128,12 @@ TEST(ExecutorMemoryModel, StagesSizedOnceGiveTheSamePeaksAsSizingEveryStage) {
   data.world_size = 4;
   data.use_distributed_optimizer = data.overlap_grad_reduce = true;
   asked.push_back({&model, data});
+  // Megatron FSDP's optim_grads_params on the same grid: its own buckets (one per entry), its own stages.
+  layouts::ParallelConfig fsdp = data;
+  fsdp.use_distributed_optimizer = false;
+  fsdp.use_megatron_fsdp = true;
+  fsdp.data_parallel_sharding_strategy = layouts::DataParallelSharding::kOptimGradsParams;
+  asked.push_back({&model, fsdp});
   layouts::ParallelConfig experts = layout(2, 1, 8);
   experts.world_size = 4;
   experts.expert_model_parallel_size = 2;

@@ -1,0 +1,50 @@
+// FsdpDataParallel: Megatron FSDP (--use-megatron-fsdp with --data-parallel-sharding-strategy optim,
+// optim_grads or optim_grads_params; --use-torch-fsdp2 runs as optim_grads_params) as a DataParallelStrategy.
+// Its optimizer sharding is the distributed optimizer's: each bucket is reduce-scattered over the region's
+// data-parallel group (dp x cp; the routed experts' over expert-dp), this rank holds the fp32 main
+// parameters and AdamW moments of its shard and updates them. optim and optim_grads then all-gather the
+// updated parameters after the step, as DistributedOptimizer does (the gradients' sharding under
+// optim_grads is a memory fact the planner counts: the executor accumulates the micro-batches' gradients in
+// the chunk's whole buffer). optim_grads_params has one bucket per parameter entry (the trainer buckets the
+// buffer so) and no gather after the step: AdamW writes this rank's shard of the model-dtype parameters, and
+// each bucket is all-gathered ("fsdp_param_ag", "fsdp_expert_param_ag") right before a forward segment reads
+// it (before_forward) and again before its entry's backward (before_backward), as Megatron FSDP gathers again
+// what it released after the forward. The gathered values land in the model's buffer, which stays whole:
+// the executor's arena holds every model-dtype parameter (Megatron FSDP holds 1/d of them plus the layers in
+// flight; the planner's memory model counts that).
+#pragma once
+#include <vector>
+
+#include "executor/parallel/distributed_optimizer.h"
+
+namespace megatune::executor {
+
+class FsdpDataParallel final : public DistributedOptimizer {
+ public:
+  // options.fsdp: the sharding strategy (optim, optim_grads or optim_grads_params).
+  FsdpDataParallel(Communicator& communicator, std::vector<DataParallelChunk> chunks,
+                   const std::vector<std::vector<layouts::GradBucket>>& step_buckets,
+                   const DataParallelOptions& options, bool sizing);
+
+  void before_forward(int chunk, int group) override;
+  void before_backward(int chunk, int layer_code) override;
+  bool gathers_parameters_at_use() const override { return shard_parameters_; }
+  // optim_grads_params with an fp32 model (whose main parameters are its parameters, whole only around
+  // their use): gathers every bucket first (not a step-program op). Every rank of the group calls it.
+  std::vector<float> main_parameters(int chunk) override;
+
+ protected:
+  void gather_bucket(int chunk, int region, int bucket) override;
+
+ private:
+  struct BucketRef {
+    int region = 0, bucket = 0;
+    int layer_code = 0;  // the entry group its parameters belong to
+  };
+  void gather_at_use(int chunk, const BucketRef& ref, layouts::OpPhase phase);
+
+  bool shard_parameters_ = false;
+  std::vector<std::vector<BucketRef>> buckets_;  // per chunk, in the walker's (reduction) order
+};
+
+}  // namespace megatune::executor

@@ -1,0 +1,169 @@
+// Megatron FSDP in layouts: the sharding strategy's validation, and the step program's FSDP ops (per-segment
+// parameter all-gathers before each forward segment and each entry's backward, a reduce-scatter bucket per
+// parameter entry, no gather after the step).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "base/user_error.h"
+#include "layouts/schedule_walker.h"
+#include "layouts/step_program.h"
+
+namespace megatune::layouts {
+namespace {
+
+ModelSpec tiny(int layers) {
+  ModelSpec m = model_preset("tiny");
+  m.num_layers = layers;
+  return m;
+}
+
+ParallelConfig fsdp_config(int world, DataParallelSharding sharding) {
+  ParallelConfig c;
+  c.world_size = world;
+  c.global_batch_size = 2 * world;
+  c.use_megatron_fsdp = true;
+  c.data_parallel_sharding_strategy = sharding;
+  return c;
+}
+
+std::string error_of(const ModelSpec& model, const ParallelConfig& config) {
+  try {
+    config.validate(model);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FsdpConfig, ShardingFollowsTheFlags) {
+  ParallelConfig c;
+  EXPECT_EQ(c.sharding(), DataParallelSharding::kNoShard);
+  c.use_distributed_optimizer = true;
+  EXPECT_EQ(c.sharding(), DataParallelSharding::kOptim);
+  c.use_megatron_fsdp = true;  // the FSDP's own strategy (default no_shard) wins over the flag
+  EXPECT_EQ(c.sharding(), DataParallelSharding::kNoShard);
+  c.data_parallel_sharding_strategy = DataParallelSharding::kOptimGrads;
+  EXPECT_TRUE(c.shards_gradients());
+  EXPECT_FALSE(c.shards_parameters());
+  c.use_megatron_fsdp = false;
+  c.use_torch_fsdp2 = true;
+  c.data_parallel_sharding_strategy = DataParallelSharding::kNoShard;
+  EXPECT_EQ(c.sharding(), DataParallelSharding::kOptimGradsParams);
+  for (const auto s : {DataParallelSharding::kNoShard, DataParallelSharding::kOptim,
+                       DataParallelSharding::kOptimGrads, DataParallelSharding::kOptimGradsParams})
+    EXPECT_EQ(parse_data_parallel_sharding(to_string(s)), s);
+  EXPECT_THROW(parse_data_parallel_sharding("zero3"), UserError);
+}
+
+TEST(FsdpConfig, RefusedCombinationsSayWhy) {
+  const ModelSpec model = tiny(4);
+  ParallelConfig both = fsdp_config(2, DataParallelSharding::kOptim);
+  both.use_torch_fsdp2 = true;
+  EXPECT_NE(error_of(model, both).find("two FSDP implementations"), std::string::npos);
+  ParallelConfig no_fsdp = fsdp_config(2, DataParallelSharding::kOptimGrads);
+  no_fsdp.use_megatron_fsdp = false;
+  EXPECT_NE(error_of(model, no_fsdp).find("add --use-megatron-fsdp"), std::string::npos);
+  ParallelConfig mapping = fsdp_config(2, DataParallelSharding::kOptim);
+  mapping.rank_order = RankOrder::kTpCpEpPpDp;
+  EXPECT_NE(error_of(model, mapping).find("--use-tp-pp-dp-mapping is not supported"), std::string::npos);
+  ParallelConfig one = fsdp_config(1, DataParallelSharding::kOptimGradsParams);
+  EXPECT_NE(error_of(model, one).find("dp x cp = 1"), std::string::npos);
+  // Accepted: no_shard on one rank, --use-distributed-optimizer beside FSDP, a sharded pp2 x dp2.
+  EXPECT_EQ(error_of(model, fsdp_config(1, DataParallelSharding::kNoShard)), "");
+  ParallelConfig with_dist_opt = fsdp_config(2, DataParallelSharding::kOptimGradsParams);
+  with_dist_opt.use_distributed_optimizer = with_dist_opt.overlap_grad_reduce = true;
+  with_dist_opt.overlap_param_gather = true;
+  EXPECT_EQ(error_of(model, with_dist_opt), "");
+  ParallelConfig pp2 = fsdp_config(4, DataParallelSharding::kOptimGradsParams);
+  pp2.pipeline_model_parallel_size = 2;
+  EXPECT_EQ(error_of(model, pp2), "");
+}
+
+int count_role(const StepProgram& p, OpRole role, OpPhase phase) {
+  int n = 0;
+  for (const Op& op : p.ops) n += op.role == role && op.phase == phase ? 1 : 0;
+  return n;
+}
+
+// optim_grads_params on dp2: a bucket per entry (E, 4 layers, L), reduce-scattered; per micro-batch one
+// gather per entry in the forward and one in the backward, each right before the ops that read it; none
+// after the step.
+TEST(FsdpStepProgram, ZeroThreeGathersEachSegmentBeforeItsUse) {
+  const ModelSpec model = tiny(4);
+  ParallelConfig c = fsdp_config(2, DataParallelSharding::kOptimGradsParams);
+  c.validate(model);
+  const RankStep step = walk_rank_step(model, c, 0);
+  ASSERT_EQ(step.buckets.size(), 1u);
+  ASSERT_EQ(step.buckets[0].size(), 6u);
+  for (const GradBucket& b : step.buckets[0]) {
+    EXPECT_EQ(b.op.kind, OpKind::kReduceScatter);
+    EXPECT_EQ(b.elements % 128, 0);  // padded to lcm(dp, 128) for equal shards
+  }
+  EXPECT_EQ(format_rank_step(step).find('P'), std::string::npos) << "no param gather after the step";
+  const StepProgram program = build_step_program(model, c, 0);
+  const int m = c.num_microbatches();
+  EXPECT_EQ(count_role(program, OpRole::kFsdpParamGather, OpPhase::kForward), 6 * m);
+  EXPECT_EQ(count_role(program, OpRole::kFsdpParamGather, OpPhase::kBackward), 6 * m);
+  EXPECT_EQ(count_role(program, OpRole::kParamGather, OpPhase::kOptimizer), 0);
+  // Every gather is followed by the ops of its segment: a forward gather of layer L by a forward op of L
+  // (or, for the embedding and the head, one of layer -1); its bytes are the bucket's bf16 elements.
+  for (std::size_t i = 0; i + 1 < program.ops.size(); ++i) {
+    const Op& op = program.ops[i];
+    if (op.role != OpRole::kFsdpParamGather) continue;
+    EXPECT_EQ(op.kind, OpKind::kAllGather);
+    EXPECT_EQ(op.group, CommGroup::kDataContext);
+    EXPECT_EQ(op.group_size, 2);
+    const Op& next = program.ops[i + 1];
+    EXPECT_EQ(next.phase, op.phase) << to_string(op) << " then " << to_string(next);
+    EXPECT_EQ(next.microbatch, op.microbatch);
+    EXPECT_TRUE(next.role == OpRole::kCompute || next.role == OpRole::kFsdpParamGather) << to_string(next);
+  }
+  // The gathered bytes of one forward: 2 bytes per (padded) parameter of the stage.
+  std::int64_t gathered = 0, elements = 0;
+  for (const Op& op : program.ops)
+    if (op.role == OpRole::kFsdpParamGather && op.phase == OpPhase::kForward && op.microbatch == 0)
+      gathered += op.bytes;
+  for (const GradBucket& b : step.buckets[0]) elements += b.elements;
+  EXPECT_EQ(gathered, 2 * elements);
+}
+
+// optim and optim_grads run the distributed optimizer's program: reduce-scatter, a gather after the step.
+TEST(FsdpStepProgram, OptimAndOptimGradsGatherAfterTheStep) {
+  const ModelSpec model = tiny(4);
+  for (const auto s : {DataParallelSharding::kOptim, DataParallelSharding::kOptimGrads}) {
+    ParallelConfig c = fsdp_config(2, s);
+    c.validate(model);
+    ParallelConfig dist_opt = c;
+    dist_opt.use_megatron_fsdp = false;
+    dist_opt.data_parallel_sharding_strategy = DataParallelSharding::kNoShard;
+    dist_opt.use_distributed_optimizer = true;
+    const StepProgram a = build_step_program(model, c, 1), b = build_step_program(model, dist_opt, 1);
+    ASSERT_EQ(a.ops.size(), b.ops.size()) << to_string(s);
+    for (std::size_t i = 0; i < a.ops.size(); ++i)
+      EXPECT_TRUE(a.ops[i].same_work(b.ops[i])) << to_string(a.ops[i]);
+    EXPECT_EQ(count_role(a, OpRole::kParamGather, OpPhase::kOptimizer), 1);
+  }
+}
+
+// Experts shard over expert-dp: an MoE layer's segment gathers its expert bucket over kExpertData.
+TEST(FsdpStepProgram, ExpertsGatherOverExpertData) {
+  ModelSpec model = model_preset("mixtral-8x7b");
+  model.num_layers = 2;
+  model.seq_length = 256;
+  ParallelConfig c = fsdp_config(4, DataParallelSharding::kOptimGradsParams);
+  c.expert_model_parallel_size = 2;
+  c.validate(model);
+  const StepProgram program = build_step_program(model, c, 0);
+  int expert_gathers = 0;
+  for (const Op& op : program.ops)
+    if (op.role == OpRole::kFsdpExpertParamGather) {
+      ++expert_gathers;
+      EXPECT_EQ(op.group, CommGroup::kExpertData);
+      EXPECT_EQ(op.group_size, c.edp());
+    }
+  EXPECT_EQ(expert_gathers, 2 * 2 * c.num_microbatches());  // 2 MoE layers, forward and backward
+}
+
+}  // namespace
+}  // namespace megatune::layouts

@@ -1,0 +1,148 @@
+// Megatron FSDP in the planner: the memory model's per-rank bytes of each sharding strategy, the simulator's
+// price of the per-segment parameter gathers (both granularities), and the search's sharding dimension with
+// the Megatron-LM command line it emits.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cost_models/cluster_spec.h"
+#include "cost_models/cost_model.h"
+#include "planner/memory_model.h"
+#include "planner/plan_report.h"
+#include "planner/search.h"
+#include "planner/simulator.h"
+
+namespace megatune::planner {
+namespace {
+
+using layouts::DataParallelSharding;
+
+layouts::ParallelConfig fsdp(int world, int tp, DataParallelSharding sharding) {
+  layouts::ParallelConfig c;
+  c.world_size = world;
+  c.tensor_model_parallel_size = tp;
+  c.global_batch_size = 2 * world;
+  c.use_megatron_fsdp = true;
+  c.data_parallel_sharding_strategy = sharding;
+  return c;
+}
+
+// Per rank, with P the rank's parameters (after TP) and d = dp x cp, Megatron's bytes (bf16 weights, fp32
+// gradients, 12 B of fp32 main parameters and Adam moments):
+//   no_shard            2P       + 4P   + 12P
+//   optim               2P       + 4P   + 12P/d
+//   optim_grads         2P       + 4P/d + 12P/d
+//   optim_grads_params  2P/d + 2 x 2 x (largest entry) + 4P/d + 12P/d   (two gathered entries in flight)
+TEST(FsdpMemoryModel, BytesPerRankFallAsMegatronsFormulas) {
+  layouts::ModelSpec model = layouts::model_preset("llama3-8b");
+  model.seq_length = 4096;
+  const int d = 8;
+  for (const DataParallelSharding s :
+       {DataParallelSharding::kNoShard, DataParallelSharding::kOptim, DataParallelSharding::kOptimGrads,
+        DataParallelSharding::kOptimGradsParams}) {
+    SCOPED_TRACE(std::string(layouts::to_string(s)));
+    layouts::ParallelConfig c = fsdp(2 * d, 2, s);
+    c.validate(model);
+    const MemoryEstimate e = estimate_memory(model, c, 0);
+    const std::int64_t p = e.parameters;
+    const auto shard = [&](std::int64_t bytes, bool sharded) {
+      return sharded ? bytes * ((p + d - 1) / d) : bytes * p;
+    };
+    const bool params = s == DataParallelSharding::kOptimGradsParams;
+    const std::int64_t layer =
+        layouts::stage_parameters(model, layouts::resolve_step_shape(model, c),
+                                  c.resolved_pipeline_layout(model).stages().at(0))
+            .dense_per_layer_reverse.at(0);  // the loss entry: the LM head, the largest
+    EXPECT_EQ(e.weight_bytes, shard(2, params) + (params ? 4 * layer : 0));
+    EXPECT_EQ(e.gradient_bytes, shard(4, s >= DataParallelSharding::kOptimGrads));
+    EXPECT_EQ(e.optimizer_bytes, shard(12, s != DataParallelSharding::kNoShard));
+  }
+  // ZeRO-3 against DDP on 8 data-parallel ranks: about 1/8 of the parameter state.
+  layouts::ParallelConfig ddp = fsdp(2 * d, 2, DataParallelSharding::kNoShard),
+                          zero3 = fsdp(2 * d, 2, DataParallelSharding::kOptimGradsParams);
+  const MemoryEstimate a = estimate_memory(model, ddp, 0), b = estimate_memory(model, zero3, 0);
+  const double ratio = static_cast<double>(b.weight_bytes + b.gradient_bytes + b.optimizer_bytes) /
+                       static_cast<double>(a.weight_bytes + a.gradient_bytes + a.optimizer_bytes);
+  EXPECT_GT(ratio, 1.0 / d);
+  EXPECT_LT(ratio, 1.5 / d);
+}
+
+// Compute per decoder-layer op; the FSDP gathers a fixed time; everything else free.
+class GatherPricer : public OpPricer {
+ public:
+  double per_op_s = 0.0, gather_s = 1e-3;
+  cost_models::OpCost price(const layouts::Op& op, const cost_models::CollectiveGroup&) const override {
+    cost_models::OpCost c;
+    if (op.role == layouts::OpRole::kFsdpParamGather)
+      c.time_s = gather_s;
+    else if (!op.is_communication() && op.layer >= 0)
+      c.time_s = per_op_s;
+    return c;
+  }
+  int gpus_per_node() const override { return 8; }
+  double peak_bf16_tflops() const override { return 989.4; }
+  std::int64_t memory_capacity_bytes() const override { return 80LL << 30; }
+};
+
+// dp2, 4 layers: 6 buckets (E, 4 layers, L). Without compute every gather stalls: 2 x 6 per micro-batch.
+// With compute, the prefetch hides a gather behind the previous segment's compute: only the gathers with
+// nothing (costly) before them stall: E and layer 0 in the forward (the embedding costs nothing here), L and
+// the last layer in the backward.
+TEST(FsdpSimulator, PricesTheGathersAndTheirPrefetch) {
+  layouts::ModelSpec model = layouts::model_preset("tiny");
+  model.num_layers = 4;
+  layouts::ParallelConfig c = fsdp(2, 1, DataParallelSharding::kOptimGradsParams);
+  c.validate(model);
+  const int m = c.num_microbatches();
+  for (const SimulationGranularity g : {SimulationGranularity::kPass, SimulationGranularity::kKernel}) {
+    SCOPED_TRACE(g == SimulationGranularity::kPass ? "pass" : "kernel");
+    SimulationOptions options;
+    options.granularity = g;
+    GatherPricer pricer;
+    EXPECT_NEAR(simulate(model, c, pricer, options).step_time_s, 12 * m * pricer.gather_s, 1e-9);
+    pricer.per_op_s = 1e-2;
+    const double with_compute = simulate(model, c, pricer, options).step_time_s;
+    pricer.gather_s = 0.0;
+    const double compute_only = simulate(model, c, pricer, options).step_time_s;
+    EXPECT_NEAR(with_compute - compute_only, 4 * m * 1e-3, 1e-9);
+  }
+}
+
+TEST(FsdpSearch, ShardingIsADimensionAndReachesTheCommandLine) {
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("1x8xH100");
+  const auto cost_model = cost_models::CostModel::from_embedded(cluster);
+  const CostModelPricer pricer(*cost_model);
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-1b");
+  request.model.seq_length = 2048;
+  request.world_size = 8;
+  request.global_batch_size = 16;
+  request.space.tp = {2};
+  request.space.pp = {1};
+  request.space.cp = {1};
+  request.space.micro_batch = {1};
+  request.space.recompute = {layouts::RecomputeGranularity::kSelective};
+  request.space.sequence_parallel = {true};
+  request.top_k = 10;
+  const PlanResult all = plan(request, pricer);
+  bool ddp = false, dist_opt = false, zero3 = false;
+  for (const PlanCandidate& candidate : all.ranked) {
+    ddp |= !candidate.config.shards_optimizer_state();
+    dist_opt |= candidate.config.use_distributed_optimizer;
+    zero3 |= candidate.config.shards_parameters();
+  }
+  EXPECT_TRUE(ddp && dist_opt && zero3) << all.ranked.size() << " ranked";
+  request.space.distributed_optimizer.clear();  // FSDP only, as --use-megatron-fsdp pins it
+  const PlanResult pinned = plan(request, pricer);
+  ASSERT_FALSE(pinned.ranked.empty());
+  const PlanCandidate& w = pinned.ranked[0];
+  EXPECT_TRUE(w.config.shards_parameters()) << describe(w);
+  EXPECT_GT(w.simulation.step_time_s, 0.0);
+  const std::string megatron = shell_join("python pretrain_gpt.py", megatron_arguments(request.model, w));
+  EXPECT_NE(megatron.find("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"),
+            std::string::npos)
+      << megatron;
+}
+
+}  // namespace
+}  // namespace megatune::planner
