@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine call that checks a build before it is called done, from the repository root:
-# every executor GPU test; `megatune train` refusing a model that does not fit before it allocates; the
+# every executor GPU test; `megatune train` refusing a model that does not fit before it allocates and
+# training a tp2 layout's ranks on one GPU (--ranks-on-one-gpu); the
 # held-out predicted-vs-measured layouts (bench/sweep_gpu.sh with SWEEP_SET=heldout; HELDOUT=0 leaves them
 # out); the training step against compiled PyTorch (gpt-1.3b, seq 2048, mbs 4) and the mixtral-small MoE step
 # against bench/peer/torch_moe.py; the tiny Mixtral / DeepSeek-V3 presets training on the GPU; the tokenizer
@@ -20,6 +21,10 @@ has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 if has tests; then
   for t in "$G"/executor_*_gpu_test; do step "$(basename "$t")" 150 "$t"; done
   step refuses_llama3_8b 60 $G/megatune train --model llama3-8b --mock-data --train-iters 2 --device cuda
+  # A tp2 + sp layout's two ranks as threads on this one GPU, from the command line.
+  step ranks_on_one_gpu_tp2 120 $G/megatune train --model tiny --hidden-size 256 --num-attention-heads 4 \
+    --seq-length 64 --max-position-embeddings 64 --device cuda --mock-data --tp 2 --sequence-parallel \
+    --world-size 2 --gbs 8 --mbs 2 --train-iters 20 --log-interval 10 --lr 3e-3 --ranks-on-one-gpu
 fi
 if has heldout && [ "${HELDOUT:-1}" = 1 ]; then
   step heldout 240 env SWEEP_SET=heldout bash bench/sweep_gpu.sh measure $G/megatune "$OUT/heldout"

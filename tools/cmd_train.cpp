@@ -51,6 +51,7 @@ struct TrainArgs {
   int nproc = 0;                             // --nproc: ranks on this host (0: the layout's world size)
   std::string trace_iterations;              // --trace-iterations START:COUNT
   bool dry_run = false;                      // --dry-run: print the arena, train nothing
+  bool ranks_on_one_gpu = false;             // --ranks-on-one-gpu: every rank a thread on GPU 0
   executor::data::TokenizerFiles tokenizer;  // --tokenizer-type and its files (default: the byte tokenizer)
   std::vector<std::string> adopted_model_flags;  // the --load checkpoint's model flags, when none were given
   const CLI::App* app = nullptr;
@@ -299,6 +300,34 @@ void check_run_flags(TrainArgs& a, const layouts::ParallelConfig& parallel, cons
     throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
                     std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
   if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
+  if (a.ranks_on_one_gpu) {
+    if (a.device != "cuda")
+      throw UserError(
+          "--ranks-on-one-gpu runs the layout's ranks on the CUDA kernels: use it with --device cuda");
+    if (launch.world_size > 1 || a.nproc > 1)
+      throw UserError(
+          "--ranks-on-one-gpu runs every rank in this one process: start it once, without a "
+          "launcher or --nproc");
+  }
+}
+
+// --ranks-on-one-gpu: every rank of the layout as a thread of this process on GPU 0, with its own CUDA
+// backend; collectives and pipeline transfers are staged through the host (a check of the layout on the
+// CUDA kernels with one GPU, not a way to train fast).
+int train_ranks_on_one_gpu(const TrainArgs& a, const layouts::ModelSpec& spec,
+                           const layouts::ParallelConfig& parallel) {
+#ifdef MEGATUNE_HAVE_CUDA
+  if (CudaBackend::device_count() == 0) throw UserError("--ranks-on-one-gpu: no CUDA device is visible");
+  std::cout << "megatune train: " << spec.name << ", layout " << describe_layout(spec, parallel) << ", "
+            << parallel.world_size
+            << " ranks as threads on GPU 0 (CUDA kernels; collectives staged through the host)" << std::endl;
+  train_on_threads(spec, parallel, a.options, std::cout, {}, false,
+                   [](int) { return std::make_unique<CudaBackend>(0); });
+  return 0;
+#else
+  (void)a, (void)spec, (void)parallel;
+  throw UserError("--ranks-on-one-gpu: this megatune was built without CUDA; use --device cpu");
+#endif
 }
 
 int run_train(TrainArgs& a) {
@@ -318,6 +347,7 @@ int run_train(TrainArgs& a) {
   check_run_flags(a, parallel, launch);
   if (a.dry_run) return dry_run(a, spec, parallel);
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
+  if (a.ranks_on_one_gpu) return train_ranks_on_one_gpu(a, spec, parallel);
   // A multi-GPU layout started without a launcher (e.g. a plan's megatune.args as written): one process per
   // GPU on this host, as --nproc would.
   if (a.device == "cuda" && parallel.world_size > 1 && launch.world_size == 1 && a.nproc == 0)
@@ -453,6 +483,9 @@ const Registrar registrar({
                      "ends (default 10, Megatron's)");
       app.add_option("--device", a.device, "cuda | cpu (default: cuda when a GPU is present)")
           ->check(CLI::IsMember({"cuda", "cpu"}));
+      app.add_flag("--ranks-on-one-gpu", a.ranks_on_one_gpu,
+                   "with --device cuda: every rank of the layout as a thread on GPU 0, collectives staged "
+                   "through the host (checks a parallel layout on the CUDA kernels with one GPU; not fast)");
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,
                      "write the ops the first iteration issued (layouts::Op text, one a line) to FILE");

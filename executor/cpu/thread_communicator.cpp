@@ -1,5 +1,6 @@
 // ThreadCommunicator: collectives and batched p2p between ranks that are threads, reading the other
-// members' float buffers directly between two rendezvous of the ThreadWorld.
+// members' float buffers (in place, or host copies of device tensors) between two rendezvous of the
+// ThreadWorld.
 #include "executor/cpu/thread_communicator.h"
 
 #include <algorithm>
@@ -17,8 +18,11 @@ std::string group_label(CommGroup group) { return std::string("group ") + layout
 
 }  // namespace
 
-ThreadCommunicator::ThreadCommunicator(CpuBackend& backend, ThreadWorld& world, ProcessGroups groups)
-    : Communicator(backend), cpu_(backend), world_(world), groups_(std::move(groups)) {
+ThreadCommunicator::ThreadCommunicator(Backend& backend, ThreadWorld& world, ProcessGroups groups)
+    : Communicator(backend),
+      cpu_(dynamic_cast<CpuBackend*>(&backend)),
+      world_(world),
+      groups_(std::move(groups)) {
   if (groups_.world_size() != world_.size())
     throw std::invalid_argument("ThreadCommunicator: the rank grid has " +
                                 std::to_string(groups_.world_size()) + " ranks but the thread world " +
@@ -35,6 +39,17 @@ ThreadWorld::Group& ThreadCommunicator::state(CommGroup group) {
   return *g;
 }
 
+const float* ThreadCommunicator::host_floats(const Tensor& t, std::vector<float>& staged) {
+  if (cpu_ != nullptr) return floats(t);
+  staged.resize(static_cast<std::size_t>(t.numel()));
+  backend_.download(t, staged.data());
+  return staged.data();
+}
+
+void ThreadCommunicator::end_transfer_op(std::size_t from_last) {
+  if (cpu_ != nullptr) cpu_->end_timed_op_now(from_last);
+}
+
 template <typename Fill>
 void ThreadCommunicator::collective(CommGroup group, const char* op, Tensor input, int root, Tensor output,
                                     Fill&& fill) {
@@ -42,13 +57,14 @@ void ThreadCommunicator::collective(CommGroup group, const char* op, Tensor inpu
     world_.fail(std::string(op) + " over " + group_label(group) + ": int32 tensors are not supported");
   ThreadWorld::Group& g = state(group);
   const int me = groups_.rank_in(group);
-  ThreadWorld::Contribution mine{op, input.numel(), root, floats(input)};
+  std::vector<float> staged;
+  ThreadWorld::Contribution mine{op, input.numel(), root, host_floats(input, staged)};
   std::vector<float> result(static_cast<std::size_t>(output.numel()));
   const Contributions& all = world_.arrive(g, me, std::move(mine));
   fill(all, me, result.data());
   world_.depart(g, me);  // nobody reads our input any more: safe to overwrite it (in-place collectives)
-  cpu_.upload(output, result.data());
-  cpu_.end_timed_op_now(0);  // the collective's op (recorded just before) covers the exchange
+  backend_.upload(output, result.data());
+  end_transfer_op(0);  // the collective's op (recorded just before) covers the exchange
 }
 
 CommHandle ThreadCommunicator::do_all_reduce(CommGroup group, Tensor tensor, ReduceOp op) {
@@ -152,8 +168,10 @@ CommHandle ThreadCommunicator::do_batch_p2p(CommGroup group, const std::vector<P
   }
   for (const P2pTransferArgs& t : transfers)  // all sends first: buffered, they never block
     if (t.send) {
-      const float* data = floats(t.tensor);
-      world_.post(group, me, t.peer_rank, std::vector<float>(data, data + t.tensor.numel()));
+      std::vector<float> staged;
+      const float* data = host_floats(t.tensor, staged);
+      world_.post(group, me, t.peer_rank,
+                  cpu_ != nullptr ? std::vector<float>(data, data + t.tensor.numel()) : std::move(staged));
     }
   // The transfers were recorded as ops just before, sends then receives: each receive's op ends when its
   // data is in place.
@@ -166,8 +184,8 @@ CommHandle ThreadCommunicator::do_batch_p2p(CommGroup group, const std::vector<P
       world_.fail("rank " + std::to_string(me) + ": batch_p2p over " + group_label(group) + " received " +
                   std::to_string(data.size()) + " elements from rank " + std::to_string(t.peer_rank) +
                   " into a tensor of " + std::to_string(t.tensor.numel()));
-    cpu_.upload(t.tensor, data.data());
-    cpu_.end_timed_op_now(--receives_left);
+    backend_.upload(t.tensor, data.data());
+    end_transfer_op(--receives_left);
   }
   return nullptr;
 }

@@ -1,5 +1,8 @@
 // ThreadCommunicator: the Communicator of one rank of a ThreadWorld (ranks as threads of one process, each
-// with its own CpuBackend). Data really moves between the ranks' buffers (float storage).
+// with its own backend). Data really moves between the ranks' buffers: read in place from a CpuBackend's
+// float storage, or staged through the host (download, reduce in float, upload) from any other backend, so
+// that several CUDA ranks share one GPU with the CPU ranks' semantics (the CUDA twin of the CPU threads:
+// for correctness, not speed; NCCL stays the production path).
 #pragma once
 #include <array>
 
@@ -14,7 +17,8 @@ namespace megatune::executor {
 // - Reductions are deterministic and independent of thread timing: element i of a sum is
 //   ((member 0 + member 1) + member 2) + ... in float, in group-rank order (max likewise; a NaN wins), so a
 //   run is bit-reproducible. A bf16-typed result is then rounded to bf16 by the receiving rank's backend
-//   (CpuBackend::upload, which rounds like every kernel output when the backend emulates bf16).
+//   (its upload: CpuBackend rounds like every kernel output when it emulates bf16; the CUDA backend stores
+//   bf16). A staged backend's download waits for the compute work issued before the collective.
 // - The async forms complete eagerly: the data is in place when *_async returns, and the handle is nullptr
 //   (as for size-1 groups: callers test the handle before waiting).
 // - all_to_all moves each member's block through the mailboxes below (a send and a receive per pair, as
@@ -27,7 +31,7 @@ namespace megatune::executor {
 class ThreadCommunicator final : public Communicator {
  public:
   // `groups` must describe a rank of a grid of world.size() ranks.
-  ThreadCommunicator(CpuBackend& backend, ThreadWorld& world, ProcessGroups groups);
+  ThreadCommunicator(Backend& backend, ThreadWorld& world, ProcessGroups groups);
 
   int world_rank() const override { return groups_.world_rank(); }
   int world_size() const override { return groups_.world_size(); }
@@ -55,8 +59,11 @@ class ThreadCommunicator final : public Communicator {
   template <typename Fill>
   void collective(CommGroup group, const char* op, Tensor input, int root, Tensor output, Fill&& fill);
   ThreadWorld::Group& state(CommGroup group);
+  // `t`'s values as floats: its storage on the CPU backend, else a host copy kept in `staged`.
+  const float* host_floats(const Tensor& t, std::vector<float>& staged);
+  void end_transfer_op(std::size_t from_last);  // the CPU backend's op timing (see CpuBackend)
 
-  CpuBackend& cpu_;
+  CpuBackend* cpu_;  // the backend when it is the CPU's (read in place), else null (staged)
   ThreadWorld& world_;
   ProcessGroups groups_;
   std::array<ThreadWorld::Group*, ProcessGroups::kGroupCount> states_{};

@@ -84,6 +84,7 @@ CudaBackend::~CudaBackend() {
   }
   cudaFree(grad_norm_workspace_);
   cudaFree(grad_norm_device_);
+  if (pinned_staging_done_ != nullptr) cudaEventDestroy(pinned_staging_done_);
   cudaFreeHost(pinned_staging_);
   cudaFree(arena_);
   for (void* block : blocks_) cudaFree(block);
@@ -135,7 +136,12 @@ void CudaBackend::free_block(void* block) {
 void* CudaBackend::small_transfer_staging(const Tensor& t) {
   const std::size_t bytes = static_cast<std::size_t>(t.numel() * storage_bytes(t.dtype));
   if (!t.contiguous() || bytes > kPinnedStagingBytes) return nullptr;
-  if (pinned_staging_ == nullptr) MEGATUNE_CUDA_CHECK(cudaMallocHost(&pinned_staging_, kPinnedStagingBytes));
+  if (pinned_staging_ == nullptr) {
+    MEGATUNE_CUDA_CHECK(cudaMallocHost(&pinned_staging_, kPinnedStagingBytes));
+    MEGATUNE_CUDA_CHECK(cudaEventCreateWithFlags(&pinned_staging_done_, cudaEventDisableTiming));
+    MEGATUNE_CUDA_CHECK(cudaEventRecord(pinned_staging_done_, compute_));
+  }
+  MEGATUNE_CUDA_CHECK(cudaEventSynchronize(pinned_staging_done_));  // the previous upload's copy has run
   return pinned_staging_;
 }
 
@@ -150,6 +156,7 @@ void CudaBackend::upload(Tensor dst, const float* host) {
       std::copy(host, host + n, static_cast<float*>(pinned));
     }
     MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(dst.data, pinned, n * e, cudaMemcpyHostToDevice, compute_));
+    MEGATUNE_CUDA_CHECK(cudaEventRecord(pinned_staging_done_, compute_));
   } else if (dst.dtype == DType::kBF16) {
     std::vector<bf16> staged(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) staged[i] = __float2bfloat16(host[i]);

@@ -137,10 +137,13 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::GemmRunner> gemm_;
   std::unique_ptr<cuda::MoeIndexCache> moe_indices_;
   // upload() / download() of small contiguous tensors: one pinned buffer (allocated on first use), or null
-  // for a tensor that takes the pitched pageable copy.
+  // for a tensor that takes the pitched pageable copy. The buffer is handed out only once the last copy
+  // from it has run (pinned_staging_done_, recorded after each upload's asynchronous copy): two uploads in a
+  // row never overwrite a copy still in flight.
   static constexpr std::size_t kPinnedStagingBytes = std::size_t(8) << 20;
   void* small_transfer_staging(const Tensor& t);
   void* pinned_staging_ = nullptr;
+  cudaEvent_t pinned_staging_done_ = nullptr;
   std::int64_t moe_d_probs_downloads_ = 0;
   std::unique_ptr<cuda::MultiTensorTable> optimizer_table_;
   std::unique_ptr<cuda::MultiTensorTable> grad_norm_table_;  // the tensors flagged in_grad_norm

@@ -1,4 +1,4 @@
-// train_on_threads: one CpuBackend, ThreadCommunicator and TrainingRun per rank thread.
+// train_on_threads: one backend, ThreadCommunicator and TrainingRun per rank thread.
 #include "executor/training/thread_run.h"
 
 #include <chrono>
@@ -19,7 +19,8 @@ std::vector<IterationRecord> train_on_threads(const layouts::ModelSpec& model,
                                               const layouts::ParallelConfig& config,
                                               const TrainOptions& options, std::ostream& log,
                                               const std::function<void(int, TrainingRun&)>& inspect,
-                                              bool record_first_iteration) {
+                                              bool record_first_iteration,
+                                              const RankBackendFactory& make_backend) {
   const int world = config.world_size;
   // Refuse a layout the executor cannot run on the caller's thread, before any rank starts.
   for (int r = 0; r < world; ++r) (void)rank_layout(model, config, r);
@@ -36,11 +37,13 @@ std::vector<IterationRecord> train_on_threads(const layouts::ModelSpec& model,
           try {
             RunConfig run = build_run_config(model, config, options, rank);
             run.record_first_iteration = record_first_iteration;
-            CpuBackend backend(/*emulate_bf16=*/options.bf16);
-            ThreadCommunicator communicator(backend, threads, ProcessGroups(grid, rank));
+            const std::unique_ptr<Backend> backend =
+                make_backend ? make_backend(rank)
+                             : std::make_unique<CpuBackend>(/*emulate_bf16=*/options.bf16);
+            ThreadCommunicator communicator(*backend, threads, ProcessGroups(grid, rank));
             std::ostringstream quiet;
             const bool last = rank == world - 1;
-            TrainingRun training(std::move(run), backend, communicator, last ? log : quiet);
+            TrainingRun training(std::move(run), *backend, communicator, last ? log : quiet);
             std::vector<IterationRecord> mine = training.run();
             if (inspect) inspect(rank, training);
             if (last) records = std::move(mine);

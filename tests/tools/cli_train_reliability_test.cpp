@@ -3,7 +3,8 @@
 // one starts fresh with a line, nonsense optimizer flags and a full --ops-out device fail with one line, and
 // a model whose arena exceeds the (injected) free GPU memory is refused before anything is allocated; the
 // CPU backend started as one of several processes by a launcher refuses before training; a non-finite
-// gradient norm stops the run in one line unless --no-check-for-nan-in-loss-and-grad skips such steps.
+// gradient norm stops the run in one line unless --no-check-for-nan-in-loss-and-grad skips such steps;
+// --ranks-on-one-gpu is refused where it cannot run.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -126,6 +127,28 @@ TEST(CliTrain, AModelThatDoesNotFitTheGpuIsRefusedBeforeAllocating) {
   expect_refusal(r, "needs a 157.82 GiB arena per GPU");
   EXPECT_NE(r.err.find("139.00 GiB free"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("it fits with --recompute-granularity full"), std::string::npos) << r.err;
+}
+
+// --ranks-on-one-gpu (every rank a thread on GPU 0) is a CUDA check of one process: refused with the CPU
+// backend, under --nproc, and with the timing outputs it does not produce.
+TEST(CliTrain, RanksOnOneGpuIsRefusedWhereItCannotRun) {
+  const std::vector<std::string> tp2 = {"--train-iters",     "1", "--tp", "2", "--world-size", "2",
+                                        "--ranks-on-one-gpu"};
+  expect_refusal(run_megatune(train(tp2), 60), "use it with --device cuda");
+  std::vector<std::string> with_nproc = {"train",
+                                         "--model",
+                                         "tiny",
+                                         "--device",
+                                         "cuda",
+                                         "--mock-data",
+                                         "--tp",
+                                         "2",
+                                         "--world-size",
+                                         "2",
+                                         "--ranks-on-one-gpu",
+                                         "--nproc",
+                                         "2"};
+  expect_refusal(run_megatune(with_nproc, 60), "without a launcher or --nproc");
 }
 
 }  // namespace
