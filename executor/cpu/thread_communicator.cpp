@@ -129,7 +129,8 @@ CommHandle ThreadCommunicator::do_all_to_all(CommGroup group, Tensor input,
     send_first[j + 1] = send_first[j] + send_rows[j];
     receive_first[j + 1] = receive_first[j] + receive_rows[j];
   }
-  const float* data = floats(input);
+  std::vector<float> staged;
+  const float* data = host_floats(input, staged);
   for (int j = 0; j < n; ++j)  // buffered sends never block
     if (j != me)
       world_.post(group, me_world, global_rank(group, j),
@@ -153,8 +154,8 @@ CommHandle ThreadCommunicator::do_all_to_all(CommGroup group, Tensor input,
                   std::to_string(source) + " for " + std::to_string(receive_rows[i] * cols));
     std::copy(block.begin(), block.end(), out);
   }
-  if (!result.empty()) cpu_.upload(output, result.data());
-  cpu_.end_timed_op_now(0);  // the all-to-all's op (recorded just before) covers the exchange
+  if (!result.empty()) backend_.upload(output, result.data());
+  end_transfer_op(0);  // the all-to-all's op (recorded just before) covers the exchange
   return nullptr;
 }
 
