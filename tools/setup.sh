@@ -67,6 +67,22 @@ run_tests() {  # dir, extra ctest args...
      ctest --output-on-failure -j "$jobs" --timeout 900 "$@")
 }
 
+# The CUDA-enabled executable on this machine: a plan, a short tp2 training run on the CPU backend (ranks as
+# threads) and a layout report, each expected to succeed.
+smoke_test() {
+  local bin=$1 dir
+  dir=$(mktemp -d)
+  "$bin" plan --model llama3-8b --cluster 1x8xH200 --global-batch-size 64 --seq-length 4096 -o "$dir/plan.json" \
+    > "$dir/plan.log" || { cat "$dir/plan.log"; exit 1; }
+  "$bin" train --model tiny --mock-data --train-iters 3 --log-interval 1 --gbs 4 --mbs 2 --tp 2 --world-size 2 \
+    --device cpu > "$dir/train.log" 2>&1 || { cat "$dir/train.log"; exit 1; }
+  grep -q "iteration        3/       3" "$dir/train.log" || { cat "$dir/train.log"; exit 1; }
+  "$bin" layout --model llama3-70b --tp 8 --pp 4 --world-size 64 --global-batch-size 256 > "$dir/layout.log" ||
+    { cat "$dir/layout.log"; exit 1; }
+  rm -rf "$dir"
+  echo "setup: smoke run of $bin passed (plan, train, layout)"
+}
+
 build_fuzzers() {
   CC=clang CXX=clang++ configure_and_build build-fuzz -DMEGATUNE_CUDA=OFF -DMEGATUNE_FUZZ=ON -DMEGATUNE_TESTS=OFF \
     -- megatune_fuzzers
@@ -98,10 +114,12 @@ case "$mode" in
     ;;
   test)
     # 1. The full build (CUDA too when nvcc is present, benchmarks, GPU tests) and its tests: the GPU ones
-    #    (they skip without a GPU) and the CLI's CPU tests, which run the CUDA-enabled executable. The other
-    #    rooms' CPU tests run once, in step 2, where the sanitizers watch them (built at -O2 as well).
-    phase "build" configure_and_build build -DMEGATUNE_CPU_TEST_ROOMS=tools
+    #    (they skip without a GPU) and a smoke run of the CUDA-enabled executable (plan, then train and
+    #    simulate on the CPU backend when no GPU is there). Every CPU test runs once, in step 2, where the
+    #    sanitizers watch it (the CLI's tests run the sanitized executable there).
+    phase "build" configure_and_build build -DMEGATUNE_CPU_TEST_ROOMS=
     phase "tests" run_tests build
+    phase "smoke" smoke_test build/bin/megatune
     # 2. Every CPU test under AddressSanitizer + UndefinedBehaviorSanitizer: only the CPU libraries, the
     #    CLI the tools tests run, and the CPU test binaries (no CUDA, no benchmarks).
     phase "sanitizer build" configure_and_build build-asan -DMEGATUNE_CUDA=OFF -DMEGATUNE_SANITIZE=ON \
