@@ -6,7 +6,7 @@
 namespace megatune::layouts {
 namespace {
 
-constexpr std::int64_t kAct = 2;  // bf16 activation bytes
+constexpr std::int64_t kMlaAct = 2;  // bf16 activation bytes
 
 struct MlaDims {
   std::int64_t heads = 0, q_rank = 0, kv_rank = 0, nope = 0, rope = 0, v = 0;
@@ -27,7 +27,7 @@ MlaDims dims(const ModelSpec& model, const StepShape& s) {
 
 // The one RoPE call over the queries' rotary parts and the shared rotary key.
 std::int64_t rope_bytes(const StepShape& s, const MlaDims& d) {
-  return 2 * s.tokens * (d.heads + 1) * d.rope * kAct;
+  return 2 * s.tokens * (d.heads + 1) * d.rope * kMlaAct;
 }
 
 }  // namespace
@@ -36,13 +36,13 @@ void mla_projections_forward(OpSink& o, const ModelSpec& model, const StepShape&
   const MlaDims d = dims(model, s);
   const std::int64_t rows = s.tokens_sp;
   if (d.q_rank == 0 && s.sp)
-    o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+    o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kMlaAct, CommGroup::kTensor, s.tp);
   if (d.q_rank > 0) o.gemm("q_down", rows, d.q_rank, s.hidden);
   o.gemm("kv_down", rows, d.kv_rank + d.rope, s.hidden);
-  if (d.q_rank > 0) o.memory(OpKind::kNorm, "q_norm", 2 * rows * d.q_rank * kAct);
-  o.memory(OpKind::kNorm, "kv_norm", 2 * rows * d.kv_rank * kAct);
+  if (d.q_rank > 0) o.memory(OpKind::kNorm, "q_norm", 2 * rows * d.q_rank * kMlaAct);
+  o.memory(OpKind::kNorm, "kv_norm", 2 * rows * d.kv_rank * kMlaAct);
   if (s.sp)
-    o.comm(OpKind::kAllGather, "mla_latent_ag", s.tokens * d.latent_width() * kAct, CommGroup::kTensor, s.tp);
+    o.comm(OpKind::kAllGather, "mla_latent_ag", s.tokens * d.latent_width() * kMlaAct, CommGroup::kTensor, s.tp);
   o.gemm("q_up", s.tokens, d.heads * d.qk(), d.q_rank > 0 ? d.q_rank : s.hidden);
   o.gemm("kv_up", s.tokens, d.heads * (d.nope + d.v), d.kv_rank);
   o.memory(OpKind::kRope, "rope", rope_bytes(s, d));
@@ -52,22 +52,22 @@ void mla_projections_backward(OpSink& o, const ModelSpec& model, const StepShape
   const MlaDims d = dims(model, s);
   const std::int64_t rows = s.tokens_sp;
   for (std::int64_t head = 1; head < d.heads; ++head)
-    o.memory(OpKind::kElementwise, "k_pos_emb_grad_sum", 3 * s.tokens * d.rope * kAct);
+    o.memory(OpKind::kElementwise, "k_pos_emb_grad_sum", 3 * s.tokens * d.rope * kMlaAct);
   o.memory(OpKind::kRopeBackward, "rope", rope_bytes(s, d));
   o.gemm_backward("q_up", s.tokens, d.heads * d.qk(), d.q_rank > 0 ? d.q_rank : s.hidden);
   o.gemm_backward("kv_up", s.tokens, d.heads * (d.nope + d.v), d.kv_rank);
-  const std::int64_t latent_bytes = s.tokens * d.latent_width() * kAct;
+  const std::int64_t latent_bytes = s.tokens * d.latent_width() * kMlaAct;
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "mla_latent_dgrad_rs", latent_bytes, CommGroup::kTensor, s.tp);
   else
     o.comm(OpKind::kAllReduce, "mla_latent_dgrad_ar", latent_bytes, CommGroup::kTensor, s.tp);
-  o.memory(OpKind::kNormBackward, "kv_norm", 3 * rows * d.kv_rank * kAct);
+  o.memory(OpKind::kNormBackward, "kv_norm", 3 * rows * d.kv_rank * kMlaAct);
   if (d.q_rank > 0) {
-    o.memory(OpKind::kNormBackward, "q_norm", 3 * rows * d.q_rank * kAct);
+    o.memory(OpKind::kNormBackward, "q_norm", 3 * rows * d.q_rank * kMlaAct);
   } else if (s.sp) {
-    o.comm(OpKind::kReduceScatter, "qkv_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+    o.comm(OpKind::kReduceScatter, "qkv_dgrad_rs", s.tokens * s.hidden * kMlaAct, CommGroup::kTensor, s.tp);
   } else {
-    o.comm(OpKind::kAllReduce, "qkv_dgrad_ar", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
+    o.comm(OpKind::kAllReduce, "qkv_dgrad_ar", s.tokens * s.hidden * kMlaAct, CommGroup::kTensor, s.tp);
   }
   // Data gradients add up in the input norm output's gradient: the second GEMM accumulates.
   const auto down = [&](const std::string& label, std::int64_t out, bool add_to_dx) {

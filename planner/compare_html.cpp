@@ -34,7 +34,7 @@ std::string escape(const std::string& text) {
   return out;
 }
 
-std::string num(double v) {
+std::string svg_number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", v);
   return buf;
@@ -76,7 +76,7 @@ std::string kind_bars(const RankComparison& r) {
     auto bar = [&](double x0, double value, double scale, int dy, const char* colour,
                    const std::string& tip) {
       const double w = scale > 0 ? bar_w * value / scale : 0;
-      s << "<rect x=\"" << x0 << "\" y=\"" << y + dy << "\" width=\"" << num(std::max(w, 0.5))
+      s << "<rect x=\"" << x0 << "\" y=\"" << y + dy << "\" width=\"" << svg_number(std::max(w, 0.5))
         << "\" height=\"12\" fill=\"" << colour << "\"><title>" << escape(tip) << "</title></rect>\n";
     };
     const std::string p = std::string(name) + " predicted " + format_seconds(k.predicted_s);
@@ -115,8 +115,8 @@ std::string timelines(const RankComparison& r) {
       const double duration = predicted ? o.predicted_s : o.measured_first_s;
       if (duration < 0) continue;
       const bool comm = o.op.is_communication();
-      s << "<rect x=\"" << num(left + width * start / span) << "\" y=\"" << y + (comm ? 16 : 0)
-        << "\" width=\"" << num(std::max(0.3, width * duration / span)) << "\" height=\"" << (comm ? 12 : 15)
+      s << "<rect x=\"" << svg_number(left + width * start / span) << "\" y=\"" << y + (comm ? 16 : 0)
+        << "\" width=\"" << svg_number(std::max(0.3, width * duration / span)) << "\" height=\"" << (comm ? 12 : 15)
         << "\" fill=\"" << kind_colour(o.op.kind) << "\"><title>" << o.id << " "
         << escape(layouts::to_string(o.op)) << ": " << escape(format_seconds(duration))
         << "</title></rect>\n";
@@ -168,12 +168,12 @@ std::string memory_bars(const std::vector<MemoryColumn>& columns) {
     for (const auto& [name, bytes] : c.items) {
       const double h = height * static_cast<double>(bytes) / scale;
       y -= h;
-      s << "<rect x=\"" << x << "\" y=\"" << num(y) << "\" width=\"" << col_w << "\" height=\""
-        << num(std::max(h, 0.3)) << "\" fill=\"" << kind_colour(static_cast<layouts::OpKind>(index++))
+      s << "<rect x=\"" << x << "\" y=\"" << svg_number(y) << "\" width=\"" << col_w << "\" height=\""
+        << svg_number(std::max(h, 0.3)) << "\" fill=\"" << kind_colour(static_cast<layouts::OpKind>(index++))
         << "\" stroke=\"#fff\" stroke-width=\"0.5\"><title>" << escape(name) << ": "
         << escape(format_bytes(static_cast<double>(bytes))) << "</title></rect>\n";
       if (h >= 11)
-        s << "<text x=\"" << x + col_w + 4 << "\" y=\"" << num(y + h / 2 + 4) << "\">"
+        s << "<text x=\"" << x + col_w + 4 << "\" y=\"" << svg_number(y + h / 2 + 4) << "\">"
           << escape(name.substr(0, 24)) << "</text>\n";
     }
   }
@@ -250,10 +250,10 @@ std::string error_bars(const std::vector<RunComparison>& runs) {
   for (const RunComparison& c : runs) {
     const double e = step_time_error(c), w = half * std::fabs(e) / emax;
     s << "<text x=\"" << label_w - 6 << "\" y=\"" << y + 12 << "\" text-anchor=\"end\">" << escape(c.run_dir)
-      << ": " << escape(c.layout) << "</text>\n<rect x=\"" << num(e < 0 ? label_w + half - w : label_w + half)
-      << "\" y=\"" << y << "\" width=\"" << num(std::max(w, 0.5)) << "\" height=\"14\" fill=\""
-      << (e < 0 ? kPredicted : kMeasured) << "\"><title>" << num(100 * e) << " %</title></rect>\n<text x=\""
-      << label_w + 2 * half + 6 << "\" y=\"" << y + 12 << "\">" << num(100 * e) << " %</text>\n";
+      << ": " << escape(c.layout) << "</text>\n<rect x=\"" << svg_number(e < 0 ? label_w + half - w : label_w + half)
+      << "\" y=\"" << y << "\" width=\"" << svg_number(std::max(w, 0.5)) << "\" height=\"14\" fill=\""
+      << (e < 0 ? kPredicted : kMeasured) << "\"><title>" << svg_number(100 * e) << " %</title></rect>\n<text x=\""
+      << label_w + 2 * half + 6 << "\" y=\"" << y + 12 << "\">" << svg_number(100 * e) << " %</text>\n";
     y += row;
   }
   s << "</svg>\n";
@@ -277,14 +277,14 @@ std::string comparison_html(const std::vector<RunComparison>& runs, int top_ops,
     << " runs</h1>\n<p>Step-time error per run, (predicted - "
        "measured) / measured: left of the line the prediction is optimistic. Kendall tau of the two "
        "rankings: "
-    << num(kendall_tau(runs)) << ".</p>\n"
+    << svg_number(kendall_tau(runs)) << ".</p>\n"
     << error_bars(runs)
     << "<table><tr><th class=\"l\">run</th><th class=\"l\">layout</th><th>predicted</th><th>measured</th>"
        "<th>error</th></tr>\n";
   for (const RunComparison& c : runs)
     h << "<tr><td class=\"l\">" << escape(c.run_dir) << "</td><td class=\"l\">" << escape(c.layout)
       << "</td><td>" << escape(format_seconds(c.predicted_step_s)) << "</td><td>"
-      << escape(format_seconds(c.measured_step_s)) << "</td><td>" << num(100 * step_time_error(c))
+      << escape(format_seconds(c.measured_step_s)) << "</td><td>" << svg_number(100 * step_time_error(c))
       << " %</td></tr>\n";
   h << "</table>\n";
   for (const RunComparison& c : runs) write_report(h, c, top_ops, max_timeline_ranks);

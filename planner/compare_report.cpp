@@ -17,16 +17,16 @@ std::string percent(double fraction) {
   return buf;
 }
 
-std::string line(const char* format, auto... values) {
+std::string report_line(const char* format, auto... values) {
   char buf[512];
   std::snprintf(buf, sizeof buf, format, values...);
   return buf;
 }
 
 void summary(std::ostringstream& out, const RunComparison& c) {
-  out << line("\n  %-22s %14s %14s %12s\n", "", "predicted", "measured", "meas/pred");
+  out << report_line("\n  %-22s %14s %14s %12s\n", "", "predicted", "measured", "meas/pred");
   for (const SummaryRow& r : summary_rows(c))
-    out << line("  %-22s %14s %14s %12s\n", r.name.c_str(), r.predicted.c_str(), r.measured.c_str(),
+    out << report_line("  %-22s %14s %14s %12s\n", r.name.c_str(), r.predicted.c_str(), r.measured.c_str(),
                 r.ratio.c_str());
 }
 
@@ -44,16 +44,16 @@ void item_differences(std::ostringstream& out, const MemoryColumn& a, const Memo
   for (const std::string& name : names) {
     const std::int64_t x = bytes_of(a, name), y = bytes_of(b, name);
     if (x != y)
-      out << line("    %-44s %s %lld B, %s %lld B\n", name.c_str(), a.name.c_str(), static_cast<long long>(x),
+      out << report_line("    %-44s %s %lld B, %s %lld B\n", name.c_str(), a.name.c_str(), static_cast<long long>(x),
                   b.name.c_str(), static_cast<long long>(y));
   }
 }
 
-void memory(std::ostringstream& out, const RunComparison& c) {
+void memory_section(std::ostringstream& out, const RunComparison& c) {
   if (c.memory.empty()) return;
   out << "\nmemory (peak rank):\n";
   for (const MemoryColumn& m : c.memory)
-    out << line("  %-28s %14s  %s\n", m.name.c_str(),
+    out << report_line("  %-28s %14s  %s\n", m.name.c_str(),
                 m.total_bytes < 0 ? "n/a" : format_bytes(static_cast<double>(m.total_bytes)).c_str(),
                 m.note.c_str());
   if (c.memory.size() >= 2 && c.memory[0].total_bytes >= 0 && c.memory[1].total_bytes >= 0) {
@@ -70,12 +70,12 @@ void memory(std::ostringstream& out, const RunComparison& c) {
 
 void ranks(std::ostringstream& out, const RunComparison& c) {
   out << "\nper rank (predicted / measured):\n"
-      << line("  %-5s %-12s %21s %21s %21s %15s %12s\n", "rank", "pp tp dp cp", "step", "compute",
+      << report_line("  %-5s %-12s %21s %21s %21s %15s %12s\n", "rank", "pp tp dp cp", "step", "compute",
               "exposed comm", "bubble", "meas. ops");
   for (const RankComparison& r : c.ranks) {
     auto pair = [](double p, double m) { return format_seconds(p) + " / " + format_seconds(m); };
-    out << line("  %-5d %-12s %21s %21s %21s %15s %12s\n", r.rank,
-                line("%d %d %d %d", r.pp, r.tp, r.dp, r.cp).c_str(),
+    out << report_line("  %-5d %-12s %21s %21s %21s %15s %12s\n", r.rank,
+                report_line("%d %d %d %d", r.pp, r.tp, r.dp, r.cp).c_str(),
                 pair(r.predicted_step_s, r.measured_step_s).c_str(),
                 pair(r.predicted_compute_s, r.measured_compute_s).c_str(),
                 pair(r.predicted_exposed_comm_s, r.measured_exposed_comm_s).c_str(),
@@ -90,28 +90,28 @@ void ranks(std::ostringstream& out, const RunComparison& c) {
 void kinds(std::ostringstream& out, const RankComparison& r) {
   double predicted_total = 0, measured_total = 0;
   for (const KindComparison& k : r.kinds) predicted_total += k.predicted_s, measured_total += k.measured_s;
-  out << line("\nrank %d: per op kind (one iteration; measured: mean of the traced iterations)\n", r.rank)
-      << line("  %-16s %6s %13s %13s %10s %10s %10s\n", "op kind", "count", "predicted", "measured",
+  out << report_line("\nrank %d: per op kind (one iteration; measured: mean of the traced iterations)\n", r.rank)
+      << report_line("  %-16s %6s %13s %13s %10s %10s %10s\n", "op kind", "count", "predicted", "measured",
               "meas/pred", "pred share", "meas share");
   for (const KindComparison& k : r.kinds)
-    out << line("  %-16s %6lld %13s %13s %10s %10s %10s\n", layouts::op_kind_name(k.kind),
+    out << report_line("  %-16s %6lld %13s %13s %10s %10s %10s\n", layouts::op_kind_name(k.kind),
                 static_cast<long long>(k.count), format_seconds(k.predicted_s).c_str(),
                 format_seconds(k.measured_s).c_str(), format_ratio(k.measured_s, k.predicted_s).c_str(),
                 percent(predicted_total > 0 ? k.predicted_s / predicted_total : 0).c_str(),
                 percent(measured_total > 0 ? k.measured_s / measured_total : 0).c_str());
-  out << line("  %-16s %6zu %13s %13s %10s\n", "all ops", r.ops.size(),
+  out << report_line("  %-16s %6zu %13s %13s %10s\n", "all ops", r.ops.size(),
               format_seconds(predicted_total).c_str(), format_seconds(measured_total).c_str(),
               format_ratio(measured_total, predicted_total).c_str());
 }
 
 void offenders(std::ostringstream& out, const RankComparison& r, int top) {
   if (top <= 0) return;
-  out << line("\nrank %d: worst ops first (|measured - predicted|), joined by step-program id\n", r.rank)
-      << line("  %6s %-58s %12s %12s %10s\n", "id", "op", "predicted", "measured", "meas/pred");
+  out << report_line("\nrank %d: worst ops first (|measured - predicted|), joined by step-program id\n", r.rank)
+      << report_line("  %6s %-58s %12s %12s %10s\n", "id", "op", "predicted", "measured", "meas/pred");
   for (const ComparedOp& o : worst_offenders(r, static_cast<std::size_t>(top))) {
     std::string text = layouts::to_string(o.op);
     if (text.size() > 58) text = text.substr(0, 55) + "...";
-    out << line("  %6d %-58s %12s %12s %10s\n", o.id, text.c_str(),
+    out << report_line("  %6d %-58s %12s %12s %10s\n", o.id, text.c_str(),
                 o.predicted_s < 0 ? "-" : format_seconds(o.predicted_s).c_str(),
                 format_seconds(o.measured_s).c_str(), format_ratio(o.measured_s, o.predicted_s).c_str());
   }
@@ -158,12 +158,12 @@ std::string comparison_table(const RunComparison& c, int top_ops, int only_rank)
       << (c.world_size == 1 ? "" : "s") << " on " << c.device << "\n";
   out << "simulated on " << c.cluster << "; priced from: " << c.priced_from << "\n";
   out << "measured by " << c.timing;
-  if (c.measured_sm_clock_mhz >= 0) out << line("; SM clock %.0f MHz", c.measured_sm_clock_mhz);
-  if (c.measured_power_w >= 0) out << line(", power %.0f W (after each traced step)", c.measured_power_w);
+  if (c.measured_sm_clock_mhz >= 0) out << report_line("; SM clock %.0f MHz", c.measured_sm_clock_mhz);
+  if (c.measured_power_w >= 0) out << report_line(", power %.0f W (after each traced step)", c.measured_power_w);
   out << "\n";
   for (const std::string& note : c.notes) out << "note: " << note << "\n";
   summary(out, c);
-  memory(out, c);
+  memory_section(out, c);
   ranks(out, c);
   for (const RankComparison& r : c.ranks) {
     if (only_rank >= 0 && r.rank != only_rank) continue;
@@ -193,17 +193,17 @@ double kendall_tau(const std::vector<RunComparison>& runs) {
 std::string layouts_table(const std::vector<RunComparison>& runs) {
   std::ostringstream out;
   out << "\nper run (error = (predicted - measured) / measured; negative: optimistic)\n"
-      << line("  %-24s %-44s %12s %12s %9s\n", "run", "layout", "predicted", "measured", "error");
+      << report_line("  %-24s %-44s %12s %12s %9s\n", "run", "layout", "predicted", "measured", "error");
   double sum = 0, worst = 0;
   for (const RunComparison& c : runs) {
     const double e = step_time_error(c);
     sum += std::fabs(e);
     worst = std::max(worst, std::fabs(e));
-    out << line("  %-24s %-44s %12s %12s %8.1f%%\n", c.run_dir.c_str(), c.layout.substr(0, 44).c_str(),
+    out << report_line("  %-24s %-44s %12s %12s %8.1f%%\n", c.run_dir.c_str(), c.layout.substr(0, 44).c_str(),
                 format_seconds(c.predicted_step_s).c_str(), format_seconds(c.measured_step_s).c_str(),
                 100 * e);
   }
-  out << line("  mean |error| %.1f %%, max %.1f %%, Kendall tau of the rankings %.2f\n",
+  out << report_line("  mean |error| %.1f %%, max %.1f %%, Kendall tau of the rankings %.2f\n",
               runs.empty() ? 0.0 : 100 * sum / static_cast<double>(runs.size()), 100 * worst,
               kendall_tau(runs));
   return out.str();
@@ -214,8 +214,8 @@ void write_comparison_trace(std::ostream& out, const RunComparison& c) {
   std::vector<TraceEvent> events;
   for (const RankComparison& r : c.ranks) {
     processes.push_back(
-        {2 * r.rank, line("rank %d predicted (simulated rank %d)", r.rank, r.simulated_rank)});
-    processes.push_back({2 * r.rank + 1, line("rank %d measured", r.rank)});
+        {2 * r.rank, report_line("rank %d predicted (simulated rank %d)", r.rank, r.simulated_rank)});
+    processes.push_back({2 * r.rank + 1, report_line("rank %d measured", r.rank)});
     for (const ComparedOp& o : r.ops) {
       TraceEvent e;
       e.thread = !o.op.is_communication() ? TraceThread::kCompute

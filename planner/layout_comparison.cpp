@@ -19,7 +19,7 @@ std::string text(const char* format, double value) {
   return buf;
 }
 std::string seconds(double s) { return text("%.3f s", s); }
-std::string percent(double fraction) { return text("%.1f%%", 100.0 * fraction); }
+std::string comparison_percent(double fraction) { return text("%.1f%%", 100.0 * fraction); }
 
 std::string memory(const PlanCandidate& c, std::int64_t capacity_bytes, double usable_bytes) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -59,7 +59,7 @@ std::string verdict(const PlanCandidate& yours, const PlanCandidate& pick, const
   const double saved = pick_faster ? most.yours_s - most.pick_s : most.pick_s - most.yours_s;
   std::ostringstream out;
   out << (pick_faster ? "the plan's pick" : "your layout") << " is " << seconds(std::abs(gap)) << " ("
-      << percent(std::abs(gap) / slower) << ") faster per step";
+      << comparison_percent(std::abs(gap) / slower) << ") faster per step";
   if (saved > 0) out << ": " << seconds(saved) << " less " << most.name;
   return out.str();
 }
@@ -75,10 +75,10 @@ std::string format_layout_comparison(const PlanCandidate& yours, const PlanCandi
       {"knobs", describe(yours), describe(pick)},
       {"pipeline layout", yours.layout, pick.layout},
       {"step time", seconds(y.step_time_s), seconds(p.step_time_s)},
-      {"MFU", percent(y.mfu), percent(p.mfu)},
+      {"MFU", comparison_percent(y.mfu), comparison_percent(p.mfu)},
       {"memory (peak pp rank)", memory(yours, capacity_bytes, usable_bytes),
        memory(pick, capacity_bytes, usable_bytes)},
-      {"bubble (mean over stages)", percent(y.bubble_fraction), percent(p.bubble_fraction)},
+      {"bubble (mean over stages)", comparison_percent(y.bubble_fraction), comparison_percent(p.bubble_fraction)},
       {"where one step goes, on the critical pp rank (" + std::to_string(y.critical_stage) + " / " +
            std::to_string(p.critical_stage) + "):",
        "", ""}};

@@ -86,7 +86,7 @@ int run_preprocess(PreprocessArgs& args) {
   return 0;
 }
 
-int run_info(const std::string& prefix) {
+int run_data_info(const std::string& prefix) {
   const IndexedDataset dataset(prefix);
   const auto& lengths = dataset.sequence_lengths();
   int64_t shortest = 0, longest = 0;
@@ -216,7 +216,7 @@ const Registrar registrar{Command{
 
       return [preprocess, preprocess_args, info, info_prefix, sample, sample_args]() -> int {
         if (preprocess->parsed()) return run_preprocess(*preprocess_args);
-        if (info->parsed()) return run_info(*info_prefix);
+        if (info->parsed()) return run_data_info(*info_prefix);
         if (sample->parsed()) return run_sample(*sample_args);
         return 1;
       };

@@ -158,11 +158,7 @@ int run_plan(const PlanCommandOptions& o) {
   space.uneven_layouts = !o.no_uneven;
   space.virtual_pipeline = !o.no_vpp;
   pin_search_knobs(a, space);
-  // Under megatune's own memory model FSDP holds what the distributed optimizer holds (the executor keeps
-  // the gathered parameters and the whole gradient buffer) and adds the gathers: it cannot win, so it is
-  // searched only under --memory-model megatron or when the flags ask for it.
-  if (o.memory_model == planner::MemoryModelKind::kMegatune && !a.use_megatron_fsdp && !a.use_torch_fsdp2)
-    space.fsdp.clear();
+  // (Under --memory-model megatune the search leaves FSDP out unless these flags pin it: SearchSpace::fsdp.)
   // Megatron runs --tp-comm-overlap only with sequence parallelism: every TP > 1 candidate then has it.
   if (o.comm.tp_comm_overlap) space.sequence_parallel = {true};
   request.tp_comm_overlap = o.comm.tp_comm_overlap;

@@ -85,6 +85,7 @@ smoke_test() {
 
 build_fuzzers() {
   CC=clang CXX=clang++ configure_and_build build-fuzz -DMEGATUNE_CUDA=OFF -DMEGATUNE_FUZZ=ON -DMEGATUNE_TESTS=OFF \
+    -DMEGATUNE_UNITY_BUILD=ON \
     -- megatune_fuzzers
 }
 
@@ -117,13 +118,13 @@ case "$mode" in
     #    (they skip without a GPU) and a smoke run of the CUDA-enabled executable (plan, then train and
     #    simulate on the CPU backend when no GPU is there). Every CPU test runs once, in step 2, where the
     #    sanitizers watch it (the CLI's tests run the sanitized executable there).
-    phase "build" configure_and_build build -DMEGATUNE_CPU_TEST_ROOMS=
+    phase "build" configure_and_build build -DMEGATUNE_CPU_TEST_ROOMS= -DMEGATUNE_UNITY_BUILD=ON
     phase "tests" run_tests build
     phase "smoke" smoke_test build/bin/megatune
     # 2. Every CPU test under AddressSanitizer + UndefinedBehaviorSanitizer: only the CPU libraries, the
     #    CLI the tools tests run, and the CPU test binaries (no CUDA, no benchmarks).
     phase "sanitizer build" configure_and_build build-asan -DMEGATUNE_CUDA=OFF -DMEGATUNE_SANITIZE=ON \
-      -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DMEGATUNE_CPU_TEST_ROOMS=$all_rooms" -- megatune megatune_cpu_tests
+      -DMEGATUNE_UNITY_BUILD=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DMEGATUNE_CPU_TEST_ROOMS=$all_rooms" -- megatune megatune_cpu_tests
     phase "sanitizer tests" run_tests build-asan -L cpu
     # 3. libFuzzer, bounded time: layout strings and parallel configurations (layouts/fuzz), cluster files and
     #    CSV / JSON imports (cost_models/fuzz), JSONL lines, indexed datasets and checkpoint manifests

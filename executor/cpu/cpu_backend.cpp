@@ -24,7 +24,7 @@ namespace {
 float* f32(Tensor t) { return static_cast<float*>(t.data); }
 const std::int32_t* i32(Tensor t) { return static_cast<const std::int32_t*>(t.data); }
 
-void require_contiguous(const Tensor& t, const char* what) {
+void require_contiguous_cpu(const Tensor& t, const char* what) {
   if (!t.contiguous()) throw std::logic_error(std::string("cpu backend: ") + what + " must be contiguous");
 }
 
@@ -68,7 +68,7 @@ void CpuBackend::download(Tensor src, float* host) {
 }
 
 void CpuBackend::upload_int32(Tensor dst, const std::int32_t* host) {
-  require_contiguous(dst, "token tensor");
+  require_contiguous_cpu(dst, "token tensor");
   if (dst.numel() == 0) return;
   std::memcpy(dst.data, host, sizeof(std::int32_t) * dst.numel());
 }
@@ -100,13 +100,13 @@ void CpuBackend::do_gemm(const GemmArgs& g) {
   }
   round_if_bf16(g.c);
   if (!g.bias_grad.empty()) {  // column sums of dY stored (k, m)
-    require_contiguous(g.a, "GEMM A with a bias gradient");
+    require_contiguous_cpu(g.a, "GEMM A with a bias gradient");
     reference::column_sum(f32(g.a), f32(g.bias_grad), g.k, g.m, /*accumulate=*/true);
   }
 }
 
 void CpuBackend::do_bias_grad(Tensor d_out, Tensor d_bias) {
-  require_contiguous(d_out, "bias gradient input");
+  require_contiguous_cpu(d_out, "bias gradient input");
   reference::column_sum(f32(d_out), f32(d_bias), d_out.rows, d_out.cols, /*accumulate=*/true);
 }
 
@@ -183,8 +183,8 @@ void CpuBackend::do_attention_backward(const AttentionArgs& a, const AttentionGr
 }
 
 void CpuBackend::do_activation_forward(ActivationKind kind, Tensor in, Tensor out) {
-  require_contiguous(in, "activation input");
-  require_contiguous(out, "activation output");
+  require_contiguous_cpu(in, "activation input");
+  require_contiguous_cpu(out, "activation output");
   if (kind == ActivationKind::kGelu) {
     reference::bias_gelu_forward(f32(in), nullptr, nullptr, f32(out), in.rows, in.cols);
   } else {
@@ -204,7 +204,7 @@ void CpuBackend::do_activation_backward(ActivationKind kind, Tensor in, Tensor d
 
 void CpuBackend::do_activation_backward_recompute(ActivationKind kind, Tensor in, Tensor d_out, Tensor d_in,
                                                   Tensor out) {
-  for (const Tensor* t : {&in, &d_out, &d_in, &out}) require_contiguous(*t, "activation backward tensor");
+  for (const Tensor* t : {&in, &d_out, &d_in, &out}) require_contiguous_cpu(*t, "activation backward tensor");
   if (kind == ActivationKind::kGelu) {
     reference::gelu_backward_recompute(f32(d_out), f32(in), f32(d_in), f32(out), in.rows, in.cols);
   } else {
@@ -215,20 +215,20 @@ void CpuBackend::do_activation_backward_recompute(ActivationKind kind, Tensor in
 }
 
 void CpuBackend::do_cross_entropy(Tensor logits, Tensor targets, Tensor losses, float grad_scale) {
-  require_contiguous(logits, "logits");
+  require_contiguous_cpu(logits, "logits");
   reference::cross_entropy(f32(logits), i32(targets), f32(losses), logits.rows, logits.cols,
                            /*write_gradient=*/true, grad_scale);
   round_if_bf16(logits);
 }
 
 void CpuBackend::do_cross_entropy_row_max(Tensor logits, Tensor row_max) {
-  require_contiguous(logits, "logits");
+  require_contiguous_cpu(logits, "logits");
   reference::cross_entropy_row_max(f32(logits), f32(row_max), logits.rows, logits.cols);
 }
 
 void CpuBackend::do_cross_entropy_target_sum_exp(Tensor logits, Tensor targets, std::int64_t vocab_offset,
                                                  const CrossEntropyStats& stats) {
-  require_contiguous(logits, "logits");
+  require_contiguous_cpu(logits, "logits");
   reference::cross_entropy_target_sum_exp(f32(logits), i32(targets), f32(stats.row_max),
                                           f32(stats.target_logit), f32(stats.sum_exp), logits.rows,
                                           logits.cols, vocab_offset);
@@ -236,7 +236,7 @@ void CpuBackend::do_cross_entropy_target_sum_exp(Tensor logits, Tensor targets, 
 
 void CpuBackend::do_cross_entropy_finish(Tensor logits, Tensor targets, std::int64_t vocab_offset,
                                          const CrossEntropyStats& stats, Tensor losses, float grad_scale) {
-  require_contiguous(logits, "logits");
+  require_contiguous_cpu(logits, "logits");
   reference::cross_entropy_finish(f32(logits), i32(targets), f32(stats.row_max), f32(stats.target_logit),
                                   f32(stats.sum_exp), f32(losses), logits.rows, logits.cols, vocab_offset,
                                   grad_scale);
@@ -244,7 +244,7 @@ void CpuBackend::do_cross_entropy_finish(Tensor logits, Tensor targets, std::int
 }
 
 void CpuBackend::do_add(Tensor a, Tensor b, Tensor out) {
-  require_contiguous(out, "add output");
+  require_contiguous_cpu(out, "add output");
   reference::add(f32(a), f32(b), f32(out), out.numel());
   round_if_bf16(out);
 }
@@ -252,7 +252,7 @@ void CpuBackend::do_add(Tensor a, Tensor b, Tensor out) {
 void CpuBackend::do_cast(Tensor src, Tensor dst) { copy(src, dst); }
 
 void CpuBackend::do_attention_merge(const AttentionMergeArgs& a) {
-  require_contiguous(a.block_out, "attention merge block output");
+  require_contiguous_cpu(a.block_out, "attention merge block output");
   AttentionMergeShape shape = a.shape;
   shape.out_stride = a.out.row_stride;
   reference::attention_merge(shape, f32(a.out), f32(a.lse), f32(a.block_out), f32(a.block_lse));

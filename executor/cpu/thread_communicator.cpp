@@ -46,6 +46,13 @@ const float* ThreadCommunicator::host_floats(const Tensor& t, std::vector<float>
   return staged.data();
 }
 
+std::vector<float> ThreadCommunicator::host_copy(const Tensor& t) {
+  if (cpu_ != nullptr) return std::vector<float>(floats(t), floats(t) + t.numel());
+  std::vector<float> copy(static_cast<std::size_t>(t.numel()));
+  backend_.download(t, copy.data());
+  return copy;
+}
+
 void ThreadCommunicator::end_transfer_op(std::size_t from_last) {
   if (cpu_ != nullptr) cpu_->end_timed_op_now(from_last);
 }
@@ -168,12 +175,7 @@ CommHandle ThreadCommunicator::do_batch_p2p(CommGroup group, const std::vector<P
     if (t.tensor.is_int32) world_.fail("batch_p2p: int32 tensors are not supported");
   }
   for (const P2pTransferArgs& t : transfers)  // all sends first: buffered, they never block
-    if (t.send) {
-      std::vector<float> staged;
-      const float* data = host_floats(t.tensor, staged);
-      world_.post(group, me, t.peer_rank,
-                  cpu_ != nullptr ? std::vector<float>(data, data + t.tensor.numel()) : std::move(staged));
-    }
+    if (t.send) world_.post(group, me, t.peer_rank, host_copy(t.tensor));
   // The transfers were recorded as ops just before, sends then receives: each receive's op ends when its
   // data is in place.
   std::size_t receives_left = static_cast<std::size_t>(

@@ -61,6 +61,8 @@ class ThreadCommunicator final : public Communicator {
   ThreadWorld::Group& state(CommGroup group);
   // `t`'s values as floats: its storage on the CPU backend, else a host copy kept in `staged`.
   const float* host_floats(const Tensor& t, std::vector<float>& staged);
+  // An owned host copy of t's values (what a posted p2p message holds).
+  std::vector<float> host_copy(const Tensor& t);
   void end_transfer_op(std::size_t from_last);  // the CPU backend's op timing (see CpuBackend)
 
   CpuBackend* cpu_;  // the backend when it is the CPU's (read in place), else null (staged)

@@ -23,14 +23,14 @@ struct ThreadWorld::Group {
 
 namespace {
 
-std::string rank_list(const std::vector<int>& ranks) {
+std::string spaced_rank_list(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : " ") + std::to_string(r);
   return s;
 }
 
 std::string group_text(const ThreadWorld::Group& g) {
-  return std::string("group ") + layouts::comm_group_name(g.kind) + " (ranks " + rank_list(g.members) + ")";
+  return std::string("group ") + layouts::comm_group_name(g.kind) + " (ranks " + spaced_rank_list(g.members) + ")";
 }
 
 std::string describe(const ThreadWorld::Contribution& c) {
@@ -154,11 +154,11 @@ void ThreadWorld::barrier(Lock& lock, Group& g, int member) {
         if (finished_[g.members[i]]) gone.push_back(g.members[i]);
       }
     if (!gone.empty())
-      fail_locked(lock, "rank " + rank_list(gone) + " finished without joining " + g.phase + " over " +
+      fail_locked(lock, "rank " + spaced_rank_list(gone) + " finished without joining " + g.phase + " over " +
                             group_text(g));
     if (changed_.wait_until(lock, until) == std::cv_status::timeout && g.generation == generation)
       fail_locked(lock, timeout_text() + " in " + g.phase + " over " + group_text(g) + ": rank" +
-                            (missing.size() > 1 ? "s " : " ") + rank_list(missing) + " did not arrive");
+                            (missing.size() > 1 ? "s " : " ") + spaced_rank_list(missing) + " did not arrive");
   }
 }
 

@@ -8,7 +8,7 @@ namespace megatune::executor {
 namespace {
 
 using layouts::OpPhase;
-constexpr OpPhase kB = OpPhase::kBackward;
+constexpr OpPhase kMlaBackward = OpPhase::kBackward;
 
 }  // namespace
 
@@ -158,7 +158,7 @@ AttentionArgs MlaAttention::attention_args(const Saved& s, Tensor out, Tensor ls
 
 void MlaAttention::backward(int layer, const Weights& w, const Saved& s, Tensor out, Tensor lse, Tensor d_out,
                             Tensor x, Tensor x_full, Tensor d_x, Tensor d_x_full, bool accumulate) {
-  const Tensor q_input = q_rank_ > 0 ? Tensor{} : w.q_up->gather_input(x, x_full, kB);
+  const Tensor q_input = q_rank_ > 0 ? Tensor{} : w.q_up->gather_input(x, x_full, kMlaBackward);
   attention_grads_to_up_projections(layer, s, out, lse, d_out);
   up_projection_grads(layer, w, s, q_input, d_x_full, accumulate);
   down_projection_grads(layer, w, s, x, d_x, d_x_full, accumulate);
@@ -176,7 +176,7 @@ void MlaAttention::attention_grads_to_up_projections(int layer, const Saved& s, 
   grads.dq = d_q_;
   grads.dk = d_k_;
   grads.dv = cols(d_kv_, H * d_nope_, H * d_v_);
-  backend_.attention_backward(args, grads, {"attn", layer, kB});
+  backend_.attention_backward(args, grads, {"attn", layer, kMlaBackward});
   for (std::int64_t i = 0; i < H; ++i) {
     backend_.copy(cols(d_q_, i * d, d_nope_), cols(q_rope_, i * d_nope_, d_nope_));
     backend_.copy(cols(d_q_, i * d + d_nope_, d_rope_), cols(q_rope_, H * d_nope_ + i * d_rope_, d_rope_));
@@ -185,11 +185,11 @@ void MlaAttention::attention_grads_to_up_projections(int layer, const Saved& s, 
   backend_.copy(cols(d_k_, d_nope_, d_rope_), d_rope_key_);
   for (std::int64_t i = 1; i < H; ++i) {
     backend_.copy(cols(d_k_, i * d + d_nope_, d_rope_), d_rope_key_head_);
-    backend_.add(d_rope_key_, d_rope_key_head_, d_rope_key_, {"k_pos_emb_grad_sum", layer, kB});
+    backend_.add(d_rope_key_, d_rope_key_head_, d_rope_key_, {"k_pos_emb_grad_sum", layer, kMlaBackward});
   }
   backend_.copy(d_rope_key_, cols(q_rope_, H * d, d_rope_));
   backend_.rope(cols(q_rope_, H * d_nope_, H * d_rope_ + d_rope_), seq_, H, 1, d_rope_, config_.rope_theta,
-                true, {"rope", layer, kB});
+                true, {"rope", layer, kMlaBackward});
 }
 
 void MlaAttention::up_projection_grads(int layer, const Weights& w, const Saved& s, Tensor q_input,
@@ -208,7 +208,7 @@ void MlaAttention::up_projection_grads(int layer, const Weights& w, const Saved&
   backend_.copy(cols(q_rope_, H * d, d_rope_), cols(d_latents_, q_rank_ + kv_rank_, d_rope_));
   // Each rank's latent gradients cover its heads only: summed over TP (reduce-scattered to the rows of the
   // replicated down-projections under SP).
-  tp_.reduce(d_latents_, d_latents_shard_, "mla_latent_dgrad_ar", "mla_latent_dgrad_rs", layer, kB);
+  tp_.reduce(d_latents_, d_latents_shard_, "mla_latent_dgrad_ar", "mla_latent_dgrad_rs", layer, kMlaBackward);
 }
 
 void MlaAttention::down_projection_grads(int layer, const Weights& w, const Saved& s, Tensor x, Tensor d_x,
@@ -217,13 +217,13 @@ void MlaAttention::down_projection_grads(int layer, const Weights& w, const Save
   const LatentNorms &n = w.norms, &dn = w.norm_grads;
   backend_.copy(cols(dl, q_rank_, kv_rank_), kv_latent_norm_);
   backend_.norm_backward(norm_args(s.kv_latent, n.kv_w, n.kv_b, kv_latent_norm_, s.kv_mean, s.kv_rstd),
-                         kv_latent_norm_, {}, d_kv_latent_, dn.kv_w, dn.kv_b, {"kv_norm", layer, kB});
+                         kv_latent_norm_, {}, d_kv_latent_, dn.kv_w, dn.kv_b, {"kv_norm", layer, kMlaBackward});
   backend_.copy(d_kv_latent_, cols(d_kv_compressed_, 0, kv_rank_));
   backend_.copy(cols(dl, q_rank_ + kv_rank_, d_rope_), cols(d_kv_compressed_, kv_rank_, d_rope_));
   if (q_rank_ > 0) {
     backend_.copy(cols(dl, 0, q_rank_), q_latent_norm_);
     backend_.norm_backward(norm_args(s.q_latent, n.q_w, n.q_b, q_latent_norm_, s.q_mean, s.q_rstd),
-                           q_latent_norm_, {}, d_q_latent_, dn.q_w, dn.q_b, {"q_norm", layer, kB});
+                           q_latent_norm_, {}, d_q_latent_, dn.q_w, dn.q_b, {"q_norm", layer, kMlaBackward});
   } else {
     // The one query projection is column-parallel: its input gradient is partial over TP.
     w.q_up->reduce_input_grad(d_x_full, d_x);

@@ -8,7 +8,7 @@
 namespace megatune::executor {
 
 namespace {
-constexpr layouts::OpRole kDispatchRole = layouts::OpRole::kExpertDispatch;
+constexpr layouts::OpRole kAllgatherDispatchRole = layouts::OpRole::kExpertDispatch;
 constexpr float kNotRouted = -1.0f;  // a routing entry no kept choice selected
 }  // namespace
 
@@ -45,9 +45,9 @@ MoePermutation MoeAllGatherDispatcher::dispatch(const MoeRouting& routing, Tenso
         mine[t * experts_ + routing.expert[t * routing.topk + j]] = routing.prob[t * routing.topk + j];
   backend_.upload(routing_, mine.data());
   communicator_.all_gather(CommGroup::kTensorExpert, routing_, all_routing_,
-                           {"dispatch_probs_ag", layer, phase, kDispatchRole});
+                           {"dispatch_probs_ag", layer, phase, kAllgatherDispatchRole});
   communicator_.all_gather(CommGroup::kTensorExpert, x, gathered_,
-                           {"dispatch_ag", layer, phase, kDispatchRole});
+                           {"dispatch_ag", layer, phase, kAllgatherDispatchRole});
   std::vector<float> all(static_cast<std::size_t>(all_routing_.numel()));
   backend_.download(all_routing_, all.data());
   const std::int64_t G = gathered_tokens(), L = local_experts_, first = ep_rank_ * L;
@@ -73,12 +73,12 @@ MoePermutation MoeAllGatherDispatcher::dispatch(const MoeRouting& routing, Tenso
 
 void MoeAllGatherDispatcher::combine(Tensor y, int layer, layouts::OpPhase phase) {
   communicator_.reduce_scatter(CommGroup::kTensorExpert, combined_, y,
-                               {"combine_rs", layer, phase, kDispatchRole});
+                               {"combine_rs", layer, phase, kAllgatherDispatchRole});
 }
 
 Tensor MoeAllGatherDispatcher::gather_output_grad(Tensor d_y, int layer) {
   communicator_.all_gather(CommGroup::kTensorExpert, d_y, d_gathered_,
-                           {"combine_grad_ag", layer, layouts::OpPhase::kBackward, kDispatchRole});
+                           {"combine_grad_ag", layer, layouts::OpPhase::kBackward, kAllgatherDispatchRole});
   return d_gathered_;
 }
 
@@ -86,7 +86,7 @@ void MoeAllGatherDispatcher::scatter_input_grad(Tensor d_x, const MoePermutation
                                                 const std::vector<float>& plan_d_probs,
                                                 const MoeRouting& routing, std::vector<float>& d_probs,
                                                 int layer) {
-  const OpTag rs = {"dispatch_grad_rs", layer, layouts::OpPhase::kBackward, kDispatchRole};
+  const OpTag rs = {"dispatch_grad_rs", layer, layouts::OpPhase::kBackward, kAllgatherDispatchRole};
   communicator_.reduce_scatter(CommGroup::kTensorExpert, d_gathered_, d_x, rs);
   // The probabilities' gradient in the routing's (gathered tokens, E) layout, this rank's experts' columns.
   const std::int64_t G = gathered_tokens(), L = local_experts_, first = ep_rank_ * L;
@@ -96,7 +96,7 @@ void MoeAllGatherDispatcher::scatter_input_grad(Tensor d_x, const MoePermutation
       if (plan.token_rows[t * L + e] >= 0) all[t * experts_ + first + e] = plan_d_probs[t * L + e];
   backend_.upload(all_routing_, all.data());
   communicator_.reduce_scatter(CommGroup::kTensorExpert, all_routing_, routing_,
-                               {"dispatch_probs_grad_rs", layer, layouts::OpPhase::kBackward, kDispatchRole});
+                               {"dispatch_probs_grad_rs", layer, layouts::OpPhase::kBackward, kAllgatherDispatchRole});
   std::vector<float> mine(static_cast<std::size_t>(routing_.numel()));
   backend_.download(routing_, mine.data());
   d_probs.assign(static_cast<std::size_t>(local_tokens_ * routing.topk), 0.0f);

@@ -10,7 +10,7 @@ namespace megatune::executor {
 namespace {
 
 using layouts::OpPhase;
-constexpr OpPhase kB = OpPhase::kBackward;
+constexpr OpPhase kMoeBackward = OpPhase::kBackward;
 
 }  // namespace
 
@@ -247,25 +247,25 @@ void MoeLayers::backward_routed(const MoeLayerLinears& w, Tensor d_y, Tensor d_x
   if (allgather_) {
     std::vector<float> plan_d_probs;
     backend_.moe_unpermute_backward(allgather_->gather_output_grad(d_y, layer), rows(expert_out(e), 0, R),
-                                    s.plan, rows(d_rows, 0, R), plan_d_probs, {"unpermute", layer, kB});
+                                    s.plan, rows(d_rows, 0, R), plan_d_probs, {"unpermute", layer, kMoeBackward});
     experts_backward(w, e, layer, accumulate);
     backend_.moe_unpermute(rows(d_x_rows, 0, R), s.plan, false, allgather_->input_grad_rows(),
-                           {"permute", layer, kB});
+                           {"permute", layer, kMoeBackward});
     allgather_->scatter_input_grad(d_x, s.plan, plan_d_probs, s.routing, d_probs_, layer);
     return;
   }
   const Tensor d_local = expert_parallel() ? d_local_rows_ : d_rows;
   const Tensor d_x_local = expert_parallel() ? d_x_local_rows_ : d_x_rows;
   backend_.moe_unpermute_backward(d_y, rows(returned(e), 0, R), s.plan, rows(d_local, 0, R), d_probs_,
-                                  {"unpermute", layer, kB});
+                                  {"unpermute", layer, kMoeBackward});
   if (expert_parallel())
     dispatcher_->dispatch(s.dispatch, rows(d_local, 0, R), dispatch_buffers(), d_rows, "combine_grad_a2a",
-                          "combine_grad_ag", layer, kB);
+                          "combine_grad_ag", layer, kMoeBackward);
   experts_backward(w, e, layer, accumulate);
   if (expert_parallel())
     dispatcher_->combine(s.dispatch, d_x_rows, dispatch_buffers(), rows(d_x_local, 0, R), "dispatch_grad_rs",
-                         "dispatch_grad_a2a", layer, kB);
-  backend_.moe_unpermute(rows(d_x_local, 0, R), s.plan, false, d_x, {"permute", layer, kB});
+                         "dispatch_grad_a2a", layer, kMoeBackward);
+  backend_.moe_unpermute(rows(d_x_local, 0, R), s.plan, false, d_x, {"permute", layer, kMoeBackward});
 }
 
 void MoeLayers::backward_dense(const MoeLayerLinears& w, Tensor x, Tensor x_full, Tensor d_y, Tensor d_x,
@@ -286,7 +286,7 @@ void MoeLayers::experts_backward(const MoeLayerLinears& w, int e, int layer, boo
   w.fc2->data_grad(d_rows, act, offset);
   if (R > 0)
     backend_.activation_backward_recompute(config_.activation, rows(fc1, 0, R), rows(act, 0, R),
-                                           rows(fc1, 0, R), rows(act, 0, R), {"expert_act", layer, kB});
+                                           rows(fc1, 0, R), rows(act, 0, R), {"expert_act", layer, kMoeBackward});
   w.fc2->weight_grad(d_rows, act, offset, accumulate);
   w.fc1->data_grad(fc1, rows_->scratch(kDxRows), offset);
   w.fc1->weight_grad(fc1, expert_in(e), offset, accumulate);
@@ -300,13 +300,13 @@ void MoeLayers::shared_backward(const MoeLayerLinears& w, Tensor x, Tensor x_ful
   const Tensor dy = w.shared_fc2->gather_output_grad(d_y, d_y_full_);
   w.shared_fc2->data_grad(dy, shared_act_);
   backend_.activation_backward_recompute(config_.activation, s.shared_fc1, shared_act_, s.shared_fc1,
-                                         shared_act_, {"act", layer, kB});
+                                         shared_act_, {"act", layer, kMoeBackward});
   w.shared_fc2->weight_grad(dy, shared_act_, accumulate);
   w.shared_fc1->data_grad(s.shared_fc1, split ? shared_full_ : d_x, /*accumulate=*/!split);
-  w.shared_fc1->weight_grad(s.shared_fc1, w.shared_fc1->gather_input(x, x_full, kB), accumulate);
+  w.shared_fc1->weight_grad(s.shared_fc1, w.shared_fc1->gather_input(x, x_full, kMoeBackward), accumulate);
   if (!split) return;
   const Tensor shared = w.shared_fc1->reduce_input_grad(shared_full_, shared_shard_);
-  backend_.add(d_x, shared, d_x, {"shared_dgrad_add", layer, kB});
+  backend_.add(d_x, shared, d_x, {"shared_dgrad_add", layer, kMoeBackward});
 }
 
 void MoeLayers::router_backward(const MoeLayerLinears& w, Tensor x, Tensor d_x, Saved& s,

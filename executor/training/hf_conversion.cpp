@@ -39,7 +39,7 @@ int64_t elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
+std::string hf_shape_text(const std::vector<int64_t>& shape) {
   std::string text = "(";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + ")";
@@ -111,8 +111,8 @@ FullParameters read_hf_parameters(const std::string& directory, const HfModel& m
     for (const HfPiece& piece : binding.pieces) {
       const checkpoint::SafetensorsEntry& entry = folder.entry(piece.name);
       if (entry.shape != piece.shape)
-        throw UserError(directory + ": tensor " + piece.name + " has shape " + shape_text(entry.shape) +
-                        " but config.json implies " + shape_text(piece.shape) +
+        throw UserError(directory + ": tensor " + piece.name + " has shape " + hf_shape_text(entry.shape) +
+                        " but config.json implies " + hf_shape_text(piece.shape) +
                         "; the config and the weights are of different models");
       std::vector<float> part = folder.read_floats(piece.name);
       if (piece.transposed) part = transpose(part, piece.shape[0], piece.shape[1]);

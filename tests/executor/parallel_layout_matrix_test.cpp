@@ -223,23 +223,32 @@ const std::vector<Layout>& matrix() {
   return layouts;
 }
 
-class LayoutMatrix : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+// Each layout trains both models, one with tied and one with untied embeddings, alternating from layout to
+// layout (GPT tied and Llama untied, then GPT untied and Llama tied): every layout meets both architectures
+// (norms, biases, positions, MLP), and both tie modes meet each architecture and the pipelined layouts (where
+// the tied embedding's gradient is reduced between the first and the last stage), at half the cases of the
+// full product.
+bool tied_variant(int index, bool gpt) { return gpt == (index % 2 == 0); }
+
+class LayoutMatrix : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(LayoutMatrix, ReproducesTheSingleRankRun) {
-  const auto [index, gpt, tied] = GetParam();
+  const auto [index, gpt] = GetParam();
+  const bool tied = tied_variant(index, gpt);
   const layouts::ModelSpec model = gpt ? gpt_tiny(tied) : llama_tiny(tied);
   expect_matches_single_rank(model, matrix().at(index));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
                          ::testing::Combine(::testing::Range(0, static_cast<int>(matrix().size())),
-                                            ::testing::Bool(), ::testing::Bool()),
+                                            ::testing::Bool()),
                          [](const ::testing::TestParamInfo<LayoutMatrix::ParamType>& info) {
-                           std::string name = matrix().at(std::get<0>(info.param)).name;
+                           const auto [index, gpt] = info.param;
+                           std::string name = matrix().at(index).name;
                            for (char& c : name)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return name + (std::get<1>(info.param) ? "_gpt" : "_llama") +
-                                  (std::get<2>(info.param) ? "_tied" : "_untied");
+                           return name + (gpt ? "_gpt" : "_llama") +
+                                  (tied_variant(index, gpt) ? "_tied" : "_untied");
                          });
 
 // The distributed optimizer at data-parallel sizes that do not divide 64 (buckets padded to lcm(dp, 128)):

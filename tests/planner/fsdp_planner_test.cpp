@@ -144,5 +144,34 @@ TEST(FsdpSearch, ShardingIsADimensionAndReachesTheCommandLine) {
       << megatron;
 }
 
+// Under megatune's own memory model FSDP cannot win (it holds what the distributed optimizer holds and adds
+// the gathers): the search leaves it out unless it is pinned.
+TEST(FsdpSearch, MegatuneMemoryModelSearchesItOnlyWhenPinned) {
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("1x8xH100");
+  const auto cost_model = cost_models::CostModel::from_embedded(cluster);
+  const CostModelPricer pricer(*cost_model);
+  PlanRequest request;
+  request.model = layouts::model_preset("llama3-1b");
+  request.model.seq_length = 2048;
+  request.world_size = 8;
+  request.global_batch_size = 16;
+  request.space.tp = {2};
+  request.space.pp = {1};
+  request.space.cp = {1};
+  request.space.micro_batch = {1};
+  request.space.recompute = {layouts::RecomputeGranularity::kSelective};
+  request.space.sequence_parallel = {true};
+  request.memory_model = MemoryModelKind::kMegatune;
+  request.top_k = 10;
+  const PlanResult open = plan(request, pricer);
+  ASSERT_FALSE(open.ranked.empty());
+  for (const PlanCandidate& candidate : open.ranked) EXPECT_FALSE(candidate.config.fsdp()) << describe(candidate);
+  request.space.distributed_optimizer.clear();
+  request.space.fsdp_pinned = true;  // as --use-megatron-fsdp pins it
+  const PlanResult pinned = plan(request, pricer);
+  ASSERT_FALSE(pinned.ranked.empty());
+  for (const PlanCandidate& candidate : pinned.ranked) EXPECT_TRUE(candidate.config.fsdp()) << describe(candidate);
+}
+
 }  // namespace
 }  // namespace megatune::planner
