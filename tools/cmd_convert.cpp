@@ -133,7 +133,7 @@ int run_convert(ConvertArgs& a) {
   return a.from_hf.empty() ? to_hf(a) : from_hf(a);
 }
 
-const Registrar registrar({
+const Registrar kConvertCommand({
     "convert",
     "convert between Hugging Face model folders (config.json + safetensors) and megatune checkpoints",
     45,

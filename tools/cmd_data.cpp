@@ -157,7 +157,7 @@ int run_sample(const SampleArgs& args) {
   return 0;
 }
 
-const Registrar registrar{Command{
+const Registrar kDataCommand{Command{
     "data", "Megatron indexed datasets: preprocess text/JSONL, inspect, print samples", 40,
     [](CLI::App& app) -> std::function<int()> {
       app.require_subcommand(1);

@@ -394,7 +394,7 @@ int run_train(TrainArgs& a) {
   return 0;
 }
 
-const Registrar registrar({
+const Registrar kTrainCommand({
     "train",
     "train a model with Megatron's flags and parallel layout (GPU, or the CPU backend with ranks as threads)",
     40,

@@ -243,7 +243,8 @@ INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
                          ::testing::Combine(::testing::Range(0, static_cast<int>(matrix().size())),
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<LayoutMatrix::ParamType>& info) {
-                           const auto [index, gpt] = info.param;
+                           const int index = std::get<0>(info.param);
+                           const bool gpt = std::get<1>(info.param);
                            std::string name = matrix().at(index).name;
                            for (char& c : name)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
