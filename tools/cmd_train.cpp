@@ -29,6 +29,7 @@
 #include "tools/command_registry.h"
 #include "tools/input_checks.h"
 #include "tools/megatron_args.h"
+#include "tools/megatron_compat_flags.h"
 #include "tools/tokenizer_flags.h"
 #include "tools/train_memory_check.h"
 #include "tools/train_option_checks.h"
@@ -54,12 +55,21 @@ struct TrainArgs {
   bool ranks_on_one_gpu = false;             // --ranks-on-one-gpu: every rank a thread on GPU 0
   executor::data::TokenizerFiles tokenizer;  // --tokenizer-type and its files (default: the byte tokenizer)
   std::vector<std::string> adopted_model_flags;  // the --load checkpoint's model flags, when none were given
+  MegatronCompatFlags compat;                    // Megatron flags without an option of train's own
   const CLI::App* app = nullptr;
 };
 
 // Megatron takes the vocabulary size (before padding) and the end-of-document id from the tokenizer flags.
 void apply_tokenizer(TrainArgs& a) {
   if (a.tokenizer.type == "byte") return;
+  if (a.tokenizer.type == "NullTokenizer") {  // Megatron's _NullTokenizer(vocab_size): EOD is vocab_size
+    if (!a.megatron.vocab_size)
+      throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids below N; EOD is N)");
+    // A vocabulary adopted from the --load checkpoint already counts the EOD.
+    if (a.app->count("--vocab-size") > 0) *a.megatron.vocab_size += 1;
+    a.options.eod_token = *a.megatron.vocab_size - 1;
+    return;
+  }
   const auto tokenizer = executor::data::make_tokenizer(a.tokenizer);
   const std::int64_t vocab = tokenizer->vocab_size();
   if (a.megatron.vocab_size && *a.megatron.vocab_size < vocab)
@@ -297,8 +307,16 @@ void check_run_flags(TrainArgs& a, const layouts::ParallelConfig& parallel, cons
     parse_trace_iterations(a.trace_iterations, a.options.trace);
   }
   if (a.nproc > 0 && a.nproc != parallel.world_size)
-    throw UserError("--nproc " + std::to_string(a.nproc) + " does not match the layout's world size " +
-                    std::to_string(parallel.world_size) + " (tp x pp x dp x cp); make them equal");
+    throw UserError("--nproc " + std::to_string(a.nproc) + " does not match --world-size " +
+                    std::to_string(parallel.world_size) + "; give one of them (the data-parallel size is "
+                    "derived from the world size)");
+  if (given(a.compat, "--calculate-per-token-loss") && a.options.eod_mask_loss)
+    throw UserError(
+        "--calculate-per-token-loss with --eod-mask-loss: megatune averages each micro-batch's loss over its "
+        "own counted tokens, which differs from Megatron's per-token loss when masks vary; drop one of them");
+  if ((a.options.finetune || a.options.no_load_optim) && a.options.load.empty())
+    throw UserError(std::string(a.options.finetune ? "--finetune" : "--no-load-optim") +
+                    " needs --load DIR (the checkpoint whose weights the run starts from)");
   if (launch.world_size > 1) check_layout_world_size(launch, parallel.world_size);
   if (a.ranks_on_one_gpu) {
     if (a.device != "cuda")
@@ -333,18 +351,30 @@ int train_ranks_on_one_gpu(const TrainArgs& a, const layouts::ModelSpec& spec,
 int run_train(TrainArgs& a) {
   // Like Megatron, the world size defaults to the launcher's (torchrun, Slurm, mpirun).
   const LaunchEnvironment launch = read_launch_environment();
+  order_as_given(a.compat, *a.app);
+  check_megatron_compat_flags(a.compat);
   if (!a.megatron.world_size && launch.world_size > 1) a.megatron.world_size = launch.world_size;
+  // --nproc is the world size on one host, as torchrun's: the data-parallel size follows from it.
+  if (!a.megatron.world_size && a.nproc > 0) a.megatron.world_size = a.nproc;
   adopt_checkpoint_model(a);
   apply_tokenizer(a);
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);
   parallel.validate(spec);
+  resolve_sample_schedule(a.options, parallel.resolved_global_batch_size(), a.app->count("--train-iters") > 0);
   validate_train_options(a.options);
   const std::string fresh_start = check_load_path(a.options.load);  // refuses a --load that does not exist
   if (!fresh_start.empty() && launch.rank == 0 && a.nproc <= 1) std::cout << fresh_start << std::endl;
   if (a.device.empty()) a.device = default_device();
   if (a.device == "cpu") require_single_process_for_cpu(launch);
   check_run_flags(a, parallel, launch);
+  // Named once: by this process when it runs the ranks (or sizes them), by the logging rank under a
+  // launcher; not by a process that starts one per GPU (its ranks do).
+  const bool relaunches = !a.dry_run && a.device == "cuda" && launch.world_size == 1 && !a.ranks_on_one_gpu &&
+                          (a.nproc > 1 || (a.nproc == 0 && parallel.world_size > 1));
+  const std::string accepted = accepted_compat_flags_line(a.compat);
+  if (!accepted.empty() && !relaunches && launch.rank == launch.world_size - 1)
+    std::cout << accepted << std::endl;
   if (a.dry_run) return dry_run(a, spec, parallel);
   a.options.bf16 = a.options.bf16 || a.device == "cuda";  // the CUDA backend computes in bf16
   if (a.ranks_on_one_gpu) return train_ranks_on_one_gpu(a, spec, parallel);
@@ -442,6 +472,9 @@ const Registrar kTrainCommand({
                    "MoE: DeepSeek-V3's aux-loss-free balancing bias (sigmoid routing)");
       app.add_option("--moe-router-bias-update-rate", a.options.moe_router_bias_update_rate,
                      "MoE: the expert bias's step per iteration (default 1e-3)");
+      app.add_option("--moe-router-topk-scaling-factor", a.options.moe_router_topk_scaling_factor,
+                     "MoE: the chosen experts' probabilities times this (DeepSeek-V3: 2.5; default none)")
+          ->check(CLI::NonNegativeNumber);
       app.add_option("--mtp-loss-scaling-factor", a.options.mtp_loss_scaling_factor,
                      "Multi-token prediction: the MTP losses' weight, averaged over the MTP layers (0.1)");
       app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,
@@ -449,6 +482,30 @@ const Registrar kTrainCommand({
       app.add_flag("--moe-pad-expert-input-to-capacity", a.options.moe_pad_expert_input_to_capacity,
                    "MoE: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)");
       app.add_option("--train-iters", a.options.train_iters, "iterations to train (default 100)");
+      const auto samples = [&](const char* name, std::optional<std::int64_t>& target, const char* help) {
+        app.add_option_function<std::int64_t>(
+               name, [&target](const std::int64_t& v) { target = v; }, help)
+            ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 50));
+      };
+      samples("--train-samples", a.options.train_samples,
+              "samples to train (Megatron's sample schedule: --train-iters = samples / global batch)");
+      samples("--lr-warmup-samples", a.options.lr_warmup_samples, "warm-up in samples (with --train-samples)");
+      samples("--lr-decay-samples", a.options.lr_decay_samples,
+              "decay in samples (with --train-samples; default --train-samples)");
+      samples("--lr-wsd-decay-samples", a.options.lr_wsd_decay_samples,
+              "WSD: the final anneal in samples (with --train-samples)");
+      app.add_option("--exit-interval", a.options.exit_interval,
+                     "save (with --save) and stop after an iteration this divides, as Megatron")
+          ->check(integer_at_least(1));
+      app.add_option("--exit-duration-in-mins", a.options.exit_duration_in_mins,
+                     "save (with --save) and stop after the first iteration that ends this many minutes after "
+                     "the start")
+          ->check(CLI::PositiveNumber);
+      app.add_flag("--finetune", a.options.finetune,
+                   "take only the weights from --load: iteration, data position and optimizer start anew, "
+                   "saved as a new run");
+      app.add_flag("--no-load-optim", a.options.no_load_optim,
+                   "resume --load without its optimizer state (the moments start at zero)");
       app.add_option("--save", a.options.save, "checkpoint directory to save into");
       app.add_option("--load", a.options.load, "checkpoint directory to resume from (its latest iteration)");
       app.add_flag("--overwrite-checkpoints", a.options.overwrite_checkpoints,
@@ -475,7 +532,8 @@ const Registrar kTrainCommand({
                      "global batches per validation / test evaluation (default 0: none; Megatron's is 100)")
           ->check(integer_at_least(0));
       app.add_option("--nproc", a.nproc,
-                     "ranks on this host (must equal the layout's world size): threads with --device cpu, "
+                     "ranks on this host, and the world size unless --world-size is given (the data-parallel "
+                     "size follows, as under torchrun): threads with --device cpu, "
                      "one process per GPU with --device cuda (last rank's output shown, errors as [rank K])")
           ->check(integer_between(1, 4096));
       app.add_option("--distributed-timeout-minutes", a.options.distributed_timeout_minutes,
@@ -489,6 +547,12 @@ const Registrar kTrainCommand({
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,
                      "write the ops the first iteration issued (layouts::Op text, one a line) to FILE");
+      app.add_option("--tensorboard-dir", a.options.tensorboard_dir,
+                     "write Megatron's TensorBoard scalars (lm loss, learning rate, grad norm, throughput, MFU, "
+                     "validation loss, MoE and MTP losses) as event files into DIR");
+      app.add_option("--tensorboard-log-interval", a.options.tensorboard_log_interval,
+                     "iterations between TensorBoard scalars (default 1)")
+          ->check(integer_at_least(1));
       app.add_option("--trace-dir", a.options.trace.dir,
                      "trace a window of iterations into DIR (per-op times joined to the step program, step "
                      "time, arena): DIR/run.json + DIR/rank_<r>.ops.jsonl, read by megatune compare");
@@ -498,6 +562,7 @@ const Registrar kTrainCommand({
           "--dry-run", a.dry_run,
           "print each pipeline stage's arena breakdown (the executor's own sizing) and exit: no GPU, "
           "no data, nothing trained");
+      add_megatron_compat_flags(app, a.compat);
       a.app = &app;
       return [args]() { return run_train(*args); };
     },

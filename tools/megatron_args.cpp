@@ -139,6 +139,11 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
       ->check(CLI::IsMember({"none", "uniform", "block"}));
   sized("--recompute-num-layers", args.recompute_num_layers,
         "Layers per recomputation unit (full recomputation)");
+  app.add_flag("--recompute-activations", args.recompute_activations,
+               "Megatron's shorthand for --recompute-granularity selective");
+  app.add_option("--recompute-modules", args.recompute_modules,
+                 "Selective recomputation's modules: core_attn (Megatron's default, what megatune recomputes)")
+      ->expected(1, 16);
   app.add_flag("--use-distributed-optimizer", args.use_distributed_optimizer,
                "Shard optimizer state over DP");
   app.add_flag("--overlap-grad-reduce", args.overlap_grad_reduce, "Overlap gradient reduction with backward");
@@ -287,6 +292,21 @@ layouts::ParallelConfig resolve_parallel(const MegatronArgs& args) {
   }
   if (args.recompute_granularity)
     c.recompute_granularity = layouts::parse_recompute_granularity(*args.recompute_granularity);
+  if (args.recompute_activations) {  // Megatron: recompute_granularity = 'selective'
+    if (args.recompute_granularity && c.recompute_granularity != layouts::RecomputeGranularity::kSelective)
+      throw UserError("--recompute-activations is --recompute-granularity selective: drop one of it and "
+                      "--recompute-granularity " + *args.recompute_granularity);
+    c.recompute_granularity = layouts::RecomputeGranularity::kSelective;
+  }
+  for (const std::string& module : args.recompute_modules) {
+    if (module != "core_attn")
+      throw UserError("--recompute-modules " + module +
+                      ": megatune's selective recomputation recomputes core attention only; use "
+                      "--recompute-modules core_attn, or --recompute-granularity full for whole layers");
+    if (c.recompute_granularity != layouts::RecomputeGranularity::kSelective)
+      throw UserError("--recompute-modules applies to selective recomputation: add --recompute-granularity "
+                      "selective (or --recompute-activations), or drop --recompute-modules");
+  }
   if (args.recompute_method) c.recompute_method = layouts::parse_recompute_method(*args.recompute_method);
   c.account_for_embedding_in_pipeline_split = args.account_for_embedding_in_pipeline_split;
   c.account_for_loss_in_pipeline_split = args.account_for_loss_in_pipeline_split;

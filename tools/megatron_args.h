@@ -39,6 +39,8 @@ struct MegatronArgs {
       recompute_num_layers;
   std::optional<std::string> pipeline_model_parallel_layout, recompute_granularity, recompute_method;
   std::optional<std::string> moe_token_dispatcher_type;  // --moe-token-dispatcher-type
+  bool recompute_activations = false;                    // --recompute-activations: selective
+  std::vector<std::string> recompute_modules;            // --recompute-modules (selective: core_attn)
   std::optional<std::string> cp_comm_type;  // --cp-comm-type: p2p (Megatron's default) is what megatune runs
   bool account_for_embedding_in_pipeline_split = false;
   bool account_for_loss_in_pipeline_split = false;

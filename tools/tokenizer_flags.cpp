@@ -10,15 +10,17 @@ namespace megatune::tools {
 
 void add_tokenizer_flags(CLI::App& command, executor::data::TokenizerFiles& t, bool with_ids) {
   std::vector<std::string> types = {"byte", "GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer",
-                                    "SentencePieceTokenizer"};
+                                    "SentencePieceTokenizer", "Llama2Tokenizer"};
   if (with_ids) types.insert(types.begin() + 1, "ids");
+  if (!with_ids) types.push_back("NullTokenizer");  // train: ids 0..--vocab-size-1 and EOD --vocab-size
   command
       .add_option(
           "--tokenizer-type", t.type,
           std::string("byte (default): one token per byte, EOD 256, vocab 257 (Megatron pads it to a "
                       "multiple of 128 x TP: 384 at TP 1); ") +
               (with_ids ? "ids: the key holds token id arrays; " : "") +
-              "Megatron's GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer")
+              "Megatron's GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer, Llama2Tokenizer" +
+              (with_ids ? "" : ", NullTokenizer (with --vocab-size N: ids below N, EOD N, vocabulary N + 1)"))
       ->check(CLI::IsMember(types));
   command.add_option("--vocab-file", t.vocab_file, "GPT2BPETokenizer: GPT-2's vocab.json");
   command.add_option("--merge-file", t.merge_file, "GPT2BPETokenizer: GPT-2's merges.txt");

@@ -79,9 +79,42 @@ class SentencePieceTokenizer : public TextTokenizer {
   std::int32_t eod_id_ = -1;
 };
 
+// Megatron's _Llama2Tokenizer: the model's own pieces only (vocabulary = its piece count), EOD = its eos id,
+// and a document tokenized with the bos id in front (tokenize(s, bos=True, eos=False)).
+class Llama2Tokenizer : public TextTokenizer {
+ public:
+  explicit Llama2Tokenizer(const std::string& path) {
+    require_regular_file(path, "--tokenizer-model");
+    if (!processor_.Load(path).ok())
+      throw UserError("--tokenizer-model " + path +
+                      " is not a SentencePiece model; give Llama 2's tokenizer.model");
+    if (processor_.eos_id() < 0)
+      throw UserError("--tokenizer-model " + path +
+                      " has no end-of-sentence piece, which Llama2Tokenizer takes as EOD; use "
+                      "SentencePieceTokenizer");
+  }
+  void tokenize(std::string_view text, std::vector<std::int32_t>& ids) const override {
+    if (processor_.bos_id() >= 0) ids.push_back(processor_.bos_id());
+    std::vector<int> pieces;
+    processor_.Encode(text, &pieces).IgnoreError();
+    ids.insert(ids.end(), pieces.begin(), pieces.end());
+  }
+  std::int64_t vocab_size() const override { return processor_.GetPieceSize(); }
+  std::int32_t eod_id() const override { return processor_.eos_id(); }
+
+ private:
+  sentencepiece::SentencePieceProcessor processor_;
+};
+
 }  // namespace
 
 bool sentencepiece_available() { return true; }
+
+std::unique_ptr<TextTokenizer> make_llama2_tokenizer(const std::string& model_file) {
+  if (model_file.empty())
+    throw UserError("--tokenizer-type Llama2Tokenizer needs --tokenizer-model (Llama 2's tokenizer.model)");
+  return std::make_unique<Llama2Tokenizer>(model_file);
+}
 
 std::unique_ptr<TextTokenizer> make_sentencepiece_tokenizer(const std::string& model_file) {
   if (model_file.empty())
@@ -91,6 +124,12 @@ std::unique_ptr<TextTokenizer> make_sentencepiece_tokenizer(const std::string& m
 }
 #else
 bool sentencepiece_available() { return false; }
+
+std::unique_ptr<TextTokenizer> make_llama2_tokenizer(const std::string&) {
+  throw UserError(
+      "--tokenizer-type Llama2Tokenizer: this megatune was built without SentencePiece; install "
+      "libsentencepiece-dev and rebuild");
+}
 
 std::unique_ptr<TextTokenizer> make_sentencepiece_tokenizer(const std::string&) {
   throw UserError(

@@ -28,9 +28,10 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerFiles& files) {
     return std::make_unique<ByteLevelBpeTokenizer>(hugging_face_spec(files.tokenizer_model));
   if (files.type == "TikTokenizer") return std::make_unique<ByteLevelBpeTokenizer>(tiktoken_spec(files));
   if (files.type == "SentencePieceTokenizer") return make_sentencepiece_tokenizer(files.tokenizer_model);
+  if (files.type == "Llama2Tokenizer") return make_llama2_tokenizer(files.tokenizer_model);
   throw UserError("--tokenizer-type " + files.type +
                   " is not a text tokenizer here; give byte, GPT2BPETokenizer, "
-                  "HuggingFaceTokenizer, TikTokenizer or SentencePieceTokenizer");
+                  "HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer or Llama2Tokenizer");
 }
 
 }  // namespace megatune::executor::data

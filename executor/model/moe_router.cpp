@@ -246,8 +246,8 @@ void MoeRouterConfig::validate(std::int64_t experts) const {
     throw UserError("--moe-router-topk must lie in [1, --num-experts] (got " + std::to_string(topk) +
                     " for " + std::to_string(experts) + " experts)");
   if (aux_loss_coeff < 0.0) throw UserError("--moe-aux-loss-coeff must be >= 0");
-  if (pre_softmax && score_function != RouterScoreFunction::kSoftmax)
-    throw UserError("--moe-router-pre-softmax applies to --moe-router-score-function softmax only");
+  if (!(topk_scaling_factor >= 0.0))
+    throw UserError("--moe-router-topk-scaling-factor must be >= 0 (DeepSeek-V3: 2.5)");
   if (enable_expert_bias && score_function != RouterScoreFunction::kSigmoid)
     throw UserError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid");
   if (!(bias_update_rate >= 0.0)) throw UserError("--moe-router-bias-update-rate must be >= 0");
@@ -284,6 +284,8 @@ MoeRouting route_tokens_choice(const float* logits, std::int64_t tokens, std::in
   // starting the threads costs on a loaded host.
   for (std::int64_t t = 0; t < tokens; ++t)
     choose(logits + t * E, c, expert_bias, &r.expert[t * k], &r.prob[t * k]);
+  if (c.topk_scaling_factor > 0.0)  // Megatron: probs * scaling_factor after the top-k, before the drop
+    for (float& p : r.prob) p *= static_cast<float>(c.topk_scaling_factor);
   if (c.drops_tokens()) drop_over_capacity(r, c);
   r.tokens_per_expert.assign(static_cast<std::size_t>(E), 0);
   for (std::int64_t i = 0; i < tokens * k; ++i) r.tokens_per_expert[r.expert[i]] += r.kept[i];
@@ -297,13 +299,15 @@ void route_tokens_backward(const MoeRouting& r, const MoeRouterConfig& c, const 
   std::fill(d_logits, d_logits + T * E, 0.0f);
   std::vector<float> dp(static_cast<std::size_t>(k)), p(static_cast<std::size_t>(k)),
       row(static_cast<std::size_t>(E)), dz_top(static_cast<std::size_t>(k)), ds(static_cast<std::size_t>(E));
+  // The scaling factor's part: d(scaled)/d(unscaled) = factor; the formulas below take the unscaled ones.
+  const float scale = c.topk_scaling_factor > 0.0 ? static_cast<float>(c.topk_scaling_factor) : 1.0f;
   for (std::int64_t t = 0; t < T; ++t) {
     const float* z = &r.logits[t * E];
     float* dz = d_logits + t * E;
     const std::int32_t* top = &r.expert[t * k];
     for (int j = 0; j < k; ++j) {  // a dropped choice's weight is 0 whatever its probability
-      dp[j] = r.kept[t * k + j] ? d_prob[t * k + j] : 0.0f;
-      p[j] = r.prob[t * k + j];
+      dp[j] = r.kept[t * k + j] ? d_prob[t * k + j] * scale : 0.0f;
+      p[j] = r.prob[t * k + j] / scale;
     }
     if (c.score_function == RouterScoreFunction::kSoftmax && !c.pre_softmax) {
       std::fill(dz_top.begin(), dz_top.end(), 0.0f);

@@ -21,7 +21,7 @@ struct MoeRouterConfig {
   std::int64_t num_experts = 0;                                        // --num-experts
   int topk = 2;                                                        // --moe-router-topk
   RouterScoreFunction score_function = RouterScoreFunction::kSoftmax;  // --moe-router-score-function
-  bool pre_softmax = false;                                            // --moe-router-pre-softmax
+  bool pre_softmax = false;  // --moe-router-pre-softmax (softmax only: sigmoid ignores it, as Megatron)
   LoadBalancingType load_balancing = LoadBalancingType::kAuxLoss;      // --moe-router-load-balancing-type
   double aux_loss_coeff = 0.0;                                         // --moe-aux-loss-coeff
   double capacity_factor = 0.0;  // --moe-expert-capacity-factor; <= 0: dropless
@@ -30,6 +30,7 @@ struct MoeRouterConfig {
   bool pad_to_capacity = false;
   bool enable_expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid routing only)
   double bias_update_rate = 1e-3;   // --moe-router-bias-update-rate
+  double topk_scaling_factor = 0.0;  // --moe-router-topk-scaling-factor: the chosen probabilities times it (0: 1)
   bool drops_tokens() const { return capacity_factor > 0.0; }
   // Megatron's get_capacity(tokens * topk, experts, factor): the rows each expert keeps of `tokens` routed
   // tokens, ceil(tokens * topk / experts * factor), at most every token once. Needs drops_tokens().

@@ -78,7 +78,11 @@ LrScheduleConfig lr_schedule(const TrainOptions& a, std::int64_t gbs) {
   lr.init_lr = a.lr_warmup_init;
   lr.style = parse_lr_decay_style(a.lr_decay_style);
   lr.wsd_style = parse_wsd_decay_style(a.lr_wsd_decay_style);
-  lr.decay_samples = a.lr_decay_iters.value_or(a.train_iters) * gbs;
+  // Megatron's sample schedule counts in samples; an iteration schedule in iterations of `gbs` samples.
+  lr.decay_samples = a.lr_decay_samples ? *a.lr_decay_samples
+                     : a.lr_decay_iters ? *a.lr_decay_iters * gbs
+                     : a.train_samples  ? *a.train_samples
+                                        : a.train_iters * gbs;
   if (a.lr_warmup_iters && a.lr_warmup_fraction)
     throw UserError("give only one of --lr-warmup-iters and --lr-warmup-fraction");
   if (a.lr_warmup_fraction) {
@@ -87,13 +91,48 @@ LrScheduleConfig lr_schedule(const TrainOptions& a, std::int64_t gbs) {
     lr.warmup_samples =
         static_cast<std::int64_t>(*a.lr_warmup_fraction * static_cast<double>(lr.decay_samples));
   } else {
-    lr.warmup_samples = a.lr_warmup_iters.value_or(0) * gbs;
+    lr.warmup_samples = a.lr_warmup_samples ? *a.lr_warmup_samples : a.lr_warmup_iters.value_or(0) * gbs;
   }
-  lr.wsd_decay_samples = a.lr_wsd_decay_iters.value_or(0) * gbs;
+  lr.wsd_decay_samples =
+      a.lr_wsd_decay_samples ? *a.lr_wsd_decay_samples : a.lr_wsd_decay_iters.value_or(0) * gbs;
   return lr;
 }
 
 }  // namespace
+
+void resolve_sample_schedule(TrainOptions& a, std::int64_t global_batch_size, bool train_iters_given) {
+  const struct {
+    const char* samples_flag;
+    const std::optional<std::int64_t>& samples;
+    const char* iters_flag;
+    bool iters_given;
+  } pairs[] = {
+      {"--lr-warmup-samples", a.lr_warmup_samples, "--lr-warmup-iters", a.lr_warmup_iters.has_value()},
+      {"--lr-decay-samples", a.lr_decay_samples, "--lr-decay-iters", a.lr_decay_iters.has_value()},
+      {"--lr-wsd-decay-samples", a.lr_wsd_decay_samples, "--lr-wsd-decay-iters", a.lr_wsd_decay_iters.has_value()},
+  };
+  if (!a.train_samples) {
+    for (const auto& p : pairs)
+      if (p.samples)
+        throw UserError(std::string(p.samples_flag) +
+                        " belongs to a sample-based schedule: give --train-samples (and no --train-iters), or " +
+                        p.iters_flag + " with --train-iters");
+    return;
+  }
+  if (train_iters_given)
+    throw UserError("give only one of --train-iters and --train-samples (Megatron takes one or the other)");
+  for (const auto& p : pairs) {
+    if (p.iters_given)
+      throw UserError(std::string(p.iters_flag) + " belongs to an iteration schedule: with --train-samples give " +
+                      p.samples_flag);
+    if (p.samples && *p.samples < 0)
+      throw UserError(std::string(p.samples_flag) + " must be >= 0");
+  }
+  if (*a.train_samples < global_batch_size)
+    throw UserError("--train-samples " + std::to_string(*a.train_samples) + " is less than one global batch (" +
+                    std::to_string(global_batch_size) + " samples): raise it");
+  a.train_iters = *a.train_samples / global_batch_size;  // Megatron's train_samples // global_batch_size
+}
 
 RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel,
                            const TrainOptions& a, int rank) {
@@ -122,6 +161,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
     router.aux_loss_coeff = a.moe_aux_loss_coeff;
     router.enable_expert_bias = a.moe_router_enable_expert_bias;
     router.bias_update_rate = a.moe_router_bias_update_rate;
+    router.topk_scaling_factor = a.moe_router_topk_scaling_factor;
     if (a.moe_expert_capacity_factor) {
       if (!(*a.moe_expert_capacity_factor > 0.0))
         throw UserError("--moe-expert-capacity-factor must be > 0 (leave it out for dropless routing)");
@@ -172,6 +212,13 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.load = a.load;
   run.overwrite_checkpoints = a.overwrite_checkpoints;
   run.save_interval = a.save_interval;
+  run.finetune = a.finetune;
+  run.load_optimizer = !a.no_load_optim && !a.finetune;
+  if (a.exit_interval < 0) throw UserError("--exit-interval must be >= 0 (0: no exit before --train-iters)");
+  if (!(a.exit_duration_in_mins >= 0.0))
+    throw UserError("--exit-duration-in-mins must be >= 0 (0: no time limit)");
+  run.exit_interval = a.exit_interval;
+  run.exit_duration_s = a.exit_duration_in_mins * 60.0;
   run.log_interval = a.log_interval;
   run.eval_interval = a.eval_interval;
   run.eval_iters = a.eval_iters;
@@ -180,6 +227,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.schedule = placement.schedule;
   run.data_parallel_rank = placement.coordinates.dp;
   if (parallel.world_size > 1) run.layout_description = describe_layout(spec, parallel);
+  run.tensorboard_dir = a.tensorboard_dir;
+  run.tensorboard_log_interval = a.tensorboard_log_interval;
   run.trace = a.trace;
   run.trace.rank = rank;
   run.trace.coordinates = placement.coordinates;

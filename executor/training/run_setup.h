@@ -24,7 +24,17 @@ struct TrainOptions {
   double weight_decay = 0.01, clip_grad = 1.0, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   double init_method_std = 0.02, norm_epsilon = 1e-5, rotary_base = 10000.0;
   std::int64_t train_iters = 100;
+  // Megatron's sample-based schedule: --train-samples (train_iters = samples / global batch), the warm-up,
+  // decay and WSD anneal in samples. Either these or the iteration counts, not both (as Megatron asserts).
+  std::optional<std::int64_t> train_samples, lr_warmup_samples, lr_decay_samples, lr_wsd_decay_samples;
   std::string save, load;
+  // --finetune: only the model's weights come from --load (iteration, consumed samples and optimizer state
+  // start anew, the run is a new one); --no-load-optim: the optimizer state starts anew.
+  bool finetune = false, no_load_optim = false;
+  // --exit-interval N: stop after an iteration that N divides; --exit-duration-in-mins M: stop after the
+  // first iteration that ends M minutes after the run began. Both save a checkpoint first (with --save).
+  std::int64_t exit_interval = 0;
+  double exit_duration_in_mins = 0.0;
   std::int64_t save_interval = 0;
   bool overwrite_checkpoints =
       false;  // --overwrite-checkpoints: --save may replace another run's checkpoints
@@ -48,8 +58,11 @@ struct TrainOptions {
   bool moe_pad_expert_input_to_capacity = false;            // --moe-pad-expert-input-to-capacity
   bool moe_router_enable_expert_bias = false;               // --moe-router-enable-expert-bias
   double moe_router_bias_update_rate = 1e-3;                // --moe-router-bias-update-rate
+  double moe_router_topk_scaling_factor = 0.0;              // --moe-router-topk-scaling-factor (0: none)
   double mtp_loss_scaling_factor = 0.1;                     // --mtp-loss-scaling-factor (Megatron's default)
   RunTraceOptions trace;                                    // --trace-dir, --trace-iterations
+  std::string tensorboard_dir;                              // --tensorboard-dir
+  std::int64_t tensorboard_log_interval = 1;                // --tensorboard-log-interval
   bool check_for_nan_in_loss_and_grad = true;               // --[no-]check-for-nan-in-loss-and-grad
   // --distributed-timeout-minutes (Megatron's default 10): how long the ranks' rendezvous, communicator
   // setup and any one collective may take before the job ends with a line naming what was awaited.
@@ -66,6 +79,11 @@ struct RankLayout {
 // Throws UserError for layouts the executor cannot run yet (MTP layers off the loss stage or with context
 // parallelism, MoE with tensor or expert-tensor parallelism).
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank);
+
+// Megatron's sample-based schedule: refuses one mixed with iteration counts (train_iters_given: the command
+// line gave --train-iters) and sets train_iters to train_samples / global_batch_size. UserError naming the
+// flags; nothing to do without --train-samples.
+void resolve_sample_schedule(TrainOptions& options, std::int64_t global_batch_size, bool train_iters_given);
 
 // The whole RunConfig of `rank`; peak_tflops is left 0 (the caller knows its device). UserError on bad flags.
 RunConfig build_run_config(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,

@@ -96,6 +96,12 @@ struct EvaluationResult {
   double tokens = 0.0;
 };
 
+// What Trainer::load restores besides the weights (Megatron's --no-load-optim, --finetune).
+struct CheckpointLoadScope {
+  bool optimizer = true;  // the Adam moments (false: they start at zero)
+  bool progress = true;   // iteration, consumed and skipped counts (false: they start at zero)
+};
+
 class Trainer {
  public:
   // Sizes every buffer (model chunks, optimizer state) in one pass, reserves the backend's arena once, then
@@ -121,11 +127,12 @@ class Trainer {
   // (fp32), and metadata iteration, consumed_samples, skipped_iterations, model_config.
   void save(checkpoint::CheckpointWriter& writer) const;
   // Restores what save() wrote; UserError when the checkpoint holds another model shape.
-  void load(const checkpoint::CheckpointReader& reader);
+  void load(const checkpoint::CheckpointReader& reader, const CheckpointLoadScope& scope = {});
   // Restores a checkpoint saved under another parallel layout: `shards` are every rank's shard of that save
   // (metadata tp_rank / tp_size; a single-rank save: one shard). Each parameter (and its optimizer moments)
   // is assembled from the TP slices of the shards holding it and sliced for this rank.
-  void load_resharded(const std::vector<checkpoint::CheckpointReader>& shards);
+  // Without the optimizer in `scope`, a distributed-optimizer save reshards too (its weights are whole).
+  void load_resharded(const std::vector<checkpoint::CheckpointReader>& shards, const CheckpointLoadScope& scope = {});
   // Sum of `value` over every rank of the job (a bookkeeping reduction, not recorded as a step-program op;
   // also a barrier).
   double world_sum(double value);

@@ -52,10 +52,10 @@ void Trainer::save(checkpoint::CheckpointWriter& writer) const {
   writer.add_metadata("lr_decay_style", to_string(config_.lr.style));
 }
 
-void Trainer::load(const checkpoint::CheckpointReader& reader) {
+void Trainer::load(const checkpoint::CheckpointReader& reader, const CheckpointLoadScope& scope) {
   reader.require_metadata_equal("model_config", config_.model.describe());
   const bool shards = reader.has_metadata("distributed_optimizer_shards");
-  if (shards != config_.use_distributed_optimizer)
+  if (scope.optimizer && shards != config_.use_distributed_optimizer)
     throw UserError("checkpoint " + reader.directory() + (shards ? " holds" : " does not hold") +
                     " distributed-optimizer shards but this run " + (shards ? "does not use" : "uses") +
                     " --use-distributed-optimizer; resume with the flags it was saved with");
@@ -67,7 +67,7 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
       const std::vector<std::int64_t> shape =
           e.rows == 1 ? std::vector<std::int64_t>{e.cols} : std::vector<std::int64_t>{e.rows, e.cols};
       reader.read_tensor("model." + e.name, checkpoint::TensorDType::fp32, shape, params.data() + e.offset);
-      if (shards) continue;
+      if (shards || !scope.optimizer) continue;
       reader.read_tensor("optimizer.exp_avg." + e.name, checkpoint::TensorDType::fp32, shape,
                          m.data() + e.offset);
       reader.read_tensor("optimizer.exp_avg_sq." + e.name, checkpoint::TensorDType::fp32, shape,
@@ -75,6 +75,7 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
     }
     data_parallel_->set_main_parameters(static_cast<int>(c), params);
     load_expert_biases({&reader}, *chunks_[c]);
+    if (!scope.optimizer) continue;  // the moments stay as a new run's
     if (shards) {
       DataParallelStrategy::Moments own;
       const std::int64_t owned = data_parallel_->owned_elements(static_cast<int>(c));
@@ -90,12 +91,13 @@ void Trainer::load(const checkpoint::CheckpointReader& reader) {
       data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
     }
   }
+  if (!scope.progress) return;
   iteration_ = reader.metadata_int("iteration");
   consumed_samples_ = reader.metadata_int("consumed_samples");
   skipped_iterations_ = reader.metadata_int("skipped_iterations");
 }
 
-void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards) {
+void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& shards, const CheckpointLoadScope& scope) {
   if (shards.empty()) throw std::invalid_argument("load_resharded: no shards");
   shards.front().require_metadata_equal("model_config", config_.model.describe());
   // Slices of one save only: a shard of another iteration or run would be assembled into the parameters.
@@ -106,7 +108,7 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
                         shard.metadata_value(key) + " but " + shards.front().directory() + " holds " +
                         shards.front().metadata_value(key) +
                         "; the shards come from different saves: resume from a directory one save wrote");
-  if (shards.front().has_metadata("distributed_optimizer_shards"))
+  if (scope.optimizer && shards.front().has_metadata("distributed_optimizer_shards"))
     throw UserError(
         "checkpoint " + shards.front().directory() + " was saved under " +
         (shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "another layout") +
@@ -127,6 +129,7 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
         std::copy(local.begin(), local.end(), buffer.begin() + e.offset);
       };
       put(params, "model.");
+      if (!scope.optimizer) continue;
       put(m, "optimizer.exp_avg.");
       put(v, "optimizer.exp_avg_sq.");
     }
@@ -134,8 +137,10 @@ void Trainer::load_resharded(const std::vector<checkpoint::CheckpointReader>& sh
     std::vector<const checkpoint::CheckpointReader*> readers;
     for (const checkpoint::CheckpointReader& shard : shards) readers.push_back(&shard);
     load_expert_biases(readers, *chunks_[c]);
-    data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
+    if (scope.optimizer)
+      data_parallel_->set_moments_from_whole(static_cast<int>(c), {std::move(m), std::move(v)});
   }
+  if (!scope.progress) return;
   iteration_ = shards.front().metadata_int("iteration");
   consumed_samples_ = shards.front().metadata_int("consumed_samples");
   skipped_iterations_ = shards.front().metadata_int("skipped_iterations");

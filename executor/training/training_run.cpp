@@ -71,7 +71,11 @@ std::string format_evaluation_lines(const std::string& prefix, double loss) {
 }
 
 TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& communicator, std::ostream& log)
-    : config_(std::move(config)), backend_(backend), communicator_(communicator), log_(log) {
+    : config_(std::move(config)),
+      backend_(backend),
+      communicator_(communicator),
+      log_(log),
+      started_(std::chrono::steady_clock::now()) {
   if (config_.train_iters <= 0) throw UserError("--train-iters must be >= 1");
   if (config_.log_interval <= 0) throw UserError("--log-interval must be >= 1");
   if (config_.save_interval < 0) throw UserError("--save-interval must be >= 0");
@@ -107,6 +111,9 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
   if (test_samples > 0 && !test_dataset_)
     log_ << "no test evaluation: --split leaves its split no sequences\n";
   if (!config_.trace.dir.empty()) tracer_ = std::make_unique<RankTracer>(config_.trace, backend_);
+  if (config_.tensorboard_log_interval < 1) throw UserError("--tensorboard-log-interval must be >= 1");
+  if (!config_.tensorboard_dir.empty() && communicator_.world_rank() == communicator_.world_size() - 1)
+    tensorboard_ = std::make_unique<TensorBoardWriter>(config_.tensorboard_dir);
 }
 
 TrainingRun::~TrainingRun() = default;
@@ -152,20 +159,23 @@ void TrainingRun::load_checkpoint() {
   std::vector<checkpoint::CheckpointReader> shards;
   shards.push_back(saved.open_shard(parallel_save ? rank_shard_name(0) : checkpoint::kDefaultShardName));
   if (parallel_save) require_shard_of_rank(shards.front(), 0, shards.front());
-  run_id_ = checkpoint::run_id_for(&shards.front());
-  run_id_resumed_ = true;
+  // A fine-tuning run is a run of its own: it saves under a new id (so it never adds iterations to the
+  // run it started from) and counts from iteration 0.
+  run_id_ = config_.finetune ? checkpoint::new_run_id() : checkpoint::run_id_for(&shards.front());
+  run_id_resumed_ = !config_.finetune;
+  const CheckpointLoadScope scope{config_.load_optimizer, !config_.finetune};
   const std::string saved_layout =
       shards.front().has_metadata("layout") ? shards.front().metadata_value("layout") : "a single rank";
   const std::string this_layout = world == 1 ? "a single rank" : config_.layout_description;
   if (saved_layout == this_layout) {
     if (world == 1) {
-      trainer_->load(shards.front());
+      trainer_->load(shards.front(), scope);
     } else {
       const checkpoint::CheckpointReader mine =
           rank == 0 ? std::move(shards.front()) : saved.open_shard(rank_shard_name(rank));
       if (rank != 0) require_shard_of_rank(mine, rank, shards.front());
       require_own_coordinates(mine, communicator_);
-      trainer_->load(mine);
+      trainer_->load(mine, scope);
     }
   } else {
     const std::int64_t saved_world =
@@ -174,7 +184,7 @@ void TrainingRun::load_checkpoint() {
       shards.push_back(saved.open_shard(rank_shard_name(r)));
       require_shard_of_rank(shards.back(), r, shards.front());
     }
-    trainer_->load_resharded(shards);
+    trainer_->load_resharded(shards, scope);
     log_ << "resharded the checkpoint saved under " << saved_layout << " to " << this_layout << "\n";
   }
   // Every rank must resume the same iteration (a save interrupted between shards is never in place, but a
@@ -184,8 +194,14 @@ void TrainingRun::load_checkpoint() {
     throw UserError("--load " + config_.load +
                     ": the ranks' checkpoints hold different iterations; resume from "
                     "a directory written by one run");
+  if (config_.finetune) {
+    log_ << "loaded the weights of checkpoint " << saved.directory()
+         << " for fine-tuning (--finetune): iteration, data position and optimizer state start anew\n";
+    return;
+  }
   log_ << "loaded checkpoint " << saved.directory() << " at iteration " << trainer_->iteration()
-       << " (consumed samples " << trainer_->consumed_samples() << ")\n";
+       << " (consumed samples " << trainer_->consumed_samples() << ")"
+       << (config_.load_optimizer ? "" : "; the optimizer state starts anew (--no-load-optim)") << "\n";
 }
 
 void TrainingRun::log_moe_rows() {
@@ -224,7 +240,32 @@ void TrainingRun::evaluate(data::PretrainingDataLoader& loader, const std::strin
   std::string prefix = "iteration " + std::to_string(record.iteration);
   if (final) prefix += " on " + split + " set";
   log_ << format_evaluation_lines(prefix, record.loss) << std::endl;
+  if (tensorboard_) {  // Megatron's evaluate_and_print_results scalars
+    const std::string tag = split == "test" ? "lm loss test" : "lm loss validation";
+    tensorboard_->add_scalar(tag, record.loss, record.iteration);
+    tensorboard_->add_scalar(tag + " vs samples", record.loss, trainer_->consumed_samples());
+    tensorboard_->add_scalar(tag + " ppl", std::exp(std::min(20.0, record.loss)), record.iteration);
+    tensorboard_->add_scalar(tag + " ppl vs samples", std::exp(std::min(20.0, record.loss)),
+                             trainer_->consumed_samples());
+    tensorboard_->flush();
+  }
   evaluations_.push_back(record);
+}
+
+std::string TrainingRun::exit_reason(std::int64_t iteration) {
+  if (config_.exit_duration_s > 0) {
+    const double minutes =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60.0;
+    // Every rank decides alike (Megatron's MAX all-reduce of each rank's own clock).
+    if (trainer_->world_sum(minutes * 60.0 > config_.exit_duration_s ? 1.0 : 0.0) > 0.0) {
+      std::ostringstream why;
+      why << "exiting program after " << minutes << " minutes";
+      return why.str();
+    }
+  }
+  if (config_.exit_interval > 0 && iteration % config_.exit_interval == 0 && iteration < config_.train_iters)
+    return "exiting program at iteration " + std::to_string(iteration);
+  return "";
 }
 
 std::vector<IterationRecord> TrainingRun::run() {
@@ -281,6 +322,24 @@ std::vector<IterationRecord> TrainingRun::run() {
       interval_mtp[k] += record.step.mtp_losses[k];
     interval_skipped += record.step.skipped ? 1 : 0;
     ++interval_iters;
+    if (tensorboard_ && record.iteration % config_.tensorboard_log_interval == 0) {
+      // Megatron's training_log scalars, each also against the consumed samples.
+      const std::int64_t samples = trainer_->consumed_samples();
+      const auto both = [&](const std::string& tag, double value) {
+        tensorboard_->add_scalar(tag, value, record.iteration);
+        tensorboard_->add_scalar(tag + " vs samples", value, samples);
+      };
+      both("learning-rate", trainer_->current_learning_rate());
+      both("batch-size", static_cast<double>(t.global_batch_size()));
+      if (!record.step.skipped) {
+        both("lm loss", record.step.loss);
+        both("grad-norm", record.step.grad_norm);
+        if (record.step.load_balancing_loss >= 0) both("load_balancing_loss", record.step.load_balancing_loss);
+        for (std::size_t k = 0; k < record.step.mtp_losses.size(); ++k)
+          both("mtp_" + std::to_string(k + 1) + " loss", record.step.mtp_losses[k]);
+      }
+      tensorboard_->add_scalar("world-size", static_cast<double>(communicator_.world_size()), record.iteration);
+    }
     if (record.iteration % config_.log_interval == 0 || record.iteration == config_.train_iters) {
       LogInterval v;
       v.iteration = record.iteration;
@@ -302,13 +361,30 @@ std::vector<IterationRecord> TrainingRun::run() {
       v.grad_norm = record.step.grad_norm;
       v.skipped_iterations = interval_skipped;
       log_ << format_log_line(v) << std::endl;
+      if (tensorboard_) {  // Megatron's --log-throughput and timer scalars, at the log interval
+        tensorboard_->add_scalar("iteration-time", seconds, record.iteration);
+        tensorboard_->add_scalar("throughput", v.tflops_per_gpu, record.iteration);
+        if (v.mfu_percent >= 0) tensorboard_->add_scalar("mfu", v.mfu_percent, record.iteration);
+        tensorboard_->add_scalar("mem-arena-bytes", static_cast<double>(backend_.arena_capacity_bytes()),
+                                 record.iteration);
+        tensorboard_->flush();
+      }
       interval_time_s = interval_loss = interval_balance = 0;
       interval_iters = interval_skipped = 0;
     }
     if (do_valid && config_.eval_interval > 0 && record.iteration % config_.eval_interval == 0)
       evaluate(*valid_loader, "validation", false);
-    if (!config_.save.empty() && config_.save_interval > 0 && record.iteration % config_.save_interval == 0)
-      save_checkpoint();
+    const bool saved_now =
+        !config_.save.empty() && config_.save_interval > 0 && record.iteration % config_.save_interval == 0;
+    if (saved_now) save_checkpoint();
+    if (const std::string why = exit_reason(record.iteration); !why.empty()) {
+      // Megatron's exit: save first (unless this iteration just did), no evaluation after training.
+      if (!config_.save.empty() && !saved_now) save_checkpoint();
+      log_ << "[" << why << "] datetime: " << timestamp() << " " << std::endl;
+      if (tracer_) tracer_->finish();
+      if (tensorboard_) tensorboard_->flush();
+      return records;
+    }
   }
   log_moe_rows();
   if (do_valid) evaluate(*valid_loader, "validation", true);
@@ -316,6 +392,7 @@ std::vector<IterationRecord> TrainingRun::run() {
   const bool saved_last = config_.save_interval > 0 && trainer_->iteration() % config_.save_interval == 0;
   if (!config_.save.empty() && !records.empty() && !saved_last) save_checkpoint();
   if (tracer_) tracer_->finish();
+  if (tensorboard_) tensorboard_->flush();
   return records;
 }
 

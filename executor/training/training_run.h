@@ -1,6 +1,7 @@
 // TrainingRun: a whole `megatune train` run: datasets and loader, the Trainer, Megatron-style log lines,
 // periodic and final checkpoints, and resuming from --load.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -10,6 +11,7 @@
 #include "executor/checkpoint/run_lineage.h"
 #include "executor/data/dataset_builder.h"
 #include "executor/training/run_trace.h"
+#include "executor/training/tensorboard_writer.h"
 #include "executor/training/trainer.h"
 
 namespace megatune::executor {
@@ -22,6 +24,11 @@ struct RunConfig {
   std::string load;                    // --load: resume from its latest checkpoint when one exists
   std::int64_t save_interval = 0;      // --save-interval (0: only at the end when --save is given)
   bool overwrite_checkpoints = false;  // --overwrite-checkpoints (executor/checkpoint/run_lineage.h)
+  // --finetune: only the weights come from --load; the iteration, the data position and the run are new.
+  bool finetune = false;
+  bool load_optimizer = true;       // false: --no-load-optim (or --finetune): the optimizer starts anew
+  std::int64_t exit_interval = 0;   // --exit-interval: save and stop after an iteration it divides
+  double exit_duration_s = 0;       // --exit-duration-in-mins * 60: save and stop once the run took that long
   std::int64_t log_interval = 10;      // --log-interval
   // Validation (Megatron's evaluate): every eval_interval iterations and after training, eval_iters global
   // batches of the validation split; after training also eval_iters of the test split. 0 = none.
@@ -39,6 +46,10 @@ struct RunConfig {
   int data_parallel_rank = 0;
   std::string layout_description;
   RunTraceOptions trace;  // --trace-dir: per-op timing over a window of iterations (run_trace.h)
+  // --tensorboard-dir: the last rank writes Megatron's scalars (tensorboard_writer.h) every
+  // tensorboard_log_interval iterations, the timing ones and validation losses when they are logged.
+  std::string tensorboard_dir;
+  std::int64_t tensorboard_log_interval = 1;
 };
 
 struct IterationRecord {
@@ -76,6 +87,9 @@ class TrainingRun {
   // After the iterations, one memory line per model chunk with MoE layers: the expert rows' blocks (sized
   // to what was routed) against the count they began with and their bound.
   void log_moe_rows();
+  // Megatron's "exiting program ..." reason when --exit-duration-in-mins or --exit-interval ends the run
+  // after `iteration` ("" otherwise); the same on every rank.
+  std::string exit_reason(std::int64_t iteration);
   RunConfig config_;
   Backend& backend_;
   Communicator& communicator_;
@@ -87,6 +101,8 @@ class TrainingRun {
   std::shared_ptr<const data::SampleDataset> train_dataset_, valid_dataset_, test_dataset_;
   std::vector<EvaluationRecord> evaluations_;
   std::unique_ptr<RankTracer> tracer_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // the last rank's, with --tensorboard-dir
+  std::chrono::steady_clock::time_point started_;  // --exit-duration-in-mins counts from here
 };
 
 // The Megatron log line of one interval (exposed for tests).

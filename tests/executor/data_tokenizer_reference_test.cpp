@@ -210,6 +210,20 @@ TEST(SentencePieceReference, EqualsSpmEncode) {
   // Megatron's special tokens come after the model's 300 pieces: <CLS> <SEP> <EOD> <MASK> <PAD>.
   EXPECT_EQ(tokenizer->eod_id(), 302);
   EXPECT_EQ(tokenizer->vocab_size(), 305);
+  // Megatron's Llama2Tokenizer on the same model: its own 300 pieces, EOD = </s> (spm_train's id 2), and
+  // each document after <s> (id 1).
+  files.type = "Llama2Tokenizer";
+  const auto llama2 = make_tokenizer(files);
+  EXPECT_EQ(llama2->vocab_size(), 300);
+  EXPECT_EQ(llama2->eod_id(), 2);
+  std::ifstream again(dir / "corpus.txt");
+  std::istringstream expected_again(reference);
+  ASSERT_TRUE(std::getline(again, line) && std::getline(expected_again, expected));
+  std::vector<std::int32_t> ids;
+  llama2->tokenize(line, ids);
+  std::string ours;
+  for (const std::int32_t id : ids) ours += (ours.empty() ? "" : " ") + std::to_string(id);
+  EXPECT_EQ(ours, "1 " + expected);
   fs::remove_all(dir);
 }
 

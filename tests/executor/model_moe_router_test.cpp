@@ -81,6 +81,24 @@ TEST(MoeRouter, SigmoidGradientMatchesFiniteDifferences) {
   check_gradient(c);
 }
 
+TEST(MoeRouter, TopKScalingFactorScalesTheProbabilitiesAndTheirGradient) {
+  // DeepSeek-V3's sigmoid routing with --moe-router-topk-scaling-factor 2.5 (and the softmax one), and a
+  // pre-softmax flag, which the sigmoid scores ignore as Megatron's do.
+  for (RouterScoreFunction score : {RouterScoreFunction::kSigmoid, RouterScoreFunction::kSoftmax}) {
+    MoeRouterConfig c = config(3);
+    c.score_function = score;
+    c.pre_softmax = score == RouterScoreFunction::kSigmoid;
+    check_gradient(c);
+    const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.0f, 0.5f};
+    const MoeRouting plain = route_tokens(logits.data(), 1, 1, c, nullptr);
+    c.topk_scaling_factor = 2.5;
+    check_gradient(c);
+    const MoeRouting scaled = route_tokens(logits.data(), 1, 1, c, nullptr);
+    EXPECT_EQ(scaled.expert, plain.expert);
+    for (int j = 0; j < 3; ++j) EXPECT_NEAR(scaled.prob[j], 2.5f * plain.prob[j], 1e-6);
+  }
+}
+
 TEST(MoeRouter, SequenceAuxLossGradientMatchesFiniteDifferences) {
   MoeRouterConfig c = config(2);
   c.load_balancing = LoadBalancingType::kSeqAuxLoss;

@@ -61,7 +61,7 @@ TEST(CliTrain, LoadPaths) {
 // --dry-run makes the real run's checks of the flags against each other and the layout: the same line.
 TEST(CliTrain, TheDryRunRefusesWhatARealRunRefuses) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--nproc", "4", "--tp", "2"}, "--nproc 4 does not match the layout's world size 2"},
+      {{"--nproc", "4", "--world-size", "2", "--tp", "2"}, "--nproc 4 does not match --world-size 2"},
       {{"--data-path", "corpus_text_document"}, "give only one of --data-path PREFIX and --mock-data"},
       {{"--trace-iterations", "2:3"}, "--trace-iterations needs --trace-dir DIR"}};
   for (const auto& [flags, says] : cases) {
