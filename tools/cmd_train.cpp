@@ -475,6 +475,12 @@ const Registrar kTrainCommand({
       app.add_option("--moe-router-topk-scaling-factor", a.options.moe_router_topk_scaling_factor,
                      "MoE: the chosen experts' probabilities times this (DeepSeek-V3: 2.5; default none)")
           ->check(CLI::NonNegativeNumber);
+      app.add_option("--moe-router-num-groups", a.options.moe_router_num_groups,
+                     "MoE: expert groups for group-limited routing (DeepSeek-V3: 8, with --moe-router-group-topk)")
+          ->check(integer_at_least(1));
+      app.add_option("--moe-router-group-topk", a.options.moe_router_group_topk,
+                     "MoE: groups each token's experts come from (DeepSeek-V3: 4)")
+          ->check(integer_at_least(1));
       app.add_option("--mtp-loss-scaling-factor", a.options.mtp_loss_scaling_factor,
                      "Multi-token prediction: the MTP losses' weight, averaged over the MTP layers (0.1)");
       app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,

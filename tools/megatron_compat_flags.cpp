@@ -39,9 +39,6 @@ constexpr const char* kWandb =
 constexpr const char* kRampup =
     "batch-size ramp-up is not run by megatune: drop it (it trains at --global-batch-size from the first "
     "iteration)";
-constexpr const char* kGroupRouting =
-    "group-limited routing (DeepSeek-V3's node-limited top-k) is not run by megatune: drop "
-    "--moe-router-num-groups and --moe-router-group-topk (top-k over all experts)";
 constexpr const char* kDecoupled =
     "a separate learning rate for the embedding and output layer is not run by megatune: drop --decoupled-lr "
     "and --decoupled-min-lr (--lr and --min-lr apply to every parameter)";
@@ -153,8 +150,6 @@ const std::vector<CompatFlag>& table() {
        "keys)"},
       {"--window-size", 1, T::kRefused,
        "sliding-window attention is not run by megatune: drop --window-size (full causal attention)"},
-      {"--moe-router-num-groups", 1, T::kRefused, kGroupRouting},
-      {"--moe-router-group-topk", 1, T::kRefused, kGroupRouting},
       {"--moe-z-loss-coeff", 1, T::kRefused,
        "the router z-loss is not in megatune: drop --moe-z-loss-coeff (--moe-aux-loss-coeff balances the "
        "load)"},

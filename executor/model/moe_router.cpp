@@ -74,6 +74,36 @@ void top_k(const float* scores, std::int64_t n, int k, std::int32_t* out) {
   }
 }
 
+// The k experts of one token's routing scores (E) in descending order, as Megatron's topk: over all experts,
+// or group-limited (DeepSeek-V3's node-limited routing, Megatron's group_limited_topk): each of num_groups
+// groups of consecutive experts scores the sum of its topk / group_topk best, the group_topk best groups
+// are kept, and the k come from their experts only.
+void select_top_k(const float* scores, const MoeRouterConfig& c, std::int32_t* out) {
+  const std::int64_t E = c.num_experts;
+  const int k = c.topk;
+  if (c.num_groups <= 0) {
+    top_k(scores, E, k, out);
+    return;
+  }
+  const int groups = c.num_groups, per_group = static_cast<int>(E / groups), best = k / c.group_topk;
+  thread_local std::vector<float> group_score, masked;
+  thread_local std::vector<std::int32_t> chosen, kept_groups;
+  group_score.resize(static_cast<std::size_t>(groups));
+  chosen.resize(static_cast<std::size_t>(best));
+  for (int g = 0; g < groups; ++g) {
+    top_k(scores + static_cast<std::int64_t>(g) * per_group, per_group, best, chosen.data());
+    double sum = 0.0;
+    for (int j = 0; j < best; ++j) sum += scores[static_cast<std::int64_t>(g) * per_group + chosen[j]];
+    group_score[g] = static_cast<float>(sum);
+  }
+  kept_groups.resize(static_cast<std::size_t>(c.group_topk));
+  top_k(group_score.data(), groups, c.group_topk, kept_groups.data());
+  masked.assign(static_cast<std::size_t>(E), -INFINITY);
+  for (std::int32_t g : kept_groups)
+    for (int e = 0; e < per_group; ++e) masked[g * per_group + e] = scores[g * per_group + e];
+  top_k(masked.data(), E, k, out);
+}
+
 // y = J^T g of the softmax s (n): s * (g - <s, g>), accumulated into y.
 void softmax_backward(const float* s, const float* g, std::int64_t n, float* y) {
   double dot = 0.0;
@@ -86,7 +116,7 @@ void choose(const float* logits, const MoeRouterConfig& c, const float* expert_b
             float* prob) {
   const std::int64_t E = c.num_experts;
   const int k = c.topk;
-  if (k == 2 && c.score_function == RouterScoreFunction::kSoftmax && !c.pre_softmax) {
+  if (k == 2 && c.score_function == RouterScoreFunction::kSoftmax && !c.pre_softmax && c.num_groups <= 0) {
     // Mixtral's routing, the common case, in one pass: the two largest logits (ties to the lower index, as
     // top_k), then the softmax over the pair, as softmax() computes it.
     std::int32_t a = 0, b = -1;
@@ -110,10 +140,10 @@ void choose(const float* logits, const MoeRouterConfig& c, const float* expert_b
   if (c.score_function == RouterScoreFunction::kSoftmax) {
     if (c.pre_softmax) {
       softmax(logits, E, scores.data());
-      top_k(scores.data(), E, k, expert);
+      select_top_k(scores.data(), c, expert);
       for (int j = 0; j < k; ++j) prob[j] = scores[expert[j]];
     } else {
-      top_k(logits, E, k, expert);
+      select_top_k(logits, c, expert);
       for (int j = 0; j < k; ++j) scores[j] = logits[expert[j]];
       softmax(scores.data(), k, prob);
     }
@@ -123,7 +153,7 @@ void choose(const float* logits, const MoeRouterConfig& c, const float* expert_b
   std::vector<float> for_choice = scores;
   if (expert_bias != nullptr)
     for (std::int64_t e = 0; e < E; ++e) for_choice[e] += expert_bias[e];
-  top_k(for_choice.data(), E, k, expert);
+  select_top_k(for_choice.data(), c, expert);
   double sum = 0.0;
   for (int j = 0; j < k; ++j) sum += scores[expert[j]];
   for (int j = 0; j < k; ++j)
@@ -246,6 +276,18 @@ void MoeRouterConfig::validate(std::int64_t experts) const {
     throw UserError("--moe-router-topk must lie in [1, --num-experts] (got " + std::to_string(topk) +
                     " for " + std::to_string(experts) + " experts)");
   if (aux_loss_coeff < 0.0) throw UserError("--moe-aux-loss-coeff must be >= 0");
+  if ((num_groups > 0) != (group_topk > 0))
+    throw UserError("group-limited routing needs both --moe-router-num-groups and --moe-router-group-topk");
+  if (num_groups > 0) {
+    if (experts % num_groups != 0)
+      throw UserError("--moe-router-num-groups " + std::to_string(num_groups) + " must divide --num-experts " +
+                      std::to_string(experts));
+    if (group_topk > num_groups || topk % group_topk != 0 || topk / group_topk > experts / num_groups)
+      throw UserError("--moe-router-group-topk " + std::to_string(group_topk) +
+                      " must be at most --moe-router-num-groups, divide --moe-router-topk " + std::to_string(topk) +
+                      ", and leave each group at least topk / group-topk experts (DeepSeek-V3: 256 experts, "
+                      "8 groups, group-topk 4, topk 8)");
+  }
   if (!(topk_scaling_factor >= 0.0))
     throw UserError("--moe-router-topk-scaling-factor must be >= 0 (DeepSeek-V3: 2.5)");
   if (enable_expert_bias && score_function != RouterScoreFunction::kSigmoid)

@@ -30,6 +30,9 @@ struct MoeRouterConfig {
   bool pad_to_capacity = false;
   bool enable_expert_bias = false;  // --moe-router-enable-expert-bias (sigmoid routing only)
   double bias_update_rate = 1e-3;   // --moe-router-bias-update-rate
+  // --moe-router-num-groups / --moe-router-group-topk: the top-k from the group_topk best of num_groups
+  // expert groups (0: over all experts).
+  int num_groups = 0, group_topk = 0;
   double topk_scaling_factor = 0.0;  // --moe-router-topk-scaling-factor: the chosen probabilities times it (0: 1)
   bool drops_tokens() const { return capacity_factor > 0.0; }
   // Megatron's get_capacity(tokens * topk, experts, factor): the rows each expert keeps of `tokens` routed

@@ -162,6 +162,8 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
     router.enable_expert_bias = a.moe_router_enable_expert_bias;
     router.bias_update_rate = a.moe_router_bias_update_rate;
     router.topk_scaling_factor = a.moe_router_topk_scaling_factor;
+    router.num_groups = a.moe_router_num_groups;
+    router.group_topk = a.moe_router_group_topk;
     if (a.moe_expert_capacity_factor) {
       if (!(*a.moe_expert_capacity_factor > 0.0))
         throw UserError("--moe-expert-capacity-factor must be > 0 (leave it out for dropless routing)");

@@ -99,6 +99,33 @@ TEST(MoeRouter, TopKScalingFactorScalesTheProbabilitiesAndTheirGradient) {
   }
 }
 
+TEST(MoeRouter, GroupLimitedRoutingPicksFromTheBestGroups) {
+  // Four groups of two experts, one group kept, two experts from it: the group of the best pair (4 + 4)
+  // wins over the one with the best single expert (5 + 0), so experts 6 and 7, not the global top 0 and 4.
+  MoeRouterConfig c;
+  c.num_experts = 8;
+  c.topk = 2;
+  c.num_groups = 4;
+  c.group_topk = 1;
+  const std::vector<float> logits = {5.0f, 0.0f, 0.0f, 0.0f, 4.9f, 0.0f, 4.0f, 4.0f};
+  EXPECT_EQ(route_tokens(logits.data(), 1, 1, c, nullptr).expert, (std::vector<std::int32_t>{6, 7}));
+  c.group_topk = 2;  // two groups, one expert each scores its group: groups 0 (5) and 2 (4.9)
+  EXPECT_EQ(route_tokens(logits.data(), 1, 1, c, nullptr).expert, (std::vector<std::int32_t>{0, 4}));
+  c.num_groups = c.group_topk = 0;
+  EXPECT_EQ(route_tokens(logits.data(), 1, 1, c, nullptr).expert, (std::vector<std::int32_t>{0, 4}));
+  // Sigmoid routing with groups: the choice is limited, the gradient formula is the same.
+  MoeRouterConfig g = config(2);
+  g.score_function = RouterScoreFunction::kSigmoid;
+  g.num_groups = static_cast<int>(kExperts);  // groups of one expert, two of them kept
+  g.group_topk = 2;
+  check_gradient(g);
+  for (const auto& [groups, group_topk] : std::vector<std::pair<int, int>>{{3, 1}, {4, 0}, {4, 3}}) {
+    c.num_groups = groups;
+    c.group_topk = group_topk;
+    EXPECT_THROW(c.validate(8), UserError) << groups << " " << group_topk;
+  }
+}
+
 TEST(MoeRouter, SequenceAuxLossGradientMatchesFiniteDifferences) {
   MoeRouterConfig c = config(2);
   c.load_balancing = LoadBalancingType::kSeqAuxLoss;

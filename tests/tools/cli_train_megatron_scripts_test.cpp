@@ -222,12 +222,11 @@ TEST(MegatronScripts, DeepSeekV3NamesWhatItRefusesThenSizes) {
   TempDir dir;
   const Flags pasted = deepseek_v3_fsdp(dir / "ckpt");
   expect_one_line_refusal(train_dry(pasted), "--qk-layernorm",
-                          {"--moe-flex-dispatcher-backend hybridep", "--moe-router-group-topk 4",
-                           "--moe-router-num-groups 8", "--moe-router-force-load-balancing",
+                          {"--moe-flex-dispatcher-backend hybridep", "--moe-router-force-load-balancing",
                            "--rotary-scaling-factor 40", "--megatron-fsdp-grad-comm-dtype bf16"});
   // The hub name is not a tokenizer file here: the mock data's NullTokenizer at DeepSeek-V3's vocabulary.
-  Flags rest = without(pasted, {"--qk-layernorm", "--moe-flex-dispatcher-backend", "--moe-router-group-topk",
-                                "--moe-router-num-groups", "--moe-router-force-load-balancing",
+  Flags rest = without(pasted, {"--qk-layernorm", "--moe-flex-dispatcher-backend",
+                                "--moe-router-force-load-balancing",
                                 "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
                                 "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype",
                                 "--tokenizer-type", "--tokenizer-model"}) +
