@@ -481,6 +481,9 @@ const Registrar kTrainCommand({
       app.add_option("--moe-router-group-topk", a.options.moe_router_group_topk,
                      "MoE: groups each token's experts come from (DeepSeek-V3: 4)")
           ->check(integer_at_least(1));
+      app.add_option("--moe-z-loss-coeff", a.options.moe_z_loss_coeff,
+                     "MoE: router z-loss coefficient (ST-MoE's; default none)")
+          ->check(CLI::NonNegativeNumber);
       app.add_option("--mtp-loss-scaling-factor", a.options.mtp_loss_scaling_factor,
                      "Multi-token prediction: the MTP losses' weight, averaged over the MTP layers (0.1)");
       app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,

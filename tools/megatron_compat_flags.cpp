@@ -150,9 +150,6 @@ const std::vector<CompatFlag>& table() {
        "keys)"},
       {"--window-size", 1, T::kRefused,
        "sliding-window attention is not run by megatune: drop --window-size (full causal attention)"},
-      {"--moe-z-loss-coeff", 1, T::kRefused,
-       "the router z-loss is not in megatune: drop --moe-z-loss-coeff (--moe-aux-loss-coeff balances the "
-       "load)"},
       {"--moe-router-force-load-balancing", 0, T::kRefused,
        "forced balanced routing is Megatron's benchmarking aid, not training: drop it"},
       {"--moe-flex-dispatcher-backend", 1, T::kRefused,

@@ -288,6 +288,7 @@ void MoeRouterConfig::validate(std::int64_t experts) const {
                       ", and leave each group at least topk / group-topk experts (DeepSeek-V3: 256 experts, "
                       "8 groups, group-topk 4, topk 8)");
   }
+  if (!(z_loss_coeff >= 0.0)) throw UserError("--moe-z-loss-coeff must be >= 0 (ST-MoE: 1e-3)");
   if (!(topk_scaling_factor >= 0.0))
     throw UserError("--moe-router-topk-scaling-factor must be >= 0 (DeepSeek-V3: 2.5)");
   if (enable_expert_bias && score_function != RouterScoreFunction::kSigmoid)
@@ -308,6 +309,25 @@ MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t s
 void add_load_balancing_loss(MoeRouting& r, const MoeRouterConfig& c, const TokenShard& shard,
                              const AuxLossCountsReduce& reduce) {
   if (c.has_aux_loss()) load_balancing_loss(r, c, shard, reduce);
+  if (c.z_loss_coeff <= 0.0) return;
+  const std::int64_t T = r.tokens, E = c.num_experts;
+  const double count = static_cast<double>(shard.global_tokens > 0 ? shard.global_tokens : T);
+  if (r.aux_loss_grad.empty()) r.aux_loss_grad.assign(static_cast<std::size_t>(T * E), 0.0f);
+  double z = 0.0;
+  std::vector<float> p(static_cast<std::size_t>(E));
+  for (std::int64_t t = 0; t < T; ++t) {
+    const float* row = &r.logits[t * E];
+    const float top = *std::max_element(row, row + E);
+    double sum = 0.0;
+    for (std::int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(row[e] - top));
+    const double lse = top + std::log(sum);
+    z += lse * lse;
+    softmax(row, E, p.data());
+    // d(coeff * lse^2 / count) / d logits = coeff * 2 * lse * softmax / count
+    const double scale = c.z_loss_coeff * 2.0 * lse / count;
+    for (std::int64_t e = 0; e < E; ++e) r.aux_loss_grad[t * E + e] += static_cast<float>(scale * p[e]);
+  }
+  r.z_loss = c.z_loss_coeff * z / count;
 }
 
 MoeRouting route_tokens_choice(const float* logits, std::int64_t tokens, std::int64_t seq,

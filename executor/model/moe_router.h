@@ -33,6 +33,7 @@ struct MoeRouterConfig {
   // --moe-router-num-groups / --moe-router-group-topk: the top-k from the group_topk best of num_groups
   // expert groups (0: over all experts).
   int num_groups = 0, group_topk = 0;
+  double z_loss_coeff = 0.0;  // --moe-z-loss-coeff: coeff * mean(logsumexp(logits)^2) added to the loss
   double topk_scaling_factor = 0.0;  // --moe-router-topk-scaling-factor: the chosen probabilities times it (0: 1)
   bool drops_tokens() const { return capacity_factor > 0.0; }
   // Megatron's get_capacity(tokens * topk, experts, factor): the rows each expert keeps of `tokens` routed
@@ -55,7 +56,8 @@ struct MoeRouting {
   // Load-balancing loss of the micro-batch with the coefficient applied (0 without one), and its
   // gradient with respect to the logits (T, E), before the loss scaling.
   double aux_loss = 0.0;
-  std::vector<float> aux_loss_grad;
+  std::vector<float> aux_loss_grad;  // with the z-loss's gradient added (--moe-z-loss-coeff)
+  double z_loss = 0.0;               // this shard's part of the micro-batch's z-loss, coefficient applied
 };
 
 // The probability a token's k-th choice is weighted with: prob, or 0 where it was dropped.
@@ -83,6 +85,9 @@ MoeRouting route_tokens(const float* logits, std::int64_t tokens, std::int64_t s
 // experts run, not while the GPU waits for the permutation).
 MoeRouting route_tokens_choice(const float* logits, std::int64_t tokens, std::int64_t seq,
                                const MoeRouterConfig& config, const float* expert_bias);
+// Also adds the router z-loss (ST-MoE's, Megatron's z_loss_func) when the config has one: each token's
+// logsumexp squared, over the micro-batch's tokens (a shard's sum over the whole micro-batch's count, so the
+// shards add up to it, as Megatron's coefficient / TP-size over each rank's own tokens does).
 void add_load_balancing_loss(MoeRouting& routing, const MoeRouterConfig& config, const TokenShard& shard = {},
                              const AuxLossCountsReduce& reduce = {});
 

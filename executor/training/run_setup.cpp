@@ -164,6 +164,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
     router.topk_scaling_factor = a.moe_router_topk_scaling_factor;
     router.num_groups = a.moe_router_num_groups;
     router.group_topk = a.moe_router_group_topk;
+    router.z_loss_coeff = a.moe_z_loss_coeff;
     if (a.moe_expert_capacity_factor) {
       if (!(*a.moe_expert_capacity_factor > 0.0))
         throw UserError("--moe-expert-capacity-factor must be > 0 (leave it out for dropless routing)");

@@ -60,6 +60,7 @@ struct TrainOptions {
   double moe_router_bias_update_rate = 1e-3;                // --moe-router-bias-update-rate
   double moe_router_topk_scaling_factor = 0.0;              // --moe-router-topk-scaling-factor (0: none)
   int moe_router_num_groups = 0, moe_router_group_topk = 0;  // --moe-router-num-groups / -group-topk
+  double moe_z_loss_coeff = 0.0;                            // --moe-z-loss-coeff (0: none)
   double mtp_loss_scaling_factor = 0.1;                     // --mtp-loss-scaling-factor (Megatron's default)
   RunTraceOptions trace;                                    // --trace-dir, --trace-iterations
   std::string tensorboard_dir;                              // --tensorboard-dir

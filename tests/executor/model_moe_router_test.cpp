@@ -21,9 +21,9 @@ std::vector<float> random_values(std::int64_t n, unsigned seed, float scale) {
   return v;
 }
 
-// L = sum over kept choices of weight * probability + aux_scale * aux loss.
+// L = sum over kept choices of weight * probability + aux_scale * (aux loss + z-loss).
 double objective(const MoeRouting& r, const std::vector<float>& weights, float aux_scale) {
-  double sum = aux_scale * r.aux_loss;
+  double sum = aux_scale * (r.aux_loss + r.z_loss);
   for (std::size_t i = 0; i < r.prob.size(); ++i)
     sum += weights[i] * routed_prob(r, static_cast<std::int64_t>(i));
   return sum;
@@ -124,6 +124,23 @@ TEST(MoeRouter, GroupLimitedRoutingPicksFromTheBestGroups) {
     c.group_topk = group_topk;
     EXPECT_THROW(c.validate(8), UserError) << groups << " " << group_topk;
   }
+}
+
+TEST(MoeRouter, ZLossAndItsGradient) {
+  MoeRouterConfig c = config(2);
+  c.z_loss_coeff = 0.05;
+  check_gradient(c);  // with the load-balancing loss
+  c.aux_loss_coeff = 0.0;
+  check_gradient(c);  // alone
+  // Uniform logits x: logsumexp = x + log E for every token.
+  const std::vector<float> logits(kTokens * kExperts, 0.5f);
+  const double lse = 0.5 + std::log(static_cast<double>(kExperts));
+  EXPECT_NEAR(route_tokens(logits.data(), kTokens, kSeq, c, nullptr).z_loss, 0.05 * lse * lse, 1e-6);
+  // Two shards of the micro-batch: each its tokens' part, adding up to the whole one's.
+  const MoeRouting half = route_tokens(logits.data(), kTokens / 2, kSeq, c, nullptr, {0, kTokens});
+  EXPECT_NEAR(2 * half.z_loss, 0.05 * lse * lse, 1e-6);
+  c.z_loss_coeff = -1;
+  EXPECT_THROW(c.validate(kExperts), UserError);
 }
 
 TEST(MoeRouter, SequenceAuxLossGradientMatchesFiniteDifferences) {
