@@ -7,7 +7,7 @@ namespace megatune::layouts {
 
 namespace {
 
-void add_unit(RecomputePlan& plan, std::vector<int> layers) {
+void add_recompute_unit(RecomputePlan& plan, std::vector<int> layers) {
   if (layers.empty()) return;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const auto at = std::find(plan.layers.begin(), plan.layers.end(), layers[i]) - plan.layers.begin();
@@ -28,14 +28,14 @@ RecomputePlan plan_recompute(const RecomputeSettings& settings, const std::vecto
   const int n = std::max(1, settings.num_layers);
   const int count = static_cast<int>(decoder_layers.size());
   if (settings.method == RecomputeMethod::kBlock) {
-    for (int i = 0; i < std::min(n, count); ++i) add_unit(plan, {decoder_layers[i]});
+    for (int i = 0; i < std::min(n, count); ++i) add_recompute_unit(plan, {decoder_layers[i]});
     return plan;  // Megatron skips recompute of MTP layers under block
   }
   for (int first = 0; first < count; first += n) {
     const int end = std::min(first + n, count);
-    add_unit(plan, std::vector<int>(decoder_layers.begin() + first, decoder_layers.begin() + end));
+    add_recompute_unit(plan, std::vector<int>(decoder_layers.begin() + first, decoder_layers.begin() + end));
   }
-  for (int m : mtp_layers) add_unit(plan, {m});
+  for (int m : mtp_layers) add_recompute_unit(plan, {m});
   return plan;
 }
 
@@ -44,6 +44,18 @@ RecomputePlan plan_recompute(const RecomputeSettings& settings, const PipelineSt
   for (int i = 0; i < stage.num_decoder_layers; ++i) decoder.push_back(stage.first_decoder_layer + i);
   for (int k = 0; k < stage.num_mtp_layers; ++k) mtp.push_back(-3 - (stage.first_mtp_layer + k));
   return plan_recompute(settings, decoder, mtp);
+}
+
+std::vector<LayerRecompute> symbol_recompute(const RecomputeSettings& settings, const PipelineStage& stage) {
+  std::vector<LayerRecompute> out(stage.symbols.size(), LayerRecompute::kKept);
+  if (!settings.full()) return out;
+  const RecomputePlan plan = plan_recompute(settings, stage);
+  int next_t = stage.first_decoder_layer, next_m = stage.first_mtp_layer;
+  for (std::size_t i = 0; i < stage.symbols.size(); ++i) {
+    if (stage.symbols[i] == LayerSymbol::kDecoder) out[i] = plan.at(next_t++);
+    if (stage.symbols[i] == LayerSymbol::kMtp) out[i] = plan.at(-3 - next_m++);
+  }
+  return out;
 }
 
 LayerRecompute RecomputePlan::at(int layer) const {

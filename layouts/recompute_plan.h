@@ -17,12 +17,18 @@
 
 namespace megatune::layouts {
 
-// The recomputation flags (ParallelConfig's, copied into StepShape).
+// The recomputation flags (ParallelConfig's, copied into StepShape). Full recomputation without a method is
+// uniform 1 (every layer its own unit).
 struct RecomputeSettings {
   RecomputeGranularity granularity = RecomputeGranularity::kNone;
   RecomputeMethod method = RecomputeMethod::kNone;
   int num_layers = 0;  // --recompute-num-layers
+  RecomputeSettings(
+      RecomputeGranularity g = RecomputeGranularity::kNone,  // NOLINT(google-explicit-constructor)
+      RecomputeMethod m = RecomputeMethod::kNone, int n = 0)
+      : granularity(g), method(m), num_layers(n) {}
   bool full() const { return granularity == RecomputeGranularity::kFull; }
+  friend bool operator==(const RecomputeSettings&, const RecomputeSettings&) = default;
   static RecomputeSettings of(const ParallelConfig& config) {
     return {config.recompute_granularity, config.recompute_method, config.recompute_num_layers};
   }
@@ -45,7 +51,7 @@ enum class LayerRecompute {
 
 struct RecomputePlan {
   std::vector<int> layers;  // the chunk's layer codes in forward order (decoder layers, then MTP layers)
-  std::vector<RecomputeUnit> units;     // in forward order; empty without full recomputation
+  std::vector<RecomputeUnit> units;      // in forward order; empty without full recomputation
   std::vector<LayerRecompute> of_layer;  // per entry of `layers`
 
   bool recomputed(int layer) const { return at(layer) != LayerRecompute::kKept; }
@@ -63,5 +69,7 @@ RecomputePlan plan_recompute(const RecomputeSettings& settings, const std::vecto
                              const std::vector<int>& mtp_layers = {});
 // The plan of a pipeline stage (one model chunk).
 RecomputePlan plan_recompute(const RecomputeSettings& settings, const PipelineStage& stage);
+// Per symbol of the stage, in order: how its layer fares (E and L: kKept).
+std::vector<LayerRecompute> symbol_recompute(const RecomputeSettings& settings, const PipelineStage& stage);
 
 }  // namespace megatune::layouts
