@@ -360,6 +360,11 @@ void ParallelConfig::validate(const ModelSpec& model) const {
       throw UserError("--recompute-granularity full needs --recompute-method uniform or block");
     }
     const int per_rank = (model.num_layers + pp() - 1) / pp();
+    if (recompute_num_layers == 0) {
+      throw UserError("--recompute-method " + std::string(to_string(recompute_method)) +
+                      " needs --recompute-num-layers (uniform: layers per unit; block: layers recomputed per "
+                      "chunk): add one, e.g. --recompute-num-layers 1");
+    }
     if (recompute_num_layers < 1 || recompute_num_layers > per_rank) {
       throw UserError(flag_value("--recompute-num-layers", recompute_num_layers) +
                       " must be between 1 and the " + std::to_string(per_rank) +

@@ -46,14 +46,28 @@ RecomputePlan plan_recompute(const RecomputeSettings& settings, const PipelineSt
   return plan_recompute(settings, decoder, mtp);
 }
 
+LayerRecompute decoder_layer_recompute(const RecomputeSettings& settings, int position, int count) {
+  if (!settings.full()) return LayerRecompute::kKept;
+  const int n = std::max(1, settings.num_layers);
+  if (settings.method == RecomputeMethod::kBlock)
+    return position < n ? LayerRecompute::kUnitLast : LayerRecompute::kKept;
+  return position % n == n - 1 || position == count - 1 ? LayerRecompute::kUnitLast
+                                                        : LayerRecompute::kUnitInner;
+}
+
+LayerRecompute mtp_layer_recompute(const RecomputeSettings& settings) {
+  return settings.full() && settings.method != RecomputeMethod::kBlock ? LayerRecompute::kUnitLast
+                                                                       : LayerRecompute::kKept;
+}
+
 std::vector<LayerRecompute> symbol_recompute(const RecomputeSettings& settings, const PipelineStage& stage) {
   std::vector<LayerRecompute> out(stage.symbols.size(), LayerRecompute::kKept);
   if (!settings.full()) return out;
-  const RecomputePlan plan = plan_recompute(settings, stage);
-  int next_t = stage.first_decoder_layer, next_m = stage.first_mtp_layer;
+  int position = 0;
   for (std::size_t i = 0; i < stage.symbols.size(); ++i) {
-    if (stage.symbols[i] == LayerSymbol::kDecoder) out[i] = plan.at(next_t++);
-    if (stage.symbols[i] == LayerSymbol::kMtp) out[i] = plan.at(-3 - next_m++);
+    if (stage.symbols[i] == LayerSymbol::kDecoder)
+      out[i] = decoder_layer_recompute(settings, position++, stage.num_decoder_layers);
+    if (stage.symbols[i] == LayerSymbol::kMtp) out[i] = mtp_layer_recompute(settings);
   }
   return out;
 }

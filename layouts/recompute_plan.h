@@ -69,6 +69,10 @@ RecomputePlan plan_recompute(const RecomputeSettings& settings, const std::vecto
                              const std::vector<int>& mtp_layers = {});
 // The plan of a pipeline stage (one model chunk).
 RecomputePlan plan_recompute(const RecomputeSettings& settings, const PipelineStage& stage);
+// plan_recompute's rule for one layer without building the plan (the planner's hot loops): the decoder layer
+// at `position` of a chunk's `count`, and an MTP layer.
+LayerRecompute decoder_layer_recompute(const RecomputeSettings& settings, int position, int count);
+LayerRecompute mtp_layer_recompute(const RecomputeSettings& settings);
 // Per symbol of the stage, in order: how its layer fares (E and L: kKept).
 std::vector<LayerRecompute> symbol_recompute(const RecomputeSettings& settings, const PipelineStage& stage);
 

@@ -181,41 +181,47 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
   e.in_flight_per_chunk = in_flight_microbatches_per_chunk(config, vpp, pp_rank);
   const bool dropout = dropout_on(model, options);
   const std::int64_t layer_input = 2 * s.tokens * s.hidden / (s.sp ? s.tp : 1);
+  const layouts::RecomputeSettings recompute_settings = s.recompute_settings();
   std::int64_t largest_unit_full = 0;  // the activations one unit's re-run materializes
   int recomputed = 0, units = 0, layers = 0;
   for (int c = 0; c < vpp; ++c) {
     const PipelineStage& stage = *stages[c];
-    const layouts::RecomputePlan plan = layouts::plan_recompute(s.recompute_settings(), stage);
-    const auto saved = [&](int layer, bool moe) {
-      const layouts::RecomputeUnit* unit = plan.unit_of(layer);
-      if (unit == nullptr) return layer_full_bytes(model, s, moe, options);
-      return unit->layers.front() == layer ? layer_input : std::int64_t{0};
+    std::int64_t unit_full = 0;  // of the unit being walked
+    // The bytes a layer saves per the chunk's recompute plan (layouts::plan_recompute's rule, per layer);
+    // `starts_unit`: it opens its unit (a unit saves its input once).
+    const auto saved = [&](layouts::LayerRecompute r, bool starts_unit, bool moe) {
+      const std::int64_t full = layer_full_bytes(model, s, moe, options);
+      ++layers;
+      if (r == layouts::LayerRecompute::kKept) return full;
+      ++recomputed;
+      unit_full += full;
+      if (r == layouts::LayerRecompute::kUnitLast) {
+        ++units;
+        largest_unit_full = std::max(largest_unit_full, unit_full);
+        unit_full = 0;
+      }
+      return starts_unit ? layer_input : std::int64_t{0};
     };
-    for (const layouts::RecomputeUnit& unit : plan.units) {
-      std::int64_t bytes = 0;
-      for (int l : unit.layers)
-        bytes +=
-            layer_full_bytes(model, s, l >= 0 ? model.is_moe_layer(l) : model.mtp_layer_is_moe(), options);
-      largest_unit_full = std::max(largest_unit_full, bytes);
-    }
-    recomputed += plan.recomputed_count();
-    units += static_cast<int>(plan.units.size());
-    layers += static_cast<int>(plan.layers.size());
     std::int64_t per_microbatch = 0, logits = 0;
-    int next_layer = stage.first_decoder_layer, next_mtp = stage.first_mtp_layer;
+    int next_layer = stage.first_decoder_layer, position = 0;
+    layouts::LayerRecompute previous = layouts::LayerRecompute::kUnitLast;  // a unit starts after one ends
     for (LayerSymbol sym : stage.symbols) {
       switch (sym) {
         case LayerSymbol::kEmbedding:
           per_microbatch += 8 * s.tokens + (dropout ? s.tokens * s.hidden / (s.sp ? s.tp : 1) : 0);
           break;
         case LayerSymbol::kDecoder: {
-          const int layer = next_layer++;
-          per_microbatch += saved(layer, model.is_moe_layer(layer));
+          const layouts::LayerRecompute r =
+              layouts::decoder_layer_recompute(recompute_settings, position++, stage.num_decoder_layers);
+          per_microbatch +=
+              saved(r, previous != layouts::LayerRecompute::kUnitInner, model.is_moe_layer(next_layer++));
+          previous = r;
           break;
         }
         case LayerSymbol::kMtp:
           per_microbatch +=
-              saved(-3 - next_mtp++, model.mtp_layer_is_moe()) + 6 * s.tokens * s.hidden / (s.sp ? s.tp : 1);
+              saved(layouts::mtp_layer_recompute(recompute_settings), true, model.mtp_layer_is_moe()) +
+              6 * s.tokens * s.hidden / (s.sp ? s.tp : 1);
           logits += logits_bytes_per_microbatch(s, options);
           break;
         case LayerSymbol::kLoss:

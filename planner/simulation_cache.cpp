@@ -186,13 +186,17 @@ std::optional<std::vector<std::pair<double, double>>> cached_pass_s(const layout
   const layouts::RecomputeSettings recompute = layouts::RecomputeSettings::of(config);
   std::vector<std::pair<double, double>> pass_s(layout.stages().size());
   for (const PipelineStage& stage : layout.stages()) {
-    int next_layer = stage.first_decoder_layer;
-    const std::vector<layouts::LayerRecompute> variants = layouts::symbol_recompute(recompute, stage);
-    for (std::size_t i = 0; i < stage.symbols.size(); ++i) {
-      const LayerSymbol sym = stage.symbols[i];
+    int next_layer = stage.first_decoder_layer, position = 0;
+    for (LayerSymbol sym : stage.symbols) {
       const bool moe = sym == LayerSymbol::kDecoder && model.is_moe_layer(next_layer);
-      if (sym == LayerSymbol::kDecoder) ++next_layer;
-      const std::optional<std::pair<double, double>>& cost = symbols[symbol_key(sym, moe, variants[i])];
+      layouts::LayerRecompute variant = layouts::LayerRecompute::kKept;
+      if (sym == LayerSymbol::kDecoder) {
+        ++next_layer;
+        variant = layouts::decoder_layer_recompute(recompute, position++, stage.num_decoder_layers);
+      } else if (sym == LayerSymbol::kMtp) {
+        variant = layouts::mtp_layer_recompute(recompute);
+      }
+      const std::optional<std::pair<double, double>>& cost = symbols[symbol_key(sym, moe, variant)];
       if (!cost) return std::nullopt;
       pass_s[stage.stage_index].first += cost->first;
       pass_s[stage.stage_index].second += cost->second;

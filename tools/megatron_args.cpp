@@ -138,7 +138,7 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
   string_option(app, "--recompute-method", args.recompute_method, "uniform or block (full recomputation)")
       ->check(CLI::IsMember({"none", "uniform", "block"}));
   sized("--recompute-num-layers", args.recompute_num_layers,
-        "Layers per recomputation unit (full recomputation)");
+        "Full recomputation: layers per unit (uniform) or recomputed per chunk (block)");
   app.add_flag("--use-distributed-optimizer", args.use_distributed_optimizer,
                "Shard optimizer state over DP");
   app.add_flag("--overlap-grad-reduce", args.overlap_grad_reduce, "Overlap gradient reduction with backward");

@@ -180,7 +180,7 @@ TEST(ParallelConfig, EveryRuleHasItsError) {
          c.recompute_method = RecomputeMethod::kUniform;
        },
        &llama},
-      {"--recompute-num-layers 0 must be between 1 and the 32 layers per pipeline rank",
+      {"--recompute-method uniform needs --recompute-num-layers",
        [](ParallelConfig& c) {
          c.recompute_granularity = RecomputeGranularity::kFull, c.recompute_method = RecomputeMethod::kUniform;
        },

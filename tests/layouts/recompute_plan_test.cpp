@@ -6,9 +6,7 @@
 namespace megatune::layouts {
 namespace {
 
-RecomputeSettings full(RecomputeMethod method, int n) {
-  return {RecomputeGranularity::kFull, method, n};
-}
+RecomputeSettings full(RecomputeMethod method, int n) { return {RecomputeGranularity::kFull, method, n}; }
 
 std::vector<std::vector<int>> units_of(const RecomputePlan& plan) {
   std::vector<std::vector<int>> out;
@@ -93,6 +91,22 @@ TEST(RecomputePlan, MtpLayersAreCheckpointedAloneUnderUniformAndNotUnderBlock) {
   const RecomputePlan block = plan_recompute(full(RecomputeMethod::kBlock, 4), {0, 1}, {-3});
   EXPECT_EQ(units_of(block), (std::vector<std::vector<int>>{{0}, {1}}));
   EXPECT_FALSE(block.recomputed(-3));
+}
+
+// The planner's per-layer rule agrees with the plan for every method, unit size and chunk size.
+TEST(RecomputePlan, ThePerLayerRuleAgreesWithThePlan) {
+  for (RecomputeMethod method : {RecomputeMethod::kUniform, RecomputeMethod::kBlock})
+    for (int n = 1; n <= 7; ++n)
+      for (int count = 1; count <= 9; ++count) {
+        std::vector<int> layers;
+        for (int i = 0; i < count; ++i) layers.push_back(10 + i);
+        const RecomputeSettings settings = full(method, n);
+        const RecomputePlan plan = plan_recompute(settings, layers, {-3});
+        for (int i = 0; i < count; ++i)
+          EXPECT_EQ(decoder_layer_recompute(settings, i, count), plan.at(10 + i))
+              << n << " " << count << " " << i;
+        EXPECT_EQ(mtp_layer_recompute(settings), plan.at(-3));
+      }
 }
 
 }  // namespace
