@@ -2,11 +2,13 @@
 // and deepseek-v3 on 2048 with megatune plan's default memory model (the executor's sizing), llama3-405b
 // on 1048576 GPUs; llama3-70b over 1024 and 64 H100s (Megatron's memory model) and its exhaustive search
 // (the simulator's own rate); and the time of one llama3-405b simulation at 16384 to 1048576 GPUs.
-// Usage: bench_plan_speed [threads] [presets|scale|all] [no-fsdp]   (default: 2 all; no-fsdp: the search
-// without its Megatron FSDP strategies, the space it had before them)
+// Usage: bench_plan_speed [threads] [presets|scale|searches|all] [no-fsdp] [uniform-only]   (default: 2 all;
+// no-fsdp: the search without its Megatron FSDP strategies, the space it had before them; uniform-only: full
+// recomputation as uniform 1 only, without the block units tried where no lighter recomputation fits)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <thread>
 
@@ -26,7 +28,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-bool g_fsdp_dimension = true;  // search the Megatron FSDP strategies (SearchSpace::fsdp)
+bool g_fsdp_dimension = true;   // search the Megatron FSDP strategies (SearchSpace::fsdp)
+bool g_block_recompute = true;  // search block units of full recomputation beside uniform 1
 
 struct SearchCase {
   std::string model;
@@ -49,24 +52,29 @@ void run_search(const SearchCase& c, int threads) {
   request.threads = threads;
   request.memory_headroom_fraction = 0.05;
   if (!g_fsdp_dimension) request.space.fsdp.clear();
+  request.space.recompute_pinned = !g_block_recompute;  // pinned to the default: uniform 1
   if (c.executor_memory) {
     request.memory_model = planner::MemoryModelKind::kMegatune;
     request.peak_memory_of = tools::executor_peak_memory();
   }
   const auto start = std::chrono::steady_clock::now();
+  const std::clock_t cpu_start = std::clock();
   try {
     const planner::PlanResult result = planner::plan(request, pricer);
     const double seconds = seconds_since(start);
+    const double cpu_s = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
     const auto& st = result.statistics;
     std::printf(
-        "%-22s seq %5d gbs %5d on %-12s (%s memory, %d threads): %6.2f s; enumerated %lld, invalid %lld, out "
+        "%-22s seq %5d gbs %5d on %-12s (%s memory, %d threads): %6.2f s (cpu %.2f s); enumerated %lld, "
+        "invalid %lld, out "
         "of memory %lld, pruned by bound %lld, simulated %lld; best %s %s step %.3f s MFU %.1f%%\n",
         c.model.c_str(), request.model.seq_length, c.global_batch_size, c.cluster.c_str(),
-        c.executor_memory ? "executor" : "Megatron", threads, seconds, static_cast<long long>(st.enumerated),
-        static_cast<long long>(st.invalid), static_cast<long long>(st.out_of_memory),
-        static_cast<long long>(st.pruned_by_bound), static_cast<long long>(st.simulated),
-        planner::describe(result.ranked[0]).c_str(), result.ranked[0].layout.c_str(),
-        result.ranked[0].simulation.step_time_s, 100.0 * result.ranked[0].simulation.mfu);
+        c.executor_memory ? "executor" : "Megatron", threads, seconds, cpu_s,
+        static_cast<long long>(st.enumerated), static_cast<long long>(st.invalid),
+        static_cast<long long>(st.out_of_memory), static_cast<long long>(st.pruned_by_bound),
+        static_cast<long long>(st.simulated), planner::describe(result.ranked[0]).c_str(),
+        result.ranked[0].layout.c_str(), result.ranked[0].simulation.step_time_s,
+        100.0 * result.ranked[0].simulation.mfu);
   } catch (const UserError& e) {
     std::printf("%-22s on %s: %.2f s, no plan: %s\n", c.model.c_str(), c.cluster.c_str(),
                 seconds_since(start), e.what());
@@ -87,6 +95,7 @@ void run_exhaustive(int threads) {
   request.threads = threads;
   request.top_k = 1 << 30;  // keep everything: nothing is pruned by the bound
   if (!g_fsdp_dimension) request.space.fsdp.clear();
+  request.space.recompute_pinned = !g_block_recompute;
   planner::PlanResult result = planner::plan(request, pricer);
   const auto& st = result.statistics;
   std::printf(
@@ -130,7 +139,10 @@ void run_simulation_scaling() {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const std::string part = argc > 2 ? argv[2] : "all";
-  g_fsdp_dimension = !(argc > 3 && std::string(argv[3]) == "no-fsdp");
+  for (int i = 3; i < argc; ++i) {
+    if (std::string(argv[i]) == "no-fsdp") g_fsdp_dimension = false;
+    if (std::string(argv[i]) == "uniform-only") g_block_recompute = false;
+  }
   if (part == "presets" || part == "all") {
     // Every preset on 16384 GPUs at global batch 2048 (16384 where 2048 sequences leave no layout: the tiny
     // models' few heads and layers cannot take up 8 GPUs per replica).
@@ -141,9 +153,10 @@ int main(int argc, char** argv) {
     run_search({"deepseek-v3", "256x8xH100", 2048}, threads);
     run_search({"llama3-405b", "131072x8xH100", 16384, 8192}, threads);
   }
-  if (part == "scale" || part == "all") {
+  if (part == "scale" || part == "all" || part == "searches") {
     run_search({"llama3-70b", "128x8xH100", 1024, 4096, false}, threads);
     run_search({"llama3-70b", "8x8xH100", 512, 4096, false}, threads);
+    if (part == "searches") return 0;
     run_exhaustive(threads);
     run_simulation_scaling();
   }

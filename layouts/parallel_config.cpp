@@ -360,14 +360,29 @@ void ParallelConfig::validate(const ModelSpec& model) const {
       throw UserError("--recompute-granularity full needs --recompute-method uniform or block");
     }
     const int per_rank = (model.num_layers + pp() - 1) / pp();
+    if (recompute_num_layers == 0) {
+      throw UserError("--recompute-method " + std::string(to_string(recompute_method)) +
+                      " needs --recompute-num-layers (uniform: layers per unit; block: layers recomputed per "
+                      "chunk): add one, e.g. --recompute-num-layers 1");
+    }
     if (recompute_num_layers < 1 || recompute_num_layers > per_rank) {
       throw UserError(flag_value("--recompute-num-layers", recompute_num_layers) +
                       " must be between 1 and the " + std::to_string(per_rank) +
                       " layers per pipeline rank with --recompute-granularity full");
     }
+    // Megatron's MultiTokenPredictionLayer asserts recompute_num_layers == 1 under uniform.
+    if (recompute_method == RecomputeMethod::kUniform && recompute_num_layers > 1 && model.mtp_num_layers > 0) {
+      throw UserError(flag_value("--recompute-num-layers", recompute_num_layers) +
+                      " with --recompute-method uniform and --mtp-num-layers: Megatron recomputes MTP layers "
+                      "one at a time; use --recompute-num-layers 1 or --recompute-method block");
+    }
   } else if (recompute_method != RecomputeMethod::kNone) {
     throw UserError("--recompute-method " + std::string(to_string(recompute_method)) +
                     " applies only to --recompute-granularity full: drop it or use full recomputation");
+  } else if (recompute_num_layers != 0) {
+    throw UserError(flag_value("--recompute-num-layers", recompute_num_layers) +
+                    " applies only to --recompute-granularity full with --recompute-method uniform or block: "
+                    "drop it or add those flags");
   }
 
   // Optimizer, FSDP and overlap.

@@ -150,8 +150,9 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
   // The residual add follows in the pre-MLP norm (norm_residual_bytes).
 }
 
+// norms_fresh: a full-recompute re-run has just produced this layer's norm outputs (see layer_backward).
 void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape& s,
-                              const StepProgramOptions& options) {
+                              const StepProgramOptions& options, bool norms_fresh) {
   const AttentionShape a = attention_shape(s);
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
   if (s.sp) o.comm(OpKind::kAllGather, "proj_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
@@ -159,8 +160,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   if (s.mla) {
     // The input norm's output (gathered without --q-lora-rank under SP) first, then the attention core and
     // the projections' backward (MlaAttention's order).
-    if (s.recompute != RecomputeGranularity::kFull)
-      o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
+    if (!norms_fresh) o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
     if (s.sp && model.q_lora_rank == 0)
       o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     context_attention_backward(o, s, options);
@@ -177,8 +177,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
     o.memory(OpKind::kRopeBackward, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
   // The input norm's output is not saved: recomputed (from the layer input and its statistics) for the
   // weight gradients, unless a full-recompute re-run just produced it.
-  if (s.recompute != RecomputeGranularity::kFull)
-    o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
+  if (!norms_fresh) o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
   if (s.sp) o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("qkv", s.tokens, qkv_out(s), s.hidden);
   if (s.sp)
@@ -209,11 +208,11 @@ void dense_mlp_forward(OpSink& o, const StepShape& s, std::int64_t ffn, const ch
 // output is not saved either, but recomputed before fc1's backward GEMMs (unless a full-recompute re-run just
 // produced it).
 void dense_mlp_backward(OpSink& o, const StepShape& s, std::int64_t ffn, const std::string& fc1,
-                        const std::string& fc2, bool recompute_norm) {
+                        const std::string& fc2, bool recompute_norm, bool norms_fresh) {
   o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, true, /*need_wgrad=*/false);
   o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 2) * ffn / s.tp * kAct);
   o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, /*need_dgrad=*/false);
-  if (recompute_norm && s.recompute != RecomputeGranularity::kFull)
+  if (recompute_norm && !norms_fresh)
     o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
   // Sequence parallelism: the norm output is re-gathered for fc1's weight gradient (before its GEMMs).
   if (recompute_norm && s.sp)
@@ -326,7 +325,7 @@ void moe_mlp_forward(OpSink& o, const StepShape& s) {
 
 // The routed experts' backward, the recomputed pre-MLP norm (the shared expert's and the router's weight
 // gradients read the block input), the shared expert's, then the router's (its data gradient accumulates).
-void moe_mlp_backward(OpSink& o, const StepShape& s) {
+void moe_mlp_backward(OpSink& o, const StepShape& s, bool norms_fresh) {
   const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
   const std::int64_t rows = expert_rows(s);
   const int tp_ep = s.etp * s.ep;
@@ -351,8 +350,7 @@ void moe_mlp_backward(OpSink& o, const StepShape& s) {
     o.comm(OpKind::kAllToAll, "dispatch_grad_a2a", copies * s.hidden * kAct, CommGroup::kExpert, s.ep);
     o.memory(OpKind::kRouter, "permute", (copies + local_tokens) * s.hidden * kAct);
   }
-  if (s.recompute != RecomputeGranularity::kFull)
-    o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
+  if (!norms_fresh) o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
   if (s.shared_ffn > 0) shared_expert_backward(o, s);
   o.gemm("router_dgrad", local_tokens, s.hidden, s.experts, /*accumulate=*/true);
   o.gemm_backward("router", local_tokens, s.experts, s.hidden, /*need_dgrad=*/false);
@@ -371,18 +369,27 @@ void layer_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool m
   o.memory(OpKind::kElementwise, "residual2", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
+bool symbol_layer_is_moe(const ModelSpec& model, int layer) {
+  return layer >= 0 ? model.is_moe_layer(layer) : model.mtp_layer_is_moe();
+}
+
+// A layer's backward under its chunk's recompute plan: a unit ending at this layer first re-runs the forward
+// of all its layers (one kRecompute span, forward order), which leaves this layer's norm outputs fresh.
 void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShape& s, bool moe, int layer,
-                    int microbatch, int chunk, const StepProgramOptions& options) {
-  if (s.recompute == RecomputeGranularity::kFull) {
-    OpSink r(ops, OpPhase::kRecompute, layer, microbatch, chunk);
-    layer_forward(r, model, s, moe, options);
+                    int microbatch, int chunk, const StepProgramOptions& options, const RecomputePlan& plan) {
+  if (const RecomputeUnit* unit = plan.unit_ending_at(layer)) {
+    for (int l : unit->layers) {
+      OpSink r(ops, OpPhase::kRecompute, l, microbatch, chunk);
+      layer_forward(r, model, s, symbol_layer_is_moe(model, l), options);
+    }
   }
+  const bool fresh = plan.at(layer) == LayerRecompute::kUnitLast;
   OpSink o(ops, OpPhase::kBackward, layer, microbatch, chunk);
   if (moe) {
-    moe_mlp_backward(o, s);
+    moe_mlp_backward(o, s, fresh);
   } else {
     if (s.sp) o.comm(OpKind::kAllGather, "fc2_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-    dense_mlp_backward(o, s, s.ffn, "fc1", "fc2", true);
+    dense_mlp_backward(o, s, s.ffn, "fc1", "fc2", true, fresh);
     if (s.sp)
       o.comm(OpKind::kReduceScatter, "fc1_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     else
@@ -393,7 +400,7 @@ void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShap
     OpSink r(ops, OpPhase::kRecompute, layer, microbatch, chunk);
     attention_block_forward(r, model, s, options, true);
   }
-  attention_block_backward(o, model, s, options);
+  attention_block_backward(o, model, s, options, fresh);
 }
 
 void embedding_forward(OpSink& o, const StepShape& s) {
@@ -469,14 +476,14 @@ void mtp_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool hea
 // under SP, and the saved input shard is gathered again for the weight gradient), hnorm (the first depth's
 // adds the main head's gradient as its residual), enorm and the embedding.
 void mtp_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShape& s, int layer, int microbatch,
-                  int chunk, const StepProgramOptions& options) {
+                  int chunk, const StepProgramOptions& options, const RecomputePlan& plan) {
   const std::int64_t th = s.tokens * s.hidden * kAct, norm_backward_bytes = 3 * s.tokens_sp * s.hidden * kAct;
   OpSink o(ops, OpPhase::kBackward, layer, microbatch, chunk);
   loss_backward(o, s, false);
   if (-3 - layer < model.mtp_num_layers - 1)
     o.memory(OpKind::kElementwise, "mtp_grad_add", norm_backward_bytes);
   o.memory(OpKind::kNormBackward, "final_norm", norm_backward_bytes);
-  layer_backward(ops, model, s, model.mtp_layer_is_moe(), layer, microbatch, chunk, options);
+  layer_backward(ops, model, s, model.mtp_layer_is_moe(), layer, microbatch, chunk, options, plan);
   if (s.sp) {
     o.comm(OpKind::kAllGather, "mtp_eh_proj_grad_ag", th, CommGroup::kTensor, s.tp);
     o.comm(OpKind::kAllGather, "mtp_eh_proj_input_ag", 2 * th, CommGroup::kTensor, s.tp);
@@ -554,6 +561,8 @@ StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& confi
   s.num_layers = model.num_layers;
   s.mtp_num_layers = model.mtp_num_layers;
   s.recompute = config.recompute_granularity;
+  s.recompute_method = config.recompute_method;
+  s.recompute_num_layers = config.recompute_num_layers;
   s.p2p_bytes = s.tokens_sp * s.hidden * kAct;
   return s;
 }
@@ -598,6 +607,7 @@ std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepSha
   std::vector<Op> ops;
   const std::vector<int> layers = stage_symbol_layers(stage);
   const int n = static_cast<int>(stage.symbols.size());
+  const RecomputePlan plan = plan_recompute(shape.recompute_settings(), stage);
   for (int e = std::max(0, entry_begin); e < std::min(n, entry_end); ++e) {
     const int j = n - 1 - e;  // entries run in reverse symbol order
     OpSink o(ops, OpPhase::kBackward, layers[j] >= 0 ? layers[j] : -1, microbatch, stage.vpp_rank);
@@ -611,10 +621,10 @@ std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepSha
           OpSink(ops, OpPhase::kBackward, -1, microbatch, stage.vpp_rank)
               .memory(OpKind::kNormBackward, "final_norm", 3 * shape.tokens_sp * shape.hidden * kAct);
         layer_backward(ops, model, shape, model.is_moe_layer(layers[j]), layers[j], microbatch,
-                       stage.vpp_rank, options);
+                       stage.vpp_rank, options, plan);
         break;
       case LayerSymbol::kMtp:
-        mtp_backward(ops, model, shape, layers[j], microbatch, stage.vpp_rank, options);
+        mtp_backward(ops, model, shape, layers[j], microbatch, stage.vpp_rank, options, plan);
         break;
       case LayerSymbol::kLoss:
         loss_backward(o, shape, !mtp);
@@ -694,15 +704,29 @@ std::vector<Op> fsdp_forward_ops(const ModelSpec& model, const RankStep& step, c
   return ops;
 }
 
-// A backward (segment) with each entry preceded by the gathers of its buckets.
+// A backward (segment) with each entry preceded by the gathers of its buckets. An entry that starts with its
+// recompute unit's re-run also gathers the unit's other layers, as before their forward segments (the
+// executor's Trainer::run_backward calls DataParallelStrategy::before_forward for them).
 std::vector<Op> fsdp_backward_ops(const ModelSpec& model, const RankStep& step, const StepItem& item,
                                   const StepProgramOptions& options) {
   const std::vector<GradBucket>& buckets = step.buckets.at(item.chunk);
+  const PipelineStage& stage = step.stages.at(item.chunk);
+  const std::vector<int> layers = stage_symbol_layers(stage);
+  const std::vector<int> codes = bucket_layer_codes(step, item.chunk);
+  const RecomputePlan plan = plan_recompute(step.shape.recompute_settings(), stage);
   std::vector<Op> ops;
   for (int e = item.entry_begin; e < item.entry_end; ++e) {
     for (const GradBucket& b : buckets)
       if (b.ready_after_entry == e)
         ops.push_back(fsdp_param_gather_op(b, OpPhase::kBackward, item.microbatch));
+    const int code = layers.at(layers.size() - 1 - static_cast<std::size_t>(e));
+    if (const RecomputeUnit* unit = plan.unit_ending_at(code))
+      for (int layer : unit->layers) {
+        if (layer == code) continue;
+        for (std::size_t b = buckets.size(); b-- > 0;)
+          if (forward_segment_group_of(codes[b]) == forward_segment_group_of(layer))
+            ops.push_back(fsdp_param_gather_op(buckets[b], OpPhase::kForward, item.microbatch));
+      }
     for (Op& op : stage_backward_segment_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch,
                                              e, e + 1, options))
       ops.push_back(std::move(op));

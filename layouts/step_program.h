@@ -49,8 +49,11 @@
 //   forward pass (the dgrad/wgrad ops carry OpPhase::kBackward); the backward pass starts with the final
 //   norm's backward.
 // - Recomputation: selective re-runs the core attention forward before its backward (Megatron's default
-//   "core_attn" module); full (uniform) re-runs the whole layer forward, its TP collectives included,
-//   before the layer's backward. Recomputed ops carry OpPhase::kRecompute.
+//   "core_attn" module). Full follows the chunk's recompute plan (layouts/recompute_plan.h): each unit (a
+//   uniform group, or one of block's first layers) re-runs the forward of all its layers, their TP
+//   collectives included, in one span right before the backward of its last layer; kept layers re-run
+//   nothing. The re-run leaves the norm outputs of the unit's last layer fresh (its backward skips their
+//   recompute); every other layer recomputes them. Recomputed ops carry OpPhase::kRecompute.
 // - Roles (Op::role, layouts/op.h): kCompute for every kernel; layer collectives by their group (kTensor:
 //   kTensorParallel; kContext: kContextParallelRing for the ring's send/recv, else kContextParallelGather;
 //   expert groups: kExpertDispatch); the p2p, gradient-reduction and optimizer collectives their own roles.
@@ -80,6 +83,7 @@
 #include "layouts/parameter_table.h"
 #include "layouts/pipeline_layout.h"
 #include "layouts/rank_grid.h"
+#include "layouts/recompute_plan.h"
 #include "layouts/schedule.h"
 
 namespace megatune::layouts {
@@ -118,6 +122,9 @@ struct StepShape {
   int num_layers = 0,
       mtp_num_layers = 0;  // decoder layers; MTP layers (the final norm then follows the last)
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
+  RecomputeMethod recompute_method = RecomputeMethod::kNone;  // full recomputation's unit rule
+  int recompute_num_layers = 0;
+  RecomputeSettings recompute_settings() const { return {recompute, recompute_method, recompute_num_layers}; }
   std::int64_t p2p_bytes = 0;  // one pipeline activation (or gradient) tensor
   // The rank's place in its context-parallel ring (walk_rank_step sets it per rank): CP index and the global
   // ranks of the next and previous members.

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "layouts/recompute_plan.h"
 #include "layouts/schedule.h"
 
 namespace megatune::planner {
@@ -33,7 +34,7 @@ std::int64_t attention_block_bytes(const StepShape& s, bool dropout, const Memor
                        + 2 * sb * s.heads * s.head_dim / s.tp;                  // attention output
   if (options.flash_attention) {
     bytes += 4 * sb * s.heads / s.tp;  // log-sum-exp
-  } else if (s.recompute == RecomputeGranularity::kNone) {
+  } else if (s.recompute != RecomputeGranularity::kSelective) {
     // Scores, softmax (2 bytes each) and attention-dropout mask (1 byte): 5 a s^2 b / t (per CP chunk).
     bytes += 5 * s.heads / s.tp * s.seq_local * s.seq * s.micro_batch;
   }
@@ -175,28 +176,52 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
   e.parameters = dense + expert;
   add_parameter_state(e, config, s, dense, expert, largest_entry, options);
 
-  // Activations of the in-flight microbatches of each chunk.
+  // Activations of the in-flight microbatches of each chunk. Under full recomputation the chunk's plan
+  // (layouts/recompute_plan.h) decides: a unit saves its input once, a kept layer all it would save.
   e.in_flight_per_chunk = in_flight_microbatches_per_chunk(config, vpp, pp_rank);
   const bool dropout = dropout_on(model, options);
-  std::int64_t largest_layer_full = 0;
+  const std::int64_t layer_input = 2 * s.tokens * s.hidden / (s.sp ? s.tp : 1);
+  const layouts::RecomputeSettings recompute_settings = s.recompute_settings();
+  std::int64_t largest_unit_full = 0;  // the activations one unit's re-run materializes
+  int recomputed = 0, units = 0, layers = 0;
   for (int c = 0; c < vpp; ++c) {
     const PipelineStage& stage = *stages[c];
+    std::int64_t unit_full = 0;  // of the unit being walked
+    // The bytes a layer saves per the chunk's recompute plan (layouts::plan_recompute's rule, per layer);
+    // `starts_unit`: it opens its unit (a unit saves its input once).
+    const auto saved = [&](layouts::LayerRecompute r, bool starts_unit, bool moe) {
+      const std::int64_t full = layer_full_bytes(model, s, moe, options);
+      ++layers;
+      if (r == layouts::LayerRecompute::kKept) return full;
+      ++recomputed;
+      unit_full += full;
+      if (r == layouts::LayerRecompute::kUnitLast) {
+        ++units;
+        largest_unit_full = std::max(largest_unit_full, unit_full);
+        unit_full = 0;
+      }
+      return starts_unit ? layer_input : std::int64_t{0};
+    };
     std::int64_t per_microbatch = 0, logits = 0;
-    int next_layer = stage.first_decoder_layer;
+    int next_layer = stage.first_decoder_layer, position = 0;
+    layouts::LayerRecompute previous = layouts::LayerRecompute::kUnitLast;  // a unit starts after one ends
     for (LayerSymbol sym : stage.symbols) {
       switch (sym) {
         case LayerSymbol::kEmbedding:
           per_microbatch += 8 * s.tokens + (dropout ? s.tokens * s.hidden / (s.sp ? s.tp : 1) : 0);
           break;
         case LayerSymbol::kDecoder: {
-          const bool moe = model.is_moe_layer(next_layer++);
-          per_microbatch += layer_activation_bytes(model, s, moe, options);
-          largest_layer_full = std::max(largest_layer_full, layer_full_bytes(model, s, moe, options));
+          const layouts::LayerRecompute r =
+              layouts::decoder_layer_recompute(recompute_settings, position++, stage.num_decoder_layers);
+          per_microbatch +=
+              saved(r, previous != layouts::LayerRecompute::kUnitInner, model.is_moe_layer(next_layer++));
+          previous = r;
           break;
         }
         case LayerSymbol::kMtp:
-          per_microbatch += layer_activation_bytes(model, s, model.mtp_layer_is_moe(), options) +
-                            6 * s.tokens * s.hidden / (s.sp ? s.tp : 1);
+          per_microbatch +=
+              saved(layouts::mtp_layer_recompute(recompute_settings), true, model.mtp_layer_is_moe()) +
+              6 * s.tokens * s.hidden / (s.sp ? s.tp : 1);
           logits += logits_bytes_per_microbatch(s, options);
           break;
         case LayerSymbol::kLoss:
@@ -210,22 +235,25 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
   }
   std::ostringstream flight;
   for (int c = 0; c < vpp; ++c) flight << (c ? "," : "") << e.in_flight_per_chunk[c];
+  std::string recompute = std::string(layouts::to_string(config.recompute_granularity));
+  if (s.recompute == RecomputeGranularity::kFull)
+    recompute += " (" + std::string(layouts::to_string(config.recompute_method)) + " " +
+                 std::to_string(config.recompute_num_layers) + ": " + std::to_string(recomputed) + " of " +
+                 std::to_string(layers) + " layers in " + std::to_string(units) + " units)";
   e.items.push_back({"activations", e.activation_bytes,
-                     "in-flight microbatches per chunk: " + flight.str() + "; recompute " +
-                         std::string(layouts::to_string(config.recompute_granularity))});
+                     "in-flight microbatches per chunk: " + flight.str() + "; recompute " + recompute});
   if (e.logits_bytes > 0) {
     e.items.push_back(
         {"logits + loss", e.logits_bytes,
          options.fp32_logits_copy ? "bf16 logits + fp32 copy for cross entropy" : "bf16 logits"});
   }
 
-  // Working set at the peak: the layer being recomputed (full) or a gathered SP input, plus the
-  // gradient of the activations flowing back.
-  e.transient_bytes = 2 * s.tokens * s.hidden * 2;
-  if (s.recompute == RecomputeGranularity::kFull) e.transient_bytes += largest_layer_full;
+  // Working set at the peak: the unit being recomputed (full: all its layers' activations at once) or a
+  // gathered SP input, plus the gradient of the activations flowing back.
+  e.transient_bytes = 2 * s.tokens * s.hidden * 2 + largest_unit_full;
   e.items.push_back({"transient working set", e.transient_bytes,
-                     s.recompute == RecomputeGranularity::kFull ? "one recomputed layer + activation grads"
-                                                                : "activation grads + gathered input"});
+                     largest_unit_full > 0 ? "the largest recomputed unit + activation grads"
+                                           : "activation grads + gathered input"});
 
   // Buffers.
   const MemoryItem buffers = device_buffers(s, options);

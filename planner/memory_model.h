@@ -57,7 +57,9 @@ struct MemoryEstimate {
 };
 
 // Activation bytes one decoder layer saves for one microbatch (megatron.md §5 generalized to GQA, SwiGLU,
-// MoE, CP and SP).
+// MoE, CP and SP); under full recomputation those of a unit of one layer (its input). estimate_memory sums
+// them per the chunk's recompute plan: kept layers all they save, each unit its input once, plus the
+// largest unit's full activations as the working set of its re-run.
 std::int64_t layer_activation_bytes(const layouts::ModelSpec& model, const layouts::StepShape& shape,
                                     bool moe, const MemoryOptions& options);
 

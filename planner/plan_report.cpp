@@ -15,6 +15,16 @@ using layouts::RecomputeGranularity;
 
 namespace {
 
+// The table's recompute column: "none", "selective", "full" (uniform 1), "full block 4", "full uniform 2".
+std::string recompute_cell(const ParallelConfig& cfg) {
+  std::string cell(layouts::to_string(cfg.recompute_granularity));
+  if (cfg.recompute_granularity == RecomputeGranularity::kFull &&
+      !(cfg.recompute_method == layouts::RecomputeMethod::kUniform && cfg.recompute_num_layers == 1))
+    cell += " " + std::string(layouts::to_string(cfg.recompute_method)) + " " +
+            std::to_string(cfg.recompute_num_layers);
+  return cell;
+}
+
 std::string fixed(double value, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
@@ -54,8 +64,7 @@ std::string format_plan_table(const PlanResult& result) {
     rows.push_back({std::to_string(i + 1), layout, std::to_string(cfg.tp()), std::to_string(cfg.pp()),
                     std::to_string(c.vpp), std::to_string(cfg.dp()), std::to_string(cfg.cp()),
                     std::to_string(cfg.ep()), std::to_string(cfg.etp()), std::to_string(cfg.micro_batch_size),
-                    std::string(layouts::to_string(cfg.recompute_granularity)),
-                    cfg.sequence_parallel_enabled() ? "on" : "off",
+                    recompute_cell(cfg), cfg.sequence_parallel_enabled() ? "on" : "off",
                     cfg.fsdp() ? "fsdp " + std::string(layouts::to_string(cfg.sharding()))
                     : cfg.use_distributed_optimizer ? "on"
                                                     : "off",
@@ -119,7 +128,8 @@ std::string describe_run_settings(const ModelSpec& model, const ParallelConfig& 
       << layouts::to_string(c.recompute_granularity);
   if (c.recompute_granularity == RecomputeGranularity::kFull)
     out << " (" << layouts::to_string(c.recompute_method) << ", " << c.recompute_num_layers
-        << (c.recompute_num_layers == 1 ? " layer" : " layers") << " per unit)";
+        << (c.recompute_num_layers == 1 ? " layer" : " layers")
+        << (c.recompute_method == layouts::RecomputeMethod::kBlock ? " per chunk)" : " per unit)");
   if (c.vpp(model) > 1) out << "; microbatch group " << c.micro_batch_group_size();
   out << "; rank order " << layouts::to_string(c.rank_order);
   if (model.is_moe()) out << "; dispatcher " << dispatcher_name(c);
@@ -304,6 +314,13 @@ std::string candidate_json_indented(const PlanCandidate& c, const std::string& i
     << ", \"dp\": " << cfg.dp() << ", \"cp\": " << cfg.cp() << ", \"ep\": " << cfg.ep()
     << ", \"etp\": " << cfg.etp() << ", \"micro_batch_size\": " << cfg.micro_batch_size
     << ", \"recompute\": " << json_quote(std::string(layouts::to_string(cfg.recompute_granularity)))
+    << ", \"recompute_method\": "
+    << (cfg.recompute_granularity == RecomputeGranularity::kFull
+            ? json_quote(std::string(layouts::to_string(cfg.recompute_method)))
+            : "null")
+    << ", \"recompute_num_layers\": "
+    << (cfg.recompute_granularity == RecomputeGranularity::kFull ? std::to_string(cfg.recompute_num_layers)
+                                                                 : "null")
     << ", \"sequence_parallel\": " << (cfg.sequence_parallel_enabled() ? "true" : "false")
     << ", \"distributed_optimizer\": " << (cfg.use_distributed_optimizer ? "true" : "false")
     << ", \"fsdp\": " << (cfg.fsdp() ? json_quote(std::string(layouts::to_string(cfg.sharding()))) : "null")

@@ -321,8 +321,13 @@ std::string describe(const PlanCandidate& c) {
   std::ostringstream out;
   out << "tp" << c.config.tp() << " pp" << c.config.pp() << " vpp" << c.vpp << " dp" << c.config.dp() << " cp"
       << c.config.cp() << " ep" << c.config.ep() << " etp" << c.config.etp() << " mbs"
-      << c.config.micro_batch_size << ' ' << recompute_short(c.config.recompute_granularity)
-      << (c.config.sequence_parallel_enabled() ? " sp" : "")
+      << c.config.micro_batch_size << ' ' << recompute_short(c.config.recompute_granularity);
+  // Full recomputation other than every layer alone: its unit rule ("full:block2", "full:uniform3").
+  if (c.config.recompute_granularity == RecomputeGranularity::kFull &&
+      !(c.config.recompute_method == layouts::RecomputeMethod::kUniform &&
+        c.config.recompute_num_layers == 1))
+    out << ':' << layouts::to_string(c.config.recompute_method) << c.config.recompute_num_layers;
+  out << (c.config.sequence_parallel_enabled() ? " sp" : "")
       << (c.config.use_distributed_optimizer ? " dopt" : "");
   if (c.config.fsdp()) out << " fsdp:" << layouts::to_string(c.config.sharding());
   return out.str();

@@ -48,10 +48,13 @@ struct SearchSpace {
   // the only pipeline split tried, at every pp and virtual-stage count it fits.
   int first_stage_layers = -1, last_stage_layers = -1;
   bool account_for_embedding = false, account_for_loss = false;
-  // Settings every candidate runs with: full recomputation's method and layers per unit, the MoE token
+  // Full recomputation's method and layers per unit: pinned (--recompute-method / --recompute-num-layers),
+  // every full candidate runs with them; otherwise these (uniform 1) and, where no lighter recomputation
+  // fits, block at 1/4 and 1/2 of a chunk's layers. Then settings every candidate runs with: the MoE token
   // dispatcher, the interleaved schedule's microbatch group size (0: pp) and Megatron's rank order.
   layouts::RecomputeMethod recompute_method = layouts::RecomputeMethod::kUniform;
   int recompute_num_layers = 1;
+  bool recompute_pinned = false;
   layouts::MoeDispatcher moe_dispatcher = layouts::MoeDispatcher::kAllToAll;
   int microbatch_group_size = 0;
   layouts::RankOrder rank_order = layouts::RankOrder::kTpCpEpDpPp;

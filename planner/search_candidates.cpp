@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "base/user_error.h"
 #include "layouts/pipeline_layout.h"
@@ -186,7 +188,21 @@ struct Knobs {
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
   bool dopt = false, sp = false;
   std::optional<layouts::DataParallelSharding> fsdp;  // Megatron FSDP with this strategy
+  // Full recomputation's unit rule (kNone: the search space's).
+  layouts::RecomputeMethod recompute_method = layouts::RecomputeMethod::kNone;
+  int recompute_num_layers = 0;
 };
+
+// Block units tried beside uniform 1 for a layout whose chunks hold `chunk_layers` decoder layers: 1/2 and
+// then 1/4 of a chunk (recomputing fewer layers than uniform 1: faster, and more memory: block N needs more
+// than uniform 1 and than block 2N, so each is tried only where the one before fits). None when pinned.
+std::vector<int> block_recompute_layers(const SearchSpace& space, int chunk_layers) {
+  std::vector<int> out;
+  if (space.recompute_pinned) return out;
+  for (int n : {chunk_layers / 2, chunk_layers / 4})
+    if (n >= 1 && n < chunk_layers && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  return out;
+}
 
 // One choice of the data-parallel sharding dimension: DDP, the distributed optimizer, or an FSDP strategy.
 struct ShardingChoice {
@@ -210,8 +226,9 @@ PlanCandidate make_candidate(const PlanRequest& request, const Grid& grid, const
   cfg.sequence_parallel = k.sp;
   cfg.recompute_granularity = k.recompute;
   if (k.recompute == RecomputeGranularity::kFull) {
-    cfg.recompute_method = space.recompute_method;
-    cfg.recompute_num_layers = space.recompute_num_layers;
+    const bool given = k.recompute_method != layouts::RecomputeMethod::kNone;
+    cfg.recompute_method = given ? k.recompute_method : space.recompute_method;
+    cfg.recompute_num_layers = given ? k.recompute_num_layers : space.recompute_num_layers;
   }
   cfg.moe_token_dispatcher_type = space.moe_dispatcher;
   cfg.rank_order = space.rank_order;
@@ -252,26 +269,32 @@ class CandidateFilter {
     stats_.invalid += count;
   }
 
-  void add(PlanCandidate c) {
+  // Whether the candidate was kept: valid and, as far as known here, fitting (an injected memory model sizes
+  // only the candidates it would simulate: those are kept).
+  bool add(PlanCandidate c) {
     ++stats_.enumerated;
     try {
       c.config.validate(request_.model);
     } catch (const std::exception& e) {
       if (stats_.invalid++ == 0) out_.first_invalid = describe(c) + ": " + e.what();
-      return;
+      return false;
     }
-    if (!request_.peak_memory_of) {  // an injected model sizes only the candidates it would simulate
+    if (!request_.peak_memory_of) {
       const MemoryEstimate peak = peak_memory(request_.model, c.config, memory_options_);
       c.peak_memory_bytes = peak.total_bytes;
       c.peak_memory_pp_rank = peak.pp_rank;
       if (peak.total_bytes > capacity_) {
         ++stats_.out_of_memory;
         out_.smallest_oom.note(peak.total_bytes, c);
-        return;
+        return false;
       }
     }
     out_.candidates.push_back(std::move(c));
+    return true;
   }
+  // Whether add() learns if a candidate fits (Megatron's closed-form model), so that heavier recomputation
+  // can be tried only where the lighter does not fit.
+  bool sizes_at_enumeration() const { return !request_.peak_memory_of; }
 
  private:
   const PlanRequest& request_;
@@ -315,13 +338,35 @@ void enumerate_grid(const PlanRequest& request, const Grid& grid, CandidateFilte
           continue;
         }
         const bool needs_sp = request.model.is_moe() && ep > 1 && grid.tp > 1;
+        // Per (sharding, sp): whether a candidate with less recomputation fit.
+        std::vector<char> lighter_fits(shardings.size() * sps.size(), 0);
+        const int chunk_layers =
+            (request.model.num_layers + grid.pp * layout.vpp - 1) / (grid.pp * layout.vpp);
         for (RecomputeGranularity rc : space.recompute)
-          for (const ShardingChoice& d : shardings)
-            for (bool sp : sps) {
-              if (needs_sp && !sp)
+          for (std::size_t di = 0; di < shardings.size(); ++di)
+            for (std::size_t si = 0; si < sps.size(); ++si) {
+              const ShardingChoice& d = shardings[di];
+              const bool sp = sps[si];
+              if (needs_sp && !sp) {
                 filter.refuse(1, [&] { return make(rc, d, sp); });
-              else
-                filter.add(make(rc, d, sp));
+                continue;
+              }
+              char& lighter = lighter_fits[di * sps.size() + si];
+              if (rc != RecomputeGranularity::kFull) {
+                lighter = static_cast<char>(filter.add(make(rc, d, sp)) || lighter);
+                continue;
+              }
+              // Uniform 1 (or the pinned rule); block units only where full recomputation is needed: no
+              // lighter recomputation of the same knobs fits (known here under Megatron's model) and the
+              // heavier uniform 1 does.
+              bool fits = filter.add(make(rc, d, sp));
+              if (filter.sizes_at_enumeration() && (lighter || !fits)) continue;
+              for (int layers : block_recompute_layers(space, chunk_layers)) {
+                if (!fits) break;
+                fits = filter.add(make_candidate(
+                    request, grid, layout,
+                    {ep, etp, mbs, rc, d.dopt, sp, d.fsdp, layouts::RecomputeMethod::kBlock, layers}));
+              }
             }
       }
 }

@@ -8,7 +8,9 @@ namespace megatune::planner {
 using layouts::LayerSymbol;
 using layouts::PipelineStage;
 
-int symbol_key(LayerSymbol symbol, bool moe) { return static_cast<int>(symbol) * 2 + (moe ? 1 : 0); }
+int symbol_key(LayerSymbol symbol, bool moe, layouts::LayerRecompute recompute) {
+  return static_cast<int>(symbol) * 2 + (moe ? 1 : 0) + kSymbolKeysPerVariant * static_cast<int>(recompute);
+}
 
 void PassCost::add(const PassCost& other) {
   compute_s += other.compute_s;
@@ -36,8 +38,8 @@ SimulationCache::PriceKey SimulationCache::price_key(const layouts::ParallelConf
                c.micro_batch_size,
                c.sequence_parallel_enabled() ? 1 : 0,
                static_cast<int>(c.recompute_granularity),
-               static_cast<int>(c.recompute_method),
-               c.recompute_num_layers,
+               0,  // full recomputation's method and unit size: in the symbol's recompute variant
+               0,
                static_cast<int>(c.moe_token_dispatcher_type)};
   std::size_t at = 10;
   for (const cost_models::CollectiveGroup& placement : placements) {
@@ -169,22 +171,32 @@ std::optional<std::vector<std::pair<double, double>>> cached_pass_s(const layout
                                                                     const layouts::PipelineLayout& layout,
                                                                     const PassPlacements& placements,
                                                                     SimulationCache& cache) {
-  std::array<std::optional<std::pair<double, double>>, 256> symbols{};  // by symbol_key
+  std::array<std::optional<std::pair<double, double>>, 3 * kSymbolKeysPerVariant> symbols{};  // by symbol_key
   for (LayerSymbol symbol :
        {LayerSymbol::kEmbedding, LayerSymbol::kDecoder, LayerSymbol::kMtp, LayerSymbol::kLoss})
-    for (bool moe : {false, true}) {
-      const int key = symbol_key(symbol, moe);
-      if (const std::optional<SymbolCosts> c = cache.symbol_costs(config, placements, key))
-        symbols[key] = {
-            {c->forward.compute_s + c->forward.comm_s, c->backward.compute_s + c->backward.comm_s}};
-    }
+    for (bool moe : {false, true})
+      for (layouts::LayerRecompute recompute :
+           {layouts::LayerRecompute::kKept, layouts::LayerRecompute::kUnitLast,
+            layouts::LayerRecompute::kUnitInner}) {
+        const int key = symbol_key(symbol, moe, recompute);
+        if (const std::optional<SymbolCosts> c = cache.symbol_costs(config, placements, key))
+          symbols[key] = {
+              {c->forward.compute_s + c->forward.comm_s, c->backward.compute_s + c->backward.comm_s}};
+      }
+  const layouts::RecomputeSettings recompute = layouts::RecomputeSettings::of(config);
   std::vector<std::pair<double, double>> pass_s(layout.stages().size());
   for (const PipelineStage& stage : layout.stages()) {
-    int next_layer = stage.first_decoder_layer;
+    int next_layer = stage.first_decoder_layer, position = 0;
     for (LayerSymbol sym : stage.symbols) {
       const bool moe = sym == LayerSymbol::kDecoder && model.is_moe_layer(next_layer);
-      if (sym == LayerSymbol::kDecoder) ++next_layer;
-      const std::optional<std::pair<double, double>>& cost = symbols[symbol_key(sym, moe)];
+      layouts::LayerRecompute variant = layouts::LayerRecompute::kKept;
+      if (sym == LayerSymbol::kDecoder) {
+        ++next_layer;
+        variant = layouts::decoder_layer_recompute(recompute, position++, stage.num_decoder_layers);
+      } else if (sym == LayerSymbol::kMtp) {
+        variant = layouts::mtp_layer_recompute(recompute);
+      }
+      const std::optional<std::pair<double, double>>& cost = symbols[symbol_key(sym, moe, variant)];
       if (!cost) return std::nullopt;
       pass_s[stage.stage_index].first += cost->first;
       pass_s[stage.stage_index].second += cost->second;

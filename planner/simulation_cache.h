@@ -20,6 +20,7 @@
 #include "layouts/op.h"
 #include "layouts/parallel_config.h"
 #include "layouts/pipeline_layout.h"
+#include "layouts/recompute_plan.h"
 #include "layouts/step_program.h"
 #include "planner/event_engine.h"
 #include "planner/op_pricer.h"
@@ -58,8 +59,12 @@ struct GridPlacements {
   std::vector<SyncPlacements> sync_by_pp_rank;  // the representative of each pp rank's
 };
 
-// A layer kind: E, dense t, MoE t, m or L.
-int symbol_key(layouts::LayerSymbol symbol, bool moe);
+// A layer kind: E, dense t, MoE t, m or L, and how full recomputation treats it (layouts/recompute_plan.h):
+// kept, the last layer of its unit (its backward starts with the unit's re-run), or re-run by a later one.
+// The costs of a recomputed layer hold its own re-run, wherever in the pass its unit issues it.
+inline constexpr int kSymbolKeysPerVariant = 256;  // the (symbol char, moe) keys of one recompute variant
+int symbol_key(layouts::LayerSymbol symbol, bool moe,
+               layouts::LayerRecompute recompute = layouts::LayerRecompute::kKept);
 
 class SimulationCache {
  public:

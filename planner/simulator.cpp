@@ -82,7 +82,8 @@ class Builder {
                                                 : std::make_shared<const layouts::PipelineLayout>(
                                                       config.resolved_pipeline_layout(model))),
         layout_(*layout_holder_),
-        shape_(layouts::resolve_step_shape(model, config)) {
+        shape_(layouts::resolve_step_shape(model, config)),
+        recompute_(layouts::RecomputeSettings::of(config)) {
     if (options.all_ranks) {
       for (int r = 0; r < grid_.world_size(); ++r) sim_ranks_.push_back(r);
     } else {
@@ -285,9 +286,44 @@ class Builder {
     return c;
   }
 
-  // Costs of one symbol (E, dense t, MoE t, m, L) for one microbatch on this rank.
-  const SymbolCosts& symbol_costs(int sim, LayerSymbol symbol, bool moe) {
-    const int key = symbol_key(symbol, moe);
+  // The step shape a symbol of recompute variant `recompute` is priced with: under full recomputation a kept
+  // layer runs as without recomputation, a recomputed one as a unit of one layer.
+  layouts::StepShape symbol_shape(layouts::LayerRecompute recompute) const {
+    layouts::StepShape shape = shape_;
+    if (shape.recompute != layouts::RecomputeGranularity::kFull) return shape;
+    if (recompute == layouts::LayerRecompute::kKept) {
+      shape.recompute = layouts::RecomputeGranularity::kNone;
+      shape.recompute_method = layouts::RecomputeMethod::kNone;
+      shape.recompute_num_layers = 0;
+    } else {
+      shape.recompute_method = layouts::RecomputeMethod::kUniform;
+      shape.recompute_num_layers = 1;
+    }
+    return shape;
+  }
+
+  // The ops of one symbol's forward and backward. A layer re-run by a later layer of its unit (kUnitInner)
+  // carries its re-run (the kRecompute ops of a unit of one) and a kept layer's backward (its norm outputs
+  // are recomputed): the same ops as in the pass, where the re-run sits before the unit's last layer.
+  std::pair<std::vector<Op>, std::vector<Op>> symbol_ops(const PipelineStage& stage,
+                                                         layouts::LayerRecompute recompute) const {
+    const layouts::StepShape shape = symbol_shape(recompute);
+    std::vector<Op> forward = layouts::stage_forward_ops(model_, shape, stage, 0, options_.step);
+    std::vector<Op> backward = layouts::stage_backward_ops(model_, shape, stage, 0, options_.step);
+    if (recompute != layouts::LayerRecompute::kUnitInner) return {std::move(forward), std::move(backward)};
+    std::vector<Op> inner;
+    for (Op& op : backward)
+      if (op.phase == OpPhase::kRecompute) inner.push_back(std::move(op));
+    for (Op& op : layouts::stage_backward_ops(model_, symbol_shape(layouts::LayerRecompute::kKept), stage, 0,
+                                              options_.step))
+      inner.push_back(std::move(op));
+    return {std::move(forward), std::move(inner)};
+  }
+
+  // Costs of one symbol (E, dense t, MoE t, m, L; its recompute variant) for one microbatch on this rank.
+  const SymbolCosts& symbol_costs(int sim, LayerSymbol symbol, bool moe,
+                                  layouts::LayerRecompute recompute = layouts::LayerRecompute::kKept) {
+    const int key = symbol_key(symbol, moe, recompute);
     auto it = symbol_cache_.find(key);
     if (it != symbol_cache_.end()) return it->second;
     SymbolCosts costs;
@@ -303,11 +339,11 @@ class Builder {
         }
       stage.num_decoder_layers = 1;
     }
+    if (symbol == LayerSymbol::kMtp) stage.num_mtp_layers = 1;
     stage.has_embedding = symbol == LayerSymbol::kEmbedding;
     stage.has_loss = symbol == LayerSymbol::kLoss;
     const auto counted = result_.provenance_counts;
-    const std::vector<Op> forward = layouts::stage_forward_ops(model_, shape_, stage, 0, options_.step);
-    const std::vector<Op> backward = layouts::stage_backward_ops(model_, shape_, stage, 0, options_.step);
+    const auto [forward, backward] = symbol_ops(stage, recompute);
     costs.forward = price_ops(forward, sim);
     costs.backward = price_ops(backward, sim);
     for (int p = 0; p < kProvenanceCount; ++p)
@@ -351,10 +387,12 @@ class Builder {
   std::pair<double, double> stage_pass_s(int sim, const PipelineStage& stage) {
     double forward = 0.0, backward = 0.0;
     int next_layer = stage.first_decoder_layer;
-    for (LayerSymbol sym : stage.symbols) {
+    const std::vector<layouts::LayerRecompute> variants = layouts::symbol_recompute(recompute_, stage);
+    for (std::size_t i = 0; i < stage.symbols.size(); ++i) {
+      const LayerSymbol sym = stage.symbols[i];
       const bool moe = sym == LayerSymbol::kDecoder && model_.is_moe_layer(next_layer);
       if (sym == LayerSymbol::kDecoder) ++next_layer;
-      const SymbolCosts& sc = symbol_costs(sim, sym, moe);
+      const SymbolCosts& sc = symbol_costs(sim, sym, moe, variants[i]);
       forward += sc.forward.compute_s + sc.forward.comm_s;
       backward += sc.backward.compute_s + sc.backward.comm_s;
     }
@@ -390,10 +428,12 @@ class Builder {
     std::vector<ChunkCosts> chunks(stages.size());
     for (std::size_t c = 0; c < stages.size(); ++c) {
       int next_layer = stages[c].first_decoder_layer;
-      for (LayerSymbol sym : stages[c].symbols) {
+      const std::vector<layouts::LayerRecompute> variants = layouts::symbol_recompute(recompute_, stages[c]);
+      for (std::size_t i = 0; i < stages[c].symbols.size(); ++i) {
+        const LayerSymbol sym = stages[c].symbols[i];
         const bool moe = sym == LayerSymbol::kDecoder && model_.is_moe_layer(next_layer);
         if (sym == LayerSymbol::kDecoder) ++next_layer;
-        const SymbolCosts& sc = symbol_costs(sim, sym, moe);
+        const SymbolCosts& sc = symbol_costs(sim, sym, moe, variants[i]);
         chunks[c].forward.add(sc.forward);
         chunks[c].forward_entries.push_back(sc.forward);
         chunks[c].backward.add(sc.backward);
@@ -636,6 +676,7 @@ class Builder {
   std::shared_ptr<const layouts::PipelineLayout> layout_holder_;
   const layouts::PipelineLayout& layout_;
   layouts::StepShape shape_;
+  layouts::RecomputeSettings recompute_;  // the chunks' recompute plans (symbol variants)
   std::vector<int> sim_ranks_;
   std::unique_ptr<GroupMap> groups_;
   cost_models::Provenance last_provenance_ = cost_models::Provenance::kAnalytic;

@@ -363,7 +363,7 @@ const Registrar kPlanCommand{Command{
           "--sequence-parallel, --use-distributed-optimizer, --pipeline-model-parallel-layout, "
           "--num-virtual-stages-per-pipeline-rank, --num-layers-per-virtual-pipeline-stage, "
           "--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split, "
-          "--recompute-method uniform, --recompute-num-layers 1) pin that knob; "
+          "--recompute-method uniform|block, --recompute-num-layers N) pin that knob; "
           "--moe-token-dispatcher-type, --microbatch-group-size-per-virtual-pipeline-stage and "
           "--use-tp-pp-dp-mapping are what every candidate runs with. --against takes the same parallel and "
           "batch flags as one quoted argument.\nExample:\n  megatune plan --model "

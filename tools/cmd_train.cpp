@@ -410,7 +410,11 @@ int run_train(TrainArgs& a) {
   std::cout << "megatune train: " << spec.name << " (" << t.model.describe() << "), "
             << layouts::ModelSpec(spec).total_parameters() << " parameters, seq " << t.batch.seq
             << ", micro-batch " << t.batch.micro_batch << " x " << t.batch.num_microbatches << ", recompute "
-            << layouts::to_string(t.recompute) << ", backend " << backend->name() << std::endl;
+            << layouts::to_string(t.recompute.granularity)
+            << (t.recompute.full() ? " (" + std::string(layouts::to_string(t.recompute.method)) + " " +
+                                         std::to_string(t.recompute.num_layers) + ")"
+                                   : std::string())
+            << ", backend " << backend->name() << std::endl;
   TrainingRun training(run, *backend, communicator, std::cout);
   std::cout << "memory: arena " << backend->arena_capacity_bytes() / (1 << 20) << " MiB" << std::endl;
   training.run();

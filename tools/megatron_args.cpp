@@ -138,7 +138,7 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
   string_option(app, "--recompute-method", args.recompute_method, "uniform or block (full recomputation)")
       ->check(CLI::IsMember({"none", "uniform", "block"}));
   sized("--recompute-num-layers", args.recompute_num_layers,
-        "Layers per recomputation unit (full recomputation)");
+        "Full recomputation: layers per unit (uniform) or recomputed per chunk (block)");
   app.add_flag("--recompute-activations", args.recompute_activations,
                "Megatron's shorthand for --recompute-granularity selective");
   app.add_option("--recompute-modules", args.recompute_modules,

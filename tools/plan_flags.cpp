@@ -1,5 +1,5 @@
-// Megatron flags into plan's search space: pinned knobs, settings of every candidate, refused recompute
-// units.
+// Megatron flags into plan's search space: pinned knobs (full recomputation's method and unit size among
+// them) and the settings of every candidate.
 #include "tools/plan_flags.h"
 
 #include <string>
@@ -13,19 +13,22 @@ void pin_recompute(const MegatronArgs& a, planner::SearchSpace& space) {
     space.recompute = {layouts::parse_recompute_granularity(*a.recompute_granularity)};
   const bool method = a.recompute_method && *a.recompute_method != "none";
   if (!method && !a.recompute_num_layers) return;
-  if (a.recompute_method && *a.recompute_method == "block")
-    throw UserError(
-        "--recompute-method block: megatune prices and runs full recomputation of every layer only; use "
-        "--recompute-method uniform --recompute-num-layers 1, or drop the recompute flags");
-  if (a.recompute_num_layers && *a.recompute_num_layers != 1)
-    throw UserError("--recompute-num-layers " + std::to_string(*a.recompute_num_layers) +
-                    ": megatune prices and runs full recomputation one layer at a time; use "
-                    "--recompute-num-layers 1 or drop it");
   if (a.recompute_granularity && space.recompute.front() != layouts::RecomputeGranularity::kFull)
     throw UserError(
         "--recompute-method / --recompute-num-layers apply only to --recompute-granularity full: "
         "drop them or use full recomputation");
+  if (!method)
+    throw UserError("--recompute-num-layers " + std::to_string(*a.recompute_num_layers) +
+                    " needs --recompute-method uniform (layers per unit) or block (layers recomputed per "
+                    "chunk): add one");
+  if (a.recompute_num_layers && *a.recompute_num_layers < 1)
+    throw UserError("--recompute-num-layers " + std::to_string(*a.recompute_num_layers) +
+                    " must be at least 1: give 1 or more");
+  // The method and its layers pin every full candidate (the method alone: 1 layer, as uniform's default).
   space.recompute = {layouts::RecomputeGranularity::kFull};
+  space.recompute_method = layouts::parse_recompute_method(*a.recompute_method);
+  space.recompute_num_layers = a.recompute_num_layers ? *a.recompute_num_layers : 1;
+  space.recompute_pinned = true;
 }
 
 void pin_search_knobs(const MegatronArgs& a, planner::SearchSpace& space) {

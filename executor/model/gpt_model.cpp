@@ -30,8 +30,9 @@ using namespace gpt_model_phases;  // NOLINT(google-build-using-namespace)
 
 }  // namespace
 
-GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, RecomputeGranularity recompute,
-                   DType compute_dtype, Backend& backend, Communicator& communicator, const StageSpan& stage)
+GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
+                   const layouts::RecomputeSettings& recompute, DType compute_dtype, Backend& backend,
+                   Communicator& communicator, const StageSpan& stage)
     : config_(config),
       batch_(batch),
       recompute_(recompute),
@@ -45,6 +46,12 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   if (stage_.num_layers < 0) stage_.num_layers = config_.num_layers - stage_.first_layer;
   if (stage_.first_layer < 0 || stage_.first_layer + stage_.num_layers > config_.num_layers)
     throw std::invalid_argument("GPTModel: stage layers outside the model");
+  {
+    std::vector<int> decoder, mtp;
+    for (int i = 0; i < stage_.num_layers; ++i) decoder.push_back(stage_.first_layer + i);
+    for (int k = 0; k < stage_.num_mtp_layers; ++k) mtp.push_back(-3 - (stage_.first_mtp_layer + k));
+    plan_ = layouts::plan_recompute(recompute_, decoder, mtp);
+  }
   tp_rank_ = tp_.rank();
   tp_size_ = tp_.size();
   cp_rank_ = communicator_.rank(CommGroup::kContext);
@@ -116,9 +123,24 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   const int L = local_layer_count();
   const bool mtp_final_norm = config_.mtp_num_layers > 0 && holds_last_layer();
   slots_.resize(batch_.activation_slots);
+  // Full recomputation saves a unit's input only: the inputs of its later layers are shared buffers that the
+  // forward and the unit's re-run pass through.
+  for (int p = 1; p < plan_.largest_unit(); ++p)
+    unit_residuals_.push_back(
+        backend_.allocate(compute_dtype_, rows_, h, "recomputed unit's inner layer inputs (shared)"));
+  const auto position_in_unit = [&](int layer) {
+    const layouts::RecomputeUnit* unit = plan_.unit_of(layer);
+    if (unit == nullptr) return 0;
+    return static_cast<int>(std::find(unit->layers.begin(), unit->layers.end(), layer) -
+                            unit->layers.begin());
+  };
   for (Slot& slot : slots_)
-    for (int l = 0; l <= stage_.num_layers + (mtp_final_norm ? 1 : 0); ++l)
-      slot.residual.push_back(backend_.allocate(compute_dtype_, rows_, h, "residual stream (layer inputs)"));
+    for (int l = 0; l <= stage_.num_layers + (mtp_final_norm ? 1 : 0); ++l) {
+      const int position = l < stage_.num_layers ? position_in_unit(stage_.first_layer + l) : 0;
+      slot.residual.push_back(
+          position > 0 ? unit_residuals_[position - 1]
+                       : backend_.allocate(compute_dtype_, rows_, h, "residual stream (layer inputs)"));
+    }
   // Buffers shared by every layer. mlp_scratch_ holds, in turn: the activation output (forward), in backward
   // fc2's data gradient and then the recomputed activation output, then the attention output gradient and
   // the qkv gradient side by side.
@@ -135,18 +157,22 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
   }
   mlp_scratch_ = backend_.allocate(compute_dtype_, 1, T * std::max(ffn, attn_w + qkv_w),
                                    "activation output / gradient scratch (shared)");
-  const bool keep_attention = recompute_ == RecomputeGranularity::kNone;
+  // Selective recomputation re-runs the core attention into one shared output; otherwise each set keeps its
+  // own (a unit's re-run produces every layer's before their backwards).
+  const bool keep_attention = recompute_.granularity != RecomputeGranularity::kSelective;
   // An MoE layer's MLP keeps its own rows (moe_layer.h): no dense fc1 output for it.
   auto dense_mlp = [&](int l) { return layer_parameters_.at(l).moe_local < 0; };
-  if (recompute_ == RecomputeGranularity::kFull) {
+  {
     bool any_dense = false;
-    for (int l = 0; l < L; ++l) any_dense = any_dense || dense_mlp(l);
-    if (L > 0) full_recompute_set_ = allocate_layer_activations(keep_attention, any_dense);
-  } else {
-    for (Slot& slot : slots_)
-      for (int l = 0; l < L; ++l)
-        slot.saved.push_back(allocate_layer_activations(keep_attention, dense_mlp(l)));
+    for (int l = 0; l < L; ++l) any_dense = any_dense || (plan_.recomputed(global_layer(l)) && dense_mlp(l));
+    for (int p = 0; p < plan_.largest_unit(); ++p)
+      unit_sets_.push_back(allocate_layer_activations(keep_attention, any_dense));
   }
+  for (Slot& slot : slots_)
+    for (int l = 0; l < L; ++l)
+      slot.saved.push_back(plan_.recomputed(global_layer(l))
+                               ? LayerActivations{}
+                               : allocate_layer_activations(keep_attention, dense_mlp(l)));
   if (!keep_attention && L > 0) {
     shared_attn_ = backend_.allocate(compute_dtype_, T, attn_w, "recomputed attention (shared)");
     shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
@@ -161,7 +187,6 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch, Rec
       acts.lse = shared_lse_;
       acts.cp_kv = shared_kv;
     };
-    share(full_recompute_set_);
     for (Slot& slot : slots_)
       for (LayerActivations& acts : slot.saved) share(acts);
   }
@@ -265,7 +290,8 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
   return a;
 }
 
-void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor d_in, bool accumulate) {
+void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor d_in, bool accumulate,
+                                bool norms_fresh) {
   // On the sequence shard (moe_layer.h): the routed experts' backward, then the recompute of the block's
   // input (the pre-MLP norm output, unless a full-recompute re-run of the layer has just written it) that
   // the shared expert's and the router's weight gradients read.
@@ -273,7 +299,7 @@ void GPTModel::moe_mlp_backward(int l, LayerActivations& a, Tensor d_out, Tensor
   const int local = layer_parameters_.at(local_index(l)).moe_local;
   moe_->backward_routed(w, d_out, d_in, moe_slot_, local, l, accumulate);
   const LayerWeights n = layer_weights(model_params_, l);
-  if (recompute_ != RecomputeGranularity::kFull)
+  if (!norms_fresh)
     backend_.norm_forward(
         with_stats(norm_args(a.mid, {}, {}, n.norm2_w, n.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd)),
         {"pre_mlp_norm", l, OpPhase::kRecompute});
@@ -335,7 +361,20 @@ NormArgs GPTModel::norm_args(Tensor x, Tensor residual, Tensor sum_out, Tensor g
 }
 
 GPTModel::LayerActivations& GPTModel::activations_for(int slot, int local_layer) {
-  return recompute_ == RecomputeGranularity::kFull ? full_recompute_set_ : slots_[slot].saved[local_layer];
+  const int layer = global_layer(local_layer);
+  const layouts::RecomputeUnit* unit = plan_.unit_of(layer);
+  if (unit == nullptr) return slots_[slot].saved[local_layer];
+  return unit_sets_.at(std::find(unit->layers.begin(), unit->layers.end(), layer) - unit->layers.begin());
+}
+
+void GPTModel::recompute_unit_ending_at(int layer, int slot) {
+  const layouts::RecomputeUnit* unit = plan_.unit_ending_at(layer);
+  if (unit == nullptr) return;
+  Slot& s = slots_[slot];
+  for (int l : unit->layers) {  // decoder layers (an MTP layer's unit is itself: mtp_backward re-runs it)
+    const int i = local_index(l);
+    layer_forward(l, activations_for(slot, i), s.residual[i], s.residual[i + 1], OpPhase::kRecompute);
+  }
 }
 
 void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor output, OpPhase phase) {
@@ -375,14 +414,14 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   backend_.add(a.mid, fc2, output, {"residual2", l, phase});
 }
 
-void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
+void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input, bool norms_fresh) {
   const LayerWeights w = layer_weights(model_params_, l);
   const LayerWeights g = layer_weights(grads_, l);
   const int local = local_index(l);
   const LayerLinears& lin = layer_linears_.at(local);
-  // The shared norm outputs hold another layer's values unless a full-recompute forward re-run of this layer
-  // has just written them.
-  const bool recompute_shared = recompute_ != RecomputeGranularity::kFull;
+  // The shared norm outputs hold another layer's values unless the re-run of this layer's unit has just
+  // written them (it is the unit's last layer).
+  const bool recompute_shared = !norms_fresh;
   const OpPhase kR = OpPhase::kRecompute;
   // The linears' weight gradients go into the fp32 grad buffer, overwriting on the iteration's first write.
   const bool accumulate = layer_grads_written_[local];
@@ -393,7 +432,7 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   // activation output (in place over the data gradient) for fc2's weight gradient.
   Tensor d_ln2 = d_hidden_shard_;
   if (layer_is_moe(l)) {
-    moe_mlp_backward(l, a, d_res_, d_ln2, accumulate);
+    moe_mlp_backward(l, a, d_res_, d_ln2, accumulate, norms_fresh);
   } else {
     const Tensor d_out = lin.fc2->gather_output_grad(d_res_, full_scratch_);
     lin.fc2->data_grad(d_out, a.act);
@@ -411,10 +450,10 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
   backend_.norm_backward(norm_args(a.mid, {}, {}, w.norm2_w, w.norm2_b, norm2_shard_, a.ln2_mean, a.ln2_rstd),
                          d_ln2, d_res_, d_mid_, g.norm2_w, g.norm2_b, {"pre_mlp_norm", l, kB});
   // Attention.
-  if (recompute_ == RecomputeGranularity::kSelective) core_attention_forward(a, l, kR);
+  if (recompute_.granularity == RecomputeGranularity::kSelective) core_attention_forward(a, l, kR);
   lin.proj->backward({.dy = d_mid_, .dy_full = full_scratch_, .x = a.attn, .dx = d_attn_}, accumulate);
   if (mla_) {
-    mla_backward(l, a, input, accumulate);
+    mla_backward(l, a, input, accumulate, norms_fresh);
   } else {
     core_attention_backward(a, l);
     if (config_.position == PositionEmbedding::kRope)
@@ -433,9 +472,9 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input) {
                          d_ln1, d_mid_, d_res_, g.norm1_w, g.norm1_b, {"input_norm", l, kB});
 }
 
-void GPTModel::mla_backward(int l, LayerActivations& a, Tensor input, bool accumulate) {
+void GPTModel::mla_backward(int l, LayerActivations& a, Tensor input, bool accumulate, bool norms_fresh) {
   const LayerWeights w = layer_weights(model_params_, l);
-  if (recompute_ != RecomputeGranularity::kFull)
+  if (!norms_fresh)
     backend_.norm_forward(
         with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
         {"input_norm", l, OpPhase::kRecompute});

@@ -23,6 +23,7 @@
 #include "executor/parallel/grad_buckets.h"
 #include "executor/parallel/tensor_parallel.h"
 #include "layouts/parallel_config.h"
+#include "layouts/recompute_plan.h"
 #include "layouts/step_program.h"
 
 namespace megatune::executor {
@@ -60,9 +61,12 @@ class GPTModel {
   // of model weights and activations (bf16 in training; fp32 for gradient checks on the CPU).
   // `stage`: the layers (global numbering), embedding, MTP layers and loss this chunk holds (default: the
   // whole model, its MTP layers included). The tensor-parallel rank and size come from the communicator
-  // (CommGroup::kTensor), which must agree with config.tensor_parallel_size.
-  GPTModel(const TransformerConfig& config, const BatchShape& batch, RecomputeGranularity recompute,
-           DType compute_dtype, Backend& backend, Communicator& communicator, const StageSpan& stage = {});
+  // (CommGroup::kTensor), which must agree with config.tensor_parallel_size. `recompute`: the recomputation
+  // flags; under full recomputation the chunk's plan (layouts/recompute_plan.h) decides which layers are
+  // re-run, unit by unit, before the backward of each unit's last layer (a granularity alone: uniform 1).
+  GPTModel(const TransformerConfig& config, const BatchShape& batch,
+           const layouts::RecomputeSettings& recompute, DType compute_dtype, Backend& backend,
+           Communicator& communicator, const StageSpan& stage = {});
 
   // Megatron's initialization (normal(0, std), output layers std / sqrt(2L), norms 1, biases 0) from `seed`,
   // deterministic and independent of the backend and of the layout: each parameter is drawn whole (seeded by
@@ -110,6 +114,8 @@ class GPTModel {
   // embedding stage the backward frees it).
   void release(int index);
   const StageSpan& stage() const { return stage_; }
+  // Which of the chunk's layers full recomputation re-runs, and in which units.
+  const layouts::RecomputePlan& recompute_plan() const { return plan_; }
   int local_layers() const { return stage_.num_layers; }
   // Forward only (evaluation): mean loss over the counted tokens of `batch`.
   double evaluate(const MicroBatch& batch);
@@ -187,10 +193,12 @@ class GPTModel {
   MoeLayerLinears moe_linears(int layer) const;
   MlaAttention::Weights mla_weights(int layer) const;
   void index_layer_parameters();
-  // What one layer's backward reads. "saved" tensors are per layer (one shared set under full
-  // recomputation); the norm outputs and the activation output are views of buffers shared by all layers:
-  // the backward recomputes them (a norm forward from the saved input and statistics unless a full-recompute
-  // re-run has just written it; the activation output in the activation-backward pass).
+  // What one layer's backward reads. "saved" tensors are per layer and slot for a kept layer; a recomputed
+  // layer uses the set of its position in its unit, shared by every unit and slot (its unit re-runs right
+  // before the backward needs it); the norm outputs and the activation output are views of buffers shared
+  // by all layers: the backward recomputes them (a norm forward from the saved input and statistics unless
+  // the re-run of its unit has just written it: the unit's last layer; the activation output in the
+  // activation-backward pass).
   struct LayerActivations {
     Tensor ln1;                 // (T, h) input norm output (shared)
     Tensor ln1_mean, ln1_rstd;  // (T, 1) fp32 (saved)
@@ -217,13 +225,17 @@ class GPTModel {
   // dense_mlp: the layer's MLP is dense (it keeps the fc1 output; an MoE layer's rows are MoeLayers').
   LayerActivations allocate_layer_activations(bool with_attention, bool dense_mlp);
   void layer_forward(int layer, LayerActivations& acts, Tensor input, Tensor output, layouts::OpPhase phase);
-  void layer_backward(int layer, LayerActivations& acts, Tensor input);
+  // norms_fresh: the unit's re-run has just written this layer's norm outputs (the unit's last layer).
+  void layer_backward(int layer, LayerActivations& acts, Tensor input, bool norms_fresh);
+  // The re-run (OpPhase::kRecompute) of the unit ending at decoder layer `layer` of `slot`, if one does.
+  void recompute_unit_ending_at(int layer, int slot);
   // Multi-latent attention's backward from the attention output's gradient (d_attn_) to the input norm
   // output's gradient (d_hidden_shard_).
-  void mla_backward(int layer, LayerActivations& acts, Tensor input, bool accumulate);
+  void mla_backward(int layer, LayerActivations& acts, Tensor input, bool accumulate, bool norms_fresh);
   // An MoE layer's MLP backward on the sequence shard: d_in = the gradient of the pre-MLP norm output's
   // shard from d_out (the layer output's gradient shard).
-  void moe_mlp_backward(int layer, LayerActivations& acts, Tensor d_out, Tensor d_in, bool accumulate);
+  void moe_mlp_backward(int layer, LayerActivations& acts, Tensor d_out, Tensor d_in, bool accumulate,
+                        bool norms_fresh);
   LayerActivations& activations_for(int slot, int local_layer);
   // Multi-token prediction (gpt_model_mtp.cpp). Layers are numbered globally: decoder layers 0.., MTP layer
   // k as -3 - k; local_index() is their place in layer_parameters_ (decoder layers, then MTP layers).
@@ -269,7 +281,8 @@ class GPTModel {
 
   TransformerConfig config_;
   BatchShape batch_;
-  RecomputeGranularity recompute_;
+  layouts::RecomputeSettings recompute_;
+  layouts::RecomputePlan plan_;  // this chunk's (decoder layers, then MTP layers)
   DType compute_dtype_;
   Backend& backend_;
   Communicator& communicator_;
@@ -303,24 +316,25 @@ class GPTModel {
   // What one activation slot holds (one micro-batch in flight).
   struct Slot {
     // local layers + 1 of (rows, h): layer inputs and the last output; with MTP the stage of the last layer
-    // appends the final norm's output (the stage output, MTP's first hidden input)
+    // appends the final norm's output (the stage output, MTP's first hidden input). The input of a layer
+    // inside a recompute unit (not its first) is not saved: a view of unit_residuals_.
     std::vector<Tensor> residual;
-    std::vector<LayerActivations> saved;  // per local layer, MTP layers last (none/selective); empty under
-                                          // full recompute
+    std::vector<LayerActivations> saved;  // per local layer, MTP layers last; empty for a recomputed layer
     Tensor tokens;                        // (T, 1) int32 local token ids (embedding stage)
     Tensor final_norm, final_mean, final_rstd;  // (rows, h), (rows, 1), (rows, 1) (loss stage)
     Tensor head_grad;                // (T, h) gradient of the final norm output from the LM head (loss stage)
     Tensor output_grad, input_grad;  // (rows, h) pipeline gradients (stages without the loss / embedding)
   };
   std::vector<Slot> slots_;
-  std::vector<int> slot_of_microbatch_;  // -1: none
-  std::vector<bool> forward_done_;       // per micro-batch: forward ran, backward not yet
-  LayerActivations full_recompute_set_;  // the one saved set under full recomputation
-  Tensor shared_attn_, shared_lse_;      // selective recompute: recomputed attention output
-  Tensor norm1_out_, norm2_out_;         // (T, h) shared norm outputs (gathered under SP)
-  Tensor norm1_shard_, norm2_shard_;     // (T / tp, h) norm outputs on the shard (SP only)
-  Tensor mlp_scratch_;                   // (1, T * max(ffn, attn + qkv widths)): see the constructor
-  Tensor fc2_out_;                       // (T, h) forward GEMM output (aliases d_hidden_)
+  std::vector<int> slot_of_microbatch_;      // -1: none
+  std::vector<bool> forward_done_;           // per micro-batch: forward ran, backward not yet
+  std::vector<LayerActivations> unit_sets_;  // full recompute: per position in a unit, shared
+  std::vector<Tensor> unit_residuals_;       // (rows, h) inputs of a unit's layers after its first, shared
+  Tensor shared_attn_, shared_lse_;          // selective recompute: recomputed attention output
+  Tensor norm1_out_, norm2_out_;             // (T, h) shared norm outputs (gathered under SP)
+  Tensor norm1_shard_, norm2_shard_;         // (T / tp, h) norm outputs on the shard (SP only)
+  Tensor mlp_scratch_;                       // (1, T * max(ffn, attn + qkv widths)): see the constructor
+  Tensor fc2_out_;                           // (T, h) forward GEMM output (aliases d_hidden_)
   Tensor reduced_;       // (rows, h) the reduced row-parallel output (aliases fc2_out_ without SP)
   Tensor full_scratch_;  // (T, h) gathered activations / gradients under SP (embedding output too)
   Tensor final_full_;    // (T, h) the gathered final norm output (aliases the slot's without SP)

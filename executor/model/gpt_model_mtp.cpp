@@ -203,9 +203,9 @@ void GPTModel::mtp_backward(int slot, int d) {
   backend_.norm_backward(norm_args(m.layer_out, {}, {}, fw, fb, m.final_norm, m.final_mean, m.final_rstd),
                          d_final, {}, d_res_, dfw, dfb, {"final_norm", l, kB});
   LayerActivations& acts = activations_for(slot, stage_.num_layers + d);
-  if (recompute_ == RecomputeGranularity::kFull)
+  if (plan_.unit_ending_at(l) != nullptr)  // Megatron checkpoints an MTP layer alone (uniform only)
     layer_forward(l, acts, m.layer_in, m.layer_out, OpPhase::kRecompute);
-  layer_backward(l, acts, m.layer_in);
+  layer_backward(l, acts, m.layer_in, plan_.at(l) == layouts::LayerRecompute::kUnitLast);
   const Tensor d_concat = eh_proj_backward(d, m);
   // hnorm: the first MTP layer's input is h_0, whose gradient also holds the main head's (the residual).
   const Tensor previous = d == 0 ? s.residual.back() : mtp_->saved[slot][d - 1].final_norm;

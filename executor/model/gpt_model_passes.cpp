@@ -100,10 +100,8 @@ void GPTModel::backward(int index, int begin, int end) {
       LayerActivations& acts = activations_for(slot, i);
       if (config_.mtp_num_layers > 0 && l == config_.num_layers - 1)
         final_norm_backward(slot, stage_.has_loss ? mtp_->d_hidden : s.output_grad);
-      if (recompute_ == RecomputeGranularity::kFull)
-        layer_forward(l, acts, s.residual[i], s.residual[i + 1],
-                      OpPhase::kRecompute);  // as Megatron: the layer
-      layer_backward(l, acts, s.residual[i]);
+      recompute_unit_ending_at(l, slot);  // as Megatron: the unit's layers, before its last one's backward
+      layer_backward(l, acts, s.residual[i], plan_.at(l) == layouts::LayerRecompute::kUnitLast);
     } else {
       embedding_backward(slot);
     }

@@ -180,7 +180,7 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.batch.micro_batch = parallel.micro_batch_size;
   t.batch.seq = spec.seq_length;
   t.batch.num_microbatches = parallel.num_microbatches();
-  t.recompute = parallel.recompute_granularity;
+  t.recompute = layouts::RecomputeSettings::of(parallel);
   t.compute_dtype = a.bf16 ? DType::kBF16 : DType::kFP32;
   t.optimizer = {a.weight_decay, a.adam_beta1, a.adam_beta2, a.adam_eps, a.clip_grad};
   t.seed = a.seed;

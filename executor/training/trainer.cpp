@@ -200,8 +200,16 @@ void Trainer::run_backward(const layouts::StepItem& item) {
   // Entry by entry, each after its parameters' gather (the entries run in reverse symbol order).
   if (!config_.step) throw std::logic_error("parameters gathered at use need the rank's walk");
   const std::vector<int> codes = layouts::stage_symbol_layers(config_.step->stages.at(item.chunk));
+  const layouts::RecomputePlan& plan = model.recompute_plan();
   for (int e = item.entry_begin; e < item.entry_end; ++e) {
-    data_parallel_->before_backward(item.chunk, codes.at(codes.size() - 1 - static_cast<std::size_t>(e)));
+    const int code = codes.at(codes.size() - 1 - static_cast<std::size_t>(e));
+    data_parallel_->before_backward(item.chunk, code);
+    // A unit's re-run runs its layers' forward segments again: the other layers' parameters are gathered
+    // as before their forward (layouts::step_item_ops issues the same gathers).
+    if (const layouts::RecomputeUnit* unit = plan.unit_ending_at(code))
+      for (int layer : unit->layers)
+        if (layer != code)
+          data_parallel_->before_forward(item.chunk, layouts::forward_segment_group_of(layer));
     model.backward(item.microbatch, e, e + 1);
   }
 }

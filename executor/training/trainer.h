@@ -42,7 +42,9 @@ struct TrainerConfig {
   // "model_args" so that a resume or a conversion needs no model flags; empty: not recorded.
   std::string model_args;
   BatchShape batch;  // micro-batch, sequence, micro-batches per iteration
-  RecomputeGranularity recompute = RecomputeGranularity::kNone;
+  // --recompute-granularity / --recompute-method / --recompute-num-layers (a granularity alone: full is
+  // uniform 1).
+  layouts::RecomputeSettings recompute;
   DType compute_dtype = DType::kBF16;
   OptimizerConfig optimizer;
   LrScheduleConfig lr;

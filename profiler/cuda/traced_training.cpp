@@ -33,7 +33,7 @@ TracedTrainingResult trace_training(const layouts::ModelSpec& model, const layou
   t.batch.micro_batch = config.micro_batch_size;
   t.batch.seq = model.seq_length;
   t.batch.num_microbatches = config.num_microbatches();
-  t.recompute = config.recompute_granularity;
+  t.recompute = layouts::RecomputeSettings::of(config);
   t.compute_dtype = executor::DType::kBF16;
   t.lr.max_lr = 1e-4;
   t.lr.decay_samples = iterations * t.global_batch_size();

@@ -132,6 +132,32 @@ TEST(ArenaBreakdown, FullRecomputeKeepsOneLayerSet) {
   EXPECT_LT(total_of(with_full), total_of(with_none));
 }
 
+// Partial full recomputation: a kept layer keeps its own set per slot, recomputed layers share one set per
+// position in a unit, and a unit's inner layer inputs are shared too (gpt-1.3b: 24 layers, one slot).
+TEST(ArenaBreakdown, PartialRecomputeSharesUnitSetsAndInnerInputs) {
+  const TrainerConfig none = perf_config("gpt-1.3b", 4, 2048, RecomputeGranularity::kNone);
+  const auto sized = [&](layouts::RecomputeMethod method, int layers) {
+    TrainerConfig c = none;
+    c.recompute = {RecomputeGranularity::kFull, method, layers};
+    SizingBackend backend;
+    return size_training_arena(c, backend);
+  };
+  SizingBackend a;
+  const auto with_none = size_training_arena(none, a);
+  const auto u1 = sized(layouts::RecomputeMethod::kUniform, 1), u2 = sized(layouts::RecomputeMethod::kUniform, 2),
+             b8 = sized(layouts::RecomputeMethod::kBlock, 8);
+  const std::int64_t qkv_set = bytes_of(with_none, "saved: qkv") / 24;
+  EXPECT_EQ(bytes_of(u1, "saved: qkv"), qkv_set);
+  EXPECT_EQ(bytes_of(u2, "saved: qkv"), 2 * qkv_set);       // the two positions of a unit
+  EXPECT_EQ(bytes_of(b8, "saved: qkv"), (16 + 1) * qkv_set);  // 16 kept layers, one recomputed set
+  const std::int64_t residual = bytes_of(with_none, "residual stream (layer inputs)") / 25;
+  EXPECT_EQ(bytes_of(u2, "residual stream (layer inputs)"), (12 + 1) * residual);
+  EXPECT_EQ(bytes_of(u2, "recomputed unit's inner layer inputs (shared)"), residual);
+  EXPECT_EQ(bytes_of(u1, "recomputed unit's inner layer inputs (shared)"), 0);
+  EXPECT_LT(total_of(u1), total_of(b8));
+  EXPECT_LT(total_of(b8), total_of(with_none));
+}
+
 // One data-parallel rank of gpt-125m (tied: the bf16 copy covers every parameter) at dp x cp = d: DDP holds
 // 2 + 4 + 4 + 8 = 18 bytes per parameter in bf16; the distributed optimizer keeps the fp32 main parameters
 // and moments of its shard only, Megatron's 6 + 12/d (any d: the buckets pad to lcm(d, 128)); an fp32

@@ -57,6 +57,9 @@ struct Layout {
   int micro_batch = 2, global_batch = 8;
   bool capacity_pad = false;  // MoE: --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity
   std::optional<layouts::DataParallelSharding> fsdp;  // --use-megatron-fsdp with this strategy
+  // --recompute-granularity full with this --recompute-method and --recompute-num-layers (kNone: none).
+  layouts::RecomputeMethod recompute_method = layouts::RecomputeMethod::kNone;
+  int recompute_num_layers = 0;
 };
 
 layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const Layout& l) {
@@ -80,6 +83,11 @@ layouts::ParallelConfig parallel_config(const layouts::ModelSpec& model, const L
   if (l.fsdp) {
     c.use_megatron_fsdp = true;
     c.data_parallel_sharding_strategy = *l.fsdp;
+  }
+  if (l.recompute_method != layouts::RecomputeMethod::kNone) {
+    c.recompute_granularity = layouts::RecomputeGranularity::kFull;
+    c.recompute_method = l.recompute_method;
+    c.recompute_num_layers = l.recompute_num_layers;
   }
   c.validate(model);
   return c;
@@ -251,6 +259,24 @@ INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
                            return name + (gpt ? "_gpt" : "_llama") +
                                   (tied_variant(index, gpt) ? "_tied" : "_untied");
                          });
+
+// Partial full recomputation under pipelining: pp2 with uniform units of 2 (each rank's two layers one
+// unit: only its input saved, both re-run before the backward of the second) reproduces the single-rank run
+// without recomputation; and block 1 under pp2 with dp2 and overlapped reduction (each rank's first layer
+// recomputed, its second kept).
+TEST(LayoutMatrixRecompute, Pp2UniformTwoReproducesTheSingleRankRun) {
+  Layout l{"pp2 full uniform 2", 1, 2};
+  l.recompute_method = layouts::RecomputeMethod::kUniform;
+  l.recompute_num_layers = 2;
+  expect_matches_single_rank(llama_tiny(false), l);
+}
+
+TEST(LayoutMatrixRecompute, Pp2Dp2BlockOneReproducesTheSingleRankRun) {
+  Layout l{"pp2 dp2 overlap full block 1", 1, 2, 2, 0, false, false, true};
+  l.recompute_method = layouts::RecomputeMethod::kBlock;
+  l.recompute_num_layers = 1;
+  expect_matches_single_rank(gpt_tiny(true), l);
+}
 
 // The distributed optimizer at data-parallel sizes that do not divide 64 (buckets padded to lcm(dp, 128)):
 // dp3 on 2 micro-batches of 2 against the single rank's 3, dp6 with several buckets and overlapped gathers on

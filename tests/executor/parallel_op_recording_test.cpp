@@ -33,7 +33,18 @@ struct Case {
   bool allgather = false;                             // --moe-token-dispatcher-type allgather
   int mtp = 0;                                        // --mtp-num-layers
   std::optional<layouts::DataParallelSharding> fsdp;  // --use-megatron-fsdp with this strategy
+  // Full recomputation's unit rule (recompute kFull; kNone: uniform 1).
+  layouts::RecomputeMethod recompute_method = layouts::RecomputeMethod::kNone;
+  int recompute_num_layers = 0;
 };
+
+// Partial full recomputation: `method` with `layers` over the case's layout.
+Case partial_recompute(Case c, layouts::RecomputeMethod method, int layers) {
+  c.recompute = layouts::RecomputeGranularity::kFull;
+  c.recompute_method = method;
+  c.recompute_num_layers = layers;
+  return c;
+}
 
 // Megatron FSDP optim_grads_params (the per-segment gathers in the forward and the backward).
 Case fsdp_case(std::string name, int tp, int pp, int dp, int ep, bool overlap) {
@@ -98,8 +109,9 @@ layouts::ParallelConfig config_of(const layouts::ModelSpec& m, const Case& c) {
   p.use_distributed_optimizer = c.dist_opt;
   p.recompute_granularity = c.recompute;
   if (c.recompute == layouts::RecomputeGranularity::kFull) {
-    p.recompute_method = layouts::RecomputeMethod::kUniform;
-    p.recompute_num_layers = 1;
+    const bool given = c.recompute_method != layouts::RecomputeMethod::kNone;
+    p.recompute_method = given ? c.recompute_method : layouts::RecomputeMethod::kUniform;
+    p.recompute_num_layers = given ? c.recompute_num_layers : 1;
   }
   p.overlap_param_gather = c.dist_opt && c.overlap;
   if (c.fsdp) {
@@ -202,7 +214,25 @@ INSTANTIATE_TEST_SUITE_P(
              Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2, 2, true},
         fsdp_case("fsdp_zero3_dp2", 1, 1, 2, 0, false),
         fsdp_case("fsdp_zero3_tp2_pp2_dp2_overlap", 2, 2, 2, 0, true),
-        fsdp_case("fsdp_zero3_moe_ep2_dp4", 1, 1, 4, 2, false)),
+        fsdp_case("fsdp_zero3_moe_ep2_dp4", 1, 1, 4, 2, false),
+        // Partial full recomputation: units of two layers (norm recomputes inside a unit; a last unit of
+        // one), block's first layers per chunk, MoE layers in a unit, FSDP's gathers for a unit's re-run, an
+        // MTP layer kept under block.
+        partial_recompute(Case{"uniform2_tp2_sp", 2, 1, 1, 0, true}, layouts::RecomputeMethod::kUniform, 2),
+        partial_recompute(Case{"uniform2_pp2_uneven_gpt_tied", 1, 2, 1, 0, false, false, true, true,
+                               "Et|tttL"},
+                          layouts::RecomputeMethod::kUniform, 2),
+        partial_recompute(Case{"block1_pp2", 1, 2}, layouts::RecomputeMethod::kBlock, 1),
+        partial_recompute(Case{"block2_dp2_overlap", 1, 1, 2, 0, false, true},
+                          layouts::RecomputeMethod::kBlock, 2),
+        partial_recompute(Case{"uniform2_moe_ep2_dp2", 1, 1, 2, 0, false, false, false, false, "", false, 1,
+                               Case::Mla::kNone, layouts::RecomputeGranularity::kNone, 2},
+                          layouts::RecomputeMethod::kUniform, 2),
+        partial_recompute(fsdp_case("uniform2_fsdp_zero3_dp2", 1, 1, 2, 0, true),
+                          layouts::RecomputeMethod::kUniform, 2),
+        partial_recompute(Case{"block2_mtp_mla_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1,
+                               Case::Mla::kQLora, layouts::RecomputeGranularity::kNone, 0, 0, false, 1},
+                          layouts::RecomputeMethod::kBlock, 2)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -180,6 +180,16 @@ TEST(ParallelConfig, EveryRuleHasItsError) {
          c.recompute_method = RecomputeMethod::kUniform;
        },
        &llama},
+      {"--recompute-method uniform needs --recompute-num-layers",
+       [](ParallelConfig& c) {
+         c.recompute_granularity = RecomputeGranularity::kFull, c.recompute_method = RecomputeMethod::kUniform;
+       },
+       &llama},
+      {"--recompute-num-layers 2 applies only to --recompute-granularity full with --recompute-method",
+       [](ParallelConfig& c) { c.recompute_num_layers = 2; }, &llama},
+      {"--recompute-method block applies only to --recompute-granularity full",
+       [](ParallelConfig& c) { c.recompute_method = RecomputeMethod::kBlock, c.recompute_num_layers = 2; },
+       &llama},
       {"--overlap-param-gather needs --use-distributed-optimizer",
        [](ParallelConfig& c) { c.overlap_param_gather = c.overlap_grad_reduce = true; }, &llama},
       {"--overlap-param-gather needs --overlap-grad-reduce",

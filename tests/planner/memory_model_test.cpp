@@ -109,3 +109,46 @@ TEST(MemoryModel, FirstStageHoldsActivationsOfEveryLayerAsMegatronEstimates) {
 
 }  // namespace
 }  // namespace megatune::planner
+
+namespace megatune::planner {
+namespace {
+
+// Partial full recomputation, Megatron's model per chunk: a uniform unit saves its input once, a kept layer
+// (block's after the first N) all it saves without recomputation, and the re-run of the largest unit is the
+// working set (llama3-8b, tp1 pp1, one microbatch in flight: 32 layers).
+TEST(PartialRecomputation, UnitsSaveTheirInputOnceAndKeptLayersEverything) {
+  const ModelSpec model = layouts::model_preset("llama3-8b");
+  ParallelConfig c = make_config(1, 1, 1, 1);
+  const auto estimate = [&](layouts::RecomputeGranularity g, layouts::RecomputeMethod m, int n) {
+    ParallelConfig x = c;
+    x.recompute_granularity = g;
+    x.recompute_method = m;
+    x.recompute_num_layers = n;
+    x.validate(model);
+    return estimate_memory(model, x, 0);
+  };
+  using layouts::RecomputeMethod;
+  const RecomputeGranularity kFull = RecomputeGranularity::kFull;
+  const MemoryEstimate none = estimate(RecomputeGranularity::kNone, RecomputeMethod::kNone, 0);
+  const MemoryEstimate u1 = estimate(kFull, RecomputeMethod::kUniform, 1);
+  const MemoryEstimate u2 = estimate(kFull, RecomputeMethod::kUniform, 2);
+  const MemoryEstimate b8 = estimate(kFull, RecomputeMethod::kBlock, 8);
+  const MemoryEstimate b32 = estimate(kFull, RecomputeMethod::kBlock, 32);
+  const layouts::StepShape shape = layouts::resolve_step_shape(model, c);
+  const std::int64_t input = 2 * shape.tokens * shape.hidden;
+  const std::int64_t full = layer_activation_bytes(model, shape, false, {});  // a kept layer
+  const std::int64_t rest = none.activation_bytes - 32 * full;                // embedding, loss
+  EXPECT_EQ(u1.activation_bytes, rest + 32 * input);
+  EXPECT_EQ(u2.activation_bytes, rest + 16 * input);
+  EXPECT_EQ(b8.activation_bytes, rest + 8 * input + 24 * full);
+  EXPECT_EQ(b32.activation_bytes, u1.activation_bytes);
+  // The working set: one recomputed layer, or a unit of two.
+  EXPECT_EQ(u2.transient_bytes - u1.transient_bytes, full);
+  EXPECT_EQ(b8.transient_bytes, u1.transient_bytes);
+  EXPECT_EQ(none.transient_bytes + full, u1.transient_bytes);
+  EXPECT_LT(u1.total_bytes, b8.total_bytes);
+  EXPECT_LT(b8.total_bytes, none.total_bytes);
+}
+
+}  // namespace
+}  // namespace megatune::planner

@@ -25,18 +25,21 @@ struct PruningCase {
   int global_batch_size;
   bool tp_comm_overlap;
   bool grad_reduce_in_bf16;
+  bool full_recompute = false;  // --recompute-granularity full: uniform 1 and block at 1/4, 1/2 of a chunk
 };
 
 void PrintTo(const PruningCase& c, std::ostream* out) {
   *out << c.model << " seq " << c.seq_length << " on " << c.cluster << " gbs " << c.global_batch_size
        << (c.tp_comm_overlap ? " --tp-comm-overlap" : "")
-       << (c.grad_reduce_in_bf16 ? " --grad-reduce-in-bf16" : "");
+       << (c.grad_reduce_in_bf16 ? " --grad-reduce-in-bf16" : "")
+       << (c.full_recompute ? " --recompute-granularity full" : "");
 }
 
 std::string case_name(const ::testing::TestParamInfo<PruningCase>& info) {
   std::string name = std::string(info.param.model) + "_" + info.param.cluster +
                      (info.param.tp_comm_overlap ? "_overlap" : "") +
-                     (info.param.grad_reduce_in_bf16 ? "_bf16" : "");
+                     (info.param.grad_reduce_in_bf16 ? "_bf16" : "") +
+                     (info.param.full_recompute ? "_full_recompute" : "");
   for (char& ch : name)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return name;
@@ -65,6 +68,7 @@ PlanRequest request_of(const PruningCase& c, int world_size) {
   request.step.grad_reduce_in_bf16 = request.memory.grad_reduce_in_bf16 = c.grad_reduce_in_bf16;
   request.space.micro_batch = {1, 2};
   request.space.max_virtual_stages = 4;
+  if (c.full_recompute) request.space.recompute = {layouts::RecomputeGranularity::kFull};
   request.threads = 2;
   return request;
 }
@@ -92,6 +96,13 @@ TEST_P(PrunedSearch, RanksTheSameTopOneAndTopTenAsExhaustiveSearch) {
     EXPECT_NEAR(got, want, 1e-9 * want) << "rank " << i + 1 << ": pruned " << describe(pruned.ranked[i])
                                         << " vs exhaustive " << describe(exhaustive.ranked[i]);
   }
+  if (c.full_recompute) {  // block's partial recomputation is searched and, recomputing less, ranks
+    int block = 0;
+    for (const PlanCandidate& p : exhaustive.ranked)
+      block += p.config.recompute_method == layouts::RecomputeMethod::kBlock;
+    EXPECT_GT(block, 0);
+    EXPECT_EQ(exhaustive.ranked[0].config.recompute_method, layouts::RecomputeMethod::kBlock);
+  }
   const bool tied =
       exhaustive.ranked[1].simulation.step_time_s == exhaustive.ranked[0].simulation.step_time_s;
   if (!tied) {
@@ -105,8 +116,53 @@ INSTANTIATE_TEST_SUITE_P(ModelsClustersOptions, PrunedSearch,
                                            PruningCase{"llama3-1b", 2048, "1x8xH100", 64, true, false},
                                            PruningCase{"gpt-1.3b", 2048, "2x8xH100", 64, true, true},
                                            PruningCase{"mixtral-small", 2048, "1x8xH100", 32, true, false},
-                                           PruningCase{"llama3-3b", 4096, "2x4xH100", 32, true, false}),
+                                           PruningCase{"llama3-3b", 4096, "2x4xH100", 32, true, false},
+                                           PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false,
+                                                       true}),
                          case_name);
+
+// Partial full recomputation (uniform groups, block's first layers): the bound prices exactly the recomputed
+// layers and stays below the simulated step, at pass and kernel level; recomputing fewer layers is faster.
+TEST(LowerBound, StaysBelowTheSimulatedStepUnderPartialRecomputation) {
+  const Pricing pricing("1x8xH100");
+  layouts::ModelSpec model = layouts::model_preset("llama3-1b");
+  model.seq_length = 2048;
+  using layouts::RecomputeMethod;
+  struct Unit {
+    RecomputeMethod method;
+    int layers;
+  };
+  for (int pp : {1, 2, 4}) {
+    double previous_s = 0.0;
+    for (const Unit u : {Unit{RecomputeMethod::kUniform, 1}, Unit{RecomputeMethod::kUniform, 2},
+                         Unit{RecomputeMethod::kBlock, 3}, Unit{RecomputeMethod::kBlock, 1}}) {
+      layouts::ParallelConfig config;
+      config.world_size = 8;
+      config.tensor_model_parallel_size = 2;
+      config.pipeline_model_parallel_size = pp;
+      config.global_batch_size = 16;
+      config.recompute_granularity = layouts::RecomputeGranularity::kFull;
+      config.recompute_method = u.method;
+      config.recompute_num_layers = u.layers;
+      config.validate(model);
+      SCOPED_TRACE("pp " + std::to_string(pp) + " " + std::string(layouts::to_string(u.method)) + " " +
+                   std::to_string(u.layers));
+      SimulationOptions kernel;
+      kernel.granularity = SimulationGranularity::kKernel;
+      const double pass_s = simulate(model, config, *pricing.pricer).step_time_s;
+      const double kernel_s = simulate(model, config, *pricing.pricer, kernel).step_time_s;
+      const double bound = step_time_lower_bound(model, config, *pricing.pricer);
+      EXPECT_GT(bound, 0.0);
+      EXPECT_LE(bound, pass_s);
+      EXPECT_LE(bound, kernel_s * (1 + 1e-9));
+      // Uniform 2 re-runs every layer as uniform 1 does; block recomputes fewer.
+      if (u.method == RecomputeMethod::kBlock) {
+        EXPECT_LT(pass_s, previous_s);
+      }
+      previous_s = pass_s;
+    }
+  }
+}
 
 // The bound under --tp-comm-overlap stays below the overlapped simulation, where the bound of the plain
 // options (what pruning used to compare against) exceeds it.

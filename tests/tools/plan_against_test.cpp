@@ -62,10 +62,9 @@ TEST(PlanAgainst, SetsTheUsersLayoutBesideThePickPricedAsSimulatePricesIt) {
 }
 
 TEST(PlanAgainst, FlagsPlanWouldNotTakeAreRefusedInOneLineNamingAgainst) {
-  for (const std::string& bad :
-       {std::string("--num-layers 4"), std::string("--tp 3"), std::string("--tp 2 --pp '2"),
-        std::string("--gbs 99"), std::string(""), std::string("--tp"),
-        std::string("--recompute-granularity full --recompute-method block")}) {
+  for (const std::string& bad : {std::string("--num-layers 4"), std::string("--tp 3"),
+                                 std::string("--tp 2 --pp '2"), std::string("--gbs 99"), std::string(""),
+                                 std::string("--tp"), std::string("--recompute-num-layers 2")}) {
     const CliResult r = plan_against(bad);
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_EQ(r.error_lines(), 1) << bad << ": " << r.err;

@@ -72,12 +72,20 @@ TEST(PlanPinnedFlags, MicrobatchGroupSizeReachesTheInterleavedWinner) {
                 {"vpp2", "microbatch group 8"}, {"--microbatch-group-size-per-virtual-pipeline-stage 8"});
 }
 
-TEST(PlanPinnedFlags, UniformOneLayerRecomputationPinsFullAndOtherUnitsAreRefused) {
+TEST(PlanPinnedFlags, RecomputeMethodAndLayersPinFullRecomputationAndReachBothCommands) {
   expect_pinned(with(kDense, {"--recompute-method", "uniform", "--recompute-num-layers", "1"}),
                 {"recompute full (uniform, 1 layer per unit)"},
                 {"--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"});
-  expect_refused(with(kDense, {"--recompute-method", "block"}), "--recompute-method block");
-  expect_refused(with(kDense, {"--recompute-num-layers", "2"}), "--recompute-num-layers 2");
+  expect_pinned(with(kDense, {"--recompute-granularity", "full", "--recompute-method", "uniform",
+                              "--recompute-num-layers", "2"}),
+                {"recompute full (uniform, 2 layers per unit)"},
+                {"--recompute-method uniform", "--recompute-num-layers 2"});
+  expect_pinned(with(kDense, {"--recompute-method", "block", "--recompute-num-layers", "2"}),
+                {"recompute full (block, 2 layers per chunk)"},
+                {"--recompute-granularity full", "--recompute-method block", "--recompute-num-layers 2"});
+  expect_refused(with(kDense, {"--recompute-num-layers", "2"}),
+                 "--recompute-num-layers 2 needs --recompute-method");
+  expect_refused(with(kDense, {"--recompute-num-layers", "0"}), "--recompute-num-layers");
   expect_refused(with(kDense, {"--recompute-granularity", "selective", "--recompute-method", "uniform"}),
                  "--recompute-granularity full");
 }
