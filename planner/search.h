@@ -50,8 +50,10 @@ struct SearchSpace {
   bool account_for_embedding = false, account_for_loss = false;
   // Full recomputation's method and layers per unit: pinned (--recompute-method / --recompute-num-layers),
   // every full candidate runs with them; otherwise these (uniform 1) and, where no lighter recomputation
-  // fits, block at 1/4 and 1/2 of a chunk's layers. Then settings every candidate runs with: the MoE token
-  // dispatcher, the interleaved schedule's microbatch group size (0: pp) and Megatron's rank order.
+  // fits and uniform 1 does, block at 1/2 and 1/4 of a chunk's layers (under an injected memory model, which
+  // sizes lazily, where the space holds no lighter recomputation: --recompute-granularity full). Then
+  // settings every candidate runs with: the MoE token dispatcher, the interleaved schedule's microbatch group
+  // size (0: pp) and Megatron's rank order.
   layouts::RecomputeMethod recompute_method = layouts::RecomputeMethod::kUniform;
   int recompute_num_layers = 1;
   bool recompute_pinned = false;

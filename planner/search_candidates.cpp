@@ -338,8 +338,10 @@ void enumerate_grid(const PlanRequest& request, const Grid& grid, CandidateFilte
           continue;
         }
         const bool needs_sp = request.model.is_moe() && ep > 1 && grid.tp > 1;
-        // Per (sharding, sp): whether a candidate with less recomputation fit.
+        // Per (sharding, sp): whether a candidate with less recomputation fit (under an injected memory
+        // model: was valid), and the last such recomputation.
         std::vector<char> lighter_fits(shardings.size() * sps.size(), 0);
+        std::optional<RecomputeGranularity> lightest;
         const int chunk_layers =
             (request.model.num_layers + grid.pp * layout.vpp - 1) / (grid.pp * layout.vpp);
         for (RecomputeGranularity rc : space.recompute)
@@ -354,14 +356,20 @@ void enumerate_grid(const PlanRequest& request, const Grid& grid, CandidateFilte
               char& lighter = lighter_fits[di * sps.size() + si];
               if (rc != RecomputeGranularity::kFull) {
                 lighter = static_cast<char>(filter.add(make(rc, d, sp)) || lighter);
+                lightest = rc;
                 continue;
               }
               // Uniform 1 (or the pinned rule); block units only where full recomputation is needed: no
-              // lighter recomputation of the same knobs fits (known here under Megatron's model) and the
-              // heavier uniform 1 does.
+              // lighter recomputation of the same knobs fits and the heavier uniform 1 does.
               bool fits = filter.add(make(rc, d, sp));
+              const std::vector<int> blocks = block_recompute_layers(space, chunk_layers);
+              if (blocks.empty()) continue;
               if (filter.sizes_at_enumeration() && (lighter || !fits)) continue;
-              for (int layers : block_recompute_layers(space, chunk_layers)) {
+              // An injected model sizes lazily: whether a lighter candidate fits is not known here, so the
+              // block units are searched only where no lighter recomputation is (--recompute-granularity
+              // full).
+              if (!filter.sizes_at_enumeration() && lightest) continue;
+              for (int layers : blocks) {
                 if (!fits) break;
                 fits = filter.add(make_candidate(
                     request, grid, layout,

@@ -83,6 +83,9 @@ TEST(PlanPinnedFlags, RecomputeMethodAndLayersPinFullRecomputationAndReachBothCo
   expect_pinned(with(kDense, {"--recompute-method", "block", "--recompute-num-layers", "2"}),
                 {"recompute full (block, 2 layers per chunk)"},
                 {"--recompute-granularity full", "--recompute-method block", "--recompute-num-layers 2"});
+  // Full recomputation given alone: block units are searched beside uniform 1 and, recomputing less, win.
+  expect_pinned(with(kDense, {"--recompute-granularity", "full"}), {"recompute full (block, "},
+                {"--recompute-granularity full", "--recompute-method block", "--recompute-num-layers "});
   expect_refused(with(kDense, {"--recompute-num-layers", "2"}),
                  "--recompute-num-layers 2 needs --recompute-method");
   expect_refused(with(kDense, {"--recompute-num-layers", "0"}), "--recompute-num-layers");
