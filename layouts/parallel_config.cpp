@@ -371,7 +371,8 @@ void ParallelConfig::validate(const ModelSpec& model) const {
                       " layers per pipeline rank with --recompute-granularity full");
     }
     // Megatron's MultiTokenPredictionLayer asserts recompute_num_layers == 1 under uniform.
-    if (recompute_method == RecomputeMethod::kUniform && recompute_num_layers > 1 && model.mtp_num_layers > 0) {
+    if (recompute_method == RecomputeMethod::kUniform && recompute_num_layers > 1 &&
+        model.mtp_num_layers > 0) {
       throw UserError(flag_value("--recompute-num-layers", recompute_num_layers) +
                       " with --recompute-method uniform and --mtp-num-layers: Megatron recomputes MTP layers "
                       "one at a time; use --recompute-num-layers 1 or --recompute-method block");

@@ -144,11 +144,12 @@ TEST(ArenaBreakdown, PartialRecomputeSharesUnitSetsAndInnerInputs) {
   };
   SizingBackend a;
   const auto with_none = size_training_arena(none, a);
-  const auto u1 = sized(layouts::RecomputeMethod::kUniform, 1), u2 = sized(layouts::RecomputeMethod::kUniform, 2),
+  const auto u1 = sized(layouts::RecomputeMethod::kUniform, 1),
+             u2 = sized(layouts::RecomputeMethod::kUniform, 2),
              b8 = sized(layouts::RecomputeMethod::kBlock, 8);
   const std::int64_t qkv_set = bytes_of(with_none, "saved: qkv") / 24;
   EXPECT_EQ(bytes_of(u1, "saved: qkv"), qkv_set);
-  EXPECT_EQ(bytes_of(u2, "saved: qkv"), 2 * qkv_set);       // the two positions of a unit
+  EXPECT_EQ(bytes_of(u2, "saved: qkv"), 2 * qkv_set);         // the two positions of a unit
   EXPECT_EQ(bytes_of(b8, "saved: qkv"), (16 + 1) * qkv_set);  // 16 kept layers, one recomputed set
   const std::int64_t residual = bytes_of(with_none, "residual stream (layer inputs)") / 25;
   EXPECT_EQ(bytes_of(u2, "residual stream (layer inputs)"), (12 + 1) * residual);

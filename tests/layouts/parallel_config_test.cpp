@@ -182,7 +182,8 @@ TEST(ParallelConfig, EveryRuleHasItsError) {
        &llama},
       {"--recompute-method uniform needs --recompute-num-layers",
        [](ParallelConfig& c) {
-         c.recompute_granularity = RecomputeGranularity::kFull, c.recompute_method = RecomputeMethod::kUniform;
+         c.recompute_granularity = RecomputeGranularity::kFull,
+         c.recompute_method = RecomputeMethod::kUniform;
        },
        &llama},
       {"--recompute-num-layers 2 applies only to --recompute-granularity full with --recompute-method",
