@@ -152,6 +152,17 @@ std::string chart_svg(const RunCurves& run, const Chart& chart) {
   return s.str();
 }
 
+// The summary and the page's table list each quantity against iterations (not its " vs samples" twin).
+bool is_summarized(const std::string& tag, const std::vector<std::pair<long long, double>>& points) {
+  return !points.empty() && tag.find(" vs samples") == std::string::npos;
+}
+
+std::pair<double, double> value_range(const std::vector<std::pair<long long, double>>& points) {
+  const auto [lo, hi] = std::minmax_element(points.begin(), points.end(),
+                                            [](const auto& a, const auto& b) { return a.second < b.second; });
+  return {lo->second, hi->second};
+}
+
 }  // namespace
 
 RunCurves read_run_curves(const std::string& dir) {
@@ -189,12 +200,8 @@ void print_run_summary(const RunCurves& run, std::ostream& out) {
                 "to", "first", "last", "min", "max");
   out << line;
   for (const auto& [tag, points] : run.series) {
-    if (tag.find(" vs samples") != std::string::npos || points.empty()) continue;
-    double lo = INFINITY, hi = -INFINITY;
-    for (const auto& p : points) {
-      lo = std::min(lo, p.second);
-      hi = std::max(hi, p.second);
-    }
+    if (!is_summarized(tag, points)) continue;
+    const auto [lo, hi] = value_range(points);
     std::snprintf(line, sizeof line, "  %-28s %7zu %9lld %9lld %12s %12s %12s %12s\n", tag.c_str(),
                   points.size(), points.front().first, points.back().first,
                   number(points.front().second).c_str(), number(points.back().second).c_str(),
@@ -215,12 +222,8 @@ std::string run_report_html(const RunCurves& run) {
        "step</th><th>last</th><th>min</th>"
        "<th>max</th></tr>\n";
   for (const auto& [tag, points] : run.series) {
-    if (tag.find(" vs samples") != std::string::npos || points.empty()) continue;
-    double lo = INFINITY, hi = -INFINITY;
-    for (const auto& p : points) {
-      lo = std::min(lo, p.second);
-      hi = std::max(hi, p.second);
-    }
+    if (!is_summarized(tag, points)) continue;
+    const auto [lo, hi] = value_range(points);
     s << "<tr><td>" << html_escape(tag) << "</td><td>" << points.size() << "</td><td>" << points.back().first
       << "</td><td>" << number(points.back().second) << "</td><td>" << number(lo) << "</td><td>" << number(hi)
       << "</td></tr>\n";
