@@ -82,7 +82,9 @@ class OpSink {
     Op& op = add(kind, label);
     op.attention = shape;
   }
+  Op& last() { return ops_.back(); }
   OpPhase phase() const { return phase_; }
+  int microbatch() const { return microbatch_; }
   // A sink appending to the same list with the same bookkeeping but another phase.
   OpSink with_phase(OpPhase phase) const { return OpSink(ops_, phase, layer_, microbatch_, chunk_); }
 

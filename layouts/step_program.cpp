@@ -124,6 +124,44 @@ void tp_reduce(OpSink& o, const StepShape& s, const char* ar_label, const char* 
     o.comm(OpKind::kAllReduce, ar_label, s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
 }
 
+// A linear layer's forward GEMM (T, out) = (T, in) x (in, out). Under FP8 (layouts/fp8.h) its casts come
+// first: the weight (to FP8 and transposed) at the first forward of the iteration (micro-batch 0, not a
+// re-run), then the input; the GEMM's operands are FP8.
+void linear_gemm(OpSink& o, const Fp8Settings& fp8, const std::string& label, std::int64_t tokens,
+                 std::int64_t out, std::int64_t in, bool accumulate = false) {
+  if (fp8.enabled()) {
+    const bool current = fp8.recipe == Fp8Recipe::kTensorwise;
+    if (o.phase() == OpPhase::kForward && o.microbatch() == 0)
+      o.memory(OpKind::kElementwise, (label + "_weight_fp8").c_str(), fp8_cast_bytes(out * in, 2, current));
+    o.memory(OpKind::kElementwise, (label + "_input_fp8").c_str(), fp8_cast_bytes(tokens * in, 1, current));
+  }
+  o.gemm(label.c_str(), tokens, out, in, accumulate);
+  if (fp8.enabled()) o.last().dtype = DType::kFP8;
+}
+
+// Its backward GEMMs (OpSink::gemm_backward). Under FP8 the output gradient is cast (as stored and
+// transposed, the bias gradient read in the same pass) before the data gradient, and the input again
+// (transposed, always from its own amax) before the weight gradient; without the data gradient the weight
+// gradient's cast of the output gradient comes from the data gradient issued before it.
+void linear_gemm_backward(OpSink& o, const Fp8Settings& fp8, const std::string& label, std::int64_t tokens,
+                          std::int64_t out, std::int64_t in, bool need_dgrad = true, bool need_wgrad = true) {
+  if (!fp8.enabled()) {
+    o.gemm_backward(label, tokens, out, in, need_dgrad, need_wgrad);
+    return;
+  }
+  if (need_dgrad) {
+    o.memory(OpKind::kElementwise, (label + "_grad_fp8").c_str(),
+             fp8_cast_bytes(tokens * out, 2, fp8.recipe == Fp8Recipe::kTensorwise));
+    o.gemm_backward(label, tokens, out, in, true, false);
+    o.last().dtype = DType::kFP8;
+  }
+  if (need_wgrad) {
+    o.memory(OpKind::kElementwise, (label + "_input_fp8t").c_str(), fp8_cast_bytes(tokens * in, 1, true));
+    o.gemm_backward(label, tokens, out, in, false, true);
+    o.last().dtype = DType::kFP8;
+  }
+}
+
 void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape& s,
                              const StepProgramOptions& options, bool recompute_core_only) {
   const AttentionShape a = attention_shape(s);
@@ -134,7 +172,7 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
     } else {
       if (s.sp)
         o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-      o.gemm("qkv", s.tokens, qkv_out(s), s.hidden);
+      linear_gemm(o, options.fp8, "qkv", s.tokens, qkv_out(s), s.hidden);
       if (s.rope) o.memory(OpKind::kRope, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
     }
     if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
@@ -145,7 +183,7 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
   context_attention_forward(o, s, options);
   if (recompute_core_only) return;
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
-  o.gemm("proj", s.tokens, s.hidden, proj_in);
+  linear_gemm(o, options.fp8, "proj", s.tokens, s.hidden, proj_in);
   tp_reduce(o, s, "proj_ar", "proj_rs");
   // The residual add follows in the pre-MLP norm (norm_residual_bytes).
 }
@@ -156,7 +194,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   const AttentionShape a = attention_shape(s);
   const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
   if (s.sp) o.comm(OpKind::kAllGather, "proj_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  o.gemm_backward("proj", s.tokens, s.hidden, proj_in);
+  linear_gemm_backward(o, options.fp8, "proj", s.tokens, s.hidden, proj_in);
   if (s.mla) {
     // The input norm's output (gathered without --q-lora-rank under SP) first, then the attention core and
     // the projections' backward (MlaAttention's order).
@@ -179,7 +217,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   // weight gradients, unless a full-recompute re-run just produced it.
   if (!norms_fresh) o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
   if (s.sp) o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  o.gemm_backward("qkv", s.tokens, qkv_out(s), s.hidden);
+  linear_gemm_backward(o, options.fp8, "qkv", s.tokens, qkv_out(s), s.hidden);
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "qkv_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
@@ -190,16 +228,16 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
 std::int64_t glu(const StepShape& s) { return s.swiglu ? 2 : 1; }
 
 // GELU runs in fc1's GEMM epilogue (cuBLASLt GELU_AUX_BIAS), so only SwiGLU issues an activation kernel.
-void dense_mlp_forward(OpSink& o, const StepShape& s, std::int64_t ffn, const char* fc1, const char* fc2,
-                       bool with_norm) {
+void dense_mlp_forward(OpSink& o, const StepShape& s, const Fp8Settings& fp8, std::int64_t ffn,
+                       const char* fc1, const char* fc2, bool with_norm) {
   if (with_norm) {
     o.memory(OpKind::kNorm, "pre_mlp_norm", norm_residual_bytes(s));
     if (s.sp)
       o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   }
-  o.gemm(fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
+  linear_gemm(o, fp8, fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
   if (s.swiglu) o.memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * ffn / s.tp * kAct);
-  o.gemm(fc2, s.tokens, s.hidden, ffn / s.tp);
+  linear_gemm(o, fp8, fc2, s.tokens, s.hidden, ffn / s.tp);
 }
 
 // The activation output is not saved: fc2's data gradient comes first, then one activation-backward pass
@@ -207,17 +245,18 @@ void dense_mlp_forward(OpSink& o, const StepShape& s, std::int64_t ffn, const ch
 // follows (bytes: read fc1 output and its gradient input, write both). recompute_norm: the pre-MLP norm
 // output is not saved either, but recomputed before fc1's backward GEMMs (unless a full-recompute re-run just
 // produced it).
-void dense_mlp_backward(OpSink& o, const StepShape& s, std::int64_t ffn, const std::string& fc1,
-                        const std::string& fc2, bool recompute_norm, bool norms_fresh) {
-  o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, true, /*need_wgrad=*/false);
+void dense_mlp_backward(OpSink& o, const StepShape& s, const Fp8Settings& fp8, std::int64_t ffn,
+                        const std::string& fc1, const std::string& fc2, bool recompute_norm,
+                        bool norms_fresh) {
+  linear_gemm_backward(o, fp8, fc2, s.tokens, s.hidden, ffn / s.tp, true, /*need_wgrad=*/false);
   o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 2) * ffn / s.tp * kAct);
-  o.gemm_backward(fc2, s.tokens, s.hidden, ffn / s.tp, /*need_dgrad=*/false);
+  linear_gemm_backward(o, fp8, fc2, s.tokens, s.hidden, ffn / s.tp, /*need_dgrad=*/false);
   if (recompute_norm && !norms_fresh)
     o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
   // Sequence parallelism: the norm output is re-gathered for fc1's weight gradient (before its GEMMs).
   if (recompute_norm && s.sp)
     o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  o.gemm_backward(fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
+  linear_gemm_backward(o, fp8, fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
 }
 
 // Rows one rank's experts process per microbatch under uniform routing.
@@ -363,7 +402,7 @@ void layer_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool m
   if (moe) {
     moe_mlp_forward(o, s);
   } else {
-    dense_mlp_forward(o, s, s.ffn, "fc1", "fc2", true);
+    dense_mlp_forward(o, s, options.fp8, s.ffn, "fc1", "fc2", true);
     tp_reduce(o, s, "fc2_ar", "fc2_rs");
   }
   o.memory(OpKind::kElementwise, "residual2", 3 * s.tokens_sp * s.hidden * kAct);
@@ -389,7 +428,7 @@ void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShap
     moe_mlp_backward(o, s, fresh);
   } else {
     if (s.sp) o.comm(OpKind::kAllGather, "fc2_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-    dense_mlp_backward(o, s, s.ffn, "fc1", "fc2", true, fresh);
+    dense_mlp_backward(o, s, options.fp8, s.ffn, "fc1", "fc2", true, fresh);
     if (s.sp)
       o.comm(OpKind::kReduceScatter, "fc1_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     else

@@ -77,6 +77,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "layouts/fp8.h"
 #include "layouts/model_spec.h"
 #include "layouts/op.h"
 #include "layouts/parallel_config.h"
@@ -100,6 +101,7 @@ struct StepProgramOptions {
   bool grad_reduce_in_bf16 = false;
   std::int64_t bucket_size_elements = 0;                         // 0: Megatron's default
   std::int64_t loss_chunk_logits_bytes = kLossChunkLogitsBytes;  // see loss_chunk_rows
+  Fp8Settings fp8;  // FP8 linears and their casts (layouts/fp8.h)
 };
 
 // Where a rank's op comes from in its schedule.

@@ -24,9 +24,11 @@
 #include "executor/training/thread_run.h"
 #include "executor/training/training_run.h"
 #include "layouts/flops.h"
+#include "layouts/fp8.h"
 #include "layouts/rank_grid.h"
 #include "planner/plan_report.h"
 #include "tools/command_registry.h"
+#include "tools/fp8_flags.h"
 #include "tools/input_checks.h"
 #include "tools/megatron_args.h"
 #include "tools/megatron_compat_flags.h"
@@ -243,6 +245,7 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
             << "; nothing is allocated or trained" << std::endl;
   std::cout << "model: " << planner::describe_model(spec)
             << "\nsettings: " << planner::describe_run_settings(spec, parallel) << std::endl;
+  if (options.fp8.enabled()) std::cout << "precision: " << layouts::describe(options.fp8) << std::endl;
   for (int rank : one_rank_per_stage(parallel)) {
     const std::unique_ptr<Backend> sizing = make_sizing_backend(a.device, options.bf16);
     const RankArena arena = size_rank_arena(spec, parallel, options, rank, *sizing);
@@ -308,7 +311,8 @@ void check_run_flags(TrainArgs& a, const layouts::ParallelConfig& parallel, cons
   }
   if (a.nproc > 0 && a.nproc != parallel.world_size)
     throw UserError("--nproc " + std::to_string(a.nproc) + " does not match --world-size " +
-                    std::to_string(parallel.world_size) + "; give one of them (the data-parallel size is "
+                    std::to_string(parallel.world_size) +
+                    "; give one of them (the data-parallel size is "
                     "derived from the world size)");
   if (given(a.compat, "--calculate-per-token-loss") && a.options.eod_mask_loss)
     throw UserError(
@@ -361,7 +365,8 @@ int run_train(TrainArgs& a) {
   const layouts::ModelSpec spec = resolve_model(a.megatron);
   layouts::ParallelConfig parallel = resolve_parallel(a.megatron);
   parallel.validate(spec);
-  resolve_sample_schedule(a.options, parallel.resolved_global_batch_size(), a.app->count("--train-iters") > 0);
+  resolve_sample_schedule(a.options, parallel.resolved_global_batch_size(),
+                          a.app->count("--train-iters") > 0);
   validate_train_options(a.options);
   const std::string fresh_start = check_load_path(a.options.load);  // refuses a --load that does not exist
   if (!fresh_start.empty() && launch.rank == 0 && a.nproc <= 1) std::cout << fresh_start << std::endl;
@@ -414,7 +419,8 @@ int run_train(TrainArgs& a) {
             << (t.recompute.full() ? " (" + std::string(layouts::to_string(t.recompute.method)) + " " +
                                          std::to_string(t.recompute.num_layers) + ")"
                                    : std::string())
-            << ", backend " << backend->name() << std::endl;
+            << (t.model.fp8.enabled() ? ", " + layouts::describe(t.model.fp8) : std::string()) << ", backend "
+            << backend->name() << std::endl;
   TrainingRun training(run, *backend, communicator, std::cout);
   std::cout << "memory: arena " << backend->arena_capacity_bytes() / (1 << 20) << " MiB" << std::endl;
   training.run();
@@ -479,8 +485,9 @@ const Registrar kTrainCommand({
       app.add_option("--moe-router-topk-scaling-factor", a.options.moe_router_topk_scaling_factor,
                      "MoE: the chosen experts' probabilities times this (DeepSeek-V3: 2.5; default none)")
           ->check(CLI::NonNegativeNumber);
-      app.add_option("--moe-router-num-groups", a.options.moe_router_num_groups,
-                     "MoE: expert groups for group-limited routing (DeepSeek-V3: 8, with --moe-router-group-topk)")
+      app.add_option(
+             "--moe-router-num-groups", a.options.moe_router_num_groups,
+             "MoE: expert groups for group-limited routing (DeepSeek-V3: 8, with --moe-router-group-topk)")
           ->check(integer_at_least(1));
       app.add_option("--moe-router-group-topk", a.options.moe_router_group_topk,
                      "MoE: groups each token's experts come from (DeepSeek-V3: 4)")
@@ -490,6 +497,7 @@ const Registrar kTrainCommand({
           ->check(CLI::NonNegativeNumber);
       app.add_option("--mtp-loss-scaling-factor", a.options.mtp_loss_scaling_factor,
                      "Multi-token prediction: the MTP losses' weight, averaged over the MTP layers (0.1)");
+      add_fp8_flags(app, a.options.fp8);
       app.add_option("--moe-expert-capacity-factor", a.options.moe_expert_capacity_factor,
                      "MoE expert capacity factor: tokens over capacity are dropped (default: dropless)");
       app.add_flag("--moe-pad-expert-input-to-capacity", a.options.moe_pad_expert_input_to_capacity,
@@ -502,7 +510,8 @@ const Registrar kTrainCommand({
       };
       samples("--train-samples", a.options.train_samples,
               "samples to train (Megatron's sample schedule: --train-iters = samples / global batch)");
-      samples("--lr-warmup-samples", a.options.lr_warmup_samples, "warm-up in samples (with --train-samples)");
+      samples("--lr-warmup-samples", a.options.lr_warmup_samples,
+              "warm-up in samples (with --train-samples)");
       samples("--lr-decay-samples", a.options.lr_decay_samples,
               "decay in samples (with --train-samples; default --train-samples)");
       samples("--lr-wsd-decay-samples", a.options.lr_wsd_decay_samples,
@@ -510,9 +519,10 @@ const Registrar kTrainCommand({
       app.add_option("--exit-interval", a.options.exit_interval,
                      "save (with --save) and stop after an iteration this divides, as Megatron")
           ->check(integer_at_least(1));
-      app.add_option("--exit-duration-in-mins", a.options.exit_duration_in_mins,
-                     "save (with --save) and stop after the first iteration that ends this many minutes after "
-                     "the start")
+      app.add_option(
+             "--exit-duration-in-mins", a.options.exit_duration_in_mins,
+             "save (with --save) and stop after the first iteration that ends this many minutes after "
+             "the start")
           ->check(CLI::PositiveNumber);
       app.add_flag("--finetune", a.options.finetune,
                    "take only the weights from --load: iteration, data position and optimizer start anew, "
@@ -560,9 +570,10 @@ const Registrar kTrainCommand({
       app.add_flag("--bf16", a.options.bf16, "bf16 weights and activations (always on with --device cuda)");
       app.add_option("--ops-out", a.ops_out,
                      "write the ops the first iteration issued (layouts::Op text, one a line) to FILE");
-      app.add_option("--tensorboard-dir", a.options.tensorboard_dir,
-                     "write Megatron's TensorBoard scalars (lm loss, learning rate, grad norm, throughput, MFU, "
-                     "validation loss, MoE and MTP losses) as event files into DIR");
+      app.add_option(
+          "--tensorboard-dir", a.options.tensorboard_dir,
+          "write Megatron's TensorBoard scalars (lm loss, learning rate, grad norm, throughput, MFU, "
+          "validation loss, MoE and MTP losses) as event files into DIR");
       app.add_option("--tensorboard-log-interval", a.options.tensorboard_log_interval,
                      "iterations between TensorBoard scalars (default 1)")
           ->check(integer_at_least(1));

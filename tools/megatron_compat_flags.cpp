@@ -32,8 +32,9 @@ constexpr const char* kFp16 =
     "fp16 with loss scaling is not run by megatune: train in bf16 (--bf16 on the CPU backend; the CUDA "
     "backend "
     "always is) and drop the fp16 and loss-scale flags";
-constexpr const char* kFp8 =
-    "FP8 training is not in megatune yet: drop the --fp8-* flags (it trains in bf16)";
+constexpr const char* kFp8ParamGather =
+    "FP8 parameter all-gathers are not run by megatune: drop --fp8-param-gather (parameters are gathered in "
+    "bf16 and cast to FP8 at their first use in the iteration)";
 constexpr const char* kWandb =
     "Weights & Biases logging is not in megatune: drop the --wandb-* flags (the log lines carry the metrics)";
 constexpr const char* kRampup =
@@ -139,12 +140,7 @@ const std::vector<CompatFlag>& table() {
       {"--min-loss-scale", 1, T::kRefused, kFp16},
       {"--loss-scale-window", 1, T::kRefused, kFp16},
       {"--hysteresis", 1, T::kRefused, kFp16},
-      {"--fp8-format", 1, T::kRefused, kFp8},
-      {"--fp8-recipe", 1, T::kRefused, kFp8},
-      {"--fp8-margin", 1, T::kRefused, kFp8},
-      {"--fp8-amax-history-len", 1, T::kRefused, kFp8},
-      {"--fp8-amax-compute-algo", 1, T::kRefused, kFp8},
-      {"--fp8-param-gather", 0, T::kRefused, kFp8},
+      {"--fp8-param-gather", 0, T::kRefused, kFp8ParamGather},
       {"--qk-layernorm", 0, T::kRefused,
        "QK layernorm is not in megatune's models yet: drop it (the model then has no norm on queries and "
        "keys)"},

@@ -207,6 +207,9 @@ Tensor Backend::allocate_int32(std::int64_t rows, std::int64_t cols, const char*
 void Backend::gemm(const GemmArgs& args, const OpTag& tag) {
   if (!args.bias_grad.empty() && (!args.transpose_a || args.bias_grad.numel() != args.m))
     throw std::logic_error("gemm: bias_grad needs transpose_a (dW = dY^T . X) and m elements");
+  if (args.is_fp8() && (args.b.dtype != DType::kFP8 || args.transpose_a || !args.transpose_b ||
+                        args.a_scale_inv.empty() || args.b_scale_inv.empty() || !args.bias_grad.empty()))
+    throw std::logic_error("gemm: FP8 operands are both FP8, stored (m, k) and (n, k), with their scales");
   Op op;
   op.kind = OpKind::kGemm;
   op.dtype = args.a.dtype;
@@ -512,6 +515,24 @@ float Backend::grad_norm(const OpTag& tag) {
 void Backend::adamw_step(const AdamWHyper& hyper, const OpTag& tag) {
   begin_op(memory_op(OpKind::kOptimizer, DType::kFP32, 30 * optimizer_elements_), tag);
   do_adamw_step(hyper);
+  end_op();
+}
+
+void Backend::fp8_cast(const Fp8CastArgs& args, const OpTag& tag) {
+  const Tensor& src = args.src;
+  const int outputs = (args.out.empty() ? 0 : 1) + (args.out_transposed.empty() ? 0 : 1);
+  const bool shapes = (args.out.empty() || (args.out.rows == src.rows && args.out.cols == src.cols)) &&
+                      (args.out_transposed.empty() ||
+                       (args.out_transposed.rows == src.cols && args.out_transposed.cols == src.rows));
+  if (outputs == 0 || !shapes || args.state.empty() ||
+      (!args.bias_grad.empty() && args.bias_grad.numel() != src.cols))
+    throw std::logic_error(
+        "fp8_cast: an output of src's shape (or transposed), a state, a bias gradient of "
+        "src's columns");
+  begin_op(memory_op(OpKind::kElementwise, src.dtype,
+                     layouts::fp8_cast_bytes(src.numel(), outputs, args.current_scaling)),
+           tag);
+  do_fp8_cast(args);
   end_op();
 }
 

@@ -15,6 +15,7 @@
 #include "executor/kernels/attention_merge.h"
 #include "executor/kernels/attention_shape.h"
 #include "executor/kernels/norm_kind.h"
+#include "layouts/fp8.h"
 
 namespace megatune::executor {
 
@@ -38,6 +39,32 @@ struct GemmArgs {
   Tensor bias_grad;  // optional (1, m) fp32, accumulated; requires transpose_a
   std::int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;
+  // FP8 operands (a and b both DType::kFP8, layouts/fp8.h): stored with the reduction dimension contiguous
+  // (transpose_a false, transpose_b true, as Hopper's FP8 tensor cores take them), in these encodings, each
+  // multiplied by its fp32 (1, 1) dequantization factor on the device. fast_accumulate: the forward GEMM's
+  // accumulation without the periodic fp32 promotion (Transformer Engine's fprop setting).
+  layouts::Fp8Encoding a_encoding = layouts::Fp8Encoding::kE4M3, b_encoding = layouts::Fp8Encoding::kE4M3;
+  Tensor a_scale_inv, b_scale_inv;
+  bool fast_accumulate = false;
+  bool is_fp8() const { return a.dtype == DType::kFP8; }
+};
+
+// One cast of src (rows, cols, the compute dtype) into FP8 (layouts/fp8.h): out (rows, cols) and / or
+// out_transposed (cols, rows), DType::kFP8 in `encoding`, each value src * scale rounded to nearest even
+// and saturated. state (fp32 (1, layouts::fp8_state_elements)) holds the scale: current scaling sets it from
+// src's amax first; delayed scaling first folds a pending amax into the history (rolled by one, the
+// scale from its maximum, or its newest entry, and the margin) and records this cast's amax as pending.
+// bias_grad (optional, fp32 (1, cols)) += the column sums of src (a linear's bias gradient from its output
+// gradient, read in the same pass).
+struct Fp8CastArgs {
+  Tensor src, out, out_transposed;
+  layouts::Fp8Encoding encoding = layouts::Fp8Encoding::kE4M3;
+  Tensor state;
+  bool current_scaling = true;
+  int margin = 0;
+  int history_len = 1;
+  bool amax_max = false;
+  Tensor bias_grad;
 };
 
 // Bytes one arena allocation label holds (labels in first-allocation order); see Backend::arena_breakdown.
@@ -283,6 +310,8 @@ class Backend {
   void add_rows(Tensor dst, Tensor src, std::int64_t seq, std::int64_t first, const OpTag& tag);
   void attention_merge(const AttentionMergeArgs& args, const OpTag& tag);
   void cast(Tensor src, Tensor dst, const OpTag& tag);  // e.g. fp32 main params -> model dtype
+  // One op (kElementwise, layouts::fp8_cast_bytes) of the compute dtype.
+  void fp8_cast(const Fp8CastArgs& args, const OpTag& tag);
   // t *= factor in place (gradients scaled to the mean over data-parallel ranks); fp32 on CUDA.
   void scale(Tensor t, float factor, const OpTag& tag);
 
@@ -385,6 +414,7 @@ class Backend {
   virtual void do_add(Tensor a, Tensor b, Tensor out) = 0;
   virtual void do_attention_merge(const AttentionMergeArgs& args) = 0;
   virtual void do_cast(Tensor src, Tensor dst) = 0;
+  virtual void do_fp8_cast(const Fp8CastArgs& args) = 0;
   virtual void do_scale(Tensor t, float factor) = 0;
   virtual float do_grad_norm() = 0;
   virtual void do_set_grad_norm(float norm) = 0;

@@ -68,6 +68,7 @@ class SizingBackend final : public Backend {
   void do_add(Tensor, Tensor, Tensor) override { refuse(); }
   void do_attention_merge(const AttentionMergeArgs&) override { refuse(); }
   void do_cast(Tensor, Tensor) override { refuse(); }
+  void do_fp8_cast(const Fp8CastArgs&) override { refuse(); }
   void do_scale(Tensor, float) override { refuse(); }
   float do_grad_norm() override { refuse(); }
   void do_set_grad_norm(float) override { refuse(); }

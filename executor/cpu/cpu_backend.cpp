@@ -13,6 +13,7 @@
 #include "executor/kernels/reference_cross_entropy.h"
 #include "executor/kernels/reference_elementwise.h"
 #include "executor/kernels/reference_embedding.h"
+#include "executor/kernels/reference_fp8.h"
 #include "executor/kernels/reference_gemm.h"
 #include "executor/kernels/reference_norm.h"
 #include "executor/kernels/reference_optimizer.h"
@@ -90,7 +91,9 @@ void CpuBackend::copy(Tensor src, Tensor dst) {
 void CpuBackend::do_gemm(const GemmArgs& g) {
   const bool bias = !g.bias.empty();
   const float beta = g.accumulate ? 1.0f : 0.0f;
-  reference::gemm(g.transpose_a, g.transpose_b, g.m, g.n, g.k, 1.0f, f32(g.a), g.a.row_stride, f32(g.b),
+  // FP8 operands hold their FP8 values as floats; the product is dequantized by both factors.
+  const float alpha = g.is_fp8() ? f32(g.a_scale_inv)[0] * f32(g.b_scale_inv)[0] : 1.0f;
+  reference::gemm(g.transpose_a, g.transpose_b, g.m, g.n, g.k, alpha, f32(g.a), g.a.row_stride, f32(g.b),
                   g.b.row_stride, beta, f32(g.c), g.c.row_stride);
   if (bias) {
     for (std::int64_t r = 0; r < g.m; ++r) {
@@ -250,6 +253,16 @@ void CpuBackend::do_add(Tensor a, Tensor b, Tensor out) {
 }
 
 void CpuBackend::do_cast(Tensor src, Tensor dst) { copy(src, dst); }
+
+void CpuBackend::do_fp8_cast(const Fp8CastArgs& a) {
+  for (const Tensor* t : {&a.out, &a.out_transposed})
+    if (!t->empty()) require_contiguous_cpu(*t, "FP8 cast output");
+  const reference::Fp8CastParams params{a.encoding, a.current_scaling, a.margin, a.history_len, a.amax_max};
+  reference::fp8_cast(f32(a.src), a.src.rows, a.src.cols, a.src.row_stride,
+                      a.out.empty() ? nullptr : f32(a.out),
+                      a.out_transposed.empty() ? nullptr : f32(a.out_transposed), f32(a.state), params,
+                      a.bias_grad.empty() ? nullptr : f32(a.bias_grad));
+}
 
 void CpuBackend::do_attention_merge(const AttentionMergeArgs& a) {
   require_contiguous_cpu(a.block_out, "attention merge block output");

@@ -65,6 +65,7 @@ class CpuBackend final : public Backend {
   void do_add(Tensor a, Tensor b, Tensor out) override;
   void do_attention_merge(const AttentionMergeArgs& args) override;
   void do_cast(Tensor src, Tensor dst) override;
+  void do_fp8_cast(const Fp8CastArgs& args) override;
   void do_scale(Tensor t, float factor) override;
   float do_grad_norm() override;
   void do_set_grad_norm(float norm) override { last_grad_norm_ = norm; }

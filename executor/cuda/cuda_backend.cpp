@@ -14,6 +14,7 @@
 #include "executor/cuda/elementwise_kernels.h"
 #include "executor/cuda/embedding_kernels.h"
 #include "executor/cuda/flash_attention.h"
+#include "executor/cuda/fp8_kernels.h"
 #include "executor/cuda/gemm_runner.h"
 #include "executor/cuda/moe_index_cache.h"
 #include "executor/cuda/norm_kernels.h"
@@ -260,9 +261,15 @@ std::int64_t CudaBackend::scratch_bytes(const ScratchNeeds& n) const {
 namespace {
 
 // The cuBLASLt description of a Backend GEMM (row-major, strides from the tensors), without epilogue.
+cuda::GemmDType fp8_dtype(layouts::Fp8Encoding e) {
+  return e == layouts::Fp8Encoding::kE5M2 ? cuda::GemmDType::kFP8E5M2 : cuda::GemmDType::kFP8E4M3;
+}
+
 cuda::GemmSpec gemm_spec(const GemmArgs& g) {
-  require_bf16(g.a, "GEMM A");
-  require_bf16(g.b, "GEMM B");
+  if (!g.is_fp8()) {
+    require_bf16(g.a, "GEMM A");
+    require_bf16(g.b, "GEMM B");
+  }
   cuda::GemmSpec spec;
   spec.m = g.m;
   spec.n = g.n;
@@ -272,7 +279,9 @@ cuda::GemmSpec gemm_spec(const GemmArgs& g) {
   spec.lda = g.a.row_stride;
   spec.ldb = g.b.row_stride;
   spec.ldd = g.c.row_stride;
-  spec.ab_type = cuda::GemmDType::kBF16;
+  spec.ab_type = g.is_fp8() ? fp8_dtype(g.a_encoding) : cuda::GemmDType::kBF16;
+  spec.b_type = g.is_fp8() ? fp8_dtype(g.b_encoding) : cuda::GemmDType::kBF16;
+  spec.fast_accumulate = g.is_fp8() && g.fast_accumulate;
   spec.d_type = gemm_dtype(g.c);
   spec.epilogue = g.bias.empty() ? cuda::GemmEpilogue::kNone : cuda::GemmEpilogue::kBias;
   return spec;
@@ -286,6 +295,10 @@ cuda::GemmArgs gemm_pointers(const GemmArgs& g) {
   args.alpha = 1.0f;
   args.beta = g.accumulate ? 1.0f : 0.0f;
   args.bias = g.bias.empty() ? nullptr : g.bias.data;
+  if (g.is_fp8()) {
+    args.a_scale = f32(g.a_scale_inv);
+    args.b_scale = f32(g.b_scale_inv);
+  }
   return args;
 }
 
@@ -349,6 +362,28 @@ void CudaBackend::do_linear_gelu_forward(const GemmArgs& g, Tensor out) {
   }
   ++gelu_forward_use_.unfused;
   Backend::do_linear_gelu_forward(g, out);
+}
+
+void CudaBackend::do_fp8_cast(const Fp8CastArgs& a) {
+  require_bf16(a.src, "FP8 cast input");
+  require_fp32(a.state, "FP8 scaling state");
+  cuda::Fp8CastLaunch launch;
+  launch.src = b16(a.src);
+  launch.rows = a.src.rows;
+  launch.cols = a.src.cols;
+  launch.ld = a.src.row_stride;
+  for (const Tensor* t : {&a.out, &a.out_transposed})
+    if (!t->empty()) require_contiguous(*t, "FP8 cast output");
+  launch.out = a.out.empty() ? nullptr : static_cast<std::uint8_t*>(a.out.data);
+  launch.out_t = a.out_transposed.empty() ? nullptr : static_cast<std::uint8_t*>(a.out_transposed.data);
+  launch.state = f32(a.state);
+  launch.e5m2 = a.encoding == layouts::Fp8Encoding::kE5M2;
+  launch.current_scaling = a.current_scaling;
+  launch.margin = a.margin;
+  launch.history_len = a.history_len;
+  launch.amax_max = a.amax_max;
+  cuda::fp8_cast(launch, compute_);
+  if (!a.bias_grad.empty()) do_bias_grad(a.src, a.bias_grad);
 }
 
 void CudaBackend::do_bias_grad(Tensor d_out, Tensor d_bias) {

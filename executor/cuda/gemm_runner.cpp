@@ -38,7 +38,19 @@ struct GemmRunner::Plan {
 
 namespace {
 
-cudaDataType_t data_type(GemmDType type) { return type == GemmDType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+cudaDataType_t data_type(GemmDType type) {
+  switch (type) {
+    case GemmDType::kBF16:
+      return CUDA_R_16BF;
+    case GemmDType::kFP32:
+      return CUDA_R_32F;
+    case GemmDType::kFP8E4M3:
+      return CUDA_R_8F_E4M3;
+    case GemmDType::kFP8E5M2:
+      return CUDA_R_8F_E5M2;
+  }
+  return CUDA_R_16BF;
+}
 
 cublasLtEpilogue_t epilogue_of(GemmEpilogue epilogue) {
   switch (epilogue) {
@@ -92,6 +104,15 @@ GemmSpec resolved(GemmSpec spec) {
   if (spec.ld_aux == 0) spec.ld_aux = spec.n;
   if (spec.lda < a_cols || spec.ldb < b_cols || spec.ldd < spec.n || spec.ld_aux < spec.n)
     throw std::invalid_argument("GemmSpec: a leading dimension is smaller than its row length");
+  if (is_fp8(spec.ab_type)) {
+    if (!is_fp8(spec.b_type) || spec.trans_a || !spec.trans_b)
+      throw std::invalid_argument("GemmSpec: FP8 A and B, A stored [m, k] and B [n, k]");
+    if (spec.ab_type == GemmDType::kFP8E5M2 && spec.b_type == GemmDType::kFP8E5M2)
+      throw std::invalid_argument("GemmSpec: cuBLASLt has no E5M2 x E5M2 GEMM");
+  } else {
+    spec.b_type = spec.ab_type;
+    spec.fast_accumulate = false;
+  }
   if (spec.batch_count > 1) {
     if (spec.stride_a == 0) spec.stride_a = a_rows * spec.lda;
     if (spec.stride_b == 0) spec.stride_b = b_rows * spec.ldb;
@@ -173,7 +194,9 @@ GemmRunner::Key GemmRunner::key_of(const GemmSpec& s, int alignment_bytes, bool 
              s.stride_b,
              s.stride_d,
              alignment_bytes,
-             int64_t(ragged)};
+             int64_t(ragged),
+             int64_t(s.b_type),
+             int64_t(s.fast_accumulate)};
 }
 
 GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_bytes, bool ragged) {
@@ -202,12 +225,19 @@ GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_b
     }
   }
 
-  const cudaDataType_t ab = data_type(spec.ab_type), d = data_type(spec.d_type);
+  if (spec.fast_accumulate) {
+    const int8_t fast = 1;
+    set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
+  }
+  const cudaDataType_t a_type = data_type(spec.ab_type), b_type = data_type(spec.b_type),
+                       d = data_type(spec.d_type);
   // Our B stored [k, n] (or [n, k] transposed) = column-major [n, k] (or [k, n]).
-  plan->layout_a = spec.trans_b ? make_layout(ab, spec.k, spec.n, spec.ldb, spec.batch_count, spec.stride_b)
-                                : make_layout(ab, spec.n, spec.k, spec.ldb, spec.batch_count, spec.stride_b);
-  plan->layout_b = spec.trans_a ? make_layout(ab, spec.m, spec.k, spec.lda, spec.batch_count, spec.stride_a)
-                                : make_layout(ab, spec.k, spec.m, spec.lda, spec.batch_count, spec.stride_a);
+  plan->layout_a = spec.trans_b
+                       ? make_layout(b_type, spec.k, spec.n, spec.ldb, spec.batch_count, spec.stride_b)
+                       : make_layout(b_type, spec.n, spec.k, spec.ldb, spec.batch_count, spec.stride_b);
+  plan->layout_b = spec.trans_a
+                       ? make_layout(a_type, spec.m, spec.k, spec.lda, spec.batch_count, spec.stride_a)
+                       : make_layout(a_type, spec.k, spec.m, spec.lda, spec.batch_count, spec.stride_a);
   plan->layout_d = make_layout(d, spec.n, spec.m, spec.ldd, spec.batch_count, spec.stride_d);
 
   cublasLtMatmulPreference_t preference = nullptr;
@@ -289,6 +319,12 @@ void GemmRunner::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t st
     if (args.bias_grad == nullptr)
       throw std::invalid_argument("GemmRunner::run: bias-gradient epilogues need args.bias_grad");
     set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias_grad, sizeof args.bias_grad);
+  }
+  if (is_fp8(plan.spec.ab_type)) {  // cuBLAS's A is our B
+    if (args.a_scale == nullptr || args.b_scale == nullptr)
+      throw std::invalid_argument("GemmRunner::run: FP8 GEMMs need both operands' scales");
+    set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &args.b_scale, sizeof args.b_scale);
+    set_attribute(plan.operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &args.a_scale, sizeof args.a_scale);
   }
   if (!plan.tuned) tune(plan, args, stream);
   MEGATUNE_CUBLAS_CHECK(matmul(plan, args, plan.algorithm, stream));

@@ -16,7 +16,10 @@ namespace megatune::executor::cuda {
 
 using bf16 = __nv_bfloat16;
 
-enum class GemmDType { kBF16, kFP32 };
+// kFP8E4M3 / kFP8E5M2: FP8 operands (Hopper takes them only as "TN": our A not transposed, our B
+// transposed, both with the reduction dimension contiguous), each dequantized by a device scale.
+enum class GemmDType { kBF16, kFP32, kFP8E4M3, kFP8E5M2 };
+inline bool is_fp8(GemmDType t) { return t == GemmDType::kFP8E4M3 || t == GemmDType::kFP8E5M2; }
 
 enum class GemmEpilogue {
   kNone,
@@ -37,8 +40,10 @@ struct GemmSpec {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   int64_t lda = 0, ldb = 0, ldd = 0, ld_aux = 0;
-  GemmDType ab_type = GemmDType::kBF16;
+  GemmDType ab_type = GemmDType::kBF16;  // A's type, and B's unless FP8
+  GemmDType b_type = GemmDType::kBF16;   // B's type when ab_type is FP8 (FP8 A and B may differ)
   GemmDType d_type = GemmDType::kBF16;
+  bool fast_accumulate = false;  // FP8: cuBLASLt's FAST_ACCUM (no periodic fp32 promotion)
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   int batch_count = 1;
   int64_t stride_a = 0, stride_b = 0, stride_d = 0;
@@ -60,6 +65,9 @@ struct GemmArgs {
   const void* bias = nullptr;  // kBias / kGeluAuxBias: [n]
   void* aux = nullptr;         // kGeluAux(Bias) (written) / kDGelu(BGrad) (read): [m, n], row stride ld_aux
   void* bias_grad = nullptr;   // kDGeluBGrad: [n], kBGradA: [m]; overwritten
+  // FP8 operands: device fp32 factors that A's and B's stored values are multiplied by.
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
 };
 
 class GemmRunner {
@@ -111,7 +119,7 @@ class GemmRunner {
   struct Plan;  // descriptors + algorithm (defined in gemm_runner.cpp)
 
  private:
-  using Key = std::array<int64_t, 17>;
+  using Key = std::array<int64_t, 19>;
   static Key key_of(const GemmSpec& spec, int alignment_bytes, bool ragged = false);
   Plan& plan_for(const GemmSpec& spec, int alignment_bytes, bool ragged = false);
   void tune(Plan& plan, const GemmArgs& args, cudaStream_t stream);

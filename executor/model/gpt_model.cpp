@@ -260,6 +260,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
   if (scratch_bytes > 0)
     backend_.set_scratch(backend_.allocate(DType::kFP32, 1, (scratch_bytes + 3) / 4, "kernel scratch"));
   build_linears();
+  if (config_.fp8.enabled()) setup_fp8();
 }
 
 GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention, bool dense_mlp) {

@@ -83,6 +83,9 @@ class GPTModel {
   std::vector<float> gradients() const;
 
   void zero_gradients();
+  // The FP8 linears cast their weights again at their next forward (zero_gradients does it too: the step
+  // changed them).
+  void fp8_weights_changed();
   // Forward of micro-batch `index` of the iteration (keeps what its backward needs in the micro-batch's
   // activation slot; the LM head's backward GEMMs run here, per loss chunk, see layouts::loss_chunk_rows),
   // later its backward. On a stage without the embedding the input must have been received into
@@ -188,6 +191,9 @@ class GPTModel {
     std::optional<ExpertLinears> expert_fc1, expert_fc2;  // this rank's routed experts
   };
   void build_linears();
+  // FP8 (config_.fp8 enabled): the dense attention's and MLP's linears of every layer run their GEMMs in FP8
+  // (layouts/fp8.h); their states and the shared cast buffers (gpt_model_fp8.cpp).
+  void setup_fp8();
   LinearParameters linear_parameters(const ParameterEntry& weight, const ParameterEntry* bias) const;
   LayerLinears layer_linears(const LayerParameters& p, int layer) const;
   MoeLayerLinears moe_linears(int layer) const;
@@ -350,6 +356,8 @@ class GPTModel {
   std::unique_ptr<MoeLayers> moe_;      // the stage's MoE layers (null for a dense stage)
   std::unique_ptr<MtpBuffers> mtp_;     // the stage's MTP layers (null without)
   int moe_slot_ = 0;                    // the activation slot of the micro-batch being run
+  std::vector<Fp8LinearState> fp8_states_;       // per FP8 linear (sized once: the linears point into it)
+  std::unique_ptr<Fp8Workspace> fp8_workspace_;  // null without FP8
 };
 
 }  // namespace megatune::executor

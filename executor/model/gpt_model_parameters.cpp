@@ -179,9 +179,14 @@ std::vector<float> GPTModel::gradients() const {
   return host;
 }
 
+void GPTModel::fp8_weights_changed() {
+  for (Fp8LinearState& state : fp8_states_) state.weight_cast = false;
+}
+
 void GPTModel::zero_gradients() {
   for (const Tensor& t : zeroed_grads_) backend_.fill_zero(t);
   layer_grads_written_.assign(local_layer_count(), false);
+  fp8_weights_changed();
   head_grad_written_ = false;
   if (mtp_) mtp_->eh_proj_written.assign(mtp_->eh_proj_written.size(), false);
   if (moe_) moe_->reset_logged_load_balancing_loss();

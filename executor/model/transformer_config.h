@@ -6,6 +6,7 @@
 
 #include "executor/backend/backend.h"
 #include "executor/model/moe_router.h"
+#include "layouts/fp8.h"
 
 namespace megatune::executor {
 
@@ -52,6 +53,9 @@ struct TransformerConfig {
   // Multi-token prediction: MTP layers (numbered -3 - k) follow the last decoder layer's kind.
   int mtp_num_layers = 0;                // --mtp-num-layers
   float mtp_loss_scaling_factor = 0.1f;  // --mtp-loss-scaling-factor (Megatron's default)
+  // FP8 training (--fp8-format, --fp8-recipe, ...): which linears and how, layouts/fp8.h. Not a model fact
+  // (left out of describe(): checkpoints move between bf16 and FP8 runs).
+  layouts::Fp8Settings fp8;
 
   // Per-TP-rank sizes.
   std::int64_t heads_per_rank() const { return heads / tensor_parallel_size; }

@@ -119,6 +119,10 @@ TensorParallelLinear::TensorParallelLinear(const layouts::ParameterSpec& weight_
   labels_.output_gather = or_default(labels_.output_gather, g + "_output_ag");
   dgrad_label_ = g + "_dgrad";
   wgrad_label_ = g + "_wgrad";
+  weight_fp8_label_ = g + "_weight_fp8";
+  input_fp8_label_ = g + "_input_fp8";
+  grad_fp8_label_ = g + "_grad_fp8";
+  input_fp8t_label_ = g + "_input_fp8t";
 }
 
 OpTag TensorParallelLinear::tag(const std::string& label, OpPhase phase) const {
@@ -129,6 +133,61 @@ std::int64_t TensorParallelLinear::storage_bytes(Tensor t) const {
   return regions_.backend().storage_bytes(t.dtype);
 }
 
+Tensor TensorParallelLinear::fp8_view(Tensor buffer, std::int64_t rows, std::int64_t cols) const {
+  return carve(buffer, 0, rows, cols, regions_.backend().storage_bytes(DType::kFP8));
+}
+
+void TensorParallelLinear::cast(Tensor src, Tensor out, Tensor out_t, Tensor state,
+                                layouts::Fp8Encoding encoding, bool current_scaling, Tensor bias_grad,
+                                const std::string& label, OpPhase phase) const {
+  const layouts::Fp8Settings& s = fp8_workspace_->settings;
+  Fp8CastArgs args{.src = src,
+                   .out = out,
+                   .out_transposed = out_t,
+                   .encoding = encoding,
+                   .state = state,
+                   .current_scaling = current_scaling,
+                   .margin = s.margin,
+                   .history_len = s.amax_history_len,
+                   .amax_max = s.amax_max,
+                   .bias_grad = bias_grad};
+  regions_.backend().fp8_cast(args, tag(label, phase));
+}
+
+namespace {
+Tensor scale_inv_of(Tensor state) { return carve(state, layouts::kFp8ScaleInv, 1, 1, 4); }
+}  // namespace
+
+GemmArgs TensorParallelLinear::fp8_forward_args(Tensor x, Tensor y, Tensor bias, OpPhase phase) const {
+  const layouts::Fp8Settings& s = fp8_workspace_->settings;
+  const bool current = s.recipe == layouts::Fp8Recipe::kTensorwise;
+  const layouts::Fp8Encoding e = s.forward_encoding();
+  const Tensor& w = parameters_.weight;
+  if (!fp8_->weight_cast) {  // once per iteration, at its first forward
+    cast(w, fp8_->weight, fp8_->weight_t, fp8_->weight_state, e, current, {}, weight_fp8_label_, phase);
+    fp8_->weight_cast = true;
+  }
+  const Tensor x8 = fp8_view(fp8_workspace_->input, x.rows, x.cols);
+  cast(x, x8, {}, fp8_->input_state, e, current, {}, input_fp8_label_, phase);
+  GemmArgs args = linear_forward_args(x8, fp8_->weight, y, bias, x.rows);
+  args.a_encoding = args.b_encoding = e;
+  args.a_scale_inv = scale_inv_of(fp8_->input_state);
+  args.b_scale_inv = scale_inv_of(fp8_->weight_state);
+  args.fast_accumulate = true;
+  return args;
+}
+
+void TensorParallelLinear::fp8_cast_grad(Tensor dy, bool reuse) const {
+  Fp8Workspace& ws = *fp8_workspace_;
+  if (reuse && ws.grad_source == dy.data && ws.grad_owner == fp8_) return;
+  const layouts::Fp8Settings& s = ws.settings;
+  cast(dy, fp8_view(ws.grad, dy.rows, dy.cols), fp8_view(ws.grad_t, dy.cols, dy.rows), fp8_->grad_state,
+       s.gradient_encoding(), s.recipe == layouts::Fp8Recipe::kTensorwise, parameters_.d_bias,
+       grad_fp8_label_, kB);
+  ws.grad_source = dy.data;
+  ws.grad_owner = fp8_;
+}
+
 Tensor TensorParallelLinear::gather_input(Tensor x, Tensor x_full, OpPhase phase) const {
   if (parallelism_ != LinearParallelism::kColumn) return x;
   return regions_.gather_sequence(x, x_full, labels_.input_gather.c_str(), layer_, phase);
@@ -137,7 +196,9 @@ Tensor TensorParallelLinear::gather_input(Tensor x, Tensor x_full, OpPhase phase
 void TensorParallelLinear::forward_gemm(Tensor x, Tensor y, OpPhase phase, bool accumulate) const {
   // A row-parallel bias is added once: on TP rank 0, before the reduction.
   const bool bias = parallelism_ != LinearParallelism::kRow || regions_.rank() == 0;
-  GemmArgs args = linear_forward_args(x, parameters_.weight, y, bias ? parameters_.bias : Tensor{}, x.rows);
+  const Tensor b = bias ? parameters_.bias : Tensor{};
+  GemmArgs args =
+      fp8_ ? fp8_forward_args(x, y, b, phase) : linear_forward_args(x, parameters_.weight, y, b, x.rows);
   args.accumulate = accumulate;
   regions_.backend().gemm(args, tag(labels_.gemm, phase));
 }
@@ -146,8 +207,9 @@ void TensorParallelLinear::forward_gemm_gelu(Tensor x, Tensor pre, Tensor act, O
   if (parallelism_ == LinearParallelism::kRow)
     throw std::logic_error("forward_gemm_gelu: a row-parallel output is partial; GELU needs the sum");
   regions_.backend().linear_gelu_forward(
-      linear_forward_args(x, parameters_.weight, pre, parameters_.bias, x.rows), act,
-      tag(labels_.gemm, phase));
+      fp8_ ? fp8_forward_args(x, pre, parameters_.bias, phase)
+           : linear_forward_args(x, parameters_.weight, pre, parameters_.bias, x.rows),
+      act, tag(labels_.gemm, phase));
 }
 
 Tensor TensorParallelLinear::reduce_output(Tensor partial, Tensor shard, OpPhase phase) const {
@@ -189,14 +251,56 @@ Tensor TensorParallelLinear::gathered_output_grad(Tensor d_out, Tensor d_out_ful
 }
 
 void TensorParallelLinear::data_grad(Tensor dy, Tensor dx, bool accumulate) const {
-  GemmArgs args = linear_data_grad_args(dy, parameters_.weight, dx, dy.rows);
+  GemmArgs args;
+  if (fp8_) {
+    // dx = dy . W as FP8 operands with the reduction dimension (out) contiguous: dy (m, out), W^T (in, out).
+    fp8_cast_grad(dy, /*reuse=*/false);
+    const Tensor& w = parameters_.weight;
+    args = {.a = fp8_view(fp8_workspace_->grad, dy.rows, dy.cols),
+            .b = fp8_->weight_t,
+            .transpose_b = true,
+            .c = dx,
+            .m = dy.rows,
+            .n = w.cols,
+            .k = w.rows};
+    args.a_encoding = fp8_workspace_->settings.gradient_encoding();
+    args.b_encoding = fp8_workspace_->settings.forward_encoding();
+    args.a_scale_inv = scale_inv_of(fp8_->grad_state);
+    args.b_scale_inv = scale_inv_of(fp8_->weight_state);
+  } else {
+    args = linear_data_grad_args(dy, parameters_.weight, dx, dy.rows);
+  }
   args.accumulate = accumulate;
   regions_.backend().gemm(args, tag(dgrad_label_, kB));
 }
 
 void TensorParallelLinear::weight_grad(Tensor dy, Tensor x, bool accumulate) const {
-  GemmArgs args =
-      linear_weight_grad_args(dy, x, parameters_.weight, parameters_.d_weight, parameters_.d_bias, dy.rows);
+  GemmArgs args;
+  if (fp8_) {
+    // dW = dy^T . x as FP8 operands with the tokens contiguous: dy^T (out, m), x^T (in, m). The input is cast
+    // again from the saved activation, with its own amax (Transformer Engine keeps the forward's cast).
+    fp8_cast_grad(dy, /*reuse=*/true);
+    fp8_workspace_->grad_source = nullptr;  // the pair of GEMMs reading this cast ends here
+    const layouts::Fp8Settings& s = fp8_workspace_->settings;
+    const Tensor xt = fp8_view(fp8_workspace_->input_t, x.cols, x.rows);
+    cast(x, {}, xt, fp8_->input_t_state, s.forward_encoding(), /*current_scaling=*/true, {},
+         input_fp8t_label_, kB);
+    const Tensor& w = parameters_.weight;
+    args = {.a = fp8_view(fp8_workspace_->grad_t, dy.cols, dy.rows),
+            .b = xt,
+            .transpose_b = true,
+            .c = parameters_.d_weight,
+            .m = w.rows,
+            .n = w.cols,
+            .k = dy.rows};
+    args.a_encoding = s.gradient_encoding();
+    args.b_encoding = s.forward_encoding();
+    args.a_scale_inv = scale_inv_of(fp8_->grad_state);
+    args.b_scale_inv = scale_inv_of(fp8_->input_t_state);
+  } else {
+    args =
+        linear_weight_grad_args(dy, x, parameters_.weight, parameters_.d_weight, parameters_.d_bias, dy.rows);
+  }
   args.accumulate = accumulate;
   regions_.backend().gemm(args, tag(wgrad_label_, kB));
 }

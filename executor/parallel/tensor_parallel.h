@@ -86,6 +86,23 @@ struct LinearLabels {
   std::string output_gather = {};
 };
 
+// FP8 linears (layouts/fp8.h). Fp8Workspace: one per model, the cast outputs that live from a cast to the
+// GEMMs that read it (flat FP8 buffers, each as large as the largest use; grad_source: the output gradient
+// whose cast grad / grad_t hold, and the linear it belongs to). Fp8LinearState: per FP8 linear, its weight's
+// FP8 copy and transpose (cast once per iteration: weight_cast) and the scaling states of its input,
+// weight, output gradient and transposed input (fp32 (1, layouts::fp8_state_elements) each).
+struct Fp8Workspace {
+  layouts::Fp8Settings settings;
+  Tensor input, input_t, grad, grad_t;
+  const void* grad_source = nullptr;
+  const void* grad_owner = nullptr;
+};
+struct Fp8LinearState {
+  Tensor weight, weight_t;
+  Tensor input_state, weight_state, grad_state, input_t_state;
+  bool weight_cast = false;
+};
+
 // One linear layer of one layer of the model on this TP rank (Megatron's ColumnParallelLinear /
 // RowParallelLinear with their mappings). The steps are separate calls, so that a layer interleaves its own
 // work where Megatron does (the activation's backward between fc2's data and weight gradients); forward()
@@ -100,6 +117,14 @@ class TensorParallelLinear {
 
   LinearParallelism parallelism() const { return parallelism_; }
   const LinearParameters& parameters() const { return parameters_; }
+  // Runs this linear's GEMMs in FP8 (state and workspace outlive it; the model owns them). The casts are
+  // ops of their own, labelled gemm + "_weight_fp8" / "_input_fp8" (forward), "_grad_fp8" (the output
+  // gradient, with the bias gradient) and "_input_fp8t" (the weight gradient's input).
+  void set_fp8(Fp8LinearState* state, Fp8Workspace* workspace) {
+    fp8_ = state;
+    fp8_workspace_ = workspace;
+  }
+  bool is_fp8() const { return fp8_ != nullptr; }
 
   // Column-parallel under SP: the input's (T / tp, in) shard all-gathered into x_full (returned); else x.
   Tensor gather_input(Tensor x, Tensor x_full, layouts::OpPhase phase) const;
@@ -145,6 +170,14 @@ class TensorParallelLinear {
  private:
   OpTag tag(const std::string& label, layouts::OpPhase phase) const;
   std::int64_t storage_bytes(Tensor t) const;
+  // FP8: the forward GEMM's arguments with the weight (when not yet this iteration) and x cast.
+  GemmArgs fp8_forward_args(Tensor x, Tensor y, Tensor bias, layouts::OpPhase phase) const;
+  // FP8: the output gradient dy cast (with the bias gradient) into the workspace; reuse: not when the
+  // workspace holds this linear's cast of dy (data_grad casts, the weight_grad after it reuses).
+  void fp8_cast_grad(Tensor dy, bool reuse) const;
+  Tensor fp8_view(Tensor buffer, std::int64_t rows, std::int64_t cols) const;
+  void cast(Tensor src, Tensor out, Tensor out_t, Tensor state, layouts::Fp8Encoding encoding,
+            bool current_scaling, Tensor bias_grad, const std::string& label, layouts::OpPhase phase) const;
 
   LinearParallelism parallelism_;
   LinearParameters parameters_;
@@ -152,6 +185,9 @@ class TensorParallelLinear {
   std::string dgrad_label_, wgrad_label_;
   int layer_;
   TensorParallelRegions regions_;
+  Fp8LinearState* fp8_ = nullptr;
+  Fp8Workspace* fp8_workspace_ = nullptr;
+  std::string weight_fp8_label_, input_fp8_label_, grad_fp8_label_, input_fp8t_label_;
 };
 
 // The local experts' fc1s or fc2s of one MoE layer (fc1 column-, fc2 row-parallel over the

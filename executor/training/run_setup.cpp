@@ -109,28 +109,30 @@ void resolve_sample_schedule(TrainOptions& a, std::int64_t global_batch_size, bo
   } pairs[] = {
       {"--lr-warmup-samples", a.lr_warmup_samples, "--lr-warmup-iters", a.lr_warmup_iters.has_value()},
       {"--lr-decay-samples", a.lr_decay_samples, "--lr-decay-iters", a.lr_decay_iters.has_value()},
-      {"--lr-wsd-decay-samples", a.lr_wsd_decay_samples, "--lr-wsd-decay-iters", a.lr_wsd_decay_iters.has_value()},
+      {"--lr-wsd-decay-samples", a.lr_wsd_decay_samples, "--lr-wsd-decay-iters",
+       a.lr_wsd_decay_iters.has_value()},
   };
   if (!a.train_samples) {
     for (const auto& p : pairs)
       if (p.samples)
-        throw UserError(std::string(p.samples_flag) +
-                        " belongs to a sample-based schedule: give --train-samples (and no --train-iters), or " +
-                        p.iters_flag + " with --train-iters");
+        throw UserError(
+            std::string(p.samples_flag) +
+            " belongs to a sample-based schedule: give --train-samples (and no --train-iters), or " +
+            p.iters_flag + " with --train-iters");
     return;
   }
   if (train_iters_given)
     throw UserError("give only one of --train-iters and --train-samples (Megatron takes one or the other)");
   for (const auto& p : pairs) {
     if (p.iters_given)
-      throw UserError(std::string(p.iters_flag) + " belongs to an iteration schedule: with --train-samples give " +
-                      p.samples_flag);
-    if (p.samples && *p.samples < 0)
-      throw UserError(std::string(p.samples_flag) + " must be >= 0");
+      throw UserError(std::string(p.iters_flag) +
+                      " belongs to an iteration schedule: with --train-samples give " + p.samples_flag);
+    if (p.samples && *p.samples < 0) throw UserError(std::string(p.samples_flag) + " must be >= 0");
   }
   if (*a.train_samples < global_batch_size)
-    throw UserError("--train-samples " + std::to_string(*a.train_samples) + " is less than one global batch (" +
-                    std::to_string(global_batch_size) + " samples): raise it");
+    throw UserError("--train-samples " + std::to_string(*a.train_samples) +
+                    " is less than one global batch (" + std::to_string(global_batch_size) +
+                    " samples): raise it");
   a.train_iters = *a.train_samples / global_batch_size;  // Megatron's train_samples // global_batch_size
 }
 
@@ -145,6 +147,11 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.model.sequence_parallel = parallel.sequence_parallel_enabled();
   t.model_args = layouts::join_model_flags(layouts::model_flags(spec, {a.rotary_base, a.norm_epsilon}));
   t.model.mtp_loss_scaling_factor = static_cast<float>(a.mtp_loss_scaling_factor);
+  if (a.fp8.enabled() && !a.bf16)
+    throw UserError(
+        "--fp8-format trains the linear layers' GEMMs in FP8 beside bf16 parameters and "
+        "activations: add --bf16 (the CUDA backend always computes in bf16)");
+  t.model.fp8 = a.fp8;
   if (t.model.is_moe()) {
     const layouts::ExpertCoordinates expert =
         layouts::RankGrid::from_config(parallel).expert_coordinates(rank);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "executor/training/training_run.h"
+#include "layouts/fp8.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 
@@ -49,23 +50,25 @@ struct TrainOptions {
   std::int64_t eval_interval = 1000;  // --eval-interval
   std::int64_t eval_iters = 0;        // --eval-iters (Megatron's default is 100; 0: no evaluation)
   bool bf16 = false;                  // compute dtype bf16 (the CUDA backend always)
+  // FP8 linears: --fp8-format, --fp8-recipe, --fp8-margin, --fp8-amax-history-len, --fp8-amax-compute-algo.
+  layouts::Fp8Settings fp8;
   // MoE router (Megatron's defaults).
-  std::string moe_router_score_function = "softmax";        // --moe-router-score-function
-  bool moe_router_pre_softmax = false;                      // --moe-router-pre-softmax
-  std::string moe_router_load_balancing_type = "aux_loss";  // --moe-router-load-balancing-type
-  double moe_aux_loss_coeff = 0.0;                          // --moe-aux-loss-coeff
-  std::optional<double> moe_expert_capacity_factor;         // --moe-expert-capacity-factor (unset: dropless)
-  bool moe_pad_expert_input_to_capacity = false;            // --moe-pad-expert-input-to-capacity
-  bool moe_router_enable_expert_bias = false;               // --moe-router-enable-expert-bias
-  double moe_router_bias_update_rate = 1e-3;                // --moe-router-bias-update-rate
-  double moe_router_topk_scaling_factor = 0.0;              // --moe-router-topk-scaling-factor (0: none)
+  std::string moe_router_score_function = "softmax";         // --moe-router-score-function
+  bool moe_router_pre_softmax = false;                       // --moe-router-pre-softmax
+  std::string moe_router_load_balancing_type = "aux_loss";   // --moe-router-load-balancing-type
+  double moe_aux_loss_coeff = 0.0;                           // --moe-aux-loss-coeff
+  std::optional<double> moe_expert_capacity_factor;          // --moe-expert-capacity-factor (unset: dropless)
+  bool moe_pad_expert_input_to_capacity = false;             // --moe-pad-expert-input-to-capacity
+  bool moe_router_enable_expert_bias = false;                // --moe-router-enable-expert-bias
+  double moe_router_bias_update_rate = 1e-3;                 // --moe-router-bias-update-rate
+  double moe_router_topk_scaling_factor = 0.0;               // --moe-router-topk-scaling-factor (0: none)
   int moe_router_num_groups = 0, moe_router_group_topk = 0;  // --moe-router-num-groups / -group-topk
-  double moe_z_loss_coeff = 0.0;                            // --moe-z-loss-coeff (0: none)
-  double mtp_loss_scaling_factor = 0.1;                     // --mtp-loss-scaling-factor (Megatron's default)
-  RunTraceOptions trace;                                    // --trace-dir, --trace-iterations
-  std::string tensorboard_dir;                              // --tensorboard-dir
-  std::int64_t tensorboard_log_interval = 1;                // --tensorboard-log-interval
-  bool check_for_nan_in_loss_and_grad = true;               // --[no-]check-for-nan-in-loss-and-grad
+  double moe_z_loss_coeff = 0.0;                             // --moe-z-loss-coeff (0: none)
+  double mtp_loss_scaling_factor = 0.1;                      // --mtp-loss-scaling-factor (Megatron's default)
+  RunTraceOptions trace;                                     // --trace-dir, --trace-iterations
+  std::string tensorboard_dir;                               // --tensorboard-dir
+  std::int64_t tensorboard_log_interval = 1;                 // --tensorboard-log-interval
+  bool check_for_nan_in_loss_and_grad = true;                // --[no-]check-for-nan-in-loss-and-grad
   // --distributed-timeout-minutes (Megatron's default 10): how long the ranks' rendezvous, communicator
   // setup and any one collective may take before the job ends with a line naming what was awaited.
   double distributed_timeout_minutes = 10.0;

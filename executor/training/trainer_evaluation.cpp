@@ -11,6 +11,7 @@ EvaluationResult Trainer::evaluate(const std::vector<MicroBatch>& microbatches) 
     throw std::invalid_argument("evaluate: wrong number of micro-batches");
   const RecordingPause pause(backend_);  // the step program holds training iterations only
   const std::vector<MicroBatch>& local = context_parallel_share(microbatches);
+  for (auto& chunk : chunks_) chunk->fp8_weights_changed();  // the last step updated them
   for (const layouts::StepItem& item : forward_items_) {
     if (item.kind == layouts::StepItemKind::kForward)
       run_forward(item, local.at(item.microbatch), /*evaluation=*/true);

@@ -22,7 +22,8 @@ struct Recorded {
 
 Recorded record(const layouts::ModelSpec& spec, int micro_batch, int num_microbatches,
                 RecomputeGranularity recompute,
-                std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes) {
+                std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes,
+                const layouts::Fp8Settings& fp8 = {}) {
   layouts::ParallelConfig parallel;
   parallel.micro_batch_size = micro_batch;
   parallel.global_batch_size = micro_batch * num_microbatches;
@@ -34,6 +35,7 @@ Recorded record(const layouts::ModelSpec& spec, int micro_batch, int num_microba
   parallel.validate(spec);
   TrainerConfig config;
   config.model = transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
+  config.model.fp8 = fp8;
   config.batch.micro_batch = micro_batch;
   config.batch.seq = spec.seq_length;
   config.batch.num_microbatches = num_microbatches;
@@ -57,6 +59,7 @@ Recorded record(const layouts::ModelSpec& spec, int micro_batch, int num_microba
   r.executor = backend.recorder().ops();
   layouts::StepProgramOptions options;
   options.loss_chunk_logits_bytes = loss_chunk_logits_bytes;
+  options.fp8 = fp8;
   r.planner = layouts::build_step_program(spec, parallel, 0, options).ops;
   return r;
 }
@@ -149,6 +152,47 @@ TEST(EngineOpRecording, ChunkedLossMatchesTheStepProgram) {
   }
   EXPECT_EQ(heads, 2 * 4);
   EXPECT_EQ(head_backward_in_forward, 2 * 3);  // per micro-batch, chunks 1..3 follow a wgrad
+  expect_same_program(r);
+}
+
+// FP8 linears (layouts/fp8.h): every dense linear's GEMMs in FP8 with their casts, the weights cast once per
+// iteration (micro-batch 0's forward, not the re-run of full recomputation), under both recipes.
+TEST(EngineOpRecording, Fp8LinearsMatchTheStepProgram) {
+  for (layouts::Fp8Recipe recipe : {layouts::Fp8Recipe::kDelayed, layouts::Fp8Recipe::kTensorwise}) {
+    for (RecomputeGranularity recompute : {RecomputeGranularity::kNone, RecomputeGranularity::kFull}) {
+      layouts::Fp8Settings fp8;
+      fp8.format = layouts::Fp8Format::kHybrid;
+      fp8.recipe = recipe;
+      const Recorded r =
+          record(layouts::model_preset("tiny"), 2, 2, recompute, layouts::kLossChunkLogitsBytes, fp8);
+      int fp8_gemms = 0, weight_casts = 0, casts = 0;
+      for (const layouts::Op& op : r.executor) {
+        if (op.kind == layouts::OpKind::kGemm && op.dtype == layouts::DType::kFP8) ++fp8_gemms;
+        const std::string& l = op.label;
+        if (l.find("_fp8") != std::string::npos) ++casts;
+        if (l.size() > 11 && l.substr(l.size() - 11) == "_weight_fp8") {
+          ++weight_casts;
+          EXPECT_EQ(op.microbatch, 0) << layouts::to_string(op);
+          EXPECT_EQ(op.phase, layouts::OpPhase::kForward) << layouts::to_string(op);
+        }
+      }
+      const int reruns = recompute == RecomputeGranularity::kFull ? 1 : 0;
+      // 2 layers x 4 linears x 2 micro-batches: forward GEMM (again in a full re-run), dgrad, wgrad.
+      EXPECT_EQ(fp8_gemms, 2 * 4 * 2 * (3 + reruns));
+      EXPECT_EQ(weight_casts, 2 * 4);
+      // Per linear and micro-batch: the input (again in a re-run), the output gradient, the transposed input.
+      EXPECT_EQ(casts, 2 * 4 + 2 * 4 * 2 * (3 + reruns));
+      expect_same_program(r);
+    }
+  }
+}
+
+TEST(EngineOpRecording, Fp8GptLinearsWithBiasesAndGeluMatchTheStepProgram) {
+  layouts::Fp8Settings fp8;
+  fp8.format = layouts::Fp8Format::kE4M3;
+  fp8.recipe = layouts::Fp8Recipe::kTensorwise;
+  const Recorded r =
+      record(small_gpt(), 1, 2, RecomputeGranularity::kSelective, layouts::kLossChunkLogitsBytes, fp8);
   expect_same_program(r);
 }
 

@@ -185,15 +185,16 @@ TEST(MegatronScripts, Gpt3RefusesFp16AndRampupThenSizes) {
       {"--attention-backend auto"});
 }
 
-TEST(MegatronScripts, Llama3RefusesDecoupledLrAndFp8ThenSizes) {
+TEST(MegatronScripts, Llama3RefusesDecoupledLrAndFp8ParamGatherThenSizesInFp8) {
   TempDir dir;
   const Flags pasted = llama3_8b_fp8(dir / "ckpt");
   expect_one_line_refusal(train_dry(pasted), "--decoupled-lr 5.0e-4",
-                          {"--decoupled-min-lr", "--fp8-format hybrid", "--fp8-param-gather"});
-  const Flags runnable =
-      without(pasted, {"--decoupled-lr", "--decoupled-min-lr", "--fp8-format", "--fp8-amax-history-len",
-                       "--fp8-amax-compute-algo", "--fp8-param-gather"});
+                          {"--decoupled-min-lr", "--fp8-param-gather"});
+  // Its FP8 recipe (hybrid, delayed scaling over an amax history of 1024, max) runs.
+  const Flags runnable = without(pasted, {"--decoupled-lr", "--decoupled-min-lr", "--fp8-param-gather"});
   const CliResult r = train_dry(runnable);
+  EXPECT_NE(r.out.find("fp8 hybrid delayed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FP8 weight copies"), std::string::npos) << r.out;
   expect_sized(r, {"--use-mcore-models", "--rotary-percent 1.0", "--attention-dropout 0.0", "--manual-gc",
                    "--grad-reduce-in-bf16", "--apply-layernorm-1p", "--calculate-per-token-loss",
                    "--ckpt-format torch_dist", "--profile"});

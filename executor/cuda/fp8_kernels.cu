@@ -1,0 +1,149 @@
+// FP8 casts: the amax reduction, the delayed-scaling state update and the tiled cast + transpose.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "executor/cuda/cuda_check.h"
+#include "executor/cuda/fp8_kernels.h"
+#include "layouts/fp8.h"
+
+namespace megatune::executor::cuda {
+namespace {
+
+constexpr int kTile = 32;      // a block casts a kTile x kTile tile
+constexpr int kBlockRows = 8;  // threads (kTile, kBlockRows)
+constexpr int kAmaxThreads = 256;
+
+__device__ float encoding_max(bool e5m2) { return e5m2 ? 57344.0f : 448.0f; }
+
+// layouts::fp8_scale_for_amax, in the same (double) arithmetic.
+__device__ float scale_for_amax(float amax, bool e5m2, int margin) {
+  if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
+  return static_cast<float>(static_cast<double>(encoding_max(e5m2)) / static_cast<double>(amax) /
+                            ldexp(1.0, margin));
+}
+
+// |x| of non-negative floats ordered as their bit patterns (NaN above infinity), for atomicMax.
+__device__ void atomic_max_abs(float* target, float value) {
+  atomicMax(reinterpret_cast<unsigned int*>(target), __float_as_uint(value));
+}
+
+__device__ float block_max(float v) {
+  __shared__ float warp_max[32];
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  const int threads = blockDim.x * blockDim.y;
+  const int linear = threadIdx.y * blockDim.x + threadIdx.x;
+  if (linear % 32 == 0) warp_max[linear / 32] = v;
+  __syncthreads();
+  float m = 0.0f;
+  if (linear == 0) {
+    for (int w = 0; w < (threads + 31) / 32; ++w) m = fmaxf(m, warp_max[w]);
+  }
+  return m;  // valid in thread 0
+}
+
+__global__ void amax_kernel(const __nv_bfloat16* src, int64_t rows, int64_t cols, int64_t ld, float* amax) {
+  float m = 0.0f;
+  bool nan = false;
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = __bfloat162float(src[(i / cols) * ld + i % cols]);
+    if (isnan(v)) nan = true;
+    m = fmaxf(m, fabsf(v));
+  }
+  const float block = block_max(m);
+  if (nan) atomic_max_abs(amax, __uint_as_float(0x7fc00000u));
+  if (threadIdx.x == 0 && threadIdx.y == 0) atomic_max_abs(amax, block);
+}
+
+// Delayed scaling's update before a cast (reference::fp8_prepare_scale): one thread.
+__global__ void delayed_prepare_kernel(float* state, bool e5m2, int margin, int history_len, bool amax_max) {
+  using namespace layouts;
+  if (state[kFp8Pending] == 0.0f) return;
+  float* history = state + kFp8History;
+  const int length = history_len > 1 ? history_len : 1;
+  for (int i = length - 1; i > 0; --i) history[i] = history[i - 1];
+  history[0] = state[kFp8PendingAmax];
+  float chosen = history[0];
+  if (amax_max)
+    for (int i = 1; i < length; ++i) chosen = fmaxf(chosen, history[i]);
+  if (chosen > 0.0f && isfinite(chosen)) {
+    state[kFp8Scale] = scale_for_amax(chosen, e5m2, margin);
+    state[kFp8ScaleInv] = 1.0f / state[kFp8Scale];
+  }
+  state[kFp8PendingAmax] = 0.0f;
+  state[kFp8Pending] = 0.0f;
+}
+
+__device__ unsigned char to_fp8(float v, bool e5m2) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// One kTile x kTile tile per block: out (as stored) written row by row, out_t from the tile in shared
+// memory, column by column, so both writes run along contiguous addresses.
+__global__ void cast_kernel(Fp8CastLaunch p) {
+  using namespace layouts;
+  __shared__ unsigned char tile[kTile][kTile + 4];
+  const int64_t row0 = int64_t(blockIdx.y) * kTile, col0 = int64_t(blockIdx.x) * kTile;
+  float scale;
+  if (p.current_scaling) {
+    const float amax = p.state[kFp8PendingAmax];
+    scale = scale_for_amax(amax, p.e5m2, p.margin);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+      p.state[kFp8Scale] = scale;
+      p.state[kFp8ScaleInv] = 1.0f / scale;
+    }
+  } else {
+    scale = p.state[kFp8Scale];
+  }
+  float m = 0.0f;
+  bool nan = false;
+  for (int r = threadIdx.y; r < kTile; r += kBlockRows) {
+    const int64_t row = row0 + r, col = col0 + threadIdx.x;
+    if (row < p.rows && col < p.cols) {
+      const float v = __bfloat162float(p.src[row * p.ld + col]);
+      if (isnan(v)) nan = true;
+      m = fmaxf(m, fabsf(v));
+      const unsigned char q = to_fp8(v * scale, p.e5m2);
+      if (p.out != nullptr) p.out[row * p.cols + col] = q;
+      tile[r][threadIdx.x] = q;
+    }
+  }
+  if (!p.current_scaling) {
+    const float block = block_max(m);
+    if (nan) atomic_max_abs(p.state + kFp8PendingAmax, __uint_as_float(0x7fc00000u));
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+      atomic_max_abs(p.state + kFp8PendingAmax, block);
+      p.state[kFp8Pending] = 1.0f;
+    }
+  }
+  if (p.out_t == nullptr) return;
+  __syncthreads();
+  for (int c = threadIdx.y; c < kTile; c += kBlockRows) {
+    const int64_t col = col0 + c, row = row0 + threadIdx.x;
+    if (row < p.rows && col < p.cols) p.out_t[col * p.rows + row] = tile[threadIdx.x][c];
+  }
+}
+
+}  // namespace
+
+void fp8_cast(const Fp8CastLaunch& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.cols <= 0) return;
+  float* pending_amax = p.state + layouts::kFp8PendingAmax;
+  if (p.current_scaling) {
+    MEGATUNE_CUDA_CHECK(cudaMemsetAsync(pending_amax, 0, sizeof(float), stream));
+    const int64_t total = p.rows * p.cols;
+    const int blocks = static_cast<int>(std::min<int64_t>((total + kAmaxThreads - 1) / kAmaxThreads, 1024));
+    amax_kernel<<<blocks, kAmaxThreads, 0, stream>>>(p.src, p.rows, p.cols, p.ld, pending_amax);
+  } else {
+    delayed_prepare_kernel<<<1, 1, 0, stream>>>(p.state, p.e5m2, p.margin, p.history_len, p.amax_max);
+  }
+  MEGATUNE_CUDA_CHECK(cudaGetLastError());
+  const dim3 grid(static_cast<unsigned>((p.cols + kTile - 1) / kTile),
+                  static_cast<unsigned>((p.rows + kTile - 1) / kTile));
+  cast_kernel<<<grid, dim3(kTile, kBlockRows), 0, stream>>>(p);
+  MEGATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace megatune::executor::cuda
