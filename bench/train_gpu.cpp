@@ -1,5 +1,6 @@
 // bench_train_gpu: the executor on one GPU.
 //   perf   --model NAME --mbs B --seq S [--iters N] [--recompute none|selective|full] [--loss-chunk-mib M]
+//          [--fp8 e4m3|hybrid [--fp8-recipe delayed|tensorwise]]
 //          [--no-gelu-epilogue]
 //          step time (median), MFU (Megatron FLOPs / 989.4 TFLOP/s), device memory, per-kernel time shares
 //          and attention TFLOP/s, on the shapes of bench/peer/torch_gpt.py (layouts::torch_anchor_model),
@@ -28,6 +29,7 @@
 #include "executor/parallel/communicator.h"
 #include "executor/training/trainer.h"
 #include "layouts/flops.h"
+#include "layouts/fp8.h"
 #include "layouts/model_spec.h"
 
 using namespace megatune;
@@ -85,6 +87,14 @@ TrainerConfig perf_config(int argc, char** argv, layouts::ModelSpec& spec) {
       std::stoll(arg(argc, argv, "--loss-chunk-mib", std::to_string(layouts::kLossChunkLogitsBytes >> 20)))
       << 20;
   config.recompute = layouts::parse_recompute_granularity(arg(argc, argv, "--recompute", "none"));
+  // --fp8 e4m3|hybrid [--fp8-recipe delayed|tensorwise]: the dense linears' GEMMs in FP8.
+  const std::string fp8 = arg(argc, argv, "--fp8", "none");
+  if (fp8 != "none") {
+    config.model.fp8.format = fp8 == "hybrid" ? layouts::Fp8Format::kHybrid : layouts::Fp8Format::kE4M3;
+    config.model.fp8.recipe = arg(argc, argv, "--fp8-recipe", "delayed") == "tensorwise"
+                                  ? layouts::Fp8Recipe::kTensorwise
+                                  : layouts::Fp8Recipe::kDelayed;
+  }
   config.lr.max_lr = 1e-4;
   config.lr.style = LrDecayStyle::kConstant;
   return config;
@@ -189,10 +199,11 @@ int perf(int argc, char** argv) {
     }
   }
   std::printf(
-      "MEGATUNE model=%s seq=%d mbs=%d recompute=%s step=%.1fms MFU=%.1f%% TFLOP/s=%.1f mem=%.2fGiB "
-      "loss=%.3f\n",
-      name.c_str(), seq, mbs, arg(argc, argv, "--recompute", "none").c_str(), step_s * 1e3, mfu,
-      flops / step_s / 1e12, gpu.device_bytes() / double(1 << 30), loss);
+      "MEGATUNE model=%s seq=%d mbs=%d recompute=%s precision=%s step=%.1fms MFU=%.1f%% TFLOP/s=%.1f "
+      "mem=%.2fGiB loss=%.3f\n",
+      name.c_str(), seq, mbs, arg(argc, argv, "--recompute", "none").c_str(),
+      layouts::describe(config.model.fp8).c_str(), step_s * 1e3, mfu, flops / step_s / 1e12,
+      gpu.device_bytes() / double(1 << 30), loss);
   std::printf("  kernels: %.1f ms of %.1f ms step (timed iteration, events around each op)\n", total_ms,
               step_s * 1e3);
   std::printf("  step times in order (ms):%s\n", in_order.c_str());
