@@ -229,6 +229,13 @@ GemmRunner::Plan& GemmRunner::plan_for(const GemmSpec& raw_spec, int alignment_b
     const int8_t fast = 1;
     set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
   }
+  if (is_fp8(spec.ab_type) && workspace_ != nullptr) {
+    // Per-tensor scales are part of the operation the heuristic picks for: the algorithm is chosen with
+    // scale pointers set (any device address here; run() sets each call's own).
+    const void* placeholder = workspace_;
+    set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder, sizeof placeholder);
+    set_attribute(plan->operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder, sizeof placeholder);
+  }
   const cudaDataType_t a_type = data_type(spec.ab_type), b_type = data_type(spec.b_type),
                        d = data_type(spec.d_type);
   // Our B stored [k, n] (or [n, k] transposed) = column-major [n, k] (or [k, n]).
