@@ -6,6 +6,7 @@
 
 #include "executor/backend/backend.h"
 #include "executor/model/moe_router.h"
+#include "layouts/rank_shape.h"
 
 namespace megatune::executor {
 
@@ -85,6 +86,11 @@ struct ModelSpec;
 }
 
 namespace megatune::executor {
+
+// The layouts' shape of `config` on its rank: the model's dimensions, the tensor-, expert- and
+// expert-tensor-parallel sizes and the rank's expert-parallel index (no tokens: a micro-batch's shape comes
+// with the model's BatchShape).
+layouts::RankShape rank_shape(const TransformerConfig& config);
 
 // The executor's shape of a layouts::ModelSpec on one TP rank (vocabulary padded like Megatron); MoE layers
 // with the router's defaults (top-k from the spec). UserError for features the executor does not run yet
