@@ -120,7 +120,7 @@ class StageTable {
     }
     const std::vector<std::int64_t> fc1_parts =
         c_.swiglu ? std::vector<std::int64_t>{ffn, ffn} : std::vector<std::int64_t>{ffn};
-    const std::int64_t fc1_rows = c_.glu_factor() * c_.ffn_per_rank();
+    const std::int64_t fc1_rows = c_.fc1_width();
     gemm(prefix + "mlp.linear_fc1.weight", layer, fc1_rows, h, ParameterInit::kNormal, Split::kRows,
          fc1_parts);
     if (c_.bias)

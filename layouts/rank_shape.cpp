@@ -53,6 +53,15 @@ AttentionShape RankShape::attention() const {
   return a;
 }
 
+void resolve_tokens(RankShape& s, std::int64_t seq, std::int64_t micro_batch) {
+  s.seq = seq;
+  s.seq_local = seq / s.cp;
+  s.micro_batch = micro_batch;
+  s.tokens = s.seq_local * s.micro_batch;
+  s.tokens_sp = s.sp ? s.tokens / s.tp : s.tokens;
+  s.p2p_bytes = s.tokens_sp * s.hidden * kActivationBytes;
+}
+
 RankShape resolve_rank_shape(const ModelSpec& model, const ParallelConfig& config, int ep_rank) {
   RankShape s;
   s.tp = config.tp();
@@ -65,17 +74,12 @@ RankShape resolve_rank_shape(const ModelSpec& model, const ParallelConfig& confi
   s.ep_rank = ep_rank;
   s.sp = config.sequence_parallel_enabled();
   s.moe_dispatcher = config.moe_token_dispatcher_type;
-  s.seq = model.seq_length;
-  s.seq_local = model.seq_length / s.cp;
-  s.micro_batch = config.micro_batch_size;
-  s.tokens = s.seq_local * s.micro_batch;
-  s.tokens_sp = s.sp ? s.tokens / s.tp : s.tokens;
   resolve_model_dims(s, model);
+  resolve_tokens(s, model.seq_length, config.micro_batch_size);
   s.vocab_padded = model.padded_vocab_size(s.tp);
   s.recompute = config.recompute_granularity;
   s.recompute_method = config.recompute_method;
   s.recompute_num_layers = config.recompute_num_layers;
-  s.p2p_bytes = s.tokens_sp * s.hidden * kActivationBytes;
   return s;
 }
 

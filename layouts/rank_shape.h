@@ -59,8 +59,9 @@ struct RankShape {
   std::int64_t vocab_per_rank() const { return vocab_padded / tp; }
   std::int64_t local_experts() const { return experts / ep; }
   std::int64_t glu_factor() const { return swiglu ? 2 : 1; }
-  // The fused QKV projection's out-features on one rank.
-  std::int64_t qkv_width() const { return (heads + 2 * groups) * head_dim / tp; }
+  // The fused QKV projection's out-features on one rank (0 under MLA, which has no fused projection).
+  std::int64_t qkv_width() const { return mla ? 0 : (heads + 2 * groups) * head_dim / tp; }
+  std::int64_t fc1_width() const { return glu_factor() * ffn_per_rank(); }  // SwiGLU: [gate | up]
   std::int64_t value_head_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   // The core attention's output features on one rank (proj's in-features).
   std::int64_t attention_width() const { return heads_per_rank() * value_head_dim(); }
@@ -76,6 +77,10 @@ struct RankShape {
   bool final_norm_with_last_layer() const { return mtp_num_layers > 0; }
   RecomputeSettings recompute_settings() const { return {recompute, recompute_method, recompute_num_layers}; }
 };
+
+// Sets the tokens of a micro-batch of `micro_batch` sequences of `seq` (seq, seq_local, micro_batch,
+// tokens, tokens_sp, p2p_bytes) from the shape's cp, tp and sp.
+void resolve_tokens(RankShape& shape, std::int64_t seq, std::int64_t micro_batch);
 
 // The shape of a validated (model, config) on its ranks; ep_rank is the rank's expert-parallel index (it
 // selects which experts the parameter table lists, not their counts).

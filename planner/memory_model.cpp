@@ -28,9 +28,9 @@ std::int64_t attention_block_bytes(const RankShape& s, bool dropout, const Memor
   const std::int64_t sb = s.tokens;  // (s/cp) * b
   const std::int64_t sp_div = s.sp ? s.tp : 1;
   const std::int64_t h = s.hidden;
-  std::int64_t bytes = 2 * sb * h / sp_div       // norm input
-                       + 2 * sb * h / sp_div     // QKV GEMM input (sharded under SP, re-gathered)
-                       + 2 * sb * s.qkv_width()  // Q, K, V
+  std::int64_t bytes = 2 * sb * h / sp_div    // norm input
+                       + 2 * sb * h / sp_div  // QKV GEMM input (sharded under SP, re-gathered)
+                       + 2 * sb * (s.heads_per_rank() + 2 * s.groups_per_rank()) * s.head_dim  // Q, K, V
                        + 2 * sb * s.heads_per_rank() * s.head_dim;  // attention output
   if (options.flash_attention) {
     bytes += 4 * sb * s.heads_per_rank();  // log-sum-exp

@@ -78,7 +78,8 @@ std::string TransformerConfig::describe() const {
 
 namespace megatune::executor {
 
-layouts::RankShape rank_shape(const TransformerConfig& c) {
+layouts::RankShape rank_shape(const TransformerConfig& c, std::int64_t micro_batch, std::int64_t seq,
+                              int cp) {
   layouts::RankShape s;
   s.num_layers = c.num_layers;
   s.hidden = c.hidden;
@@ -111,6 +112,8 @@ layouts::RankShape rank_shape(const TransformerConfig& c) {
   s.ep_rank = c.expert_parallel_rank;
   s.etp = c.expert_tensor_parallel_size;
   s.mtp_num_layers = c.mtp_num_layers;
+  s.cp = cp;
+  if (micro_batch > 0) layouts::resolve_tokens(s, seq, micro_batch);
   return s;
 }
 
