@@ -12,23 +12,22 @@
 namespace megatune::layouts {
 namespace {
 
-std::int64_t layer_dense_params(const ModelSpec& model, const StepShape& s, bool moe) {
+std::int64_t layer_dense_params(const ModelSpec& model, const RankShape& s, bool moe) {
   return attention_parameters(model, s.tp) + decoder_mlp_parameters(model, moe, s.tp);
 }
 
-std::int64_t layer_expert_params(const ModelSpec& model, const StepShape& s, bool moe) {
+std::int64_t layer_expert_params(const ModelSpec& model, const RankShape& s, bool moe) {
   return moe ? routed_expert_parameters(model, static_cast<int>(s.experts / s.ep), s.etp) : 0;
 }
 
 // The gradient-buffer elements of one stage entry: from the parameter table for dense GPT / Llama /
 // DeepSeek-style entries, MLA and MTP layers included (each parameter padded to the buffer's alignment), the
 // unpadded count for MoE layers (which the executor does not run yet).
-std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const PipelineStage& stage,
+std::int64_t buffer_elements(const ModelSpec& model, const RankShape& s, const PipelineStage& stage,
                              LayerSymbol symbol, int layer, std::int64_t dense) {
   if ((symbol == LayerSymbol::kDecoder && model.is_moe_layer(layer)) ||
       (symbol == LayerSymbol::kMtp && model.mtp_layer_is_moe()))
     return dense;
-  const DenseParameterShape shape = parameter_table_shape(model, s);
   StageContents contents;
   contents.num_layers = 0;
   if (symbol == LayerSymbol::kDecoder) {
@@ -44,7 +43,7 @@ std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const P
   const bool mtp_copy = symbol == LayerSymbol::kMtp && !stage.has_embedding &&
                         contents.first_mtp_layer == stage.first_mtp_layer;
   std::int64_t n = 0;
-  for (const ParameterSpec& p : stage_parameter_table(shape, contents)) {
+  for (const ParameterSpec& p : stage_parameter_table(s, contents)) {
     if (p.layer <= -3 && p.name.rfind("embedding.", 0) == 0 && !mtp_copy) continue;
     // A tied head is the stage's own embedding table (counted with E, or with the MTP layers' copy) when the
     // stage holds one.
@@ -56,42 +55,7 @@ std::int64_t buffer_elements(const ModelSpec& model, const StepShape& s, const P
 
 }  // namespace
 
-DenseParameterShape parameter_table_shape(const ModelSpec& model, const StepShape& s) {
-  DenseParameterShape shape;
-  shape.num_layers = model.num_layers;
-  shape.hidden = s.hidden;
-  shape.heads = s.heads;
-  shape.groups = s.groups;
-  shape.head_dim = s.head_dim;
-  shape.ffn = s.ffn;
-  shape.vocab_padded = s.vocab_padded;
-  shape.max_positions = model.max_positions();
-  shape.layernorm = !s.rms;
-  shape.swiglu = s.swiglu;
-  shape.learned_positions = !s.rope;
-  shape.tied = s.tied;
-  shape.bias = model.add_bias_linear;
-  shape.tp = s.tp;
-  shape.sequence_parallel = s.sp;
-  shape.mla = s.mla;
-  shape.q_lora_rank = model.q_lora_rank;
-  shape.kv_lora_rank = model.kv_lora_rank;
-  shape.qk_head_dim = model.qk_head_dim;
-  shape.qk_pos_emb_head_dim = model.qk_pos_emb_head_dim;
-  shape.v_head_dim = model.v_head_dim;
-  if (model.is_moe()) {  // the experts' own placement (ep_rank) does not change these counts
-    for (int l = 0; l < model.num_layers; ++l) shape.moe_layers.push_back(model.is_moe_layer(l) ? 1 : 0);
-    shape.num_experts = s.experts;
-    shape.moe_ffn = s.moe_ffn;
-    shape.shared_ffn = s.shared_ffn;
-    shape.ep = s.ep;
-    shape.etp = s.etp;
-  }
-  shape.mtp_num_layers = model.mtp_num_layers;
-  return shape;
-}
-
-StageParameters stage_parameters(const ModelSpec& model, const StepShape& s, const PipelineStage& stage) {
+StageParameters stage_parameters(const ModelSpec& model, const RankShape& s, const PipelineStage& stage) {
   StageParameters p;
   const std::vector<int> layers = stage_symbol_layers(stage);
   for (std::size_t j = stage.symbols.size(); j-- > 0;) {
@@ -149,7 +113,7 @@ struct BucketFill {
 };
 
 // Every bucket of the stage's two regions, whatever their group sizes, in the order they complete.
-std::vector<BucketFill> bucket_fills(const StepShape& shape, const ParallelConfig& config,
+std::vector<BucketFill> bucket_fills(const RankShape& shape, const ParallelConfig& config,
                                      const StageParameters& parameters, const StepProgramOptions& options) {
   const int dense_group = shape.dp * shape.cp;
   std::int64_t bucket_limit = options.bucket_size_elements > 0
@@ -191,7 +155,7 @@ std::vector<BucketFill> bucket_fills(const StepShape& shape, const ParallelConfi
 
 }  // namespace
 
-std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
+std::vector<GradBucket> grad_sync_buckets(const RankShape& shape, const ParallelConfig& config,
                                           const StageParameters& parameters, int chunk,
                                           const StepProgramOptions& options) {
   std::vector<GradBucket> buckets;
@@ -239,7 +203,7 @@ Op fsdp_param_gather_op(const GradBucket& bucket, OpPhase phase, int microbatch)
   return op;
 }
 
-std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
+std::vector<Op> optimizer_step_ops(const ModelSpec& model, const RankShape& shape,
                                    const ParallelConfig& config, const std::vector<PipelineStage>& stages,
                                    OptimizerStep step, const StepProgramOptions& options) {
   std::vector<Op> ops;
@@ -284,7 +248,7 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shap
       std::int64_t norm_params = 0;
       for (const PipelineStage& stage : stages) {
         const StageContents contents = contents_of(stage);
-        for (const ParameterSpec& p : stage_parameter_table(parameter_table_shape(model, shape), contents))
+        for (const ParameterSpec& p : stage_parameter_table(shape, contents))
           if (p.sequence_parallel_grad) norm_params += p.numel();
       }
       o.comm_as(OpRole::kSequenceParallelNormGrad, OpKind::kAllReduce, "sp_norm_grad_ar",

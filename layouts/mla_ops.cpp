@@ -14,9 +14,9 @@ struct MlaDims {
   std::int64_t latent_width() const { return q_rank + kv_rank + rope; }  // [q latent | kv latent | key]
 };
 
-MlaDims dims(const ModelSpec& model, const StepShape& s) {
+MlaDims dims(const ModelSpec& model, const RankShape& s) {
   MlaDims d;
-  d.heads = s.heads / s.tp;
+  d.heads = s.heads_per_rank();
   d.q_rank = model.q_lora_rank;
   d.kv_rank = model.kv_lora_rank;
   d.nope = model.qk_head_dim;
@@ -26,13 +26,13 @@ MlaDims dims(const ModelSpec& model, const StepShape& s) {
 }
 
 // The one RoPE call over the queries' rotary parts and the shared rotary key.
-std::int64_t rope_bytes(const StepShape& s, const MlaDims& d) {
+std::int64_t rope_bytes(const RankShape& s, const MlaDims& d) {
   return 2 * s.tokens * (d.heads + 1) * d.rope * kMlaAct;
 }
 
 }  // namespace
 
-void mla_projections_forward(OpSink& o, const ModelSpec& model, const StepShape& s) {
+void mla_projections_forward(OpSink& o, const ModelSpec& model, const RankShape& s) {
   const MlaDims d = dims(model, s);
   const std::int64_t rows = s.tokens_sp;
   if (d.q_rank == 0 && s.sp)
@@ -42,13 +42,14 @@ void mla_projections_forward(OpSink& o, const ModelSpec& model, const StepShape&
   if (d.q_rank > 0) o.memory(OpKind::kNorm, "q_norm", 2 * rows * d.q_rank * kMlaAct);
   o.memory(OpKind::kNorm, "kv_norm", 2 * rows * d.kv_rank * kMlaAct);
   if (s.sp)
-    o.comm(OpKind::kAllGather, "mla_latent_ag", s.tokens * d.latent_width() * kMlaAct, CommGroup::kTensor, s.tp);
+    o.comm(OpKind::kAllGather, "mla_latent_ag", s.tokens * d.latent_width() * kMlaAct, CommGroup::kTensor,
+           s.tp);
   o.gemm("q_up", s.tokens, d.heads * d.qk(), d.q_rank > 0 ? d.q_rank : s.hidden);
   o.gemm("kv_up", s.tokens, d.heads * (d.nope + d.v), d.kv_rank);
   o.memory(OpKind::kRope, "rope", rope_bytes(s, d));
 }
 
-void mla_projections_backward(OpSink& o, const ModelSpec& model, const StepShape& s) {
+void mla_projections_backward(OpSink& o, const ModelSpec& model, const RankShape& s) {
   const MlaDims d = dims(model, s);
   const std::int64_t rows = s.tokens_sp;
   for (std::int64_t head = 1; head < d.heads; ++head)

@@ -3,6 +3,7 @@
 #include "layouts/parameter_table.h"
 
 #include "layouts/pipeline_layout.h"
+#include "layouts/rank_shape.h"
 
 namespace megatune::layouts {
 
@@ -69,7 +70,7 @@ class StageTable {
   using Split = TensorParallelSplit;
 
  public:
-  StageTable(const DenseParameterShape& c, std::vector<ParameterSpec>& out) : c_(c), t_(out) {}
+  StageTable(const RankShape& c, std::vector<ParameterSpec>& out) : c_(c), t_(out) {}
 
   ParameterSpec& add(std::string name, int layer, std::int64_t rows, std::int64_t cols, ParameterInit init,
                      TensorParallelSplit split = TensorParallelSplit::kReplicated,
@@ -78,11 +79,9 @@ class StageTable {
   }
 
   void norm(const std::string& prefix, int layer, std::int64_t width) {
-    t_.add(prefix + ".weight", layer, 1, width, ParameterInit::kOnes).sequence_parallel_grad =
-        c_.sequence_parallel;
-    if (c_.layernorm)
-      t_.add(prefix + ".bias", layer, 1, width, ParameterInit::kZeros).sequence_parallel_grad =
-          c_.sequence_parallel;
+    t_.add(prefix + ".weight", layer, 1, width, ParameterInit::kOnes).sequence_parallel_grad = c_.sp;
+    if (!c_.rms)
+      t_.add(prefix + ".bias", layer, 1, width, ParameterInit::kZeros).sequence_parallel_grad = c_.sp;
   }
   void norm(const std::string& prefix, int layer) { norm(prefix, layer, c_.hidden); }
 
@@ -97,13 +96,13 @@ class StageTable {
 
   // One transformer layer; `prefix` ends with '.' ("decoder.layers.3.").
   void layer(const std::string& prefix, int layer) {
-    const std::int64_t h = c_.hidden, tp = c_.tp, d = c_.head_dim, ffn = c_.ffn;
+    const std::int64_t h = c_.hidden, d = c_.head_dim, ffn = c_.ffn;
     norm(prefix + "input_layernorm", layer);
     if (c_.mla) {
       mla_attention(prefix + "self_attention.", layer);
     } else {
       const std::vector<std::int64_t> qkv_parts = {c_.heads * d, c_.groups * d, c_.groups * d};
-      const std::int64_t qkv_rows = (c_.heads + 2 * c_.groups) * d / tp;
+      const std::int64_t qkv_rows = c_.qkv_width();
       gemm(prefix + "self_attention.linear_qkv.weight", layer, qkv_rows, h, ParameterInit::kNormal,
            Split::kRows, qkv_parts);
       if (c_.bias)
@@ -111,8 +110,8 @@ class StageTable {
                Split::kColumns, qkv_parts);
     }
     const std::int64_t proj_in = c_.heads * (c_.mla ? c_.v_head_dim : d);
-    gemm(prefix + "self_attention.linear_proj.weight", layer, h, proj_in / tp, ParameterInit::kScaledNormal,
-         Split::kColumns, {proj_in});
+    gemm(prefix + "self_attention.linear_proj.weight", layer, h, c_.attention_width(),
+         ParameterInit::kScaledNormal, Split::kColumns, {proj_in});
     if (c_.bias) t_.add(prefix + "self_attention.linear_proj.bias", layer, 1, h, ParameterInit::kZeros);
     norm(prefix + "pre_mlp_layernorm", layer);
     if (c_.is_moe_layer(layer) || (layer <= -3 && c_.is_moe_mtp_layer())) {
@@ -121,14 +120,14 @@ class StageTable {
     }
     const std::vector<std::int64_t> fc1_parts =
         c_.swiglu ? std::vector<std::int64_t>{ffn, ffn} : std::vector<std::int64_t>{ffn};
-    const std::int64_t fc1_rows = (c_.swiglu ? 2 : 1) * ffn / tp;
+    const std::int64_t fc1_rows = c_.fc1_width();
     gemm(prefix + "mlp.linear_fc1.weight", layer, fc1_rows, h, ParameterInit::kNormal, Split::kRows,
          fc1_parts);
     if (c_.bias)
       t_.add(prefix + "mlp.linear_fc1.bias", layer, 1, fc1_rows, ParameterInit::kZeros, Split::kColumns,
              fc1_parts);
-    gemm(prefix + "mlp.linear_fc2.weight", layer, h, ffn / tp, ParameterInit::kScaledNormal, Split::kColumns,
-         {ffn});
+    gemm(prefix + "mlp.linear_fc2.weight", layer, h, c_.ffn_per_rank(), ParameterInit::kScaledNormal,
+         Split::kColumns, {ffn});
     if (c_.bias) t_.add(prefix + "mlp.linear_fc2.bias", layer, 1, h, ParameterInit::kZeros);
   }
 
@@ -137,10 +136,10 @@ class StageTable {
   // fc2 row-parallel over the expert-tensor-parallel group (Megatron's expert TP); the shared expert is
   // split over TP like the dense MLP.
   void moe_mlp(const std::string& prefix, int layer) {
-    const std::int64_t h = c_.hidden, glu = c_.swiglu ? 2 : 1, ffn = c_.moe_ffn / c_.etp;
+    const std::int64_t h = c_.hidden, glu = c_.glu_factor(), ffn = c_.moe_ffn_per_rank();
     // Replicated over TP and run on the sequence shard: its gradient is all-reduced over TP under SP.
-    gemm(prefix + "router.weight", layer, c_.num_experts, h).sequence_parallel_grad = c_.sequence_parallel;
-    const std::int64_t local = c_.num_experts / c_.ep;
+    gemm(prefix + "router.weight", layer, c_.experts, h).sequence_parallel_grad = c_.sp;
+    const std::int64_t local = c_.local_experts();
     for (std::int64_t e = c_.ep_rank * local; e < (c_.ep_rank + 1) * local; ++e) {
       const std::string expert = prefix + "experts.local_experts." + std::to_string(e) + ".";
       gemm(expert + "linear_fc1.weight", layer, glu * ffn, h, ParameterInit::kNormal, Split::kRows,
@@ -151,9 +150,9 @@ class StageTable {
           .expert = static_cast<int>(e);
     }
     if (c_.shared_ffn == 0) return;
-    gemm(prefix + "shared_experts.linear_fc1.weight", layer, glu * c_.shared_ffn / c_.tp, h,
+    gemm(prefix + "shared_experts.linear_fc1.weight", layer, glu * c_.shared_ffn_per_rank(), h,
          ParameterInit::kNormal, Split::kRows, ffn_parts(c_.shared_ffn));
-    gemm(prefix + "shared_experts.linear_fc2.weight", layer, h, c_.shared_ffn / c_.tp,
+    gemm(prefix + "shared_experts.linear_fc2.weight", layer, h, c_.shared_ffn_per_rank(),
          ParameterInit::kScaledNormal, Split::kColumns, {c_.shared_ffn});
   }
 
@@ -166,12 +165,11 @@ class StageTable {
   // like the latent norms', computed on sequence shards under SP, are all-reduced over TP), the
   // up-projections column-parallel over heads.
   void mla_attention(const std::string& prefix, int layer) {
-    const std::int64_t h = c_.hidden, tp = c_.tp, n = c_.heads;
+    const std::int64_t h = c_.hidden, n = c_.heads, n_rank = c_.heads_per_rank();
     const std::vector<std::int64_t> q_parts = {n * c_.qk_head_dim, n * c_.qk_pos_emb_head_dim};
-    const std::int64_t q_rows = n * (c_.qk_head_dim + c_.qk_pos_emb_head_dim) / tp;
+    const std::int64_t q_rows = n_rank * (c_.qk_head_dim + c_.qk_pos_emb_head_dim);
     if (c_.q_lora_rank > 0) {
-      gemm(prefix + "linear_q_down_proj.weight", layer, c_.q_lora_rank, h).sequence_parallel_grad =
-          c_.sequence_parallel;
+      gemm(prefix + "linear_q_down_proj.weight", layer, c_.q_lora_rank, h).sequence_parallel_grad = c_.sp;
       norm(prefix + "q_layernorm", layer, c_.q_lora_rank);
       gemm(prefix + "linear_q_up_proj.weight", layer, q_rows, c_.q_lora_rank, ParameterInit::kNormal,
            Split::kRows, q_parts);
@@ -179,9 +177,9 @@ class StageTable {
       gemm(prefix + "linear_q_proj.weight", layer, q_rows, h, ParameterInit::kNormal, Split::kRows, q_parts);
     }
     gemm(prefix + "linear_kv_down_proj.weight", layer, c_.kv_lora_rank + c_.qk_pos_emb_head_dim, h)
-        .sequence_parallel_grad = c_.sequence_parallel;
+        .sequence_parallel_grad = c_.sp;
     norm(prefix + "kv_layernorm", layer, c_.kv_lora_rank);
-    gemm(prefix + "linear_kv_up_proj.weight", layer, n * (c_.qk_head_dim + c_.v_head_dim) / tp,
+    gemm(prefix + "linear_kv_up_proj.weight", layer, n_rank * (c_.qk_head_dim + c_.v_head_dim),
          c_.kv_lora_rank, ParameterInit::kNormal, Split::kRows, {n * c_.qk_head_dim, n * c_.v_head_dim});
   }
 
@@ -198,7 +196,7 @@ class StageTable {
   }
 
  private:
-  const DenseParameterShape& c_;
+  const RankShape& c_;
   TableBuilder t_;
 };
 
@@ -208,15 +206,15 @@ std::string mtp_parameter(int mtp_layer, const std::string& suffix) {
   return "mtp.layers." + std::to_string(mtp_layer) + "." + suffix;
 }
 
-std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, const StageContents& stage) {
+std::vector<ParameterSpec> stage_parameter_table(const RankShape& c, const StageContents& stage) {
   using Split = TensorParallelSplit;
   std::vector<ParameterSpec> out;
   StageTable t(c, out);
-  const std::int64_t h = c.hidden, tp = c.tp, vocab = c.vocab_padded;
+  const std::int64_t h = c.hidden, vocab = c.vocab_padded;
   auto embedding = [&](int layer) {
-    t.add("embedding.word_embeddings.weight", layer, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
-          {vocab});
-    if (c.learned_positions)
+    t.add("embedding.word_embeddings.weight", layer, c.vocab_per_rank(), h, ParameterInit::kNormal,
+          Split::kRows, {vocab});
+    if (!c.rope)
       t.add("embedding.position_embeddings.weight", layer, c.max_positions, h, ParameterInit::kNormal);
   };
   if (stage.has_embedding) embedding(-1);
@@ -227,7 +225,7 @@ std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, c
   if (stage.num_mtp_layers > 0 && !stage.has_embedding) {
     embedding(-3 - stage.first_mtp_layer);
     // A tied head reads this copy.
-    if (c.tied) out[out.size() - (c.learned_positions ? 2 : 1)].gemm_weight = true;
+    if (c.tied) out[out.size() - (!c.rope ? 2 : 1)].gemm_weight = true;
   }
   for (int k = stage.first_mtp_layer; k < stage.first_mtp_layer + stage.num_mtp_layers; ++k) t.mtp_layer(k);
   if (stage.has_loss) {
@@ -236,10 +234,10 @@ std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& c, c
     // the word embedding (same name and initial values; its gradient is all-reduced with the first stage's),
     // unless the stage's MTP layers brought one.
     if (!c.tied)
-      t.gemm("output_layer.weight", -2, vocab / tp, h, ParameterInit::kNormal, Split::kRows, {vocab});
+      t.gemm("output_layer.weight", -2, c.vocab_per_rank(), h, ParameterInit::kNormal, Split::kRows, {vocab});
     else if (!stage.has_embedding && stage.num_mtp_layers == 0)
-      t.gemm("embedding.word_embeddings.weight", -2, vocab / tp, h, ParameterInit::kNormal, Split::kRows,
-             {vocab});
+      t.gemm("embedding.word_embeddings.weight", -2, c.vocab_per_rank(), h, ParameterInit::kNormal,
+             Split::kRows, {vocab});
     else if (stage.has_embedding)
       out.front().gemm_weight = true;  // the tied head is the embedding table
   }

@@ -16,35 +16,7 @@ namespace megatune::layouts {
 enum class TensorParallelSplit { kReplicated, kRows, kColumns };
 enum class ParameterInit { kNormal, kScaledNormal, kOnes, kZeros };
 
-// The dense model shape the table needs (the executor's TransformerConfig and the step program's StepShape
-// both fill it).
-struct DenseParameterShape {
-  int num_layers = 0;
-  std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0, vocab_padded = 0, max_positions = 0;
-  bool layernorm = false, swiglu = false, learned_positions = false, tied = true, bias = false;
-  int tp = 1;
-  bool sequence_parallel = false;
-  // Mixture of experts: moe_layers[l] != 0 makes decoder layer l an MoE layer (empty: a dense model). Each
-  // MoE layer holds a router (num_experts, h), the experts of this expert-parallel rank (num_experts / ep
-  // of them, from ep_rank * num_experts / ep; fc1 and fc2 of moe_ffn, no biases; fc1 column-parallel and fc2
-  // row-parallel over the etp expert-tensor-parallel ranks) and, when shared_ffn > 0, a shared expert (an MLP
-  // of shared_ffn split over TP like the dense MLP, no biases).
-  std::vector<int> moe_layers;
-  std::int64_t num_experts = 0, moe_ffn = 0, shared_ffn = 0;
-  int ep = 1, ep_rank = 0, etp = 1;
-  bool is_moe_layer(int layer) const {
-    return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[layer] != 0;
-  }
-  // Multi-latent attention (--multi-latent-attention): q_lora_rank 0 is one query projection.
-  bool mla = false;
-  std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
-  // Multi-token prediction (--mtp-num-layers): the MTP layers' transformer layers follow the last decoder
-  // layer's kind, and the final norm sits with the last decoder layer (Megatron moves it there with MTP).
-  int mtp_num_layers = 0;
-  bool is_moe_mtp_layer() const { return is_moe_layer(num_layers - 1); }
-  // The stage holding decoder layer num_layers - 1 holds the final norm when MTP is on, else the loss stage.
-  bool final_norm_with_last_layer() const { return mtp_num_layers > 0; }
-};
+struct RankShape;  // layouts/rank_shape.h
 
 // What a stage holds: decoder layers [first_layer, first_layer + num_layers) (global numbering; -1: all),
 // the embedding, the final norm + LM head + loss, and MTP layers [first_mtp_layer, first_mtp_layer +
@@ -91,8 +63,7 @@ struct ParameterSpec {
 
 // In forward order. A tied LM head on a stage without the embedding is the stage's own copy of
 // "embedding.word_embeddings.weight".
-std::vector<ParameterSpec> stage_parameter_table(const DenseParameterShape& shape,
-                                                 const StageContents& stage);
+std::vector<ParameterSpec> stage_parameter_table(const RankShape& shape, const StageContents& stage);
 
 // "mtp.layers.<k>.<suffix>"; an MTP layer's transformer layer is "mtp.layers.<k>.transformer_layer.<...>".
 std::string mtp_parameter(int mtp_layer, const std::string& suffix);

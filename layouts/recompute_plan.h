@@ -17,7 +17,7 @@
 
 namespace megatune::layouts {
 
-// The recomputation flags (ParallelConfig's, copied into StepShape). Full recomputation without a method is
+// The recomputation flags (ParallelConfig's, copied into RankShape). Full recomputation without a method is
 // uniform 1 (every layer its own unit).
 struct RecomputeSettings {
   RecomputeGranularity granularity = RecomputeGranularity::kNone;

@@ -60,7 +60,7 @@ class Walker {
     if (begin < count) step_.items.push_back(segment(item, index, begin, count, count));
   }
 
-  void after_schedule(const StepShape& shape) {
+  void after_schedule(const RankShape& shape) {
     for (StepItem& item : deferred_) step_.items.push_back(std::move(item));
     bool has_embedding = false, has_loss = false, has_mtp = false;
     for (const PipelineStage& stage : step_.stages) {
@@ -157,7 +157,7 @@ RankStep walk(const ModelSpec& model, const ParallelConfig& config, int rank,
   RankStep step;
   step.rank = rank;
   step.coordinates = grid.dense_coordinates(rank);
-  step.shape = resolve_step_shape(model, config);
+  step.shape = resolve_rank_shape(model, config);
   const std::vector<int> ring = grid.comm_group_members(rank, CommGroup::kContext);
   const int cp = static_cast<int>(ring.size()), cp_rank = step.coordinates.cp;
   step.shape.cp_ring = {cp_rank, ring.at((cp_rank + 1) % cp), ring.at((cp_rank + cp - 1) % cp)};

@@ -82,7 +82,7 @@ struct RankStep {
   int rank = 0;
   DenseCoordinates coordinates;
   ScheduleKind schedule_kind = ScheduleKind::kNoPipelining;
-  StepShape shape;
+  RankShape shape;
   std::vector<PipelineStage> stages;             // per chunk (vpp rank) of this rank
   std::vector<std::vector<GradBucket>> buckets;  // per chunk: grad_sync_buckets, in reduction order
   std::vector<StepItem> items;                   // in issue order

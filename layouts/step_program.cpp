@@ -16,24 +16,10 @@ namespace {
 
 constexpr std::int64_t kAct = 2;  // bf16 activation bytes
 
-AttentionShape attention_shape(const StepShape& s) {
-  AttentionShape a;
-  a.batch = s.micro_batch;
-  a.heads = s.heads / s.tp;
-  a.kv_heads = std::max<std::int64_t>(1, s.groups / s.tp);
-  a.seq_q = s.seq_local;
-  a.seq_kv = s.seq;
-  a.head_dim = s.head_dim;
-  a.head_dim_v = s.head_dim_v;
-  a.causal = true;
-  return a;
-}
-
 // One ring transfer (a kSend to send_peer and a kRecv from recv_peer, global ranks) over the CP group.
-void ring_transfer(OpSink& o, const StepShape& s, RingPayload payload, bool backward) {
+void ring_transfer(OpSink& o, const RankShape& s, RingPayload payload, bool backward) {
   if (payload == RingPayload::kNone) return;
-  const std::int64_t kv_bytes =
-      context_parallel_kv_bytes(s.tokens, attention_shape(s).kv_heads, s.head_dim, kAct);
+  const std::int64_t kv_bytes = context_parallel_kv_bytes(s.tokens, s.attention().kv_heads, s.head_dim, kAct);
   const bool both = payload == RingPayload::kKvAndDkv;
   const char* send = payload == RingPayload::kKv ? "cp_kv_send" : both ? "cp_kv_dkv_send" : "cp_dkv_send";
   const char* recv = payload == RingPayload::kKv ? "cp_kv_recv" : both ? "cp_kv_dkv_recv" : "cp_dkv_recv";
@@ -50,9 +36,9 @@ void ring_transfer(OpSink& o, const StepShape& s, RingPayload payload, bool back
 
 // The kernels of one ring block: the diagonal over the whole micro-batch, a half block per sequence (its
 // queries or keys are every sequence's half: no single batch stride covers them).
-void ring_block_kernels(OpSink& o, const StepShape& s, OpKind kind, RingBlock block) {
+void ring_block_kernels(OpSink& o, const RankShape& s, OpKind kind, RingBlock block) {
   const RingBlockSpan span = ring_block_span(block, s.seq_local);
-  AttentionShape a = attention_shape(s);
+  AttentionShape a = s.attention();
   a.seq_q = span.queries;
   a.seq_kv = span.keys;
   a.causal = span.causal;
@@ -65,8 +51,8 @@ void ring_block_kernels(OpSink& o, const StepShape& s, OpKind kind, RingBlock bl
 // layouts/context_parallel.h): the rank's K,V packed into one buffer, then cp steps, each posting the
 // transfer of the next block before the kernels of the block it holds (which it overlaps); every block
 // after the first is merged into the output by its log-sum-exp.
-void context_attention_forward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
-  AttentionShape a = attention_shape(s);
+void context_attention_forward(OpSink& o, const RankShape& s, const StepProgramOptions& options) {
+  AttentionShape a = s.attention();
   if (s.cp == 1 || options.cp_comm == ContextParallelComm::kAllGather) {
     o.attention(OpKind::kAttentionForward, "attn", a);
     return;
@@ -88,8 +74,8 @@ void context_attention_forward(OpSink& o, const StepShape& s, const StepProgramO
 // block with the dK,dV partial sum of the held one before its kernels, then adding the block's dQ into the
 // rank's and its dK,dV into the partial sum that arrived; the complete dQ and own dK,dV are unpacked into the
 // qkv gradient at the end.
-void context_attention_backward(OpSink& o, const StepShape& s, const StepProgramOptions& options) {
-  AttentionShape a = attention_shape(s);
+void context_attention_backward(OpSink& o, const RankShape& s, const StepProgramOptions& options) {
+  AttentionShape a = s.attention();
   if (s.cp == 1 || options.cp_comm == ContextParallelComm::kAllGather) {
     o.attention(OpKind::kAttentionBackward, "attn", a);
     return;
@@ -108,16 +94,13 @@ void context_attention_backward(OpSink& o, const StepShape& s, const StepProgram
   o.memory(OpKind::kElementwise, "cp_dkv_unpack", 2 * s.tokens * kv_width * kAct);
 }
 
-std::int64_t norm_bytes(const StepShape& s) { return 2 * s.tokens_sp * s.hidden * kAct; }
+std::int64_t norm_bytes(const RankShape& s) { return 2 * s.tokens_sp * s.hidden * kAct; }
 // The pre-MLP norm also adds the attention block's residual: reads the projection output and the layer
 // input, writes their sum (the MLP's residual) and the norm output.
-std::int64_t norm_residual_bytes(const StepShape& s) { return 4 * s.tokens_sp * s.hidden * kAct; }
-
-// Out-features of the fused QKV projection on one rank (MHA/GQA).
-std::int64_t qkv_out(const StepShape& s) { return (s.heads + 2 * s.groups) * s.head_dim / s.tp; }
+std::int64_t norm_residual_bytes(const RankShape& s) { return 4 * s.tokens_sp * s.hidden * kAct; }
 
 // TP collective that ends a row-parallel block in forward (AR without SP, RS with SP).
-void tp_reduce(OpSink& o, const StepShape& s, const char* ar_label, const char* rs_label) {
+void tp_reduce(OpSink& o, const RankShape& s, const char* ar_label, const char* rs_label) {
   if (s.sp)
     o.comm(OpKind::kReduceScatter, rs_label, s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
@@ -162,9 +145,9 @@ void linear_gemm_backward(OpSink& o, const Fp8Settings& fp8, const std::string& 
   }
 }
 
-void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape& s,
+void attention_block_forward(OpSink& o, const ModelSpec& model, const RankShape& s,
                              const StepProgramOptions& options, bool recompute_core_only) {
-  const AttentionShape a = attention_shape(s);
+  const AttentionShape a = s.attention();
   if (!recompute_core_only) {
     o.memory(OpKind::kNorm, "input_norm", norm_bytes(s));
     if (s.mla) {
@@ -172,7 +155,7 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
     } else {
       if (s.sp)
         o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-      linear_gemm(o, options.fp8, "qkv", s.tokens, qkv_out(s), s.hidden);
+      linear_gemm(o, options.fp8, "qkv", s.tokens, s.qkv_width(), s.hidden);
       if (s.rope) o.memory(OpKind::kRope, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
     }
     if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
@@ -182,17 +165,17 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const StepShape&
   }
   context_attention_forward(o, s, options);
   if (recompute_core_only) return;
-  const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
+  const std::int64_t proj_in = s.attention_width();
   linear_gemm(o, options.fp8, "proj", s.tokens, s.hidden, proj_in);
   tp_reduce(o, s, "proj_ar", "proj_rs");
   // The residual add follows in the pre-MLP norm (norm_residual_bytes).
 }
 
 // norms_fresh: a full-recompute re-run has just produced this layer's norm outputs (see layer_backward).
-void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape& s,
+void attention_block_backward(OpSink& o, const ModelSpec& model, const RankShape& s,
                               const StepProgramOptions& options, bool norms_fresh) {
-  const AttentionShape a = attention_shape(s);
-  const std::int64_t proj_in = s.mla ? s.heads * model.v_head_dim / s.tp : s.heads * s.head_dim / s.tp;
+  const AttentionShape a = s.attention();
+  const std::int64_t proj_in = s.attention_width();
   if (s.sp) o.comm(OpKind::kAllGather, "proj_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   linear_gemm_backward(o, options.fp8, "proj", s.tokens, s.hidden, proj_in);
   if (s.mla) {
@@ -217,7 +200,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   // weight gradients, unless a full-recompute re-run just produced it.
   if (!norms_fresh) o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));
   if (s.sp) o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  linear_gemm_backward(o, options.fp8, "qkv", s.tokens, qkv_out(s), s.hidden);
+  linear_gemm_backward(o, options.fp8, "qkv", s.tokens, s.qkv_width(), s.hidden);
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "qkv_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
@@ -225,19 +208,17 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const StepShape
   o.memory(OpKind::kNormBackward, "input_norm", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
-std::int64_t glu(const StepShape& s) { return s.swiglu ? 2 : 1; }
-
 // GELU runs in fc1's GEMM epilogue (cuBLASLt GELU_AUX_BIAS), so only SwiGLU issues an activation kernel.
-void dense_mlp_forward(OpSink& o, const StepShape& s, const Fp8Settings& fp8, std::int64_t ffn,
+void dense_mlp_forward(OpSink& o, const RankShape& s, const Fp8Settings& fp8, std::int64_t ffn,
                        const char* fc1, const char* fc2, bool with_norm) {
   if (with_norm) {
     o.memory(OpKind::kNorm, "pre_mlp_norm", norm_residual_bytes(s));
     if (s.sp)
       o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   }
-  linear_gemm(o, fp8, fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
-  if (s.swiglu) o.memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * ffn / s.tp * kAct);
-  linear_gemm(o, fp8, fc2, s.tokens, s.hidden, ffn / s.tp);
+  linear_gemm(o, fp8, fc1, s.tokens, s.glu_factor() * ffn, s.hidden);
+  if (s.swiglu) o.memory(OpKind::kActivation, "act", s.tokens * (s.glu_factor() + 1) * ffn * kAct);
+  linear_gemm(o, fp8, fc2, s.tokens, s.hidden, ffn);
 }
 
 // The activation output is not saved: fc2's data gradient comes first, then one activation-backward pass
@@ -245,22 +226,22 @@ void dense_mlp_forward(OpSink& o, const StepShape& s, const Fp8Settings& fp8, st
 // follows (bytes: read fc1 output and its gradient input, write both). recompute_norm: the pre-MLP norm
 // output is not saved either, but recomputed before fc1's backward GEMMs (unless a full-recompute re-run just
 // produced it).
-void dense_mlp_backward(OpSink& o, const StepShape& s, const Fp8Settings& fp8, std::int64_t ffn,
+void dense_mlp_backward(OpSink& o, const RankShape& s, const Fp8Settings& fp8, std::int64_t ffn,
                         const std::string& fc1, const std::string& fc2, bool recompute_norm,
                         bool norms_fresh) {
-  linear_gemm_backward(o, fp8, fc2, s.tokens, s.hidden, ffn / s.tp, true, /*need_wgrad=*/false);
-  o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 2) * ffn / s.tp * kAct);
-  linear_gemm_backward(o, fp8, fc2, s.tokens, s.hidden, ffn / s.tp, /*need_dgrad=*/false);
+  linear_gemm_backward(o, fp8, fc2, s.tokens, s.hidden, ffn, true, /*need_wgrad=*/false);
+  o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * s.glu_factor() + 2) * ffn * kAct);
+  linear_gemm_backward(o, fp8, fc2, s.tokens, s.hidden, ffn, /*need_dgrad=*/false);
   if (recompute_norm && !norms_fresh)
     o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "pre_mlp_norm", norm_bytes(s));
   // Sequence parallelism: the norm output is re-gathered for fc1's weight gradient (before its GEMMs).
   if (recompute_norm && s.sp)
     o.comm(OpKind::kAllGather, "fc1_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  linear_gemm_backward(o, fp8, fc1, s.tokens, glu(s) * ffn / s.tp, s.hidden);
+  linear_gemm_backward(o, fp8, fc1, s.tokens, s.glu_factor() * ffn, s.hidden);
 }
 
 // Rows one rank's experts process per microbatch under uniform routing.
-std::int64_t expert_rows(const StepShape& s) {
+std::int64_t expert_rows(const RankShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp;  // SP-sharded tokens entering the MoE layer
   if (s.moe_dispatcher == MoeDispatcher::kAllGather) {
     // Every rank sees all tokens of the tp-ep group; its E/ep experts get topk/E of them each.
@@ -274,29 +255,30 @@ std::int64_t expert_rows(const StepShape& s) {
 // theirs; at TP > 1 (sequence parallel) the MoE block holds T / tp rows: the block input is gathered for
 // fc1 (forward, and again for its weight gradient), fc2's partial sums are reduce-scattered and added to
 // the routed output ("shared_add"), and fc1's data gradient likewise ("shared_dgrad_add").
-void shared_expert_forward(OpSink& o, const StepShape& s) {
+void shared_expert_forward(OpSink& o, const RankShape& s) {
   const bool split = s.tp > 1;
   if (s.sp)
     o.comm(OpKind::kAllGather, "shared_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  o.gemm("shared_fc1", s.tokens, glu(s) * s.shared_ffn / s.tp, s.hidden);
-  if (s.swiglu) o.memory(OpKind::kActivation, "act", s.tokens * (glu(s) + 1) * s.shared_ffn / s.tp * kAct);
-  o.gemm("shared_fc2", s.tokens, s.hidden, s.shared_ffn / s.tp, /*accumulate=*/!split);
+  o.gemm("shared_fc1", s.tokens, s.glu_factor() * s.shared_ffn_per_rank(), s.hidden);
+  if (s.swiglu)
+    o.memory(OpKind::kActivation, "act", s.tokens * (s.glu_factor() + 1) * s.shared_ffn_per_rank() * kAct);
+  o.gemm("shared_fc2", s.tokens, s.hidden, s.shared_ffn_per_rank(), /*accumulate=*/!split);
   tp_reduce(o, s, "shared_fc2_ar", "shared_fc2_rs");
   if (split) o.memory(OpKind::kElementwise, "shared_add", 3 * s.tokens_sp * s.hidden * kAct);
 }
 
-void shared_expert_backward(OpSink& o, const StepShape& s) {
-  const std::int64_t ffn = s.shared_ffn / s.tp;
+void shared_expert_backward(OpSink& o, const RankShape& s) {
+  const std::int64_t ffn = s.shared_ffn_per_rank();
   const bool split = s.tp > 1;
   if (s.sp)
     o.comm(OpKind::kAllGather, "shared_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.gemm_backward("shared_fc2", s.tokens, s.hidden, ffn, true, /*need_wgrad=*/false);
-  o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * glu(s) + 2) * ffn * kAct);
+  o.memory(OpKind::kActivationBackward, "act", s.tokens * (2 * s.glu_factor() + 2) * ffn * kAct);
   o.gemm_backward("shared_fc2", s.tokens, s.hidden, ffn, /*need_dgrad=*/false);
-  o.gemm("shared_fc1_dgrad", s.tokens, s.hidden, glu(s) * ffn, /*accumulate=*/!split);
+  o.gemm("shared_fc1_dgrad", s.tokens, s.hidden, s.glu_factor() * ffn, /*accumulate=*/!split);
   if (s.sp)
     o.comm(OpKind::kAllGather, "shared_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  o.gemm_backward("shared_fc1", s.tokens, glu(s) * ffn, s.hidden, /*need_dgrad=*/false);
+  o.gemm_backward("shared_fc1", s.tokens, s.glu_factor() * ffn, s.hidden, /*need_dgrad=*/false);
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "shared_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
@@ -305,20 +287,20 @@ void shared_expert_backward(OpSink& o, const StepShape& s) {
 }
 
 // The experts' GEMMs over all local rows, each one grouped GEMM (their activation as one pass).
-void experts_forward(OpSink& o, const StepShape& s, std::int64_t rows) {
-  o.gemm("expert_fc1", rows, glu(s) * s.moe_ffn / s.etp, s.hidden);
-  o.memory(OpKind::kActivation, "expert_act", rows * (glu(s) + 1) * s.moe_ffn / s.etp * kAct);
-  o.gemm("expert_fc2", rows, s.hidden, s.moe_ffn / s.etp);
+void experts_forward(OpSink& o, const RankShape& s, std::int64_t rows) {
+  o.gemm("expert_fc1", rows, s.glu_factor() * s.moe_ffn_per_rank(), s.hidden);
+  o.memory(OpKind::kActivation, "expert_act", rows * (s.glu_factor() + 1) * s.moe_ffn_per_rank() * kAct);
+  o.gemm("expert_fc2", rows, s.hidden, s.moe_ffn_per_rank());
 }
 
 // As the dense MLP's backward: fc2's data gradient, the activation pass that recomputes its output, fc2's
 // weight gradient, then fc1's.
-void experts_backward(OpSink& o, const StepShape& s, std::int64_t rows) {
-  const std::int64_t ffn = s.moe_ffn / s.etp;
+void experts_backward(OpSink& o, const RankShape& s, std::int64_t rows) {
+  const std::int64_t ffn = s.moe_ffn_per_rank();
   o.gemm_backward("expert_fc2", rows, s.hidden, ffn, true, /*need_wgrad=*/false);
-  o.memory(OpKind::kActivationBackward, "expert_act", rows * (2 * glu(s) + 2) * ffn * kAct);
+  o.memory(OpKind::kActivationBackward, "expert_act", rows * (2 * s.glu_factor() + 2) * ffn * kAct);
   o.gemm_backward("expert_fc2", rows, s.hidden, ffn, /*need_dgrad=*/false);
-  o.gemm_backward("expert_fc1", rows, glu(s) * ffn, s.hidden);
+  o.gemm_backward("expert_fc1", rows, s.glu_factor() * ffn, s.hidden);
 }
 
 // Permute reads the block input's rows once per routed copy and writes the copies; unpermute reads the
@@ -331,7 +313,7 @@ void experts_backward(OpSink& o, const StepShape& s, std::int64_t rows) {
 // gathers a bool map and the probabilities) and of the rows, permute the gathered rows routed to the local
 // experts, experts, unpermute into the gathered rows, reduce-scatter back; its backward reduce-scatters the
 // probabilities' gradient to the ranks that routed them.
-void moe_mlp_forward(OpSink& o, const StepShape& s) {
+void moe_mlp_forward(OpSink& o, const RankShape& s) {
   const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
   const std::int64_t rows = expert_rows(s);
   const int tp_ep = s.etp * s.ep;
@@ -364,7 +346,7 @@ void moe_mlp_forward(OpSink& o, const StepShape& s) {
 
 // The routed experts' backward, the recomputed pre-MLP norm (the shared expert's and the router's weight
 // gradients read the block input), the shared expert's, then the router's (its data gradient accumulates).
-void moe_mlp_backward(OpSink& o, const StepShape& s, bool norms_fresh) {
+void moe_mlp_backward(OpSink& o, const RankShape& s, bool norms_fresh) {
   const std::int64_t local_tokens = s.tokens / s.tp, copies = local_tokens * s.topk;
   const std::int64_t rows = expert_rows(s);
   const int tp_ep = s.etp * s.ep;
@@ -396,13 +378,13 @@ void moe_mlp_backward(OpSink& o, const StepShape& s, bool norms_fresh) {
 }
 
 // One decoder layer's forward (full: norm -> attention -> residual -> norm -> MLP -> residual).
-void layer_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool moe,
+void layer_forward(OpSink& o, const ModelSpec& model, const RankShape& s, bool moe,
                    const StepProgramOptions& options) {
   attention_block_forward(o, model, s, options, false);
   if (moe) {
     moe_mlp_forward(o, s);
   } else {
-    dense_mlp_forward(o, s, options.fp8, s.ffn, "fc1", "fc2", true);
+    dense_mlp_forward(o, s, options.fp8, s.ffn_per_rank(), "fc1", "fc2", true);
     tp_reduce(o, s, "fc2_ar", "fc2_rs");
   }
   o.memory(OpKind::kElementwise, "residual2", 3 * s.tokens_sp * s.hidden * kAct);
@@ -414,7 +396,7 @@ bool symbol_layer_is_moe(const ModelSpec& model, int layer) {
 
 // A layer's backward under its chunk's recompute plan: a unit ending at this layer first re-runs the forward
 // of all its layers (one kRecompute span, forward order), which leaves this layer's norm outputs fresh.
-void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShape& s, bool moe, int layer,
+void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const RankShape& s, bool moe, int layer,
                     int microbatch, int chunk, const StepProgramOptions& options, const RecomputePlan& plan) {
   if (const RecomputeUnit* unit = plan.unit_ending_at(layer)) {
     for (int l : unit->layers) {
@@ -428,7 +410,7 @@ void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShap
     moe_mlp_backward(o, s, fresh);
   } else {
     if (s.sp) o.comm(OpKind::kAllGather, "fc2_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-    dense_mlp_backward(o, s, options.fp8, s.ffn, "fc1", "fc2", true, fresh);
+    dense_mlp_backward(o, s, options.fp8, s.ffn_per_rank(), "fc1", "fc2", true, fresh);
     if (s.sp)
       o.comm(OpKind::kReduceScatter, "fc1_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
     else
@@ -442,7 +424,7 @@ void layer_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShap
   attention_block_backward(o, model, s, options, fresh);
 }
 
-void embedding_forward(OpSink& o, const StepShape& s) {
+void embedding_forward(OpSink& o, const RankShape& s) {
   o.memory(OpKind::kEmbedding, "embedding", s.tokens * s.hidden * kAct + s.tokens * 8);
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "embedding_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
@@ -450,7 +432,7 @@ void embedding_forward(OpSink& o, const StepShape& s) {
     o.comm(OpKind::kAllReduce, "embedding_ar", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
 }
 
-void embedding_backward(OpSink& o, const StepShape& s) {
+void embedding_backward(OpSink& o, const RankShape& s) {
   if (s.sp)
     o.comm(OpKind::kAllGather, "embedding_grad_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   o.memory(OpKind::kEmbeddingBackward, "embedding",
@@ -463,12 +445,12 @@ void embedding_backward(OpSink& o, const StepShape& s) {
 // forward pass, as the gradient is known there).
 // With MTP the main head reads the final norm's output that the last decoder layer's stage computed
 // (with_norm false), and the head's weight gradient was first written by an MTP layer (head_written).
-void loss_forward(OpSink& o, const StepShape& s, const char* label, const StepProgramOptions& options,
+void loss_forward(OpSink& o, const RankShape& s, const char* label, const StepProgramOptions& options,
                   bool with_norm = true, bool head_written = false) {
   if (with_norm) o.memory(OpKind::kNorm, "final_norm", norm_bytes(s));
   if (s.sp)
     o.comm(OpKind::kAllGather, "logits_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
-  const std::int64_t vocab = s.vocab_padded / s.tp,
+  const std::int64_t vocab = s.vocab_per_rank(),
                      chunk = loss_chunk_rows(s.tokens, vocab, options.loss_chunk_logits_bytes);
   OpSink backward = o.with_phase(OpPhase::kBackward);
   for (std::int64_t first = 0; first < s.tokens; first += chunk) {
@@ -484,7 +466,7 @@ void loss_forward(OpSink& o, const StepShape& s, const char* label, const StepPr
 
 // The head's GEMMs ran in loss_forward; what is left: the tensor-parallel reduction of the final norm's
 // output gradient and (with_norm) the final norm's backward.
-void loss_backward(OpSink& o, const StepShape& s, bool with_norm = true) {
+void loss_backward(OpSink& o, const RankShape& s, bool with_norm = true) {
   if (s.sp)
     o.comm(OpKind::kReduceScatter, "logits_dgrad_rs", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
   else
@@ -497,7 +479,7 @@ void loss_backward(OpSink& o, const StepShape& s, bool with_norm = true) {
 // first), eh_proj (column-parallel [embedding | hidden] 2h -> h; its output all-gathered over TP along the
 // hidden dimension, then this rank's sequence shard under SP), one transformer layer of the last decoder
 // layer's kind, its final norm and the shared LM head and loss.
-void mtp_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool head_written,
+void mtp_forward(OpSink& o, const ModelSpec& model, const RankShape& s, bool head_written,
                  const StepProgramOptions& options) {
   const std::int64_t th = s.tokens * s.hidden * kAct;
   embedding_forward(o, s);
@@ -514,7 +496,7 @@ void mtp_forward(OpSink& o, const ModelSpec& model, const StepShape& s, bool hea
 // the final norm, the transformer layer, eh_proj (the scatter's backward all-gathers the output gradient
 // under SP, and the saved input shard is gathered again for the weight gradient), hnorm (the first depth's
 // adds the main head's gradient as its residual), enorm and the embedding.
-void mtp_backward(std::vector<Op>& ops, const ModelSpec& model, const StepShape& s, int layer, int microbatch,
+void mtp_backward(std::vector<Op>& ops, const ModelSpec& model, const RankShape& s, int layer, int microbatch,
                   int chunk, const StepProgramOptions& options, const RecomputePlan& plan) {
   const std::int64_t th = s.tokens * s.hidden * kAct, norm_backward_bytes = 3 * s.tokens_sp * s.hidden * kAct;
   OpSink o(ops, OpPhase::kBackward, layer, microbatch, chunk);
@@ -564,49 +546,7 @@ std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank,
   return std::max<std::int64_t>(1, std::min(rows, tokens));
 }
 
-StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config) {
-  StepShape s;
-  s.tp = config.tp();
-  s.cp = config.cp();
-  s.ep = config.ep();
-  s.etp = config.etp();
-  s.pp = config.pp();
-  s.dp = config.dp();
-  s.edp = config.edp();
-  s.sp = config.sequence_parallel_enabled();
-  s.moe_dispatcher = config.moe_token_dispatcher_type;
-  s.seq = model.seq_length;
-  s.seq_local = model.seq_length / s.cp;
-  s.micro_batch = config.micro_batch_size;
-  s.tokens = s.seq_local * s.micro_batch;
-  s.tokens_sp = s.sp ? s.tokens / s.tp : s.tokens;
-  s.hidden = model.hidden_size;
-  s.heads = model.num_attention_heads;
-  s.groups = model.multi_latent_attention ? model.num_attention_heads : model.query_groups();
-  s.head_dim =
-      model.multi_latent_attention ? model.qk_head_dim + model.qk_pos_emb_head_dim : model.head_dim();
-  s.head_dim_v = model.multi_latent_attention ? model.v_head_dim : s.head_dim;
-  s.ffn = model.ffn_size();
-  s.moe_ffn = model.is_moe() ? model.moe_ffn_size() : 0;
-  s.shared_ffn = model.moe_shared_expert_intermediate_size;
-  s.vocab_padded = model.padded_vocab_size(s.tp);
-  s.experts = model.num_experts;
-  s.topk = model.is_moe() ? model.moe_router_topk : 0;
-  s.swiglu = model.activation == Activation::kSwiglu;
-  s.rms = model.normalization == Normalization::kRMSNorm;
-  s.rope = model.position_embedding == PositionEmbedding::kRope;
-  s.tied = !model.untie_embeddings_and_output_weights;
-  s.mla = model.multi_latent_attention;
-  s.num_layers = model.num_layers;
-  s.mtp_num_layers = model.mtp_num_layers;
-  s.recompute = config.recompute_granularity;
-  s.recompute_method = config.recompute_method;
-  s.recompute_num_layers = config.recompute_num_layers;
-  s.p2p_bytes = s.tokens_sp * s.hidden * kAct;
-  return s;
-}
-
-std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
+std::vector<Op> stage_forward_ops(const ModelSpec& model, const RankShape& shape, const PipelineStage& stage,
                                   int microbatch, const StepProgramOptions& options,
                                   std::vector<std::size_t>* segment_starts) {
   std::vector<Op> ops;
@@ -640,7 +580,7 @@ std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape
   return ops;
 }
 
-std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepShape& shape,
+std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const RankShape& shape,
                                            const PipelineStage& stage, int microbatch, int entry_begin,
                                            int entry_end, const StepProgramOptions& options) {
   std::vector<Op> ops;
@@ -673,7 +613,7 @@ std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepSha
   return ops;
 }
 
-std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const StepShape& shape,
+std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const RankShape& shape,
                                                          const PipelineStage& stage, int microbatch,
                                                          const StepProgramOptions& options) {
   std::vector<std::vector<Op>> entries;
@@ -682,7 +622,7 @@ std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model,
   return entries;
 }
 
-std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
+std::vector<Op> stage_backward_ops(const ModelSpec& model, const RankShape& shape, const PipelineStage& stage,
                                    int microbatch, const StepProgramOptions& options) {
   return stage_backward_segment_ops(model, shape, stage, microbatch, 0,
                                     static_cast<int>(stage.symbols.size()), options);
@@ -690,7 +630,7 @@ std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shap
 
 namespace {
 
-Op p2p_transfer_op(const StepShape& shape, const StepTransfer& transfer) {
+Op p2p_transfer_op(const RankShape& shape, const StepTransfer& transfer) {
   Op op;
   const bool activation = transfer.tensor == P2pTensor::kActivation;
   op.kind = transfer.direction == P2pDirection::kSend ? OpKind::kSend : OpKind::kRecv;

@@ -84,6 +84,7 @@
 #include "layouts/parameter_table.h"
 #include "layouts/pipeline_layout.h"
 #include "layouts/rank_grid.h"
+#include "layouts/rank_shape.h"
 #include "layouts/recompute_plan.h"
 #include "layouts/schedule.h"
 
@@ -112,30 +113,6 @@ struct StepProgram {
   std::vector<int> schedule_item;  // per op: index into the rank's RankSchedule::items; -1 after it
 };
 
-// The shape facts every expansion needs, resolved once for (model, config).
-struct StepShape {
-  std::int64_t seq = 0, seq_local = 0, micro_batch = 0, tokens = 0, tokens_sp = 0;  // T, T/tp (SP)
-  std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0, moe_ffn = 0, shared_ffn = 0;
-  std::int64_t head_dim_v = 0;  // the value head dim: head_dim but under MLA
-  std::int64_t vocab_padded = 0, experts = 0, topk = 0;
-  int tp = 1, cp = 1, ep = 1, etp = 1, dp = 1, edp = 1, pp = 1;
-  bool sp = false, swiglu = false, rms = false, rope = false, tied = true, mla = false;
-  MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;  // ParallelConfig::moe_token_dispatcher_type
-  int num_layers = 0,
-      mtp_num_layers = 0;  // decoder layers; MTP layers (the final norm then follows the last)
-  RecomputeGranularity recompute = RecomputeGranularity::kNone;
-  RecomputeMethod recompute_method = RecomputeMethod::kNone;  // full recomputation's unit rule
-  int recompute_num_layers = 0;
-  RecomputeSettings recompute_settings() const { return {recompute, recompute_method, recompute_num_layers}; }
-  std::int64_t p2p_bytes = 0;  // one pipeline activation (or gradient) tensor
-  // The rank's place in its context-parallel ring (walk_rank_step sets it per rank): CP index and the global
-  // ranks of the next and previous members.
-  struct ContextRing {
-    int cp_rank = 0, next_rank = -1, prev_rank = -1;
-  } cp_ring;
-};
-StepShape resolve_step_shape(const ModelSpec& model, const ParallelConfig& config);
-
 // Tokens per chunk of the LM head + cross entropy: for the fewest equal chunks whose bf16 logits (rows x
 // vocab_per_rank) stay within max_logits_bytes, their rows (rounded up to a multiple of 64 when above 64; the
 // last chunk may be shorter). The head's backward GEMMs run per chunk in the forward pass, so only one chunk
@@ -147,19 +124,19 @@ std::int64_t loss_chunk_rows(std::int64_t tokens, std::int64_t vocab_per_rank,
 // microbatch and chunk fields are filled; communication ops carry group and group size, no peers.
 // `segment_starts` (when given) receives, per forward segment (forward_segment_groups' order), the index of
 // its first op.
-std::vector<Op> stage_forward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
+std::vector<Op> stage_forward_ops(const ModelSpec& model, const RankShape& shape, const PipelineStage& stage,
                                   int microbatch, const StepProgramOptions& options = {},
                                   std::vector<std::size_t>* segment_starts = nullptr);
-std::vector<Op> stage_backward_ops(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage,
+std::vector<Op> stage_backward_ops(const ModelSpec& model, const RankShape& shape, const PipelineStage& stage,
                                    int microbatch, const StepProgramOptions& options = {});
 // The backward ops split by parameter entry, in StageParameters' reverse order (loss, layers last..first,
 // embedding); stage_backward_ops is their concatenation.
-std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const StepShape& shape,
+std::vector<std::vector<Op>> stage_backward_ops_by_entry(const ModelSpec& model, const RankShape& shape,
                                                          const PipelineStage& stage, int microbatch,
                                                          const StepProgramOptions& options = {});
 // The backward ops of parameter entries [entry_begin, entry_end) of that order, concatenated (a segment of
 // the pass: see StepItem in layouts/schedule_walker.h).
-std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const StepShape& shape,
+std::vector<Op> stage_backward_segment_ops(const ModelSpec& model, const RankShape& shape,
                                            const PipelineStage& stage, int microbatch, int entry_begin,
                                            int entry_end, const StepProgramOptions& options = {});
 
@@ -180,9 +157,7 @@ struct StageParameters {
   // executor's layout, layouts/parameter_table.h); what a bucket's reduction moves. Dense entries only.
   std::vector<std::int64_t> dense_buffer_per_layer_reverse;
 };
-StageParameters stage_parameters(const ModelSpec& model, const StepShape& shape, const PipelineStage& stage);
-// The parameter table's shape (layouts/parameter_table.h) of the model on one TP rank of `shape`.
-DenseParameterShape parameter_table_shape(const ModelSpec& model, const StepShape& shape);
+StageParameters stage_parameters(const ModelSpec& model, const RankShape& shape, const PipelineStage& stage);
 
 // Gradient-reduction ops of one chunk (bucketed) and the index into StageParameters' reverse order after
 // which each becomes ready.
@@ -192,7 +167,7 @@ struct GradBucket {
   std::int64_t elements = 0;  // parameters (= gradients) in the bucket
   bool expert = false;        // expert parameters (reduced over expert-dp), else dense (over dp-cp)
 };
-std::vector<GradBucket> grad_sync_buckets(const StepShape& shape, const ParallelConfig& config,
+std::vector<GradBucket> grad_sync_buckets(const RankShape& shape, const ParallelConfig& config,
                                           const StageParameters& parameters, int chunk,
                                           const StepProgramOptions& options = {});
 
@@ -213,7 +188,7 @@ enum class OptimizerStep {
   kAdamW,                           // on the local params (the shard with the distributed optimizer)
 };
 // Ops of one such step of a rank holding `stages` (all its chunks, by chunk).
-std::vector<Op> optimizer_step_ops(const ModelSpec& model, const StepShape& shape,
+std::vector<Op> optimizer_step_ops(const ModelSpec& model, const RankShape& shape,
                                    const ParallelConfig& config, const std::vector<PipelineStage>& stages,
                                    OptimizerStep step, const StepProgramOptions& options = {});
 

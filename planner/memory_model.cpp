@@ -13,8 +13,8 @@ namespace megatune::planner {
 
 using layouts::LayerSymbol;
 using layouts::PipelineStage;
+using layouts::RankShape;
 using layouts::RecomputeGranularity;
-using layouts::StepShape;
 
 namespace {
 
@@ -24,36 +24,37 @@ bool dropout_on(const layouts::ModelSpec& model, const MemoryOptions& options) {
 }
 
 // Saved by the attention block of one layer (input norm included), bytes.
-std::int64_t attention_block_bytes(const StepShape& s, bool dropout, const MemoryOptions& options) {
+std::int64_t attention_block_bytes(const RankShape& s, bool dropout, const MemoryOptions& options) {
   const std::int64_t sb = s.tokens;  // (s/cp) * b
   const std::int64_t sp_div = s.sp ? s.tp : 1;
   const std::int64_t h = s.hidden;
   std::int64_t bytes = 2 * sb * h / sp_div    // norm input
                        + 2 * sb * h / sp_div  // QKV GEMM input (sharded under SP, re-gathered)
-                       + 2 * sb * (s.heads + 2 * s.groups) * s.head_dim / s.tp  // Q, K, V
-                       + 2 * sb * s.heads * s.head_dim / s.tp;                  // attention output
+                       + 2 * sb * (s.heads_per_rank() + 2 * s.groups_per_rank()) * s.head_dim  // Q, K, V
+                       + 2 * sb * s.heads_per_rank() * s.head_dim;  // attention output
   if (options.flash_attention) {
-    bytes += 4 * sb * s.heads / s.tp;  // log-sum-exp
+    bytes += 4 * sb * s.heads_per_rank();  // log-sum-exp
   } else if (s.recompute != RecomputeGranularity::kSelective) {
     // Scores, softmax (2 bytes each) and attention-dropout mask (1 byte): 5 a s^2 b / t (per CP chunk).
-    bytes += 5 * s.heads / s.tp * s.seq_local * s.seq * s.micro_batch;
+    bytes += 5 * s.heads_per_rank() * s.seq_local * s.seq * s.micro_batch;
   }
   if (dropout) bytes += sb * h / sp_div;
   return bytes;
 }
 
-std::int64_t dense_mlp_bytes(const StepShape& s, std::int64_t ffn, bool dropout, bool with_norm) {
+// ffn: the MLP's ffn on one TP rank.
+std::int64_t dense_mlp_bytes(const RankShape& s, std::int64_t ffn, bool dropout, bool with_norm) {
   const std::int64_t sb = s.tokens;
   const std::int64_t sp_div = s.sp ? s.tp : 1;
   const std::int64_t glu = s.swiglu ? 2 : 1;
-  std::int64_t bytes = 2 * sb * glu * ffn / s.tp  // fc1 output = activation input
-                       + 2 * sb * ffn / s.tp;     // activation output = fc2 input
+  std::int64_t bytes = 2 * sb * glu * ffn  // fc1 output = activation input
+                       + 2 * sb * ffn;     // activation output = fc2 input
   if (with_norm) bytes += 2 * sb * s.hidden / sp_div + 2 * sb * s.hidden / sp_div;  // norm input, fc1 input
   if (dropout) bytes += sb * s.hidden / sp_div;
   return bytes;
 }
 
-std::int64_t moe_mlp_bytes(const StepShape& s, bool dropout) {
+std::int64_t moe_mlp_bytes(const RankShape& s, bool dropout) {
   const std::int64_t sp_div = s.sp ? s.tp : 1;
   const std::int64_t local_tokens = s.tokens / s.tp;
   const std::int64_t glu = s.swiglu ? 2 : 1;
@@ -69,27 +70,27 @@ std::int64_t moe_mlp_bytes(const StepShape& s, bool dropout) {
                        + 2 * rows * s.moe_ffn / s.etp           // expert fc2 input
                        + 2 * local_tokens * s.topk * s.hidden;  // expert output before unpermute
   if (s.shared_ffn > 0)
-    bytes += dense_mlp_bytes(s, s.shared_ffn, false, false) + 2 * s.tokens * s.hidden / sp_div;
+    bytes += dense_mlp_bytes(s, s.shared_ffn_per_rank(), false, false) + 2 * s.tokens * s.hidden / sp_div;
   if (dropout) bytes += s.tokens * s.hidden / sp_div;
   return bytes;
 }
 
-std::int64_t layer_full_bytes(const layouts::ModelSpec& model, const StepShape& s, bool moe,
+std::int64_t layer_full_bytes(const layouts::ModelSpec& model, const RankShape& s, bool moe,
                               const MemoryOptions& options) {
   const bool dropout = dropout_on(model, options);
   return attention_block_bytes(s, dropout, options) +
-         (moe ? moe_mlp_bytes(s, dropout) : dense_mlp_bytes(s, s.ffn, dropout, true));
+         (moe ? moe_mlp_bytes(s, dropout) : dense_mlp_bytes(s, s.ffn_per_rank(), dropout, true));
 }
 
 // Logits of one microbatch on the loss stage: bf16 logits (+ fp32 copy), bytes.
-std::int64_t logits_bytes_per_microbatch(const StepShape& s, const MemoryOptions& options) {
-  const std::int64_t per = s.tokens * (s.vocab_padded / s.tp);
+std::int64_t logits_bytes_per_microbatch(const RankShape& s, const MemoryOptions& options) {
+  const std::int64_t per = s.tokens * s.vocab_per_rank();
   return per * (2 + (options.fp32_logits_copy ? 4 : 0));
 }
 
 }  // namespace
 
-std::int64_t layer_activation_bytes(const layouts::ModelSpec& model, const StepShape& s, bool moe,
+std::int64_t layer_activation_bytes(const layouts::ModelSpec& model, const RankShape& s, bool moe,
                                     const MemoryOptions& options) {
   if (s.recompute == RecomputeGranularity::kFull) {
     return 2 * s.tokens * s.hidden / (s.sp ? s.tp : 1);  // only the layer input
@@ -113,7 +114,7 @@ std::vector<int> in_flight_microbatches_per_chunk(const layouts::ParallelConfig&
   return counts;
 }
 
-MemoryItem device_buffers(const StepShape& s, const MemoryOptions& options) {
+MemoryItem device_buffers(const RankShape& s, const MemoryOptions& options) {
   int groups = 0;
   for (int size : {s.tp, s.cp, s.dp * s.cp, s.pp, s.ep, s.etp, s.edp}) groups += size > 1 ? 1 : 0;
   const std::int64_t bytes = options.cuda_context_bytes + options.cublas_workspace_bytes +
@@ -128,7 +129,7 @@ namespace {
 // no_shard 2 + 4 + 12, optim (the distributed optimizer) 2 + 4 + 12/d, FSDP optim_grads 2 + (4 + 12)/d,
 // optim_grads_params 18/d plus the gathered bf16 parameters of the two largest entries in flight (the
 // layer being computed and the prefetched next one).
-void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& config, const StepShape& s,
+void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& config, const RankShape& s,
                          std::int64_t dense, std::int64_t expert, std::int64_t largest_entry,
                          const MemoryOptions& options) {
   const auto sharded = [&](bool shard, std::int64_t bytes_per_param) {
@@ -159,7 +160,7 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
                                int pp_rank, const MemoryOptions& options) {
   MemoryEstimate e;
   e.pp_rank = pp_rank;
-  const StepShape s = layouts::resolve_step_shape(model, config);
+  const RankShape s = layouts::resolve_rank_shape(model, config);
   const layouts::PipelineLayout layout = config.resolved_pipeline_layout(model);
   const auto stages = layout.stages_of_rank(pp_rank);
   const int vpp = static_cast<int>(stages.size());

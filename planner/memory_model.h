@@ -60,7 +60,7 @@ struct MemoryEstimate {
 // MoE, CP and SP); under full recomputation those of a unit of one layer (its input). estimate_memory sums
 // them per the chunk's recompute plan: kept layers all they save, each unit its input once, plus the
 // largest unit's full activations as the working set of its re-run.
-std::int64_t layer_activation_bytes(const layouts::ModelSpec& model, const layouts::StepShape& shape,
+std::int64_t layer_activation_bytes(const layouts::ModelSpec& model, const layouts::RankShape& shape,
                                     bool moe, const MemoryOptions& options);
 
 // Microbatches in flight per chunk at a pp rank's peak: the forwards Megatron runs before the first
@@ -70,7 +70,7 @@ std::vector<int> in_flight_microbatches_per_chunk(const layouts::ParallelConfig&
 
 // The device memory every pp rank holds outside its tensors: CUDA context, cuBLAS workspace, one NCCL buffer
 // per communicator of more than one rank, and the p2p buffers under pipelining.
-MemoryItem device_buffers(const layouts::StepShape& shape, const MemoryOptions& options);
+MemoryItem device_buffers(const layouts::RankShape& shape, const MemoryOptions& options);
 
 MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                                int pp_rank, const MemoryOptions& options = {});

@@ -88,7 +88,7 @@ void SimulationCache::add_placements(const layouts::ParallelConfig& config,
 }
 
 std::shared_ptr<const layouts::StageParameters> SimulationCache::stage_parameters(
-    const layouts::ModelSpec& model, const layouts::StepShape& shape, const PipelineStage& stage) {
+    const layouts::ModelSpec& model, const layouts::RankShape& shape, const PipelineStage& stage) {
   const std::string key = std::to_string(shape.tp) + ' ' + std::to_string(shape.ep) + ' ' +
                           std::to_string(shape.etp) + ' ' + std::to_string(stage.first_decoder_layer) + ' ' +
                           std::to_string(stage.first_mtp_layer) + ' ' + stage.to_string();
@@ -120,7 +120,7 @@ void SimulationCache::add_symbol_costs(const layouts::ParallelConfig& config,
   costs_.emplace(key, costs);
 }
 
-std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::StepShape& shape,
+std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
                                   const layouts::ParallelConfig& config,
                                   const std::vector<const PipelineStage*>& stages,
                                   const layouts::StepProgramOptions& options, SimulationCache* cache,
@@ -217,7 +217,7 @@ std::optional<double> cached_lower_bound(const layouts::ModelSpec& model,
   const std::optional<std::vector<std::pair<double, double>>> pass_s =
       cached_pass_s(model, config, *layout, placements->pass, cache);
   if (!pass_s) return std::nullopt;
-  const layouts::StepShape shape = layouts::resolve_step_shape(model, config);
+  const layouts::RankShape shape = layouts::resolve_rank_shape(model, config);
   std::vector<RankSync> sync(layout->pp());
   for (int pp_rank = 0; with_sync && pp_rank < layout->pp(); ++pp_rank) {
     const SyncPlacements& placed = placements->sync_by_pp_rank[pp_rank];

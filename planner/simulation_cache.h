@@ -76,7 +76,7 @@ class SimulationCache {
   void add_placements(const layouts::ParallelConfig& config, const GridPlacements& placements);
   // The parameters a stage holds on one rank of `shape`.
   std::shared_ptr<const layouts::StageParameters> stage_parameters(const layouts::ModelSpec& model,
-                                                                   const layouts::StepShape& shape,
+                                                                   const layouts::RankShape& shape,
                                                                    const layouts::PipelineStage& stage);
   // One layer kind's pass costs under the config's step shape and those placements.
   std::optional<SymbolCosts> symbol_costs(const layouts::ParallelConfig& config,
@@ -108,7 +108,7 @@ struct RankSync {
   double async_s = 0.0, blocking_s = 0.0;
 };
 // From the rank's chunks (`stages`, by chunk) and a price for each op (nullopt: cannot price it here).
-std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::StepShape& shape,
+std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
                                   const layouts::ParallelConfig& config,
                                   const std::vector<const layouts::PipelineStage*>& stages,
                                   const layouts::StepProgramOptions& options, SimulationCache* cache,

@@ -82,7 +82,7 @@ class Builder {
                                                 : std::make_shared<const layouts::PipelineLayout>(
                                                       config.resolved_pipeline_layout(model))),
         layout_(*layout_holder_),
-        shape_(layouts::resolve_step_shape(model, config)),
+        shape_(layouts::resolve_rank_shape(model, config)),
         recompute_(layouts::RecomputeSettings::of(config)) {
     if (options.all_ranks) {
       for (int r = 0; r < grid_.world_size(); ++r) sim_ranks_.push_back(r);
@@ -288,8 +288,8 @@ class Builder {
 
   // The step shape a symbol of recompute variant `recompute` is priced with: under full recomputation a kept
   // layer runs as without recomputation, a recomputed one as a unit of one layer.
-  layouts::StepShape symbol_shape(layouts::LayerRecompute recompute) const {
-    layouts::StepShape shape = shape_;
+  layouts::RankShape symbol_shape(layouts::LayerRecompute recompute) const {
+    layouts::RankShape shape = shape_;
     if (shape.recompute != layouts::RecomputeGranularity::kFull) return shape;
     if (recompute == layouts::LayerRecompute::kKept) {
       shape.recompute = layouts::RecomputeGranularity::kNone;
@@ -307,7 +307,7 @@ class Builder {
   // are recomputed): the same ops as in the pass, where the re-run sits before the unit's last layer.
   std::pair<std::vector<Op>, std::vector<Op>> symbol_ops(const PipelineStage& stage,
                                                          layouts::LayerRecompute recompute) const {
-    const layouts::StepShape shape = symbol_shape(recompute);
+    const layouts::RankShape shape = symbol_shape(recompute);
     std::vector<Op> forward = layouts::stage_forward_ops(model_, shape, stage, 0, options_.step);
     std::vector<Op> backward = layouts::stage_backward_ops(model_, shape, stage, 0, options_.step);
     if (recompute != layouts::LayerRecompute::kUnitInner) return {std::move(forward), std::move(backward)};
@@ -675,7 +675,7 @@ class Builder {
   layouts::RankGrid grid_;
   std::shared_ptr<const layouts::PipelineLayout> layout_holder_;
   const layouts::PipelineLayout& layout_;
-  layouts::StepShape shape_;
+  layouts::RankShape shape_;
   layouts::RecomputeSettings recompute_;  // the chunks' recompute plans (symbol variants)
   std::vector<int> sim_ranks_;
   std::unique_ptr<GroupMap> groups_;

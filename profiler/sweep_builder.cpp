@@ -95,18 +95,18 @@ GemmItem gemm_item_of(const layouts::Op& op, const layouts::ModelSpec& model) {
   return item;
 }
 
-std::int64_t columns_of(const layouts::Op& op, const layouts::StepShape& s) {
+std::int64_t columns_of(const layouts::Op& op, const layouts::RankShape& s) {
   switch (op.kind) {
     case OpKind::kActivation:
     case OpKind::kActivationBackward:
-      return op.label.rfind("expert", 0) == 0   ? s.moe_ffn / s.etp
-             : op.label.rfind("shared", 0) == 0 ? s.shared_ffn / s.tp
-                                                : s.ffn / s.tp;
+      return op.label.rfind("expert", 0) == 0   ? s.moe_ffn_per_rank()
+             : op.label.rfind("shared", 0) == 0 ? s.shared_ffn_per_rank()
+                                                : s.ffn_per_rank();
     case OpKind::kRope:
     case OpKind::kRopeBackward:
       return s.head_dim;
     case OpKind::kCrossEntropy:
-      return s.vocab_padded / s.tp;
+      return s.vocab_per_rank();
     case OpKind::kOptimizer:
     case OpKind::kGradNorm:
       return 0;
@@ -117,7 +117,7 @@ std::int64_t columns_of(const layouts::Op& op, const layouts::StepShape& s) {
 
 void add_program_ops(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                      SweepCollector& collector, ModelSweepReport& report) {
-  const layouts::StepShape shape = layouts::resolve_step_shape(model, config);
+  const layouts::RankShape shape = layouts::resolve_rank_shape(model, config);
   const layouts::StepProgram program = layouts::build_step_program(model, config, 0);
   for (const layouts::Op& op : program.ops) {
     if (op.is_communication()) continue;  // collectives: measured over sizes (collective_sweep)

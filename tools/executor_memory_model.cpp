@@ -110,7 +110,7 @@ std::string stage_key(const std::string& layout, const layouts::ParallelConfig& 
 // The parameters pp rank `pp_rank` holds (the planner's count), keyed by what they depend on: the model,
 // tp, ep, etp and the rank's chunks.
 std::int64_t rank_parameters(StageArenaCache& cache, const std::string& model_key,
-                             const layouts::ModelSpec& model, const layouts::StepShape& shape,
+                             const layouts::ModelSpec& model, const layouts::RankShape& shape,
                              const layouts::PipelineLayout& pipeline, int pp_rank) {
   std::ostringstream key;
   key << model_key << '|' << shape.tp << ' ' << shape.ep << ' ' << shape.etp;
@@ -131,7 +131,7 @@ std::int64_t rank_parameters(StageArenaCache& cache, const std::string& model_ke
 // per parameter, before its main parameters and moments, sharded or not: the test holds its element count
 // against the planner's), and both add the device buffers.
 std::int64_t peak_lower_bound(StageArenaCache& cache, const std::string& model_key,
-                              const layouts::ModelSpec& model, const layouts::StepShape& shape,
+                              const layouts::ModelSpec& model, const layouts::RankShape& shape,
                               const layouts::PipelineLayout& pipeline, const planner::MemoryOptions& options,
                               std::int64_t buffer_bytes) {
   const std::int64_t bytes_per_parameter = 2 + (options.grad_reduce_in_bf16 ? 2 : 4);
@@ -199,7 +199,7 @@ planner::MemoryEstimate cached_peak(StageArenaCache& cache, const layouts::Model
   const std::string model_key = planner::describe_model(model);
   const std::string layout = layout_key(model_key, config);
   const layouts::PipelineLayout pipeline = config.resolved_pipeline_layout(model);
-  const layouts::StepShape shape = layouts::resolve_step_shape(model, config);
+  const layouts::RankShape shape = layouts::resolve_rank_shape(model, config);
   const planner::MemoryItem buffers = planner::device_buffers(shape, options);
   if (options.stop_above_bytes > 0) {  // hopeless layouts are refused before any sizing
     const std::int64_t bound =

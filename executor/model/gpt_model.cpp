@@ -68,19 +68,18 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
   if (batch_.seq % (2 * cp_size_) != 0 && cp_size_ > 1)
     throw std::invalid_argument("GPTModel: the sequence does not split into 2 x cp chunks");
   positions_ = context_parallel_positions(batch_.seq, cp_size_, cp_rank_);
+  shape_ = rank_shape(config_, batch_.micro_batch, batch_.seq, cp_size_);
   batch_.seq /= cp_size_;
-  const std::int64_t T = batch_.tokens(), h = config_.hidden, total = layout_.total_elements();
+  const std::int64_t T = shape_.tokens, h = config_.hidden, total = layout_.total_elements();
   if (sp() && T % tp_size_ != 0)
     throw UserError("--sequence-parallel: micro-batch tokens (" + std::to_string(T) +
                     ") must divide by --tensor-model-parallel-size " + std::to_string(tp_size_));
-  rows_ = sp() ? T / tp_size_ : T;
+  rows_ = shape_.tokens_sp;
   if (config_.mla && cp_size_ > 1)
     throw UserError("--multi-latent-attention with --context-parallel-size " + std::to_string(cp_size_) +
                     ": the executor runs multi-latent attention without context parallelism; use "
                     "--context-parallel-size 1");
-  if (config_.mla)
-    mla_ = std::make_unique<MlaAttention>(config_, batch_.micro_batch, batch_.seq, rows_, compute_dtype_,
-                                          backend_, tp_);
+  if (config_.mla) mla_ = std::make_unique<MlaAttention>(config_, shape_, compute_dtype_, backend_, tp_);
   require_attention_support();
   if (cp_size_ > 1 && stage_.num_layers > 0)
     ring_ = std::make_unique<RingAttention>(ring_shape(), compute_dtype_, backend_, communicator_);
@@ -144,8 +143,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
   // Buffers shared by every layer. mlp_scratch_ holds, in turn: the activation output (forward), in backward
   // fc2's data gradient and then the recomputed activation output, then the attention output gradient and
   // the qkv gradient side by side.
-  const std::int64_t ffn = config_.ffn_per_rank(), attn_w = config_.attention_width(),
-                     qkv_w = config_.qkv_width(), storage = backend_.storage_bytes(compute_dtype_);
+  const std::int64_t ffn = shape_.ffn_per_rank(), attn_w = shape_.attention_width(),
+                     qkv_w = shape_.qkv_width(), storage = backend_.storage_bytes(compute_dtype_);
   norm1_out_ = backend_.allocate(compute_dtype_, T, h, "norm outputs (shared, recomputed)");
   norm2_out_ = backend_.allocate(compute_dtype_, T, h, "norm outputs (shared, recomputed)");
   if (sp()) {
@@ -175,13 +174,12 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
                                : allocate_layer_activations(keep_attention, dense_mlp(l)));
   if (!keep_attention && L > 0) {
     shared_attn_ = backend_.allocate(compute_dtype_, T, attn_w, "recomputed attention (shared)");
-    shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
+    shared_lse_ = backend_.allocate(DType::kFP32, batch_.micro_batch * shape_.heads_per_rank(), batch_.seq,
                                     "recomputed attention (shared)");
     const Tensor shared_kv =
-        cp_size_ > 1
-            ? backend_.allocate(compute_dtype_, T, 2 * config_.kv_heads_per_rank() * config_.head_dim,
-                                "recomputed attention (shared)")
-            : Tensor{};
+        cp_size_ > 1 ? backend_.allocate(compute_dtype_, T, 2 * shape_.groups_per_rank() * config_.head_dim,
+                                         "recomputed attention (shared)")
+                     : Tensor{};
     auto share = [&](LayerActivations& acts) {
       acts.attn = shared_attn_;
       acts.lse = shared_lse_;
@@ -197,8 +195,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
       slot.final_rstd = backend_.allocate(DType::kFP32, rows_, 1, "final norm");
     }
   if (stage_.has_loss) {
-    loss_chunk_rows_ = layouts::loss_chunk_rows(T, config_.vocab_per_rank(), batch_.loss_chunk_logits_bytes);
-    logits_ = backend_.allocate(compute_dtype_, loss_chunk_rows_, config_.vocab_per_rank(),
+    loss_chunk_rows_ = layouts::loss_chunk_rows(T, shape_.vocab_per_rank(), batch_.loss_chunk_logits_bytes);
+    logits_ = backend_.allocate(compute_dtype_, loss_chunk_rows_, shape_.vocab_per_rank(),
                                 "logits (and their gradient), one token chunk");
     if (tp_size_ > 1) {
       ce_stats_.row_max = backend_.allocate(DType::kFP32, loss_chunk_rows_, 1,
@@ -243,8 +241,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
   int moe_count = 0;
   for (const LayerParameters& p : layer_parameters_) moe_count += p.moe_local >= 0 ? 1 : 0;
   if (moe_count > 0)
-    moe_ = std::make_unique<MoeLayers>(config_, T, batch_.seq, moe_count, batch_.activation_slots,
-                                       compute_dtype_, backend_, communicator_);
+    moe_ = std::make_unique<MoeLayers>(config_, shape_, moe_count, batch_.activation_slots, compute_dtype_,
+                                       backend_, communicator_);
   if (stage_.num_mtp_layers > 0) allocate_mtp();
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
   slot_of_microbatch_.assign(batch_.num_microbatches, -1);
@@ -253,8 +251,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
   Backend::ScratchNeeds needs;
   needs.tokens = T;
   needs.hidden = h;
-  needs.max_bias_cols = std::max({h, config_.qkv_width(), config_.fc1_width()});
-  needs.vocab = config_.vocab_per_rank();
+  needs.max_bias_cols = std::max({h, shape_.qkv_width(), shape_.fc1_width()});
+  needs.vocab = shape_.vocab_per_rank();
   needs.attention = attention_args(L > 0 ? activations_for(0, 0) : LayerActivations{});
   const std::int64_t scratch_bytes = backend_.scratch_bytes(needs);
   if (scratch_bytes > 0)
@@ -264,7 +262,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
 }
 
 GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention, bool dense_mlp) {
-  const std::int64_t T = batch_.tokens(), h = config_.hidden;
+  const std::int64_t T = shape_.tokens, h = config_.hidden;
   LayerActivations a;
   a.ln1 = norm1_out_;
   a.ln1_mean = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
@@ -272,13 +270,13 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
   if (mla_)
     a.mla = mla_->allocate_saved();
   else
-    a.qkv = backend_.allocate(compute_dtype_, T, config_.qkv_width(), "saved: qkv");
+    a.qkv = backend_.allocate(compute_dtype_, T, shape_.qkv_width(), "saved: qkv");
   if (with_attention) {
-    a.attn = backend_.allocate(compute_dtype_, T, config_.attention_width(), "saved: attention output");
-    a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * config_.heads_per_rank(), batch_.seq,
+    a.attn = backend_.allocate(compute_dtype_, T, shape_.attention_width(), "saved: attention output");
+    a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * shape_.heads_per_rank(), batch_.seq,
                               "saved: attention output");
     if (cp_size_ > 1)
-      a.cp_kv = backend_.allocate(compute_dtype_, T, 2 * config_.kv_heads_per_rank() * config_.head_dim,
+      a.cp_kv = backend_.allocate(compute_dtype_, T, 2 * shape_.groups_per_rank() * config_.head_dim,
                                   "saved: context-parallel K,V block");
   }
   a.mid = backend_.allocate(compute_dtype_, rows_, h, "saved: mid residual");
@@ -286,8 +284,8 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
   a.ln2_mean = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
   a.ln2_rstd = backend_.allocate(DType::kFP32, rows_, 1, "saved: norm statistics");
   if (dense_mlp)
-    a.fc1 = backend_.allocate(compute_dtype_, T, config_.fc1_width(), "saved: fc1 output (pre-activation)");
-  a.act = carve(mlp_scratch_, 0, T, config_.ffn_per_rank(), backend_.storage_bytes(compute_dtype_));
+    a.fc1 = backend_.allocate(compute_dtype_, T, shape_.fc1_width(), "saved: fc1 output (pre-activation)");
+  a.act = carve(mlp_scratch_, 0, T, shape_.ffn_per_rank(), backend_.storage_bytes(compute_dtype_));
   return a;
 }
 
@@ -388,8 +386,8 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
   } else {
     lin.qkv->forward(norm1_shard_, a.ln1, a.qkv, {}, phase);
     if (config_.position == PositionEmbedding::kRope)
-      backend_.rope(a.qkv, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(),
-                    config_.head_dim, config_.rope_theta, false, {"rope", l, phase}, positions_);
+      backend_.rope(a.qkv, batch_.seq, shape_.heads_per_rank(), shape_.groups_per_rank(), config_.head_dim,
+                    config_.rope_theta, false, {"rope", l, phase}, positions_);
   }
   core_attention_forward(a, l, phase);
   const Tensor proj = lin.proj->forward(a.attn, {}, fc2_out_, reduced_, phase);
@@ -458,8 +456,8 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input, bool nor
   } else {
     core_attention_backward(a, l);
     if (config_.position == PositionEmbedding::kRope)
-      backend_.rope(d_qkv_, batch_.seq, config_.heads_per_rank(), config_.kv_heads_per_rank(),
-                    config_.head_dim, config_.rope_theta, true, {"rope", l, kB}, positions_);
+      backend_.rope(d_qkv_, batch_.seq, shape_.heads_per_rank(), shape_.groups_per_rank(), config_.head_dim,
+                    config_.rope_theta, true, {"rope", l, kB}, positions_);
     if (recompute_shared)
       backend_.norm_forward(
           with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),
@@ -492,7 +490,7 @@ void GPTModel::embed_tokens(const std::vector<std::int32_t>& global_ids, Tensor 
   // Vocab-parallel: this rank's slice of the vocabulary holds ids [offset, offset + V / tp); other ids look
   // up a zero row (-1) and the all-reduce (or reduce-scatter under SP) over TP sums the slices. Learned
   // positions are added once, on TP rank 0.
-  const std::int64_t T = batch_.tokens(), vocab = config_.vocab_per_rank(), offset = tp_rank_ * vocab;
+  const std::int64_t T = shape_.tokens, vocab = shape_.vocab_per_rank(), offset = tp_rank_ * vocab;
   std::vector<std::int32_t> local(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) {
     const std::int64_t id = global_ids[t] - offset;

@@ -52,7 +52,6 @@ struct BatchShape {
   bool main_parameters_sharded = false;
   // How the parameter and gradient buffers split into gradient buckets (their offsets and padding).
   BufferBucketing bucketing;
-  std::int64_t tokens() const { return micro_batch * seq; }
 };
 
 class GPTModel {
@@ -139,6 +138,7 @@ class GPTModel {
 
   const TransformerConfig& config() const { return config_; }
   const BatchShape& batch() const { return batch_; }
+  const layouts::RankShape& shape() const { return shape_; }
   const ParameterLayout& layout() const { return layout_; }
   DType compute_dtype() const { return compute_dtype_; }
   Tensor main_params() const { return main_params_; }  // empty when the model keeps none
@@ -287,6 +287,7 @@ class GPTModel {
 
   TransformerConfig config_;
   BatchShape batch_;
+  layouts::RankShape shape_;  // this rank's shapes: per-TP-rank sizes, the local micro-batch's tokens
   layouts::RecomputeSettings recompute_;
   layouts::RecomputePlan plan_;  // this chunk's (decoder layers, then MTP layers)
   DType compute_dtype_;

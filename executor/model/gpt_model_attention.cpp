@@ -17,7 +17,7 @@ using namespace gpt_model_phases;  // NOLINT(google-build-using-namespace)
 AttentionArgs GPTModel::attention_args(const LayerActivations& acts) const {
   if (mla_) return mla_->attention_args(acts.mla, acts.attn, acts.lse);
   return self_attention_args(acts.qkv, acts.attn, acts.lse, batch_.micro_batch, batch_.seq,
-                             config_.heads_per_rank(), config_.kv_heads_per_rank(), config_.head_dim,
+                             shape_.heads_per_rank(), shape_.groups_per_rank(), config_.head_dim,
                              backend_.storage_bytes(compute_dtype_));
 }
 
@@ -47,8 +47,8 @@ RingAttentionShape GPTModel::ring_shape() const {
   RingAttentionShape ring;
   ring.batch = batch_.micro_batch;
   ring.local_seq = batch_.seq;
-  ring.heads = config_.heads_per_rank();
-  ring.kv_heads = config_.kv_heads_per_rank();
+  ring.heads = shape_.heads_per_rank();
+  ring.kv_heads = shape_.groups_per_rank();
   ring.head_dim = config_.head_dim;
   ring.softmax_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
   return ring;

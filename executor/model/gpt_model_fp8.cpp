@@ -17,7 +17,7 @@ void GPTModel::setup_fp8() {
     for (std::optional<TensorParallelLinear>* l : {&lin.qkv, &lin.proj, &lin.fc1, &lin.fc2})
       if (l->has_value()) linears.push_back(&**l);
   if (linears.empty()) return;
-  const std::int64_t T = batch_.tokens();
+  const std::int64_t T = shape_.tokens;
   // Hopper's FP8 GEMMs need every dimension a multiple of 16 (cuBLASLt's FP8 requirement); the CPU backend
   // emulates the same GEMMs and is held to the same shapes.
   auto require16 = [](std::int64_t size, const std::string& what) {

@@ -17,7 +17,7 @@ using namespace gpt_model_phases;  // NOLINT(google-build-using-namespace)
 }  // namespace
 
 void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with_gradients) {
-  const std::int64_t T = batch_.tokens();
+  const std::int64_t T = shape_.tokens;
   Slot& s = slots_[slot];
   std::vector<std::int32_t> targets(T);
   double counted = 0.0;
@@ -49,13 +49,13 @@ void GPTModel::loss_forward(const MicroBatch& mb, int index, int slot, bool with
 void GPTModel::head_and_loss(const TensorParallelLinear& head, Tensor hidden, Tensor targets,
                              Tensor losses_row, float grad_scale, Tensor head_grad, bool with_gradients,
                              int layer) {
-  const std::int64_t T = batch_.tokens();
+  const std::int64_t T = shape_.tokens;
   const Tensor final_full = head.gather_input(hidden, full_scratch_, kF);
   // LM head and loss per token chunk (layouts::loss_chunk_rows): logits, cross entropy (losses, and the
   // logits' gradient in place; vocab-parallel under TP), then the head's data gradient (into head_grad,
   // read by the backward's final norm) and weight gradient, so one chunk of logits is held at a time.
   const std::int64_t storage = backend_.storage_bytes(compute_dtype_);
-  const std::int64_t vocab_offset = tp_rank_ * config_.vocab_per_rank();
+  const std::int64_t vocab_offset = tp_rank_ * shape_.vocab_per_rank();
   for (std::int64_t first = 0; first < T; first += loss_chunk_rows_) {
     const std::int64_t rows = std::min(loss_chunk_rows_, T - first);
     const Tensor logits = carve(logits_, 0, rows, logits_.cols, storage);
@@ -111,7 +111,7 @@ std::vector<double> GPTModel::microbatch_losses() {
   if (!stage_.has_loss) return out;
   std::vector<float> host(losses_.numel());
   backend_.download(losses_, host.data());
-  const std::int64_t T = batch_.tokens();
+  const std::int64_t T = shape_.tokens;
   for (int i = 0; i < batch_.num_microbatches; ++i) {
     double sum = 0.0;
     for (std::int64_t t = 0; t < T; ++t) sum += host[i * T + t];

@@ -78,7 +78,7 @@ std::pair<Tensor, Tensor> GPTModel::norm_weights(Tensor buffer, const std::strin
 }
 
 void GPTModel::allocate_mtp() {
-  const std::int64_t T = batch_.tokens(), h = config_.hidden, part = h / tp_size_;
+  const std::int64_t T = shape_.tokens, h = config_.hidden, part = h / tp_size_;
   const int layers = stage_.num_mtp_layers;
   mtp_ = std::make_unique<MtpBuffers>();
   MtpBuffers& m = *mtp_;
@@ -258,7 +258,7 @@ std::vector<double> GPTModel::mtp_losses() {
   const int layers = stage_.num_mtp_layers;
   std::vector<float> host(mtp_->losses.numel());
   backend_.download(mtp_->losses, host.data());
-  const std::int64_t T = batch_.tokens();
+  const std::int64_t T = shape_.tokens;
   std::vector<double> out(layers, 0.0);
   for (int i = 0; i < batch_.num_microbatches; ++i)
     for (int d = 0; d < layers; ++d) {

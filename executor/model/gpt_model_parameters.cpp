@@ -83,7 +83,7 @@ void GPTModel::index_layer_parameters() {
       p.router = find(l, "mlp.router.weight");
       p.shared_fc1 = find(l, "mlp.shared_experts.linear_fc1.weight");
       p.shared_fc2 = find(l, "mlp.shared_experts.linear_fc2.weight");
-      const std::int64_t local = config_.local_experts(), first = config_.expert_parallel_rank * local;
+      const std::int64_t local = shape_.local_experts(), first = config_.expert_parallel_rank * local;
       for (std::int64_t e = first; e < first + local; ++e) {
         const std::string prefix = "mlp.experts.local_experts." + std::to_string(e) + ".";
         p.expert_fc1.push_back(find(l, (prefix + "linear_fc1.weight").c_str()));

@@ -32,7 +32,7 @@ void GPTModel::forward_only(const MicroBatch& mb, int index, int begin, int end)
 }
 
 void GPTModel::run_forward(const MicroBatch& mb, int index, int begin, int end, bool with_gradients) {
-  const std::int64_t T = batch_.tokens();
+  const std::int64_t T = shape_.tokens;
   const int count = forward_segments();
   if (index < 0 || index >= batch_.num_microbatches)
     throw std::out_of_range("micro-batch index out of range");

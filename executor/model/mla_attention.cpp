@@ -12,17 +12,17 @@ constexpr OpPhase kMlaBackward = OpPhase::kBackward;
 
 }  // namespace
 
-MlaAttention::MlaAttention(const TransformerConfig& config, std::int64_t micro_batch, std::int64_t seq,
-                           std::int64_t rows, DType dtype, Backend& backend, const TensorParallelRegions& tp)
+MlaAttention::MlaAttention(const TransformerConfig& config, const layouts::RankShape& shape, DType dtype,
+                           Backend& backend, const TensorParallelRegions& tp)
     : config_(config),
-      micro_batch_(micro_batch),
-      seq_(seq),
-      rows_(rows),
+      micro_batch_(shape.micro_batch),
+      seq_(shape.seq_local),
+      rows_(shape.tokens_sp),
       dtype_(dtype),
       backend_(backend),
       tp_(tp) {
   if (!config_.mla) throw std::invalid_argument("MlaAttention: the model has no multi-latent attention");
-  heads_ = config_.heads_per_rank();
+  heads_ = shape.heads_per_rank();
   q_rank_ = config_.q_lora_rank;
   kv_rank_ = config_.kv_lora_rank;
   d_nope_ = config_.qk_head_dim;
@@ -217,7 +217,8 @@ void MlaAttention::down_projection_grads(int layer, const Weights& w, const Save
   const LatentNorms &n = w.norms, &dn = w.norm_grads;
   backend_.copy(cols(dl, q_rank_, kv_rank_), kv_latent_norm_);
   backend_.norm_backward(norm_args(s.kv_latent, n.kv_w, n.kv_b, kv_latent_norm_, s.kv_mean, s.kv_rstd),
-                         kv_latent_norm_, {}, d_kv_latent_, dn.kv_w, dn.kv_b, {"kv_norm", layer, kMlaBackward});
+                         kv_latent_norm_, {}, d_kv_latent_, dn.kv_w, dn.kv_b,
+                         {"kv_norm", layer, kMlaBackward});
   backend_.copy(d_kv_latent_, cols(d_kv_compressed_, 0, kv_rank_));
   backend_.copy(cols(dl, q_rank_ + kv_rank_, d_rope_), cols(d_kv_compressed_, kv_rank_, d_rope_));
   if (q_rank_ > 0) {

@@ -47,11 +47,11 @@ class MlaAttention {
     Tensor kv;                // (T, H * (qk_head_dim + v_head_dim)) kv up-projection output; v is a view
   };
 
-  // rows: this rank's rows of the residual stream (T, or T / tp under SP); buffers shared by all layers come
-  // from the backend arena (in sizing mode, only counted). tp: the regions the latents are gathered and
-  // their gradients reduced over.
-  MlaAttention(const TransformerConfig& config, std::int64_t micro_batch, std::int64_t seq, std::int64_t rows,
-               DType dtype, Backend& backend, const TensorParallelRegions& tp);
+  // shape: the rank's (its local micro-batch; the residual stream's rows are its tokens_sp: T, or T / tp
+  // under SP); buffers shared by all layers come from the backend arena (in sizing mode, only counted). tp:
+  // the regions the latents are gathered and their gradients reduced over.
+  MlaAttention(const TransformerConfig& config, const layouts::RankShape& shape, DType dtype,
+               Backend& backend, const TensorParallelRegions& tp);
 
   Saved allocate_saved();
   // x: the input norm's output on this rank's rows (rows, h); x_full: (T, h), where the one query projection

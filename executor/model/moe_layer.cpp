@@ -14,24 +14,24 @@ constexpr OpPhase kMoeBackward = OpPhase::kBackward;
 
 }  // namespace
 
-MoeLayers::MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers,
-                     int slots, DType compute_dtype, Backend& backend, Communicator& communicator)
+MoeLayers::MoeLayers(const TransformerConfig& config, const layouts::RankShape& shape, int layers, int slots,
+                     DType compute_dtype, Backend& backend, Communicator& communicator)
     : config_(config),
-      tokens_(tokens),
-      seq_(seq),
+      tokens_(shape.tokens),
+      seq_(shape.seq_local),
       layers_(layers),
       tp_(communicator.size(CommGroup::kTensor)),
       tp_rank_(communicator.rank(CommGroup::kTensor)),
       dtype_(compute_dtype),
       backend_(backend),
       communicator_(communicator) {
-  if (tokens % seq != 0) throw std::invalid_argument("MoeLayers: tokens must be whole sequences");
-  if (tokens % tp_ != 0) throw std::invalid_argument("MoeLayers: tokens must split over the TP ranks");
+  if (tokens_ % seq_ != 0) throw std::invalid_argument("MoeLayers: tokens must be whole sequences");
+  if (tokens_ % tp_ != 0) throw std::invalid_argument("MoeLayers: tokens must split over the TP ranks");
   if (tp_ > 1 && !config_.sequence_parallel)
     throw std::invalid_argument("MoeLayers: tensor parallelism needs sequence parallelism");
   local_tokens_ = tokens_ / tp_;
-  const std::int64_t h = config_.hidden, glu = config_.glu_factor(), ffn = config_.moe_ffn_per_rank(),
-                     shared = config_.shared_expert_ffn / config_.tensor_parallel_size;
+  const std::int64_t h = config_.hidden, glu = shape.glu_factor(), ffn = shape.moe_ffn_per_rank(),
+                     shared = shape.shared_ffn_per_rank();
   max_local_rows_ = local_tokens_ * config_.router.topk;  // dropless: every choice of every token
   if (config_.router.pad_to_capacity)                     // every expert its capacity
     max_local_rows_ = config_.num_experts * config_.router.expert_capacity(local_tokens_);

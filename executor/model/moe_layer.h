@@ -39,9 +39,9 @@ struct MoeLayerLinears {
 class MoeLayers {
  public:
   // Buffers for `layers` local MoE layers (local index 0..layers-1), `slots` micro-batches in flight,
-  // micro-batches of `tokens` rows in sequences of `seq` (the layer sees tokens / tp of them; TP > 1 needs
-  // sequence parallelism).
-  MoeLayers(const TransformerConfig& config, std::int64_t tokens, std::int64_t seq, int layers, int slots,
+  // micro-batches of the shape's tokens in sequences of its seq_local (the layer sees tokens / tp of them; TP
+  // > 1 needs sequence parallelism).
+  MoeLayers(const TransformerConfig& config, const layouts::RankShape& shape, int layers, int slots,
             DType compute_dtype, Backend& backend, Communicator& communicator);
 
   // y (T / tp, h) = the MoE MLP of x (T / tp, h) (the pre-MLP norm output's shard); x_full (T, h): where

@@ -10,40 +10,6 @@ std::string layer_parameter(int layer, const char* suffix) {
   return "decoder.layers." + std::to_string(layer) + "." + suffix;
 }
 
-layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& c) {
-  layouts::DenseParameterShape s;
-  s.num_layers = c.num_layers;
-  s.hidden = c.hidden;
-  s.heads = c.heads;
-  s.groups = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.ffn = c.ffn_hidden;
-  s.vocab_padded = c.vocab_size;
-  s.max_positions = c.max_seq;
-  s.layernorm = c.norm == NormKind::kLayerNorm;
-  s.swiglu = c.activation == ActivationKind::kSwiglu;
-  s.learned_positions = c.position == PositionEmbedding::kLearned;
-  s.tied = c.tied_embeddings;
-  s.bias = c.bias;
-  s.tp = c.tensor_parallel_size;
-  s.sequence_parallel = c.sequence_parallel;
-  s.mla = c.mla;
-  s.q_lora_rank = c.q_lora_rank;
-  s.kv_lora_rank = c.kv_lora_rank;
-  s.qk_head_dim = c.qk_head_dim;
-  s.qk_pos_emb_head_dim = c.qk_pos_emb_head_dim;
-  s.v_head_dim = c.v_head_dim;
-  s.moe_layers = c.moe_layers;
-  s.num_experts = c.num_experts;
-  s.moe_ffn = c.moe_ffn_hidden;
-  s.shared_ffn = c.shared_expert_ffn;
-  s.ep = c.expert_parallel_size;
-  s.ep_rank = c.expert_parallel_rank;
-  s.mtp_num_layers = c.mtp_num_layers;
-  s.etp = c.expert_tensor_parallel_size;
-  return s;
-}
-
 namespace {
 
 // The region's entries in buffer order, with the index of each in `forward`.
@@ -62,7 +28,7 @@ std::vector<GradBufferEntry> region_entries(const std::vector<ParameterEntry>& f
 
 ParameterLayout::ParameterLayout(const TransformerConfig& c, const StageSpan& stage,
                                  const BufferBucketing& bucketing) {
-  for (layouts::ParameterSpec& spec : layouts::stage_parameter_table(dense_parameter_shape(c), stage)) {
+  for (layouts::ParameterSpec& spec : layouts::stage_parameter_table(rank_shape(c), stage)) {
     ParameterEntry e;
     static_cast<layouts::ParameterSpec&>(e) = std::move(spec);
     entries_.push_back(std::move(e));

@@ -64,9 +64,6 @@ class ParameterLayout {
 std::vector<GradBufferEntry> grad_buffer_entries(const ParameterLayout& layout, bool shared_embedding = false,
                                                  bool experts = false);
 
-// The table's shape of a TransformerConfig.
-layouts::DenseParameterShape dense_parameter_shape(const TransformerConfig& config);
-
 // Standard parameter names.
 std::string layer_parameter(int layer, const char* suffix);  // "decoder.layers.<l>.<suffix>"
 

@@ -78,6 +78,45 @@ std::string TransformerConfig::describe() const {
 
 namespace megatune::executor {
 
+layouts::RankShape rank_shape(const TransformerConfig& c, std::int64_t micro_batch, std::int64_t seq,
+                              int cp) {
+  layouts::RankShape s;
+  s.num_layers = c.num_layers;
+  s.hidden = c.hidden;
+  s.heads = c.heads;
+  s.groups = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.head_dim_v = c.mla ? c.v_head_dim : c.head_dim;
+  s.ffn = c.ffn_hidden;
+  s.vocab_padded = c.vocab_size;
+  s.max_positions = c.max_seq;
+  s.rms = c.norm == NormKind::kRMSNorm;
+  s.swiglu = c.activation == ActivationKind::kSwiglu;
+  s.rope = c.position == PositionEmbedding::kRope;
+  s.tied = c.tied_embeddings;
+  s.bias = c.bias;
+  s.tp = c.tensor_parallel_size;
+  s.sp = c.sequence_parallel;
+  s.mla = c.mla;
+  s.q_lora_rank = c.q_lora_rank;
+  s.kv_lora_rank = c.kv_lora_rank;
+  s.qk_head_dim = c.qk_head_dim;
+  s.qk_pos_emb_head_dim = c.qk_pos_emb_head_dim;
+  s.v_head_dim = c.v_head_dim;
+  s.moe_layers = c.moe_layers;
+  s.experts = c.num_experts;
+  s.moe_ffn = c.moe_ffn_hidden;
+  s.shared_ffn = c.shared_expert_ffn;
+  s.topk = c.is_moe() ? c.router.topk : 0;
+  s.ep = c.expert_parallel_size;
+  s.ep_rank = c.expert_parallel_rank;
+  s.etp = c.expert_tensor_parallel_size;
+  s.mtp_num_layers = c.mtp_num_layers;
+  s.cp = cp;
+  if (micro_batch > 0) layouts::resolve_tokens(s, seq, micro_batch);
+  return s;
+}
+
 TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp, float rope_theta,
                                           float norm_eps, float init_std) {
   if (spec.is_moe() && spec.add_bias_linear)

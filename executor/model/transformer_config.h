@@ -7,6 +7,7 @@
 #include "executor/backend/backend.h"
 #include "executor/model/moe_router.h"
 #include "layouts/fp8.h"
+#include "layouts/rank_shape.h"
 
 namespace megatune::executor {
 
@@ -57,26 +58,12 @@ struct TransformerConfig {
   // (left out of describe(): checkpoints move between bf16 and FP8 runs).
   layouts::Fp8Settings fp8;
 
-  // Per-TP-rank sizes.
-  std::int64_t heads_per_rank() const { return heads / tensor_parallel_size; }
-  std::int64_t kv_heads_per_rank() const { return kv_heads / tensor_parallel_size; }
-  // The fused QKV projection's out-features (0 under MLA, which has no fused projection).
-  std::int64_t qkv_width() const { return mla ? 0 : (heads_per_rank() + 2 * kv_heads_per_rank()) * head_dim; }
-  std::int64_t value_head_dim() const { return mla ? v_head_dim : head_dim; }
-  std::int64_t attention_width() const { return heads_per_rank() * value_head_dim(); }
-  std::int64_t ffn_per_rank() const { return ffn_hidden / tensor_parallel_size; }
-  std::int64_t fc1_width() const {
-    return activation == ActivationKind::kSwiglu ? 2 * ffn_per_rank() : ffn_per_rank();
-  }
-  std::int64_t vocab_per_rank() const { return vocab_size / tensor_parallel_size; }
+  // What one TP rank holds of these sizes: rank_shape below.
   bool is_moe() const { return num_experts > 0; }
   bool is_moe_layer(int layer) const {
     if (layer <= -3) layer = num_layers - 1;  // an MTP layer
     return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[layer] != 0;
   }
-  std::int64_t local_experts() const { return num_experts / expert_parallel_size; }
-  std::int64_t moe_ffn_per_rank() const { return moe_ffn_hidden / expert_tensor_parallel_size; }
-  std::int64_t glu_factor() const { return activation == ActivationKind::kSwiglu ? 2 : 1; }
   // Throws UserError naming the bad field.
   void validate() const;
   std::string describe() const;
@@ -89,6 +76,13 @@ struct ModelSpec;
 }
 
 namespace megatune::executor {
+
+// The layouts' shape of `config` on its rank: the model's dimensions and what one TP rank holds of them,
+// the tensor-, expert- and expert-tensor-parallel sizes, the rank's expert-parallel index and, for
+// micro-batches of `micro_batch` sequences of `seq` tokens (the whole sequence) over `cp` context-parallel
+// ranks, the tokens (none when micro_batch is 0).
+layouts::RankShape rank_shape(const TransformerConfig& config, std::int64_t micro_batch = 0,
+                              std::int64_t seq = 0, int cp = 1);
 
 // The executor's shape of a layouts::ModelSpec on one TP rank (vocabulary padded like Megatron); MoE layers
 // with the router's defaults (top-k from the spec). UserError for features the executor does not run yet

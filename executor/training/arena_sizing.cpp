@@ -106,7 +106,8 @@ void add_moe_rows_note(const TrainerConfig& trainer, const Communicator& communi
                                  [](const ArenaUse& u) { return u.what == MoeRowArena::kSavedLabel; });
   if (!sized) return;
   const TransformerConfig& model = trainer.model;
-  const std::int64_t local_tokens = trainer.batch.tokens() / model.tensor_parallel_size;
+  const std::int64_t local_tokens =
+      rank_shape(model, trainer.batch.micro_batch, trainer.batch.seq).tokens / model.tensor_parallel_size;
   const MoeExpertRows rows = moe_expert_rows(model, local_tokens, communicator.size(CommGroup::kExpert),
                                              communicator.size(CommGroup::kExpertTensor));
   arena.sizing_notes.push_back("MoE expert rows: " + std::to_string(rows.expected) +

@@ -31,7 +31,7 @@ std::vector<MicroBatch> batches(const TrainerConfig& c, unsigned seed) {
   std::mt19937 rng(seed);
   std::vector<MicroBatch> out(c.batch.num_microbatches);
   for (MicroBatch& mb : out)
-    for (std::int64_t t = 0; t < c.batch.tokens(); ++t) {
+    for (std::int64_t t = 0; t < c.batch.micro_batch * c.batch.seq; ++t) {
       // A learnable pattern: the next token is a function of the current one.
       const std::int32_t token = static_cast<std::int32_t>(rng() % 512);
       mb.tokens.push_back(token);

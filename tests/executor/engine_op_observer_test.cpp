@@ -51,7 +51,7 @@ struct TinyTrainer {
     std::mt19937 rng(3);
     batches.resize(2);
     for (MicroBatch& mb : batches)
-      for (std::int64_t t = 0; t < config.batch.tokens(); ++t) {
+      for (std::int64_t t = 0; t < config.batch.micro_batch * config.batch.seq; ++t) {
         mb.tokens.push_back(static_cast<std::int32_t>(rng() % spec.vocab_size));
         mb.labels.push_back(static_cast<std::int32_t>(rng() % spec.vocab_size));
         mb.loss_mask.push_back(1.0f);

@@ -48,7 +48,7 @@ Recorded record(const layouts::ModelSpec& spec, int micro_batch, int num_microba
   std::vector<MicroBatch> batches(num_microbatches);
   std::mt19937 rng(1);
   for (MicroBatch& mb : batches)
-    for (std::int64_t t = 0; t < config.batch.tokens(); ++t) {
+    for (std::int64_t t = 0; t < config.batch.micro_batch * config.batch.seq; ++t) {
       mb.tokens.push_back(static_cast<std::int32_t>(rng() % spec.vocab_size));
       mb.labels.push_back(static_cast<std::int32_t>(rng() % spec.vocab_size));
       mb.loss_mask.push_back(1.0f);

@@ -40,7 +40,7 @@ MicroBatch random_batch(const BatchShape& shape, std::int64_t vocab, unsigned se
   MicroBatch mb;
   mb.micro_batch_size = shape.micro_batch;
   mb.sequence_length = shape.seq;
-  for (std::int64_t t = 0; t < shape.tokens(); ++t) {
+  for (std::int64_t t = 0; t < shape.micro_batch * shape.seq; ++t) {
     mb.tokens.push_back(static_cast<std::int32_t>(rng() % vocab));
     mb.labels.push_back(static_cast<std::int32_t>(rng() % vocab));
     mb.loss_mask.push_back(t % 5 == 3 ? 0.0f : 1.0f);

@@ -86,16 +86,15 @@ TEST_P(PerfShapeMemory, ArenaStaysBelowCompiledPyTorch) {
   EXPECT_GE(bytes_of(breakdown, "AdamW exp_avg, exp_avg_sq (fp32)"), 8 * params);
 
   // Nothing of the norm or activation outputs is kept per layer: two (T, h) norm buffers and one scratch.
-  const std::int64_t T = config.batch.tokens(), h = config.model.hidden;
+  const layouts::RankShape rank = rank_shape(config.model, config.batch.micro_batch, config.batch.seq);
+  const std::int64_t T = rank.tokens, h = config.model.hidden;
   EXPECT_EQ(bytes_of(breakdown, "norm outputs (shared, recomputed)"), 2 * T * h * 2);
-  EXPECT_EQ(
-      bytes_of(breakdown, "activation output / gradient scratch (shared)"),
-      T * std::max(config.model.ffn_per_rank(), config.model.attention_width() + config.model.qkv_width()) *
-          2);
+  EXPECT_EQ(bytes_of(breakdown, "activation output / gradient scratch (shared)"),
+            T * std::max(rank.ffn_per_rank(), rank.attention_width() + rank.qkv_width()) * 2);
   // Per layer: the qkv, the attention output and its LSE, the mid residual, the fc1 output, the stats.
   const std::int64_t L = config.model.num_layers;
-  EXPECT_EQ(bytes_of(breakdown, "saved: fc1 output (pre-activation)"), L * T * config.model.fc1_width() * 2);
-  EXPECT_EQ(bytes_of(breakdown, "saved: qkv"), L * T * config.model.qkv_width() * 2);
+  EXPECT_EQ(bytes_of(breakdown, "saved: fc1 output (pre-activation)"), L * T * rank.fc1_width() * 2);
+  EXPECT_EQ(bytes_of(breakdown, "saved: qkv"), L * T * rank.qkv_width() * 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(BenchShapes, PerfShapeMemory,

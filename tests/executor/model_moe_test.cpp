@@ -41,7 +41,7 @@ std::vector<MicroBatch> random_batches(const BatchShape& shape, std::int64_t voc
   for (MicroBatch& mb : out) {
     mb.micro_batch_size = shape.micro_batch;
     mb.sequence_length = shape.seq;
-    for (std::int64_t t = 0; t < shape.tokens(); ++t) {
+    for (std::int64_t t = 0; t < shape.micro_batch * shape.seq; ++t) {
       mb.tokens.push_back(static_cast<std::int32_t>(rng() % vocab));
       mb.labels.push_back(static_cast<std::int32_t>(rng() % vocab));
       mb.loss_mask.push_back(1.0f);

@@ -40,7 +40,7 @@ std::vector<MicroBatch> batches(const TrainerConfig& c) {
   std::mt19937 rng(3);
   std::vector<MicroBatch> out(c.batch.num_microbatches);
   for (MicroBatch& mb : out)
-    for (std::int64_t t = 0; t < c.batch.tokens(); ++t) {
+    for (std::int64_t t = 0; t < c.batch.micro_batch * c.batch.seq; ++t) {
       mb.tokens.push_back(static_cast<std::int32_t>(rng() % 64));
       mb.labels.push_back(static_cast<std::int32_t>(rng() % 64));
       mb.loss_mask.push_back(1.0f);

@@ -46,7 +46,7 @@ std::vector<std::vector<MicroBatch>> iteration_batches(const TrainerConfig& c) {
   std::mt19937 rng(11);
   std::vector<MicroBatch> batch(c.batch.num_microbatches);
   for (MicroBatch& mb : batch)
-    for (std::int64_t t = 0; t < c.batch.tokens(); ++t) {
+    for (std::int64_t t = 0; t < c.batch.micro_batch * c.batch.seq; ++t) {
       mb.tokens.push_back(static_cast<std::int32_t>(rng() % 64));
       mb.labels.push_back(static_cast<std::int32_t>(rng() % 64));
       mb.loss_mask.push_back(1.0f);

@@ -28,7 +28,7 @@ std::vector<std::int64_t> planner_bucket_bytes(const char* preset, int tp, int d
   config.tensor_model_parallel_size = tp;
   config.overlap_grad_reduce = overlap;
   config.use_distributed_optimizer = dist_opt;
-  const layouts::StepShape shape = layouts::resolve_step_shape(spec, config);
+  const layouts::RankShape shape = layouts::resolve_rank_shape(spec, config);
   const layouts::PipelineLayout pipeline = layouts::PipelineLayout::uniform(spec.num_layers, 1);
   layouts::StepProgramOptions options;
   options.bucket_size_elements = bucket_size;

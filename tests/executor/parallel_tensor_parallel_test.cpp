@@ -13,6 +13,7 @@
 #include "executor/parallel/tensor_parallel.h"
 #include "layouts/parameter_table.h"
 #include "layouts/rank_grid.h"
+#include "layouts/rank_shape.h"
 #include "tests/executor/thread_rank_test_util.h"
 
 namespace megatune::executor {
@@ -96,7 +97,7 @@ struct Reference {
 };
 
 TEST(TensorParallelLinear, ParallelismIsTheParameterTablesSplit) {
-  layouts::DenseParameterShape shape;
+  layouts::RankShape shape;
   shape.num_layers = 1;
   shape.hidden = 8;
   shape.heads = shape.groups = 2;

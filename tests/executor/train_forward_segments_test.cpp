@@ -60,7 +60,7 @@ TEST(ForwardSegments, OneRankHooksEachLayerBeforeItsOps) {
     ops_before.push_back(backend.recorder().ops().size());
   });
   backend.recorder().set_enabled(true);
-  const std::vector<MicroBatch> data = batches(2, config.batch.tokens(), 32);
+  const std::vector<MicroBatch> data = batches(2, config.batch.micro_batch * config.batch.seq, 32);
   trainer.train_step(data);
   const std::vector<Hook> expected = {{0, 0, -1}, {0, 0, 0}, {0, 0, 1}, {0, 0, -2},
                                       {0, 1, -1}, {0, 1, 0}, {0, 1, 1}, {0, 1, -2}};
@@ -109,7 +109,8 @@ TEST(ForwardSegments, PipelineRanksHookInTheOrderOfTheirWalk) {
     trainer.set_forward_segment_hook(
         [&](int chunk, int microbatch, int group) { hooks.emplace_back(chunk, microbatch, group); });
     const std::vector<MicroBatch> data =
-        batches(run.trainer.batch.num_microbatches, run.trainer.batch.tokens(), run.trainer.model.vocab_size);
+        batches(run.trainer.batch.num_microbatches, run.trainer.batch.micro_batch * run.trainer.batch.seq,
+                run.trainer.model.vocab_size);
     trainer.train_step(data);
     std::vector<Hook> during_training = std::move(hooks);
     hooks.clear();

@@ -123,7 +123,7 @@ TEST(StepProgram, ContextParallelRingPerRank) {
       EXPECT_NEAR(flops / full, 1.0 / cp, 1e-12);
       EXPECT_EQ(forward_bytes, (cp - 1) * kv);
       EXPECT_EQ(backward_bytes, 2 * (cp - 1) * kv);
-      const StepShape shape = resolve_step_shape(model, config);
+      const RankShape shape = resolve_rank_shape(model, config);
       EXPECT_EQ(kv, context_parallel_kv_bytes(shape.tokens, std::max<std::int64_t>(1, shape.groups / 2),
                                               shape.head_dim, 2));
     }

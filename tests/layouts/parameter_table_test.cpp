@@ -33,9 +33,7 @@ ParallelConfig tp_config(int tp, bool sp) {
   return c;
 }
 
-DenseParameterShape shape_of(const ModelSpec& m, int tp, bool sp) {
-  return parameter_table_shape(m, resolve_step_shape(m, tp_config(tp, sp)));
-}
+RankShape shape_of(const ModelSpec& m, int tp, bool sp) { return resolve_rank_shape(m, tp_config(tp, sp)); }
 
 std::int64_t total(const std::vector<ParameterSpec>& table) {
   std::int64_t n = 0;

@@ -204,7 +204,7 @@ TEST(StepProgram, StageParametersAddUpToTheModelsCounts) {
     ModelSpec model = model_preset(name);
     ParallelConfig config = config_for(1, 1, 1, 1);
     config.validate(model);
-    const StepShape shape = resolve_step_shape(model, config);
+    const RankShape shape = resolve_rank_shape(model, config);
     const PipelineLayout layout = config.resolved_pipeline_layout(model);
     std::int64_t held = 0;
     for (const PipelineStage& stage : layout.stages()) {

@@ -50,7 +50,7 @@ TEST(FsdpMemoryModel, BytesPerRankFallAsMegatronsFormulas) {
     };
     const bool params = s == DataParallelSharding::kOptimGradsParams;
     const std::int64_t layer =
-        layouts::stage_parameters(model, layouts::resolve_step_shape(model, c),
+        layouts::stage_parameters(model, layouts::resolve_rank_shape(model, c),
                                   c.resolved_pipeline_layout(model).stages().at(0))
             .dense_per_layer_reverse.at(0);  // the loss entry: the LM head, the largest
     EXPECT_EQ(e.weight_bytes, shard(2, params) + (params ? 4 * layer : 0));
@@ -165,12 +165,14 @@ TEST(FsdpSearch, MegatuneMemoryModelSearchesItOnlyWhenPinned) {
   request.top_k = 10;
   const PlanResult open = plan(request, pricer);
   ASSERT_FALSE(open.ranked.empty());
-  for (const PlanCandidate& candidate : open.ranked) EXPECT_FALSE(candidate.config.fsdp()) << describe(candidate);
+  for (const PlanCandidate& candidate : open.ranked)
+    EXPECT_FALSE(candidate.config.fsdp()) << describe(candidate);
   request.space.distributed_optimizer.clear();
   request.space.fsdp_pinned = true;  // as --use-megatron-fsdp pins it
   const PlanResult pinned = plan(request, pricer);
   ASSERT_FALSE(pinned.ranked.empty());
-  for (const PlanCandidate& candidate : pinned.ranked) EXPECT_TRUE(candidate.config.fsdp()) << describe(candidate);
+  for (const PlanCandidate& candidate : pinned.ranked)
+    EXPECT_TRUE(candidate.config.fsdp()) << describe(candidate);
 }
 
 }  // namespace

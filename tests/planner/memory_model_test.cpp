@@ -30,7 +30,7 @@ class Activations : public ::testing::Test {
   std::int64_t per_layer(const ParallelConfig& config, bool flash) {
     MemoryOptions options;
     options.flash_attention = flash;
-    return layer_activation_bytes(model, layouts::resolve_step_shape(model, config), false, options);
+    return layer_activation_bytes(model, layouts::resolve_rank_shape(model, config), false, options);
   }
 };
 
@@ -134,7 +134,7 @@ TEST(PartialRecomputation, UnitsSaveTheirInputOnceAndKeptLayersEverything) {
   const MemoryEstimate u2 = estimate(kFull, RecomputeMethod::kUniform, 2);
   const MemoryEstimate b8 = estimate(kFull, RecomputeMethod::kBlock, 8);
   const MemoryEstimate b32 = estimate(kFull, RecomputeMethod::kBlock, 32);
-  const layouts::StepShape shape = layouts::resolve_step_shape(model, c);
+  const layouts::RankShape shape = layouts::resolve_rank_shape(model, c);
   const std::int64_t input = 2 * shape.tokens * shape.hidden;
   const std::int64_t full = layer_activation_bytes(model, shape, false, {});  // a kept layer
   const std::int64_t rest = none.activation_bytes - 32 * full;                // embedding, loss

@@ -126,7 +126,7 @@ TEST(OpRangeObserver, CpuBackendStepIsAttributedOpByOpAndJoinsToTheStepProgram) 
   std::vector<executor::MicroBatch> batches(2);
   std::mt19937 rng(5);
   for (executor::MicroBatch& mb : batches)
-    for (std::int64_t t = 0; t < config.batch.tokens(); ++t) {
+    for (std::int64_t t = 0; t < config.batch.micro_batch * config.batch.seq; ++t) {
       mb.tokens.push_back(static_cast<std::int32_t>(rng() % spec.vocab_size));
       mb.labels.push_back(static_cast<std::int32_t>(rng() % spec.vocab_size));
       mb.loss_mask.push_back(1.0f);
