@@ -39,9 +39,6 @@ constexpr const char* kWandb =
 constexpr const char* kRampup =
     "batch-size ramp-up is not run by megatune: drop it (it trains at --global-batch-size from the first "
     "iteration)";
-constexpr const char* kDecoupled =
-    "a separate learning rate for the embedding and output layer is not run by megatune: drop --decoupled-lr "
-    "and --decoupled-min-lr (--lr and --min-lr apply to every parameter)";
 constexpr const char* kDropout =
     "megatune trains without dropout: pass 0.0 (as most pre-training scripts do) or drop the flag";
 constexpr const char* kYarn =
@@ -162,8 +159,6 @@ const std::vector<CompatFlag>& table() {
       {"--wandb-entity", 1, T::kRefused, kWandb},
       {"--rampup-batch-size", -1, T::kRefused, kRampup},
       {"--step-batch-size-schedule", 1, T::kRefused, kRampup},
-      {"--decoupled-lr", 1, T::kRefused, kDecoupled},
-      {"--decoupled-min-lr", 1, T::kRefused, kDecoupled},
       {"--rotary-scaling-factor", 1, T::kRefused, kYarn},
       {"--use-legacy-models", 0, T::kRefused,
        "Megatron's legacy models are not a separate path in megatune: drop the flag (its models are Core's)"},

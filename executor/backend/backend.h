@@ -143,6 +143,7 @@ struct OptimizerTensor {
   Tensor exp_avg_sq;   // fp32 (1, numel)
   Tensor model_param;  // compute dtype (1, numel): receives the updated weights
   bool apply_weight_decay = true;
+  bool decoupled_lr = false;  // updated at AdamWHyper::decoupled_lr (the word embeddings, the output layer)
   // grad_norm() sums the squares of these only: false for a gradient another rank counts (a parameter
   // replicated over TP on tp rank > 0, a shared copy), so that a norm combined over ranks counts each once.
   bool in_grad_norm = true;

@@ -285,8 +285,10 @@ void CpuBackend::do_adamw_step(const AdamWHyper& hyper) {
   const float clip = adamw_clip_coefficient(last_grad_norm_, hyper.max_grad_norm);
   for (const OptimizerTensor& t : optimizer_tensors_) {
     const bool bf16_copy = emulate_bf16_ && t.model_param.dtype == DType::kBF16;
+    AdamWHyper group = hyper;
+    group.lr = hyper.lr_of(t.decoupled_lr);
     reference::adamw_step(f32(t.main_param), f32(t.main_grad), f32(t.exp_avg), f32(t.exp_avg_sq),
-                          bf16_copy ? f32(t.model_param) : nullptr, t.main_param.numel(), hyper,
+                          bf16_copy ? f32(t.model_param) : nullptr, t.main_param.numel(), group,
                           t.apply_weight_decay, clip);
     if (!bf16_copy && !t.model_param.empty() && t.model_param.data != t.main_param.data)
       copy(t.main_param, t.model_param);

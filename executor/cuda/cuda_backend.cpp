@@ -523,6 +523,7 @@ void CudaBackend::prepare_optimizer(std::vector<OptimizerTensor> tensors) {
     a.model_param = t.model_param.dtype == DType::kBF16 ? b16(t.model_param) : nullptr;
     a.numel = t.main_param.numel();
     a.apply_weight_decay = t.apply_weight_decay ? 1 : 0;
+    a.decoupled_lr = t.decoupled_lr ? 1 : 0;
     optimizer_elements_ += a.numel;
     table.push_back(a);
     if (t.in_grad_norm) norm_table.push_back(a);

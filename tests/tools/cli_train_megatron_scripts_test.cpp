@@ -3,8 +3,8 @@
 // at the scripts' defaults) either run (checked with --dry-run: the same checks as a real run) or are
 // refused in one line naming the flag; with the refused ones dropped, each script's layout sizes. Beside
 // them, the flags that change a run: sample-based schedules, --exit-interval / --exit-duration-in-mins with
-// their checkpoint, --finetune / --no-load-optim, --nproc as the world size, --recompute-activations,
-// NullTokenizer, --calculate-per-token-loss and --tensorboard-dir (read back).
+// their checkpoint, --decoupled-lr / --decoupled-min-lr, --finetune / --no-load-optim, --nproc as the world
+// size, --recompute-activations, NullTokenizer, --calculate-per-token-loss and --tensorboard-dir (read back).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -185,14 +185,14 @@ TEST(MegatronScripts, Gpt3RefusesFp16AndRampupThenSizes) {
       {"--attention-backend auto"});
 }
 
-TEST(MegatronScripts, Llama3RefusesDecoupledLrAndFp8ThenSizes) {
+TEST(MegatronScripts, Llama3RefusesFp8ThenSizes) {
   TempDir dir;
   const Flags pasted = llama3_8b_fp8(dir / "ckpt");
-  expect_one_line_refusal(train_dry(pasted), "--decoupled-lr 5.0e-4",
-                          {"--decoupled-min-lr", "--fp8-format hybrid", "--fp8-param-gather"});
-  const Flags runnable =
-      without(pasted, {"--decoupled-lr", "--decoupled-min-lr", "--fp8-format", "--fp8-amax-history-len",
-                       "--fp8-amax-compute-algo", "--fp8-param-gather"});
+  const CliResult refused = train_dry(pasted);
+  expect_one_line_refusal(refused, "--fp8-format hybrid", {"--fp8-param-gather"});
+  EXPECT_EQ(refused.err.find("--decoupled-lr"), std::string::npos) << refused.err;  // it runs
+  const Flags runnable = without(
+      pasted, {"--fp8-format", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather"});
   const CliResult r = train_dry(runnable);
   expect_sized(r, {"--use-mcore-models", "--rotary-percent 1.0", "--attention-dropout 0.0", "--manual-gc",
                    "--grad-reduce-in-bf16", "--apply-layernorm-1p", "--calculate-per-token-loss",
@@ -295,6 +295,42 @@ TEST(MegatronFlags, SampleScheduleEqualsTheIterationOne) {
   }
 }
 
+std::string loss_at(const std::string& log, int iteration) {
+  char tag[32];
+  std::snprintf(tag, sizeof(tag), "iteration %8d/", iteration);
+  const std::size_t at = log.find(tag);
+  return at == std::string::npos ? std::string() : log.substr(log.find("lm loss: ", at), 22);
+}
+
+TEST(MegatronFlags, DecoupledLrIsTheEmbeddingsOwnRate) {
+  // --decoupled-lr 0: the tied embedding never moves, so the second loss differs from the plain run's; the
+  // logged rate is the default group's, as Megatron logs it.
+  const CliResult plain = run_megatune(tiny({"--train-iters", "3"}), 120);
+  const CliResult frozen =
+      run_megatune(tiny({"--train-iters", "3", "--decoupled-lr", "0", "--decoupled-min-lr", "0"}), 120);
+  // Megatron reads --decoupled-min-lr only with --decoupled-lr.
+  const CliResult floor_only = run_megatune(tiny({"--train-iters", "3", "--decoupled-min-lr", "0"}), 120);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(frozen.exit_code, 0) << frozen.err;
+  ASSERT_EQ(floor_only.exit_code, 0) << floor_only.err;
+  EXPECT_EQ(loss_at(frozen.out, 1), loss_at(plain.out, 1));
+  EXPECT_NE(loss_at(frozen.out, 2), loss_at(plain.out, 2));
+  EXPECT_EQ(loss_at(floor_only.out, 3), loss_at(plain.out, 3));
+  for (int i : {1, 2}) {  // (the linear decay reaches --min-lr 0 at iteration 3)
+    EXPECT_GT(learning_rate_at(frozen.out, i), 0.0) << i;
+    EXPECT_EQ(learning_rate_at(frozen.out, i), learning_rate_at(plain.out, i)) << i;
+  }
+  for (const auto& [flags, says] : std::vector<std::pair<Flags, std::string>>{
+           {{"--decoupled-lr", "-1"}, "--decoupled-lr -1 makes no sense"},
+           {{"--decoupled-lr", "1e-4", "--decoupled-min-lr", "1e-3"},
+            "--decoupled-min-lr 0.001 exceeds --decoupled-lr 0.0001"}}) {
+    const CliResult bad = run_megatune(tiny(Flags{"--train-iters", "1"} + flags), 60);
+    EXPECT_EQ(bad.exit_code, 1);
+    EXPECT_EQ(bad.error_lines(), 1) << bad.err;
+    EXPECT_NE(bad.err.find(says), std::string::npos) << bad.err;
+  }
+}
+
 TEST(MegatronFlags, ExitFlagsSaveThenStop) {
   TempDir dir;
   const CliResult r =
@@ -345,12 +381,8 @@ TEST(MegatronFlags, FinetuneTakesOnlyTheWeights) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   ASSERT_EQ(fresh_moments.exit_code, 0) << fresh_moments.err;
   EXPECT_NE(fresh_moments.out.find("the optimizer state starts anew (--no-load-optim)"), std::string::npos);
-  const auto loss_at = [](const std::string& log, const std::string& tag) {
-    const std::size_t at = log.find(tag);
-    return at == std::string::npos ? std::string() : log.substr(log.find("lm loss: ", at), 22);
-  };
-  EXPECT_EQ(loss_at(resumed.out, "iteration        7/"), loss_at(fresh_moments.out, "iteration        7/"));
-  EXPECT_NE(loss_at(resumed.out, "iteration        8/"), loss_at(fresh_moments.out, "iteration        8/"));
+  EXPECT_EQ(loss_at(resumed.out, 7), loss_at(fresh_moments.out, 7));
+  EXPECT_NE(loss_at(resumed.out, 8), loss_at(fresh_moments.out, 8));
   const CliResult no_load = run_megatune(tiny({"--train-iters", "2", "--finetune"}), 60);
   EXPECT_EQ(no_load.error_lines(), 1) << no_load.err;
   EXPECT_NE(no_load.err.find("--finetune needs --load DIR"), std::string::npos) << no_load.err;
