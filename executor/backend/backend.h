@@ -15,6 +15,7 @@
 #include "executor/kernels/attention_merge.h"
 #include "executor/kernels/attention_shape.h"
 #include "executor/kernels/norm_kind.h"
+#include "executor/kernels/rope_scaling.h"
 
 namespace megatune::executor {
 
@@ -230,9 +231,11 @@ class Backend {
   void norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
                      Tensor d_beta, const OpTag& tag);
   // Rotary embedding (rotate-half convention, positions s = row % seq, or `positions` of s) on the q and k
-  // parts of qkv, in place; inverse = true applies the transpose rotation (the backward).
+  // parts of qkv, in place; inverse = true applies the transpose rotation (the backward). scaling: YaRN's
+  // frequencies and cos/sin factor (rope_scaling.h); the default is plain RoPE.
   void rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-            float theta, bool inverse, const OpTag& tag, const SequencePositions& positions = {});
+            float theta, bool inverse, const OpTag& tag, const SequencePositions& positions = {},
+            const RopeScaling& scaling = {});
   void attention_forward(const AttentionArgs& args, const OpTag& tag);
   // grads.dq, dk, dv (overwritten) from grads.d_out; uses args.out and args.lse from the forward (or merged).
   void attention_backward(const AttentionArgs& args, const AttentionGrads& grads, const OpTag& tag);
@@ -361,7 +364,8 @@ class Backend {
                                 Tensor d_gamma, Tensor d_beta) = 0;
   // Positions position_offset + row % seq.
   virtual void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                       std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) = 0;
+                       std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset,
+                       const RopeScaling& scaling) = 0;
   virtual void do_attention_forward(const AttentionArgs& args) = 0;
   virtual void do_attention_backward(const AttentionArgs& args, const AttentionGrads& grads) = 0;
   // Default: the unfused composition (GEMM, then the activation kernel).

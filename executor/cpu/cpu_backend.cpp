@@ -150,7 +150,8 @@ void CpuBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_resi
 }
 
 void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                         std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) {
+                         std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset,
+                         const RopeScaling& scaling) {
   AttentionShape s;
   s.batch = qkv.rows / seq;
   s.seq_q = seq;
@@ -162,9 +163,9 @@ void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::
   float* q = f32(qkv);
   float* k = q + s.packed_k_offset();
   if (inverse) {
-    reference::rope_backward_inplace(s, q, k, theta, position_offset);
+    reference::rope_backward_inplace(s, q, k, theta, position_offset, scaling);
   } else {
-    reference::rope_forward_inplace(s, q, k, theta, position_offset);
+    reference::rope_forward_inplace(s, q, k, theta, position_offset, scaling);
   }
   round_if_bf16(qkv);
 }

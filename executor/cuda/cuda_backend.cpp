@@ -405,7 +405,8 @@ void CudaBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_res
 }
 
 void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                          std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) {
+                          std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset,
+                          const RopeScaling& scaling) {
   AttentionShape s;
   s.batch = qkv.rows / seq;
   s.seq_q = seq;
@@ -417,9 +418,9 @@ void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std:
   bf16* q = b16(qkv);
   bf16* k = q + s.packed_k_offset();
   if (inverse) {
-    cuda::rope_backward_inplace(s, q, k, theta, position_offset, compute_);
+    cuda::rope_backward_inplace(s, q, k, theta, position_offset, compute_, scaling);
   } else {
-    cuda::rope_forward_inplace(s, q, k, theta, position_offset, compute_);
+    cuda::rope_forward_inplace(s, q, k, theta, position_offset, compute_, scaling);
   }
 }
 

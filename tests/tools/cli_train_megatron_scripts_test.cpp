@@ -3,8 +3,9 @@
 // at the scripts' defaults) either run (checked with --dry-run: the same checks as a real run) or are
 // refused in one line naming the flag; with the refused ones dropped, each script's layout sizes. Beside
 // them, the flags that change a run: sample-based schedules, --exit-interval / --exit-duration-in-mins with
-// their checkpoint, --decoupled-lr / --decoupled-min-lr, --finetune / --no-load-optim, --nproc as the world
-// size, --recompute-activations, NullTokenizer, --calculate-per-token-loss and --tensorboard-dir (read back).
+// their checkpoint, --decoupled-lr / --decoupled-min-lr, --rotary-scaling-factor (MLA's YaRN), --finetune /
+// --no-load-optim, --nproc as the world size, --recompute-activations, NullTokenizer,
+// --calculate-per-token-loss and --tensorboard-dir (read back).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -221,16 +222,17 @@ TEST(MegatronScripts, MixtralRunsAsPasted) {
 TEST(MegatronScripts, DeepSeekV3NamesWhatItRefusesThenSizes) {
   TempDir dir;
   const Flags pasted = deepseek_v3_fsdp(dir / "ckpt");
-  expect_one_line_refusal(train_dry(pasted), "--qk-layernorm",
+  const CliResult refused = train_dry(pasted);
+  expect_one_line_refusal(refused, "--qk-layernorm",
                           {"--moe-flex-dispatcher-backend hybridep", "--moe-router-force-load-balancing",
-                           "--rotary-scaling-factor 40", "--megatron-fsdp-grad-comm-dtype bf16"});
+                           "--megatron-fsdp-grad-comm-dtype bf16"});
+  EXPECT_EQ(refused.err.find("--rotary-scaling-factor"), std::string::npos);  // MLA's YaRN runs
   // The hub name is not a tokenizer file here: the mock data's NullTokenizer at DeepSeek-V3's vocabulary.
-  Flags rest = without(pasted, {"--qk-layernorm", "--moe-flex-dispatcher-backend",
-                                "--moe-router-force-load-balancing",
-                                "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
-                                "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype",
-                                "--tokenizer-type", "--tokenizer-model"}) +
-               Flags{"--tokenizer-type", "NullTokenizer", "--vocab-size", "129279"};
+  Flags rest =
+      without(pasted, {"--qk-layernorm", "--moe-flex-dispatcher-backend", "--moe-router-force-load-balancing",
+                       "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype",
+                       "--tokenizer-type", "--tokenizer-model"}) +
+      Flags{"--tokenizer-type", "NullTokenizer", "--vocab-size", "129279"};
   // What the layout and model flags refuse next, one line each.
   const CliResult flex = train_dry(rest);
   EXPECT_EQ(flex.exit_code, 1);
@@ -245,10 +247,10 @@ TEST(MegatronScripts, DeepSeekV3NamesWhatItRefusesThenSizes) {
                                  "--ckpt-format fsdp_dtensor"});
 }
 
-// The tiny model on the CPU backend (ranks as threads), for the flags that change a run.
-Flags tiny(const Flags& more) {
-  return Flags{"train", "--model", "tiny", "--device",       "cpu", "--mock-data", "--gbs",
-               "4",     "--mbs",   "2",    "--log-interval", "1"} +
+// The tiny model (or another preset) on the CPU backend (ranks as threads), for the flags that change a run.
+Flags tiny(const Flags& more, const std::string& model = "tiny") {
+  return Flags{"train", "--model", model, "--device",       "cpu", "--mock-data", "--gbs",
+               "4",     "--mbs",   "2",   "--log-interval", "1"} +
          more;
 }
 
@@ -329,6 +331,33 @@ TEST(MegatronFlags, DecoupledLrIsTheEmbeddingsOwnRate) {
     EXPECT_EQ(bad.error_lines(), 1) << bad.err;
     EXPECT_NE(bad.err.find(says), std::string::npos) << bad.err;
   }
+}
+
+TEST(MegatronFlags, RotaryScalingFactorIsYarnOfMultiLatentAttention) {
+  TempDir dir;
+  const std::string mla = "tiny-deepseek-v3-mla";
+  const Flags yarn = {"--rotary-scaling-factor", "40", "--mscale", "1.0", "--mscale-all-dim", "1.0"};
+  const CliResult plain = run_megatune(tiny({"--train-iters", "2"}, mla), 120);
+  const CliResult scaled =
+      run_megatune(tiny(Flags{"--train-iters", "2", "--save", dir / "yarn"} + yarn, mla), 120);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(scaled.exit_code, 0) << scaled.err;
+  EXPECT_NE(loss_at(scaled.out, 1), loss_at(plain.out, 1));  // the softmax scale and angles differ
+  // The checkpoint records the scaling: a resume without model flags takes it; one with the model but
+  // without the scaling is another model.
+  const CliResult resumed =
+      run_megatune(Flags{"train", "--load", dir / "yarn", "--device", "cpu", "--mock-data", "--gbs", "4",
+                         "--mbs", "2", "--train-iters", "3"},
+                   120);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("iteration        3/"), std::string::npos) << resumed.out;
+  const CliResult mismatch = run_megatune(tiny({"--train-iters", "3", "--load", dir / "yarn"}, mla), 120);
+  EXPECT_EQ(mismatch.exit_code, 1) << mismatch.out;
+  EXPECT_EQ(mismatch.error_lines(), 1) << mismatch.err;
+  EXPECT_NE(mismatch.err.find("YaRN x40"), std::string::npos) << mismatch.err;
+  const CliResult bad = run_megatune(tiny({"--train-iters", "1", "--rotary-scaling-factor", "-2"}, mla), 60);
+  EXPECT_EQ(bad.error_lines(), 1) << bad.err;
+  EXPECT_NE(bad.err.find("--rotary-scaling-factor -2"), std::string::npos) << bad.err;
 }
 
 TEST(MegatronFlags, ExitFlagsSaveThenStop) {
