@@ -49,6 +49,9 @@ std::vector<std::string> model_flags(const ModelSpec& m, const ModelNumerics& nu
     add("--qk-head-dim", m.qk_head_dim);
     add("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim);
     add("--v-head-dim", m.v_head_dim);
+    if (m.rotary_scaling_factor != 1.0)
+      f.insert(f.end(), {"--rotary-scaling-factor", exact(m.rotary_scaling_factor), "--mscale",
+                         exact(m.mscale), "--mscale-all-dim", exact(m.mscale_all_dim)});
   }
   if (m.is_moe()) {
     add("--num-experts", m.num_experts);

@@ -2,6 +2,7 @@
 #include "layouts/model_spec.h"
 
 #include <cctype>
+#include <cmath>
 #include <string>
 
 #include "base/user_error.h"
@@ -135,6 +136,11 @@ void ModelSpec::validate() const {
     require_positive(qk_head_dim, "--qk-head-dim");
     require_positive(qk_pos_emb_head_dim, "--qk-pos-emb-head-dim");
     require_positive(v_head_dim, "--v-head-dim");
+    if (!(std::isfinite(rotary_scaling_factor) && rotary_scaling_factor > 0))
+      throw UserError("--rotary-scaling-factor " + std::to_string(rotary_scaling_factor) +
+                      " makes no sense: give a finite factor > 0 (1: plain RoPE; DeepSeek-V3: 40)");
+    if (!std::isfinite(mscale) || !std::isfinite(mscale_all_dim))
+      throw UserError("--mscale and --mscale-all-dim must be finite numbers (DeepSeek-V3: 1.0 and 1.0)");
   }
   if (num_experts > 0) {
     require_positive(moe_router_topk, "--moe-router-topk");

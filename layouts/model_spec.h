@@ -64,6 +64,11 @@ struct ModelSpec {
   int qk_head_dim = 0;          // --qk-head-dim (non-rotary part)
   int qk_pos_emb_head_dim = 0;  // --qk-pos-emb-head-dim (rotary part)
   int v_head_dim = 0;           // --v-head-dim
+  // Its rope type, Megatron's YaRN: --rotary-scaling-factor (1: plain RoPE), --mscale, --mscale-all-dim
+  // (Megatron's defaults). Other models' RoPE does not read them, as Megatron's does not.
+  double rotary_scaling_factor = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
 
   // Mixture of experts.
   int num_experts = 0;                          // --num-experts; 0: dense model

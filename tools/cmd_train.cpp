@@ -448,6 +448,11 @@ const Registrar kTrainCommand({
                      "peak learning rate (Megatron requires it; megatune default 1e-4)");
       app.add_option("--min-lr", a.options.min_lr, "learning rate floor of the decay");
       app.add_option("--lr-warmup-init", a.options.lr_warmup_init, "learning rate at the start of warm-up");
+      app.add_option("--decoupled-lr", a.options.decoupled_lr,
+                     "peak learning rate of the word embeddings and the output layer (same schedule)");
+      app.add_option(
+          "--decoupled-min-lr", a.options.decoupled_min_lr,
+          "their floor (default --min-lr; without --decoupled-lr it changes nothing, as in Megatron)");
       app.add_option("--lr-decay-style", a.options.lr_decay_style,
                      "constant | linear | cosine | inverse-square-root | WSD")
           ->check(CLI::IsMember({"constant", "linear", "cosine", "inverse-square-root", "WSD", "wsd"}));

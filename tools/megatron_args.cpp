@@ -87,6 +87,12 @@ void add_model_flags(CLI::App& app, MegatronArgs& args) {
   model("--qk-head-dim", args.qk_head_dim, "MLA query/key head dim (non-rotary part)");
   model("--qk-pos-emb-head-dim", args.qk_pos_emb_head_dim, "MLA rotary head dim");
   model("--v-head-dim", args.v_head_dim, "MLA value head dim");
+  app.add_option("--rotary-scaling-factor", args.rotary_scaling_factor,
+                 "MLA's YaRN factor (Megatron's rope type of multi-latent attention; 1: plain RoPE; other "
+                 "models' RoPE ignores it, as Megatron's)");
+  app.add_option("--mscale", args.mscale, "MLA's YaRN mscale (Megatron's default 1.0)");
+  app.add_option("--mscale-all-dim", args.mscale_all_dim,
+                 "MLA's YaRN mscale_all_dim (Megatron's default 0.0)");
   model("--num-experts", args.num_experts, "Routed experts per MoE layer");
   model("--moe-router-topk", args.moe_router_topk, "Experts per token");
   model("--moe-ffn-hidden-size", args.moe_ffn_hidden_size, "Expert MLP intermediate size");
@@ -197,6 +203,9 @@ layouts::ModelSpec resolve_model(const MegatronArgs& args) {
   set(m.qk_head_dim, args.qk_head_dim);
   set(m.qk_pos_emb_head_dim, args.qk_pos_emb_head_dim);
   set(m.v_head_dim, args.v_head_dim);
+  if (args.rotary_scaling_factor) m.rotary_scaling_factor = *args.rotary_scaling_factor;
+  if (args.mscale) m.mscale = *args.mscale;
+  if (args.mscale_all_dim) m.mscale_all_dim = *args.mscale_all_dim;
   set(m.num_experts, args.num_experts);
   set(m.moe_router_topk, args.moe_router_topk);
   set(m.moe_ffn_hidden_size, args.moe_ffn_hidden_size);

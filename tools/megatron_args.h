@@ -27,6 +27,7 @@ struct MegatronArgs {
   bool group_query_attention = false;  // --group-query-attention (Megatron needs it for groups)
   bool multi_latent_attention = false;
   std::optional<int> q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim;
+  std::optional<double> rotary_scaling_factor, mscale, mscale_all_dim;  // MLA's YaRN
   std::optional<int> num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size;
   std::optional<std::string> moe_layer_freq;
   std::optional<int> mtp_num_layers;

@@ -40,13 +40,8 @@ constexpr const char* kWandb =
 constexpr const char* kRampup =
     "batch-size ramp-up is not run by megatune: drop it (it trains at --global-batch-size from the first "
     "iteration)";
-constexpr const char* kDecoupled =
-    "a separate learning rate for the embedding and output layer is not run by megatune: drop --decoupled-lr "
-    "and --decoupled-min-lr (--lr and --min-lr apply to every parameter)";
 constexpr const char* kDropout =
     "megatune trains without dropout: pass 0.0 (as most pre-training scripts do) or drop the flag";
-constexpr const char* kYarn =
-    "RoPE scaling (YaRN) is not in megatune's models: drop the flag (plain RoPE at --rotary-base)";
 constexpr const char* kFsdpDtype =
     "Megatron FSDP keeps and reduces gradients in fp32 in megatune: drop the flag or pass fp32";
 constexpr const char* kLogging = "not logged by megatune (its log line is Megatron's default one)";
@@ -129,8 +124,6 @@ const std::vector<CompatFlag>& table() {
        "megatune rotates the whole head dimension: pass 1.0 or drop the flag", "1"},
       {"--moe-router-dtype", 1, T::kOnlyValue,
        "megatune's router computes in fp32: pass fp32 or drop the flag", "fp32"},
-      {"--mscale", 1, T::kOnlyValue, kYarn, "1"},
-      {"--mscale-all-dim", 1, T::kOnlyValue, kYarn, "1"},
       {"--megatron-fsdp-grad-comm-dtype", 1, T::kOnlyValue, kFsdpDtype, "fp32"},
       {"--megatron-fsdp-main-grads-dtype", 1, T::kOnlyValue, kFsdpDtype, "fp32"},
       // Refused: the model or the run would differ from the script's.
@@ -158,9 +151,6 @@ const std::vector<CompatFlag>& table() {
       {"--wandb-entity", 1, T::kRefused, kWandb},
       {"--rampup-batch-size", -1, T::kRefused, kRampup},
       {"--step-batch-size-schedule", 1, T::kRefused, kRampup},
-      {"--decoupled-lr", 1, T::kRefused, kDecoupled},
-      {"--decoupled-min-lr", 1, T::kRefused, kDecoupled},
-      {"--rotary-scaling-factor", 1, T::kRefused, kYarn},
       {"--use-legacy-models", 0, T::kRefused,
        "Megatron's legacy models are not a separate path in megatune: drop the flag (its models are Core's)"},
   };

@@ -38,6 +38,12 @@ void validate_train_options(const executor::TrainOptions& o) {
     throw UserError("--min-lr " + text_of(o.min_lr) + " exceeds --lr " + text_of(o.lr) +
                     ": give a floor at most the peak learning rate");
   }
+  if (o.decoupled_lr) finite_at_least_zero("--decoupled-lr", *o.decoupled_lr, "2e-4");
+  if (o.decoupled_min_lr) finite_at_least_zero("--decoupled-min-lr", *o.decoupled_min_lr, "2e-5");
+  if (o.decoupled_lr && o.decoupled_min_lr && *o.decoupled_min_lr > *o.decoupled_lr) {
+    throw UserError("--decoupled-min-lr " + text_of(*o.decoupled_min_lr) + " exceeds --decoupled-lr " +
+                    text_of(*o.decoupled_lr) + ": give a floor at most the decoupled peak learning rate");
+  }
   if (o.lr_warmup_fraction) {
     require(std::isfinite(*o.lr_warmup_fraction) && *o.lr_warmup_fraction >= 0 && *o.lr_warmup_fraction <= 1,
             "--lr-warmup-fraction", *o.lr_warmup_fraction, "a fraction in [0, 1], e.g. 0.01");

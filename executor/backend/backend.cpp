@@ -322,16 +322,16 @@ void Backend::norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residua
 
 void Backend::rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                    std::int64_t head_dim, float theta, bool inverse, const OpTag& tag,
-                   const SequencePositions& positions) {
+                   const SequencePositions& positions, const RopeScaling& scaling) {
   begin_op(memory_op(inverse ? OpKind::kRopeBackward : OpKind::kRope, qkv.dtype,
                      2 * qkv.rows * (heads + kv_heads) * head_dim * element_bytes(qkv)),
            tag);
   if (positions.empty()) {
-    do_rope(qkv, seq, heads, kv_heads, head_dim, theta, inverse, 0);
+    do_rope(qkv, seq, heads, kv_heads, head_dim, theta, inverse, 0, scaling);
   } else {
     for_each_run(qkv.rows, seq, positions, [&](std::int64_t row, const PositionRun& run) {
       do_rope(row_slice(qkv, row, run.length), run.length, heads, kv_heads, head_dim, theta, inverse,
-              run.global_begin);
+              run.global_begin, scaling);
     });
   }
   end_op();

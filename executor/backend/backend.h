@@ -15,6 +15,7 @@
 #include "executor/kernels/attention_merge.h"
 #include "executor/kernels/attention_shape.h"
 #include "executor/kernels/norm_kind.h"
+#include "executor/kernels/rope_scaling.h"
 #include "layouts/fp8.h"
 
 namespace megatune::executor {
@@ -170,6 +171,7 @@ struct OptimizerTensor {
   Tensor exp_avg_sq;   // fp32 (1, numel)
   Tensor model_param;  // compute dtype (1, numel): receives the updated weights
   bool apply_weight_decay = true;
+  bool decoupled_lr = false;  // updated at AdamWHyper::decoupled_lr (the word embeddings, the output layer)
   // grad_norm() sums the squares of these only: false for a gradient another rank counts (a parameter
   // replicated over TP on tp rank > 0, a shared copy), so that a norm combined over ranks counts each once.
   bool in_grad_norm = true;
@@ -256,9 +258,11 @@ class Backend {
   void norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
                      Tensor d_beta, const OpTag& tag);
   // Rotary embedding (rotate-half convention, positions s = row % seq, or `positions` of s) on the q and k
-  // parts of qkv, in place; inverse = true applies the transpose rotation (the backward).
+  // parts of qkv, in place; inverse = true applies the transpose rotation (the backward). scaling: YaRN's
+  // frequencies and cos/sin factor (rope_scaling.h); the default is plain RoPE.
   void rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-            float theta, bool inverse, const OpTag& tag, const SequencePositions& positions = {});
+            float theta, bool inverse, const OpTag& tag, const SequencePositions& positions = {},
+            const RopeScaling& scaling = {});
   void attention_forward(const AttentionArgs& args, const OpTag& tag);
   // grads.dq, dk, dv (overwritten) from grads.d_out; uses args.out and args.lse from the forward (or merged).
   void attention_backward(const AttentionArgs& args, const AttentionGrads& grads, const OpTag& tag);
@@ -389,7 +393,8 @@ class Backend {
                                 Tensor d_gamma, Tensor d_beta) = 0;
   // Positions position_offset + row % seq.
   virtual void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                       std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) = 0;
+                       std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset,
+                       const RopeScaling& scaling) = 0;
   virtual void do_attention_forward(const AttentionArgs& args) = 0;
   virtual void do_attention_backward(const AttentionArgs& args, const AttentionGrads& grads) = 0;
   // Default: the unfused composition (GEMM, then the activation kernel).

@@ -47,8 +47,8 @@ class SizingBackend final : public Backend {
   void do_embedding_backward(Tensor, Tensor, std::int64_t, Tensor, Tensor) override { refuse(); }
   void do_norm_forward(const NormArgs&) override { refuse(); }
   void do_norm_backward(const NormArgs&, Tensor, Tensor, Tensor, Tensor, Tensor) override { refuse(); }
-  void do_rope(Tensor, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, bool,
-               std::int64_t) override {
+  void do_rope(Tensor, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, bool, std::int64_t,
+               const RopeScaling&) override {
     refuse();
   }
   void do_attention_forward(const AttentionArgs&) override { refuse(); }

@@ -153,7 +153,8 @@ void CpuBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_resi
 }
 
 void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                         std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) {
+                         std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset,
+                         const RopeScaling& scaling) {
   AttentionShape s;
   s.batch = qkv.rows / seq;
   s.seq_q = seq;
@@ -165,9 +166,9 @@ void CpuBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::
   float* q = f32(qkv);
   float* k = q + s.packed_k_offset();
   if (inverse) {
-    reference::rope_backward_inplace(s, q, k, theta, position_offset);
+    reference::rope_backward_inplace(s, q, k, theta, position_offset, scaling);
   } else {
-    reference::rope_forward_inplace(s, q, k, theta, position_offset);
+    reference::rope_forward_inplace(s, q, k, theta, position_offset, scaling);
   }
   round_if_bf16(qkv);
 }
@@ -298,8 +299,10 @@ void CpuBackend::do_adamw_step(const AdamWHyper& hyper) {
   const float clip = adamw_clip_coefficient(last_grad_norm_, hyper.max_grad_norm);
   for (const OptimizerTensor& t : optimizer_tensors_) {
     const bool bf16_copy = emulate_bf16_ && t.model_param.dtype == DType::kBF16;
+    AdamWHyper group = hyper;
+    group.lr = hyper.lr_of(t.decoupled_lr);
     reference::adamw_step(f32(t.main_param), f32(t.main_grad), f32(t.exp_avg), f32(t.exp_avg_sq),
-                          bf16_copy ? f32(t.model_param) : nullptr, t.main_param.numel(), hyper,
+                          bf16_copy ? f32(t.model_param) : nullptr, t.main_param.numel(), group,
                           t.apply_weight_decay, clip);
     if (!bf16_copy && !t.model_param.empty() && t.model_param.data != t.main_param.data)
       copy(t.main_param, t.model_param);

@@ -440,7 +440,8 @@ void CudaBackend::do_norm_backward(const NormArgs& a, Tensor d_out, Tensor d_res
 }
 
 void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                          std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset) {
+                          std::int64_t head_dim, float theta, bool inverse, std::int64_t position_offset,
+                          const RopeScaling& scaling) {
   AttentionShape s;
   s.batch = qkv.rows / seq;
   s.seq_q = seq;
@@ -452,9 +453,9 @@ void CudaBackend::do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std:
   bf16* q = b16(qkv);
   bf16* k = q + s.packed_k_offset();
   if (inverse) {
-    cuda::rope_backward_inplace(s, q, k, theta, position_offset, compute_);
+    cuda::rope_backward_inplace(s, q, k, theta, position_offset, compute_, scaling);
   } else {
-    cuda::rope_forward_inplace(s, q, k, theta, position_offset, compute_);
+    cuda::rope_forward_inplace(s, q, k, theta, position_offset, compute_, scaling);
   }
 }
 
@@ -558,6 +559,7 @@ void CudaBackend::prepare_optimizer(std::vector<OptimizerTensor> tensors) {
     a.model_param = t.model_param.dtype == DType::kBF16 ? b16(t.model_param) : nullptr;
     a.numel = t.main_param.numel();
     a.apply_weight_decay = t.apply_weight_decay ? 1 : 0;
+    a.decoupled_lr = t.decoupled_lr ? 1 : 0;
     optimizer_elements_ += a.numel;
     table.push_back(a);
     if (t.in_grad_norm) norm_table.push_back(a);

@@ -98,7 +98,7 @@ class CudaBackend final : public Backend {
   void do_norm_backward(const NormArgs& args, Tensor d_out, Tensor d_residual, Tensor d_x, Tensor d_gamma,
                         Tensor d_beta) override;
   void do_rope(Tensor qkv, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-               float theta, bool inverse, std::int64_t position_offset) override;
+               float theta, bool inverse, std::int64_t position_offset, const RopeScaling& scaling) override;
   void do_attention_forward(const AttentionArgs& args) override;
   void do_attention_backward(const AttentionArgs& args, const AttentionGrads& grads) override;
   void do_activation_forward(ActivationKind kind, Tensor in, Tensor out) override;

@@ -16,7 +16,7 @@ constexpr int kGroup = 8;  // elements per thread access in the vectorized kerne
 constexpr int64_t kGroupStride = int64_t(kGroup) * kThreads;
 
 struct AdamWStep {
-  float lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, max_grad_norm;
+  float lr, decoupled_lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, max_grad_norm;
 };
 
 __device__ __forceinline__ float clip_coefficient(const float* norm, float max_norm) {
@@ -27,8 +27,8 @@ __device__ __forceinline__ float clip_coefficient(const float* norm, float max_n
 
 // ---- The vectorized kernel's per-element AdamW update (adamw_hyper.h's formula and operation order). ----
 
-__device__ __forceinline__ void adamw_element(const AdamWStep& step, float clip, float decay, float grad,
-                                              float& m, float& v, float& p) {
+__device__ __forceinline__ void adamw_element(const AdamWStep& step, float lr, float clip, float decay,
+                                              float grad, float& m, float& v, float& p) {
   // The two fused multiply-adds are spelled out: left to itself the compiler contracts m's expression the
   // other way round here (fma(beta1, m, (1 - beta1) g)), which rounds differently from the scalar kernel's
   // fma(1 - beta1, g, beta1 m).
@@ -36,7 +36,12 @@ __device__ __forceinline__ void adamw_element(const AdamWStep& step, float clip,
   m = __fmaf_rn(1.0f - step.beta1, g, step.beta1 * m);
   v = __fmaf_rn(g, (1.0f - step.beta2) * g, step.beta2 * v);
   p -= decay * p;
-  p -= step.lr * (m / step.bias_correction1) / (sqrtf(v / step.bias_correction2) + step.eps);
+  p -= lr * (m / step.bias_correction1) / (sqrtf(v / step.bias_correction2) + step.eps);
+}
+
+// The tensor's rate: the decoupled group's (the word embeddings, the output layer) or the default one.
+__device__ __forceinline__ float tensor_lr(const AdamWStep& step, const AdamWTensor& t) {
+  return t.decoupled_lr ? step.decoupled_lr : step.lr;
 }
 
 // ---- Scalar kernels: one element per thread per pass. ----
@@ -76,7 +81,8 @@ __global__ void adamw_scalar_kernel(const AdamWTensor* tensors, const int64_t* c
   const AdamWTensor& t = tensors[chunks[2 * chunk]];
   const int64_t begin = chunks[2 * chunk + 1];
   const int64_t end = min(t.numel, begin + MultiTensorTable::kChunkElements);
-  const float decay = t.apply_weight_decay ? step.lr * step.weight_decay : 0.0f;
+  const float lr = tensor_lr(step, t);
+  const float decay = t.apply_weight_decay ? lr * step.weight_decay : 0.0f;
   // The update written out as in the former kernel (not through adamw_element), so the tests that hold the
   // vectorized kernel bitwise equal to this one compare against an independent transcription.
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -87,7 +93,7 @@ __global__ void adamw_scalar_kernel(const AdamWTensor* tensors, const int64_t* c
     t.exp_avg_sq[i] = v;
     float p = t.main_param[i];
     p -= decay * p;
-    p -= step.lr * (m / step.bias_correction1) / (sqrtf(v / step.bias_correction2) + step.eps);
+    p -= lr * (m / step.bias_correction1) / (sqrtf(v / step.bias_correction2) + step.eps);
     t.main_param[i] = p;
     if (t.model_param != nullptr) t.model_param[i] = __float2bfloat16_rn(p);
   }
@@ -200,7 +206,8 @@ __global__ void __launch_bounds__(kThreads)
   bf16* __restrict__ model = c.tensor.model_param;
   const bool aligned = is_aligned16(param) && is_aligned16(grad) && is_aligned16(exp_avg) &&
                        is_aligned16(exp_avg_sq) && (model == nullptr || is_aligned16(model));
-  const float decay = c.tensor.apply_weight_decay ? step.lr * step.weight_decay : 0.0f;
+  const float lr = tensor_lr(step, c.tensor);
+  const float decay = c.tensor.apply_weight_decay ? lr * step.weight_decay : 0.0f;
   for (int64_t i = c.begin + int64_t(kGroup) * threadIdx.x; i < c.end; i += kGroupStride) {
     const int count = int(min(int64_t(kGroup), c.end - i));
     const bool vector = aligned && count == kGroup;
@@ -210,7 +217,7 @@ __global__ void __launch_bounds__(kThreads)
     load_group(exp_avg_sq + i, vector, count, v);
     load_group(param + i, vector, count, p);
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) adamw_element(step, clip, decay, g[k], m[k], v[k], p[k]);
+    for (int k = 0; k < kGroup; ++k) adamw_element(step, lr, clip, decay, g[k], m[k], v[k], p[k]);
     store_group(exp_avg + i, vector, count, m);
     store_group(exp_avg_sq + i, vector, count, v);
     store_group(param + i, vector, count, p);
@@ -297,6 +304,7 @@ void adamw_step(const MultiTensorTable& table, const AdamWHyper& hyper, const fl
     throw std::invalid_argument("adamw_step: clipping (max_grad_norm > 0) needs the device grad norm");
   if (table.num_chunks() == 0) return;
   const AdamWStep step{hyper.lr,
+                       hyper.lr_of(true),
                        hyper.beta1,
                        hyper.beta2,
                        hyper.eps,

@@ -25,6 +25,7 @@ struct AdamWTensor {
   bf16* model_param = nullptr;  // [numel] bf16 copy the model computes with (may be null)
   int64_t numel = 0;
   int32_t apply_weight_decay = 1;  // Megatron: 0 for biases and norm weights (1-D params)
+  int32_t decoupled_lr = 0;        // 1: updated at AdamWHyper::lr_of(true) (Megatron's --decoupled-lr)
 };
 
 // The tensors cut into fixed chunks of kChunkElements; built once at setup (allocates its device copy

@@ -14,7 +14,8 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void rope_kernel(bf16* base, int64_t token_stride, int64_t heads, int64_t seq_len, int64_t tokens,
-                            int64_t head_dim, float theta, int64_t position_offset, float direction) {
+                            int64_t head_dim, float theta, int64_t position_offset, float direction,
+                            RopeScaling scaling) {
   const int64_t half = head_dim / 2;
   const int64_t total = tokens * heads * half;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -23,10 +24,11 @@ __global__ void rope_kernel(bf16* base, int64_t token_stride, int64_t heads, int
     const int64_t head = (idx / half) % heads;
     const int64_t token = idx / (half * heads);
     const float position = float(position_offset + token % seq_len);
-    const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(head_dim));
+    const float inv_freq = rope_inv_freq(i, head_dim, theta, scaling);
     float s, c;
     sincosf(position * inv_freq, &s, &c);
-    s *= direction;
+    c *= scaling.concentration;
+    s *= direction * scaling.concentration;
     bf16* x = base + token * token_stride + head * head_dim;
     const float x1 = __bfloat162float(x[i]), x2 = __bfloat162float(x[i + half]);
     x[i] = __float2bfloat16_rn(x1 * c - x2 * s);
@@ -36,7 +38,7 @@ __global__ void rope_kernel(bf16* base, int64_t token_stride, int64_t heads, int
 
 __global__ void rope_vector_kernel(bf16* q, bf16* k, int64_t q_stride, int64_t kv_stride, int q_heads,
                                    int kv_heads, int64_t seq_len, int64_t tokens, int head_dim, float theta,
-                                   int64_t position_offset, float direction) {
+                                   int64_t position_offset, float direction, RopeScaling scaling) {
   const int half = head_dim / 2, groups = half / 8;
   const int64_t total = tokens * groups;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -47,9 +49,10 @@ __global__ void rope_vector_kernel(bf16* q, bf16* k, int64_t q_stride, int64_t k
     float c[8], s[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float inv_freq = 1.0f / powf(theta, float(2 * (first + e)) / float(head_dim));
+      const float inv_freq = rope_inv_freq(first + e, head_dim, theta, scaling);
       sincosf(position * inv_freq, &s[e], &c[e]);
-      s[e] *= direction;
+      c[e] *= scaling.concentration;
+      s[e] *= direction * scaling.concentration;
     }
     for (int h = 0; h < q_heads + kv_heads; ++h) {
       bf16* x = h < q_heads ? q + token * q_stride + int64_t(h) * head_dim
@@ -77,7 +80,7 @@ bool vector_path(const AttentionShape& shape, const bf16* q, const bf16* k) {
 }
 
 void launch(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t position_offset,
-            float direction, cudaStream_t stream) {
+            float direction, cudaStream_t stream, const RopeScaling& scaling) {
   validate_attention_shape(shape);
   if (shape.head_dim % 2 != 0) throw std::invalid_argument("rope: head_dim must be even");
   const int64_t tokens = shape.batch * shape.seq_q, half = shape.head_dim / 2;
@@ -85,21 +88,21 @@ void launch(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t 
     const int q_heads = q != nullptr ? int(shape.num_heads) : 0;
     const int kv_heads = k != nullptr ? int(shape.num_kv_heads) : 0;
     rope_vector_kernel<<<detail::grid_for(tokens * (half / 8), kThreads), kThreads, 0, stream>>>(
-        q, k, shape.q_stride(), shape.k_stride(), q_heads, kv_heads, shape.seq_q, tokens,
-        int(shape.head_dim), theta, position_offset, direction);
+        q, k, shape.q_stride(), shape.k_stride(), q_heads, kv_heads, shape.seq_q, tokens, int(shape.head_dim),
+        theta, position_offset, direction, scaling);
     MEGATUNE_CUDA_CHECK_LAUNCH();
     return;
   }
   if (q != nullptr) {
     rope_kernel<<<detail::grid_for(tokens * shape.num_heads * half, kThreads), kThreads, 0, stream>>>(
         q, shape.q_stride(), shape.num_heads, shape.seq_q, tokens, shape.head_dim, theta, position_offset,
-        direction);
+        direction, scaling);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   }
   if (k != nullptr) {
     rope_kernel<<<detail::grid_for(tokens * shape.num_kv_heads * half, kThreads), kThreads, 0, stream>>>(
-        k, shape.k_stride(), shape.num_kv_heads, shape.seq_q, tokens, shape.head_dim, theta,
-        position_offset, direction);
+        k, shape.k_stride(), shape.num_kv_heads, shape.seq_q, tokens, shape.head_dim, theta, position_offset,
+        direction, scaling);
     MEGATUNE_CUDA_CHECK_LAUNCH();
   }
 }
@@ -107,13 +110,13 @@ void launch(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t 
 }  // namespace
 
 void rope_forward_inplace(const AttentionShape& shape, bf16* q, bf16* k, float theta, int64_t position_offset,
-                          cudaStream_t stream) {
-  launch(shape, q, k, theta, position_offset, 1.0f, stream);
+                          cudaStream_t stream, const RopeScaling& scaling) {
+  launch(shape, q, k, theta, position_offset, 1.0f, stream, scaling);
 }
 
 void rope_backward_inplace(const AttentionShape& shape, bf16* dq, bf16* dk, float theta,
-                           int64_t position_offset, cudaStream_t stream) {
-  launch(shape, dq, dk, theta, position_offset, -1.0f, stream);
+                           int64_t position_offset, cudaStream_t stream, const RopeScaling& scaling) {
+  launch(shape, dq, dk, theta, position_offset, -1.0f, stream, scaling);
 }
 
 }  // namespace megatune::executor::cuda

@@ -8,6 +8,9 @@ namespace megatune::executor {
 
 struct AdamWHyper {
   float lr = 1e-4f;
+  // The rate of the tensors flagged decoupled (Megatron's --decoupled-lr group: the word embeddings and the
+  // output layer); < 0: lr.
+  float decoupled_lr = -1.0f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
@@ -15,6 +18,7 @@ struct AdamWHyper {
   int64_t step = 1;            // 1-based step count after this update (bias correction 1 - beta^step)
   float max_grad_norm = 0;     // > 0: clip grads by min(1, max_grad_norm / (norm + 1e-6)); 0: no clipping
 
+  float lr_of(bool decoupled) const { return decoupled && decoupled_lr >= 0 ? decoupled_lr : lr; }
   float bias_correction1() const { return 1.0f - std::pow(beta1, float(step)); }
   float bias_correction2() const { return 1.0f - std::pow(beta2, float(step)); }
 };

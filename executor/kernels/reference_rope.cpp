@@ -9,10 +9,11 @@ namespace megatune::executor::reference {
 namespace {
 
 void rotate_heads(float* base, int64_t token_stride, int64_t heads, const AttentionShape& shape, float theta,
-                  int64_t position_offset, float direction) {
+                  int64_t position_offset, float direction, const RopeScaling& scaling) {
   const int64_t d = shape.head_dim, half = d / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(d));
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(i, d, theta, scaling);
+  const float m = scaling.concentration;
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t s = 0; s < shape.seq_q; ++s) {
       const float position = float(position_offset + s);
@@ -20,7 +21,7 @@ void rotate_heads(float* base, int64_t token_stride, int64_t heads, const Attent
         float* x = base + (b * shape.seq_q + s) * token_stride + h * d;
         for (int64_t i = 0; i < half; ++i) {
           const float angle = position * inv_freq[i];
-          const float c = std::cos(angle), sn = direction * std::sin(angle);
+          const float c = m * std::cos(angle), sn = m * direction * std::sin(angle);
           const float x1 = x[i], x2 = x[i + half];
           x[i] = x1 * c - x2 * sn;
           x[i + half] = x2 * c + x1 * sn;
@@ -38,17 +39,17 @@ void check(const AttentionShape& shape) {
 }  // namespace
 
 void rope_forward_inplace(const AttentionShape& shape, float* q, float* k, float theta,
-                          int64_t position_offset) {
+                          int64_t position_offset, const RopeScaling& scaling) {
   check(shape);
-  rotate_heads(q, shape.q_stride(), shape.num_heads, shape, theta, position_offset, 1.0f);
-  rotate_heads(k, shape.k_stride(), shape.num_kv_heads, shape, theta, position_offset, 1.0f);
+  rotate_heads(q, shape.q_stride(), shape.num_heads, shape, theta, position_offset, 1.0f, scaling);
+  rotate_heads(k, shape.k_stride(), shape.num_kv_heads, shape, theta, position_offset, 1.0f, scaling);
 }
 
 void rope_backward_inplace(const AttentionShape& shape, float* dq, float* dk, float theta,
-                           int64_t position_offset) {
+                           int64_t position_offset, const RopeScaling& scaling) {
   check(shape);
-  rotate_heads(dq, shape.q_stride(), shape.num_heads, shape, theta, position_offset, -1.0f);
-  rotate_heads(dk, shape.k_stride(), shape.num_kv_heads, shape, theta, position_offset, -1.0f);
+  rotate_heads(dq, shape.q_stride(), shape.num_heads, shape, theta, position_offset, -1.0f, scaling);
+  rotate_heads(dk, shape.k_stride(), shape.num_kv_heads, shape, theta, position_offset, -1.0f, scaling);
 }
 
 }  // namespace megatune::executor::reference

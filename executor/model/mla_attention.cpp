@@ -29,6 +29,7 @@ MlaAttention::MlaAttention(const TransformerConfig& config, const layouts::RankS
   d_rope_ = config_.qk_pos_emb_head_dim;
   d_v_ = config_.v_head_dim;
   latent_width_ = q_rank_ + kv_rank_ + d_rope_;
+  rope_scaling_ = yarn_rope_scaling(config_.yarn, d_rope_, config_.rope_theta);
   const std::int64_t T = micro_batch_ * seq_, d = d_nope_ + d_rope_;
   const char* shared = "MLA projections (shared)";
   auto alloc = [&](std::int64_t r, std::int64_t c) { return backend_.allocate(dtype_, r, c, shared); };
@@ -126,7 +127,7 @@ void MlaAttention::up_projections(int layer, const Weights& w, Tensor q_input, S
   w.kv_up->forward_gemm(cols(s.latents, q_rank_, kv_rank_), s.kv, phase);
   backend_.copy(cols(s.latents, q_rank_ + kv_rank_, d_rope_), cols(q_rope_, H * d, d_rope_));
   backend_.rope(cols(q_rope_, H * d_nope_, H * d_rope_ + d_rope_), seq_, H, 1, d_rope_, config_.rope_theta,
-                false, {"rope", layer, phase});
+                false, {"rope", layer, phase}, {}, rope_scaling_);
   for (std::int64_t i = 0; i < H; ++i) {  // per head: q = [q_nope | q_rope], k = [k_nope | rotary key]
     backend_.copy(cols(q_rope_, i * d_nope_, d_nope_), cols(s.q, i * d, d_nope_));
     backend_.copy(cols(q_rope_, H * d_nope_ + i * d_rope_, d_rope_), cols(s.q, i * d + d_nope_, d_rope_));
@@ -151,8 +152,10 @@ AttentionArgs MlaAttention::attention_args(const Saved& s, Tensor out, Tensor ls
   a.head_dim = d;
   a.head_dim_v = d_v_;
   a.causal = true;
-  // Megatron's softmax scale without YaRN scaling (mscale 1): 1 / sqrt(qk_head_dim + qk_pos_emb_head_dim).
-  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // Megatron's: mscale^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim), mscale = YaRN's _yarn_get_mscale(factor,
+  // mscale_all_dim) (1 without scaling).
+  const float mscale = static_cast<float>(yarn_attention_mscale(config_.yarn));
+  a.softmax_scale = mscale * mscale / std::sqrt(static_cast<float>(d));
   return a;
 }
 
@@ -189,7 +192,7 @@ void MlaAttention::attention_grads_to_up_projections(int layer, const Saved& s, 
   }
   backend_.copy(d_rope_key_, cols(q_rope_, H * d, d_rope_));
   backend_.rope(cols(q_rope_, H * d_nope_, H * d_rope_ + d_rope_), seq_, H, 1, d_rope_, config_.rope_theta,
-                true, {"rope", layer, kMlaBackward});
+                true, {"rope", layer, kMlaBackward}, {}, rope_scaling_);
 }
 
 void MlaAttention::up_projection_grads(int layer, const Weights& w, const Saved& s, Tensor q_input,

@@ -84,6 +84,7 @@ class MlaAttention {
   Backend& backend_;
   TensorParallelRegions tp_;
   std::int64_t heads_ = 0, q_rank_ = 0, kv_rank_ = 0, d_nope_ = 0, d_rope_ = 0, d_v_ = 0, latent_width_ = 0;
+  RopeScaling rope_scaling_;  // YaRN on the rotary parts (config_.yarn; plain RoPE at factor 1)
 
   // Shared by all layers (forward and backward scratch).
   Tensor kv_compressed_;    // (rows, r_kv + d_rope) kv down-projection output

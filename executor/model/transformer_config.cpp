@@ -67,6 +67,8 @@ std::string TransformerConfig::describe() const {
   if (mla)
     out << " MLA q_lora " << q_lora_rank << " kv_lora " << kv_lora_rank << " qk " << qk_head_dim << "+"
         << qk_pos_emb_head_dim << " v " << v_head_dim;
+  if (mla && yarn.scaled())
+    out << " YaRN x" << yarn.factor << " mscale " << yarn.mscale << "/" << yarn.mscale_all_dim;
   if (mtp_num_layers > 0) out << " MTP " << mtp_num_layers << " x" << mtp_loss_scaling_factor;
   if (is_moe())
     out << " MoE " << num_experts << " experts top-" << router.topk << " ffn " << moe_ffn_hidden
@@ -150,6 +152,9 @@ TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp
     c.qk_head_dim = spec.qk_head_dim;
     c.qk_pos_emb_head_dim = spec.qk_pos_emb_head_dim;
     c.v_head_dim = spec.v_head_dim;
+    c.yarn.factor = spec.rotary_scaling_factor;
+    c.yarn.mscale = spec.mscale;
+    c.yarn.mscale_all_dim = spec.mscale_all_dim;
     c.head_dim = spec.qk_head_dim + spec.qk_pos_emb_head_dim;
   }
   if (spec.is_moe()) {

@@ -36,6 +36,9 @@ struct TransformerConfig {
   // (queries and keys), kv_heads == heads; q_lora_rank 0 is one query projection.
   bool mla = false;
   std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
+  // MLA's rope type, YaRN (Megatron's default for multi-latent attention): --rotary-scaling-factor,
+  // --mscale, --mscale-all-dim; factor 1 is plain RoPE.
+  YarnSettings yarn;
   // Mixture of experts (num_experts == 0: dense). moe_layers[l] != 0: layer l is an MoE layer.
   std::vector<int> moe_layers;
   std::int64_t num_experts = 0;

@@ -113,7 +113,7 @@ std::vector<OptimizerTensor> DataParallelStrategy::optimizer_tensors() const {
     for (const OwnedRange& o : chunk.owned) {
       const Region& region = chunk.regions[o.region];
       const bool dp_counts = shard_ || communicator_.rank(region.group) == 0;
-      auto piece = [&](std::int64_t lo, std::int64_t hi, bool decay, bool counts) {
+      auto piece = [&](std::int64_t lo, std::int64_t hi, bool decay, bool counts, bool decoupled) {
         if (hi <= lo) return;
         const std::int64_t n = hi - lo, state = o.state_offset + (lo - o.begin);
         OptimizerTensor t;
@@ -126,6 +126,7 @@ std::vector<OptimizerTensor> DataParallelStrategy::optimizer_tensors() const {
         t.model_param = lo + n <= b.model_params.cols ? flat_range(backend_, b.model_params, lo, n)
                                                       : flat_range(backend_, b.main_params, lo, n);
         t.apply_weight_decay = decay;
+        t.decoupled_lr = decoupled;
         t.in_grad_norm = counts;
         tensors.push_back(t);
       };
@@ -137,11 +138,12 @@ std::vector<OptimizerTensor> DataParallelStrategy::optimizer_tensors() const {
         const std::int64_t offset = region.base + buffer.offset(e);
         const std::int64_t lo = std::max(o.begin, offset), hi = std::min(o.end, offset + entry.numel);
         if (hi <= lo) continue;
-        if (shard_) piece(at, lo, false, false);  // padding before it
-        piece(lo, hi, entry.weight_decay, dp_counts && counts_in_grad_norm(entry, tp_rank));
+        if (shard_) piece(at, lo, false, false, false);  // padding before it
+        piece(lo, hi, entry.weight_decay, dp_counts && counts_in_grad_norm(entry, tp_rank),
+              entry.embedding_or_output);
         at = hi;
       }
-      if (shard_) piece(at, o.end, false, false);
+      if (shard_) piece(at, o.end, false, false, false);
     }
   }
   return tensors;

@@ -83,6 +83,7 @@ GradBufferEntry grad_buffer_entry(const layouts::ParameterSpec& spec, bool share
   e.numel = spec.numel();
   e.group = spec.layer;  // layouts::StageParameters::layer_reverse's codes: the entry it belongs to
   e.weight_decay = spec.weight_decay;
+  e.embedding_or_output = e.name == "embedding.word_embeddings.weight" || e.name == "output_layer.weight";
   // A routed expert is on its EP rank only, split over ETP: no other rank of its TP group holds a copy.
   e.tensor_parallel_duplicate = spec.split == layouts::TensorParallelSplit::kReplicated && spec.expert < 0;
   e.shared = shared_embedding && e.name == "embedding.word_embeddings.weight";

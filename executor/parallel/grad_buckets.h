@@ -25,6 +25,9 @@ struct GradBufferEntry {
   // distinct group per entry gives Megatron's per-parameter rule.
   int group = 0;
   bool weight_decay = true;
+  // Megatron's is_embedding_or_output_parameter (every copy of the word embedding, the output layer): the
+  // group --decoupled-lr updates.
+  bool embedding_or_output = false;
   // Replicated over TP (norms, row-parallel biases, the position table): every TP rank holds the same
   // gradient, so only tp rank 0 counts it in the global norm.
   bool tensor_parallel_duplicate = false;

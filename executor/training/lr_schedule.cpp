@@ -54,13 +54,27 @@ LearningRateSchedule::LearningRateSchedule(const LrScheduleConfig& c) : config_(
       c.decay_samples <= c.warmup_samples && c.decay_samples > 0)
     throw UserError(
         "--lr-decay-iters must exceed the warm-up iterations (--lr-warmup-iters / --lr-warmup-fraction)");
+  if (c.decoupled_max_lr && (*c.decoupled_max_lr < 0 || c.decoupled_min_lr.value_or(0) < 0 ||
+                             c.decoupled_min_lr.value_or(0) > *c.decoupled_max_lr))
+    throw UserError("--decoupled-min-lr must lie in [0, --decoupled-lr] (got --decoupled-lr " +
+                    std::to_string(*c.decoupled_max_lr) + ", --decoupled-min-lr " +
+                    std::to_string(c.decoupled_min_lr.value_or(0)) + ")");
   if (c.style == LrDecayStyle::kWSD && (c.wsd_decay_samples <= 0 || c.wsd_decay_samples > c.decay_samples))
     throw UserError("--lr-decay-style WSD needs --lr-wsd-decay-iters in (0, --lr-decay-iters]");
 }
 
-double LearningRateSchedule::lr(std::int64_t n) const {
+double LearningRateSchedule::lr(std::int64_t samples) const {
+  return lr_between(samples, config_.max_lr, config_.min_lr);
+}
+
+double LearningRateSchedule::decoupled_lr(std::int64_t samples) const {
+  // As Megatron's decoupled parameter group: --decoupled-min-lr only with --decoupled-lr, else --min-lr.
+  if (!config_.decoupled_max_lr) return lr(samples);
+  return lr_between(samples, *config_.decoupled_max_lr, config_.decoupled_min_lr.value_or(config_.min_lr));
+}
+
+double LearningRateSchedule::lr_between(std::int64_t n, double max_lr, double min_lr) const {
   const LrScheduleConfig& c = config_;
-  const double max_lr = c.max_lr, min_lr = c.min_lr;
   if (c.warmup_samples > 0 && n <= c.warmup_samples)
     return c.init_lr + (max_lr - c.init_lr) * static_cast<double>(n) / static_cast<double>(c.warmup_samples);
   if (c.style == LrDecayStyle::kConstant) return max_lr;

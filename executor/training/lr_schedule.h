@@ -2,6 +2,7 @@
 // constant, linear, cosine, inverse-square-root or WSD decay).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace megatune::executor {
@@ -21,6 +22,9 @@ struct LrScheduleConfig {
   std::int64_t wsd_decay_samples = 0;  // --lr-wsd-decay-iters * GBS
   LrDecayStyle style = LrDecayStyle::kLinear;
   WsdDecayStyle wsd_style = WsdDecayStyle::kExponential;
+  // Megatron's --decoupled-lr / --decoupled-min-lr: the peak and floor of the input embedding's and the
+  // output layer's rate under the same warm-up and decay (init_lr included); unset: max_lr and min_lr.
+  std::optional<double> decoupled_max_lr, decoupled_min_lr;
 };
 
 class LearningRateSchedule {
@@ -28,9 +32,13 @@ class LearningRateSchedule {
   explicit LearningRateSchedule(const LrScheduleConfig& config);  // UserError on inconsistent values
   // Learning rate after `samples` samples were consumed (Megatron's get_lr with num_steps = samples).
   double lr(std::int64_t samples) const;
+  // The rate of the decoupled group (the word embeddings and the output layer) after `samples` samples:
+  // Megatron's get_lr of that parameter group (its max_lr and min_lr); lr(samples) without --decoupled-lr.
+  double decoupled_lr(std::int64_t samples) const;
   const LrScheduleConfig& config() const { return config_; }
 
  private:
+  double lr_between(std::int64_t samples, double max_lr, double min_lr) const;
   LrScheduleConfig config_;
 };
 

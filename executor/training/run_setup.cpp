@@ -76,6 +76,8 @@ LrScheduleConfig lr_schedule(const TrainOptions& a, std::int64_t gbs) {
   lr.max_lr = a.lr;
   lr.min_lr = a.min_lr;
   lr.init_lr = a.lr_warmup_init;
+  lr.decoupled_max_lr = a.decoupled_lr;
+  lr.decoupled_min_lr = a.decoupled_min_lr;
   lr.style = parse_lr_decay_style(a.lr_decay_style);
   lr.wsd_style = parse_wsd_decay_style(a.lr_wsd_decay_style);
   // Megatron's sample schedule counts in samples; an iteration schedule in iterations of `gbs` samples.

@@ -19,6 +19,8 @@ namespace megatune::executor {
 struct TrainOptions {
   double lr = 1e-4, min_lr = 0.0, lr_warmup_init = 0.0;  // --lr, --min-lr, --lr-warmup-init
   std::string lr_decay_style = "linear";                 // --lr-decay-style
+  // --decoupled-lr / --decoupled-min-lr: the word embeddings' and the output layer's peak and floor.
+  std::optional<double> decoupled_lr, decoupled_min_lr;
   std::optional<std::int64_t> lr_warmup_iters, lr_decay_iters, lr_wsd_decay_iters;
   std::optional<double> lr_warmup_fraction;
   std::string lr_wsd_decay_style = "exponential";

@@ -299,6 +299,7 @@ void Trainer::run_optimizer_step(layouts::OptimizerStep step, StepResult& result
       if (result.skipped) return;
       AdamWHyper hyper;
       hyper.lr = static_cast<float>(result.learning_rate);
+      hyper.decoupled_lr = static_cast<float>(schedule_lr_.decoupled_lr(consumed_samples_));
       hyper.beta1 = static_cast<float>(config_.optimizer.beta1);
       hyper.beta2 = static_cast<float>(config_.optimizer.beta2);
       hyper.eps = static_cast<float>(config_.optimizer.eps);

@@ -18,6 +18,7 @@
 #include "executor/kernels/reference_norm.h"
 #include "executor/kernels/reference_optimizer.h"
 #include "executor/kernels/reference_rope.h"
+#include "executor/kernels/rope_scaling.h"
 #include "tests/executor/kernel_gpu_test_util.h"
 
 namespace megatune::executor {
@@ -133,6 +134,39 @@ TEST(RopeGpu, MatchesReferenceOnPackedQkv) {
     cuda::rope_backward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 500000.0f, 0,
                                 nullptr);
     EXPECT_LT(test::relative_error(test::download_bf16(qkv_d), qkv), 8e-3) << "head_dim " << head_dim;
+  }
+}
+
+// YaRN (DeepSeek-V3's factor 40 at Megatron's default mscales, so cos and sin carry 0.1 ln 40 + 1): both
+// kernels against the reference with the same scaling, visibly apart from plain RoPE; the backward returns
+// the input times the factor squared.
+TEST(RopeGpu, YarnScalingMatchesReference) {
+  MEGATUNE_REQUIRE_GPU();
+  const YarnSettings yarn{.factor = 40, .mscale = 1.0, .mscale_all_dim = 0.0, .original_max_positions = 4096};
+  for (const int64_t head_dim : {int64_t(64), int64_t(8)}) {  // the 8-pairs kernel, the one-pair kernel
+    const RopeScaling scaling = yarn_rope_scaling(yarn, head_dim, 10000.0);
+    AttentionShape shape{.batch = 2, .seq_q = 1000, .num_heads = 4, .num_kv_heads = 1, .head_dim = head_dim};
+    const int64_t n = shape.batch * shape.seq_q * shape.packed_token_stride();
+    auto qkv = test::random_bf16_values(n, 9);
+    DeviceBuffer<bf16> qkv_d(n);
+    test::upload_bf16(qkv_d, qkv);
+    cuda::rope_forward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 10000.0f, 0,
+                               nullptr, scaling);
+    auto want = qkv, plain = qkv;
+    reference::rope_forward_inplace(shape, want.data(), want.data() + shape.packed_k_offset(), 10000.0f, 0,
+                                    scaling);
+    reference::rope_forward_inplace(shape, plain.data(), plain.data() + shape.packed_k_offset(), 10000.0f);
+    const auto got = test::download_bf16(qkv_d);
+    EXPECT_LT(test::relative_error(got, want), 5e-3) << "head_dim " << head_dim;
+    EXPECT_GT(test::relative_error(got, plain), 5e-2) << "head_dim " << head_dim;
+    cuda::rope_backward_inplace(shape, qkv_d.get(), qkv_d.get() + shape.packed_k_offset(), 10000.0f, 0,
+                                nullptr, scaling);
+    std::vector<float> squared = qkv;
+    const float m2 = scaling.concentration * scaling.concentration;
+    for (int64_t t = 0; t < shape.batch * shape.seq_q; ++t)
+      for (int64_t x = 0; x < shape.packed_v_offset(); ++x)
+        squared[t * shape.packed_token_stride() + x] *= m2;
+    EXPECT_LT(test::relative_error(test::download_bf16(qkv_d), squared), 8e-3) << "head_dim " << head_dim;
   }
 }
 

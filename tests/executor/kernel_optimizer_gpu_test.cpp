@@ -1,6 +1,7 @@
 // The vectorized optimizer kernels against the scalar ones on tensors that take every path: 16-byte groups,
 // a tensor whose buffers are misaligned (element accesses), partial last groups, several chunks, no bf16
-// copy. AdamW and clipping must agree bitwise; the gradient norm must not depend on alignment.
+// copy. AdamW and clipping must agree bitwise; the gradient norm must not depend on alignment; tensors
+// flagged decoupled (--decoupled-lr) step at their own rate.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@ struct TensorShape {
   int64_t misalign;  // elements added to the 64-aligned offset (1: 4-byte aligned buffers only)
   bool decay;
   bool model_copy;
+  bool decoupled = false;  // updated at AdamWHyper::decoupled_lr
 };
 
 // Sizes: three chunks plus a partial group; shorter than one group; misaligned over two chunks; an exact
@@ -76,6 +78,7 @@ class FlatOptimizerState {
       t.model_param = shapes[i].model_copy ? model_d_->get() + offsets_[i] : nullptr;
       t.numel = shapes[i].numel;
       t.apply_weight_decay = shapes[i].decay ? 1 : 0;
+      t.decoupled_lr = shapes[i].decoupled ? 1 : 0;
       tensors.push_back(t);
     }
     table_ = std::make_unique<cuda::MultiTensorTable>(tensors);
@@ -141,19 +144,22 @@ TEST(OptimizerKernelsGpu, VectorizedAdamWIsBitwiseTheScalarKernel) {
   EXPECT_NE(model[vectorized.offsets()[2] + 99999], 0.0f);  // misaligned tensor's last element written
 }
 
-TEST(OptimizerKernelsGpu, VectorizedAdamWMatchesTheHostReference) {
-  MEGATUNE_REQUIRE_GPU();
-  FlatOptimizerState state(kShapes, 0, 1100);
+// One step of both kernels over `shapes` against the host reference at each tensor's rate.
+void expect_adamw_matches_host(const std::vector<TensorShape>& shapes, const AdamWHyper& hyper) {
+  FlatOptimizerState state(shapes, 0, 1100), scalar(shapes, 0, 1100);
   const std::vector<float> p0 = state.param(), m0 = state.exp_avg(), v0 = state.exp_avg_sq();
-  const AdamWHyper hyper{.lr = 2e-3f, .weight_decay = 0.1f, .step = 5, .max_grad_norm = 0};
   cuda::adamw_step(state.table(), hyper, nullptr, nullptr);
+  cuda::adamw_step(scalar.table(), hyper, nullptr, nullptr, OptimizerKernelVariant::kScalar);
   const std::vector<float> p = state.param(), m = state.exp_avg(), v = state.exp_avg_sq();
-  for (size_t i = 0; i < kShapes.size(); ++i) {
-    const int64_t o = state.offsets()[i], n = kShapes[i].numel;
+  EXPECT_EQ(first_bit_difference(p, scalar.param()), -1);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const int64_t o = state.offsets()[i], n = shapes[i].numel;
     std::vector<float> rp(p0.begin() + o, p0.begin() + o + n), rm(m0.begin() + o, m0.begin() + o + n),
         rv(v0.begin() + o, v0.begin() + o + n), model(n);
-    reference::adamw_step(rp.data(), state.host_grad().data() + o, rm.data(), rv.data(), model.data(), n,
-                          hyper, kShapes[i].decay, 1.0f);
+    AdamWHyper own = hyper;
+    own.lr = hyper.lr_of(shapes[i].decoupled);
+    reference::adamw_step(rp.data(), state.host_grad().data() + o, rm.data(), rv.data(), model.data(), n, own,
+                          shapes[i].decay, 1.0f);
     for (int64_t j = 0; j < n; ++j) {
       // A few ulps of the operands: the device fuses multiply-adds the host reference rounds twice.
       const float update = std::fabs(rp[j] - p0[o + j]);
@@ -163,6 +169,35 @@ TEST(OptimizerKernelsGpu, VectorizedAdamWMatchesTheHostReference) {
       ASSERT_NEAR(v[o + j], rv[j], 1e-6f * std::fabs(rv[j]) + 1e-12f) << "tensor " << i << " at " << j;
     }
   }
+}
+
+TEST(OptimizerKernelsGpu, VectorizedAdamWMatchesTheHostReference) {
+  MEGATUNE_REQUIRE_GPU();
+  expect_adamw_matches_host(kShapes, {.lr = 2e-3f, .weight_decay = 0.1f, .step = 5, .max_grad_norm = 0});
+}
+
+// --decoupled-lr: the flagged tensors (one aligned over chunks, one misaligned, one without decay) step at
+// the decoupled rate, the others at lr; a rate 20x the default one moves them visibly further.
+TEST(OptimizerKernelsGpu, DecoupledTensorsStepAtTheirOwnRate) {
+  MEGATUNE_REQUIRE_GPU();
+  std::vector<TensorShape> shapes = kShapes;
+  for (size_t i : {0u, 2u, 3u}) shapes[i].decoupled = true;
+  const AdamWHyper hyper{
+      .lr = 1e-4f, .decoupled_lr = 2e-3f, .weight_decay = 0.1f, .step = 3, .max_grad_norm = 0};
+  expect_adamw_matches_host(shapes, hyper);
+  FlatOptimizerState flagged(shapes, 0, 1100), plain(kShapes, 0, 1100);
+  cuda::adamw_step(flagged.table(), hyper, nullptr, nullptr);
+  cuda::adamw_step(plain.table(), hyper, nullptr, nullptr);
+  const std::vector<float> a = flagged.param(), b = plain.param(), p0 = plain.host_param();
+  const int64_t o = flagged.offsets()[2];
+  double moved_flagged = 0, moved_plain = 0;
+  for (int64_t j = 0; j < kShapes[2].numel; ++j) {
+    moved_flagged += std::fabs(a[o + j] - p0[o + j]);
+    moved_plain += std::fabs(b[o + j] - p0[o + j]);
+  }
+  EXPECT_GT(moved_flagged, 10 * moved_plain);
+  const int64_t unflagged = flagged.offsets()[1];  // not decoupled: the same update in both tables
+  for (int64_t j = 0; j < kShapes[1].numel; ++j) EXPECT_EQ(a[unflagged + j], b[unflagged + j]);
 }
 
 TEST(OptimizerKernelsGpu, GradNormIsDeterministicAndIndependentOfAlignment) {

@@ -136,6 +136,16 @@ TEST(ModelGradient, MultiLatentAttentionMatchesFiniteDifferences) {
   check_gradients(layernorm, RecomputeGranularity::kFull);
 }
 
+// YaRN on the rotary parts (--rotary-scaling-factor 40; mscale_all_dim 0.5 so that both the cos/sin factor
+// and the softmax scale differ from 1): the ramp blends the rotary dimension's second pair.
+TEST(ModelGradient, MultiLatentAttentionWithYarnMatchesFiniteDifferences) {
+  TransformerConfig yarn = mla_like(6);
+  yarn.yarn.factor = 40.0;
+  yarn.yarn.mscale = 1.0;
+  yarn.yarn.mscale_all_dim = 0.5;
+  check_gradients(yarn, RecomputeGranularity::kNone);
+}
+
 // Multi-token prediction (two MTP layers, so the second feeds on the first's output) on the MLA body and on
 // a GPT body (learned positions rolled with the tokens, tied head); a large scaling factor makes the MTP
 // gradients count against the tolerance.

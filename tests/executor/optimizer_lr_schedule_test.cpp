@@ -1,5 +1,6 @@
 // LearningRateSchedule against Megatron's get_lr formulas (warm-up, linear, cosine, inverse-square-root,
-// WSD, constant), counted in samples, and its input validation.
+// WSD, constant), counted in samples, the decoupled group's rate (--decoupled-lr / --decoupled-min-lr under
+// the same schedule), and its input validation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,7 +79,32 @@ TEST(LrSchedule, WsdHoldsThenAnneals) {
   }
 }
 
+// Megatron's get_lr for the group with max_lr = --decoupled-lr and min_lr = --decoupled-min-lr (else
+// --min-lr): warm-up from the same init, decay over the same samples.
+TEST(LrSchedule, DecoupledGroupFollowsTheScheduleBetweenItsOwnPeakAndFloor) {
+  LrScheduleConfig c = base(LrDecayStyle::kCosine);
+  c.init_lr = 1e-4;
+  EXPECT_DOUBLE_EQ(LearningRateSchedule(c).decoupled_lr(350), LearningRateSchedule(c).lr(350));
+  c.decoupled_max_lr = 5e-3;
+  c.decoupled_min_lr = 4e-4;
+  LearningRateSchedule s(c);
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(0), 1e-4);
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(50), 1e-4 + (5e-3 - 1e-4) * 0.5);
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(100), 5e-3);
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(350), 4e-4 + 0.5 * (std::cos(std::numbers::pi * 0.25) + 1) * (5e-3 - 4e-4));
+  EXPECT_DOUBLE_EQ(s.decoupled_lr(5000), 4e-4);
+  EXPECT_DOUBLE_EQ(s.lr(350), 1e-5 + 0.5 * (std::cos(std::numbers::pi * 0.25) + 1) * (1e-3 - 1e-5));
+  c.decoupled_min_lr.reset();  // the floor is --min-lr
+  EXPECT_DOUBLE_EQ(LearningRateSchedule(c).decoupled_lr(5000), 1e-5);
+  c.style = LrDecayStyle::kConstant;
+  EXPECT_DOUBLE_EQ(LearningRateSchedule(c).decoupled_lr(5000), 5e-3);
+}
+
 TEST(LrSchedule, BadInputIsAUserError) {
+  LrScheduleConfig decoupled = base(LrDecayStyle::kLinear);
+  decoupled.decoupled_max_lr = 1e-4;
+  decoupled.decoupled_min_lr = 1e-3;
+  EXPECT_THROW(LearningRateSchedule{decoupled}, UserError);
   LrScheduleConfig c = base(LrDecayStyle::kLinear);
   c.min_lr = 1e-2;
   EXPECT_THROW(LearningRateSchedule{c}, UserError);

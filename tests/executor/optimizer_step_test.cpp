@@ -1,10 +1,12 @@
 // One Trainer iteration on the CPU backend (fp32) against AdamW computed by hand from the gradients:
-// decoupled weight decay only on 2-D weights, bias correction, global-norm clipping; and a non-finite
+// decoupled weight decay only on 2-D weights, bias correction, global-norm clipping, the word embedding and
+// output layer at --decoupled-lr when given; and a non-finite
 // gradient skips the update without --check-for-nan-in-loss-and-grad and stops the run with it.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include "base/user_error.h"
@@ -48,8 +50,11 @@ std::vector<MicroBatch> batches(const TrainerConfig& c) {
   return out;
 }
 
-void check_step(double clip) {
-  const TrainerConfig config = small_config(clip);
+// decoupled_lr: the embedding's and the output layer's rate (Megatron's --decoupled-lr); tied: one table.
+void check_step(double clip, std::optional<double> decoupled_lr = {}, bool tied = true) {
+  TrainerConfig config = small_config(clip);
+  config.lr.decoupled_max_lr = decoupled_lr;
+  config.model.tied_embeddings = tied;
   CpuBackend backend;
   SingleRankCommunicator communicator(backend);
   Trainer trainer(config, single_stage_schedule(1, 2), backend, communicator);
@@ -73,11 +78,15 @@ void check_step(double clip) {
   const StepResult result = trainer.train_step(data);
   EXPECT_FALSE(result.skipped);
   EXPECT_NEAR(result.grad_norm, norm, 1e-5 * norm);
-  EXPECT_DOUBLE_EQ(result.learning_rate, 1e-2);
+  EXPECT_DOUBLE_EQ(result.learning_rate, 1e-2);  // Megatron logs the default group's rate
   const std::vector<float> after = model.main_parameters();
-  const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8;
-  int checked_decay = 0, checked_no_decay = 0;
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  int checked_decay = 0, checked_no_decay = 0, checked_decoupled = 0;
   for (const ParameterEntry& e : model.layout().entries()) {
+    const bool decoupled =
+        decoupled_lr && (e.name == "embedding.word_embeddings.weight" || e.name == "output_layer.weight");
+    checked_decoupled += decoupled;
+    const double lr = decoupled ? *decoupled_lr : 1e-2;
     const double wd = e.weight_decay ? 0.1 : 0.0;
     (e.weight_decay ? checked_decay : checked_no_decay)++;
     for (std::int64_t j = 0; j < e.numel(); j += 7) {
@@ -91,11 +100,17 @@ void check_step(double clip) {
   }
   EXPECT_GT(checked_decay, 0);
   EXPECT_GT(checked_no_decay, 0);  // norms have no decay
+  EXPECT_EQ(checked_decoupled, decoupled_lr ? (tied ? 1 : 2) : 0);
 }
 
 TEST(OptimizerStep, MatchesHandComputedAdamW) { check_step(0.0); }
 
 TEST(OptimizerStep, ClipsByTheGlobalNorm) { check_step(0.05); }
+
+TEST(OptimizerStep, DecoupledLrUpdatesTheEmbeddingAndOutputLayerAtTheirOwnRate) {
+  check_step(0.05, 3e-2, /*tied=*/true);
+  check_step(0.0, 1e-3, /*tied=*/false);
+}
 
 TEST(OptimizerStep, NonFiniteGradientsSkipTheIterationWithoutTheCheck) {
   TrainerConfig config = small_config(1.0);

@@ -1,12 +1,14 @@
 // The data-parallel strategies on a real model: dp2 training of a small GPT- and Llama-flavoured model on
 // threads as ranks (GPTModel forward/backward per rank, ReplicatedDataParallel and DistributedOptimizer with
 // several buckets, waited through the model's forward pre-hook) reproduces the single-rank Trainer's loss
-// curve and weights (fp32: 1e-5 relative on the loss, 2e-5 on the weights, over 6 iterations).
+// curve and weights (fp32: 1e-5 relative on the loss, 2e-5 on the weights, over 6 iterations), also with the
+// embedding and output layer at their own rate (--decoupled-lr) on the distributed optimizer's shards.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "executor/cpu/thread_communicator.h"
@@ -120,6 +122,7 @@ Curve data_parallel_rank(int rank, ThreadWorld& world, TrainerConfig c, bool sha
     EXPECT_TRUE(std::isfinite(norm));
     AdamWHyper hyper;
     hyper.lr = static_cast<float>(c.lr.max_lr);
+    hyper.decoupled_lr = static_cast<float>(c.lr.decoupled_max_lr.value_or(-1.0));
     hyper.weight_decay = static_cast<float>(c.optimizer.weight_decay);
     hyper.step = it + 1;
     hyper.max_grad_norm = static_cast<float>(c.optimizer.clip_grad);
@@ -133,8 +136,9 @@ Curve data_parallel_rank(int rank, ThreadWorld& world, TrainerConfig c, bool sha
   return curve;
 }
 
-void expect_same_curve(bool llama, bool sharded) {
-  const TrainerConfig config = tiny_config(llama);
+void expect_same_curve(bool llama, bool sharded, std::optional<double> decoupled_lr = {}) {
+  TrainerConfig config = tiny_config(llama);
+  config.lr.decoupled_max_lr = decoupled_lr;
   const auto data = iteration_batches(config);
   const Curve reference = single_rank(config, data);
   std::mutex mutex;
@@ -166,6 +170,10 @@ TEST(DataParallelTinyModel, GptReplicatedOptimizerMatchesOneRank) { expect_same_
 TEST(DataParallelTinyModel, GptDistributedOptimizerMatchesOneRank) { expect_same_curve(false, true); }
 TEST(DataParallelTinyModel, LlamaReplicatedOptimizerMatchesOneRank) { expect_same_curve(true, false); }
 TEST(DataParallelTinyModel, LlamaDistributedOptimizerMatchesOneRank) { expect_same_curve(true, true); }
+TEST(DataParallelTinyModel, DecoupledLrOnDistributedOptimizerShardsMatchesOneRank) {
+  expect_same_curve(true, true, 3e-2);
+  expect_same_curve(false, false, 1e-3);
+}
 
 }  // namespace
 }  // namespace megatune::executor

@@ -3,8 +3,9 @@
 // at the scripts' defaults) either run (checked with --dry-run: the same checks as a real run) or are
 // refused in one line naming the flag; with the refused ones dropped, each script's layout sizes. Beside
 // them, the flags that change a run: sample-based schedules, --exit-interval / --exit-duration-in-mins with
-// their checkpoint, --finetune / --no-load-optim, --nproc as the world size, --recompute-activations,
-// NullTokenizer, --calculate-per-token-loss and --tensorboard-dir (read back).
+// their checkpoint, --decoupled-lr / --decoupled-min-lr, --rotary-scaling-factor (MLA's YaRN), --finetune /
+// --no-load-optim, --nproc as the world size, --recompute-activations, NullTokenizer,
+// --calculate-per-token-loss and --tensorboard-dir (read back).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -185,13 +186,14 @@ TEST(MegatronScripts, Gpt3RefusesFp16AndRampupThenSizes) {
       {"--attention-backend auto"});
 }
 
-TEST(MegatronScripts, Llama3RefusesDecoupledLrAndFp8ParamGatherThenSizesInFp8) {
+TEST(MegatronScripts, Llama3RefusesFp8ParamGatherThenSizesInFp8) {
   TempDir dir;
   const Flags pasted = llama3_8b_fp8(dir / "ckpt");
-  expect_one_line_refusal(train_dry(pasted), "--decoupled-lr 5.0e-4",
-                          {"--decoupled-min-lr", "--fp8-param-gather"});
+  const CliResult refused = train_dry(pasted);
+  expect_one_line_refusal(refused, "--fp8-param-gather", {});
+  EXPECT_EQ(refused.err.find("--decoupled-lr"), std::string::npos) << refused.err;  // it runs
   // Its FP8 recipe (hybrid, delayed scaling over an amax history of 1024, max) runs.
-  const Flags runnable = without(pasted, {"--decoupled-lr", "--decoupled-min-lr", "--fp8-param-gather"});
+  const Flags runnable = without(pasted, {"--fp8-param-gather"});
   const CliResult r = train_dry(runnable);
   EXPECT_NE(r.out.find("fp8 hybrid delayed"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("FP8 weight copies"), std::string::npos) << r.out;
@@ -222,16 +224,17 @@ TEST(MegatronScripts, MixtralRunsAsPasted) {
 TEST(MegatronScripts, DeepSeekV3NamesWhatItRefusesThenSizes) {
   TempDir dir;
   const Flags pasted = deepseek_v3_fsdp(dir / "ckpt");
-  expect_one_line_refusal(train_dry(pasted), "--qk-layernorm",
+  const CliResult refused = train_dry(pasted);
+  expect_one_line_refusal(refused, "--qk-layernorm",
                           {"--moe-flex-dispatcher-backend hybridep", "--moe-router-force-load-balancing",
-                           "--rotary-scaling-factor 40", "--megatron-fsdp-grad-comm-dtype bf16"});
+                           "--megatron-fsdp-grad-comm-dtype bf16"});
+  EXPECT_EQ(refused.err.find("--rotary-scaling-factor"), std::string::npos);  // MLA's YaRN runs
   // The hub name is not a tokenizer file here: the mock data's NullTokenizer at DeepSeek-V3's vocabulary.
-  Flags rest = without(pasted, {"--qk-layernorm", "--moe-flex-dispatcher-backend",
-                                "--moe-router-force-load-balancing",
-                                "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
-                                "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype",
-                                "--tokenizer-type", "--tokenizer-model"}) +
-               Flags{"--tokenizer-type", "NullTokenizer", "--vocab-size", "129279"};
+  Flags rest =
+      without(pasted, {"--qk-layernorm", "--moe-flex-dispatcher-backend", "--moe-router-force-load-balancing",
+                       "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype",
+                       "--tokenizer-type", "--tokenizer-model"}) +
+      Flags{"--tokenizer-type", "NullTokenizer", "--vocab-size", "129279"};
   // What the layout and model flags refuse next, one line each.
   const CliResult flex = train_dry(rest);
   EXPECT_EQ(flex.exit_code, 1);
@@ -246,10 +249,10 @@ TEST(MegatronScripts, DeepSeekV3NamesWhatItRefusesThenSizes) {
                                  "--ckpt-format fsdp_dtensor"});
 }
 
-// The tiny model on the CPU backend (ranks as threads), for the flags that change a run.
-Flags tiny(const Flags& more) {
-  return Flags{"train", "--model", "tiny", "--device",       "cpu", "--mock-data", "--gbs",
-               "4",     "--mbs",   "2",    "--log-interval", "1"} +
+// The tiny model (or another preset) on the CPU backend (ranks as threads), for the flags that change a run.
+Flags tiny(const Flags& more, const std::string& model = "tiny") {
+  return Flags{"train", "--model", model, "--device",       "cpu", "--mock-data", "--gbs",
+               "4",     "--mbs",   "2",   "--log-interval", "1"} +
          more;
 }
 
@@ -294,6 +297,69 @@ TEST(MegatronFlags, SampleScheduleEqualsTheIterationOne) {
     EXPECT_EQ(r.error_lines(), 1) << r.err;
     EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
   }
+}
+
+std::string loss_at(const std::string& log, int iteration) {
+  char tag[32];
+  std::snprintf(tag, sizeof(tag), "iteration %8d/", iteration);
+  const std::size_t at = log.find(tag);
+  return at == std::string::npos ? std::string() : log.substr(log.find("lm loss: ", at), 22);
+}
+
+TEST(MegatronFlags, DecoupledLrIsTheEmbeddingsOwnRate) {
+  // --decoupled-lr 0: the tied embedding never moves, so the second loss differs from the plain run's; the
+  // logged rate is the default group's, as Megatron logs it.
+  const CliResult plain = run_megatune(tiny({"--train-iters", "3"}), 120);
+  const CliResult frozen =
+      run_megatune(tiny({"--train-iters", "3", "--decoupled-lr", "0", "--decoupled-min-lr", "0"}), 120);
+  // Megatron reads --decoupled-min-lr only with --decoupled-lr.
+  const CliResult floor_only = run_megatune(tiny({"--train-iters", "3", "--decoupled-min-lr", "0"}), 120);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(frozen.exit_code, 0) << frozen.err;
+  ASSERT_EQ(floor_only.exit_code, 0) << floor_only.err;
+  EXPECT_EQ(loss_at(frozen.out, 1), loss_at(plain.out, 1));
+  EXPECT_NE(loss_at(frozen.out, 2), loss_at(plain.out, 2));
+  EXPECT_EQ(loss_at(floor_only.out, 3), loss_at(plain.out, 3));
+  for (int i : {1, 2}) {  // (the linear decay reaches --min-lr 0 at iteration 3)
+    EXPECT_GT(learning_rate_at(frozen.out, i), 0.0) << i;
+    EXPECT_EQ(learning_rate_at(frozen.out, i), learning_rate_at(plain.out, i)) << i;
+  }
+  for (const auto& [flags, says] : std::vector<std::pair<Flags, std::string>>{
+           {{"--decoupled-lr", "-1"}, "--decoupled-lr -1 makes no sense"},
+           {{"--decoupled-lr", "1e-4", "--decoupled-min-lr", "1e-3"},
+            "--decoupled-min-lr 0.001 exceeds --decoupled-lr 0.0001"}}) {
+    const CliResult bad = run_megatune(tiny(Flags{"--train-iters", "1"} + flags), 60);
+    EXPECT_EQ(bad.exit_code, 1);
+    EXPECT_EQ(bad.error_lines(), 1) << bad.err;
+    EXPECT_NE(bad.err.find(says), std::string::npos) << bad.err;
+  }
+}
+
+TEST(MegatronFlags, RotaryScalingFactorIsYarnOfMultiLatentAttention) {
+  TempDir dir;
+  const std::string mla = "tiny-deepseek-v3-mla";
+  const Flags yarn = {"--rotary-scaling-factor", "40", "--mscale", "1.0", "--mscale-all-dim", "1.0"};
+  const CliResult plain = run_megatune(tiny({"--train-iters", "2"}, mla), 120);
+  const CliResult scaled =
+      run_megatune(tiny(Flags{"--train-iters", "2", "--save", dir / "yarn"} + yarn, mla), 120);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(scaled.exit_code, 0) << scaled.err;
+  EXPECT_NE(loss_at(scaled.out, 1), loss_at(plain.out, 1));  // the softmax scale and angles differ
+  // The checkpoint records the scaling: a resume without model flags takes it; one with the model but
+  // without the scaling is another model.
+  const CliResult resumed =
+      run_megatune(Flags{"train", "--load", dir / "yarn", "--device", "cpu", "--mock-data", "--gbs", "4",
+                         "--mbs", "2", "--train-iters", "3"},
+                   120);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("iteration        3/"), std::string::npos) << resumed.out;
+  const CliResult mismatch = run_megatune(tiny({"--train-iters", "3", "--load", dir / "yarn"}, mla), 120);
+  EXPECT_EQ(mismatch.exit_code, 1) << mismatch.out;
+  EXPECT_EQ(mismatch.error_lines(), 1) << mismatch.err;
+  EXPECT_NE(mismatch.err.find("YaRN x40"), std::string::npos) << mismatch.err;
+  const CliResult bad = run_megatune(tiny({"--train-iters", "1", "--rotary-scaling-factor", "-2"}, mla), 60);
+  EXPECT_EQ(bad.error_lines(), 1) << bad.err;
+  EXPECT_NE(bad.err.find("--rotary-scaling-factor -2"), std::string::npos) << bad.err;
 }
 
 TEST(MegatronFlags, ExitFlagsSaveThenStop) {
@@ -346,12 +412,8 @@ TEST(MegatronFlags, FinetuneTakesOnlyTheWeights) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   ASSERT_EQ(fresh_moments.exit_code, 0) << fresh_moments.err;
   EXPECT_NE(fresh_moments.out.find("the optimizer state starts anew (--no-load-optim)"), std::string::npos);
-  const auto loss_at = [](const std::string& log, const std::string& tag) {
-    const std::size_t at = log.find(tag);
-    return at == std::string::npos ? std::string() : log.substr(log.find("lm loss: ", at), 22);
-  };
-  EXPECT_EQ(loss_at(resumed.out, "iteration        7/"), loss_at(fresh_moments.out, "iteration        7/"));
-  EXPECT_NE(loss_at(resumed.out, "iteration        8/"), loss_at(fresh_moments.out, "iteration        8/"));
+  EXPECT_EQ(loss_at(resumed.out, 7), loss_at(fresh_moments.out, 7));
+  EXPECT_NE(loss_at(resumed.out, 8), loss_at(fresh_moments.out, 8));
   const CliResult no_load = run_megatune(tiny({"--train-iters", "2", "--finetune"}), 60);
   EXPECT_EQ(no_load.error_lines(), 1) << no_load.err;
   EXPECT_NE(no_load.err.find("--finetune needs --load DIR"), std::string::npos) << no_load.err;
