@@ -47,7 +47,8 @@ std::int64_t fp8_cast_bytes(std::int64_t elements, int outputs, bool current_sca
 }
 
 std::int64_t fp8_state_elements(const Fp8Settings& settings) {
-  return kFp8History + std::max(settings.amax_history_len, 1);
+  const std::int64_t fields = kFp8History + std::max(settings.amax_history_len, 1);
+  return (fields + 15) / 16 * 16;
 }
 
 std::string describe(const Fp8Settings& s) {

@@ -48,16 +48,19 @@ float fp8_scale_for_amax(float amax, Fp8Encoding encoding, int margin);
 // current scaling reads the input twice (the amax pass, then the cast).
 std::int64_t fp8_cast_bytes(std::int64_t elements, int outputs, bool current_scaling);
 
-// Fields of an FP8 tensor's scaling state, an fp32 vector on the device: the scale the cast multiplies by,
-// its inverse (the GEMM's dequantization factor), the amax of the last use not yet folded into the history
-// and whether there is one, then the amax history (delayed scaling) of amax_history_len entries.
+// Fields of an FP8 tensor's scaling state, an fp32 vector on the device: the inverse of the scale (the
+// GEMM's dequantization factor, first: cuBLASLt takes it by a pointer that must be 16-byte aligned), the
+// scale the cast multiplies by, the amax of the last use not yet folded into the history and whether there
+// is one, then the amax history (delayed scaling) of amax_history_len entries.
 enum Fp8StateField : int {
-  kFp8Scale = 0,
-  kFp8ScaleInv = 1,
+  kFp8ScaleInv = 0,
+  kFp8Scale = 1,
   kFp8PendingAmax = 2,
   kFp8Pending = 3,
   kFp8History = 4
 };
+// Elements of one state: its fields, padded to a multiple of 16 (64 bytes), so that states laid out one
+// after another keep their scale pointers aligned.
 std::int64_t fp8_state_elements(const Fp8Settings& settings);
 
 // "fp8 hybrid delayed (amax history 1024, max, margin 0)", "fp8 e4m3 tensorwise (margin 0)", "bf16".

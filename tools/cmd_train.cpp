@@ -357,13 +357,6 @@ int run_train(TrainArgs& a) {
   const LaunchEnvironment launch = read_launch_environment();
   order_as_given(a.compat, *a.app);
   check_megatron_compat_flags(a.compat);
-  // The CUDA FP8 casts match the CPU reference bit for bit, but cuBLASLt refuses the FP8 GEMM plans at
-  // launch on H200 (CUBLAS_STATUS_NOT_SUPPORTED): until they run, a CUDA run is refused (its --dry-run
-  // sizes).
-  if (a.options.fp8.enabled() && a.device == "cuda" && !a.dry_run)
-    throw UserError(
-        "--fp8-format on the CUDA backend: its FP8 GEMMs do not run yet; train FP8 on the CPU "
-        "backend (--device cpu --bf16) or on CUDA without --fp8-format");
   if (!a.megatron.world_size && launch.world_size > 1) a.megatron.world_size = launch.world_size;
   // --nproc is the world size on one host, as torchrun's: the data-parallel size follows from it.
   if (!a.megatron.world_size && a.nproc > 0) a.megatron.world_size = a.nproc;

@@ -2,6 +2,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/fp8_kernels.h"
@@ -126,6 +127,90 @@ __global__ void cast_kernel(Fp8CastLaunch p) {
   }
 }
 
+// The cast of aligned shapes (rows and cols multiples of kWide, rows of src 16-byte aligned): each block a
+// kWide x kWide tile, each thread 8 consecutive values per load (one 16-byte load of bf16, one 8-byte store
+// of FP8); the transposed copy leaves shared memory as 8 consecutive rows of one column per 8-byte store.
+constexpr int kWide = 64;
+constexpr int kWideThreads = 256;
+
+__global__ void cast_wide_kernel(Fp8CastLaunch p) {
+  using namespace layouts;
+  __shared__ unsigned char tile[kWide][kWide + 8];
+  const int64_t row0 = int64_t(blockIdx.y) * kWide, col0 = int64_t(blockIdx.x) * kWide;
+  const float scale =
+      p.current_scaling ? scale_for_amax(p.state[kFp8PendingAmax], p.e5m2, p.margin) : p.state[kFp8Scale];
+  if (p.current_scaling && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    p.state[kFp8Scale] = scale;
+    p.state[kFp8ScaleInv] = 1.0f / scale;
+  }
+  const __nv_fp8_interpretation_t kind = p.e5m2 ? __NV_E5M2 : __NV_E4M3;
+  float m = 0.0f;
+  bool nan = false;
+  constexpr int kVectorsPerRow = kWide / 8;
+  for (int v = threadIdx.x; v < kWide * kVectorsPerRow; v += kWideThreads) {
+    const int r = v / kVectorsPerRow, c = (v % kVectorsPerRow) * 8;
+    const int64_t row = row0 + r, col = col0 + c;
+    const uint4 raw = *reinterpret_cast<const uint4*>(p.src + row * p.ld + col);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    unsigned short q[4];
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(pairs[i]);
+      nan = nan || isnan(f.x) || isnan(f.y);
+      m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+      q[i] = __nv_cvt_float2_to_fp8x2(make_float2(f.x * scale, f.y * scale), __NV_SATFINITE, kind);
+    }
+    const unsigned long long packed = (unsigned long long)q[0] | ((unsigned long long)q[1] << 16) |
+                                      ((unsigned long long)q[2] << 32) | ((unsigned long long)q[3] << 48);
+    if (p.out != nullptr) *reinterpret_cast<unsigned long long*>(p.out + row * p.cols + col) = packed;
+    *reinterpret_cast<unsigned long long*>(&tile[r][c]) = packed;
+  }
+  if (!p.current_scaling) {
+    const float block = block_max(m);
+    if (nan) atomic_max_abs(p.state + kFp8PendingAmax, __uint_as_float(0x7fc00000u));
+    if (threadIdx.x == 0) {
+      atomic_max_abs(p.state + kFp8PendingAmax, block);
+      p.state[kFp8Pending] = 1.0f;
+    }
+  }
+  if (p.out_t == nullptr) return;
+  __syncthreads();
+  for (int v = threadIdx.x; v < kWide * kVectorsPerRow; v += kWideThreads) {
+    const int c = v / kVectorsPerRow, r = (v % kVectorsPerRow) * 8;  // column c, rows r .. r + 7
+    unsigned long long packed = 0;
+    for (int i = 0; i < 8; ++i) packed |= (unsigned long long)tile[r + i][c] << (8 * i);
+    *reinterpret_cast<unsigned long long*>(p.out_t + (col0 + c) * p.rows + row0 + r) = packed;
+  }
+}
+
+// amax of a src whose rows are 16-byte aligned runs of multiples of 8 values: 8 values per load.
+__global__ void amax_wide_kernel(const __nv_bfloat16* src, int64_t rows, int64_t cols, int64_t ld,
+                                 float* amax) {
+  float m = 0.0f;
+  bool nan = false;
+  const int64_t vectors_per_row = cols / 8, total = rows * vectors_per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 raw =
+        *reinterpret_cast<const uint4*>(src + (i / vectors_per_row) * ld + (i % vectors_per_row) * 8);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(pairs[k]);
+      nan = nan || isnan(f.x) || isnan(f.y);
+      m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+  const float block = block_max(m);
+  if (nan) atomic_max_abs(amax, __uint_as_float(0x7fc00000u));
+  if (threadIdx.x == 0) atomic_max_abs(amax, block);
+}
+
+bool wide(const Fp8CastLaunch& p) {
+  return p.rows % kWide == 0 && p.cols % kWide == 0 && p.ld % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p.src) % 16 == 0 &&
+         (p.out == nullptr || reinterpret_cast<uintptr_t>(p.out) % 8 == 0) &&
+         (p.out_t == nullptr || reinterpret_cast<uintptr_t>(p.out_t) % 8 == 0);
+}
+
 }  // namespace
 
 void fp8_cast(const Fp8CastLaunch& p, cudaStream_t stream) {
@@ -135,14 +220,23 @@ void fp8_cast(const Fp8CastLaunch& p, cudaStream_t stream) {
     MEGATUNE_CUDA_CHECK(cudaMemsetAsync(pending_amax, 0, sizeof(float), stream));
     const int64_t total = p.rows * p.cols;
     const int blocks = static_cast<int>(std::min<int64_t>((total + kAmaxThreads - 1) / kAmaxThreads, 1024));
-    amax_kernel<<<blocks, kAmaxThreads, 0, stream>>>(p.src, p.rows, p.cols, p.ld, pending_amax);
+    if (wide(p))
+      amax_wide_kernel<<<std::max(1, blocks / 8), kAmaxThreads, 0, stream>>>(p.src, p.rows, p.cols, p.ld,
+                                                                             pending_amax);
+    else
+      amax_kernel<<<blocks, kAmaxThreads, 0, stream>>>(p.src, p.rows, p.cols, p.ld, pending_amax);
   } else {
     delayed_prepare_kernel<<<1, 1, 0, stream>>>(p.state, p.e5m2, p.margin, p.history_len, p.amax_max);
   }
   MEGATUNE_CUDA_CHECK(cudaGetLastError());
-  const dim3 grid(static_cast<unsigned>((p.cols + kTile - 1) / kTile),
-                  static_cast<unsigned>((p.rows + kTile - 1) / kTile));
-  cast_kernel<<<grid, dim3(kTile, kBlockRows), 0, stream>>>(p);
+  if (wide(p)) {
+    const dim3 grid(static_cast<unsigned>(p.cols / kWide), static_cast<unsigned>(p.rows / kWide));
+    cast_wide_kernel<<<grid, kWideThreads, 0, stream>>>(p);
+  } else {
+    const dim3 grid(static_cast<unsigned>((p.cols + kTile - 1) / kTile),
+                    static_cast<unsigned>((p.rows + kTile - 1) / kTile));
+    cast_kernel<<<grid, dim3(kTile, kBlockRows), 0, stream>>>(p);
+  }
   MEGATUNE_CUDA_CHECK(cudaGetLastError());
 }
 
