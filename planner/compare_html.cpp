@@ -6,33 +6,11 @@
 #include <cstdio>
 #include <sstream>
 
+#include "base/html_escape.h"
 #include "planner/compare_report.h"
 
 namespace megatune::planner {
 namespace {
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
-}
 
 std::string svg_number(double v) {
   char buf[32];
@@ -77,7 +55,8 @@ std::string kind_bars(const RankComparison& r) {
                    const std::string& tip) {
       const double w = scale > 0 ? bar_w * value / scale : 0;
       s << "<rect x=\"" << x0 << "\" y=\"" << y + dy << "\" width=\"" << svg_number(std::max(w, 0.5))
-        << "\" height=\"12\" fill=\"" << colour << "\"><title>" << escape(tip) << "</title></rect>\n";
+        << "\" height=\"12\" fill=\"" << colour << "\"><title>" << base::html_escape(tip)
+        << "</title></rect>\n";
     };
     const std::string p = std::string(name) + " predicted " + format_seconds(k.predicted_s);
     const std::string m = std::string(name) + " measured " + format_seconds(k.measured_s);
@@ -86,7 +65,7 @@ std::string kind_bars(const RankComparison& r) {
     bar(label_w + bar_w + gap, ptotal > 0 ? k.predicted_s / ptotal : 0, 1.0, 2, kPredicted, p);
     bar(label_w + bar_w + gap, mtotal > 0 ? k.measured_s / mtotal : 0, 1.0, 16, kMeasured, m);
     s << "<text x=\"" << label_w + 2 * bar_w + gap + 4 << "\" y=\"" << y + 16 << "\">"
-      << escape(format_ratio(k.measured_s, k.predicted_s)) << "</text>\n";
+      << base::html_escape(format_ratio(k.measured_s, k.predicted_s)) << "</text>\n";
     y += row;
   }
   s << "</svg>\n";
@@ -106,7 +85,8 @@ std::string timelines(const RankComparison& r) {
     << "\" xmlns=\"http://www.w3.org/2000/svg\" font-size=\"11\">\n";
   auto lane = [&](int y, const char* name, double span, bool predicted) {
     s << "<text x=\"4\" y=\"" << y + 14 << "\">" << name << "</text>\n"
-      << "<text x=\"4\" y=\"" << y + 28 << "\" fill=\"#555\">" << escape(format_seconds(span)) << "</text>\n"
+      << "<text x=\"4\" y=\"" << y + 28 << "\" fill=\"#555\">" << base::html_escape(format_seconds(span))
+      << "</text>\n"
       << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << width << "\" height=\"" << lane_h - 6
       << "\" fill=\"#f4f4f4\"/>\n";
     if (span <= 0) return;
@@ -116,9 +96,9 @@ std::string timelines(const RankComparison& r) {
       if (duration < 0) continue;
       const bool comm = o.op.is_communication();
       s << "<rect x=\"" << svg_number(left + width * start / span) << "\" y=\"" << y + (comm ? 16 : 0)
-        << "\" width=\"" << svg_number(std::max(0.3, width * duration / span)) << "\" height=\"" << (comm ? 12 : 15)
-        << "\" fill=\"" << kind_colour(o.op.kind) << "\"><title>" << o.id << " "
-        << escape(layouts::to_string(o.op)) << ": " << escape(format_seconds(duration))
+        << "\" width=\"" << svg_number(std::max(0.3, width * duration / span)) << "\" height=\""
+        << (comm ? 12 : 15) << "\" fill=\"" << kind_colour(o.op.kind) << "\"><title>" << o.id << " "
+        << base::html_escape(layouts::to_string(o.op)) << ": " << base::html_escape(format_seconds(duration))
         << "</title></rect>\n";
     }
   };
@@ -157,9 +137,9 @@ std::string memory_bars(const std::vector<MemoryColumn>& columns) {
   for (std::size_t i = 0; i < columns.size(); ++i) {
     const MemoryColumn& c = columns[i];
     const int x = 10 + static_cast<int>(i) * (col_w + gap);
-    s << "<text x=\"" << x << "\" y=\"" << top + height + 16 << "\" font-weight=\"bold\">" << escape(c.name)
-      << "</text>\n<text x=\"" << x << "\" y=\"" << top + height + 30 << "\">"
-      << (c.total_bytes < 0 ? "n/a" : escape(format_bytes(static_cast<double>(c.total_bytes))))
+    s << "<text x=\"" << x << "\" y=\"" << top + height + 16 << "\" font-weight=\"bold\">"
+      << base::html_escape(c.name) << "</text>\n<text x=\"" << x << "\" y=\"" << top + height + 30 << "\">"
+      << (c.total_bytes < 0 ? "n/a" : base::html_escape(format_bytes(static_cast<double>(c.total_bytes))))
       << "</text>\n";
     if (c.total_bytes <= 0 || vmax <= 0) continue;
     const double scale = own_scale ? static_cast<double>(c.total_bytes) : vmax;
@@ -170,11 +150,11 @@ std::string memory_bars(const std::vector<MemoryColumn>& columns) {
       y -= h;
       s << "<rect x=\"" << x << "\" y=\"" << svg_number(y) << "\" width=\"" << col_w << "\" height=\""
         << svg_number(std::max(h, 0.3)) << "\" fill=\"" << kind_colour(static_cast<layouts::OpKind>(index++))
-        << "\" stroke=\"#fff\" stroke-width=\"0.5\"><title>" << escape(name) << ": "
-        << escape(format_bytes(static_cast<double>(bytes))) << "</title></rect>\n";
+        << "\" stroke=\"#fff\" stroke-width=\"0.5\"><title>" << base::html_escape(name) << ": "
+        << base::html_escape(format_bytes(static_cast<double>(bytes))) << "</title></rect>\n";
       if (h >= 11)
         s << "<text x=\"" << x + col_w + 4 << "\" y=\"" << svg_number(y + h / 2 + 4) << "\">"
-          << escape(name.substr(0, 24)) << "</text>\n";
+          << base::html_escape(name.substr(0, 24)) << "</text>\n";
     }
   }
   s << "</svg>\n";
@@ -183,7 +163,7 @@ std::string memory_bars(const std::vector<MemoryColumn>& columns) {
 
 void write_head(std::ostringstream& h, const std::string& title) {
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>megatune compare: "
-    << escape(title)
+    << base::html_escape(title)
     << "</title>\n<style>body{font-family:sans-serif;margin:20px;color:#222}"
        "table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #ccc;padding:3px 8px;"
        "text-align:right;font-size:13px}th{background:#eee}td.l,th.l{text-align:left}"
@@ -193,25 +173,26 @@ void write_head(std::ostringstream& h, const std::string& title) {
 
 // One run's sections: its heading, summary, memory, and per rank the kind bars, timelines and worst ops.
 void write_report(std::ostringstream& h, const RunComparison& c, int top_ops, int max_timeline_ranks) {
-  h << "<h1>Predicted vs measured: " << escape(c.model) << "</h1>\n<p>" << escape(c.layout) << ", "
-    << c.world_size << " rank(s) on " << escape(c.device) << ". Run <code>" << escape(c.run_dir)
-    << "</code>; simulated on " << escape(c.cluster) << ", priced from " << escape(c.priced_from)
-    << ". Measured by " << escape(c.timing) << ".</p>\n";
-  for (const std::string& note : c.notes) h << "<p><b>Note:</b> " << escape(note) << "</p>\n";
+  h << "<h1>Predicted vs measured: " << base::html_escape(c.model) << "</h1>\n<p>"
+    << base::html_escape(c.layout) << ", " << c.world_size << " rank(s) on " << base::html_escape(c.device)
+    << ". Run <code>" << base::html_escape(c.run_dir) << "</code>; simulated on "
+    << base::html_escape(c.cluster) << ", priced from " << base::html_escape(c.priced_from)
+    << ". Measured by " << base::html_escape(c.timing) << ".</p>\n";
+  for (const std::string& note : c.notes) h << "<p><b>Note:</b> " << base::html_escape(note) << "</p>\n";
   h << "<p class=\"legend\"><span style=\"background:" << kPredicted
     << "\"></span>predicted<span style=\"background:" << kMeasured << "\"></span>measured</p>\n";
   h << "<h2 id=\"summary\">Summary</h2>\n<table><tr><th class=\"l\"></th><th>predicted</th><th>measured</th>"
        "<th>measured/predicted</th></tr>\n";
   for (const SummaryRow& r : summary_rows(c))
-    h << "<tr><td class=\"l\">" << r.name << "</td><td>" << escape(r.predicted) << "</td><td>"
-      << escape(r.measured) << "</td><td>" << escape(r.ratio) << "</td></tr>\n";
+    h << "<tr><td class=\"l\">" << r.name << "</td><td>" << base::html_escape(r.predicted) << "</td><td>"
+      << base::html_escape(r.measured) << "</td><td>" << base::html_escape(r.ratio) << "</td></tr>\n";
   h << "</table>\n<h2 id=\"memory\">Memory</h2>\n"
     << memory_bars(c.memory) << "<table><tr><th class=\"l\">source</th>"
     << "<th>total</th><th class=\"l\">note</th></tr>\n";
   for (const MemoryColumn& m : c.memory)
-    h << "<tr><td class=\"l\">" << escape(m.name) << "</td><td>"
-      << (m.total_bytes < 0 ? "n/a" : escape(format_bytes(static_cast<double>(m.total_bytes))))
-      << "</td><td class=\"l\">" << escape(m.note) << "</td></tr>\n";
+    h << "<tr><td class=\"l\">" << base::html_escape(m.name) << "</td><td>"
+      << (m.total_bytes < 0 ? "n/a" : base::html_escape(format_bytes(static_cast<double>(m.total_bytes))))
+      << "</td><td class=\"l\">" << base::html_escape(m.note) << "</td></tr>\n";
   h << "</table>\n";
   int shown = 0;
   for (const RankComparison& r : c.ranks) {
@@ -226,10 +207,10 @@ void write_report(std::ostringstream& h, const RunComparison& c, int top_ops, in
          "class=\"l\">op</th><th>predicted</th><th>measured</th>"
          "<th>measured/predicted</th></tr>\n";
     for (const ComparedOp& o : worst_offenders(r, static_cast<std::size_t>(top_ops)))
-      h << "<tr><td>" << o.id << "</td><td class=\"l\">" << escape(layouts::to_string(o.op)) << "</td><td>"
-        << (o.predicted_s < 0 ? "-" : escape(format_seconds(o.predicted_s))) << "</td><td>"
-        << escape(format_seconds(o.measured_s)) << "</td><td>"
-        << escape(format_ratio(o.measured_s, o.predicted_s)) << "</td></tr>\n";
+      h << "<tr><td>" << o.id << "</td><td class=\"l\">" << base::html_escape(layouts::to_string(o.op))
+        << "</td><td>" << (o.predicted_s < 0 ? "-" : base::html_escape(format_seconds(o.predicted_s)))
+        << "</td><td>" << base::html_escape(format_seconds(o.measured_s)) << "</td><td>"
+        << base::html_escape(format_ratio(o.measured_s, o.predicted_s)) << "</td></tr>\n";
     h << "</table>\n";
   }
 }
@@ -249,11 +230,12 @@ std::string error_bars(const std::vector<RunComparison>& runs) {
   int y = 10;
   for (const RunComparison& c : runs) {
     const double e = step_time_error(c), w = half * std::fabs(e) / emax;
-    s << "<text x=\"" << label_w - 6 << "\" y=\"" << y + 12 << "\" text-anchor=\"end\">" << escape(c.run_dir)
-      << ": " << escape(c.layout) << "</text>\n<rect x=\"" << svg_number(e < 0 ? label_w + half - w : label_w + half)
-      << "\" y=\"" << y << "\" width=\"" << svg_number(std::max(w, 0.5)) << "\" height=\"14\" fill=\""
-      << (e < 0 ? kPredicted : kMeasured) << "\"><title>" << svg_number(100 * e) << " %</title></rect>\n<text x=\""
-      << label_w + 2 * half + 6 << "\" y=\"" << y + 12 << "\">" << svg_number(100 * e) << " %</text>\n";
+    s << "<text x=\"" << label_w - 6 << "\" y=\"" << y + 12 << "\" text-anchor=\"end\">"
+      << base::html_escape(c.run_dir) << ": " << base::html_escape(c.layout) << "</text>\n<rect x=\""
+      << svg_number(e < 0 ? label_w + half - w : label_w + half) << "\" y=\"" << y << "\" width=\""
+      << svg_number(std::max(w, 0.5)) << "\" height=\"14\" fill=\"" << (e < 0 ? kPredicted : kMeasured)
+      << "\"><title>" << svg_number(100 * e) << " %</title></rect>\n<text x=\"" << label_w + 2 * half + 6
+      << "\" y=\"" << y + 12 << "\">" << svg_number(100 * e) << " %</text>\n";
     y += row;
   }
   s << "</svg>\n";
@@ -282,10 +264,10 @@ std::string comparison_html(const std::vector<RunComparison>& runs, int top_ops,
     << "<table><tr><th class=\"l\">run</th><th class=\"l\">layout</th><th>predicted</th><th>measured</th>"
        "<th>error</th></tr>\n";
   for (const RunComparison& c : runs)
-    h << "<tr><td class=\"l\">" << escape(c.run_dir) << "</td><td class=\"l\">" << escape(c.layout)
-      << "</td><td>" << escape(format_seconds(c.predicted_step_s)) << "</td><td>"
-      << escape(format_seconds(c.measured_step_s)) << "</td><td>" << svg_number(100 * step_time_error(c))
-      << " %</td></tr>\n";
+    h << "<tr><td class=\"l\">" << base::html_escape(c.run_dir) << "</td><td class=\"l\">"
+      << base::html_escape(c.layout) << "</td><td>" << base::html_escape(format_seconds(c.predicted_step_s))
+      << "</td><td>" << base::html_escape(format_seconds(c.measured_step_s)) << "</td><td>"
+      << svg_number(100 * step_time_error(c)) << " %</td></tr>\n";
   h << "</table>\n";
   for (const RunComparison& c : runs) write_report(h, c, top_ops, max_timeline_ranks);
   h << "</body></html>\n";

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "base/html_escape.h"
 #include "base/user_error.h"
 #include "executor/training/tensorboard_writer.h"
 
@@ -18,29 +19,6 @@ namespace fs = std::filesystem;
 
 bool is_event_file(const fs::path& p) {
   return p.filename().string().rfind("events.out.tfevents.", 0) == 0 && fs::is_regular_file(p);
-}
-
-std::string html_escape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
 }
 
 std::string number(double v) {
@@ -114,7 +92,8 @@ std::string chart_svg(const RunCurves& run, const Chart& chart) {
   std::ostringstream s;
   s << "<svg class=\"curve\" width=\"" << left + width + right << "\" height=\"" << top + height + bottom
     << "\" xmlns=\"http://www.w3.org/2000/svg\" font-size=\"11\">\n";
-  s << "<text x=\"" << left << "\" y=\"14\" font-size=\"13\">" << html_escape(chart.title) << "</text>\n";
+  s << "<text x=\"" << left << "\" y=\"14\" font-size=\"13\">" << base::html_escape(chart.title)
+    << "</text>\n";
   s << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << width << "\" height=\"" << height
     << "\" fill=\"none\" stroke=\"#999\"/>\n";
   s << "<text x=\"" << left - 4 << "\" y=\"" << top + 10 << "\" text-anchor=\"end\">" << number(y1)
@@ -146,7 +125,8 @@ std::string chart_svg(const RunCurves& run, const Chart& chart) {
     const double ly = top + 14 + 16 * static_cast<double>(i);
     s << "<line x1=\"" << left + width + 10 << "\" y1=\"" << ly - 4 << "\" x2=\"" << left + width + 26
       << "\" y2=\"" << ly - 4 << "\" stroke=\"" << colour << "\" stroke-width=\"2\"/>\n";
-    s << "<text x=\"" << left + width + 30 << "\" y=\"" << ly << "\">" << html_escape(tag) << "</text>\n";
+    s << "<text x=\"" << left + width + 30 << "\" y=\"" << ly << "\">" << base::html_escape(tag)
+      << "</text>\n";
   }
   s << "</svg>\n";
   return s.str();
@@ -212,11 +192,12 @@ void print_run_summary(const RunCurves& run, std::ostream& out) {
 
 std::string run_report_html(const RunCurves& run) {
   std::ostringstream s;
-  s << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>megatune report: " << html_escape(run.dir)
+  s << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>megatune report: "
+    << base::html_escape(run.dir)
     << "</title>\n<style>body{font-family:sans-serif;margin:20px}svg{display:block;margin:12px 0}"
        "table{border-collapse:collapse}td,th{padding:2px 8px;text-align:right}"
        "td:first-child,th:first-child{text-align:left}</style></head><body>\n";
-  s << "<h1>Training run " << html_escape(run.dir) << "</h1>\n";
+  s << "<h1>Training run " << base::html_escape(run.dir) << "</h1>\n";
   for (const Chart& chart : charts_of(run)) s << chart_svg(run, chart);
   s << "<h2>Scalars</h2>\n<table><tr><th>scalar</th><th>points</th><th>last "
        "step</th><th>last</th><th>min</th>"
@@ -224,9 +205,9 @@ std::string run_report_html(const RunCurves& run) {
   for (const auto& [tag, points] : run.series) {
     if (!is_summarized(tag, points)) continue;
     const auto [lo, hi] = value_range(points);
-    s << "<tr><td>" << html_escape(tag) << "</td><td>" << points.size() << "</td><td>" << points.back().first
-      << "</td><td>" << number(points.back().second) << "</td><td>" << number(lo) << "</td><td>" << number(hi)
-      << "</td></tr>\n";
+    s << "<tr><td>" << base::html_escape(tag) << "</td><td>" << points.size() << "</td><td>"
+      << points.back().first << "</td><td>" << number(points.back().second) << "</td><td>" << number(lo)
+      << "</td><td>" << number(hi) << "</td></tr>\n";
   }
   s << "</table>\n</body></html>\n";
   return s.str();
