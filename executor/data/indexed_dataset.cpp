@@ -147,9 +147,10 @@ void IndexedDataset::validate_and_load() {
       fail(idx_path, "sequence " + std::to_string(i) + " has negative length " + std::to_string(length));
     const int64_t pointer = sequence_pointer_bytes(i);
     if (pointer < 0 || pointer > bin_size || length * item_bytes > bin_size - pointer) {
+      // The end is printed as an unsigned sum: a corrupt pointer near INT64_MAX must not overflow here.
+      const uint64_t end = static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length * item_bytes);
       fail(idx_path, "sequence " + std::to_string(i) + " points to bytes [" + std::to_string(pointer) + ", " +
-                         std::to_string(pointer + length * item_bytes) + ") outside " + bin_path + " (" +
-                         std::to_string(bin_size) +
+                         std::to_string(end) + ") outside " + bin_path + " (" + std::to_string(bin_size) +
                          " bytes): the .bin is truncated or belongs to another index");
     }
     if (pointer != running_bytes) {

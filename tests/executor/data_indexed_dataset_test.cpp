@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -198,6 +199,12 @@ TEST_F(IndexedDatasetTest, EveryCorruptionIsAClearError) {
        "bin", "different runs"},
       {"negative length", [](ExpectedFiles& f) { f.idx[34 + 3] = 0x80; }, "idx", "negative length"},
       {"pointer out of range", [](ExpectedFiles& f) { f.idx[34 + 12 + 16] = 200; }, "idx", "outside"},
+      {"pointer near the int64 limit",  // the message's end byte must not overflow (found by the fuzzer)
+       [](ExpectedFiles& f) {
+         const int64_t pointer = INT64_MAX - 1;
+         std::memcpy(&f.idx[34 + 12], &pointer, sizeof(pointer));
+       },
+       "idx", "outside"},
       {"pointer not cumulative", [](ExpectedFiles& f) { f.idx[34 + 12 + 8] = 4; }, "idx", "cumulative"},
       {"first document index", [](ExpectedFiles& f) { f.idx[34 + 36] = 1; }, "idx", "must be 0"},
       {"document index order",
