@@ -35,6 +35,8 @@ constexpr const char* kFp16 =
 constexpr const char* kFp8ParamGather =
     "FP8 parameter all-gathers are not run by megatune: drop --fp8-param-gather (parameters are gathered in "
     "bf16 and cast to FP8 at their first use in the iteration)";
+constexpr const char* kFp8Attention =
+    "FP8 attention is not run by megatune (attention stays bf16 under --fp8-format): drop the flag";
 constexpr const char* kWandb =
     "Weights & Biases logging is not in megatune: drop the --wandb-* flags (the log lines carry the metrics)";
 constexpr const char* kRampup =
@@ -114,6 +116,8 @@ const std::vector<CompatFlag>& table() {
       {"--profile-step-end", 1, T::kImplementation, ""},
       {"--profile-ranks", -1, T::kImplementation, ""},
       {"--no-position-embedding", 0, T::kImplementation, "positions come from --position-embedding-type"},
+      {"--fp8-interval", 1, T::kImplementation,
+       "deprecated and ignored by Megatron: delayed scaling updates at every use, as there"},
       {"--calculate-per-token-loss", 0, T::kImplementation,
        "every token counts here, so the loss over the global batch's tokens equals the mean of the "
        "micro-batches' means (refused with --eod-mask-loss, where they differ)"},
@@ -134,6 +138,10 @@ const std::vector<CompatFlag>& table() {
       {"--loss-scale-window", 1, T::kRefused, kFp16},
       {"--hysteresis", 1, T::kRefused, kFp16},
       {"--fp8-param-gather", 0, T::kRefused, kFp8ParamGather},
+      {"--fp8-dot-product-attention", 0, T::kRefused, kFp8Attention},
+      {"--fp8-multi-head-attention", 0, T::kRefused, kFp8Attention},
+      {"--no-fp8-wgrad", 0, T::kRefused,
+       "megatune's FP8 linears compute the weight gradient in FP8 too: drop --no-fp8-wgrad"},
       {"--qk-layernorm", 0, T::kRefused,
        "QK layernorm is not in megatune's models yet: drop it (the model then has no norm on queries and "
        "keys)"},

@@ -97,7 +97,9 @@ run_fuzzers() {
     source=$(find layouts cost_models executor -path "*/fuzz/$name.cpp" | head -n 1)
     seeds=$(dirname "${source:-layouts/fuzz/x}")/seeds
     mkdir -p build-fuzz/corpus/"$name"
-    "$f" -max_total_time="${MEGATUNE_FUZZ_SECONDS:-60}" -timeout=5 -rss_limit_mb=2048 \
+    # A fixed seed: the gate replays the same mutations on every run (a finding reproduces; longer searches
+    # set MEGATUNE_FUZZ_SEED and MEGATUNE_FUZZ_SECONDS).
+    "$f" -seed="${MEGATUNE_FUZZ_SEED:-1}" -max_total_time="${MEGATUNE_FUZZ_SECONDS:-60}" -timeout=5 -rss_limit_mb=2048 \
       build-fuzz/corpus/"$name" "$seeds"
   done
 }

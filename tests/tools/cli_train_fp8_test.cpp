@@ -57,6 +57,25 @@ TEST(CliTrainFp8, RefusesWhatFp8CannotTake) {
   EXPECT_EQ(gather.exit_code, 1);
   EXPECT_EQ(gather.error_lines(), 1) << gather.err;
   EXPECT_NE(gather.err.find("--fp8-param-gather"), std::string::npos) << gather.err;
+
+  for (const char* flag : {"--no-fp8-wgrad", "--fp8-dot-product-attention", "--fp8-multi-head-attention"}) {
+    const CliResult refused = run_megatune(with(kTiny, {"--bf16", "--fp8-format", "e4m3", flag}));
+    EXPECT_EQ(refused.exit_code, 1) << flag;
+    EXPECT_EQ(refused.error_lines(), 1) << refused.err;
+    EXPECT_NE(refused.err.find(flag), std::string::npos) << refused.err;
+    EXPECT_NE(refused.err.find("drop"), std::string::npos) << refused.err;
+  }
+}
+
+// Megatron ignores its deprecated --fp8-interval; so does megatune, and says so once.
+TEST(CliTrainFp8, TakesTheDeprecatedIntervalAsMegatronDoes) {
+  const CliResult r =
+      run_megatune(with(kTiny, {"--bf16", "--fp8-format", "hybrid", "--fp8-interval", "1", "--dry-run"}), 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::size_t line = r.out.find("Megatron flags taken as given");
+  ASSERT_NE(line, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--fp8-interval 1", line), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp8 hybrid delayed"), std::string::npos) << r.out;
 }
 
 }  // namespace
