@@ -30,8 +30,9 @@ struct PipelineStage {
 
 class PipelineLayout {
  public:
-  // Expansion of `(group)*n` and `x*n` is refused beyond this many characters (a clear UserError, no OOM).
-  static constexpr int64_t kMaxExpandedLength = 1'000'000;
+  // Expansion of `(group)*n` and `x*n` is refused beyond this many characters (a clear UserError, no OOM or
+  // long parse): a layout of 100000 symbols is far past any model's layer and stage counts.
+  static constexpr int64_t kMaxExpandedLength = 100'000;
 
   PipelineLayout() = default;
 

@@ -156,9 +156,9 @@ TEST(PipelineLayout, ParseErrors) {
   e = error_of([] { PipelineLayout::parse("((t|)*2)*2L", 1); });
   EXPECT_TRUE(contains(e, "groups cannot be nested")) << e;
   e = error_of([] { PipelineLayout::parse("Et*99999999999|L", 2); });
-  EXPECT_TRUE(contains(e, "beyond 1000000 symbols")) << e;
+  EXPECT_TRUE(contains(e, "beyond 100000 symbols")) << e;
   e = error_of([] { PipelineLayout::parse("(tttttttttt|)*200000", 2); });
-  EXPECT_TRUE(contains(e, "beyond 1000000 symbols")) << e;
+  EXPECT_TRUE(contains(e, "beyond 100000 symbols")) << e;
   e = error_of([] { PipelineLayout::parse("Et|L", 0); });
   EXPECT_TRUE(contains(e, "--pipeline-model-parallel-size 0")) << e;
 }
