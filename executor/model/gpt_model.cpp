@@ -133,9 +133,20 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
     return static_cast<int>(std::find(unit->layers.begin(), unit->layers.end(), layer) -
                             unit->layers.begin());
   };
+  // A stage that sends its last layer's output needs it only until the send (which returns once the transfer
+  // is done, or is ordered before later compute on its stream), and no backward reads it: one buffer serves
+  // every slot, as Megatron frees a pipeline output after sending it (deallocate_output_tensor).
+  const bool one_output = sends_its_output();
+  if (one_output)
+    stage_output_ =
+        backend_.allocate(compute_dtype_, rows_, h, "pipeline stage output (one, freed after send)");
   for (Slot& slot : slots_)
     for (int l = 0; l <= stage_.num_layers + (mtp_final_norm ? 1 : 0); ++l) {
       const int position = l < stage_.num_layers ? position_in_unit(stage_.first_layer + l) : 0;
+      if (l == stage_.num_layers && one_output) {
+        slot.residual.push_back(stage_output_);
+        continue;
+      }
       slot.residual.push_back(
           position > 0 ? unit_residuals_[position - 1]
                        : backend_.allocate(compute_dtype_, rows_, h, "residual stream (layer inputs)"));

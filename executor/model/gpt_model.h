@@ -253,6 +253,8 @@ class GPTModel {
   bool layer_is_moe(int layer) const { return config_.is_moe_layer(layer); }
   bool holds_last_layer() const;
   bool holds_final_norm() const;  // with MTP: the stage of the last decoder layer (Megatron's placement)
+  // Its last layer's output goes only to the next stage (no loss, final norm or MTP layer reads it here).
+  bool sends_its_output() const;
   std::pair<Tensor, Tensor> norm_weights(Tensor buffer, const std::string& prefix) const;
   void allocate_mtp();
   void final_norm_forward(int slot, layouts::OpPhase phase);
@@ -337,11 +339,12 @@ class GPTModel {
   std::vector<bool> forward_done_;           // per micro-batch: forward ran, backward not yet
   std::vector<LayerActivations> unit_sets_;  // full recompute: per position in a unit, shared
   std::vector<Tensor> unit_residuals_;       // (rows, h) inputs of a unit's layers after its first, shared
-  Tensor shared_attn_, shared_lse_;          // selective recompute: recomputed attention output
-  Tensor norm1_out_, norm2_out_;             // (T, h) shared norm outputs (gathered under SP)
-  Tensor norm1_shard_, norm2_shard_;         // (T / tp, h) norm outputs on the shard (SP only)
-  Tensor mlp_scratch_;                       // (1, T * max(ffn, attn + qkv widths)): see the constructor
-  Tensor fc2_out_;                           // (T, h) forward GEMM output (aliases d_hidden_)
+  Tensor stage_output_;  // (rows, h) the last layer's output of a stage that sends it: one for every slot
+  Tensor shared_attn_, shared_lse_;   // selective recompute: recomputed attention output
+  Tensor norm1_out_, norm2_out_;      // (T, h) shared norm outputs (gathered under SP)
+  Tensor norm1_shard_, norm2_shard_;  // (T / tp, h) norm outputs on the shard (SP only)
+  Tensor mlp_scratch_;                // (1, T * max(ffn, attn + qkv widths)): see the constructor
+  Tensor fc2_out_;                    // (T, h) forward GEMM output (aliases d_hidden_)
   Tensor reduced_;       // (rows, h) the reduced row-parallel output (aliases fc2_out_ without SP)
   Tensor full_scratch_;  // (T, h) gathered activations / gradients under SP (embedding output too)
   Tensor final_full_;    // (T, h) the gathered final norm output (aliases the slot's without SP)

@@ -58,6 +58,11 @@ bool GPTModel::holds_last_layer() const {
   return stage_.num_layers > 0 && stage_.first_layer + stage_.num_layers == config_.num_layers;
 }
 
+bool GPTModel::sends_its_output() const {
+  return !stage_.has_loss && !holds_final_norm() && stage_.num_mtp_layers == 0 &&
+         (stage_.num_layers > 0 || stage_.has_embedding);
+}
+
 bool GPTModel::holds_final_norm() const {
   return config_.mtp_num_layers > 0 ? holds_last_layer() : stage_.has_loss;
 }

@@ -131,6 +131,39 @@ TEST(ArenaBreakdown, FullRecomputeKeepsOneLayerSet) {
   EXPECT_LT(total_of(with_full), total_of(with_none));
 }
 
+// A pipeline stage's last output lives until it is sent (Megatron's deallocate_output_tensor): one buffer per
+// model chunk that sends, not one per micro-batch in flight. gpt-125m (12 layers) on pp2 with two virtual
+// stages of 3 layers: rank 0's chunks 0 and 2 send, rank 1's chunk 1 sends and chunk 3 holds the loss.
+TEST(ArenaBreakdown, PipelineOutputIsOneBufferPerSendingChunk) {
+  layouts::ModelSpec model = layouts::model_preset("gpt-125m");
+  model.seq_length = 256;
+  layouts::ParallelConfig config;
+  config.world_size = 2;
+  config.pipeline_model_parallel_size = 2;
+  config.num_virtual_stages_per_pipeline_rank = 2;
+  config.overlap_p2p_comm = true;  // Megatron takes vpp at pp 2 only so
+  config.micro_batch_size = 1;
+  config.global_batch_size = 8;
+  config.validate(model);
+  TrainOptions options;
+  options.bf16 = true;
+  const std::int64_t one = 256 * 768 * 2;  // (seq, h) in bf16
+  const std::string label = "pipeline stage output (one, freed after send)";
+  for (const auto& [rank, sending_chunks] : {std::pair{0, 2}, std::pair{1, 1}}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    SizingBackend backend;
+    const RankArena arena = size_rank_arena(model, config, options, rank, backend);
+    EXPECT_EQ(bytes_of(arena.breakdown, label), sending_chunks * one);
+    // Every layer input is still kept per micro-batch in flight: on rank 0 (both chunks send) exactly the
+    // 3 inputs of each chunk per slot, and more than one slot.
+    const std::int64_t inputs = bytes_of(arena.breakdown, "residual stream (layer inputs)");
+    if (rank == 0) {
+      EXPECT_EQ(inputs % (3 * one), 0) << inputs;
+      EXPECT_GT(inputs / (3 * one), 2) << inputs;
+    }
+  }
+}
+
 // Partial full recomputation: a kept layer keeps its own set per slot, recomputed layers share one set per
 // position in a unit, and a unit's inner layer inputs are shared too (gpt-1.3b: 24 layers, one slot).
 TEST(ArenaBreakdown, PartialRecomputeSharesUnitSetsAndInnerInputs) {
