@@ -89,6 +89,17 @@ build_fuzzers() {
     -- megatune_fuzzers
 }
 
+# Inputs per fuzz target: each about a minute on two idle cores, and each checked clean at this count with
+# the gate's seed.
+fuzz_runs() {
+  case "$1" in
+    fuzz_cost_inputs) echo 60000 ;;
+    fuzz_data_inputs) echo 500000 ;;
+    fuzz_layout) echo 200000 ;;
+    *) echo 100000 ;;
+  esac
+}
+
 run_fuzzers() {
   for f in build-fuzz/bin/fuzz_*; do
     [ -x "$f" ] || continue
@@ -97,9 +108,11 @@ run_fuzzers() {
     source=$(find layouts cost_models executor -path "*/fuzz/$name.cpp" | head -n 1)
     seeds=$(dirname "${source:-layouts/fuzz/x}")/seeds
     mkdir -p build-fuzz/corpus/"$name"
-    # A fixed seed: the gate replays the same mutations on every run (a finding reproduces; longer searches
-    # set MEGATUNE_FUZZ_SEED and MEGATUNE_FUZZ_SECONDS).
-    "$f" -seed="${MEGATUNE_FUZZ_SEED:-1}" -max_total_time="${MEGATUNE_FUZZ_SECONDS:-60}" -timeout=5 -rss_limit_mb=2048 \
+    # A fixed seed and a fixed count of inputs: the gate replays the same mutations on every machine, so a
+    # finding reproduces and a pass does not depend on speed (the time bound only caps a slow machine).
+    # Longer searches set MEGATUNE_FUZZ_SEED, MEGATUNE_FUZZ_RUNS and MEGATUNE_FUZZ_SECONDS.
+    "$f" -seed="${MEGATUNE_FUZZ_SEED:-1}" -runs="${MEGATUNE_FUZZ_RUNS:-$(fuzz_runs "$name")}" \
+      -max_total_time="${MEGATUNE_FUZZ_SECONDS:-150}" -timeout=5 -rss_limit_mb=2048 \
       build-fuzz/corpus/"$name" "$seeds"
   done
 }
