@@ -7,7 +7,8 @@
 #                                                         into OUT_DIR/<name>/ (log in OUT_DIR/<name>.log)
 # Then, anywhere: megatune compare --run OUT_DIR/<name> ... (one --run per layout) for the errors and tau.
 # SWEEP_SET=heldout picks layouts the shipped calibration was not fitted on (other sequence lengths and
-# micro-batches of the same models): the test of a calibration fitted on the sweep.
+# micro-batches of the same models): the test of a calibration fitted on the sweep. SWEEP_SET=generalise:
+# see below.
 set -uo pipefail
 mode=${1:?predict|measure}; B=${2:?megatune binary}; out=${3:?output}
 layouts=()
@@ -18,6 +19,24 @@ if [ "${SWEEP_SET:-sweep}" = heldout ]; then
   layouts+=("llama3-1b_seq8192_mbs1_selective|--model llama3-1b --seq-length 8192 --gbs 8 --mbs 1 --recompute-granularity selective")
   layouts+=("llama3-3b_seq2048_mbs2|--model llama3-3b --seq-length 2048 --gbs 32 --mbs 2")
   layouts+=("llama3-3b_seq4096_mbs1_full|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 1 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+fi
+# SWEEP_SET=generalise: shapes of another kind than the calibration's (head dims 80 / 96 / 256, sequences of
+# 512 and 1024 and of 16384 and 32768, a small model, another GQA ratio, MoE and MLA), predicted before
+# their first measurement (bench/predictions/h200_generalise_*.tsv).
+if [ "${SWEEP_SET:-sweep}" = generalise ]; then
+  layouts+=("gpt-1.3b_hd256_seq2048_mbs4|--model gpt-1.3b --num-attention-heads 8 --seq-length 2048 --gbs 16 --mbs 4")
+  layouts+=("gpt-1.3b_hd96_seq2048_mbs4|--model gpt-1.3b --num-attention-heads 24 --kv-channels 96 --seq-length 2048 --gbs 16 --mbs 4")
+  layouts+=("gpt-2.7b_hd80_seq2048_mbs4|--model gpt-2.7b --seq-length 2048 --gbs 16 --mbs 4")
+  layouts+=("gpt-1.3b_seq512_mbs32|--model gpt-1.3b --seq-length 512 --max-position-embeddings 512 --gbs 64 --mbs 32")
+  layouts+=("llama3-1b_seq1024_mbs16|--model llama3-1b --seq-length 1024 --gbs 64 --mbs 16")
+  layouts+=("llama3-1b_seq16384_mbs1|--model llama3-1b --seq-length 16384 --gbs 4 --mbs 1")
+  layouts+=("llama3-1b_seq32768_mbs1|--model llama3-1b --seq-length 32768 --max-position-embeddings 32768 --gbs 2 --mbs 1")
+  layouts+=("llama3-3b_seq8192_mbs1_selective|--model llama3-3b --seq-length 8192 --gbs 8 --mbs 1 --recompute-granularity selective")
+  layouts+=("gpt-125m_seq2048_mbs16|--model gpt-125m --seq-length 2048 --gbs 64 --mbs 16")
+  layouts+=("mixtral-small_seq2048_mbs2|--model mixtral-small --seq-length 2048 --gbs 8 --mbs 2")
+  layouts+=("mixtral-small_seq2048_mbs4|--model mixtral-small --seq-length 2048 --gbs 8 --mbs 4")
+  layouts+=("mixtral-scaled_top2_e8|--model mixtral-8x7b --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --num-query-groups 4 --seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000 --ffn-hidden-size 3584 --moe-ffn-hidden-size 3584 --gbs 8 --mbs 4")
+  layouts+=("deepseek-v3-scaled_mla_e16_top4|--model deepseek-v3 --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000 --ffn-hidden-size 2816 --num-experts 16 --moe-router-topk 4 --moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 512 --moe-layer-freq [0,1,1,1] --q-lora-rank 384 --kv-lora-rank 256 --mtp-num-layers 1 --gbs 8 --mbs 4")
 fi
 [ "${SWEEP_SET:-sweep}" = sweep ] && for mbs in 1 2 4 8; do
   for rc in none selective full; do
@@ -35,15 +54,18 @@ fi
 
 case "$mode" in
   predict)
-    printf 'layout\tpredicted_step_s\tpredicted_mfu_pct\tpredicted_memory_gib\n' > "$out"
+    printf 'layout\tpredicted_step_s\tpredicted_mfu_pct\tpredicted_memory_gib\tpredicted_uncalibrated_step_s\n' > "$out"
     for entry in "${layouts[@]}"; do
       name=${entry%%|*}; flags=${entry#*|}
       # shellcheck disable=SC2086
       report=$("$B" simulate $flags --cluster 1x1xH200) || exit 1
+      # shellcheck disable=SC2086
+      plain=$("$B" simulate $flags --cluster 1x1xH200 --no-calibration) || exit 1
       step=$(awk '/^  step time/ {print $3}' <<< "$report")
       mfu=$(awk '/^  MFU/ {print $2}' <<< "$report")
       mem=$(awk '/^  total/ {print $2}' <<< "$report")
-      printf '%s\t%s\t%s\t%s\n' "$name" "$step" "$mfu" "$mem" >> "$out"
+      raw=$(awk '/^  step time/ {print $3}' <<< "$plain")
+      printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$step" "$mfu" "$mem" "$raw" >> "$out"
     done
     column -t "$out"
     ;;
