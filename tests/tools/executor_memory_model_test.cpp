@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -179,6 +180,26 @@ TEST(ExecutorMemoryModel, StoppingAboveACapacityGivesALowerBoundOfThePeak) {
   }
 }
 
+// The bf16 arena of one rank per pipeline stage, as the sizing pass takes it.
+std::vector<executor::RankArena> bf16_stage_arenas(const layouts::ModelSpec& model,
+                                                   const layouts::ParallelConfig& config) {
+  executor::TrainOptions bf16;
+  bf16.bf16 = true;
+  std::vector<executor::RankArena> arenas;
+  for (int rank : executor::one_rank_per_stage(config)) {
+    executor::SizingBackend backend;
+    arenas.push_back(executor::size_rank_arena(model, config, bf16, rank, backend));
+  }
+  return arenas;
+}
+
+std::int64_t labelled_bytes(const executor::RankArena& arena, const std::string& what) {
+  std::int64_t bytes = 0;
+  for (const executor::ArenaUse& use : arena.breakdown)
+    if (use.what == what) bytes += use.bytes;
+  return bytes;
+}
+
 // The refusal before sizing counts 6 bytes (bf16 weights, fp32 gradients: Megatron's model) per parameter of
 // the planner's count; the executor holds 8 (fp32 main parameters and gradients) per element of its own.
 // Over dense, MoE, MLA and MTP stages the executor's elements are never fewer than 3/4 of the planner's
@@ -192,14 +213,9 @@ TEST(ExecutorMemoryModel, TheExecutorHoldsEightBytesPerPlannerParameterAtLeastSi
     config.sequence_parallel = true;
     if (model.is_moe()) config.tensor_model_parallel_size = 1, config.expert_model_parallel_size = 2;
     config.validate(model);
-    executor::TrainOptions bf16;
-    bf16.bf16 = true;
-    for (int rank : executor::one_rank_per_stage(config)) {
-      executor::SizingBackend backend;
-      const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, backend);
-      std::int64_t main_bytes = 0;
-      for (const executor::ArenaUse& use : arena.breakdown)
-        if (use.what == "fp32 main parameters" || use.what == "fp32 main gradients") main_bytes += use.bytes;
+    for (const executor::RankArena& arena : bf16_stage_arenas(model, config)) {
+      const std::int64_t main_bytes =
+          labelled_bytes(arena, "fp32 main parameters") + labelled_bytes(arena, "fp32 main gradients");
       const std::int64_t parameters =
           planner::estimate_memory(model, config, arena.coordinates.pp).parameters;
       EXPECT_GE(main_bytes, 6 * parameters) << preset << " pp rank " << arena.coordinates.pp;
@@ -255,14 +271,8 @@ TEST(ExecutorMemoryModel, FsdpWeightsAgreeWithMegatronsModel) {
        {Case{"llama3-8b", 1, 2}, Case{"llama3-8b", 1, 4}, Case{"gpt-1.3b", 1, 4}, Case{"gpt-1.3b", 2, 2}}) {
     const layouts::ModelSpec model = model_of(c.model, 2048);
     const layouts::ParallelConfig config = fsdp_layout(model, c.pp, c.dp);
-    executor::TrainOptions bf16;
-    bf16.bf16 = true;
-    for (int rank : executor::one_rank_per_stage(config)) {
-      executor::SizingBackend backend;
-      const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, backend);
-      std::int64_t weights = 0;
-      for (const executor::ArenaUse& use : arena.breakdown)
-        if (use.what == "model parameters (compute dtype)") weights += use.bytes;
+    for (const executor::RankArena& arena : bf16_stage_arenas(model, config)) {
+      const std::int64_t weights = labelled_bytes(arena, "model parameters (compute dtype)");
       const double megatron =
           static_cast<double>(planner::estimate_memory(model, config, arena.coordinates.pp).weight_bytes);
       EXPECT_GE(static_cast<double>(weights), megatron) << c.model << " pp rank " << arena.coordinates.pp;
