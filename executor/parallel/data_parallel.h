@@ -53,10 +53,11 @@ struct DataParallelOptions {
   // Megatron FSDP's sharding strategy when it runs (--use-megatron-fsdp, --use-torch-fsdp2); unset: DDP or
   // the distributed optimizer. no_shard runs as DDP.
   std::optional<layouts::DataParallelSharding> fsdp;
-  // FSDP optim_grads_params with DataParallelChunk::residence: the gathered entries (a layer's parameters,
-  // GradBufferEntry::group) held at once, each in a slot of the largest entry's size: the entry in use and
-  // the next one, or a recompute unit's layers during its re-run, beside the embedding a tied head keeps
-  // (layouts::fsdp_gathered_entries).
+  // FSDP optim_grads_params with DataParallelChunk::residence: the slots for gathered entries (a layer's
+  // parameters, GradBufferEntry::group), each of the largest entry's size (layouts::fsdp_gathered_entries:
+  // Megatron's entry in use and prefetched next one, a recompute unit's layers during its re-run, the
+  // embedding a tied head keeps). The executor gathers an entry when it is used, without prefetching the
+  // next: the second slot holds the tied head's embedding or a unit's other layer, else it stays free.
   int gathered_entries_in_use = 2;
 };
 
