@@ -101,4 +101,8 @@ int RecomputePlan::largest_unit() const {
   return static_cast<int>(n);
 }
 
+int fsdp_gathered_entries(int largest_unit, bool head_reads_embedding) {
+  return std::max(2, largest_unit + (head_reads_embedding ? 1 : 0));
+}
+
 }  // namespace megatune::layouts

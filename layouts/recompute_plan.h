@@ -73,6 +73,11 @@ RecomputePlan plan_recompute(const RecomputeSettings& settings, const PipelineSt
 // at `position` of a chunk's `count`, and an MTP layer.
 LayerRecompute decoder_layer_recompute(const RecomputeSettings& settings, int position, int count);
 LayerRecompute mtp_layer_recompute(const RecomputeSettings& settings);
+
+// Megatron FSDP optim_grads_params: the gathered parameter entries a chunk holds at once, each the size of
+// the largest: 2 (the entry in use and the prefetched next one), or a recompute unit's `largest_unit` layers
+// during its re-run, one more beside them when the chunk's tied LM head keeps the word embedding gathered.
+int fsdp_gathered_entries(int largest_unit, bool head_reads_embedding);
 // Per symbol of the stage, in order: how its layer fares (E and L: kKept).
 std::vector<LayerRecompute> symbol_recompute(const RecomputeSettings& settings, const PipelineStage& stage);
 

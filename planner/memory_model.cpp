@@ -131,20 +131,22 @@ namespace {
 // layer being computed and the prefetched next one).
 void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& config, const RankShape& s,
                          std::int64_t dense, std::int64_t expert, std::int64_t largest_entry,
-                         const MemoryOptions& options) {
+                         int gathered_entries, const MemoryOptions& options) {
   const auto sharded = [&](bool shard, std::int64_t bytes_per_param) {
     const std::int64_t d = shard ? s.dp * s.cp : 1, ed = shard ? s.edp : 1;
     return bytes_per_param * ((dense + d - 1) / d + (expert + ed - 1) / ed);
   };
   const bool params = config.shards_parameters(), grads = config.shards_gradients();
   const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
-  e.weight_bytes = sharded(params, 2) + (params ? 2 * 2 * largest_entry : 0);
+  e.weight_bytes = sharded(params, 2) + (params ? 2 * gathered_entries * largest_entry : 0);
   e.gradient_bytes = sharded(grads, grad_bytes);
   e.optimizer_bytes = sharded(config.shards_optimizer_state(), 12);
   const std::string over = " sharded over dp*cp (experts: edp)";
   e.items.push_back({"weights (bf16)", e.weight_bytes,
                      std::to_string(e.parameters) + " params x 2 B" +
-                         (params ? over + " + 2 gathered entries of " + std::to_string(largest_entry) : "")});
+                         (params ? over + " + " + std::to_string(gathered_entries) + " gathered entries of " +
+                                       std::to_string(largest_entry)
+                                 : "")});
   e.items.push_back(
       {"gradients", e.gradient_bytes,
        std::string(options.grad_reduce_in_bf16 ? "bf16 grad buffer" : "fp32 main-grad buffer, 4 B/param") +
@@ -167,7 +169,14 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
 
   // Parameters, gradients, optimizer state.
   std::int64_t dense = 0, expert = 0, largest_entry = 0;
+  int gathered_entries = 2;
   for (const PipelineStage* stage : stages) {
+    if (config.shards_parameters())
+      gathered_entries = std::max(
+          gathered_entries,
+          layouts::fsdp_gathered_entries(
+              layouts::plan_recompute(s.recompute_settings(), *stage).largest_unit(),
+              !model.untie_embeddings_and_output_weights && stage->has_embedding && stage->has_loss));
     layouts::StageParameters p = layouts::stage_parameters(model, s, *stage);
     dense += p.dense;
     expert += p.expert;
@@ -175,7 +184,7 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
       largest_entry = std::max(largest_entry, p.dense_per_layer_reverse[i] + p.expert_per_layer_reverse[i]);
   }
   e.parameters = dense + expert;
-  add_parameter_state(e, config, s, dense, expert, largest_entry, options);
+  add_parameter_state(e, config, s, dense, expert, largest_entry, gathered_entries, options);
 
   // Activations of the in-flight microbatches of each chunk. Under full recomputation the chunk's plan
   // (layouts/recompute_plan.h) decides: a unit saves its input once, a kept layer all it would save.

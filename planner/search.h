@@ -29,11 +29,10 @@ struct SearchSpace {
   std::vector<bool> distributed_optimizer = {false, true};
   // Megatron FSDP strategies tried beside them (--use-megatron-fsdp), on grids with dp x cp > 1. optim runs
   // the distributed optimizer's program; optim_grads only differs from it in Megatron's memory model.
-  // Under megatune's own memory model (PlanRequest::memory_model) FSDP holds what the distributed optimizer
-  // holds (the executor keeps the gathered parameters and the whole gradient buffer) and adds the gathers: it
-  // cannot win, so there it is searched only when pinned (--use-megatron-fsdp / --use-torch-fsdp2).
+  // optim_grads_params adds the gathers before each forward and backward and holds 1/d of the bf16 weights
+  // plus the gathered entries, under Megatron's memory model and megatune's (the executor keeps the whole
+  // gradient buffer): it wins where the weights do not fit otherwise.
   std::vector<layouts::DataParallelSharding> fsdp = {layouts::DataParallelSharding::kOptimGradsParams};
-  bool fsdp_pinned = false;
   std::vector<bool> sequence_parallel = {true, false};  // only meaningful with tp > 1
   int max_virtual_stages = 8;
   // Pinned by the user's Megatron flags: a --pipeline-model-parallel-layout string (the only layout tried,

@@ -317,8 +317,7 @@ void enumerate_grid(const PlanRequest& request, const Grid& grid, CandidateFilte
         {space.distributed_optimizer.empty() ? false : space.distributed_optimizer.front(), {}});
   } else {
     for (bool dopt : space.distributed_optimizer) shardings.push_back({dopt, {}});
-    if (space.fsdp_pinned || request.memory_model != MemoryModelKind::kMegatune)
-      for (layouts::DataParallelSharding s : space.fsdp) shardings.push_back({false, s});
+    for (layouts::DataParallelSharding s : space.fsdp) shardings.push_back({false, s});
   }
   const std::vector<bool> sps = grid.tp == 1 ? std::vector<bool>{false} : space.sequence_parallel;
   const std::vector<std::pair<int, int>> experts = expert_layouts(request, grid);

@@ -158,7 +158,6 @@ int run_plan(const PlanCommandOptions& o) {
   space.uneven_layouts = !o.no_uneven;
   space.virtual_pipeline = !o.no_vpp;
   pin_search_knobs(a, space);
-  // (Under --memory-model megatune the search leaves FSDP out unless these flags pin it: SearchSpace::fsdp.)
   // Megatron runs --tp-comm-overlap only with sequence parallelism: every TP > 1 candidate then has it.
   if (o.comm.tp_comm_overlap) space.sequence_parallel = {true};
   request.tp_comm_overlap = o.comm.tp_comm_overlap;

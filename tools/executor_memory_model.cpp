@@ -126,15 +126,18 @@ std::int64_t rank_parameters(StageArenaCache& cache, const std::string& model_ke
   });
 }
 
-// A lower bound of every pp rank's peak under both models this function answers with: Megatron's counts
-// (2 + gradient) bytes per parameter, the executor at least 6 (bf16 weights and fp32 gradients, one element
-// per parameter, before its main parameters and moments, sharded or not: the test holds its element count
-// against the planner's), and both add the device buffers.
+// A lower bound of every pp rank's peak under the executor's model and Megatron's fallback: the gradient
+// bytes of every parameter (the executor's whole gradient buffer, one element per parameter: the test holds
+// its element count against the planner's) and, unless FSDP optim_grads_params shards them, 2 bytes of bf16
+// weights, before the main parameters and moments; both add the device buffers. (Megatron's model shards
+// the gradients under FSDP optim_grads; the fallback only answers for layouts the executor refuses, which
+// this bound does not size.)
 std::int64_t peak_lower_bound(StageArenaCache& cache, const std::string& model_key,
-                              const layouts::ModelSpec& model, const layouts::RankShape& shape,
-                              const layouts::PipelineLayout& pipeline, const planner::MemoryOptions& options,
-                              std::int64_t buffer_bytes) {
-  const std::int64_t bytes_per_parameter = 2 + (options.grad_reduce_in_bf16 ? 2 : 4);
+                              const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                              const layouts::RankShape& shape, const layouts::PipelineLayout& pipeline,
+                              const planner::MemoryOptions& options, std::int64_t buffer_bytes) {
+  const std::int64_t bytes_per_parameter =
+      (config.shards_parameters() ? 0 : 2) + (options.grad_reduce_in_bf16 ? 2 : 4);
   std::int64_t most = 0;
   for (int pp = 0; pp < pipeline.pp(); ++pp)
     most = std::max(most, rank_parameters(cache, model_key, model, shape, pipeline, pp));
@@ -203,7 +206,7 @@ planner::MemoryEstimate cached_peak(StageArenaCache& cache, const layouts::Model
   const planner::MemoryItem buffers = planner::device_buffers(shape, options);
   if (options.stop_above_bytes > 0) {  // hopeless layouts are refused before any sizing
     const std::int64_t bound =
-        peak_lower_bound(cache, model_key, model, shape, pipeline, options, buffers.bytes);
+        peak_lower_bound(cache, model_key, model, config, shape, pipeline, options, buffers.bytes);
     if (bound > options.stop_above_bytes) {
       planner::MemoryEstimate e;
       e.total_bytes = bound;

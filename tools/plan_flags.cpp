@@ -46,7 +46,6 @@ void pin_search_knobs(const MegatronArgs& a, planner::SearchSpace& space) {
   }
   if (a.use_megatron_fsdp || a.use_torch_fsdp2) {  // the FSDP strategy given, nothing else
     space.distributed_optimizer.clear();
-    space.fsdp_pinned = true;
     space.fsdp = {a.use_torch_fsdp2 ? layouts::DataParallelSharding::kOptimGradsParams
                   : a.data_parallel_sharding_strategy
                       ? layouts::parse_data_parallel_sharding(*a.data_parallel_sharding_strategy)

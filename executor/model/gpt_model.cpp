@@ -97,9 +97,17 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
     const bool learned = config_.position == PositionEmbedding::kLearned;
     model_copy_elements_ = layout_.entries()[learned ? 1 : 0].offset;
   }
-  model_params_ = fp32
-                      ? main_params_
-                      : backend_.allocate(compute_dtype_, 1, model_copy_elements_, state_label::kModelParams);
+  gathered_at_use_ = batch_.parameters_gathered_at_use && batch_.main_parameters_sharded && !fp32 &&
+                     stage_.num_mtp_layers == 0;
+  if (gathered_at_use_) {
+    model_params_.dtype = compute_dtype_;
+    model_params_.rows = 1;
+    model_params_.cols = model_params_.row_stride = model_copy_elements_;
+  } else {
+    model_params_ =
+        fp32 ? main_params_
+             : backend_.allocate(compute_dtype_, 1, model_copy_elements_, state_label::kModelParams);
+  }
   grads_ = backend_.allocate(DType::kFP32, 1, total, state_label::kMainGrads);
   // The buffer ranges zero_gradients() clears: everything but the GEMM weights (the LM head's included; a
   // tied head is the word embedding, which the head's gradient GEMM writes before the embedding's backward
@@ -270,6 +278,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
     backend_.set_scratch(backend_.allocate(DType::kFP32, 1, (scratch_bytes + 3) / 4, "kernel scratch"));
   build_linears();
   if (config_.fp8.enabled()) setup_fp8();
+  placed_views_required_ = gathered_at_use_;  // from here on a pass reads only what is placed
 }
 
 GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention, bool dense_mlp) {

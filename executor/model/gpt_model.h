@@ -21,6 +21,7 @@
 #include "executor/model/transformer_config.h"
 #include "executor/parallel/communicator.h"
 #include "executor/parallel/grad_buckets.h"
+#include "executor/parallel/parameter_residence.h"
 #include "executor/parallel/tensor_parallel.h"
 #include "layouts/parallel_config.h"
 #include "layouts/recompute_plan.h"
@@ -50,11 +51,16 @@ struct BatchShape {
   // (an fp32 model's parameters are its main parameters), and its compute-dtype copy covers every parameter,
   // the untied embedding tables included (the updated parameters are all-gathered into it bucket by bucket).
   bool main_parameters_sharded = false;
+  // Megatron FSDP optim_grads_params: the model keeps no compute-dtype copy; its parameters are read where
+  // the strategy placed their gathered buckets (ParameterResidence). Not taken by an fp32 model (its
+  // parameters are its main parameters), nor by a chunk holding MTP layers (their segments read the
+  // embedding's and the head's parameters): parameters_gathered_at_use().
+  bool parameters_gathered_at_use = false;
   // How the parameter and gradient buffers split into gradient buckets (their offsets and padding).
   BufferBucketing bucketing;
 };
 
-class GPTModel {
+class GPTModel final : public ParameterResidence {
  public:
   // Allocates every buffer from the backend arena (in sizing mode, only counts). compute_dtype is the dtype
   // of model weights and activations (bf16 in training; fp32 for gradient checks on the CPU).
@@ -142,7 +148,16 @@ class GPTModel {
   const ParameterLayout& layout() const { return layout_; }
   DType compute_dtype() const { return compute_dtype_; }
   Tensor main_params() const { return main_params_; }  // empty when the model keeps none
+  // (1, total) compute dtype; without storage under parameters_gathered_at_use().
   Tensor model_params() const { return model_params_; }
+  // Whether the parameters are read only where a strategy placed them (BatchShape's rule).
+  bool parameters_gathered_at_use() const { return gathered_at_use_; }
+  // The LM head is the word embedding of this same chunk (tied): the head's segment reads the embedding's.
+  bool head_reads_embedding() const {
+    return config_.tied_embeddings && stage_.has_embedding && stage_.has_loss;
+  }
+  void place_parameters(int layer_code, std::int64_t begin, std::int64_t end, Tensor storage) override;
+  void release_parameters(int layer_code, std::int64_t begin) override;
   Tensor grads() const { return grads_; }
   // View of one parameter inside a flat buffer (main, model or gradient). The model buffer holds no copy of
   // an untied embedding: its view is then the fp32 main parameter.
@@ -313,7 +328,21 @@ class GPTModel {
   Tensor model_params_;  // (1, model_copy_elements_) compute dtype; aliases main_params_ when fp32
   std::int64_t model_copy_elements_ = 0;  // leading elements copied (untied embedding tables, last: not)
   Tensor main_params_;  // (1, total) fp32; empty under main_parameters_sharded with a bf16 copy
-  Tensor grads_;        // (1, total) fp32
+  bool gathered_at_use_ = false;
+  struct PlacedRange {
+    std::int64_t begin = 0, end = 0;  // of the chunk's buffer
+    Tensor storage;                   // (1, end - begin) compute dtype
+  };
+  std::vector<PlacedRange> placed_;  // under gathered_at_use_: the ranges readable now
+  // The entries whose placement changed since their linears took their weight views (layer codes).
+  std::vector<int> unbound_codes_;
+  // Whether a view of a parameter not placed is an error (else a view without storage: what the linears
+  // hold while their entry is not gathered).
+  bool placed_views_required_ = false;
+  Tensor placed_view(const ParameterEntry& entry) const;
+  // Points the linears of the entries placed or released since the last pass at their placement.
+  void bind_placed_linears();
+  Tensor grads_;  // (1, total) fp32
   // Gradient bookkeeping of an iteration: the GEMM weights' gradients (linear layers, LM head) are not
   // zeroed; their first weight-gradient GEMM of the iteration overwrites them (beta = 0: no read of the
   // fp32 gradient, and the GEMM's algorithm is tuned), later ones accumulate. zeroed_grads_ are the rest of

@@ -1,7 +1,8 @@
 // GPTModel's linear layers (executor/parallel/tensor_parallel.h): each layer's, the LM head's and the MTP
 // layers' eh_proj, built once from the parameter table's entries (whose TP split makes each one column-,
-// row-parallel or replicated), with their op labels; and the per-layer views the attention and MoE blocks
-// take.
+// row-parallel or replicated), with their op labels, and pointed again at their weights where FSDP
+// optim_grads_params placed them; and the per-layer views the attention and MoE blocks take.
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -91,6 +92,38 @@ void GPTModel::build_linears() {
     eh_proj_.emplace_back(eh_proj, linear_parameters(eh_proj, nullptr), LinearLabels{"mtp_eh_proj"}, -3 - k,
                           tp_);
   }
+}
+
+void GPTModel::bind_placed_linears() {
+  if (unbound_codes_.empty()) return;
+  std::sort(unbound_codes_.begin(), unbound_codes_.end());
+  unbound_codes_.erase(std::unique(unbound_codes_.begin(), unbound_codes_.end()), unbound_codes_.end());
+  placed_views_required_ = false;  // a linear of an entry not placed holds a view without storage
+  const auto bind = [](auto& held, const auto& fresh) {
+    if (held && fresh) held->set_parameters(fresh->parameters());
+  };
+  for (const int code : unbound_codes_) {
+    if (code == -2 && head_) head_->set_parameters(linear_parameters(head_entry(), nullptr));
+    if (code < 0) continue;  // the embedding has no linear
+    const int i = local_index(code);
+    const LayerLinears fresh = layer_linears(layer_parameters_.at(i), code);
+    LayerLinears& held = layer_linears_.at(i);
+    bind(held.qkv, fresh.qkv);
+    bind(held.proj, fresh.proj);
+    bind(held.fc1, fresh.fc1);
+    bind(held.fc2, fresh.fc2);
+    bind(held.q_down, fresh.q_down);
+    bind(held.q_up, fresh.q_up);
+    bind(held.kv_down, fresh.kv_down);
+    bind(held.kv_up, fresh.kv_up);
+    bind(held.router, fresh.router);
+    bind(held.shared_fc1, fresh.shared_fc1);
+    bind(held.shared_fc2, fresh.shared_fc2);
+    bind(held.expert_fc1, fresh.expert_fc1);
+    bind(held.expert_fc2, fresh.expert_fc2);
+  }
+  unbound_codes_.clear();
+  placed_views_required_ = true;
 }
 
 MoeLayerLinears GPTModel::moe_linears(int l) const {

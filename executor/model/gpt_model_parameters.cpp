@@ -28,6 +28,9 @@ const ParameterEntry& GPTModel::head_entry() const {
 }
 
 Tensor GPTModel::view(Tensor buffer, const ParameterEntry& entry) const {
+  if (gathered_at_use_ && buffer.data == nullptr && buffer.dtype == model_params_.dtype &&
+      buffer.cols == model_params_.cols)
+    return placed_view(entry);
   const std::int64_t offset = entry.offset;
   if (buffer.data == model_params_.data && buffer.numel() == model_params_.numel() &&
       buffer.dtype == model_params_.dtype && offset >= model_params_.numel())
@@ -41,6 +44,50 @@ Tensor GPTModel::view(Tensor buffer, const ParameterEntry& entry) const {
   v.cols = entry.cols;
   v.row_stride = entry.cols;
   return v;
+}
+
+Tensor GPTModel::placed_view(const ParameterEntry& entry) const {
+  for (const PlacedRange& p : placed_) {
+    if (entry.offset < p.begin || entry.offset + entry.numel() > p.end) continue;
+    Tensor v = p.storage;
+    if (v.data != nullptr)
+      v.data = static_cast<char*>(v.data) + (entry.offset - p.begin) * backend_.storage_bytes(v.dtype);
+    v.rows = entry.rows;
+    v.cols = v.row_stride = entry.cols;
+    return v;
+  }
+  if (!placed_views_required_) {
+    Tensor v;
+    v.dtype = model_params_.dtype;
+    v.rows = entry.rows;
+    v.cols = v.row_stride = entry.cols;
+    return v;
+  }
+  throw std::logic_error("GPTModel: parameter " + entry.name +
+                         " read while FSDP optim_grads_params has not gathered it");
+}
+
+void GPTModel::place_parameters(int layer_code, std::int64_t begin, std::int64_t end, Tensor storage) {
+  if (!gathered_at_use_ || storage.rows != 1 || storage.cols != end - begin ||
+      storage.dtype != compute_dtype_)
+    throw std::logic_error("GPTModel::place_parameters: [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + ") does not fit its storage or the model keeps a copy");
+  unbound_codes_.push_back(layer_code);
+  for (PlacedRange& p : placed_)
+    if (p.begin == begin) {
+      p = {begin, end, storage};
+      return;
+    }
+  placed_.push_back({begin, end, storage});
+}
+
+void GPTModel::release_parameters(int layer_code, std::int64_t begin) {
+  const auto it =
+      std::find_if(placed_.begin(), placed_.end(), [&](const PlacedRange& p) { return p.begin == begin; });
+  if (it == placed_.end())
+    throw std::logic_error("GPTModel::release_parameters: nothing placed at " + std::to_string(begin));
+  placed_.erase(it);
+  unbound_codes_.push_back(layer_code);
 }
 
 void GPTModel::index_layer_parameters() {
@@ -160,6 +207,8 @@ std::vector<float> GPTModel::main_parameters() const {
 void GPTModel::set_main_parameters(const std::vector<float>& values) {
   if (static_cast<std::int64_t>(values.size()) != layout_.total_elements())
     throw std::invalid_argument("set_main_parameters: wrong element count");
+  if (gathered_at_use_)
+    throw std::logic_error("GPTModel::set_main_parameters: the data-parallel strategy holds the parameters");
   if (!keeps_main_parameters()) {  // the copy covers every parameter
     backend_.upload(model_params_, values.data());
     return;

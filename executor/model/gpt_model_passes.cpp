@@ -32,6 +32,7 @@ void GPTModel::forward_only(const MicroBatch& mb, int index, int begin, int end)
 }
 
 void GPTModel::run_forward(const MicroBatch& mb, int index, int begin, int end, bool with_gradients) {
+  bind_placed_linears();
   const std::int64_t T = shape_.tokens;
   const int count = forward_segments();
   if (index < 0 || index >= batch_.num_microbatches)
@@ -78,6 +79,7 @@ int GPTModel::backward_entries() const {
 void GPTModel::backward(int index) { backward(index, 0, backward_entries()); }
 
 void GPTModel::backward(int index, int begin, int end) {
+  bind_placed_linears();
   const int count = backward_entries();
   if (index < 0 || index >= batch_.num_microbatches || !forward_done_[index])
     throw std::logic_error("backward of a micro-batch whose forward did not run");

@@ -42,6 +42,8 @@ DataParallelStrategy::DataParallelStrategy(Communicator& communicator, std::vect
       chunk.master = backend_.allocate(DType::kFP32, 1, state, state_label::kMainParams);
     chunk.exp_avg = backend_.allocate(DType::kFP32, 1, state, state_label::kMoments);
     chunk.exp_avg_sq = backend_.allocate(DType::kFP32, 1, state, state_label::kMoments);
+    if (b.residence != nullptr)
+      chunk.model_shard = backend_.allocate(b.model_params.dtype, 1, state, state_label::kModelParams);
     map_step_buckets(chunk, c < step_buckets.size() ? step_buckets[c] : std::vector<layouts::GradBucket>{});
     chunks_.push_back(std::move(chunk));
   }
@@ -123,8 +125,9 @@ std::vector<OptimizerTensor> DataParallelStrategy::optimizer_tensors() const {
         t.exp_avg = flat_range(backend_, chunk.exp_avg, state, n);
         t.exp_avg_sq = flat_range(backend_, chunk.exp_avg_sq, state, n);
         // Beyond the model's copy (DDP's untied embedding tables): the main parameters are the weights.
-        t.model_param = lo + n <= b.model_params.cols ? flat_range(backend_, b.model_params, lo, n)
-                                                      : flat_range(backend_, b.main_params, lo, n);
+        t.model_param = b.residence != nullptr          ? flat_range(backend_, chunk.model_shard, state, n)
+                        : lo + n <= b.model_params.cols ? flat_range(backend_, b.model_params, lo, n)
+                                                        : flat_range(backend_, b.main_params, lo, n);
         t.apply_weight_decay = decay;
         t.decoupled_lr = decoupled;
         t.in_grad_norm = counts;
@@ -190,6 +193,10 @@ void DataParallelStrategy::before_forward(int, int) {}
 
 void DataParallelStrategy::before_backward(int, int) {}
 
+void DataParallelStrategy::after_forward(int, int) {}
+
+void DataParallelStrategy::after_backward(int, int) {}
+
 void DataParallelStrategy::wait_params() {}
 
 DataParallelStrategy::Moments DataParallelStrategy::moments(int chunk) const {
@@ -218,14 +225,15 @@ void DataParallelStrategy::set_moments(int chunk, const Moments& m) {
   backend_.upload(c.exp_avg_sq, padded.data());
 }
 
+std::vector<float> DataParallelStrategy::owned_values(int chunk, const std::vector<float>& whole) const {
+  std::vector<float> own;
+  for (const OwnedRange& o : chunks_.at(chunk).owned)
+    own.insert(own.end(), whole.begin() + o.begin, whole.begin() + o.end);
+  return own;
+}
+
 void DataParallelStrategy::set_moments_from_whole(int chunk, const Moments& whole) {
-  Moments own;
-  for (const OwnedRange& o : chunks_.at(chunk).owned) {
-    own.exp_avg.insert(own.exp_avg.end(), whole.exp_avg.begin() + o.begin, whole.exp_avg.begin() + o.end);
-    own.exp_avg_sq.insert(own.exp_avg_sq.end(), whole.exp_avg_sq.begin() + o.begin,
-                          whole.exp_avg_sq.begin() + o.end);
-  }
-  set_moments(chunk, own);
+  set_moments(chunk, {owned_values(chunk, whole.exp_avg), owned_values(chunk, whole.exp_avg_sq)});
 }
 
 std::unique_ptr<DataParallelStrategy> make_data_parallel_strategy(

@@ -21,6 +21,7 @@
 #include "executor/parallel/grad_buckets.h"
 #include "executor/parallel/grad_norm.h"
 #include "executor/parallel/gradient_reducer.h"
+#include "executor/parallel/parameter_residence.h"
 #include "executor/parallel/state_labels.h"
 #include "layouts/step_program.h"
 
@@ -37,6 +38,12 @@ struct DataParallelChunk {
   // (1, total) fp32: the whole main parameters when the model keeps them (DDP; the model params themselves
   // in fp32); empty when the strategy keeps its own.
   Tensor main_params;
+  // FSDP optim_grads_params with a model that keeps no compute-dtype copy (model_params then has no
+  // storage): the strategy holds this rank's shard of the parameters and places each gathered bucket here.
+  ParameterResidence* residence = nullptr;
+  // With a residence: the chunk's tied LM head reads the word embedding, whose entry (code -1) then stays
+  // gathered and placed from its first gather through the step.
+  bool head_reads_embedding = false;
   std::int64_t total_elements() const;
 };
 
@@ -46,6 +53,12 @@ struct DataParallelOptions {
   // Megatron FSDP's sharding strategy when it runs (--use-megatron-fsdp, --use-torch-fsdp2); unset: DDP or
   // the distributed optimizer. no_shard runs as DDP.
   std::optional<layouts::DataParallelSharding> fsdp;
+  // FSDP optim_grads_params with DataParallelChunk::residence: the slots for gathered entries (a layer's
+  // parameters, GradBufferEntry::group), each of the largest entry's size (layouts::fsdp_gathered_entries:
+  // Megatron's entry in use and prefetched next one, a recompute unit's layers during its re-run, the
+  // embedding a tied head keeps). The executor gathers an entry when it is used, without prefetching the
+  // next: the second slot holds the tied head's embedding or a unit's other layer, else it stays free.
+  int gathered_entries_in_use = 2;
 };
 
 // The ranges of a chunk's buffer this rank updates: elements [begin, end) (absolute) of bucket `bucket` of
@@ -94,6 +107,10 @@ class DataParallelStrategy {
   // Whether the parameters are gathered around each use (the trainer then runs each backward entry by
   // entry, calling before_backward before each).
   virtual bool gathers_parameters_at_use() const { return false; }
+  // After the forward segment of `group` and after the backward of entry `layer_code` (with the recompute
+  // re-run it needed): the parameters gathered for them may be released.
+  virtual void after_forward(int chunk, int group);
+  virtual void after_backward(int chunk, int layer_code);
   virtual void wait_params();  // every gather in flight
 
   // ---- training state (checkpoints)
@@ -131,6 +148,9 @@ class DataParallelStrategy {
     std::vector<std::pair<int, int>> step_buckets;  // the walker's buckets as (region, bucket)
     // (1, owned elements) fp32: the main parameters when the chunk has no whole ones, and the moments.
     Tensor master, exp_avg, exp_avg_sq;
+    // (1, owned elements) compute dtype: this rank's shard of the model's parameters when the model keeps
+    // none (DataParallelChunk::residence); empty otherwise.
+    Tensor model_shard;
   };
 
   // Lays out the chunks' regions and the ranges this rank owns (whole buckets, or with
@@ -142,6 +162,8 @@ class DataParallelStrategy {
                        const DataParallelOptions& options, bool shard_optimizer_state, bool sizing);
 
   const Region& region_of_step_bucket(int chunk, int step_bucket, int* bucket) const;
+  // The owned ranges of whole-buffer values, back to back (the layout of the chunk's state tensors).
+  std::vector<float> owned_values(int chunk, const std::vector<float>& whole) const;
   // gather_params of bucket `bucket` of region `region` (nothing to gather by default).
   virtual void gather_bucket(int chunk, int region, int bucket);
 

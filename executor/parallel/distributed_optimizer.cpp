@@ -123,14 +123,16 @@ void DistributedOptimizer::set_main_parameters(int chunk, const std::vector<floa
   if (static_cast<std::int64_t>(values.size()) != b.total_elements())
     throw std::invalid_argument("set_main_parameters: " + std::to_string(values.size()) +
                                 " values for a buffer of " + std::to_string(b.total_elements()));
-  std::vector<float> copy = values;  // the model's copy may be longer than the buffer
-  copy.resize(static_cast<std::size_t>(b.model_params.cols), 0.0f);
-  backend_.upload(b.model_params, copy.data());
-  if (c.master.numel() == 0) return;
-  std::vector<float> own;
-  for (const OwnedRange& o : c.owned) own.insert(own.end(), values.begin() + o.begin, values.begin() + o.end);
-  own.resize(static_cast<std::size_t>(c.master.cols), 0.0f);
-  backend_.upload(c.master, own.data());
+  std::vector<float> own = owned_values(chunk, values);
+  own.resize(static_cast<std::size_t>(c.exp_avg.cols), 0.0f);  // the state tensors' length
+  if (b.residence != nullptr) {
+    backend_.upload(c.model_shard, own.data());  // the model keeps no copy (FSDP optim_grads_params)
+  } else {
+    std::vector<float> copy = values;  // the model's copy may be longer than the buffer
+    copy.resize(static_cast<std::size_t>(b.model_params.cols), 0.0f);
+    backend_.upload(b.model_params, copy.data());
+  }
+  if (c.master.numel() > 0) backend_.upload(c.master, own.data());
 }
 
 }  // namespace megatune::executor

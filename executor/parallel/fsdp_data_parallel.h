@@ -9,10 +9,16 @@
 // buffer so) and no gather after the step: AdamW writes this rank's shard of the model-dtype parameters, and
 // each bucket is all-gathered ("fsdp_param_ag", "fsdp_expert_param_ag") right before a forward segment reads
 // it (before_forward) and again before its entry's backward (before_backward), as Megatron FSDP gathers again
-// what it released after the forward. The gathered values land in the model's buffer, which stays whole:
-// the executor's arena holds every model-dtype parameter (Megatron FSDP holds 1/d of them plus the layers in
-// flight; the planner's memory model counts that).
+// what it released after the forward. With a bf16 model that keeps no copy (DataParallelChunk::residence)
+// this rank holds only its shard of each bucket's parameters and a pool of gathered-entry slots, each the
+// size of the largest entry (DataParallelOptions::gathered_entries_in_use of them): a bucket is gathered
+// into its entry's slot, placed for the model to read, and the slots are released after each forward
+// segment and each backward entry (after_forward, after_backward). Megatron's 2/d bytes per parameter plus
+// the entries in flight. A tied LM head beside its embedding keeps the embedding's entry gathered through the
+// step (DataParallelChunk::head_reads_embedding). An fp32 model, and a chunk holding MTP layers (which read
+// the embedding's and the head's parameters), keep the whole copy the gathers land in.
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "executor/parallel/distributed_optimizer.h"
@@ -28,6 +34,8 @@ class FsdpDataParallel final : public DistributedOptimizer {
 
   void before_forward(int chunk, int group) override;
   void before_backward(int chunk, int layer_code) override;
+  void after_forward(int chunk, int group) override;
+  void after_backward(int chunk, int layer_code) override;
   bool gathers_parameters_at_use() const override { return shard_parameters_; }
   // optim_grads_params with an fp32 model (whose main parameters are its parameters, whole only around
   // their use): gathers every bucket first (not a step-program op). Every rank of the group calls it.
@@ -39,12 +47,23 @@ class FsdpDataParallel final : public DistributedOptimizer {
  private:
   struct BucketRef {
     int region = 0, bucket = 0;
-    int layer_code = 0;  // the entry group its parameters belong to
+    int layer_code = 0;            // the entry group its parameters belong to
+    std::int64_t slot_offset = 0;  // where it lies in its entry's gathered-entry slot
+  };
+  struct Slot {
+    Tensor storage;                    // (1, the largest entry's bucket elements) compute dtype
+    int chunk = -1, layer_code = 0;    // the entry it holds (chunk -1: free)
+    std::vector<std::int64_t> placed;  // the first buffer element of each bucket placed from it
   };
   void gather_at_use(int chunk, const BucketRef& ref, layouts::OpPhase phase);
+  // Each entry's buckets laid out back to back; the pool's slots when a chunk keeps no copy.
+  void lay_out_slots(const DataParallelOptions& options);
+  Slot& slot_of(int chunk, int layer_code);
+  void release_slots();
 
   bool shard_parameters_ = false;
   std::vector<std::vector<BucketRef>> buckets_;  // per chunk, in the walker's (reduction) order
+  std::vector<Slot> slots_;
 };
 
 }  // namespace megatune::executor

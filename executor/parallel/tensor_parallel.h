@@ -117,6 +117,8 @@ class TensorParallelLinear {
 
   LinearParallelism parallelism() const { return parallelism_; }
   const LinearParameters& parameters() const { return parameters_; }
+  // Where its weight and gradient are now (FSDP optim_grads_params places the gathered weight per use).
+  void set_parameters(const LinearParameters& parameters) { parameters_ = parameters; }
   // Runs this linear's GEMMs in FP8 (state and workspace outlive it; the model owns them). The casts are
   // ops of their own, labelled gemm + "_weight_fp8" / "_input_fp8" (forward), "_grad_fp8" (the output
   // gradient, with the bias gradient) and "_input_fp8t" (the weight gradient's input).
@@ -197,6 +199,8 @@ class TensorParallelLinear {
 class ExpertLinears {
  public:
   ExpertLinears(std::vector<LinearParameters> experts, std::string label, int layer, Backend& backend);
+  const std::vector<LinearParameters>& parameters() const { return experts_; }
+  void set_parameters(const std::vector<LinearParameters>& experts) { experts_ = experts; }
 
   void forward(Tensor x, Tensor y, const std::vector<std::int64_t>& offsets, layouts::OpPhase phase) const;
   void data_grad(Tensor dy, Tensor dx, const std::vector<std::int64_t>& offsets) const;

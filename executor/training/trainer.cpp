@@ -36,6 +36,7 @@ BatchShape chunk_batch(const TrainerConfig& config, int slots, const Communicato
   batch.activation_slots = slots;
   batch.gradient_average_ranks = config.gradient_reduction_size();
   batch.main_parameters_sharded = config.use_distributed_optimizer;
+  batch.parameters_gathered_at_use = config.fsdp == layouts::DataParallelSharding::kOptimGradsParams;
   for (const bool expert : {false, true}) {
     GradBucketOptions& o = expert ? batch.bucketing.expert : batch.bucketing.dense;
     o.data_parallel_size = communicator.size(expert ? CommGroup::kExpertData : CommGroup::kDataContext);
@@ -51,23 +52,32 @@ BatchShape chunk_batch(const TrainerConfig& config, int slots, const Communicato
   return batch;
 }
 
-DataParallelOptions data_parallel_options(const TrainerConfig& config) {
+DataParallelOptions data_parallel_options(const TrainerConfig& config,
+                                          const std::vector<std::unique_ptr<GPTModel>>& models) {
   DataParallelOptions o;
   o.overlap_grad_reduce = config.overlap_grad_reduce;
   o.overlap_param_gather = config.overlap_param_gather;
   o.fsdp = config.fsdp;
+  for (const std::unique_ptr<GPTModel>& model : models)
+    o.gathered_entries_in_use = std::max(
+        o.gathered_entries_in_use, layouts::fsdp_gathered_entries(model->recompute_plan().largest_unit(),
+                                                                  model->head_reads_embedding()));
   return o;
 }
 
 }  // namespace
 
-DataParallelChunk data_parallel_chunk(const GPTModel& model) {
+DataParallelChunk data_parallel_chunk(GPTModel& model) {
   DataParallelChunk c;
   c.expert_buffer = model.layout().expert_buffer();
   c.dense_buffer = &model.layout().dense_buffer();
   c.grads = model.grads();
   c.model_params = model.model_params();
   c.main_params = model.main_params();
+  if (model.parameters_gathered_at_use()) {
+    c.residence = &model;
+    c.head_reads_embedding = model.head_reads_embedding();
+  }
   return c;
 }
 
@@ -89,7 +99,7 @@ std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& 
     chunks.push_back(data_parallel_chunk(*models.back()));
   }
   make_data_parallel_strategy(config.use_distributed_optimizer, communicator, std::move(chunks), {},
-                              data_parallel_options(config), /*sizing=*/true);
+                              data_parallel_options(config, models), /*sizing=*/true);
   backend.end_sizing();
   return backend.arena_breakdown();
 }
@@ -150,7 +160,7 @@ void Trainer::build(bool sizing) {
     chunks_.push_back(std::make_unique<GPTModel>(
         config_.model, chunk_batch(config_, slots_per_chunk_[c], communicator_, shared_embedding),
         config_.recompute, config_.compute_dtype, backend_, communicator_, chunks[c]));
-    const GPTModel& model = *chunks_.back();
+    GPTModel& model = *chunks_.back();
     views.push_back(data_parallel_chunk(model));
     step_buckets.push_back(config_.step && c < config_.step->buckets.size()
                                ? config_.step->buckets[c]
@@ -159,7 +169,7 @@ void Trainer::build(bool sizing) {
   }
   data_parallel_ =
       make_data_parallel_strategy(config_.use_distributed_optimizer, communicator_, std::move(views),
-                                  step_buckets, data_parallel_options(config_), sizing);
+                                  step_buckets, data_parallel_options(config_, chunks_), sizing);
   sp_norm_grads_ = sp_elements > 0
                        ? backend_.allocate(DType::kFP32, 1, sp_elements, "sequence-parallel norm grads")
                        : Tensor{};
@@ -188,6 +198,7 @@ void Trainer::run_forward(const layouts::StepItem& item, const MicroBatch& batch
     data_parallel_->before_forward(item.chunk, groups[s]);
     if (forward_segment_hook_) forward_segment_hook_(item.chunk, item.microbatch, groups[s]);
     run(s, s + 1);
+    data_parallel_->after_forward(item.chunk, groups[s]);
   }
 }
 
@@ -211,6 +222,7 @@ void Trainer::run_backward(const layouts::StepItem& item) {
         if (layer != code)
           data_parallel_->before_forward(item.chunk, layouts::forward_segment_group_of(layer));
     model.backward(item.microbatch, e, e + 1);
+    data_parallel_->after_backward(item.chunk, code);
   }
 }
 

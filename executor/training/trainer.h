@@ -134,7 +134,8 @@ class Trainer {
   // (metadata tp_rank / tp_size; a single-rank save: one shard). Each parameter (and its optimizer moments)
   // is assembled from the TP slices of the shards holding it and sliced for this rank.
   // Without the optimizer in `scope`, a distributed-optimizer save reshards too (its weights are whole).
-  void load_resharded(const std::vector<checkpoint::CheckpointReader>& shards, const CheckpointLoadScope& scope = {});
+  void load_resharded(const std::vector<checkpoint::CheckpointReader>& shards,
+                      const CheckpointLoadScope& scope = {});
   // Sum of `value` over every rank of the job (a bookkeeping reduction, not recorded as a step-program op;
   // also a barrier).
   double world_sum(double value);
@@ -214,5 +215,5 @@ std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, Backend& 
 std::vector<ArenaUse> size_training_arena(const TrainerConfig& config, const layouts::RankSchedule& schedule,
                                           Backend& backend, Communicator& communicator);
 // What the chunk's DataParallelStrategy works on: its gradient-buffer regions and flat buffers.
-DataParallelChunk data_parallel_chunk(const GPTModel& model);
+DataParallelChunk data_parallel_chunk(GPTModel& model);
 }  // namespace megatune::executor

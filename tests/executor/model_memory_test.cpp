@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "executor/backend/sizing_backend.h"
 #include "executor/training/arena_sizing.h"
 #include "executor/training/trainer.h"
 #include "layouts/model_spec.h"
+#include "layouts/recompute_plan.h"
 
 namespace megatune::executor {
 namespace {
@@ -36,6 +38,14 @@ std::int64_t bytes_of(const std::vector<ArenaUse>& breakdown, const std::string&
   for (const ArenaUse& u : breakdown)
     if (u.what == what) return u.bytes;
   return 0;
+}
+
+// Rank 0's arena for a bf16 run of `config`.
+RankArena bf16_rank_arena(const layouts::ModelSpec& model, const layouts::ParallelConfig& config) {
+  TrainOptions options;
+  options.bf16 = true;
+  SizingBackend backend;
+  return size_rank_arena(model, config, options, 0, backend);
 }
 
 std::int64_t total_of(const std::vector<ArenaUse>& breakdown) {
@@ -237,9 +247,10 @@ TEST(ParameterStateBytes, FollowMegatronsFormulaUnderDdpAndTheDistributedOptimiz
 
 // Megatron FSDP on one rank of gpt-125m at dp = d (bf16). Megatron's bytes per parameter: optim 2 + 4 + 12/d,
 // optim_grads 2 + (4 + 12)/d, optim_grads_params (2 + 4 + 12)/d. The executor shards the fp32 main parameters
-// and moments the same way (4/d + 8/d) under every strategy; its bf16 parameters (2) and fp32 gradients (4)
-// stay whole (the gradients accumulate there; the gathered parameters land in the model's buffer), so its
-// total is 6 + 12/d: what the sizing pass reports, beside Megatron's figure.
+// and moments the same way (4/d + 8/d) under every strategy; its fp32 gradients (4) stay whole (the
+// micro-batches' gradients accumulate there), and so do its bf16 parameters (2) under optim and optim_grads
+// (FsdpWeightBytes holds optim_grads_params' shard and slots): what the sizing pass reports, beside
+// Megatron's figure.
 TEST(ParameterStateBytes, MegatronFsdpShardsTheOptimizerStateAndStatesMegatronsFigure) {
   layouts::ModelSpec model = layouts::model_preset("gpt-125m");
   model.seq_length = 256;
@@ -254,17 +265,89 @@ TEST(ParameterStateBytes, MegatronFsdpShardsTheOptimizerStateAndStatesMegatronsF
     config.micro_batch_size = 1;
     config.global_batch_size = d;
     config.validate(model);
-    TrainOptions options;
-    options.bf16 = true;
-    SizingBackend backend;
-    const RankArena arena = size_rank_arena(model, config, options, 0, backend);
+    const RankArena arena = bf16_rank_arena(model, config);
     ASSERT_EQ(arena.state_bytes.size(), 4u);
     const double expected[4] = {2.0, 4.0, 4.0 / d, 8.0 / d};
-    for (int i = 0; i < 4; ++i)
+    for (int i = s == S::kOptimGradsParams ? 1 : 0; i < 4; ++i)
       EXPECT_NEAR(arena.state_bytes[i].bytes_per_parameter, expected[i], 0.005 * expected[i])
           << arena.state_bytes[i].state;
     const double megatron = s == S::kOptim ? 6.0 + 12.0 / d : s == S::kOptimGrads ? 2.0 + 16.0 / d : 18.0 / d;
     EXPECT_DOUBLE_EQ(arena.megatron_bytes_per_parameter, megatron);
+  }
+}
+
+// FSDP optim_grads_params' bf16 weights on one rank at dp = d, from the shapes: this rank's shard of every
+// bucket (a bucket per parameter entry, padded to lcm(d, 128)) plus the gathered-entry slots, each the
+// largest entry's buckets: 2 (the entry in use and the next; a tied head's embedding is one of them), 3 when
+// a tied head keeps the embedding beside a full-recompute unit of 2 layers.
+std::int64_t fsdp_weight_bytes(const layouts::ModelSpec& spec, int d, int largest_unit) {
+  const TransformerConfig model = transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
+  BufferBucketing bucketing;
+  bucketing.dense.data_parallel_size = d;
+  bucketing.dense.overlap_grad_reduce = true;
+  bucketing.dense.bucket_size_elements = 1;
+  bucketing.dense.distributed_optimizer = true;
+  const ParameterLayout layout(model, StageSpan{}, bucketing);
+  const GradBufferLayout& buffer = layout.dense_buffer();
+  std::int64_t shard = 0, largest = 0;
+  std::map<int, std::int64_t> entry_elements;
+  for (int b = 0; b < static_cast<int>(buffer.buckets().size()); ++b) {
+    const GradBucketRange& bucket = buffer.buckets()[b];
+    shard += buffer.shard_elements(b);
+    largest = std::max(largest, entry_elements[buffer.entries()[bucket.first_entry].group] += bucket.numel());
+  }
+  const int slots = layouts::fsdp_gathered_entries(largest_unit, !spec.untie_embeddings_and_output_weights);
+  const auto aligned = [](std::int64_t bytes) {
+    return (bytes + Backend::kArenaAlignBytes - 1) / Backend::kArenaAlignBytes * Backend::kArenaAlignBytes;
+  };
+  return aligned(2 * shard) + slots * aligned(2 * largest);
+}
+
+// What train --dry-run reports for the bf16 weights under optim_grads_params, exactly: 1/d of them plus the
+// slots, for a tied (gpt-125m: its embedding, 31% of the parameters, is the largest entry) and an untied
+// model (llama3-8b) at dp 2 and 4, and with full recomputation in 2-layer units. The distributed optimizer on
+// the same grid holds them all: more, unless two embedding-sized slots outweigh what the shard saves.
+TEST(FsdpWeightBytes, DryRunHoldsTheShardAndTheGatheredEntrySlots) {
+  struct Case {
+    const char* model;
+    int d;
+    int recompute_layers;  // 0: no recomputation, else full recomputation in uniform units of this many
+    bool below_distributed_optimizer;  // 1/d + slots < 1
+  };
+  for (const Case c :
+       {Case{"gpt-125m", 2, 0, false}, Case{"gpt-125m", 4, 0, true}, Case{"llama3-8b", 2, 0, true},
+        Case{"llama3-8b", 4, 0, true}, Case{"gpt-125m", 4, 2, false}}) {
+    SCOPED_TRACE(std::string(c.model) + " dp " + std::to_string(c.d) + " recompute " +
+                 std::to_string(c.recompute_layers));
+    layouts::ModelSpec model = layouts::model_preset(c.model);
+    model.seq_length = 256;
+    layouts::ParallelConfig config;
+    config.world_size = c.d;
+    config.micro_batch_size = 1;
+    config.global_batch_size = c.d;
+    if (c.recompute_layers > 0) {
+      config.recompute_granularity = layouts::RecomputeGranularity::kFull;
+      config.recompute_method = layouts::RecomputeMethod::kUniform;
+      config.recompute_num_layers = c.recompute_layers;
+    }
+    config.use_distributed_optimizer = true;
+    config.validate(model);
+    const RankArena distributed = bf16_rank_arena(model, config);
+    config.use_distributed_optimizer = false;
+    config.use_megatron_fsdp = true;
+    config.data_parallel_sharding_strategy = layouts::DataParallelSharding::kOptimGradsParams;
+    config.validate(model);
+    const RankArena arena = bf16_rank_arena(model, config);
+    const std::int64_t weights = bytes_of(arena.breakdown, state_label::kModelParams);
+    EXPECT_EQ(weights, fsdp_weight_bytes(model, c.d, c.recompute_layers));
+    EXPECT_EQ(weights < bytes_of(distributed.breakdown, state_label::kModelParams),
+              c.below_distributed_optimizer);
+    // The gradients stay whole (a bucket per entry pads a little more).
+    const double grads = static_cast<double>(bytes_of(arena.breakdown, state_label::kMainGrads)),
+                 distributed_grads =
+                     static_cast<double>(bytes_of(distributed.breakdown, state_label::kMainGrads));
+    EXPECT_GE(grads, distributed_grads);
+    EXPECT_LT(grads, 1.01 * distributed_grads);
   }
 }
 

@@ -111,6 +111,28 @@ class ParallelCheckpoint : public ::testing::Test {
             << "iteration " << 3 + i;
     }
   }
+  // A bf16 run of 4 iterations under `c`: saving every 2 changes none of its losses, and 2 iterations saved
+  // then 2 resumed equal its last 2.
+  void expect_bf16_save_and_resume(const layouts::ParallelConfig& c) {
+    auto bf16 = [](std::int64_t iters) {
+      TrainOptions o = options(iters);
+      o.bf16 = true;
+      return o;
+    };
+    const RunResult plain = train(c, bf16(4));
+    TrainOptions saving = bf16(4);
+    saving.save = (dir_ / "mid_run").string();
+    saving.save_interval = 2;
+    EXPECT_EQ(train(c, saving).losses, plain.losses);
+    TrainOptions first = bf16(2);
+    first.save = dir_.string();
+    train(c, first);
+    TrainOptions second = bf16(4);
+    second.load = dir_.string();
+    const RunResult resumed = train(c, second);
+    ASSERT_EQ(resumed.losses.size(), 2u);
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(resumed.losses[i], plain.losses[2 + i]) << "iteration " << 3 + i;
+  }
   fs::path dir_;
 };
 
@@ -147,26 +169,22 @@ TEST_F(ParallelCheckpoint, DistributedOptimizerShardsResumeBitExactlyAndRefuseAn
 // A bf16 model at dp3 under the distributed optimizer (fp32 main parameters in the shards only, gathered
 // through the gradient buffer to be saved): saving mid-run changes nothing, and the run resumes bit-exactly.
 TEST_F(ParallelCheckpoint, Bf16DistributedOptimizerShardsAtDp3SaveWithoutDisturbingTheRunAndResume) {
-  const layouts::ModelSpec m = gpt_tiny();
-  const layouts::ParallelConfig c = layout(m, 1, 1, 3, false, /*dist_opt=*/true, 1, 1, 0, /*gbs=*/6);
-  auto bf16 = [](std::int64_t iters) {
-    TrainOptions o = options(iters);
-    o.bf16 = true;
-    return o;
-  };
-  const RunResult plain = train(c, bf16(4));
-  TrainOptions saving = bf16(4);
-  saving.save = (dir_ / "mid_run").string();
-  saving.save_interval = 2;
-  EXPECT_EQ(train(c, saving).losses, plain.losses);
-  TrainOptions first = bf16(2);
-  first.save = dir_.string();
-  train(c, first);
-  TrainOptions second = bf16(4);
-  second.load = dir_.string();
-  const RunResult resumed = train(c, second);
-  ASSERT_EQ(resumed.losses.size(), 2u);
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(resumed.losses[i], plain.losses[2 + i]) << "iteration " << 3 + i;
+  expect_bf16_save_and_resume(layout(gpt_tiny(), 1, 1, 3, false, /*dist_opt=*/true, 1, 1, 0, /*gbs=*/6));
+}
+
+// Megatron FSDP optim_grads_params with a bf16 model, which then keeps only its shard of the bf16
+// parameters (and the gathered entries in use): the same, at dp2 (the tied head keeping the embedding
+// gathered) and pp2 x dp2 (the last stage's copy of the tied embedding).
+TEST_F(ParallelCheckpoint, Bf16FsdpShardedParametersSaveWithoutDisturbingTheRunAndResume) {
+  for (const int pp : {1, 2}) {
+    SCOPED_TRACE("pp" + std::to_string(pp));
+    layouts::ParallelConfig c = layout(gpt_tiny(), 1, pp, 2);
+    c.use_megatron_fsdp = true;
+    c.data_parallel_sharding_strategy = layouts::DataParallelSharding::kOptimGradsParams;
+    c.validate(gpt_tiny());
+    expect_bf16_save_and_resume(c);
+    fs::remove_all(dir_);
+  }
 }
 
 TEST_F(ParallelCheckpoint, ReshardsIntoOtherLayouts) {

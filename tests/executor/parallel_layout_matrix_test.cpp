@@ -312,39 +312,51 @@ INSTANTIATE_TEST_SUITE_P(DistributedOptimizer, OddDataParallelMatrix,
                            return name;
                          });
 
+// A bf16 run of `iterations` without clipping under `l`: its losses, rank 0's fp32 main parameters of chunk 0
+// by name, and how many chunks over the ranks kept no bf16 copy (GPTModel::parameters_gathered_at_use).
+struct Bf16Run {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> main;
+  int chunks_without_copy = 0;
+};
+Bf16Run train_bf16(const layouts::ModelSpec& model, const Layout& l, int iterations) {
+  TrainOptions o = options();
+  o.train_iters = iterations;
+  o.bf16 = true;
+  o.clip_grad = 0.0;
+  std::ostringstream log;
+  std::mutex mutex;
+  Bf16Run out;
+  const auto records =
+      train_on_threads(model, parallel_config(model, l), o, log, [&](int rank, TrainingRun& training) {
+        Trainer& trainer = training.trainer();
+        const std::vector<float> gathered = trainer.data_parallel().main_parameters(0);  // collective
+        std::lock_guard<std::mutex> lock(mutex);
+        for (int k = 0; k < trainer.num_chunks(); ++k)
+          out.chunks_without_copy += trainer.model(k).parameters_gathered_at_use();
+        if (rank != 0) return;
+        for (const ParameterEntry& e : trainer.model(0).layout().entries())
+          out.main[e.name].assign(gathered.begin() + e.offset, gathered.begin() + e.offset + e.numel());
+      });
+  for (const IterationRecord& r : records) out.losses.push_back(r.step.loss);
+  return out;
+}
+
 // A bf16 model at dp3 (the CPU backend rounding to bf16): the distributed optimizer keeps the fp32 main
 // parameters in its shards only and gathers bf16 parameters, DDP keeps them whole; without clipping (the
 // grad norm's summation order is the one difference) both runs are bit-identical, losses and fp32 main
 // parameters alike.
 TEST(DistributedOptimizerBf16, Dp3MatchesDdpBitForBit) {
   const layouts::ModelSpec model = llama_tiny(false);
-  using Weights = std::map<std::string, std::vector<float>>;  // rank 0's fp32 main parameters by name
-  auto run = [&](bool dist_opt, Weights& main) {
-    const Layout l{"dp3", 1, 1, 3, 0, false, dist_opt, true, "", 1, 1, false, 1, false, 2, 6};
-    TrainOptions o = options();
-    o.train_iters = 6;
-    o.bf16 = true;
-    o.clip_grad = 0.0;
-    std::ostringstream log;
-    std::vector<double> losses;
-    const auto records =
-        train_on_threads(model, parallel_config(model, l), o, log, [&](int rank, TrainingRun& training) {
-          Trainer& trainer = training.trainer();
-          const std::vector<float> gathered = trainer.data_parallel().main_parameters(0);  // collective
-          if (rank != 0) return;
-          for (const ParameterEntry& e : trainer.model(0).layout().entries())
-            main[e.name].assign(gathered.begin() + e.offset, gathered.begin() + e.offset + e.numel());
-        });
-    for (const IterationRecord& r : records) losses.push_back(r.step.loss);
-    return losses;
+  auto layout = [](bool dist_opt) {
+    return Layout{"dp3", 1, 1, 3, 0, false, dist_opt, true, "", 1, 1, false, 1, false, 2, 6};
   };
-  Weights ddp_main, dist_main;
-  const std::vector<double> ddp = run(false, ddp_main), dist = run(true, dist_main);
-  ASSERT_EQ(ddp.size(), 6u);
-  EXPECT_EQ(dist, ddp);
-  EXPECT_LT(ddp.back(), ddp.front());
-  EXPECT_FALSE(ddp_main.empty());
-  EXPECT_TRUE(dist_main == ddp_main);
+  const Bf16Run ddp = train_bf16(model, layout(false), 6), dist = train_bf16(model, layout(true), 6);
+  ASSERT_EQ(ddp.losses.size(), 6u);
+  EXPECT_EQ(dist.losses, ddp.losses);
+  EXPECT_LT(ddp.losses.back(), ddp.losses.front());
+  EXPECT_FALSE(ddp.main.empty());
+  EXPECT_TRUE(dist.main == ddp.main);
 }
 
 // Multi-latent attention: its TP plan (replicated down-projections, latents gathered / reduced over TP),
@@ -523,6 +535,54 @@ INSTANTIATE_TEST_SUITE_P(MegatronFsdp, FsdpLayoutMatrix,
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return name;
                          });
+
+// A bf16 model under FSDP optim_grads_params (the CPU backend rounding to bf16), whose chunks then keep only
+// their shard of the bf16 parameters and read each entry from a gathered-entry slot while it is placed: the
+// same losses and fp32 main parameters, bit for bit, as the distributed optimizer, which keeps every bf16
+// parameter and gathers them after the step (without clipping: the grad norm's summation order is the one
+// difference). Untied and tied heads (the embedding kept gathered beside the head), pp2 with the last
+// stage's copy of the tied embedding, tp2 x sp, the experts over expert-dp, and recompute units of 2 layers
+// (their re-run holding both layers' entries).
+TEST(FsdpBf16, ReleasedParametersTrainAsTheDistributedOptimizerBitForBit) {
+  struct Case {
+    Layout layout;
+    bool gpt = false, tied = false, moe = false;
+  };
+  std::vector<Case> cases = {
+      {{"dp2", 1, 1, 2}},
+      {{"dp2 tied", 1, 1, 2}, true, true},
+      {{"pp2 dp2 tied", 1, 2, 2}, true, true},
+      {{"tp2 sp dp2", 2, 1, 2, 0, true}},
+      {{"ep2 dp4", 1, 1, 4}, false, false, true},
+      {{"dp2 recompute uniform 2", 1, 1, 2}},
+  };
+  cases[4].layout.ep = 2;
+  cases[5].layout.recompute_method = layouts::RecomputeMethod::kUniform;
+  cases[5].layout.recompute_num_layers = 2;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.layout.name);
+    layouts::ModelSpec model = c.gpt ? gpt_tiny(c.tied) : llama_tiny(c.tied);
+    if (c.moe) {
+      model.num_experts = 4;
+      model.moe_router_topk = 2;
+      model.moe_ffn_hidden_size = 64;
+    }
+    Layout l = c.layout;
+    l.dist_opt = true;
+    const Bf16Run dist = train_bf16(model, l, 4);
+    l.dist_opt = false;
+    l.fsdp = layouts::DataParallelSharding::kOptimGradsParams;
+    const Bf16Run fsdp = train_bf16(model, l, 4);
+    ASSERT_EQ(dist.losses.size(), 4u);
+    EXPECT_EQ(fsdp.losses, dist.losses);
+    EXPECT_LT(dist.losses.back(), dist.losses.front());
+    EXPECT_FALSE(dist.main.empty());
+    EXPECT_TRUE(fsdp.main == dist.main);
+    EXPECT_EQ(dist.chunks_without_copy, 0);
+    // Every rank's every chunk released its copy.
+    EXPECT_EQ(fsdp.chunks_without_copy, c.layout.tp * c.layout.pp * c.layout.dp);
+  }
+}
 
 }  // namespace
 }  // namespace megatune::executor

@@ -3,6 +3,7 @@
 // the Megatron-LM command line it emits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cost_models/cluster_spec.h"
@@ -65,6 +66,37 @@ TEST(FsdpMemoryModel, BytesPerRankFallAsMegatronsFormulas) {
                        static_cast<double>(a.weight_bytes + a.gradient_bytes + a.optimizer_bytes);
   EXPECT_GT(ratio, 1.0 / d);
   EXPECT_LT(ratio, 1.5 / d);
+}
+
+// The gathered entries optim_grads_params holds beside its shard, each of the largest entry (the executor's
+// slots: layouts::fsdp_gathered_entries): 2 without recomputation; a full-recompute unit's layers during its
+// re-run, one more where the chunk's tied head keeps the word embedding gathered (llama3-1b on one stage).
+TEST(FsdpMemoryModel, CountsARecomputeUnitsGatheredEntriesAndTheTiedEmbedding) {
+  struct Case {
+    const char* model;
+    int unit_layers;  // full recomputation, uniform units of this many layers (0: none)
+    int gathered;
+  };
+  for (const Case c :
+       {Case{"llama3-1b", 0, 2}, Case{"llama3-1b", 1, 2}, Case{"llama3-1b", 4, 5}, Case{"llama3-8b", 4, 4}}) {
+    SCOPED_TRACE(std::string(c.model) + " unit " + std::to_string(c.unit_layers));
+    layouts::ModelSpec model = layouts::model_preset(c.model);
+    model.seq_length = 4096;
+    layouts::ParallelConfig config = fsdp(8, 1, DataParallelSharding::kOptimGradsParams);
+    if (c.unit_layers > 0) {
+      config.recompute_granularity = layouts::RecomputeGranularity::kFull;
+      config.recompute_method = layouts::RecomputeMethod::kUniform;
+      config.recompute_num_layers = c.unit_layers;
+    }
+    config.validate(model);
+    const MemoryEstimate e = estimate_memory(model, config, 0);
+    const layouts::StageParameters p =
+        layouts::stage_parameters(model, layouts::resolve_rank_shape(model, config),
+                                  config.resolved_pipeline_layout(model).stages().at(0));
+    const std::int64_t largest =
+        *std::max_element(p.dense_per_layer_reverse.begin(), p.dense_per_layer_reverse.end());
+    EXPECT_EQ(e.weight_bytes, 2 * ((e.parameters + 7) / 8) + 2 * c.gathered * largest);
+  }
 }
 
 // Compute per decoder-layer op; the FSDP gathers a fixed time; everything else free.
@@ -144,9 +176,10 @@ TEST(FsdpSearch, ShardingIsADimensionAndReachesTheCommandLine) {
       << megatron;
 }
 
-// Under megatune's own memory model FSDP cannot win (it holds what the distributed optimizer holds and adds
-// the gathers): the search leaves it out unless it is pinned.
-TEST(FsdpSearch, MegatuneMemoryModelSearchesItOnlyWhenPinned) {
+// Under megatune's own memory model (the executor's arena, which holds 1/d of the bf16 weights under
+// optim_grads_params) FSDP is searched beside the distributed optimizer, and pinned alone as
+// --use-megatron-fsdp pins it.
+TEST(FsdpSearch, MegatuneMemoryModelSearchesIt) {
   const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("1x8xH100");
   const auto cost_model = cost_models::CostModel::from_embedded(cluster);
   const CostModelPricer pricer(*cost_model);
@@ -164,15 +197,15 @@ TEST(FsdpSearch, MegatuneMemoryModelSearchesItOnlyWhenPinned) {
   request.memory_model = MemoryModelKind::kMegatune;
   request.top_k = 10;
   const PlanResult open = plan(request, pricer);
-  ASSERT_FALSE(open.ranked.empty());
-  for (const PlanCandidate& candidate : open.ranked)
-    EXPECT_FALSE(candidate.config.fsdp()) << describe(candidate);
-  request.space.distributed_optimizer.clear();
-  request.space.fsdp_pinned = true;  // as --use-megatron-fsdp pins it
+  int fsdp = 0, others = 0;
+  for (const PlanCandidate& candidate : open.ranked) (candidate.config.fsdp() ? fsdp : others) += 1;
+  EXPECT_EQ(fsdp, 1);                           // one grid, one micro-batch size: optim_grads_params once
+  EXPECT_EQ(others, 2);                         // DDP and the distributed optimizer
+  request.space.distributed_optimizer.clear();  // as --use-megatron-fsdp pins it
   const PlanResult pinned = plan(request, pricer);
-  ASSERT_FALSE(pinned.ranked.empty());
-  for (const PlanCandidate& candidate : pinned.ranked)
-    EXPECT_TRUE(candidate.config.fsdp()) << describe(candidate);
+  ASSERT_EQ(pinned.ranked.size(), 1u);
+  EXPECT_TRUE(pinned.ranked[0].config.fsdp()) << describe(pinned.ranked[0]);
+  EXPECT_TRUE(pinned.ranked[0].config.shards_parameters()) << describe(pinned.ranked[0]);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -26,20 +27,26 @@ struct PruningCase {
   bool tp_comm_overlap;
   bool grad_reduce_in_bf16;
   bool full_recompute = false;  // --recompute-granularity full: uniform 1 and block at 1/4, 1/2 of a chunk
+  // Megatron FSDP: every strategy (optim, optim_grads, optim_grads_params) searched beside DDP and the
+  // distributed optimizer; else only optim_grads_params, as the search tries it under Megatron's memory
+  // model.
+  bool every_fsdp_strategy = false;
 };
 
 void PrintTo(const PruningCase& c, std::ostream* out) {
   *out << c.model << " seq " << c.seq_length << " on " << c.cluster << " gbs " << c.global_batch_size
        << (c.tp_comm_overlap ? " --tp-comm-overlap" : "")
        << (c.grad_reduce_in_bf16 ? " --grad-reduce-in-bf16" : "")
-       << (c.full_recompute ? " --recompute-granularity full" : "");
+       << (c.full_recompute ? " --recompute-granularity full" : "")
+       << (c.every_fsdp_strategy ? " every FSDP strategy" : "");
 }
 
 std::string case_name(const ::testing::TestParamInfo<PruningCase>& info) {
   std::string name = std::string(info.param.model) + "_" + info.param.cluster +
                      (info.param.tp_comm_overlap ? "_overlap" : "") +
                      (info.param.grad_reduce_in_bf16 ? "_bf16" : "") +
-                     (info.param.full_recompute ? "_full_recompute" : "");
+                     (info.param.full_recompute ? "_full_recompute" : "") +
+                     (info.param.every_fsdp_strategy ? "_every_fsdp" : "");
   for (char& ch : name)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return name;
@@ -69,8 +76,28 @@ PlanRequest request_of(const PruningCase& c, int world_size) {
   request.space.micro_batch = {1, 2};
   request.space.max_virtual_stages = 4;
   if (c.full_recompute) request.space.recompute = {layouts::RecomputeGranularity::kFull};
+  request.memory_model = MemoryModelKind::kMegatron;  // FSDP is searched (SearchSpace::fsdp)
+  if (c.every_fsdp_strategy)
+    request.space.fsdp = {layouts::DataParallelSharding::kOptim, layouts::DataParallelSharding::kOptimGrads,
+                          layouts::DataParallelSharding::kOptimGradsParams};
   request.threads = 2;
   return request;
+}
+
+// The bound (and the cheaper one without the gradient sync below it) stays below the step simulated at pass
+// and kernel level; returns the pass-level step.
+double expect_bound_below_simulation(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
+                                     const Pricing& pricing) {
+  SimulationOptions kernel;
+  kernel.granularity = SimulationGranularity::kKernel;
+  const double pass_s = simulate(model, config, *pricing.pricer).step_time_s;
+  const double kernel_s = simulate(model, config, *pricing.pricer, kernel).step_time_s;
+  const double bound = step_time_lower_bound(model, config, *pricing.pricer);
+  EXPECT_GT(bound, 0.0);
+  EXPECT_LE(bound, pass_s);
+  EXPECT_LE(bound, kernel_s * (1 + 1e-9));
+  EXPECT_LE(step_time_lower_bound(model, config, *pricing.pricer, {}, BoundTerms::kPasses), bound);
+  return pass_s;
 }
 
 class PrunedSearch : public ::testing::TestWithParam<PruningCase> {};
@@ -89,6 +116,12 @@ TEST_P(PrunedSearch, RanksTheSameTopOneAndTopTenAsExhaustiveSearch) {
   EXPECT_EQ(exhaustive.statistics.pruned_by_bound, 0);
   EXPECT_GT(pruned.statistics.pruned_by_bound, 0) << "the case exercises no pruning";
   ASSERT_GE(exhaustive.ranked.size(), 10u);
+  // Every searched FSDP strategy was simulated (the bound is checked against what it does).
+  for (layouts::DataParallelSharding s : pruned_request.space.fsdp) {
+    int simulated = 0;
+    for (const PlanCandidate& p : exhaustive.ranked) simulated += p.config.fsdp() && p.config.sharding() == s;
+    EXPECT_GT(simulated, 0) << "no FSDP " << layouts::to_string(s) << " candidate";
+  }
   ASSERT_EQ(pruned.ranked.size(), 10u);
   for (std::size_t i = 0; i < pruned.ranked.size(); ++i) {
     const double want = exhaustive.ranked[i].simulation.step_time_s;
@@ -111,15 +144,18 @@ TEST_P(PrunedSearch, RanksTheSameTopOneAndTopTenAsExhaustiveSearch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(ModelsClustersOptions, PrunedSearch,
-                         ::testing::Values(PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false},
-                                           PruningCase{"llama3-1b", 2048, "1x8xH100", 64, true, false},
-                                           PruningCase{"gpt-1.3b", 2048, "2x8xH100", 64, true, true},
-                                           PruningCase{"mixtral-small", 2048, "1x8xH100", 32, true, false},
-                                           PruningCase{"llama3-3b", 4096, "2x4xH100", 32, true, false},
-                                           PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false,
-                                                       true}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    ModelsClustersOptions, PrunedSearch,
+    ::testing::Values(PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false},
+                      PruningCase{"llama3-1b", 2048, "1x8xH100", 64, true, false},
+                      PruningCase{"gpt-1.3b", 2048, "2x8xH100", 64, true, true},
+                      PruningCase{"mixtral-small", 2048, "1x8xH100", 32, true, false},
+                      PruningCase{"llama3-3b", 4096, "2x4xH100", 32, true, false},
+                      PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false, true},
+                      PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false, false, true},
+                      PruningCase{"gpt-1.3b", 2048, "2x8xH100", 64, true, true, false, true},
+                      PruningCase{"mixtral-small", 2048, "1x8xH100", 32, true, false, false, true}),
+    case_name);
 
 // Partial full recomputation (uniform groups, block's first layers): the bound prices exactly the recomputed
 // layers and stays below the simulated step, at pass and kernel level; recomputing fewer layers is faster.
@@ -147,14 +183,7 @@ TEST(LowerBound, StaysBelowTheSimulatedStepUnderPartialRecomputation) {
       config.validate(model);
       SCOPED_TRACE("pp " + std::to_string(pp) + " " + std::string(layouts::to_string(u.method)) + " " +
                    std::to_string(u.layers));
-      SimulationOptions kernel;
-      kernel.granularity = SimulationGranularity::kKernel;
-      const double pass_s = simulate(model, config, *pricing.pricer).step_time_s;
-      const double kernel_s = simulate(model, config, *pricing.pricer, kernel).step_time_s;
-      const double bound = step_time_lower_bound(model, config, *pricing.pricer);
-      EXPECT_GT(bound, 0.0);
-      EXPECT_LE(bound, pass_s);
-      EXPECT_LE(bound, kernel_s * (1 + 1e-9));
+      const double pass_s = expect_bound_below_simulation(model, config, pricing);
       // Uniform 2 re-runs every layer as uniform 1 does; block recomputes fewer.
       if (u.method == RecomputeMethod::kBlock) {
         EXPECT_LT(pass_s, previous_s);
@@ -192,6 +221,57 @@ TEST(LowerBound, TakesTheSimulationOptionsAndStaysBelowTheSimulatedStep) {
     }
   }
   EXPECT_GT(plain_bound_too_high, 0) << "no case where the plain bound would have pruned wrongly";
+}
+
+// Every FSDP strategy, with and without overlapped reduction and gathers, over TP, PP, CP and interleaved
+// grids of a dense and an MoE model: the bound stays below the step simulated at pass and kernel level, and
+// optim_grads_params (no gather after the step, gathers before every forward and backward) is priced slower
+// than the distributed optimizer's step on the same grid.
+TEST(LowerBound, StaysBelowTheSimulatedStepUnderEveryFsdpStrategy) {
+  const Pricing pricing("1x8xH100");
+  struct Grid {
+    const char* model;
+    int tp, pp, cp, vpp;
+  };
+  using layouts::DataParallelSharding;
+  int gathers_slower = 0;
+  for (const Grid g : {Grid{"llama3-1b", 1, 1, 1, 1}, Grid{"llama3-1b", 2, 2, 1, 1},
+                       Grid{"llama3-1b", 1, 2, 2, 2}, Grid{"mixtral-small", 2, 1, 1, 1}}) {
+    layouts::ModelSpec model = layouts::model_preset(g.model);
+    model.seq_length = 2048;
+    for (bool overlap : {false, true}) {
+      double distributed_optimizer_s = 0.0;
+      for (std::optional<DataParallelSharding> sharding :
+           {std::optional<DataParallelSharding>{}, std::optional{DataParallelSharding::kOptim},
+            std::optional{DataParallelSharding::kOptimGrads},
+            std::optional{DataParallelSharding::kOptimGradsParams}}) {
+        layouts::ParallelConfig config;
+        config.world_size = 8;
+        config.tensor_model_parallel_size = g.tp;
+        config.pipeline_model_parallel_size = g.pp;
+        config.context_parallel_size = g.cp;
+        if (g.vpp > 1) config.num_virtual_stages_per_pipeline_rank = g.vpp;
+        config.overlap_p2p_comm = g.vpp > 1;
+        config.sequence_parallel = g.tp > 1;
+        if (std::string(g.model) == "mixtral-small") config.expert_model_parallel_size = 2;
+        config.global_batch_size = 16;
+        config.use_distributed_optimizer = !sharding;
+        config.use_megatron_fsdp = sharding.has_value();
+        if (sharding) config.data_parallel_sharding_strategy = *sharding;
+        config.overlap_grad_reduce = config.overlap_param_gather = overlap;
+        config.validate(model);
+        SCOPED_TRACE(std::string(g.model) + " tp " + std::to_string(g.tp) + " pp " + std::to_string(g.pp) +
+                     " cp " + std::to_string(g.cp) + " vpp " + std::to_string(g.vpp) +
+                     (sharding ? " fsdp " + std::string(layouts::to_string(*sharding)) : " dist-opt") +
+                     (overlap ? " overlapped" : ""));
+        const double pass_s = expect_bound_below_simulation(model, config, pricing);
+        if (!sharding) distributed_optimizer_s = pass_s;
+        if (sharding == DataParallelSharding::kOptimGradsParams)
+          gathers_slower += pass_s > distributed_optimizer_s;
+      }
+    }
+  }
+  EXPECT_GT(gathers_slower, 0) << "optim_grads_params's gathers were never priced";
 }
 
 }  // namespace

@@ -5,12 +5,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "base/user_error.h"
+#include "cost_models/cluster_spec.h"
+#include "cost_models/cost_model.h"
 #include "executor/backend/sizing_backend.h"
 #include "executor/training/arena_sizing.h"
 #include "layouts/model_spec.h"
+#include "planner/op_pricer.h"
+#include "planner/search.h"
 
 namespace megatune::tools {
 namespace {
@@ -174,6 +180,26 @@ TEST(ExecutorMemoryModel, StoppingAboveACapacityGivesALowerBoundOfThePeak) {
   }
 }
 
+// The bf16 arena of one rank per pipeline stage, as the sizing pass takes it.
+std::vector<executor::RankArena> bf16_stage_arenas(const layouts::ModelSpec& model,
+                                                   const layouts::ParallelConfig& config) {
+  executor::TrainOptions bf16;
+  bf16.bf16 = true;
+  std::vector<executor::RankArena> arenas;
+  for (int rank : executor::one_rank_per_stage(config)) {
+    executor::SizingBackend backend;
+    arenas.push_back(executor::size_rank_arena(model, config, bf16, rank, backend));
+  }
+  return arenas;
+}
+
+std::int64_t labelled_bytes(const executor::RankArena& arena, const std::string& what) {
+  std::int64_t bytes = 0;
+  for (const executor::ArenaUse& use : arena.breakdown)
+    if (use.what == what) bytes += use.bytes;
+  return bytes;
+}
+
 // The refusal before sizing counts 6 bytes (bf16 weights, fp32 gradients: Megatron's model) per parameter of
 // the planner's count; the executor holds 8 (fp32 main parameters and gradients) per element of its own.
 // Over dense, MoE, MLA and MTP stages the executor's elements are never fewer than 3/4 of the planner's
@@ -187,14 +213,9 @@ TEST(ExecutorMemoryModel, TheExecutorHoldsEightBytesPerPlannerParameterAtLeastSi
     config.sequence_parallel = true;
     if (model.is_moe()) config.tensor_model_parallel_size = 1, config.expert_model_parallel_size = 2;
     config.validate(model);
-    executor::TrainOptions bf16;
-    bf16.bf16 = true;
-    for (int rank : executor::one_rank_per_stage(config)) {
-      executor::SizingBackend backend;
-      const executor::RankArena arena = executor::size_rank_arena(model, config, bf16, rank, backend);
-      std::int64_t main_bytes = 0;
-      for (const executor::ArenaUse& use : arena.breakdown)
-        if (use.what == "fp32 main parameters" || use.what == "fp32 main gradients") main_bytes += use.bytes;
+    for (const executor::RankArena& arena : bf16_stage_arenas(model, config)) {
+      const std::int64_t main_bytes =
+          labelled_bytes(arena, "fp32 main parameters") + labelled_bytes(arena, "fp32 main gradients");
       const std::int64_t parameters =
           planner::estimate_memory(model, config, arena.coordinates.pp).parameters;
       EXPECT_GE(main_bytes, 6 * parameters) << preset << " pp rank " << arena.coordinates.pp;
@@ -226,6 +247,79 @@ TEST(ExecutorMemoryModel, ALayoutTheExecutorCannotSizeIsPricedByMegatronsModelAn
   ASSERT_FALSE(peak.items.empty());
   EXPECT_EQ(peak.items.front().name, "(Megatron's model)");
   EXPECT_EQ(peak.total_bytes, planner::peak_memory(model, config).total_bytes);
+}
+
+layouts::ParallelConfig fsdp_layout(const layouts::ModelSpec& model, int pp, int dp) {
+  layouts::ParallelConfig c = layout(pp, 1, dp);
+  c.world_size = pp * dp;
+  c.use_megatron_fsdp = true;
+  c.data_parallel_sharding_strategy = layouts::DataParallelSharding::kOptimGradsParams;
+  c.validate(model);
+  return c;
+}
+
+// Under FSDP optim_grads_params the executor's bf16 weights (its shard of every bucket and the gathered-entry
+// slots, as train --dry-run sizes them) agree with Megatron's model (the planner's 2/d per parameter plus
+// the gathered entries) within the buckets' padding, on every pipeline stage: untied llama3-8b at dp2 and
+// dp4, tied gpt-1.3b at dp4 and under pp2 x dp2.
+TEST(ExecutorMemoryModel, FsdpWeightsAgreeWithMegatronsModel) {
+  struct Case {
+    const char* model;
+    int pp, dp;
+  };
+  for (const Case c :
+       {Case{"llama3-8b", 1, 2}, Case{"llama3-8b", 1, 4}, Case{"gpt-1.3b", 1, 4}, Case{"gpt-1.3b", 2, 2}}) {
+    const layouts::ModelSpec model = model_of(c.model, 2048);
+    const layouts::ParallelConfig config = fsdp_layout(model, c.pp, c.dp);
+    for (const executor::RankArena& arena : bf16_stage_arenas(model, config)) {
+      const std::int64_t weights = labelled_bytes(arena, "model parameters (compute dtype)");
+      const double megatron =
+          static_cast<double>(planner::estimate_memory(model, config, arena.coordinates.pp).weight_bytes);
+      EXPECT_GE(static_cast<double>(weights), megatron) << c.model << " pp rank " << arena.coordinates.pp;
+      EXPECT_LT(static_cast<double>(weights), 1.01 * megatron)
+          << c.model << " pp rank " << arena.coordinates.pp;
+    }
+  }
+}
+
+// Memory pressure: llama3-8b on 4 GPUs without TP, PP or recomputation, with the capacity set between the
+// executor's peak under FSDP optim_grads_params and under the distributed optimizer (which holds every bf16
+// weight). The search under megatune's memory model (the default) ranks FSDP first, every fitting candidate
+// is FSDP, and without FSDP in the space nothing fits.
+TEST(ExecutorMemoryModel, FsdpWinsWhereTheDistributedOptimizerDoesNotFit) {
+  const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec("1x4xH200");
+  const auto cost_model = cost_models::CostModel::from_embedded(cluster);
+  const planner::CostModelPricer pricer(*cost_model);
+  planner::PlanRequest request;
+  request.model = model_of("llama3-8b", 4096);
+  request.world_size = 4;
+  request.global_batch_size = 8;
+  request.space.tp = {1};
+  request.space.pp = {1};
+  request.space.cp = {1};
+  request.space.micro_batch = {1};
+  request.space.recompute = {layouts::RecomputeGranularity::kNone};
+  request.memory_model = planner::MemoryModelKind::kMegatune;
+  request.peak_memory_of = peak_memory_function(planner::MemoryModelKind::kMegatune);
+  layouts::ParallelConfig distributed = layout(1, 1, 8);
+  distributed.world_size = 4;
+  distributed.use_distributed_optimizer = true;
+  distributed.validate(request.model);
+  const layouts::ParallelConfig fsdp = fsdp_layout(request.model, 1, 4);
+  const double fsdp_peak = static_cast<double>(request.peak_memory_of(request.model, fsdp, {}).total_bytes);
+  const double distributed_peak =
+      static_cast<double>(request.peak_memory_of(request.model, distributed, {}).total_bytes);
+  ASSERT_LT(fsdp_peak, distributed_peak);
+  const double capacity = static_cast<double>(pricer.memory_capacity_bytes());
+  ASSERT_LT(distributed_peak, capacity);
+  request.memory_headroom_fraction = 1.0 - (fsdp_peak + distributed_peak) / 2 / capacity;
+  const planner::PlanResult result = planner::plan(request, pricer);
+  ASSERT_FALSE(result.ranked.empty());
+  for (const planner::PlanCandidate& candidate : result.ranked)
+    EXPECT_TRUE(candidate.config.shards_parameters()) << planner::describe(candidate);
+  EXPECT_GT(result.statistics.out_of_memory, 0);
+  request.space.fsdp.clear();
+  EXPECT_THROW(planner::plan(request, pricer), UserError);
 }
 
 }  // namespace
