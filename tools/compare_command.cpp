@@ -68,6 +68,7 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
   try {
     executor::TrainOptions options;
     options.bf16 = run.device == "cuda" || run.backend.find("bf16") != std::string::npos;
+    options.fp8 = target.step.fp8;
     std::unique_ptr<executor::Backend> backend;
     if (run.device == "cpu") {
       backend = std::make_unique<executor::CpuBackend>(options.bf16);
@@ -150,7 +151,8 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
   if (!o.cluster.empty()) target.cluster = o.cluster;
   const bool own_flags = o.plan.empty() && o.simulate_args.empty();
   const Resolved resolved = own_flags ? own.target : resolve_target(target.args, target.source);
-  if (!own_flags) planner::check_join(run, resolved.model, resolved.config);
+  if (!own_flags)
+    planner::check_join(run, resolved.model, resolved.config, planner::JoinTarget::kGiven, resolved.step);
 
   const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(target.cluster);
   if (cluster.world_size() != resolved.config.world_size)
@@ -164,11 +166,12 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
   options.granularity = planner::SimulationGranularity::kKernel;
   options.all_ranks = resolved.config.world_size <= 64;
   options.record_op_timeline = true;
+  options.step = resolved.step;
   const planner::SimulationResult simulation =
       planner::simulate(resolved.model, resolved.config, pricer, options);
 
-  planner::RunComparison comparison =
-      planner::compare_run(run, resolved.model, resolved.config, simulation, memory_columns(run, resolved));
+  planner::RunComparison comparison = planner::compare_run(run, resolved.model, resolved.config, simulation,
+                                                           memory_columns(run, resolved), resolved.step);
   comparison.cluster = cluster.describe();
   comparison.priced_from = pricing.description;
   if (o.save) save_runs(comparison, run, o.db, out);
@@ -197,7 +200,8 @@ void run_leave_one_out(const CompareOptions& o, std::ostream& out) {
       throw UserError("--run " + dir + " ran on " + spec.gpu.name + ", the first run on " +
                       cluster->gpu.name + ": evaluate one GPU at a time (or name it with --cluster)");
     if (!cluster) cluster = spec;
-    cases.push_back({std::move(t.run), std::move(t.target.model), std::move(t.target.config)});
+    cases.push_back(
+        {std::move(t.run), std::move(t.target.model), std::move(t.target.config), std::move(t.target.step)});
   }
   planner::PricingSource pricing = planner::open_pricing_source(o.db, *cluster, false);
   out << "simulated on " << cluster->gpu.name << "; priced from: " << pricing.description << "\n";
