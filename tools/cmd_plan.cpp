@@ -195,7 +195,7 @@ int run_plan(const PlanCommandOptions& o) {
               model.seq_length, *a.global_batch_size, cluster.describe().c_str(),
               planner::describe_model(model).c_str(), pricing.description.c_str());
   if (o.fp8.enabled())
-    std::printf("precision: %s, every candidate; %s\n", layouts::describe(o.fp8).c_str(),
+    std::printf("precision: %s\n  (every candidate; %s)\n", layouts::describe(o.fp8).c_str(),
                 planner::fp8_pricing_description(*pricing.cost_model).c_str());
   std::fflush(stdout);
   planner::PlanResult result = planner::plan(request, pricer);

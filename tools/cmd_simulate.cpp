@@ -5,6 +5,8 @@
 #include "base/output_file.h"
 #include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
+#include "layouts/fp8.h"
+#include "layouts/rank_shape.h"
 #include "planner/chrome_trace.h"
 #include "planner/memory_model.h"
 #include "planner/pricing_source.h"
@@ -63,6 +65,12 @@ int run_simulate(const SimulateCommandOptions& o) {
   }
   config.validate(model);
   check_tp_comm_overlap(o.comm, config);
+  if (o.fp8.enabled())
+    if (const std::string problem = layouts::fp8_shape_problem(layouts::resolve_rank_shape(model, config));
+        !problem.empty())
+      throw UserError("--fp8-format: " + problem +
+                      ", FP8 GEMMs need multiples of 16; change the model or micro-batch shape, or simulate "
+                      "without --fp8-format");
 
   planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster, !o.no_calibration);
   planner::CostModelPricer pricer(*pricing.cost_model);

@@ -174,6 +174,9 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
                                                            memory_columns(run, resolved), resolved.step);
   comparison.cluster = cluster.describe();
   comparison.priced_from = pricing.description;
+  if (resolved.step.fp8.enabled())
+    comparison.priced_from += "; " + layouts::describe(resolved.step.fp8) + ": " +
+                              planner::fp8_pricing_description(*pricing.cost_model);
   if (o.save) save_runs(comparison, run, o.db, out);
   return comparison;
 }
