@@ -96,74 +96,62 @@ void CudaKernelRunner::cast_random_fp8(void* bf16_source, void* fp8, float* stat
   ec::fp8_cast(cast, stream_);
 }
 
-TimingSamples CudaKernelRunner::time_fp8_gemm(const GemmItem& item, const RepeatPolicy& policy) {
-  const ec::GemmSpec spec = fp8_spec_of(item);
+ec::GemmArgs CudaKernelRunner::gemm_buffers(const GemmItem& item, const ec::GemmSpec& spec,
+                                            std::size_t element_bytes, std::size_t extra_bytes,
+                                            void** extra) {
   const std::int64_t d_bytes = spec.d_type == ec::GemmDType::kFP32 ? 4 : 2;
-  const std::int64_t state_elements = 64;  // one padded scaling state per operand (layouts/fp8.h)
-  const std::size_t a_bytes = std::size_t(item.m * item.k), b_bytes = std::size_t(item.n * item.k);
-  const std::size_t source_bytes = 2 * std::max(a_bytes, b_bytes);  // the bf16 values cast into A, then B
+  const std::size_t a_bytes = std::size_t(item.m * item.k) * element_bytes;
+  const std::size_t b_bytes = std::size_t(item.k * item.n) * element_bytes;
   const std::size_t out_bytes = std::size_t(item.m * item.n * d_bytes);
   const std::size_t aux_bytes = std::size_t(item.m * item.n * 2);
   const std::size_t vector_bytes = std::size_t(std::max(item.m, item.n) * 4);
-  const std::size_t state_bytes = std::size_t(2 * state_elements * 4);
   arena_.begin(DeviceArena::rounded(a_bytes) + DeviceArena::rounded(b_bytes) +
-               DeviceArena::rounded(source_bytes) + DeviceArena::rounded(out_bytes) +
-               DeviceArena::rounded(aux_bytes) + DeviceArena::rounded(vector_bytes) +
-               DeviceArena::rounded(state_bytes));
-  void* a = arena_.take(a_bytes);
-  void* b = arena_.take(b_bytes);
-  void* source = arena_.take(source_bytes);
-  void* d = arena_.take(out_bytes);
-  void* aux = arena_.take(aux_bytes);
+               DeviceArena::rounded(out_bytes) + DeviceArena::rounded(aux_bytes) +
+               2 * DeviceArena::rounded(vector_bytes) + DeviceArena::rounded(extra_bytes));
+  ec::GemmArgs args;
+  args.a = arena_.take(a_bytes);
+  args.b = arena_.take(b_bytes);
+  args.d = arena_.take(out_bytes);
+  args.aux = arena_.take(aux_bytes);
   void* bias = arena_.take(vector_bytes);
-  auto* states = static_cast<float*>(arena_.take(state_bytes));
-  MEGATUNE_CUDA_CHECK(cudaMemsetAsync(states, 0, state_bytes, stream_));
-  cast_random_fp8(source, a, states, item.m, item.k);
-  cast_random_fp8(source, b, states + state_elements, item.n, item.k);
-  fill_uniform_bf16(aux, item.m * item.n, -2.0f, 2.0f, fill_seed_++, stream_);
+  args.bias = bias;
+  args.bias_grad = arena_.take(vector_bytes);
+  if (extra != nullptr) *extra = arena_.take(extra_bytes);
+  fill_uniform_bf16(args.aux, item.m * item.n, -2.0f, 2.0f, fill_seed_++, stream_);
   fill_uniform_bf16(bias, std::max(item.m, item.n), -0.1f, 0.1f, fill_seed_++, stream_);
   if (d_bytes == 4)
-    fill_uniform_fp32(static_cast<float*>(d), item.m * item.n, -0.01f, 0.01f, fill_seed_++, stream_);
-  ec::GemmArgs args;
-  args.a = a, args.b = b, args.d = d;
+    fill_uniform_fp32(static_cast<float*>(args.d), item.m * item.n, -0.01f, 0.01f, fill_seed_++, stream_);
   args.beta = item.variant == GemmVariant::kBackwardWeight ? 1.0f : 0.0f;  // main-grad accumulation
-  args.bias = bias, args.aux = aux;
+  return args;
+}
+
+TimingSamples CudaKernelRunner::time_fp8_gemm(const GemmItem& item, const RepeatPolicy& policy) {
+  ec::GemmSpec spec = fp8_spec_of(item);
+  const std::int64_t state_elements = 64;  // one padded scaling state per operand (layouts/fp8.h)
+  const std::size_t state_bytes = std::size_t(2 * state_elements * 4);
+  // Beside the operands: the two states, then the bf16 values cast into A, then into B.
+  const std::size_t source_bytes = 2 * std::size_t(std::max(item.m, item.n) * item.k);
+  void* extra = nullptr;
+  ec::GemmArgs args = gemm_buffers(item, spec, 1, DeviceArena::rounded(state_bytes) + source_bytes, &extra);
+  auto* states = static_cast<float*>(extra);
+  void* source = static_cast<char*>(extra) + DeviceArena::rounded(state_bytes);
+  MEGATUNE_CUDA_CHECK(cudaMemsetAsync(states, 0, state_bytes, stream_));
+  cast_random_fp8(source, const_cast<void*>(args.a), states, item.m, item.k);
+  cast_random_fp8(source, const_cast<void*>(args.b), states + state_elements, item.n, item.k);
+  args.bias_grad = nullptr;
   args.a_scale = states + layouts::kFp8ScaleInv;
   args.b_scale = states + state_elements + layouts::kFp8ScaleInv;
-  ec::GemmSpec run_spec = spec;
-  if (!gemm_.supports(run_spec, args)) run_spec.epilogue = ec::GemmEpilogue::kNone;  // the unfused path
-  return time_launches([&] { gemm_.run(run_spec, args, stream_); }, policy);
+  if (!gemm_.supports(spec, args)) spec.epilogue = ec::GemmEpilogue::kNone;  // the unfused path
+  return time_launches([&] { gemm_.run(spec, args, stream_); }, policy);
 }
 
 TimingSamples CudaKernelRunner::time_gemm(const GemmItem& item, const RepeatPolicy& policy) {
   if (item.dtype == layouts::DType::kFP8) return time_fp8_gemm(item, policy);
   if (item.dtype != layouts::DType::kBF16) return std::nullopt;  // the executor's GEMMs are bf16 or FP8
   ec::GemmSpec spec = spec_of(item);
-  const std::int64_t d_bytes = spec.d_type == ec::GemmDType::kFP32 ? 4 : 2;
-  const std::size_t a_bytes = std::size_t(item.m * item.k * 2), b_bytes = std::size_t(item.k * item.n * 2);
-  const std::size_t out_bytes = std::size_t(item.m * item.n * d_bytes);
-  const std::size_t aux_bytes = std::size_t(item.m * item.n * 2);
-  const std::size_t vector_bytes = std::size_t(std::max(item.m, item.n) * 4);
-  arena_.begin(DeviceArena::rounded(a_bytes) + DeviceArena::rounded(b_bytes) +
-               DeviceArena::rounded(out_bytes) + DeviceArena::rounded(aux_bytes) +
-               2 * DeviceArena::rounded(vector_bytes));
-  ec::GemmArgs args;
-  void* a = arena_.take(a_bytes);
-  void* b = arena_.take(b_bytes);
-  void* d = arena_.take(out_bytes);
-  void* aux = arena_.take(aux_bytes);
-  void* bias = arena_.take(vector_bytes);
-  void* bias_grad = arena_.take(vector_bytes);
-  fill_uniform_bf16(a, item.m * item.k, -1.0f, 1.0f, fill_seed_++, stream_);
-  fill_uniform_bf16(b, item.k * item.n, -1.0f, 1.0f, fill_seed_++, stream_);
-  fill_uniform_bf16(aux, item.m * item.n, -2.0f, 2.0f, fill_seed_++, stream_);
-  fill_uniform_bf16(bias, std::max(item.m, item.n), -0.1f, 0.1f, fill_seed_++, stream_);
-  if (d_bytes == 4) {
-    fill_uniform_fp32(static_cast<float*>(d), item.m * item.n, -0.01f, 0.01f, fill_seed_++, stream_);
-  }
-  args.a = a, args.b = b, args.d = d;
-  args.beta = item.variant == GemmVariant::kBackwardWeight ? 1.0f : 0.0f;  // main-grad accumulation
-  args.bias = bias, args.aux = aux, args.bias_grad = bias_grad;
+  const ec::GemmArgs args = gemm_buffers(item, spec, 2, 0, nullptr);
+  fill_uniform_bf16(const_cast<void*>(args.a), item.m * item.k, -1.0f, 1.0f, fill_seed_++, stream_);
+  fill_uniform_bf16(const_cast<void*>(args.b), item.k * item.n, -1.0f, 1.0f, fill_seed_++, stream_);
   try {
     gemm_.prepare(spec);
   } catch (const std::runtime_error&) {

@@ -42,6 +42,11 @@ class CudaKernelRunner : public KernelRunner {
   // Random bf16 values written to `bf16_source`, then cast by the executor's FP8 cast (current scaling) into
   // `fp8` ([rows, cols], E4M3) with `state`'s scale: finite, non-zero FP8 operands.
   void cast_random_fp8(void* bf16_source, void* fp8, float* state, std::int64_t rows, std::int64_t cols);
+  // A GEMM's buffers in the arena (operands of element_bytes each, the output, GELU aux, bias and bias
+  // gradient vectors, then extra_bytes handed out in *extra), aux, bias and an fp32 output filled, beta set
+  // for the weight gradient's accumulation; the operands are left for the caller to fill.
+  executor::cuda::GemmArgs gemm_buffers(const GemmItem& item, const executor::cuda::GemmSpec& spec,
+                                        std::size_t element_bytes, std::size_t extra_bytes, void** extra);
   Tracer& tracer_;
   cudaStream_t stream_;
   std::uint64_t next_range_id_;

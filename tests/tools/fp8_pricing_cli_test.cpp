@@ -146,6 +146,22 @@ TEST(Fp8Plan, Fp8IsTheUsersChoiceNotSearched) {
   EXPECT_EQ(refused.error_lines(), 1) << refused.err;
 }
 
+TEST(Fp8Profile, DryRunListsTheFp8GemmsAndCastsAndNeedsAModel) {
+  const CliResult dry =
+      run_megatune({"profile", "--model", "llama3-1b", "--fp8-format", "hybrid", "--tp", "1", "--cp", "1",
+                    "--mbs", "2", "--no-grid", "--no-collectives", "--dry-run"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  unsigned gemms = 0, casts = 0;
+  std::sscanf(line_after(dry.out, "fp8 hybrid delayed (amax history 1, most_recent, margin 0): ").c_str(),
+              "%u FP8 GEMMs and %u FP8 casts", &gemms, &casts);
+  EXPECT_GT(gemms, 0u) << dry.out;
+  EXPECT_GT(casts, 0u) << dry.out;
+  const CliResult no_model = run_megatune({"profile", "--fp8-format", "hybrid", "--dry-run"});
+  EXPECT_NE(no_model.exit_code, 0);
+  EXPECT_EQ(no_model.error_lines(), 1) << no_model.err;
+  EXPECT_NE(no_model.err.find("--model PRESET"), std::string::npos) << no_model.err;
+}
+
 TEST(Fp8Compare, AnFp8TracedRunJoinsTheFp8StepProgram) {
   const TempDir dir;
   const std::string run_dir = dir / "fp8run";
