@@ -86,7 +86,9 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
   }
   columns.push_back(std::move(sizing));
 
-  const planner::MemoryEstimate megatron = planner::peak_memory(target.model, target.config);
+  planner::MemoryOptions memory_options;
+  memory_options.step = target.step;
+  const planner::MemoryEstimate megatron = planner::peak_memory(target.model, target.config, memory_options);
   planner::MemoryColumn model{"memory model (Megatron)", megatron.total_bytes, {}, ""};
   for (const planner::MemoryItem& item : megatron.items) model.items.push_back({item.name, item.bytes});
   model.note =

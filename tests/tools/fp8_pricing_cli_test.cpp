@@ -147,9 +147,10 @@ TEST(Fp8Plan, Fp8IsTheUsersChoiceNotSearched) {
 }
 
 TEST(Fp8Profile, DryRunListsTheFp8GemmsAndCastsAndNeedsAModel) {
+  const TempDir dir;  // the dry run opens its database: a temporary one, never the default
   const CliResult dry =
       run_megatune({"profile", "--model", "llama3-1b", "--fp8-format", "hybrid", "--tp", "1", "--cp", "1",
-                    "--mbs", "2", "--no-grid", "--no-collectives", "--dry-run"});
+                    "--mbs", "2", "--no-grid", "--no-collectives", "--dry-run", "--db", dir / "costs.db"});
   ASSERT_EQ(dry.exit_code, 0) << dry.err;
   unsigned gemms = 0, casts = 0;
   std::sscanf(line_after(dry.out, "fp8 hybrid delayed (amax history 1, most_recent, margin 0): ").c_str(),
