@@ -9,6 +9,9 @@
 # SWEEP_SET=heldout picks layouts the shipped calibration was not fitted on (other sequence lengths and
 # micro-batches of the same models): the test of a calibration fitted on the sweep. SWEEP_SET=generalise:
 # see below.
+# SWEEP_SET=fp8: FP8 linears (delayed scaling with --fp8-format hybrid, tensorwise with e4m3) beside bf16, one
+# micro-batch per step as bench/fp8_gpu.sh's perf steps: gpt-1.3b and llama3-1b (whose FP8 steps
+# bench/RESULTS.md 2026-12-03 measured), gpt-2.7b, llama3-3b, gpt-125m.
 set -uo pipefail
 mode=${1:?predict|measure}; B=${2:?megatune binary}; out=${3:?output}
 layouts=()
@@ -46,6 +49,18 @@ fi
     layouts+=("gpt-1.3b_mbs${mbs}_${rc}|$flags")
   done
 done
+if [ "${SWEEP_SET:-sweep}" = fp8 ]; then
+  for m in "gpt-1.3b_seq2048_mbs4|--model gpt-1.3b --seq-length 2048 --gbs 4 --mbs 4" \
+           "llama3-1b_seq4096_mbs2|--model llama3-1b --seq-length 4096 --gbs 2 --mbs 2" \
+           "gpt-2.7b_seq2048_mbs4|--model gpt-2.7b --seq-length 2048 --gbs 4 --mbs 4" \
+           "llama3-3b_seq4096_mbs1|--model llama3-3b --seq-length 4096 --gbs 1 --mbs 1" \
+           "gpt-125m_seq2048_mbs8|--model gpt-125m --seq-length 2048 --max-position-embeddings 2048 --gbs 8 --mbs 8"; do
+    name=${m%%|*}; flags=${m#*|}
+    layouts+=("${name}_bf16|$flags")
+    layouts+=("${name}_fp8_delayed|$flags --fp8-format hybrid --fp8-recipe delayed")
+    case "$name" in gpt-1.3b*|llama3-1b*) layouts+=("${name}_fp8_tensorwise|$flags --fp8-format e4m3 --fp8-recipe tensorwise") ;; esac
+  done
+fi
 if [ "${SWEEP_SET:-sweep}" = sweep ]; then
   layouts+=("llama3-1b_seq4096_mbs2|--model llama3-1b --seq-length 4096 --gbs 32 --mbs 2")
   layouts+=("llama3-3b_seq4096_mbs1|--model llama3-3b --seq-length 4096 --gbs 16 --mbs 1")
@@ -60,12 +75,12 @@ case "$mode" in
       # shellcheck disable=SC2086
       report=$("$B" simulate $flags --cluster 1x1xH200) || exit 1
       # shellcheck disable=SC2086
-      plain=$("$B" simulate $flags --cluster 1x1xH200 --no-calibration) || exit 1
+      raw=$("$B" simulate $flags --cluster 1x1xH200 --no-calibration) || exit 1
       step=$(awk '/^  step time/ {print $3}' <<< "$report")
       mfu=$(awk '/^  MFU/ {print $2}' <<< "$report")
       mem=$(awk '/^  total/ {print $2}' <<< "$report")
-      raw=$(awk '/^  step time/ {print $3}' <<< "$plain")
-      printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$step" "$mfu" "$mem" "$raw" >> "$out"
+      raw_step=$(awk '/^  step time/ {print $3}' <<< "$raw")
+      printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$step" "$mfu" "$mem" "$raw_step" >> "$out"
     done
     column -t "$out"
     ;;

@@ -239,8 +239,10 @@ OpCost CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, layouts::
     if (profiled.provenance != Provenance::kAnalytic)
       return {transfer_->gemm_time_s(profiled.time_s, m, n, k, dtype), Provenance::kTransferred};
   }
-  // Only an interpolation scans the measured table; every other price is cheaper than the cache lookup.
-  if (!gemm_.has_measurements(dtype)) return gemm_.cost(m, n, k, dtype);
+  // Only an interpolation scans the measured table (of the dtype, or of bf16 for an FP8 GEMM priced from
+  // it); every other price is cheaper than the cache lookup.
+  const bool from_bf16 = dtype == layouts::DType::kFP8 && !gemm_.prices_fp8_from_records();
+  if (!gemm_.has_measurements(from_bf16 ? layouts::DType::kBF16 : dtype)) return gemm_.cost(m, n, k, dtype);
   const PricedKey key{{m, n, k, 0}, static_cast<int>(dtype)};
   {
     std::lock_guard<std::mutex> lock(cache_->mutex);
@@ -294,13 +296,13 @@ OpCost CostModel::attention_backward(const layouts::AttentionShape& shape, layou
                           dtype);
 }
 
-OpCost CostModel::memory_bound(layouts::OpKind kind, double bytes) const {
+OpCost CostModel::memory_bound(layouts::OpKind kind, double bytes, layouts::DType dtype) const {
   if (transfer_) {
-    const OpCost profiled = profiled_->memory_bound(kind, bytes);
+    const OpCost profiled = profiled_->memory_bound(kind, bytes, dtype);
     if (profiled.provenance != Provenance::kAnalytic)
       return {transfer_->memory_bound_time_s(profiled.time_s), Provenance::kTransferred};
   }
-  return memory_bound_.cost(kind, bytes);
+  return memory_bound_.cost(kind, bytes, dtype);
 }
 
 OpCost CostModel::collective(CollectiveOp op, double bytes, const CollectiveGroup& group) const {
@@ -331,7 +333,7 @@ OpCost CostModel::uncalibrated_price(const layouts::Op& op, CollectiveGroup grou
     }
     return collective(collective_op_of(op.kind), static_cast<double>(op.bytes), group);
   }
-  return memory_bound(op.kind, static_cast<double>(op.bytes));
+  return memory_bound(op.kind, static_cast<double>(op.bytes), op.dtype);
 }
 
 }  // namespace megatune::cost_models

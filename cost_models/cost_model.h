@@ -53,8 +53,9 @@ class CostModel {
                            layouts::DType dtype = layouts::DType::kBF16) const;
   OpCost attention_backward(const layouts::AttentionShape& shape,
                             layouts::DType dtype = layouts::DType::kBF16) const;
-  // A memory-bound kernel kind (kNorm, kRope, kOptimizer, ...) moving `bytes`.
-  OpCost memory_bound(layouts::OpKind kind, double bytes) const;
+  // A memory-bound kernel kind (kNorm, kRope, kOptimizer, ...) moving `bytes`, writing `dtype` (kFP8: an
+  // FP8 cast, memory_bound_cost_model.h).
+  OpCost memory_bound(layouts::OpKind kind, double bytes, layouts::DType dtype = layouts::DType::kBF16) const;
   OpCost collective(CollectiveOp op, double bytes, const CollectiveGroup& group) const;
   // Prices one step-program op, with the calibration when one is set (set_calibration). For a communication
   // op, `group` gives its size and the nodes it spans (nodes defaults to 1 when left at {0, 0}: size then

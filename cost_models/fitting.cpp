@@ -10,6 +10,7 @@
 #include "cost_models/fitted_forms.h"
 #include "cost_models/gemm_cost_model.h"
 #include "cost_models/hardware_catalog.h"
+#include "cost_models/memory_bound_cost_model.h"
 #include "cost_models/record_store.h"
 
 namespace megatune::cost_models {
@@ -85,10 +86,10 @@ std::optional<FittedModel> fit_attention_efficiency(const std::vector<KernelTimi
 }
 
 std::optional<FittedModel> fit_memory_bandwidth(const std::vector<KernelTiming>& rows, const GpuModel& gpu,
-                                                const std::string& op_kind, int min_points) {
+                                                const std::string& series, int min_points) {
   std::map<std::int64_t, double> newest;  // bytes -> time
   for (const KernelTiming& row : newest_first_sorted(rows)) {
-    if (row.op_kind == op_kind && row.gpu == gpu.name && row.bytes > 0 && row.median_s > 0) {
+    if (memory_bound_series(row) == series && row.gpu == gpu.name && row.bytes > 0 && row.median_s > 0) {
       newest[row.bytes] = row.median_s;
     }
   }
@@ -97,7 +98,7 @@ std::optional<FittedModel> fit_memory_bandwidth(const std::vector<KernelTiming>&
   for (const auto& [bytes, time_s] : newest) points.emplace_back(static_cast<double>(bytes), time_s);
   FitQuality quality;
   const LinearTimeModel model = LinearTimeModel::fit(points, &quality);
-  return row_of(kFitMemoryBandwidth, gpu, op_kind, model.to_json(), quality);
+  return row_of(kFitMemoryBandwidth, gpu, series, model.to_json(), quality);
 }
 
 std::optional<FittedModel> fit_collective(const std::vector<CollectiveTiming>& rows, const GpuModel& gpu,
@@ -149,7 +150,7 @@ std::vector<FittedModel> fit_and_store(Database& database, const std::string& gp
     } else if (row.op_kind == "attention_fwd" || row.op_kind == "attention_bwd") {
       attention_variants.insert({row.op_kind == "attention_bwd", parse_dtype(row.dtype), row.causal});
     } else if (row.bytes > 0) {
-      memory_kinds.insert(row.op_kind);
+      memory_kinds.insert(memory_bound_series(row));
     }
   }
   for (const layouts::DType dtype : gemm_dtypes) {

@@ -28,9 +28,9 @@ std::optional<FittedModel> fit_gemm_efficiency(const std::vector<KernelTiming>& 
 std::optional<FittedModel> fit_attention_efficiency(const std::vector<KernelTiming>& rows,
                                                     const GpuModel& gpu, bool backward, layouts::DType dtype,
                                                     bool causal, int min_points = 20);
-// Latency + bytes / bandwidth for one memory-bound kind ("norm", ...).
+// Latency + bytes / bandwidth for one memory-bound series ("norm", "elementwise:fp8": memory_bound_series).
 std::optional<FittedModel> fit_memory_bandwidth(const std::vector<KernelTiming>& rows, const GpuModel& gpu,
-                                                const std::string& op_kind, int min_points = 3);
+                                                const std::string& series, int min_points = 3);
 // Latency + bytes x factor / busbw for one collective configuration.
 std::optional<FittedModel> fit_collective(const std::vector<CollectiveTiming>& rows, const GpuModel& gpu,
                                           CollectiveOp op, int group_size, int nodes, int min_points = 3);

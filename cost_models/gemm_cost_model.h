@@ -1,6 +1,8 @@
 // GEMM cost: measured exact shape -> measured; measured neighbours within a factor -> interpolated
 // efficiency (log space) scaled by the query's FLOPs; a fitted efficiency surface -> fitted; else the
 // roofline max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency)) + launch latency -> analytic.
+// An FP8 GEMM with no FP8 measurement or fit of this GPU is priced from the bf16 price of its shape by
+// fp8_from_bf16_time_s (transferred: a rule, not a measurement of FP8).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -26,6 +28,14 @@ class GemmCostModel {
   // (m, k) x (k, n) in `dtype`.
   OpCost cost(std::int64_t m, std::int64_t n, std::int64_t k, layouts::DType dtype) const;
   double analytic_time_s(std::int64_t m, std::int64_t n, std::int64_t k, layouts::DType dtype) const;
+  // Whether FP8 GEMMs are priced from this GPU's FP8 records (measurements or a fit), not transferred.
+  bool prices_fp8_from_records() const {
+    return has_measurements(layouts::DType::kFP8) || has_fitted_surface(layouts::DType::kFP8);
+  }
+  // The FP8 time of a GEMM whose bf16 time is bf16_s (the rule and its source: gemm_cost_model.cpp), and
+  // the factor it divides the time above the launch latency by (1.90 on H200).
+  double fp8_from_bf16_time_s(double bf16_s, std::int64_t m, std::int64_t n, std::int64_t k) const;
+  double fp8_speedup_over_bf16() const;
   static double flops(std::int64_t m, std::int64_t n, std::int64_t k) { return 2.0 * m * n * k; }
 
  private:

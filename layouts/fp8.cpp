@@ -3,6 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
+
+#include "layouts/rank_shape.h"
 
 namespace megatune::layouts {
 namespace {
@@ -49,6 +53,20 @@ std::int64_t fp8_cast_bytes(std::int64_t elements, int outputs, bool current_sca
 std::int64_t fp8_state_elements(const Fp8Settings& settings) {
   const std::int64_t fields = kFp8History + std::max(settings.amax_history_len, 1);
   return (fields + 15) / 16 * 16;
+}
+
+std::string fp8_shape_problem(const RankShape& s) {
+  std::vector<std::pair<const char*, std::int64_t>> sizes = {
+      {"the micro-batch's tokens per rank (micro-batch x sequence / context-parallel size)", s.tokens},
+      {"the hidden size", s.hidden}};
+  if (!s.mla)
+    sizes.insert(sizes.end(), {{"the qkv projection's output features per rank", s.qkv_width()},
+                               {"the attention output's features per rank", s.attention_width()}});
+  if (s.ffn > 0)
+    sizes.push_back({"the MLP's features per rank (ffn / tensor-parallel size)", s.ffn_per_rank()});
+  for (const auto& [what, size] : sizes)
+    if (size % 16 != 0) return std::string(what) + " is " + std::to_string(size);
+  return "";
 }
 
 std::string describe(const Fp8Settings& s) {

@@ -15,6 +15,8 @@
 
 namespace megatune::layouts {
 
+struct RankShape;
+
 // kE4M3: every tensor in E4M3; kHybrid: E4M3 forward (inputs, weights), E5M2 for gradients.
 enum class Fp8Format : std::uint8_t { kNone, kE4M3, kHybrid };
 // kDelayed: each tensor's scale from the amax history of its earlier uses (Megatron's default recipe);
@@ -62,6 +64,11 @@ enum Fp8StateField : int {
 // Elements of one state: its fields, padded to a multiple of 16 (64 bytes), so that states laid out one
 // after another keep their scale pointers aligned.
 std::int64_t fp8_state_elements(const Fp8Settings& settings);
+
+// Hopper's FP8 GEMMs (cuBLASLt) take only dimensions that are multiples of 16: the tokens per rank and the
+// per-rank features of the dense linears (qkv, proj, fc1, fc2; MLA's projections stay bf16). The first
+// dimension that is not, as "<what> is <size>", or "" when every one is.
+std::string fp8_shape_problem(const RankShape& shape);
 
 // "fp8 hybrid delayed (amax history 1024, max, margin 0)", "fp8 e4m3 tensorwise (margin 0)", "bf16".
 std::string describe(const Fp8Settings& settings);

@@ -109,14 +109,18 @@ void tp_reduce(OpSink& o, const RankShape& s, const char* ar_label, const char* 
 
 // A linear layer's forward GEMM (T, out) = (T, in) x (in, out). Under FP8 (layouts/fp8.h) its casts come
 // first: the weight (to FP8 and transposed) at the first forward of the iteration (micro-batch 0, not a
-// re-run), then the input; the GEMM's operands are FP8.
+// re-run), then the input; the GEMM's operands are FP8. A cast is a kElementwise op of dtype kFP8 (what it
+// writes), so that its price and its measurements are told apart from the bf16 element-wise kernels'.
 void linear_gemm(OpSink& o, const Fp8Settings& fp8, const std::string& label, std::int64_t tokens,
                  std::int64_t out, std::int64_t in, bool accumulate = false) {
   if (fp8.enabled()) {
     const bool current = fp8.recipe == Fp8Recipe::kTensorwise;
-    if (o.phase() == OpPhase::kForward && o.microbatch() == 0)
+    if (o.phase() == OpPhase::kForward && o.microbatch() == 0) {
       o.memory(OpKind::kElementwise, (label + "_weight_fp8").c_str(), fp8_cast_bytes(out * in, 2, current));
+      o.last().dtype = DType::kFP8;
+    }
     o.memory(OpKind::kElementwise, (label + "_input_fp8").c_str(), fp8_cast_bytes(tokens * in, 1, current));
+    o.last().dtype = DType::kFP8;
   }
   o.gemm(label.c_str(), tokens, out, in, accumulate);
   if (fp8.enabled()) o.last().dtype = DType::kFP8;
@@ -135,11 +139,13 @@ void linear_gemm_backward(OpSink& o, const Fp8Settings& fp8, const std::string& 
   if (need_dgrad) {
     o.memory(OpKind::kElementwise, (label + "_grad_fp8").c_str(),
              fp8_cast_bytes(tokens * out, 2, fp8.recipe == Fp8Recipe::kTensorwise));
+    o.last().dtype = DType::kFP8;
     o.gemm_backward(label, tokens, out, in, true, false);
     o.last().dtype = DType::kFP8;
   }
   if (need_wgrad) {
     o.memory(OpKind::kElementwise, (label + "_input_fp8t").c_str(), fp8_cast_bytes(tokens * in, 1, true));
+    o.last().dtype = DType::kFP8;
     o.gemm_backward(label, tokens, out, in, false, true);
     o.last().dtype = DType::kFP8;
   }

@@ -84,12 +84,13 @@ double op_error(const std::vector<RunCalibrationData>& runs, const cost_models::
 
 RunCalibrationData calibration_data(const MeasuredRun& run, const layouts::ModelSpec& spec,
                                     const layouts::ParallelConfig& config,
-                                    const cost_models::CostModel& model) {
+                                    const cost_models::CostModel& model,
+                                    const layouts::StepProgramOptions& step) {
   RunCalibrationData data;
   data.name = run.dir;
   data.provenance_json = provenance_of(run);
   for (const TracedRank& rank : run.ranks) {
-    const layouts::StepProgram program = layouts::build_step_program(spec, config, rank.rank);
+    const layouts::StepProgram program = layouts::build_step_program(spec, config, rank.rank, step);
     const double iterations = static_cast<double>(rank.iterations.size());
     std::vector<double> measured(program.ops.size(), 0.0);
     for (const TracedIteration& it : rank.iterations) {

@@ -25,11 +25,12 @@ struct RunCalibrationData {
   std::string provenance_json;  // one object: folder, created_utc, model, layout, device, gpu, clocks, ...
 };
 
-// `model` prices the ops without calibration (CostModel::uncalibrated_price). check_join(run, spec, config)
-// must have passed.
+// `model` prices the ops without calibration (CostModel::uncalibrated_price). check_join(run, spec, config,
+// ..., step) must have passed.
 RunCalibrationData calibration_data(const MeasuredRun& run, const layouts::ModelSpec& spec,
                                     const layouts::ParallelConfig& config,
-                                    const cost_models::CostModel& model);
+                                    const cost_models::CostModel& model,
+                                    const layouts::StepProgramOptions& step = {});
 
 struct FittedCalibration {
   cost_models::Calibration calibration;

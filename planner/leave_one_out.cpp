@@ -25,6 +25,7 @@ double simulated_step(const CalibrationCase& c, const cost_models::CostModel& co
   const CostModelPricer pricer(cost_model);
   SimulationOptions options;
   options.granularity = SimulationGranularity::kKernel;
+  options.step = c.step;
   return simulate(c.model, c.config, pricer, options).step_time_s;
 }
 
@@ -67,7 +68,7 @@ std::vector<LeaveOneOutRow> leave_one_out(const std::vector<CalibrationCase>& ca
   cost_model.set_calibration(std::nullopt);
   std::vector<RunCalibrationData> data;
   for (const CalibrationCase& c : cases)
-    data.push_back(calibration_data(c.run, c.model, c.config, cost_model));
+    data.push_back(calibration_data(c.run, c.model, c.config, cost_model, c.step));
   std::vector<LeaveOneOutRow> rows;
   for (std::size_t held_out = 0; held_out < cases.size(); ++held_out) {
     const CalibrationCase& c = cases[held_out];

@@ -16,11 +16,12 @@ struct CalibrationCase {
   MeasuredRun run;  // check_join(run, model, config) passed
   layouts::ModelSpec model;
   layouts::ParallelConfig config;
+  layouts::StepProgramOptions step;  // the run's step-program options (its FP8 settings)
 };
 
 struct LeaveOneOutRow {
   std::string run, model, layout, group;  // group: the hold-out group's key
-  double measured_step_s = 0;  // slowest traced rank's mean step
+  double measured_step_s = 0;             // slowest traced rank's mean step
   double uncalibrated_step_s = 0, calibrated_step_s = 0;
   double uncalibrated_error() const { return (uncalibrated_step_s - measured_step_s) / measured_step_s; }
   double calibrated_error() const { return (calibrated_step_s - measured_step_s) / measured_step_s; }
@@ -37,7 +38,8 @@ const char* hold_out_name(HoldOut hold_out);
 // is predicted from a calibration fitted on the cases outside its hold-out group; UserError when a group
 // holds every case. Kernel-level simulation, one rank per pipeline stage.
 std::vector<LeaveOneOutRow> leave_one_out(const std::vector<CalibrationCase>& cases,
-                                          cost_models::CostModel& cost_model, HoldOut hold_out = HoldOut::kRun,
+                                          cost_models::CostModel& cost_model,
+                                          HoldOut hold_out = HoldOut::kRun,
                                           const cost_models::CalibrationFitOptions& options = {});
 
 // One line per run (measured, predicted and error before and after), then mean and max |error|.

@@ -310,7 +310,8 @@ bool fp32_run(const MeasuredRun& run) {
 }
 
 void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
-                const layouts::ParallelConfig& config, JoinTarget target) {
+                const layouts::ParallelConfig& config, JoinTarget target,
+                const layouts::StepProgramOptions& step) {
   const std::string context = "--run " + run.dir + ": ";
   const std::string fix =
       target == JoinTarget::kRunFlags
@@ -322,7 +323,7 @@ void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
     throw UserError(context + "the run has " + std::to_string(run.world_size) + " ranks, the layout " +
                     std::to_string(config.world_size) + fix);
   for (const TracedRank& rank : run.ranks) {
-    const layouts::StepProgram program = layouts::build_step_program(model, config, rank.rank);
+    const layouts::StepProgram program = layouts::build_step_program(model, config, rank.rank, step);
     for (const TracedIteration& it : rank.iterations) {
       const std::string where =
           context + "rank " + std::to_string(rank.rank) + " iteration " + std::to_string(it.iteration);

@@ -8,6 +8,7 @@
 #include "layouts/model_spec.h"
 #include "layouts/op.h"
 #include "layouts/parallel_config.h"
+#include "layouts/step_program.h"
 
 namespace megatune::planner {
 
@@ -63,7 +64,8 @@ struct MeasuredRun {
 // as it records, a step time that is not positive, an op that ends before it starts.
 MeasuredRun read_measured_run(const std::string& dir);
 
-// Checks every traced iteration of every rank against layouts::build_step_program(model, config, rank): every
+// Checks every traced iteration of every rank against layouts::build_step_program(model, config, rank, step)
+// (step: the run's step-program options, its FP8 settings among them): every
 // program op traced in order and, op by op, the same kind, phase, dtype, label, layer, micro-batch, shape,
 // bytes and group (dtype and bytes not in an fp32 run: the step program counts bf16). UserError naming the
 // first mismatch (a trace of another model or layout) otherwise. Ops the executor issued after the program's
@@ -74,6 +76,7 @@ MeasuredRun read_measured_run(const std::string& dir);
 bool fp32_run(const MeasuredRun& run);
 enum class JoinTarget { kGiven, kRunFlags };
 void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
-                const layouts::ParallelConfig& config, JoinTarget target = JoinTarget::kGiven);
+                const layouts::ParallelConfig& config, JoinTarget target = JoinTarget::kGiven,
+                const layouts::StepProgramOptions& step = {});
 
 }  // namespace megatune::planner

@@ -156,6 +156,21 @@ void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& confi
        config.shards_optimizer_state() ? "12 B/param" + over : "12 B/param: fp32 master + Adam m, v"});
 }
 
+// The FP8 bytes of a rank's stages (estimate_memory): 2 B per dense linear weight, 2 B per element of the
+// widest input and output-gradient casts.
+std::int64_t fp8_linear_bytes(const layouts::ModelSpec& model, const RankShape& s,
+                              const std::vector<const PipelineStage*>& stages) {
+  const std::int64_t attention = s.mla ? 0 : s.qkv_width() * s.hidden + s.hidden * s.attention_width();
+  const std::int64_t mlp = s.fc1_width() * s.hidden + s.hidden * s.ffn_per_rank();
+  std::int64_t weights = 0;
+  for (const PipelineStage* stage : stages)
+    for (int l = stage->first_decoder_layer; l < stage->first_decoder_layer + stage->num_decoder_layers; ++l)
+      weights += attention + (model.is_moe_layer(l) ? 0 : mlp);
+  if (weights == 0) return 0;
+  const std::int64_t widest_in = std::max({s.hidden, s.attention_width(), s.ffn_per_rank()});
+  const std::int64_t widest_out = std::max({s.hidden, s.qkv_width(), s.fc1_width()});
+  return 2 * weights + 2 * s.tokens * (widest_in + widest_out);
+}
 }  // namespace
 
 MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
@@ -265,12 +280,20 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
                      largest_unit_full > 0 ? "the largest recomputed unit + activation grads"
                                            : "activation grads + gathered input"});
 
+  // FP8 linears (layouts/fp8.h): every dense attention's and MLP's weights in FP8 and transposed (2 B per
+  // weight, Transformer Engine's weight cache and the executor's alike) and one shared cast of a linear's
+  // input and of its output gradient, each with its transpose.
+  const std::int64_t fp8_bytes = options.step.fp8.enabled() ? fp8_linear_bytes(model, s, stages) : 0;
+  if (fp8_bytes > 0)
+    e.items.push_back(
+        {"FP8 weight copies + casts", fp8_bytes, "weights and transposes at 1 B, cast buffers"});
+
   // Buffers.
   const MemoryItem buffers = device_buffers(s, options);
   e.buffer_bytes = buffers.bytes;
   e.items.push_back(buffers);
   const std::int64_t allocated = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.activation_bytes +
-                                 e.logits_bytes + e.transient_bytes;
+                                 e.logits_bytes + e.transient_bytes + fp8_bytes;
   e.fragmentation_bytes = static_cast<std::int64_t>(options.fragmentation_fraction * allocated);
   e.items.push_back({"allocator fragmentation", e.fragmentation_bytes,
                      std::to_string(static_cast<int>(options.fragmentation_fraction * 100)) + "% margin"});

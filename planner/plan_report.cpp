@@ -342,8 +342,14 @@ std::string string_array(const std::vector<std::string>& items) {
 std::string candidate_json(const PlanCandidate& candidate) { return candidate_json_indented(candidate, ""); }
 
 std::string plan_json(const ModelSpec& model, const cost_models::ClusterSpec& cluster,
-                      const PlanResult& result, const MemoryEstimate& winner_memory) {
+                      const PlanResult& result, const MemoryEstimate& winner_memory,
+                      const std::vector<std::string>& train_flags,
+                      const std::vector<std::string>& megatron_flags) {
   const PlanCandidate& w = result.ranked.at(0);
+  std::vector<std::string> train_args = megatune_train_arguments(model, w);
+  train_args.insert(train_args.end(), train_flags.begin(), train_flags.end());
+  std::vector<std::string> megatron_args = megatron_arguments(model, w);
+  megatron_args.insert(megatron_args.end(), megatron_flags.begin(), megatron_flags.end());
   const SimulationResult& s = w.simulation;
   std::ostringstream o;
   o << "{\n";
@@ -380,8 +386,8 @@ std::string plan_json(const ModelSpec& model, const cost_models::ClusterSpec& cl
       << ", \"detail\": " << json_quote(winner_memory.items[i].detail) << "}";
   }
   o << "]},\n";
-  o << "  \"megatune_train_args\": " << string_array(megatune_train_arguments(model, w)) << ",\n";
-  o << "  \"megatron_args\": " << string_array(megatron_arguments(model, w)) << ",\n";
+  o << "  \"megatune_train_args\": " << string_array(train_args) << ",\n";
+  o << "  \"megatron_args\": " << string_array(megatron_args) << ",\n";
   o << "  \"why\": " << json_quote(result.why_winner) << ",\n";
   const PlanStatistics& st = result.statistics;
   o << "  \"search\": {\"enumerated\": " << st.enumerated << ", \"invalid\": " << st.invalid

@@ -37,8 +37,12 @@ std::string shell_join(const std::string& program, const std::vector<std::string
 std::string candidate_json(const PlanCandidate& candidate);
 
 // The plan as JSON: model, cluster, the winner (config, layout, prediction, memory items, per-kind
-// times, provenance) and the ranked alternatives.
+// times, provenance) and the ranked alternatives. `train_flags` and `megatron_flags` (the settings every
+// candidate ran with: FP8, the gradient dtype, overlaps) follow the winner's megatune train and Megatron-LM
+// arguments.
 std::string plan_json(const layouts::ModelSpec& model, const cost_models::ClusterSpec& cluster,
-                      const PlanResult& result, const MemoryEstimate& winner_memory);
+                      const PlanResult& result, const MemoryEstimate& winner_memory,
+                      const std::vector<std::string>& train_flags = {},
+                      const std::vector<std::string>& megatron_flags = {});
 
 }  // namespace megatune::planner

@@ -2,6 +2,7 @@
 // embedded catalog.
 #include "planner/pricing_source.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "base/input_file.h"
@@ -92,6 +93,29 @@ PricingSource open_pricing_source(const std::string& database_path, const cost_m
   source.description = path + ": " + describe_sources(*source.cost_model) +
                        apply_stored_calibration(*source.database, *source.cost_model, use_calibration);
   return source;
+}
+
+std::string fp8_pricing_description(const cost_models::CostModel& model) {
+  const cost_models::GemmCostModel& gemm = model.gemm_model();
+  const std::string& gpu = model.gpu().name;
+  std::string text;
+  if (gemm.prices_fp8_from_records()) {
+    text = "FP8 GEMMs from " + std::to_string(gemm.samples(layouts::DType::kFP8).size()) +
+           " fp8 measurements" + (gemm.has_fitted_surface(layouts::DType::kFP8) ? " and a fit" : "") +
+           " of " + gpu;
+  } else {
+    char speedup[16];
+    std::snprintf(speedup, sizeof speedup, "%.2f", gemm.fp8_speedup_over_bf16());
+    text = "FP8 GEMMs transferred from the bf16 prices (" + std::string(speedup) +
+           "x faster above the launch latency, at most to the FP8 roofline), low confidence: no fp8 GEMM "
+           "measured on " +
+           gpu + " (megatune profile --fp8-format measures them)";
+  }
+  const std::string casts = cost_models::memory_bound_series("elementwise", layouts::DType::kFP8);
+  const cost_models::MemoryBoundCostModel& memory = model.memory_bound_model();
+  const bool measured_casts = memory.measured().count(casts) > 0 || memory.has_fit(casts);
+  return text + "; FP8 casts by their bytes, " +
+         (measured_casts ? "from measured FP8 casts" : "from the element-wise kernels' model");
 }
 
 }  // namespace megatune::planner

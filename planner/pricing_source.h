@@ -24,6 +24,10 @@ struct PricingSource {
 // and the description says so; without it, the description says that a stored calibration was left out.
 PricingSource open_pricing_source(const std::string& database_path, const cost_models::ClusterSpec& cluster,
                                   bool use_calibration = true);
+// How FP8 work is priced, for the "priced from" line of an FP8 run: GEMMs from the GPU's fp8 records, or
+// transferred from its bf16 prices (cost_models/gemm_cost_model.h) and said to be of low confidence; casts
+// by their bytes, from measured FP8 casts or the element-wise kernels' model.
+std::string fp8_pricing_description(const cost_models::CostModel& model);
 // The description's calibration clause ("; calibrated from 12 traced runs (row 3, 2026-12-01T12:00:00Z):
 // gemm 1.12x, ...") for the newest calibration of the model's GPU in `database`, applying it to the model
 // when `use` holds; "" when the database holds none.

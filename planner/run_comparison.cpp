@@ -89,7 +89,7 @@ RankComparison compare_rank(const TracedRank& traced, const layouts::StepProgram
 
 RunComparison compare_run(const MeasuredRun& run, const layouts::ModelSpec& model,
                           const layouts::ParallelConfig& config, const SimulationResult& simulation,
-                          std::vector<MemoryColumn> memory) {
+                          std::vector<MemoryColumn> memory, const layouts::StepProgramOptions& step) {
   RunComparison c;
   c.model = run.model;
   c.layout = run.layout;
@@ -103,7 +103,7 @@ RunComparison compare_run(const MeasuredRun& run, const layouts::ModelSpec& mode
   c.predicted_exposed_comm_s = simulation.exposed_comm_s;
   const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
   for (const TracedRank& traced : run.ranks) {
-    const layouts::StepProgram program = layouts::build_step_program(model, config, traced.rank);
+    const layouts::StepProgram program = layouts::build_step_program(model, config, traced.rank, step);
     const int pp = grid.dense_coordinates(traced.rank).pp;
     c.ranks.push_back(
         compare_rank(traced, program, timeline_for(simulation, grid, traced.rank), simulation.stages.at(pp)));

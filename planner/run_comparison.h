@@ -68,11 +68,11 @@ struct RunComparison {
   std::vector<std::string> notes;
 };
 
-// The simulation must be kernel level with record_op_timeline; check_join(run, model, config) must have
-// passed. `memory` is given by the caller (the executor's sizing lives outside the planner).
+// The simulation must be kernel level with record_op_timeline; check_join(run, model, config, ..., step) must
+// have passed. `memory` is given by the caller (the executor's sizing lives outside the planner).
 RunComparison compare_run(const MeasuredRun& run, const layouts::ModelSpec& model,
                           const layouts::ParallelConfig& config, const SimulationResult& simulation,
-                          std::vector<MemoryColumn> memory);
+                          std::vector<MemoryColumn> memory, const layouts::StepProgramOptions& step = {});
 
 // Ops of a rank sorted worst first: by |measured - predicted|, ops with no prediction last.
 std::vector<ComparedOp> worst_offenders(const RankComparison& rank, std::size_t count);

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "base/user_error.h"
+#include "layouts/fp8.h"
 #include "layouts/pipeline_layout.h"
+#include "layouts/rank_shape.h"
 #include "planner/layout_choices.h"
 
 namespace megatune::planner {
@@ -275,6 +277,11 @@ class CandidateFilter {
     ++stats_.enumerated;
     try {
       c.config.validate(request_.model);
+      const std::string fp8 =
+          request_.step.fp8.enabled()
+              ? layouts::fp8_shape_problem(layouts::resolve_rank_shape(request_.model, c.config))
+              : "";
+      if (!fp8.empty()) throw UserError("--fp8-format: " + fp8 + ", FP8 GEMMs need multiples of 16");
     } catch (const std::exception& e) {
       if (stats_.invalid++ == 0) out_.first_invalid = describe(c) + ": " + e.what();
       return false;

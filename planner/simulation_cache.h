@@ -40,7 +40,8 @@ struct PassCost {
   void add(const PassCost& other);  // times and counts summed
 };
 struct SymbolCosts {
-  PassCost forward, backward;
+  PassCost forward, backward;  // of any micro-batch but the first (the FP8 weight casts are not in them)
+  double weight_cast_s = 0.0;  // FP8: its weights' casts, which micro-batch 0's forward adds once
   std::array<std::int64_t, kProvenanceCount> provenance_counts{};  // of the ops priced for it
 };
 

@@ -302,13 +302,14 @@ class Builder {
     return shape;
   }
 
-  // The ops of one symbol's forward and backward. A layer re-run by a later layer of its unit (kUnitInner)
-  // carries its re-run (the kRecompute ops of a unit of one) and a kept layer's backward (its norm outputs
-  // are recomputed): the same ops as in the pass, where the re-run sits before the unit's last layer.
+  // The ops of one symbol's forward and backward, of a micro-batch after the first (which alone casts the
+  // FP8 weights: weight_cast_s). A layer re-run by a later layer of its unit (kUnitInner) carries its re-run
+  // (the kRecompute ops of a unit of one) and a kept layer's backward (its norm outputs are recomputed): the
+  // same ops as in the pass, where the re-run sits before the unit's last layer.
   std::pair<std::vector<Op>, std::vector<Op>> symbol_ops(const PipelineStage& stage,
                                                          layouts::LayerRecompute recompute) const {
     const layouts::RankShape shape = symbol_shape(recompute);
-    std::vector<Op> forward = layouts::stage_forward_ops(model_, shape, stage, 0, options_.step);
+    std::vector<Op> forward = layouts::stage_forward_ops(model_, shape, stage, 1, options_.step);
     std::vector<Op> backward = layouts::stage_backward_ops(model_, shape, stage, 0, options_.step);
     if (recompute != layouts::LayerRecompute::kUnitInner) return {std::move(forward), std::move(backward)};
     std::vector<Op> inner;
@@ -348,6 +349,13 @@ class Builder {
     costs.backward = price_ops(backward, sim);
     for (int p = 0; p < kProvenanceCount; ++p)
       costs.provenance_counts[p] = result_.provenance_counts[p] - counted[p];
+    if (options_.step.fp8.enabled()) {  // micro-batch 0's forward: the same ops and the weight casts
+      const auto before = result_.provenance_counts;
+      const std::vector<Op> first =
+          layouts::stage_forward_ops(model_, symbol_shape(recompute), stage, 0, options_.step);
+      costs.weight_cast_s = std::max(0.0, price_ops(first, sim).compute_s - costs.forward.compute_s);
+      result_.provenance_counts = before;
+    }
     if (options_.cache != nullptr && priced_by_key(forward) && priced_by_key(backward))
       options_.cache->add_symbol_costs(config_, pass_placements(sim), key, costs);
     return symbol_cache_.emplace(key, costs).first->second;
@@ -418,6 +426,7 @@ class Builder {
   // Per chunk of a rank: the pass costs and the backward's per-entry costs (StageParameters' reverse order).
   struct ChunkCosts {
     PassCost forward, backward;
+    double weight_cast_s = 0.0;  // FP8: added to the chunk's first forward (micro-batch 0)
     std::vector<PassCost> forward_entries, backward_entries;  // per symbol, in forward / backward order
     std::int64_t forward_count = 0, backward_count = 0;
     // FSDP optim_grads_params: the exposed time of the forward's gathers, and of each backward entry's.
@@ -435,6 +444,7 @@ class Builder {
         if (sym == LayerSymbol::kDecoder) ++next_layer;
         const SymbolCosts& sc = symbol_costs(sim, sym, moe, variants[i]);
         chunks[c].forward.add(sc.forward);
+        chunks[c].weight_cast_s += sc.weight_cast_s;
         chunks[c].forward_entries.push_back(sc.forward);
         chunks[c].backward.add(sc.backward);
         chunks[c].backward_entries.push_back(sc.backward);
@@ -601,6 +611,10 @@ class Builder {
       if (tracing_) std::snprintf(name_, sizeof name_, "F%d.%d", item.microbatch, item.chunk);
       ChunkCosts& cc = chunks_.at(item.chunk);
       fsdp_gathers(cc.fsdp_forward_s, "fsdp param gathers");
+      if (item.microbatch == 0 && cc.weight_cast_s > 0.0) {
+        add(SimTask{TaskKind::kCompute, cc.weight_cast_s}, "fp8 weight casts", "pass");
+        tally(OpKind::kElementwise, cc.weight_cast_s);
+      }
       add_pass(cc.forward, name_);
       ++cc.forward_count;
     }

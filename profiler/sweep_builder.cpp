@@ -115,10 +115,22 @@ std::int64_t columns_of(const layouts::Op& op, const layouts::RankShape& s) {
   }
 }
 
+// An FP8 cast's copies and scaling, from the label its linear gives it (layouts/step_program.cpp): the
+// weight and the output gradient are cast with their transposes, the input once, and again transposed for
+// the weight gradient, always from its own amax.
+void set_fp8_cast(const layouts::Op& op, const layouts::Fp8Settings& fp8, MemoryBoundItem& item) {
+  item.dtype = layouts::DType::kFP8;
+  const bool transposed_input = ends_with(op.label, "_input_fp8t");
+  item.cast_outputs = ends_with(op.label, "_weight_fp8") || ends_with(op.label, "_grad_fp8") ? 2 : 1;
+  item.cast_current_scaling = transposed_input || fp8.recipe == layouts::Fp8Recipe::kTensorwise;
+}
+
 void add_program_ops(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
-                     SweepCollector& collector, ModelSweepReport& report) {
+                     const layouts::Fp8Settings& fp8, SweepCollector& collector, ModelSweepReport& report) {
   const layouts::RankShape shape = layouts::resolve_rank_shape(model, config);
-  const layouts::StepProgram program = layouts::build_step_program(model, config, 0);
+  layouts::StepProgramOptions options;
+  options.fp8 = fp8;
+  const layouts::StepProgram program = layouts::build_step_program(model, config, 0, options);
   for (const layouts::Op& op : program.ops) {
     if (op.is_communication()) continue;  // collectives: measured over sizes (collective_sweep)
     if (op.kind == OpKind::kGemm) {
@@ -140,6 +152,7 @@ void add_program_ops(const layouts::ModelSpec& model, const layouts::ParallelCon
       item.columns = columns_of(op, shape);
       item.swiglu = shape.swiglu;
       item.rms_norm = shape.rms;
+      if (op.kind == OpKind::kElementwise && op.dtype == layouts::DType::kFP8) set_fp8_cast(op, fp8, item);
       collector.add(item);
     }
   }
@@ -173,7 +186,12 @@ Sweep model_sweep(const layouts::ModelSpec& model, const SweepCandidates& candid
               ++local.layouts_invalid;
               continue;
             }
-            add_program_ops(model, config, collector, local);
+            if (candidates.fp8.enabled() &&
+                !layouts::fp8_shape_problem(layouts::resolve_rank_shape(model, config)).empty()) {
+              ++local.layouts_invalid;  // train refuses FP8 GEMMs of these shapes
+              continue;
+            }
+            add_program_ops(model, config, candidates.fp8, collector, local);
             ++local.layouts_expanded;
           }
         }

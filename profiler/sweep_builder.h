@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "layouts/fp8.h"
 #include "layouts/model_spec.h"
 #include "profiler/sweep_items.h"
 
@@ -17,6 +18,9 @@ struct SweepCandidates {
   std::vector<int> expert_parallel = {1, 2, 4, 8};  // MoE models only
   std::vector<int> micro_batch = {1, 2, 4};
   bool sequence_parallel_variants = true;  // with and without SP when tp > 1
+  // FP8 settings of the step programs (profile's FP8 flags): with FP8 on, the linears' GEMMs are FP8 items
+  // and their casts memory-bound FP8 casts (MemoryBoundItem), as `train --fp8-format` issues them.
+  layouts::Fp8Settings fp8;
 };
 
 struct ModelSweepReport {

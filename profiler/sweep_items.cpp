@@ -41,7 +41,7 @@ cost_models::KernelTiming kernel_timing_key(const MemoryBoundItem& item) {
   cost_models::KernelTiming row;
   row.op_kind = layouts::op_kind_name(item.kind);
   row.bytes = item.bytes;
-  row.dtype = "bf16";
+  row.dtype = cost_models::dtype_name(item.dtype);
   return row;
 }
 
@@ -95,8 +95,12 @@ std::string describe(const AttentionItem& item) {
 }
 
 std::string describe(const MemoryBoundItem& item) {
+  const std::string cast = item.is_fp8_cast()
+                               ? std::string(" fp8 cast x") + std::to_string(item.cast_outputs) +
+                                     (item.cast_current_scaling ? " current scaling" : "")
+                               : "";
   return std::string(layouts::op_kind_name(item.kind)) + " " + format_bytes(item.bytes) +
-         (item.columns > 0 ? " cols=" + std::to_string(item.columns) : "");
+         (item.columns > 0 ? " cols=" + std::to_string(item.columns) : "") + cast;
 }
 
 std::string describe(const CollectiveItem& item) {

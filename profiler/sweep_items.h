@@ -39,12 +39,21 @@ struct AttentionItem {
 
 // A memory-bound kernel moving `bytes` (read + written, the step program's accounting for `kind`), with
 // rows of `columns` elements (hidden, ffn / tp, vocab / tp, ...; 0 for flat kernels such as the optimizer).
+// dtype kFP8 (kind kElementwise): a cast of an FP8 linear (layouts/fp8.h) of cast_elements() bf16 values into
+// cast_outputs FP8 copies (1: one, 2: also its transpose), current scaling's amax pass first when
+// cast_current_scaling; stored as an "elementwise" row of dtype fp8.
 struct MemoryBoundItem {
   layouts::OpKind kind = layouts::OpKind::kNorm;
   std::int64_t bytes = 0;
   std::int64_t columns = 0;
   bool swiglu = false;   // activation kinds: SwiGLU (else GELU)
   bool rms_norm = true;  // norm kinds: RMSNorm (else LayerNorm)
+  layouts::DType dtype = layouts::DType::kBF16;
+  int cast_outputs = 0;
+  bool cast_current_scaling = false;
+  bool is_fp8_cast() const { return dtype == layouts::DType::kFP8; }
+  // The bf16 values a cast reads: bytes / (2 per read pass + 1 per FP8 copy), layouts::fp8_cast_bytes.
+  std::int64_t cast_elements() const { return bytes / (2 * (cast_current_scaling ? 2 : 1) + cast_outputs); }
 };
 
 // One NCCL collective over `group_size` ranks of one node; bytes in nccl-tests' convention

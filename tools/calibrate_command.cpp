@@ -62,7 +62,8 @@ void run_calibrate(const CalibrateOptions& o, const std::function<cost_models::D
   double idle_s = 0, step_s = 0;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const cost_models::CostModel base(database, clusters[i]);
-    data.push_back(planner::calibration_data(runs[i].run, runs[i].target.model, runs[i].target.config, base));
+    data.push_back(planner::calibration_data(runs[i].run, runs[i].target.model, runs[i].target.config, base,
+                                             runs[i].target.step));
     idle_s += data.back().idle_s;
     for (const planner::TracedRank& rank : runs[i].run.ranks)
       for (const planner::TracedIteration& it : rank.iterations)

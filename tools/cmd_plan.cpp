@@ -28,6 +28,7 @@
 #include "tools/comm_pricing_flags.h"
 #include "tools/command_registry.h"
 #include "tools/executor_memory_model.h"
+#include "tools/fp8_flags.h"
 #include "tools/input_checks.h"
 #include "tools/measure_top.h"
 #include "tools/megatron_args.h"
@@ -59,7 +60,24 @@ struct PlanCommandOptions {
   planner::MemoryModelKind memory_model = planner::MemoryModelKind::kMegatune;
   MeasureTopOptions measure;  // --measure-top and its companions
   CommPricingFlags comm;  // --tp-comm-overlap, --grad-reduce-in-bf16, --accumulate-allreduce-grads-in-fp32
+  // --fp8-format and its companions (tools/fp8_flags.h): the user's numerics, which every candidate is
+  // priced, sized and emitted with (not a knob the search tries).
+  layouts::Fp8Settings fp8;
 };
+
+// The flags every candidate runs with, after the winner's layout on each emitted command line: FP8 (with
+// --bf16, which train's FP8 needs on the CPU backend too) and, for Megatron-LM, the communication settings.
+std::vector<std::string> train_run_flags(const PlanCommandOptions& o) {
+  std::vector<std::string> flags = fp8_flag_arguments(o.fp8);
+  if (!flags.empty()) flags.insert(flags.begin(), "--bf16");
+  return flags;
+}
+std::vector<std::string> megatron_run_flags(const PlanCommandOptions& o,
+                                            const layouts::ParallelConfig& config) {
+  std::vector<std::string> flags = megatron_comm_arguments(o.comm, config);
+  for (std::string& flag : fp8_flag_arguments(o.fp8)) flags.push_back(std::move(flag));
+  return flags;
+}
 
 // "plan.json" -> "plan" + suffix, next to it.
 std::string sibling(const std::string& output, const std::string& suffix) {
@@ -75,6 +93,7 @@ std::string measure_and_rerank(const PlanCommandOptions& o, const layouts::Model
   MeasureTopOptions measure = o.measure;
   measure.db = o.db;
   measure.save = o.save;
+  measure.fp8 = o.fp8;
   const MeasureTopResult measured =
       measure_top_candidates(measure, model, cluster, result, request.step, *pricing.cost_model, std::cout);
   const std::size_t fastest = measured.fastest;
@@ -162,6 +181,7 @@ int run_plan(const PlanCommandOptions& o) {
   if (o.comm.tp_comm_overlap) space.sequence_parallel = {true};
   request.tp_comm_overlap = o.comm.tp_comm_overlap;
   request.step.grad_reduce_in_bf16 = request.memory.grad_reduce_in_bf16 = o.comm.grad_reduce_in_bf16;
+  request.step.fp8 = request.memory.step.fp8 = o.fp8;
   if (a.tensor_model_parallel_size && *a.tensor_model_parallel_size > cluster.gpus_per_node)
     space.allow_tp_across_nodes = true;
   request.time_limit_s = o.time_limit_s;
@@ -173,6 +193,9 @@ int run_plan(const PlanCommandOptions& o) {
   std::printf("planning %s (seq %d, global batch %d) on %s\nmodel: %s\npriced from: %s\n", model.name.c_str(),
               model.seq_length, *a.global_batch_size, cluster.describe().c_str(),
               planner::describe_model(model).c_str(), pricing.description.c_str());
+  if (o.fp8.enabled())
+    std::printf("precision: %s\n  (every candidate; %s)\n", layouts::describe(o.fp8).c_str(),
+                planner::fp8_pricing_description(*pricing.cost_model).c_str());
   std::fflush(stdout);
   planner::PlanResult result = planner::plan(request, pricer);
   if (bar) bar->finish();
@@ -225,11 +248,13 @@ int run_plan(const PlanCommandOptions& o) {
                     .c_str());
   }
 
-  const std::string train =
-      planner::shell_join("megatune train", planner::megatune_train_arguments(model, winner));
+  const std::vector<std::string> train_flags = train_run_flags(o);
+  const std::vector<std::string> megatron_flags = megatron_run_flags(o, winner.config);
+  std::vector<std::string> train_args = planner::megatune_train_arguments(model, winner);
+  train_args.insert(train_args.end(), train_flags.begin(), train_flags.end());
+  const std::string train = planner::shell_join("megatune train", train_args);
   std::vector<std::string> megatron_args = planner::megatron_arguments(model, winner);
-  for (std::string& flag : megatron_comm_arguments(o.comm, winner.config))
-    megatron_args.push_back(std::move(flag));
+  megatron_args.insert(megatron_args.end(), megatron_flags.begin(), megatron_flags.end());
   const std::string megatron = planner::shell_join("python pretrain_gpt.py", megatron_args);
   // A device or FIFO as --output (/dev/stdout) takes the plan JSON alone; the argument files go next to a
   // regular file only.
@@ -244,7 +269,8 @@ int run_plan(const PlanCommandOptions& o) {
     OutputFile plan_file(o.output, "--output");
     OutputFile train_file(train_path, "--output");
     OutputFile megatron_file(megatron_path, "--output");
-    plan_file.stream() << with_measurements(planner::plan_json(model, cluster, result, memory), measured);
+    plan_file.stream() << with_measurements(
+        planner::plan_json(model, cluster, result, memory, train_flags, megatron_flags), measured);
     train_file.stream() << train << "\n";
     megatron_file.stream() << megatron << "\n";
     plan_file.commit();
@@ -252,9 +278,11 @@ int run_plan(const PlanCommandOptions& o) {
     megatron_file.commit();
     std::printf("\nwrote %s, %s, %s\n", o.output.c_str(), train_path.c_str(), megatron_path.c_str());
   } else if (!o.output.empty()) {
-    write_output_file(o.output,
-                      with_measurements(planner::plan_json(model, cluster, result, memory), measured),
-                      "--output");
+    write_output_file(
+        o.output,
+        with_measurements(planner::plan_json(model, cluster, result, memory, train_flags, megatron_flags),
+                          measured),
+        "--output");
   }
   if (o.save) {
     const std::string path = o.db.empty() ? cost_models::default_cost_database_path() : o.db;
@@ -353,6 +381,7 @@ const Registrar kPlanCommand{Command{
       add_memory_model_flag(sub, o->memory_model, "Planner");
       add_measure_flags(sub, o->measure);
       add_comm_pricing_flags(sub, o->comm, "Planner");
+      add_fp8_flags(sub, o->fp8);
       sub.add_option("--memory-headroom", o->headroom, "Fraction of GPU memory to keep free (0..1)")
           ->capture_default_str()
           ->check(fraction_in(0.0, 1.0, false))

@@ -17,6 +17,7 @@
 #include "profiler/profile_session.h"
 #include "profiler/sweep_builder.h"
 #include "tools/command_registry.h"
+#include "tools/fp8_flags.h"
 #include "tools/input_checks.h"
 #include "tools/progress_bar.h"
 #ifdef MEGATUNE_HAVE_CUDA
@@ -52,6 +53,15 @@ struct ProfileOptions {
   int num_microbatches = 1;
 };
 
+// The FP8 part of a model sweep: the linears' FP8 GEMMs and their casts.
+void print_fp8_counts(const layouts::Fp8Settings& fp8, const Sweep& sweep) {
+  std::size_t gemms = 0, casts = 0;
+  for (const GemmItem& item : sweep.gemms) gemms += item.dtype == layouts::DType::kFP8;
+  for (const MemoryBoundItem& item : sweep.memory_bound) casts += item.is_fp8_cast();
+  std::printf("%s: %zu FP8 GEMMs and %zu FP8 casts of the FP8 step programs\n",
+              layouts::describe(fp8).c_str(), gemms, casts);
+}
+
 Sweep build_sweep(const ProfileOptions& options, int gpus) {
   Sweep sweep;
   if (!options.no_kernels) {
@@ -63,6 +73,7 @@ Sweep build_sweep(const ProfileOptions& options, int gpus) {
                   report.cross_attention_skipped > 0
                       ? "; context-parallel attention chunks priced from the grid"
                       : "");
+      if (options.candidates.fp8.enabled()) print_fp8_counts(options.candidates.fp8, sweep);
     }
     if (!options.no_grid) merge_sweep(sweep, generic_kernel_grid(options.quick));
   }
@@ -139,6 +150,10 @@ int run_profile(const ProfileOptions& options) {
       options.database_path.empty() ? cost_models::default_cost_database_path() : options.database_path;
   if (options.warmup < 0 || options.repeats < 1)
     throw UserError("--warmup must be >= 0 and --repeats >= 1 (e.g. --warmup 3 --repeats 10)");
+  if (options.candidates.fp8.enabled() && (options.model.empty() || options.trace || options.no_kernels))
+    throw UserError(
+        "--fp8-format measures the FP8 GEMMs and casts of a model's step programs: give --model PRESET, "
+        "without --trace or --no-kernels");
 
   DeviceIdentity identity;
   int visible_gpus = 0;
@@ -276,6 +291,7 @@ const Registrar kProfileCommand{Command{
       sub.add_option("--num-microbatches", options->num_microbatches, "--trace: micro-batches per iteration")
           ->capture_default_str()
           ->check(integer_at_least(1));
+      add_fp8_flags(sub, options->candidates.fp8);
       return [options] { return run_profile(*options); };
     }}};
 

@@ -5,6 +5,8 @@
 #include "base/output_file.h"
 #include "base/user_error.h"
 #include "cost_models/cluster_spec.h"
+#include "layouts/fp8.h"
+#include "layouts/rank_shape.h"
 #include "planner/chrome_trace.h"
 #include "planner/memory_model.h"
 #include "planner/pricing_source.h"
@@ -12,6 +14,7 @@
 #include "tools/comm_pricing_flags.h"
 #include "tools/command_registry.h"
 #include "tools/executor_memory_model.h"
+#include "tools/fp8_flags.h"
 #include "tools/megatron_args.h"
 
 namespace megatune::tools {
@@ -27,6 +30,7 @@ struct SimulateCommandOptions {
   std::string granularity;  // "pass" | "kernel"; default: kernel with --trace, else pass
   CommPricingFlags comm;    // --tp-comm-overlap, --grad-reduce-in-bf16, --accumulate-allreduce-grads-in-fp32
   planner::MemoryModelKind memory_model = planner::MemoryModelKind::kMegatune;  // --memory-model
+  layouts::Fp8Settings fp8;  // --fp8-format, --fp8-recipe, ... (tools/fp8_flags.h), as train takes them
 };
 
 int run_simulate(const SimulateCommandOptions& o) {
@@ -61,6 +65,12 @@ int run_simulate(const SimulateCommandOptions& o) {
   }
   config.validate(model);
   check_tp_comm_overlap(o.comm, config);
+  if (o.fp8.enabled())
+    if (const std::string problem = layouts::fp8_shape_problem(layouts::resolve_rank_shape(model, config));
+        !problem.empty())
+      throw UserError("--fp8-format: " + problem +
+                      ", FP8 GEMMs need multiples of 16; change the model or micro-batch shape, or simulate "
+                      "without --fp8-format");
 
   planner::PricingSource pricing = planner::open_pricing_source(o.db, cluster, !o.no_calibration);
   planner::CostModelPricer pricer(*pricing.cost_model);
@@ -68,6 +78,7 @@ int run_simulate(const SimulateCommandOptions& o) {
   options.all_ranks = o.all_ranks;
   options.record_trace = !o.trace.empty();
   options.step.grad_reduce_in_bf16 = o.comm.grad_reduce_in_bf16;
+  options.step.fp8 = o.fp8;
   options.tp_comm_overlap = o.comm.tp_comm_overlap;
   if (o.granularity.empty()) {
     options.granularity = options.record_trace ? planner::SimulationGranularity::kKernel
@@ -84,6 +95,9 @@ int run_simulate(const SimulateCommandOptions& o) {
       config.vpp(model), config.dp(), config.cp(), config.ep(), config.micro_batch_size,
       config.resolved_global_batch_size(), config.num_microbatches());
   std::printf("priced from: %s\n", pricing.description.c_str());
+  if (o.fp8.enabled())
+    std::printf("precision: %s; %s\n", layouts::describe(o.fp8).c_str(),
+                planner::fp8_pricing_description(*pricing.cost_model).c_str());
   std::printf("  step time        %10.3f s\n", r.step_time_s);
   std::printf("  MFU              %10.1f %%   (%.1f TFLOP/s per GPU of %.1f peak)\n", 100.0 * r.mfu,
               r.tflops_per_gpu, pricer.peak_bf16_tflops());
@@ -158,6 +172,7 @@ const Registrar kSimulateCommand{Command{
           ->group("Simulator");
       add_comm_pricing_flags(sub, o->comm, "Simulator");
       add_memory_model_flag(sub, o->memory_model, "Simulator");
+      add_fp8_flags(sub, o->fp8);
       sub.add_option("--granularity", o->granularity,
                      "pass or kernel (default: kernel with --trace, else pass)")
           ->check(CLI::IsMember({"pass", "kernel"}))

@@ -68,6 +68,7 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
   try {
     executor::TrainOptions options;
     options.bf16 = run.device == "cuda" || run.backend.find("bf16") != std::string::npos;
+    options.fp8 = target.step.fp8;
     std::unique_ptr<executor::Backend> backend;
     if (run.device == "cpu") {
       backend = std::make_unique<executor::CpuBackend>(options.bf16);
@@ -85,7 +86,9 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
   }
   columns.push_back(std::move(sizing));
 
-  const planner::MemoryEstimate megatron = planner::peak_memory(target.model, target.config);
+  planner::MemoryOptions memory_options;
+  memory_options.step = target.step;
+  const planner::MemoryEstimate megatron = planner::peak_memory(target.model, target.config, memory_options);
   planner::MemoryColumn model{"memory model (Megatron)", megatron.total_bytes, {}, ""};
   for (const planner::MemoryItem& item : megatron.items) model.items.push_back({item.name, item.bytes});
   model.note =
@@ -150,7 +153,8 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
   if (!o.cluster.empty()) target.cluster = o.cluster;
   const bool own_flags = o.plan.empty() && o.simulate_args.empty();
   const Resolved resolved = own_flags ? own.target : resolve_target(target.args, target.source);
-  if (!own_flags) planner::check_join(run, resolved.model, resolved.config);
+  if (!own_flags)
+    planner::check_join(run, resolved.model, resolved.config, planner::JoinTarget::kGiven, resolved.step);
 
   const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(target.cluster);
   if (cluster.world_size() != resolved.config.world_size)
@@ -164,13 +168,17 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
   options.granularity = planner::SimulationGranularity::kKernel;
   options.all_ranks = resolved.config.world_size <= 64;
   options.record_op_timeline = true;
+  options.step = resolved.step;
   const planner::SimulationResult simulation =
       planner::simulate(resolved.model, resolved.config, pricer, options);
 
-  planner::RunComparison comparison =
-      planner::compare_run(run, resolved.model, resolved.config, simulation, memory_columns(run, resolved));
+  planner::RunComparison comparison = planner::compare_run(run, resolved.model, resolved.config, simulation,
+                                                           memory_columns(run, resolved), resolved.step);
   comparison.cluster = cluster.describe();
   comparison.priced_from = pricing.description;
+  if (resolved.step.fp8.enabled())
+    comparison.priced_from += "; " + layouts::describe(resolved.step.fp8) + ": " +
+                              planner::fp8_pricing_description(*pricing.cost_model);
   if (o.save) save_runs(comparison, run, o.db, out);
   return comparison;
 }
@@ -197,7 +205,8 @@ void run_leave_one_out(const CompareOptions& o, std::ostream& out) {
       throw UserError("--run " + dir + " ran on " + spec.gpu.name + ", the first run on " +
                       cluster->gpu.name + ": evaluate one GPU at a time (or name it with --cluster)");
     if (!cluster) cluster = spec;
-    cases.push_back({std::move(t.run), std::move(t.target.model), std::move(t.target.config)});
+    cases.push_back(
+        {std::move(t.run), std::move(t.target.model), std::move(t.target.config), std::move(t.target.step)});
   }
   planner::PricingSource pricing = planner::open_pricing_source(o.db, *cluster, false);
   out << "simulated on " << cluster->gpu.name << "; priced from: " << pricing.description << "\n";

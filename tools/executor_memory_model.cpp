@@ -144,11 +144,14 @@ std::int64_t peak_lower_bound(StageArenaCache& cache, const std::string& model_k
   return bytes_per_parameter * most + buffer_bytes;
 }
 
-SizedStage size_stage(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank) {
+// The stage as train sizes it, FP8 linears included (their weight copies, transposes and cast buffers).
+SizedStage size_stage(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank,
+                      const layouts::Fp8Settings& fp8) {
   SizedStage out;
   try {
     executor::TrainOptions train;
     train.bf16 = true;
+    train.fp8 = fp8;
     const auto backend = executor_sizing_backend();
     executor::RankArena arena = executor::size_rank_arena(model, config, train, rank, *backend);
     out.breakdown = std::move(arena.breakdown);
@@ -200,7 +203,7 @@ planner::MemoryEstimate cached_peak(StageArenaCache& cache, const layouts::Model
                                     const layouts::ParallelConfig& config,
                                     const planner::MemoryOptions& options) {
   const std::string model_key = planner::describe_model(model);
-  const std::string layout = layout_key(model_key, config);
+  const std::string layout = layout_key(model_key, config) + " " + layouts::describe(options.step.fp8);
   const layouts::PipelineLayout pipeline = config.resolved_pipeline_layout(model);
   const layouts::RankShape shape = layouts::resolve_rank_shape(model, config);
   const planner::MemoryItem buffers = planner::device_buffers(shape, options);
@@ -221,8 +224,9 @@ planner::MemoryEstimate cached_peak(StageArenaCache& cache, const layouts::Model
   int peak_pp = 0;
   bool complete = true;
   for (int pp = 0; pp < static_cast<int>(ranks.size()); ++pp) {
-    std::shared_ptr<const SizedStage> stage = cache.find_or_size(
-        stage_key(layout, config, pipeline, pp), [&] { return size_stage(model, config, ranks[pp]); });
+    std::shared_ptr<const SizedStage> stage =
+        cache.find_or_size(stage_key(layout, config, pipeline, pp),
+                           [&] { return size_stage(model, config, ranks[pp], options.step.fp8); });
     if (!stage->error.empty()) throw std::runtime_error(stage->error);
     if (!peak || stage->total_bytes > peak->total_bytes) {
       peak = std::move(stage);

@@ -18,6 +18,7 @@
 #include "planner/op_pricer.h"
 #include "planner/plan_report.h"
 #include "planner/simulator.h"
+#include "tools/fp8_flags.h"
 #include "tools/timed_child.h"
 #include "tools/traced_run_target.h"
 
@@ -78,6 +79,7 @@ std::vector<std::string> train_command(const MeasureTopOptions& o, const layouts
         std::string("--trace-iterations"), measure_trace_window(o.iterations), std::string("--nproc"),
         std::to_string(candidate.config.world_size)})
     args.push_back(a);
+  for (std::string& a : fp8_flag_arguments(o.fp8)) args.push_back(std::move(a));
   return args;
 }
 
@@ -196,7 +198,7 @@ void calibrate_and_resimulate(std::vector<Measurement>& ms, const planner::PlanR
   for (const Measurement& m : ms)
     if (m.measured)
       data.push_back(
-          planner::calibration_data(m.run->run, m.run->target.model, m.run->target.config, pricing));
+          planner::calibration_data(m.run->run, m.run->target.model, m.run->target.config, pricing, step));
   const planner::FittedCalibration fitted = planner::fit_calibration(data, pricing.gpu().name);
   char line[200];
   std::snprintf(line, sizeof line,

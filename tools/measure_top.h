@@ -8,6 +8,7 @@
 
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
+#include "layouts/fp8.h"
 #include "layouts/model_spec.h"
 #include "planner/search.h"
 
@@ -21,6 +22,7 @@ struct MeasureTopOptions {
   double timeout_s = 600;       // --measure-timeout: wall-clock limit of each candidate's run
   std::string db;               // plan's --db (a calibration is stored there when named)
   bool save = false;            // plan's --save (stores the calibration in the default database on a GPU)
+  layouts::Fp8Settings fp8;     // plan's FP8 flags: every candidate trains with them
 };
 
 // The traced window of a run of `iterations`: its last min(3, iterations - 1) iterations (at least one).

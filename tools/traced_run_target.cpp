@@ -11,6 +11,7 @@
 #include "executor/training/run_setup.h"
 #include "layouts/flops.h"
 #include "layouts/rank_grid.h"
+#include "tools/fp8_flags.h"
 #include "tools/megatron_args.h"
 
 namespace megatune::tools {
@@ -29,6 +30,8 @@ ResolvedTarget resolve_target(std::vector<std::string> args, const std::string& 
   add_model_flags(app, megatron);
   add_parallel_flags(app, megatron);
   add_batch_flags(app, megatron);
+  layouts::Fp8Settings fp8;
+  add_fp8_flags(app, fp8);
   std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
   try {
     app.parse(args);
@@ -36,8 +39,9 @@ ResolvedTarget resolve_target(std::vector<std::string> args, const std::string& 
     throw UserError(source + ": " + e.what() + "; give Megatron flags such as --model tiny --tp 2");
   }
   try {
-    ResolvedTarget r{resolve_model(megatron), resolve_parallel(megatron)};
+    ResolvedTarget r{resolve_model(megatron), resolve_parallel(megatron), {}};
     r.config.validate(r.model);
+    r.step.fp8 = fp8;
     return r;
   } catch (const UserError& e) {
     throw UserError(source + ": " + e.what());
@@ -97,7 +101,7 @@ void check_recorded_run(const planner::MeasuredRun& run, const ResolvedTarget& o
     contradicted(run, "model_flops_per_iteration", std::to_string(run.model_flops_per_iteration),
                  std::to_string(flops));
   check_rank_coordinates(run, config);
-  planner::check_join(run, model, config, planner::JoinTarget::kRunFlags);
+  planner::check_join(run, model, config, planner::JoinTarget::kRunFlags, own.step);
 }
 
 void require_distinct_runs(const std::vector<std::string>& dirs) {

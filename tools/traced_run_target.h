@@ -6,6 +6,7 @@
 
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
+#include "layouts/step_program.h"
 #include "planner/measured_run.h"
 
 namespace megatune::tools {
@@ -13,10 +14,11 @@ namespace megatune::tools {
 struct ResolvedTarget {
   layouts::ModelSpec model;
   layouts::ParallelConfig config;
+  layouts::StepProgramOptions step;  // the FP8 flags among `args` (tools/fp8_flags.h)
 };
 
-// Parses the model, parallel and batch flags in `args` (other flags are ignored) into a validated (model,
-// layout); `source` names where the flags came from in a UserError.
+// Parses the model, parallel, batch and FP8 flags in `args` (other flags are ignored) into a validated
+// (model, layout) and its step-program options; `source` names where the flags came from in a UserError.
 ResolvedTarget resolve_target(std::vector<std::string> args, const std::string& source);
 
 // Splits a string at white space ("--model tiny --tp 2" -> 3 words).

@@ -529,7 +529,7 @@ void Backend::fp8_cast(const Fp8CastArgs& args, const OpTag& tag) {
     throw std::logic_error(
         "fp8_cast: an output of src's shape (or transposed), a state, a bias gradient of "
         "src's columns");
-  begin_op(memory_op(OpKind::kElementwise, src.dtype,
+  begin_op(memory_op(OpKind::kElementwise, DType::kFP8,
                      layouts::fp8_cast_bytes(src.numel(), outputs, args.current_scaling)),
            tag);
   do_fp8_cast(args);

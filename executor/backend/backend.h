@@ -314,7 +314,8 @@ class Backend {
   void add_rows(Tensor dst, Tensor src, std::int64_t seq, std::int64_t first, const OpTag& tag);
   void attention_merge(const AttentionMergeArgs& args, const OpTag& tag);
   void cast(Tensor src, Tensor dst, const OpTag& tag);  // e.g. fp32 main params -> model dtype
-  // One op (kElementwise, layouts::fp8_cast_bytes) of the compute dtype.
+  // One op (kElementwise, layouts::fp8_cast_bytes) of dtype kFP8, what it writes (as the step program has
+  // it).
   void fp8_cast(const Fp8CastArgs& args, const OpTag& tag);
   // t *= factor in place (gradients scaled to the mean over data-parallel ranks); fp32 on CUDA.
   void scale(Tensor t, float factor, const OpTag& tag);

@@ -6,8 +6,10 @@
 
 #include "executor/cuda/activation_kernels.h"
 #include "executor/cuda/cross_entropy_kernels.h"
+#include "executor/cuda/cuda_check.h"
 #include "executor/cuda/elementwise_kernels.h"
 #include "executor/cuda/embedding_kernels.h"
+#include "executor/cuda/fp8_kernels.h"
 #include "executor/cuda/norm_kernels.h"
 #include "executor/cuda/optimizer_kernels.h"
 #include "executor/cuda/rope_kernels.h"
@@ -22,6 +24,30 @@ using layouts::OpKind;
 namespace {
 std::int64_t at_least_one(std::int64_t value) { return std::max<std::int64_t>(1, value); }
 }  // namespace
+
+// An FP8 cast (MemoryBoundItem::is_fp8_cast) of a (elements / columns, columns) bf16 tensor through the
+// executor's kernel: delayed scaling updates its state and casts, current scaling reduces the amax first.
+TimingSamples CudaKernelRunner::time_fp8_cast(const MemoryBoundItem& item, const RepeatPolicy& policy) {
+  const std::int64_t cols = item.columns > 0 ? item.columns : 1024;
+  const std::int64_t rows = at_least_one(item.cast_elements() / cols);
+  const std::int64_t state_elements = 64;
+  arena_.begin(DeviceArena::rounded(rows * cols * 2) + 2 * DeviceArena::rounded(rows * cols) +
+               DeviceArena::rounded(state_elements * 4));
+  auto* src = arena_.take<ec::bf16>(rows * cols);
+  auto* out = arena_.take<std::uint8_t>(rows * cols);
+  auto* out_t = arena_.take<std::uint8_t>(rows * cols);
+  auto* state = arena_.take<float>(state_elements);
+  fill_uniform_bf16(src, rows * cols, -2.0f, 2.0f, fill_seed_++, stream_);
+  MEGATUNE_CUDA_CHECK(cudaMemsetAsync(state, 0, state_elements * 4, stream_));
+  ec::Fp8CastLaunch cast;
+  cast.src = src;
+  cast.rows = rows, cast.cols = cols, cast.ld = cols;
+  cast.out = out;
+  cast.out_t = item.cast_outputs > 1 ? out_t : nullptr;
+  cast.state = state;
+  cast.current_scaling = item.cast_current_scaling;
+  return time_launches([&] { ec::fp8_cast(cast, stream_); }, policy);
+}
 
 TimingSamples CudaKernelRunner::time_memory_bound(const MemoryBoundItem& item, const RepeatPolicy& policy) {
   const std::int64_t bytes = item.bytes;
@@ -94,6 +120,7 @@ TimingSamples CudaKernelRunner::time_memory_bound(const MemoryBoundItem& item, c
                            policy);
     }
     case OpKind::kElementwise: {
+      if (item.is_fp8_cast()) return time_fp8_cast(item, policy);
       const std::int64_t n = at_least_one(bytes / 6);  // a + b -> out, bf16
       arena_.begin(3 * DeviceArena::rounded(n * 2));
       auto* a = arena_.take<ec::bf16>(n);

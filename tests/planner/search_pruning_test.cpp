@@ -1,7 +1,7 @@
 // Pruning by the lower bound never drops a winner: the pruned search ranks the same top-1 and top-10 as an
 // exhaustive one (every candidate simulated) over dense and MoE models, one- and two-node clusters, with and
-// without --tp-comm-overlap and bf16 gradient reduction; and the bound stays below the simulated step time
-// under those options.
+// without --tp-comm-overlap and bf16 gradient reduction, in bf16 and FP8; and the bound stays below the
+// simulated step time under those options.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -31,14 +31,26 @@ struct PruningCase {
   // distributed optimizer; else only optim_grads_params, as the search tries it under Megatron's memory
   // model.
   bool every_fsdp_strategy = false;
+  // FP8 linears: nullptr (bf16), "delayed" (--fp8-format hybrid) or "tensorwise" (--fp8-format e4m3).
+  const char* fp8 = nullptr;
 };
+
+layouts::Fp8Settings fp8_settings(const char* recipe) {
+  layouts::Fp8Settings fp8;
+  if (recipe == nullptr) return fp8;
+  const bool tensorwise = std::string(recipe) == "tensorwise";
+  fp8.format = tensorwise ? layouts::Fp8Format::kE4M3 : layouts::Fp8Format::kHybrid;
+  fp8.recipe = tensorwise ? layouts::Fp8Recipe::kTensorwise : layouts::Fp8Recipe::kDelayed;
+  return fp8;
+}
 
 void PrintTo(const PruningCase& c, std::ostream* out) {
   *out << c.model << " seq " << c.seq_length << " on " << c.cluster << " gbs " << c.global_batch_size
        << (c.tp_comm_overlap ? " --tp-comm-overlap" : "")
        << (c.grad_reduce_in_bf16 ? " --grad-reduce-in-bf16" : "")
        << (c.full_recompute ? " --recompute-granularity full" : "")
-       << (c.every_fsdp_strategy ? " every FSDP strategy" : "");
+       << (c.every_fsdp_strategy ? " every FSDP strategy" : "")
+       << (c.fp8 ? std::string(" fp8 ") + c.fp8 : std::string());
 }
 
 std::string case_name(const ::testing::TestParamInfo<PruningCase>& info) {
@@ -46,7 +58,8 @@ std::string case_name(const ::testing::TestParamInfo<PruningCase>& info) {
                      (info.param.tp_comm_overlap ? "_overlap" : "") +
                      (info.param.grad_reduce_in_bf16 ? "_bf16" : "") +
                      (info.param.full_recompute ? "_full_recompute" : "") +
-                     (info.param.every_fsdp_strategy ? "_every_fsdp" : "");
+                     (info.param.every_fsdp_strategy ? "_every_fsdp" : "") +
+                     (info.param.fp8 ? std::string("_fp8_") + info.param.fp8 : std::string());
   for (char& ch : name)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return name;
@@ -73,6 +86,7 @@ PlanRequest request_of(const PruningCase& c, int world_size) {
   request.tp_comm_overlap = c.tp_comm_overlap;
   if (c.tp_comm_overlap) request.space.sequence_parallel = {true};  // as plan sets it
   request.step.grad_reduce_in_bf16 = request.memory.grad_reduce_in_bf16 = c.grad_reduce_in_bf16;
+  request.step.fp8 = request.memory.step.fp8 = fp8_settings(c.fp8);  // as plan sets them
   request.space.micro_batch = {1, 2};
   request.space.max_virtual_stages = 4;
   if (c.full_recompute) request.space.recompute = {layouts::RecomputeGranularity::kFull};
@@ -154,7 +168,10 @@ INSTANTIATE_TEST_SUITE_P(
                       PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false, true},
                       PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false, false, true},
                       PruningCase{"gpt-1.3b", 2048, "2x8xH100", 64, true, true, false, true},
-                      PruningCase{"mixtral-small", 2048, "1x8xH100", 32, true, false, false, true}),
+                      PruningCase{"mixtral-small", 2048, "1x8xH100", 32, true, false, false, true},
+                      PruningCase{"llama3-1b", 2048, "1x8xH100", 64, false, false, false, false, "delayed"},
+                      PruningCase{"gpt-1.3b", 2048, "2x8xH100", 64, true, true, false, false, "tensorwise"},
+                      PruningCase{"llama3-3b", 4096, "2x4xH100", 32, true, false, true, false, "delayed"}),
     case_name);
 
 // Partial full recomputation (uniform groups, block's first layers): the bound prices exactly the recomputed
@@ -272,7 +289,46 @@ TEST(LowerBound, StaysBelowTheSimulatedStepUnderEveryFsdpStrategy) {
     }
   }
   EXPECT_GT(gathers_slower, 0) << "optim_grads_params's gathers were never priced";
-}
+
+  // Under FP8 the bound prices the FP8 GEMMs and casts as the simulation does: it stays below the FP8
+  // simulation at pass and kernel level, where the bound of the bf16 program (bf16 GEMMs, no casts) exceeds
+  // it; the pass level agrees with the kernel level (weight casts once, not per micro-batch).
+  TEST(LowerBound, PricesFp8AsTheSimulationDoes) {
+    const Pricing pricing("1x8xH100");
+    layouts::ModelSpec model = layouts::model_preset("llama3-8b");
+    model.seq_length = 4096;
+    int bf16_bound_too_high = 0;
+    for (const char* recipe : {"delayed", "tensorwise"}) {
+      SimulationOptions fp8;
+      fp8.step.fp8 = fp8_settings(recipe);
+      SimulationOptions kernel = fp8;
+      kernel.granularity = SimulationGranularity::kKernel;
+      for (int tp : {1, 2, 8}) {
+        for (int pp : {1, 8 / tp}) {
+          layouts::ParallelConfig config;
+          config.world_size = 8;
+          config.tensor_model_parallel_size = tp;
+          config.pipeline_model_parallel_size = pp;
+          config.sequence_parallel = tp > 1;
+          config.global_batch_size = 16;
+          config.use_distributed_optimizer = true;
+          config.recompute_granularity = layouts::RecomputeGranularity::kSelective;
+          config.validate(model);
+          SCOPED_TRACE(std::string(recipe) + " tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+          const double pass_s = simulate(model, config, *pricing.pricer, fp8).step_time_s;
+          const double kernel_s = simulate(model, config, *pricing.pricer, kernel).step_time_s;
+          const double bound = step_time_lower_bound(model, config, *pricing.pricer, fp8);
+          EXPECT_GT(bound, 0.0);
+          EXPECT_LE(bound, pass_s);
+          EXPECT_LE(bound, kernel_s * (1 + 1e-9));
+          // The passes cast the FP8 weights once per iteration, as the kernel level does (micro-batch 0).
+          EXPECT_NEAR(pass_s, kernel_s, 0.01 * kernel_s);
+          if (step_time_lower_bound(model, config, *pricing.pricer) > pass_s) ++bf16_bound_too_high;
+        }
+      }
+    }
+    EXPECT_GT(bf16_bound_too_high, 0) << "no case where the bf16 bound would have pruned wrongly";
+  }
 
 }  // namespace
 }  // namespace megatune::planner
