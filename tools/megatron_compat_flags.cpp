@@ -134,9 +134,6 @@ const std::vector<CompatFlag>& table() {
       {"--loss-scale-window", 1, T::kRefused, kFp16},
       {"--hysteresis", 1, T::kRefused, kFp16},
       {"--fp8-param-gather", 0, T::kRefused, kFp8ParamGather},
-      {"--qk-layernorm", 0, T::kRefused,
-       "QK layernorm is not in megatune's models yet: drop it (the model then has no norm on queries and "
-       "keys)"},
       {"--window-size", 1, T::kRefused,
        "sliding-window attention is not run by megatune: drop --window-size (full causal attention)"},
       {"--moe-router-force-load-balancing", 0, T::kRefused,
