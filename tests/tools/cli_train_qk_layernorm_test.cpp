@@ -86,12 +86,20 @@ TEST(CliTrainQkLayernorm, ResumesExactlyFromItsCheckpoint) {
   ASSERT_FALSE(a.empty());
   ASSERT_FALSE(b.empty());
   EXPECT_EQ(a.back(), b.back()) << whole.out << resumed.out;
-  // A run without the flag is another model: the checkpoint's recorded model flags say so.
-  const CliResult plain = run_megatune(
-      {"train", "--model", "tiny", "--device", "cpu", "--data-path", data, "--split", "1,0,0", "--gbs", "8",
-       "--mbs", "2", "--train-iters", "20", "--load", dir / "ckpt", "--save", dir / "ckpt3"},
-      120);
-  EXPECT_NE(plain.exit_code, 0) << plain.out;
+  // The model without the flag is another model: refused, naming both; without model flags the run takes
+  // the checkpoint's, --qk-layernorm included.
+  const std::vector<std::string> resume = {"train",   "--device",      "cpu",   "--data-path", data,
+                                           "--split", "1,0,0",         "--gbs", "8",           "--mbs",
+                                           "2",       "--train-iters", "12",    "--load",      dir / "ckpt"};
+  std::vector<std::string> plain = resume;
+  plain.insert(plain.end(), {"--model", "tiny"});
+  const CliResult refused = run_megatune(plain, 120);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_EQ(refused.error_lines(), 1) << refused.err;
+  EXPECT_NE(refused.err.find("qk-norm but this run has model_config"), std::string::npos) << refused.err;
+  const CliResult adopted = run_megatune(resume, 120);
+  ASSERT_EQ(adopted.exit_code, 0) << adopted.err;
+  EXPECT_NE(adopted.out.find("no-bias qk-norm)"), std::string::npos) << adopted.out;
 }
 
 TEST(CliTrainQkLayernorm, DryRunNamesItAndSizesTheNormInputs) {
