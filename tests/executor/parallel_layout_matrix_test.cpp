@@ -264,7 +264,7 @@ INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
 
 // --qk-layernorm's head norms (weights replicated over TP while each rank normalizes its own heads: their
 // gradients are summed over TP, with and without SP) on the Llama model (RMSNorm, RoPE after the norms) and
-// the GPT model (LayerNorm with biases) with RoPE: tp2, tp2 sp, and pp2 dp2. (Without RoPE the k norm's
+// the GPT model (LayerNorm with biases) with RoPE: tp2, tp2 sp, pp2 dp2 and cp2. (Without RoPE the k norm's
 // bias adds the same q.b to every score of a query, which the softmax ignores: its gradient is rounding
 // noise only, which AdamW turns into steps of up to lr that no two layouts share.)
 TEST(LayoutMatrixQkLayernorm, ReproducesTheSingleRankRun) {
@@ -274,6 +274,7 @@ TEST(LayoutMatrixQkLayernorm, ReproducesTheSingleRankRun) {
   expect_matches_single_rank(llama, {"qk-norm tp2", 2});
   expect_matches_single_rank(gpt, {"qk-norm tp2 sp", 2, 1, 1, 0, true});
   expect_matches_single_rank(llama, {"qk-norm pp2 dp2", 1, 2, 2});
+  expect_matches_single_rank(gpt, {"qk-norm cp2", 1, 1, 1, 0, false, false, false, "", 2});
 }
 
 // Partial full recomputation under pipelining: pp2 with uniform units of 2 (each rank's two layers one

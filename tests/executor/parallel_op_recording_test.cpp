@@ -242,8 +242,10 @@ INSTANTIATE_TEST_SUITE_P(
                                Case::Mla::kQLora, layouts::RecomputeGranularity::kNone, 0, 0, false, 1},
                           layouts::RecomputeMethod::kBlock, 2),
         // --qk-layernorm: the head norms and, under TP with or without SP, their gradients' all-reduce;
-        // LayerNorm's biases under full recomputation; selective recomputation over a pipeline.
+        // LayerNorm's biases under full recomputation; selective recomputation over a pipeline; the
+        // context-parallel ring on the normalized heads.
         qk_layernorm(Case{"qk_norm_tp2_llama", 2}),
+        qk_layernorm(Case{"qk_norm_tp2_cp2_llama", 2, 1, 1, 0, false, false, false, false, "", false, 2}),
         qk_layernorm(Case{"qk_norm_tp2_sp_gpt_full", 2, 1, 1, 0, true, false, true, false, "", false, 1,
                           Case::Mla::kNone, layouts::RecomputeGranularity::kFull}),
         qk_layernorm(Case{"qk_norm_pp2_dp2_selective", 1, 2, 2, 0, false, false, false, false, "", false, 1,
