@@ -248,7 +248,7 @@ void CudaBackend::synchronize() {
   MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(communication_));
 }
 
-std::string CudaBackend::norm_unsupported(std::int64_t width) const {
+std::string CudaBackend::norm_width_unsupported(std::int64_t width) {
   if (cuda::norm_supports(width)) return {};
   return "its norm kernels take widths that are multiples of 8, up to 32768";
 }
