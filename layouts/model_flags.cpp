@@ -42,6 +42,7 @@ std::vector<std::string> model_flags(const ModelSpec& m, const ModelNumerics& nu
   f.insert(f.end(), {"--position-embedding-type", std::string(to_string(m.position_embedding))});
   if (m.untie_embeddings_and_output_weights) f.push_back("--untie-embeddings-and-output-weights");
   f.push_back(m.add_bias_linear ? "--add-bias-linear" : "--disable-bias-linear");
+  if (m.qk_layernorm || m.multi_latent_attention) f.push_back("--qk-layernorm");
   if (m.multi_latent_attention) {
     f.push_back("--multi-latent-attention");
     add("--q-lora-rank", m.q_lora_rank);

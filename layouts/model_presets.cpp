@@ -98,6 +98,7 @@ ModelSpec make_preset(std::string_view name) {
     m.max_position_embeddings = 32;
     m.vocab_size = 256;  // byte-level
     m.multi_latent_attention = true;
+    m.qk_layernorm = true;  // the latent norms (Megatron's --qk-layernorm under MLA)
     m.q_lora_rank = 32;
     m.kv_lora_rank = 32;
     m.qk_head_dim = 24;
@@ -143,6 +144,7 @@ ModelSpec make_preset(std::string_view name) {
     m.seq_length = 4096;
     m.max_position_embeddings = 163840;
     m.multi_latent_attention = true;
+    m.qk_layernorm = true;  // the latent norms (Megatron's --qk-layernorm under MLA)
     m.q_lora_rank = 1536;
     m.kv_lora_rank = 512;
     m.qk_head_dim = 128;

@@ -176,6 +176,11 @@ int64_t norm_parameters(const ModelSpec& m) {
   return m.normalization == Normalization::kLayerNorm ? 2LL * m.hidden_size : m.hidden_size;
 }
 
+int64_t qk_norm_parameters(const ModelSpec& m) {
+  if (!m.qk_layernorm || m.multi_latent_attention) return 0;
+  return (m.normalization == Normalization::kLayerNorm ? 4LL : 2LL) * m.head_dim();
+}
+
 int64_t mlp_parameters(const ModelSpec& m, int64_t ffn, int tp) {
   const int64_t h = m.hidden_size;
   const int64_t glu = m.activation == Activation::kSwiglu ? 2 : 1;
@@ -204,7 +209,7 @@ int64_t attention_parameters(const ModelSpec& m, int tp) {
   }
   const int64_t q = int64_t{m.head_dim()} * n_h;
   const int64_t kv = int64_t{m.head_dim()} * m.query_groups();
-  params += h * ((q + 2 * kv) / tp) + q / tp * h;
+  params += h * ((q + 2 * kv) / tp) + q / tp * h + qk_norm_parameters(m);
   if (m.add_bias_linear) params += (q + 2 * kv) / tp + h;
   return params;
 }

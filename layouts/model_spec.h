@@ -56,6 +56,10 @@ struct ModelSpec {
   PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // biases in every linear layer (QKV bias follows it)
+  // --qk-layernorm: the model's norm over each query and key head (one [head_dim] weight, plus a bias under
+  // LayerNorm, shared by the heads) after the QKV projection and before RoPE (Qwen3's q_norm / k_norm).
+  // Under multi-latent attention it is Megatron's norm of the q and kv latents, which MLA always has here.
+  bool qk_layernorm = false;
 
   // Multi-latent attention (DeepSeek-V2/V3); used only when multi_latent_attention.
   bool multi_latent_attention = false;
@@ -105,8 +109,10 @@ struct ModelSpec {
 // row-parallel ones (proj, fc2) their in-features (their biases stay whole); norms, the MLA down-projections
 // and the router are replicated. ModelSpec::parameter_counts and the step program's stage parameters (hence
 // gradient buckets, optimizer and memory) both count with these.
-int64_t norm_parameters(const ModelSpec& model);                   // one LayerNorm (weight + bias) or RMSNorm
-int64_t attention_parameters(const ModelSpec& model, int tp = 1);  // input norm + attention (+ biases)
+int64_t norm_parameters(const ModelSpec& model);  // one LayerNorm (weight + bias) or RMSNorm
+// --qk-layernorm's two head norms of a layer (q and k, each over head_dim; none without it or under MLA).
+int64_t qk_norm_parameters(const ModelSpec& model);
+int64_t attention_parameters(const ModelSpec& model, int tp = 1);         // input norm + attention (+ biases)
 int64_t mlp_parameters(const ModelSpec& model, int64_t ffn, int tp = 1);  // fc1 + fc2 (+ biases), no norm
 // Pre-MLP norm + the MLP of a dense layer, or (moe) + router + shared expert: all but the routed experts.
 int64_t decoder_mlp_parameters(const ModelSpec& model, bool moe, int tp = 1);

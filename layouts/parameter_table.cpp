@@ -84,6 +84,14 @@ class StageTable {
       t_.add(prefix + ".bias", layer, 1, width, ParameterInit::kZeros).sequence_parallel_grad = c_.sp;
   }
   void norm(const std::string& prefix, int layer) { norm(prefix, layer, c_.hidden); }
+  // A qk head norm (--qk-layernorm): over head_dim, shared by the heads; each TP rank normalizes its own
+  // heads, so its gradient is summed over TP with or without SP.
+  void head_norm(const std::string& prefix, int layer) {
+    const bool reduced = c_.tp > 1;
+    t_.add(prefix + ".weight", layer, 1, c_.head_dim, ParameterInit::kOnes).sequence_parallel_grad = reduced;
+    if (!c_.rms)
+      t_.add(prefix + ".bias", layer, 1, c_.head_dim, ParameterInit::kZeros).sequence_parallel_grad = reduced;
+  }
 
   // A GEMM weight (out rows on this rank, in columns).
   ParameterSpec& gemm(std::string name, int layer, std::int64_t rows, std::int64_t cols,
@@ -108,6 +116,10 @@ class StageTable {
       if (c_.bias)
         t_.add(prefix + "self_attention.linear_qkv.bias", layer, 1, qkv_rows, ParameterInit::kZeros,
                Split::kColumns, qkv_parts);
+      if (c_.qk_norm) {
+        head_norm(prefix + "self_attention.q_layernorm", layer);
+        head_norm(prefix + "self_attention.k_layernorm", layer);
+      }
     }
     const std::int64_t proj_in = c_.heads * (c_.mla ? c_.v_head_dim : d);
     gemm(prefix + "self_attention.linear_proj.weight", layer, h, c_.attention_width(),

@@ -51,8 +51,10 @@ struct ParameterSpec {
   // head-major; the rotary rows of a head are in rotate-half order (Megatron's MLA RoPE de-interleaves the
   // head's rotary features first: the same function of the weights up to this fixed row order).
   std::vector<std::int64_t> global_parts;
-  bool sequence_parallel_grad = false;  // a norm under SP: its gradient is all-reduced over TP
-  bool gemm_weight = false;             // read by a GEMM (linear layers, the LM head)
+  // Replicated over TP with a partial gradient on each rank, all-reduced over TP after the schedule: a norm
+  // (or MLA down-projection, router) under SP; the qk head norms (--qk-layernorm) whenever tp > 1.
+  bool sequence_parallel_grad = false;
+  bool gemm_weight = false;  // read by a GEMM (linear layers, the LM head)
   // A routed expert's weight: its global expert index (reduced over expert-dp; its split is over the
   // expert-tensor-parallel group, not TP).
   int expert = -1;

@@ -27,6 +27,7 @@ void resolve_model_dims(RankShape& s, const ModelSpec& model) {
   s.tied = !model.untie_embeddings_and_output_weights;
   s.bias = model.add_bias_linear;
   s.mla = model.multi_latent_attention;
+  s.qk_norm = model.qk_layernorm && !model.multi_latent_attention;
   s.q_lora_rank = model.q_lora_rank;
   s.kv_lora_rank = model.kv_lora_rank;
   s.qk_head_dim = model.qk_head_dim;

@@ -27,6 +27,9 @@ struct RankShape {
   std::int64_t max_positions = 0;                        // rows of the learned position table
   int tp = 1, cp = 1, ep = 1, etp = 1, dp = 1, edp = 1, pp = 1;
   bool sp = false, swiglu = false, rms = false, rope = false, tied = true, mla = false, bias = false;
+  // --qk-layernorm's head norms (before RoPE, over head_dim, weights replicated over TP while each rank
+  // normalizes its own heads: their gradients are summed over TP). Never under MLA (its latent norms).
+  bool qk_norm = false;
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;  // ParallelConfig::moe_token_dispatcher_type
   int num_layers = 0,
       mtp_num_layers = 0;  // decoder layers; MTP layers (the final norm then follows the last)
@@ -68,6 +71,10 @@ struct RankShape {
   // The core attention of one micro-batch on this rank: heads / tp query heads, groups / tp (at least one)
   // kv heads, the local queries over the whole sequence, causal.
   AttentionShape attention() const;
+
+  // The TP all-reduce of the replicated parameters' gradients after the schedule: the norms' under SP,
+  // the qk head norms' whenever tp > 1.
+  bool reduces_replicated_grads() const { return sp || (qk_norm && tp > 1); }
 
   bool is_moe_layer(int layer) const {
     return layer >= 0 && layer < static_cast<int>(moe_layers.size()) && moe_layers[layer] != 0;

@@ -73,7 +73,7 @@ class Walker {
     const bool tied_copy = shape.tied && (has_embedding || has_loss);
     const bool mtp_copy = shape.mtp_num_layers > 0 && (has_embedding || has_mtp);
     if (shape.pp > 1 && (tied_copy || mtp_copy)) optimizer(OptimizerStep::kEmbeddingGradReduce);
-    if (shape.sp) optimizer(OptimizerStep::kSequenceParallelNormGradReduce);
+    if (shape.reduces_replicated_grads()) optimizer(OptimizerStep::kSequenceParallelNormGradReduce);
     optimizer(OptimizerStep::kGradNorm);
     optimizer(OptimizerStep::kAdamW);
     if (!config_.shards_optimizer_state() || config_.shards_parameters()) return;

@@ -151,6 +151,15 @@ void linear_gemm_backward(OpSink& o, const Fp8Settings& fp8, const std::string& 
   }
 }
 
+// --qk-layernorm's head norms on this rank's heads, q then k (rows of head_dim: T * heads and T * groups):
+// the forward reads and writes each (2 tensors), the backward reads the input and the output gradient and
+// writes the input gradient (3).
+void qk_norms(OpSink& o, const RankShape& s, OpKind kind, std::int64_t tensors) {
+  const AttentionShape a = s.attention();
+  o.memory(kind, "q_norm", tensors * s.tokens * a.heads * s.head_dim * kAct);
+  o.memory(kind, "k_norm", tensors * s.tokens * a.kv_heads * s.head_dim * kAct);
+}
+
 void attention_block_forward(OpSink& o, const ModelSpec& model, const RankShape& s,
                              const StepProgramOptions& options, bool recompute_core_only) {
   const AttentionShape a = s.attention();
@@ -162,6 +171,7 @@ void attention_block_forward(OpSink& o, const ModelSpec& model, const RankShape&
       if (s.sp)
         o.comm(OpKind::kAllGather, "qkv_input_ag", s.tokens * s.hidden * kAct, CommGroup::kTensor, s.tp);
       linear_gemm(o, options.fp8, "qkv", s.tokens, s.qkv_width(), s.hidden);
+      if (s.qk_norm) qk_norms(o, s, OpKind::kNorm, 2);
       if (s.rope) o.memory(OpKind::kRope, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
     }
     if (s.cp > 1 && options.cp_comm == ContextParallelComm::kAllGather) {
@@ -202,6 +212,7 @@ void attention_block_backward(OpSink& o, const ModelSpec& model, const RankShape
   }
   if (s.rope)
     o.memory(OpKind::kRopeBackward, "rope", 2 * s.tokens * (a.heads + a.kv_heads) * s.head_dim * kAct);
+  if (s.qk_norm) qk_norms(o, s, OpKind::kNormBackward, 3);
   // The input norm's output is not saved: recomputed (from the layer input and its statistics) for the
   // weight gradients, unless a full-recompute re-run just produced it.
   if (!norms_fresh) o.with_phase(OpPhase::kRecompute).memory(OpKind::kNorm, "input_norm", norm_bytes(s));

@@ -45,6 +45,9 @@
 //   activation-backward pass that also recomputes the activation output, then fc2's wgrad; each layer's
 //   backward recomputes (OpPhase::kRecompute, kNorm) the pre-MLP norm before fc1's backward GEMMs and the
 //   input norm before qkv's, except under full recomputation, whose layer re-run produces them.
+// - --qk-layernorm (not MLA): after the qkv GEMM and before RoPE a kNorm "q_norm" and "k_norm" over the
+//   rank's query and key heads (rows of head_dim); their kNormBackward after RoPE's backward. Their weights'
+//   gradients join the replicated-gradient all-reduce over TP ("sp_norm_grad_ar") whenever tp > 1.
 // - Loss: the LM head, cross entropy and the head's dgrad/wgrad run per token chunk (loss_chunk_rows) in the
 //   forward pass (the dgrad/wgrad ops carry OpPhase::kBackward); the backward pass starts with the final
 //   norm's backward.
@@ -183,7 +186,7 @@ Op fsdp_param_gather_op(const GradBucket& bucket, OpPhase phase, int microbatch)
 // The steps after the schedule and the grad buckets, in this order (the walker emits those that apply).
 enum class OptimizerStep {
   kEmbeddingGradReduce,             // tied embedding, pp > 1, on the ranks holding E or L
-  kSequenceParallelNormGradReduce,  // with sequence parallelism
+  kSequenceParallelNormGradReduce,  // with sequence parallelism, or qk head norms under tp > 1
   kGradNorm,                        // local sum of squares + all-reduce over the world
   kAdamW,                           // on the local params (the shard with the distributed optimizer)
 };

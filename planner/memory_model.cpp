@@ -32,6 +32,8 @@ std::int64_t attention_block_bytes(const RankShape& s, bool dropout, const Memor
                        + 2 * sb * h / sp_div  // QKV GEMM input (sharded under SP, re-gathered)
                        + 2 * sb * (s.heads_per_rank() + 2 * s.groups_per_rank()) * s.head_dim  // Q, K, V
                        + 2 * sb * s.heads_per_rank() * s.head_dim;  // attention output
+  // --qk-layernorm: the head norms' inputs (Q and K before their norms).
+  if (s.qk_norm) bytes += 2 * sb * (s.heads_per_rank() + s.groups_per_rank()) * s.head_dim;
   if (options.flash_attention) {
     bytes += 4 * sb * s.heads_per_rank();  // log-sum-exp
   } else if (s.recompute != RecomputeGranularity::kSelective) {

@@ -104,6 +104,7 @@ std::string describe_model(const ModelSpec& m) {
       << layouts::to_string(m.position_embedding) << ", "
       << (m.untie_embeddings_and_output_weights ? "untied" : "tied") << " output, "
       << (m.add_bias_linear ? "biases" : "no biases");
+  if (m.qk_layernorm) out << ", qk-layernorm";
   if (m.multi_latent_attention)
     out << ", MLA q-lora " << m.q_lora_rank << " kv-lora " << m.kv_lora_rank << " qk " << m.qk_head_dim << "+"
         << m.qk_pos_emb_head_dim << " v " << m.v_head_dim;

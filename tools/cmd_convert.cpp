@@ -142,7 +142,7 @@ const Registrar kConvertCommand({
       ConvertArgs& a = *args;
       app.add_option("--from-hf", a.from_hf,
                      "Hugging Face folder to import (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-                     "MixtralForCausalLM)");
+                     "MixtralForCausalLM, Qwen3ForCausalLM)");
       app.add_option("--save", a.save, "megatune checkpoint folder to write (with --from-hf)");
       app.add_option("--to-hf", a.to_hf, "Hugging Face folder to write (with --load)");
       app.add_option("--load", a.load, "megatune checkpoint to export, any layout (with --to-hf)");

@@ -204,7 +204,8 @@ std::string default_device() {
 std::unique_ptr<Backend> make_sizing_backend(const std::string& device, bool bf16) {
   if (device != "cuda") return std::make_unique<CpuBackend>(bf16);
 #ifdef MEGATUNE_HAVE_CUDA
-  return std::make_unique<SizingBackend>(nullptr, cuda::flash_attention_unsupported);
+  return std::make_unique<SizingBackend>(nullptr, cuda::flash_attention_unsupported,
+                                         CudaBackend::norm_width_unsupported);
 #else
   return std::make_unique<SizingBackend>();
 #endif

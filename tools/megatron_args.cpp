@@ -82,6 +82,9 @@ void add_model_flags(CLI::App& app, MegatronArgs& args) {
   app.add_flag("--group-query-attention", args.group_query_attention,
                "Accepted for Megatron compatibility (--num-query-groups alone enables GQA here)");
   app.add_flag("--multi-latent-attention", args.multi_latent_attention, "Multi-latent attention (DeepSeek)");
+  app.add_flag("--qk-layernorm", args.qk_layernorm,
+               "Norm of each query and key head before RoPE (Qwen3's q_norm / k_norm); under multi-latent "
+               "attention the q and kv latent norms");
   model("--q-lora-rank", args.q_lora_rank, "MLA query compression rank (0: none)");
   model("--kv-lora-rank", args.kv_lora_rank, "MLA key/value compression rank");
   model("--qk-head-dim", args.qk_head_dim, "MLA query/key head dim (non-rotary part)");
@@ -147,8 +150,9 @@ void add_parallel_flags(CLI::App& app, MegatronArgs& args) {
         "Full recomputation: layers per unit (uniform) or recomputed per chunk (block)");
   app.add_flag("--recompute-activations", args.recompute_activations,
                "Megatron's shorthand for --recompute-granularity selective");
-  app.add_option("--recompute-modules", args.recompute_modules,
-                 "Selective recomputation's modules: core_attn (Megatron's default, what megatune recomputes)")
+  app.add_option(
+         "--recompute-modules", args.recompute_modules,
+         "Selective recomputation's modules: core_attn (Megatron's default, what megatune recomputes)")
       ->expected(1, 16);
   app.add_flag("--use-distributed-optimizer", args.use_distributed_optimizer,
                "Shard optimizer state over DP");
@@ -221,6 +225,11 @@ layouts::ModelSpec resolve_model(const MegatronArgs& args) {
   if (args.disable_bias_linear) m.add_bias_linear = false;
   if (args.add_bias_linear) m.add_bias_linear = true;
   if (args.multi_latent_attention) m.multi_latent_attention = true;
+  if (args.qk_layernorm) m.qk_layernorm = true;
+  if (m.multi_latent_attention && !m.qk_layernorm)
+    throw UserError(
+        "--multi-latent-attention without --qk-layernorm: megatune's MLA always normalizes the q and kv "
+        "latents; add --qk-layernorm");
   if (args.moe_layer_freq) {
     if (all_digits(*args.moe_layer_freq)) {
       parse_moe_layer_freq(*args.moe_layer_freq, m.num_layers > 0 ? m.num_layers : 1);  // range check
@@ -247,6 +256,8 @@ void parse_recorded_model_flags(const std::vector<std::string>& flags, MegatronA
     throw UserError(source + " records model flags megatune cannot read (" + e.what() +
                     "); give the model flags on the command line");
   }
+  // Saves from before --qk-layernorm was recorded: megatune's MLA always had its latent norms.
+  if (args.multi_latent_attention) args.qk_layernorm = true;
 }
 
 std::vector<std::string> given_model_flags(const CLI::App& app, const std::vector<std::string>& except) {
@@ -303,8 +314,10 @@ layouts::ParallelConfig resolve_parallel(const MegatronArgs& args) {
     c.recompute_granularity = layouts::parse_recompute_granularity(*args.recompute_granularity);
   if (args.recompute_activations) {  // Megatron: recompute_granularity = 'selective'
     if (args.recompute_granularity && c.recompute_granularity != layouts::RecomputeGranularity::kSelective)
-      throw UserError("--recompute-activations is --recompute-granularity selective: drop one of it and "
-                      "--recompute-granularity " + *args.recompute_granularity);
+      throw UserError(
+          "--recompute-activations is --recompute-granularity selective: drop one of it and "
+          "--recompute-granularity " +
+          *args.recompute_granularity);
     c.recompute_granularity = layouts::RecomputeGranularity::kSelective;
   }
   for (const std::string& module : args.recompute_modules) {
@@ -313,8 +326,9 @@ layouts::ParallelConfig resolve_parallel(const MegatronArgs& args) {
                       ": megatune's selective recomputation recomputes core attention only; use "
                       "--recompute-modules core_attn, or --recompute-granularity full for whole layers");
     if (c.recompute_granularity != layouts::RecomputeGranularity::kSelective)
-      throw UserError("--recompute-modules applies to selective recomputation: add --recompute-granularity "
-                      "selective (or --recompute-activations), or drop --recompute-modules");
+      throw UserError(
+          "--recompute-modules applies to selective recomputation: add --recompute-granularity "
+          "selective (or --recompute-activations), or drop --recompute-modules");
   }
   if (args.recompute_method) c.recompute_method = layouts::parse_recompute_method(*args.recompute_method);
   c.account_for_embedding_in_pipeline_split = args.account_for_embedding_in_pipeline_split;

@@ -26,6 +26,7 @@ struct MegatronArgs {
   bool add_bias_linear = false;        // --add-bias-linear (force on)
   bool group_query_attention = false;  // --group-query-attention (Megatron needs it for groups)
   bool multi_latent_attention = false;
+  bool qk_layernorm = false;  // --qk-layernorm
   std::optional<int> q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim;
   std::optional<double> rotary_scaling_factor, mscale, mscale_all_dim;  // MLA's YaRN
   std::optional<int> num_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size;

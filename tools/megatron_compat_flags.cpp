@@ -142,9 +142,6 @@ const std::vector<CompatFlag>& table() {
       {"--fp8-multi-head-attention", 0, T::kRefused, kFp8Attention},
       {"--no-fp8-wgrad", 0, T::kRefused,
        "megatune's FP8 linears compute the weight gradient in FP8 too: drop --no-fp8-wgrad"},
-      {"--qk-layernorm", 0, T::kRefused,
-       "QK layernorm is not in megatune's models yet: drop it (the model then has no norm on queries and "
-       "keys)"},
       {"--window-size", 1, T::kRefused,
        "sliding-window attention is not run by megatune: drop --window-size (full causal attention)"},
       {"--moe-router-force-load-balancing", 0, T::kRefused,

@@ -219,8 +219,10 @@ class Backend {
   // stream). The model states its largest shapes; the backend answers the bytes; the model allocates them
   // from the arena and hands them over with set_scratch().
   struct ScratchNeeds {
-    std::int64_t tokens = 0;         // rows of the activations
-    std::int64_t hidden = 0;         // norm width
+    std::int64_t tokens = 0;  // rows of the activations
+    std::int64_t hidden = 0;  // norm width
+    // --qk-layernorm's head norms: rows (T * heads / tp) and width (head_dim); 0: none.
+    std::int64_t head_norm_rows = 0, head_norm_width = 0;
     std::int64_t max_bias_cols = 0;  // widest bias-gradient column sum
     std::int64_t vocab = 0;          // embedding rows
     AttentionArgs attention;         // shape of the attention calls
@@ -270,6 +272,12 @@ class Backend {
   // model asks when it is configured, before it allocates). The reference kernels take every shape.
   virtual std::string attention_unsupported(const AttentionShape& shape) const {
     (void)shape;
+    return {};
+  }
+  // Empty when this backend's norm kernels take rows of `width` features; else why not, for a user. The
+  // reference kernels take every width.
+  virtual std::string norm_unsupported(std::int64_t width) const {
+    (void)width;
     return {};
   }
   // Linear layer with a fused GELU (cuBLASLt GELU_AUX_BIAS where it can): args.c = pre (T, n) =

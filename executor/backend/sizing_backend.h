@@ -13,11 +13,14 @@ namespace megatune::executor {
 class SizingBackend final : public Backend {
  public:
   // scratch_bytes answers Backend::scratch_bytes (the kernel workspace the model allocates from the arena);
-  // none by default. attention_unsupported answers Backend::attention_unsupported for the backend being
-  // sized (the CUDA kernels' rule); by default every shape is taken.
+  // none by default. attention_unsupported and norm_unsupported answer Backend's for the backend being
+  // sized (the CUDA kernels' rules); by default every shape and width is taken.
   explicit SizingBackend(std::function<std::int64_t(const ScratchNeeds&)> scratch_bytes = {},
-                         std::function<std::string(const AttentionShape&)> attention_unsupported = {})
-      : scratch_bytes_(std::move(scratch_bytes)), attention_unsupported_(std::move(attention_unsupported)) {}
+                         std::function<std::string(const AttentionShape&)> attention_unsupported = {},
+                         std::function<std::string(std::int64_t)> norm_unsupported = {})
+      : scratch_bytes_(std::move(scratch_bytes)),
+        attention_unsupported_(std::move(attention_unsupported)),
+        norm_unsupported_(std::move(norm_unsupported)) {}
   std::string name() const override { return "sizing"; }
   std::int64_t storage_bytes(DType dtype) const override { return layouts::dtype_bytes(dtype); }
   std::int64_t scratch_bytes(const ScratchNeeds& needs) const override {
@@ -25,6 +28,9 @@ class SizingBackend final : public Backend {
   }
   std::string attention_unsupported(const AttentionShape& shape) const override {
     return attention_unsupported_ ? attention_unsupported_(shape) : std::string();
+  }
+  std::string norm_unsupported(std::int64_t width) const override {
+    return norm_unsupported_ ? norm_unsupported_(width) : std::string();
   }
 
   void upload(Tensor, const float*) override { refuse(); }
@@ -78,6 +84,7 @@ class SizingBackend final : public Backend {
   [[noreturn]] static void refuse();
   std::function<std::int64_t(const ScratchNeeds&)> scratch_bytes_;
   std::function<std::string(const AttentionShape&)> attention_unsupported_;
+  std::function<std::string(std::int64_t)> norm_unsupported_;
 };
 
 // One line per arena label with GiB and share, then the total; for logs and benchmark output.

@@ -134,8 +134,11 @@ HfModel llama_from(const ConfigFile& c, HfArchitecture architecture) {
 json llama_config(const HfModel& m, const std::string& dtype) {
   const layouts::ModelSpec& s = m.spec;
   const bool mixtral = m.architecture == HfArchitecture::kMixtral;
+  const bool qwen3 = m.architecture == HfArchitecture::kQwen3;
   json c = {{"architectures", {to_string(m.architecture)}},
-            {"model_type", mixtral ? "mixtral" : "llama"},
+            {"model_type", mixtral ? "mixtral"
+                           : qwen3 ? "qwen3"
+                                   : "llama"},
             {"vocab_size", s.vocab_size},
             {"hidden_size", s.hidden_size},
             {"intermediate_size", mixtral ? s.moe_ffn_size() : s.ffn_size()},
@@ -154,6 +157,11 @@ json llama_config(const HfModel& m, const std::string& dtype) {
             {"tie_word_embeddings", !s.untie_embeddings_and_output_weights},
             {"use_cache", true},
             {"dtype", dtype}};
+  if (qwen3) {  // full attention in every layer
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+    c["max_window_layers"] = s.num_layers;
+  }
   if (mixtral) {
     c["num_local_experts"] = s.num_experts;
     c["num_experts_per_tok"] = s.moe_router_topk;
@@ -237,6 +245,10 @@ void llama_bindings(const HfModel& m, std::vector<HfBinding>& out) {
                     {hf + "self_attn.v_proj.weight", {kv, h}}}});
     out.push_back(
         {layer(l, "self_attention.linear_proj.weight"), {{hf + "self_attn.o_proj.weight", {h, q}}}});
+    if (s.qk_layernorm) {  // Qwen3's q_norm / k_norm over the head dimension
+      out.push_back({layer(l, "self_attention.q_layernorm.weight"), {{hf + "self_attn.q_norm.weight", {d}}}});
+      out.push_back({layer(l, "self_attention.k_layernorm.weight"), {{hf + "self_attn.k_norm.weight", {d}}}});
+    }
     out.push_back({layer(l, "pre_mlp_layernorm.weight"), {{hf + "post_attention_layernorm.weight", {h}}}});
     if (s.is_moe_layer(l)) {
       const int64_t e_ffn = s.moe_ffn_size();
@@ -272,6 +284,8 @@ std::string to_string(HfArchitecture architecture) {
       return "MistralForCausalLM";
     case HfArchitecture::kMixtral:
       return "MixtralForCausalLM";
+    case HfArchitecture::kQwen3:
+      return "Qwen3ForCausalLM";
   }
   return "";
 }
@@ -292,12 +306,20 @@ HfModel read_hf_config(const std::string& directory, int make_vocab_size_divisib
                ": megatune attends to the whole sequence; set \"sliding_window\": null in a copy of the "
                "folder to convert it anyway (equal up to " +
                window.dump() + " tokens)");
+  } else if (type == "qwen3") {
+    m = llama_from(c, HfArchitecture::kQwen3);
+    m.spec.qk_layernorm = true;  // q_norm / k_norm (RMSNorm over head_dim) before RoPE
+    if (c.flag_or("use_sliding_window", false))
+      c.refuse(
+          "use_sliding_window true: megatune attends to the whole sequence; set \"use_sliding_window\": "
+          "false in a copy of the folder to convert it anyway");
   } else if (type == "qwen2") {
     c.refuse(
         "model_type \"qwen2\": Qwen2's q/k/v biases without other linear biases are not a megatune "
         "layer yet (no --add-qkv-bias); convert a Llama, Mistral, Mixtral or GPT-2 model");
   } else {
-    c.refuse("model_type \"" + type + "\" is not one megatune converts (gpt2, llama, mistral, mixtral)");
+    c.refuse("model_type \"" + type +
+             "\" is not one megatune converts (gpt2, llama, mistral, mixtral, qwen3)");
   }
   m.spec.name = "custom";
   m.spec.vocab_size = c.integer("vocab_size");
@@ -316,9 +338,11 @@ HfModel hf_model_of(const layouts::ModelSpec& s, const layouts::ModelNumerics& n
   m.spec = s;
   m.numerics = numerics;
   const auto refuse = [&](const std::string& what) {
-    throw UserError("this checkpoint's model (" + what +
-                    ") has no Hugging Face architecture megatune writes: GPT-2 (LayerNorm, GELU, learned "
-                    "positions, biases) or Llama / Mixtral (RMSNorm, SwiGLU, RoPE, no biases)");
+    throw UserError(
+        "this checkpoint's model (" + what +
+        ") has no Hugging Face architecture megatune writes: GPT-2 (LayerNorm, GELU, learned "
+        "positions, biases) or Llama / Qwen3 (--qk-layernorm) / Mixtral (RMSNorm, SwiGLU, RoPE, no "
+        "biases)");
   };
   if (s.multi_latent_attention) refuse("multi-latent attention");
   if (s.mtp_num_layers > 0) refuse("multi-token prediction layers");
@@ -329,6 +353,7 @@ HfModel hf_model_of(const layouts::ModelSpec& s, const layouts::ModelNumerics& n
                      s.activation == layouts::Activation::kSwiglu &&
                      s.position_embedding == layouts::PositionEmbedding::kRope && !s.add_bias_linear;
   if (gpt2) {
+    if (s.qk_layernorm) refuse("GPT-2 with --qk-layernorm");
     if (s.is_moe()) refuse("GPT-2 with experts");
     if (s.query_groups() != s.num_attention_heads) refuse("GPT-2 with grouped-query attention");
     if (s.head_dim() * s.num_attention_heads != s.hidden_size) refuse("GPT-2 with --kv-channels");
@@ -337,6 +362,11 @@ HfModel hf_model_of(const layouts::ModelSpec& s, const layouts::ModelNumerics& n
     return m;
   }
   if (!llama) refuse("a mix of GPT-2 and Llama features");
+  if (s.qk_layernorm) {
+    if (s.is_moe()) refuse("experts with --qk-layernorm");
+    m.architecture = HfArchitecture::kQwen3;
+    return m;
+  }
   if (s.is_moe()) {
     if (s.num_moe_layers() != s.num_layers) refuse("dense layers among MoE layers");
     if (s.moe_shared_expert_intermediate_size > 0) refuse("a shared expert");

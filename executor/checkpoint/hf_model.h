@@ -1,6 +1,7 @@
 // Hugging Face model folders as megatune models: config.json of GPT2LMHeadModel, LlamaForCausalLM (and
-// Mistral's, the same layout) and MixtralForCausalLM read into a ModelSpec and back, and the binding of each
-// megatune parameter (Megatron names, unsharded) to the HF tensors it is made of.
+// Mistral's, the same layout), Qwen3ForCausalLM (Llama's with q_norm / k_norm: --qk-layernorm) and
+// MixtralForCausalLM read into a ModelSpec and back, and the binding of each megatune parameter (Megatron
+// names, unsharded) to the HF tensors it is made of.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,7 +12,7 @@
 
 namespace megatune::executor::checkpoint {
 
-enum class HfArchitecture { kGpt2, kLlama, kMistral, kMixtral };
+enum class HfArchitecture { kGpt2, kLlama, kMistral, kMixtral, kQwen3 };
 
 struct HfModel {
   HfArchitecture architecture = HfArchitecture::kLlama;
@@ -25,8 +26,8 @@ struct HfModel {
 HfModel read_hf_config(const std::string& directory, int make_vocab_size_divisible_by);
 
 // The HF architecture that holds a megatune model (GPT-2: LayerNorm, GELU, learned positions, biases;
-// Llama: RMSNorm, SwiGLU, RoPE, no biases; Mixtral: Llama's with every layer MoE). UserError naming the
-// feature when none does.
+// Llama: RMSNorm, SwiGLU, RoPE, no biases; Qwen3: Llama's with --qk-layernorm; Mixtral: Llama's with every
+// layer MoE). UserError naming the feature when none does.
 HfModel hf_model_of(const layouts::ModelSpec& spec, const layouts::ModelNumerics& numerics);
 
 // config.json text for `model`; `dtype`: "float32" | "bfloat16".

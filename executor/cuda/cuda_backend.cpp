@@ -248,9 +248,16 @@ void CudaBackend::synchronize() {
   MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(communication_));
 }
 
+std::string CudaBackend::norm_width_unsupported(std::int64_t width) {
+  if (cuda::norm_supports(width)) return {};
+  return "its norm kernels take widths that are multiples of 8, up to 32768";
+}
+
 std::int64_t CudaBackend::scratch_bytes(const ScratchNeeds& n) const {
   std::size_t bytes = cuda::column_sum_workspace_bytes(n.tokens, n.max_bias_cols);
   bytes = std::max(bytes, cuda::norm_backward_workspace_bytes(n.tokens, n.hidden));
+  if (n.head_norm_rows > 0)
+    bytes = std::max(bytes, cuda::norm_backward_workspace_bytes(n.head_norm_rows, n.head_norm_width));
   bytes = std::max(bytes, cuda::embedding_backward_workspace_bytes(n.tokens, n.vocab));
   bytes = std::max(bytes, cuda::flash_attention_backward_workspace_bytes(attention_shape(n.attention)));
   // Fused bias gradients (BGRADB): one fp32 vector of the widest bias.

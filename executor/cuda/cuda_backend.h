@@ -75,6 +75,9 @@ class CudaBackend final : public Backend {
 
   std::int64_t scratch_bytes(const ScratchNeeds& needs) const override;
   std::string attention_unsupported(const AttentionShape& shape) const override;
+  std::string norm_unsupported(std::int64_t width) const override { return norm_width_unsupported(width); }
+  // The norm kernels' rule on row widths (empty: taken), for sizing without a GPU too.
+  static std::string norm_width_unsupported(std::int64_t width);
   void prepare_optimizer(std::vector<OptimizerTensor> tensors) override;
   std::vector<TimedOp> timed_ops() override;
   std::int64_t device_memory_used_bytes() override;

@@ -81,6 +81,13 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
                     "--context-parallel-size 1");
   if (config_.mla) mla_ = std::make_unique<MlaAttention>(config_, shape_, compute_dtype_, backend_, tp_);
   require_attention_support();
+  if (config_.qk_layernorm) {
+    const std::string gap = backend_.norm_unsupported(config_.head_dim);
+    if (!gap.empty())
+      throw UserError("--qk-layernorm: the " + backend_.name() + " backend cannot normalize heads of " +
+                      std::to_string(config_.head_dim) + " (--kv-channels): " + gap +
+                      "; pick a head dimension it takes, or --device cpu");
+  }
   if (cp_size_ > 1 && stage_.num_layers > 0)
     ring_ = std::make_unique<RingAttention>(ring_shape(), compute_dtype_, backend_, communicator_);
   index_layer_parameters();
@@ -257,6 +264,11 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
   }
   d_attn_ = carve(mlp_scratch_, 0, T, attn_w, storage);
   d_qkv_ = carve(mlp_scratch_, T * attn_w, T, qkv_w, storage);
+  if (config_.qk_layernorm) {
+    const std::int64_t head_rows = T * shape_.heads_per_rank();  // heads >= groups
+    qk_norm_out_ = backend_.allocate(compute_dtype_, head_rows, config_.head_dim, "qk head norms (shared)");
+    qk_norm_grad_ = backend_.allocate(compute_dtype_, head_rows, config_.head_dim, "qk head norms (shared)");
+  }
   int moe_count = 0;
   for (const LayerParameters& p : layer_parameters_) moe_count += p.moe_local >= 0 ? 1 : 0;
   if (moe_count > 0)
@@ -271,6 +283,10 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
   needs.tokens = T;
   needs.hidden = h;
   needs.max_bias_cols = std::max({h, shape_.qkv_width(), shape_.fc1_width()});
+  if (config_.qk_layernorm) {
+    needs.head_norm_rows = T * shape_.heads_per_rank();
+    needs.head_norm_width = config_.head_dim;
+  }
   needs.vocab = shape_.vocab_per_rank();
   needs.attention = attention_args(L > 0 ? activations_for(0, 0) : LayerActivations{});
   const std::int64_t scratch_bytes = backend_.scratch_bytes(needs);
@@ -291,6 +307,7 @@ GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attent
     a.mla = mla_->allocate_saved();
   else
     a.qkv = backend_.allocate(compute_dtype_, T, shape_.qkv_width(), "saved: qkv");
+  if (config_.qk_layernorm) allocate_qk_norm_saved(a);
   if (with_attention) {
     a.attn = backend_.allocate(compute_dtype_, T, shape_.attention_width(), "saved: attention output");
     a.lse = backend_.allocate(DType::kFP32, batch_.micro_batch * shape_.heads_per_rank(), batch_.seq,
@@ -405,6 +422,7 @@ void GPTModel::layer_forward(int l, LayerActivations& a, Tensor input, Tensor ou
     mla_->forward(l, mla_weights(l), norm1_shard_, a.ln1, a.mla, phase);
   } else {
     lin.qkv->forward(norm1_shard_, a.ln1, a.qkv, {}, phase);
+    if (config_.qk_layernorm) qk_norm_forward(l, a, phase);
     if (config_.position == PositionEmbedding::kRope)
       backend_.rope(a.qkv, batch_.seq, shape_.heads_per_rank(), shape_.groups_per_rank(), config_.head_dim,
                     config_.rope_theta, false, {"rope", l, phase}, positions_);
@@ -478,6 +496,7 @@ void GPTModel::layer_backward(int l, LayerActivations& a, Tensor input, bool nor
     if (config_.position == PositionEmbedding::kRope)
       backend_.rope(d_qkv_, batch_.seq, shape_.heads_per_rank(), shape_.groups_per_rank(), config_.head_dim,
                     config_.rope_theta, true, {"rope", l, kB}, positions_);
+    if (config_.qk_layernorm) qk_norm_backward(l, a);
     if (recompute_shared)
       backend_.norm_forward(
           with_stats(norm_args(input, {}, {}, w.norm1_w, w.norm1_b, norm1_shard_, a.ln1_mean, a.ln1_rstd)),

@@ -180,6 +180,8 @@ class GPTModel final : public ParameterResidence {
   struct LayerWeights {
     Tensor norm1_w, norm1_b, norm2_w, norm2_b;
     MlaAttention::LatentNorms mla;  // multi-latent attention's latent norms
+    // --qk-layernorm's head norms (1, head_dim): q weight / bias, k weight / bias (biases under LayerNorm).
+    Tensor q_norm_w, q_norm_b, k_norm_w, k_norm_b;
   };
   // A layer's parameters in the layout (null where the model has none: LayerNorm biases under RMSNorm,
   // linear biases without --add-bias-linear). Shapes on this TP rank: norms (1, h); qkv (qkv_width, h);
@@ -188,6 +190,9 @@ class GPTModel final : public ParameterResidence {
     const ParameterEntry *norm1_w = nullptr, *norm1_b = nullptr, *qkv_w = nullptr, *qkv_b = nullptr,
                          *proj_w = nullptr, *proj_b = nullptr, *norm2_w = nullptr, *norm2_b = nullptr,
                          *fc1_w = nullptr, *fc1_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr;
+    // --qk-layernorm's k head norm (its q head norm is q_norm_w / q_norm_b below, MLA's q latent norm's
+    // name).
+    const ParameterEntry *k_norm_w = nullptr, *k_norm_b = nullptr;
     // Multi-latent attention (MlaAttention::Weights' shapes).
     const ParameterEntry *q_down = nullptr, *q_norm_w = nullptr, *q_norm_b = nullptr, *q_up = nullptr,
                          *kv_down = nullptr, *kv_norm_w = nullptr, *kv_norm_b = nullptr, *kv_up = nullptr;
@@ -234,6 +239,10 @@ class GPTModel final : public ParameterResidence {
                                 // gradient)
     Tensor act;                 // (T, ffn) activation output (shared)
     MlaAttention::Saved mla;    // multi-latent attention's latents, q, k, v (saved; instead of qkv)
+    // --qk-layernorm (saved): the head norms' inputs, (T * heads / tp, d) and (T * groups / tp, d) (token-
+    // major: row t * heads + i is head i of token t), and their statistics (mean: LayerNorm only).
+    Tensor q_pre, k_pre;
+    Tensor q_mean, q_rstd, k_mean, k_rstd;  // (rows of q_pre / k_pre, 1) fp32
   };
   // Forward of one micro-batch; with_gradients: also the LM head's backward GEMMs (per loss chunk) and the
   // bookkeeping for backward(); without (evaluation): the losses only.
@@ -250,6 +259,12 @@ class GPTModel final : public ParameterResidence {
   void layer_backward(int layer, LayerActivations& acts, Tensor input, bool norms_fresh);
   // The re-run (OpPhase::kRecompute) of the unit ending at decoder layer `layer` of `slot`, if one does.
   void recompute_unit_ending_at(int layer, int slot);
+  // --qk-layernorm (gpt_model_qk_norm.cpp): the head norms over the Q and K columns of acts.qkv, in place
+  // before RoPE; their backward over the Q and K columns of d_qkv_ after RoPE's (weight gradients
+  // accumulate).
+  void qk_norm_forward(int layer, LayerActivations& acts, layouts::OpPhase phase);
+  void qk_norm_backward(int layer, LayerActivations& acts);
+  void allocate_qk_norm_saved(LayerActivations& acts);
   // Multi-latent attention's backward from the attention output's gradient (d_attn_) to the input norm
   // output's gradient (d_hidden_shard_).
   void mla_backward(int layer, LayerActivations& acts, Tensor input, bool accumulate, bool norms_fresh);
@@ -384,6 +399,8 @@ class GPTModel final : public ParameterResidence {
   Tensor losses_;                        // (num_microbatches, T) fp32
   // Backward scratch (views into mlp_scratch_ where their lifetimes allow; see the constructor).
   Tensor d_res_, d_mid_, d_hidden_, d_attn_, d_qkv_;
+  // --qk-layernorm: (T * heads / tp, d) each, the head norms' contiguous output and gradient (shared).
+  Tensor qk_norm_out_, qk_norm_grad_;
   Tensor d_hidden_shard_;               // (rows, h) the reduced input gradient (aliases d_hidden_ without SP)
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
   std::unique_ptr<MoeLayers> moe_;      // the stage's MoE layers (null for a dense stage)

@@ -116,6 +116,8 @@ void GPTModel::index_layer_parameters() {
     p.fc1_b = find(l, "mlp.linear_fc1.bias");
     p.fc2_w = find(l, "mlp.linear_fc2.weight");
     p.fc2_b = find(l, "mlp.linear_fc2.bias");
+    p.k_norm_w = find(l, "self_attention.k_layernorm.weight");
+    p.k_norm_b = find(l, "self_attention.k_layernorm.bias");
     p.q_down = find(l, "self_attention.linear_q_down_proj.weight");
     p.q_norm_w = find(l, "self_attention.q_layernorm.weight");
     p.q_norm_b = find(l, "self_attention.q_layernorm.bias");
@@ -157,6 +159,12 @@ GPTModel::LayerWeights GPTModel::layer_weights(Tensor buffer, int l) const {
   w.norm2_w = get(p.norm2_w);
   w.norm2_b = get(p.norm2_b);
   w.mla = {get(p.q_norm_w), get(p.q_norm_b), get(p.kv_norm_w), get(p.kv_norm_b)};
+  if (config_.qk_layernorm) {
+    w.q_norm_w = get(p.q_norm_w);
+    w.q_norm_b = get(p.q_norm_b);
+    w.k_norm_w = get(p.k_norm_w);
+    w.k_norm_b = get(p.k_norm_b);
+  }
   return w;
 }
 

@@ -26,6 +26,8 @@ void TransformerConfig::validate() const {
           "--tensor-model-parallel-size must divide heads, query groups, FFN size and padded vocabulary");
   require(position != PositionEmbedding::kRope || mla || head_dim % 2 == 0,
           "RoPE needs an even head dimension (--kv-channels)");
+  require(!qk_layernorm || !mla,
+          "--qk-layernorm under multi-latent attention is the latent norms MLA always has, not head norms");
   require(max_seq >= 1, "--seq-length must be >= 1");
   require(mtp_num_layers >= 0, "--mtp-num-layers must be >= 0");
   require(mtp_num_layers == 0 || hidden % tensor_parallel_size == 0,
@@ -64,6 +66,7 @@ std::string TransformerConfig::describe() const {
       << (activation == ActivationKind::kSwiglu ? " SwiGLU" : " GELU")
       << (position == PositionEmbedding::kRope ? " RoPE" : " learned-pos")
       << (tied_embeddings ? " tied" : " untied") << (bias ? " bias" : " no-bias");
+  if (qk_layernorm) out << " qk-norm";
   if (mla)
     out << " MLA q_lora " << q_lora_rank << " kv_lora " << kv_lora_rank << " qk " << qk_head_dim << "+"
         << qk_pos_emb_head_dim << " v " << v_head_dim;
@@ -100,6 +103,7 @@ layouts::RankShape rank_shape(const TransformerConfig& c, std::int64_t micro_bat
   s.tp = c.tensor_parallel_size;
   s.sp = c.sequence_parallel;
   s.mla = c.mla;
+  s.qk_norm = c.qk_layernorm;
   s.q_lora_rank = c.q_lora_rank;
   s.kv_lora_rank = c.kv_lora_rank;
   s.qk_head_dim = c.qk_head_dim;
@@ -140,6 +144,7 @@ TransformerConfig transformer_config_from(const layouts::ModelSpec& spec, int tp
   c.rope_theta = rope_theta;
   c.tied_embeddings = !spec.untie_embeddings_and_output_weights;
   c.bias = spec.add_bias_linear;
+  c.qk_layernorm = spec.qk_layernorm && !spec.multi_latent_attention;
   c.norm_eps = norm_eps;
   c.init_std = init_std;
   c.tensor_parallel_size = tp;

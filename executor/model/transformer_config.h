@@ -28,6 +28,10 @@ struct TransformerConfig {
   float rope_theta = 10000.0f;
   bool tied_embeddings = true;
   bool bias = true;  // biases on the linear layers
+  // --qk-layernorm: the norm (kind `norm`) of each query and key head over head_dim after the QKV projection
+  // and before RoPE, one weight (+ bias) per q and per k shared by the heads. False under MLA, whose latent
+  // norms are always there.
+  bool qk_layernorm = false;
   float norm_eps = 1e-5f;
   float init_std = 0.02f;
   int tensor_parallel_size = 1;    // shapes below are per TP rank when > 1

@@ -1,7 +1,7 @@
-// Hugging Face interchange: HF folders the tests write (tiny GPT-2 and tiny Llama with GQA) go to megatune
-// checkpoints (one shard, or a tp2 pp2 layout's shards) and back bit-exactly in fp32; a checkpoint trained
-// under tp2 pp2 on CPU threads exported to HF and imported at tp1 holds the same fp32 parameters and gives
-// the same validation loss.
+// Hugging Face interchange: HF folders the tests write (tiny GPT-2, tiny Llama with GQA, tiny Qwen3) go to
+// megatune checkpoints (one shard, or a tp2 pp2 layout's shards) and back bit-exactly in fp32; a checkpoint
+// trained under tp2 pp2 on CPU threads exported to HF and imported at tp1 holds the same fp32 parameters and
+// gives the same validation loss.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -142,6 +142,24 @@ TEST_F(HfConversion, MixtralRoundTripsBitExactly) {
   expect_round_trip(spec, {1e6, 1e-5}, nullptr);
 }
 
+// Qwen3: Llama's layers with q_norm / k_norm (--qk-layernorm), through the shards of a tp2 layout (the head
+// norms are replicated over TP).
+TEST_F(HfConversion, Qwen3RoundTripsBitExactlyThroughTp2Shards) {
+  layouts::ModelSpec spec = with_vocab(test::llama_tiny(/*tied=*/false), 300);
+  spec.qk_layernorm = true;
+  const layouts::ParallelConfig parallel = layout(spec, 2, 1);
+  expect_round_trip(spec, {1e6, 1e-6}, &parallel);
+  std::ifstream in(path("out/config.json"));
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(config.find("\"model_type\": \"qwen3\""), std::string::npos) << config;
+  EXPECT_NE(config.find("Qwen3ForCausalLM"), std::string::npos) << config;
+  const checkpoint::SafetensorsFolder out(path("out"));
+  EXPECT_EQ(out.read_floats("model.layers.3.self_attn.k_norm.weight").size(),
+            static_cast<size_t>(spec.head_dim()));
+  EXPECT_EQ(out.read_floats("model.layers.0.self_attn.q_norm.weight").size(),
+            static_cast<size_t>(spec.head_dim()));
+}
+
 TEST_F(HfConversion, RoundTripsThroughTheShardsOfATp2Pp2Layout) {
   layouts::ModelSpec spec = with_vocab(test::llama_tiny(/*tied=*/true), 300);
   spec.make_vocab_size_divisible_by = 256;  // 512 rows at tp1 and tp2 alike: the same softmax
@@ -209,6 +227,20 @@ TEST_F(HfConversion, TakesTransformersDefaultsForFieldsAConfigLeavesOut) {
       << R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
       "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 8192, "vocab_size": 300,
       "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})";
+  EXPECT_THROW(checkpoint::read_hf_config(path("hf"), 128), UserError);
+  // Qwen3 (its head_dim apart from hidden / heads, as Qwen3's configs have): the head norms; a sliding
+  // window is refused.
+  const std::string qwen3 = R"({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128,
+      "max_position_embeddings": 8192, "vocab_size": 300, "rope_theta": 1000000, "tie_word_embeddings": true)";
+  std::ofstream(path("hf/config.json")) << qwen3 << R"(, "use_sliding_window": false})";
+  const HfModel q = checkpoint::read_hf_config(path("hf"), 128);
+  EXPECT_TRUE(q.spec.qk_layernorm);
+  EXPECT_EQ(q.spec.head_dim(), 32);
+  EXPECT_EQ(q.spec.query_groups(), 2);
+  EXPECT_FALSE(q.spec.untie_embeddings_and_output_weights);
+  EXPECT_EQ(q.architecture, checkpoint::HfArchitecture::kQwen3);
+  std::ofstream(path("hf/config.json")) << qwen3 << R"(, "use_sliding_window": true})";
   EXPECT_THROW(checkpoint::read_hf_config(path("hf"), 128), UserError);
 }
 

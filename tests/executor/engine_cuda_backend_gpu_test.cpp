@@ -1,5 +1,6 @@
 // CUDA backend against the CPU backend (bf16 emulated) on small GPT- and Llama-shaped models from the same
-// weights: loss and every parameter's gradient within bf16 tolerance, and a few training steps that track.
+// weights: loss and every parameter's gradient within bf16 tolerance, and a few training steps that track;
+// also with --qk-layernorm's head norms (the norm kernels on rows of head_dim).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,11 +55,12 @@ void make_moe(TrainerConfig& c) {
 }
 
 void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossChunkLogitsBytes,
-             bool moe = false) {
+             bool moe = false, bool qk_layernorm = false) {
   if (CudaBackend::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   TrainerConfig config = config_for(llama);
   config.batch.loss_chunk_logits_bytes = loss_chunk_logits_bytes;
   if (moe) make_moe(config);
+  config.model.qk_layernorm = qk_layernorm;
   CpuBackend cpu(/*emulate_bf16=*/true);
   CudaBackend gpu(0);
   SingleRankCommunicator cpu_comm(cpu), gpu_comm(gpu);
@@ -109,6 +111,11 @@ TEST(EngineCudaBackend, GptShapeMatchesCpuBackend) { compare(false); }
 TEST(EngineCudaBackend, LlamaShapeMatchesCpuBackend) { compare(true); }
 TEST(EngineCudaBackend, MoeShapeMatchesCpuBackend) {
   compare(true, layouts::kLossChunkLogitsBytes, /*moe=*/true);
+}
+// --qk-layernorm: RMSNorm heads before RoPE (Llama), LayerNorm heads with their biases (GPT).
+TEST(EngineCudaBackend, QkLayernormMatchesCpuBackend) {
+  compare(true, layouts::kLossChunkLogitsBytes, /*moe=*/false, /*qk_layernorm=*/true);
+  compare(false, layouts::kLossChunkLogitsBytes, /*moe=*/false, /*qk_layernorm=*/true);
 }
 // 256 tokens x 512 vocab of bf16 logits = 256 KiB; a 64 KiB budget runs the head and loss in 4 chunks.
 TEST(EngineCudaBackend, ChunkedLossMatchesCpuBackend) {

@@ -1,5 +1,6 @@
-// GPTModel asks its backend whether the attention kernels take the model's attention shape when it is
-// configured: an unsupported shape is one UserError line, before anything is allocated.
+// GPTModel asks its backend whether the attention kernels take the model's attention shape (and, with
+// --qk-layernorm, whether its norm kernels take rows of head_dim) when it is configured: an unsupported shape
+// is one UserError line, before anything is allocated.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -59,6 +60,34 @@ TEST(ModelAttentionSupport, UnsupportedShapeIsRefusedBeforeAnyAllocation) {
   EXPECT_TRUE(backend.arena_breakdown().empty()) << "nothing allocated before the refusal";
   // The model asked with its real attention call: packed qkv of 4 + 2 + 2 heads of 80.
   EXPECT_EQ(seen_shape, "8x8 4/2 d80 stride 640");
+}
+
+// --qk-layernorm on a backend whose norm kernels take widths that are multiples of 32 (the CUDA kernels':
+// of 8): heads of 16 are refused in one line naming the flag and the head dim; without the flag the same
+// model configures.
+TEST(ModelAttentionSupport, QkLayernormHeadWidthTheNormsCannotTakeIsRefused) {
+  const auto multiples_of_32 = [](std::int64_t width) {
+    return width % 32 == 0 ? std::string() : "widths that are multiples of 32";
+  };
+  TransformerConfig config = tiny_with_head_dim(16);
+  config.qk_layernorm = true;
+  SizingBackend backend(nullptr, nullptr, multiples_of_32);
+  SingleRankCommunicator communicator{backend};
+  backend.begin_sizing();
+  try {
+    GPTModel model(config, tiny_batch(), RecomputeGranularity::kNone, DType::kBF16, backend, communicator);
+    FAIL() << "heads of 16 were normalized on a backend without norms of width 16";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("--qk-layernorm", 0), 0u) << what;
+    EXPECT_NE(what.find("heads of 16 (--kv-channels)"), std::string::npos) << what;
+    EXPECT_NE(what.find("multiples of 32"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "one line: " << what;
+  }
+  EXPECT_TRUE(backend.arena_breakdown().empty()) << "nothing allocated before the refusal";
+  config.qk_layernorm = false;
+  GPTModel plain(config, tiny_batch(), RecomputeGranularity::kNone, DType::kBF16, backend, communicator);
+  EXPECT_FALSE(backend.arena_breakdown().empty());
 }
 
 TEST(ModelAttentionSupport, SupportedShapesConfigure) {

@@ -1,7 +1,7 @@
 // GPTModel on the CPU backend (float): every parameter tensor's gradient against central finite differences,
 // for GPT (LayerNorm, GELU, learned positions, tied head, biases) and Llama (RMSNorm, SwiGLU, RoPE, GQA,
-// untied head, no biases) and DeepSeek-V3 (multi-latent attention, multi-token prediction) shapes, with and
-// without recomputation.
+// untied head, no biases) and DeepSeek-V3 (multi-latent attention, multi-token prediction) shapes, with
+// --qk-layernorm's head norms, with and without recomputation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -134,6 +134,16 @@ TEST(ModelGradient, MultiLatentAttentionMatchesFiniteDifferences) {
   TransformerConfig layernorm = mla_like(6);
   layernorm.norm = NormKind::kLayerNorm;  // latent norms with their bias
   check_gradients(layernorm, RecomputeGranularity::kFull);
+}
+
+// --qk-layernorm's head norms after the QKV projection: RMSNorm on the Llama shape (GQA, RoPE after the
+// norms), LayerNorm with its biases on the GPT shape, with full and selective recomputation.
+TEST(ModelGradient, QkLayernormMatchesFiniteDifferences) {
+  TransformerConfig llama = llama_like(), gpt = gpt_like();
+  llama.qk_layernorm = gpt.qk_layernorm = true;
+  check_gradients(llama, RecomputeGranularity::kNone);
+  check_gradients(gpt, RecomputeGranularity::kFull);
+  check_gradients(llama, RecomputeGranularity::kSelective);
 }
 
 // YaRN on the rotary parts (--rotary-scaling-factor 40; mscale_all_dim 0.5 so that both the cos/sin factor

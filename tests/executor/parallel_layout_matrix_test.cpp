@@ -180,8 +180,10 @@ void expect_matches_single_rank(const layouts::ModelSpec& model, const Layout& l
       key + (model.untie_embeddings_and_output_weights ? "-untied" : "-tied") +
       (model.is_moe() ? "-moe" + std::to_string(model.moe_shared_expert_intermediate_size) : "") +
       (l.sigmoid_bias ? "-sigmoid-bias" : "") + (l.capacity_pad ? "-capacity-pad" : "") +
-      (model.mtp_num_layers > 0 ? "-mtp" + std::to_string(model.mtp_num_layers) : "") + "-mbs" +
-      std::to_string(l.micro_batch) + "-gbs" + std::to_string(l.global_batch);
+      (model.mtp_num_layers > 0 ? "-mtp" + std::to_string(model.mtp_num_layers) : "") +
+      (model.qk_layernorm ? "-qk-norm" : "") +
+      (key == "gpt" && model.position_embedding == layouts::PositionEmbedding::kRope ? "-rope" : "") +
+      "-mbs" + std::to_string(l.micro_batch) + "-gbs" + std::to_string(l.global_batch);
   if (!reference_cache.count(ref_key)) reference_cache[ref_key] = single_rank_reference(model, l, ref_key);
   const Trained& single = reference_cache[ref_key];
   const Trained parallel = train(model, l);
@@ -259,6 +261,21 @@ INSTANTIATE_TEST_SUITE_P(Dense, LayoutMatrix,
                            return name + (gpt ? "_gpt" : "_llama") +
                                   (tied_variant(index, gpt) ? "_tied" : "_untied");
                          });
+
+// --qk-layernorm's head norms (weights replicated over TP while each rank normalizes its own heads: their
+// gradients are summed over TP, with and without SP) on the Llama model (RMSNorm, RoPE after the norms) and
+// the GPT model (LayerNorm with biases) with RoPE: tp2, tp2 sp, pp2 dp2 and cp2. (Without RoPE the k norm's
+// bias adds the same q.b to every score of a query, which the softmax ignores: its gradient is rounding
+// noise only, which AdamW turns into steps of up to lr that no two layouts share.)
+TEST(LayoutMatrixQkLayernorm, ReproducesTheSingleRankRun) {
+  layouts::ModelSpec llama = llama_tiny(false), gpt = gpt_tiny(true);
+  llama.qk_layernorm = gpt.qk_layernorm = true;
+  gpt.position_embedding = layouts::PositionEmbedding::kRope;
+  expect_matches_single_rank(llama, {"qk-norm tp2", 2});
+  expect_matches_single_rank(gpt, {"qk-norm tp2 sp", 2, 1, 1, 0, true});
+  expect_matches_single_rank(llama, {"qk-norm pp2 dp2", 1, 2, 2});
+  expect_matches_single_rank(gpt, {"qk-norm cp2", 1, 1, 1, 0, false, false, false, "", 2});
+}
 
 // Partial full recomputation under pipelining: pp2 with uniform units of 2 (each rank's two layers one
 // unit: only its input saved, both re-run before the backward of the second) reproduces the single-rank run

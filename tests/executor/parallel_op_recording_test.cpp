@@ -36,7 +36,14 @@ struct Case {
   // Full recomputation's unit rule (recompute kFull; kNone: uniform 1).
   layouts::RecomputeMethod recompute_method = layouts::RecomputeMethod::kNone;
   int recompute_num_layers = 0;
+  bool qk_layernorm = false;  // --qk-layernorm's head norms
 };
+
+// The case with --qk-layernorm.
+Case qk_layernorm(Case c) {
+  c.qk_layernorm = true;
+  return c;
+}
 
 // Partial full recomputation: `method` with `layers` over the case's layout.
 Case partial_recompute(Case c, layouts::RecomputeMethod method, int layers) {
@@ -60,6 +67,7 @@ layouts::ModelSpec model_of(const Case& c) {
                          : c.gpt                   ? test::gpt_tiny(c.tied)
                                                    : test::llama_tiny(c.tied);
   m.mtp_num_layers = c.mtp;
+  m.qk_layernorm = c.qk_layernorm;
   if (c.ep > 0) {
     m.num_experts = 4;
     m.moe_router_topk = 2;
@@ -232,7 +240,16 @@ INSTANTIATE_TEST_SUITE_P(
                           layouts::RecomputeMethod::kUniform, 2),
         partial_recompute(Case{"block2_mtp_mla_tp2_sp", 2, 1, 1, 0, true, false, false, false, "", false, 1,
                                Case::Mla::kQLora, layouts::RecomputeGranularity::kNone, 0, 0, false, 1},
-                          layouts::RecomputeMethod::kBlock, 2)),
+                          layouts::RecomputeMethod::kBlock, 2),
+        // --qk-layernorm: the head norms and, under TP with or without SP, their gradients' all-reduce;
+        // LayerNorm's biases under full recomputation; selective recomputation over a pipeline; the
+        // context-parallel ring on the normalized heads.
+        qk_layernorm(Case{"qk_norm_tp2_llama", 2}),
+        qk_layernorm(Case{"qk_norm_tp2_cp2_llama", 2, 1, 1, 0, false, false, false, false, "", false, 2}),
+        qk_layernorm(Case{"qk_norm_tp2_sp_gpt_full", 2, 1, 1, 0, true, false, true, false, "", false, 1,
+                          Case::Mla::kNone, layouts::RecomputeGranularity::kFull}),
+        qk_layernorm(Case{"qk_norm_pp2_dp2_selective", 1, 2, 2, 0, false, false, false, false, "", false, 1,
+                          Case::Mla::kNone, layouts::RecomputeGranularity::kSelective})),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Tests of the parameter table: MLA and MTP parameters (names, TP splits, counts against ModelSpec's) and
-// the step program's sequence-parallel gradient all-reduce sized from the table.
+// Tests of the parameter table: MLA and MTP parameters (names, TP splits, counts against ModelSpec's),
+// --qk-layernorm's head norms, and the step program's sequence-parallel gradient all-reduce sized from the
+// table.
 #include "layouts/parameter_table.h"
 
 #include <gtest/gtest.h>
@@ -146,6 +147,61 @@ TEST(ParameterTable, StepProgramSequenceParallelAllReduceCoversTheTablesMarkedPa
     EXPECT_EQ(op.bytes, marked * 4);
   }
   EXPECT_EQ(found, 1);
+}
+
+// --qk-layernorm: a q and a k norm of head_dim per layer (weights, + biases under LayerNorm), replicated over
+// TP and counted by ModelSpec; the step program normalizes the rank's heads after qkv and before RoPE, and
+// sums the norms' gradients over TP with or without SP (each rank holds other heads); MLA's latent norms
+// are not head norms.
+TEST(ParameterTable, QkLayernormHeadNormsAreCountedNormalizedAndReducedOverTp) {
+  ModelSpec m = model_preset("tiny");  // 2 layers, h 64, 4 heads of 16, 2 query groups, RMSNorm, RoPE
+  m.qk_layernorm = true;
+  for (int tp : {1, 2}) {
+    const auto table = stage_parameter_table(shape_of(m, tp, false), one_layer(0));
+    EXPECT_EQ(total(table), attention_parameters(m, tp) + decoder_mlp_parameters(m, false, tp)) << tp;
+    for (const char* name : {"decoder.layers.0.self_attention.q_layernorm.weight",
+                             "decoder.layers.0.self_attention.k_layernorm.weight"}) {
+      const ParameterSpec& p = find(table, name);
+      EXPECT_EQ(p.cols, 16);
+      EXPECT_EQ(p.split, TensorParallelSplit::kReplicated);
+      EXPECT_EQ(p.sequence_parallel_grad, tp > 1) << name;
+    }
+  }
+  ModelSpec plain = m;
+  plain.qk_layernorm = false;
+  EXPECT_EQ(m.total_parameters() - plain.total_parameters(), 2 * 2 * 16);
+  ModelSpec layernorm = m;
+  layernorm.normalization = Normalization::kLayerNorm;
+  EXPECT_EQ(find(stage_parameter_table(shape_of(layernorm, 1, false), one_layer(1)),
+                 "decoder.layers.1.self_attention.k_layernorm.bias")
+                .init,
+            ParameterInit::kZeros);
+  const ParallelConfig config = tp_config(2, false);
+  config.validate(m);
+  const StepProgram program = build_step_program(m, config, 0);
+  std::vector<std::string> attention;
+  int reduced = 0;
+  for (const Op& op : program.ops) {
+    if (op.layer == 0 && op.phase == OpPhase::kForward &&
+        (op.label == "qkv" || op.label == "q_norm" || op.label == "k_norm" || op.label == "rope"))
+      attention.push_back(op.label);
+    if (op.label == "q_norm" && op.phase == OpPhase::kForward && op.layer == 0 && op.microbatch == 0) {
+      EXPECT_EQ(op.kind, OpKind::kNorm);
+      EXPECT_EQ(op.bytes, 2 * 32 * 2 * 16 * 2);  // read + write, 32 tokens x 2 heads x 16, bf16
+    }
+    if (op.label == "sp_norm_grad_ar") {
+      ++reduced;
+      EXPECT_EQ(op.bytes, 2 * 2 * 16 * 4);  // 2 layers x (q + k) x 16, fp32
+    }
+  }
+  ASSERT_GE(attention.size(), 4u);
+  EXPECT_EQ(std::vector<std::string>(attention.begin(), attention.begin() + 4),
+            (std::vector<std::string>{"qkv", "q_norm", "k_norm", "rope"}));
+  EXPECT_EQ(reduced, 1);
+  ModelSpec mla = tiny_mla(16);
+  mla.qk_layernorm = true;
+  for (const ParameterSpec& p : stage_parameter_table(shape_of(mla, 1, false), one_layer(0)))
+    EXPECT_EQ(p.name.find("k_layernorm"), std::string::npos) << p.name;
 }
 
 }  // namespace

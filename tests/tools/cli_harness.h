@@ -116,4 +116,16 @@ inline CliResult run_megatune(const std::vector<std::string>& args, double limit
   return result;
 }
 
+// Byte-level text in Megatron's indexed format, made by `megatune data preprocess` from these repository
+// `files` (paths from the source root) in `dir`: the prefix `train --data-path` takes; "" when it failed.
+inline std::string source_text_corpus(const TempDir& dir, const std::vector<std::string>& files) {
+  std::string text;
+  for (const std::string& file : files)
+    text += read_text(std::string(MEGATUNE_SOURCE_DIR) + "/" + file) + "\n\n";
+  write_text(dir / "corpus.txt", text);
+  const CliResult r = run_megatune(
+      {"data", "preprocess", "--input", dir / "corpus.txt", "--output-prefix", dir / "corpus"}, 60);
+  return r.exit_code == 0 ? dir / "corpus_text_document" : "";
+}
+
 }  // namespace megatune::tests

@@ -225,16 +225,15 @@ TEST(MegatronScripts, DeepSeekV3NamesWhatItRefusesThenSizes) {
   TempDir dir;
   const Flags pasted = deepseek_v3_fsdp(dir / "ckpt");
   const CliResult refused = train_dry(pasted);
-  expect_one_line_refusal(refused, "--qk-layernorm",
-                          {"--moe-flex-dispatcher-backend hybridep", "--moe-router-force-load-balancing",
-                           "--megatron-fsdp-grad-comm-dtype bf16"});
+  expect_one_line_refusal(refused, "--moe-flex-dispatcher-backend hybridep",
+                          {"--moe-router-force-load-balancing", "--megatron-fsdp-grad-comm-dtype bf16"});
   EXPECT_EQ(refused.err.find("--rotary-scaling-factor"), std::string::npos);  // MLA's YaRN runs
+  EXPECT_EQ(refused.err.find("--qk-layernorm"), std::string::npos);           // MLA's latent norms run
   // The hub name is not a tokenizer file here: the mock data's NullTokenizer at DeepSeek-V3's vocabulary.
-  Flags rest =
-      without(pasted, {"--qk-layernorm", "--moe-flex-dispatcher-backend", "--moe-router-force-load-balancing",
-                       "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype",
-                       "--tokenizer-type", "--tokenizer-model"}) +
-      Flags{"--tokenizer-type", "NullTokenizer", "--vocab-size", "129279"};
+  Flags rest = without(pasted, {"--moe-flex-dispatcher-backend", "--moe-router-force-load-balancing",
+                                "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype",
+                                "--tokenizer-type", "--tokenizer-model"}) +
+               Flags{"--tokenizer-type", "NullTokenizer", "--vocab-size", "129279"};
   // What the layout and model flags refuse next, one line each.
   const CliResult flex = train_dry(rest);
   EXPECT_EQ(flex.exit_code, 1);
@@ -247,6 +246,13 @@ TEST(MegatronScripts, DeepSeekV3NamesWhatItRefusesThenSizes) {
   rest = without(rest, {"--recompute-modules"});
   expect_sized(train_dry(rest), {"--use-flash-attn", "--moe-router-dtype fp32", "--log-params-norm",
                                  "--ckpt-format fsdp_dtensor"});
+  // Megatron's MLA without --qk-layernorm has no latent norms; megatune's MLA always has them.
+  const CliResult no_latent_norms = train_dry(without(rest, {"--qk-layernorm"}));
+  EXPECT_EQ(no_latent_norms.exit_code, 1) << no_latent_norms.out;
+  EXPECT_EQ(no_latent_norms.error_lines(), 1) << no_latent_norms.err;
+  EXPECT_NE(no_latent_norms.err.find("--multi-latent-attention without --qk-layernorm"), std::string::npos)
+      << no_latent_norms.err;
+  EXPECT_NE(no_latent_norms.err.find("add --qk-layernorm"), std::string::npos) << no_latent_norms.err;
 }
 
 // The tiny model (or another preset) on the CPU backend (ranks as threads), for the flags that change a run.

@@ -14,15 +14,10 @@ namespace {
 
 // Byte-level text in Megatron's format: this repository's MoE sources.
 std::string make_corpus(const TempDir& dir) {
-  std::string text;
-  for (const char* file :
-       {"executor/model/moe_layer.cpp", "executor/model/moe_router.cpp", "executor/model/gpt_model.cpp"})
-    text += read_text(std::string(MEGATUNE_SOURCE_DIR) + "/" + file) + "\n\n";
-  write_text(dir / "corpus.txt", text);
-  const CliResult r = run_megatune(
-      {"data", "preprocess", "--input", dir / "corpus.txt", "--output-prefix", dir / "corpus"}, 60);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return dir / "corpus_text_document";
+  const std::string prefix = source_text_corpus(
+      dir, {"executor/model/moe_layer.cpp", "executor/model/moe_router.cpp", "executor/model/gpt_model.cpp"});
+  EXPECT_FALSE(prefix.empty()) << "data preprocess failed";
+  return prefix;
 }
 
 std::vector<double> logged(const std::string& out, const std::string& field) {
