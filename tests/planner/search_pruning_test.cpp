@@ -289,46 +289,47 @@ TEST(LowerBound, StaysBelowTheSimulatedStepUnderEveryFsdpStrategy) {
     }
   }
   EXPECT_GT(gathers_slower, 0) << "optim_grads_params's gathers were never priced";
+}
 
-  // Under FP8 the bound prices the FP8 GEMMs and casts as the simulation does: it stays below the FP8
-  // simulation at pass and kernel level, where the bound of the bf16 program (bf16 GEMMs, no casts) exceeds
-  // it; the pass level agrees with the kernel level (weight casts once, not per micro-batch).
-  TEST(LowerBound, PricesFp8AsTheSimulationDoes) {
-    const Pricing pricing("1x8xH100");
-    layouts::ModelSpec model = layouts::model_preset("llama3-8b");
-    model.seq_length = 4096;
-    int bf16_bound_too_high = 0;
-    for (const char* recipe : {"delayed", "tensorwise"}) {
-      SimulationOptions fp8;
-      fp8.step.fp8 = fp8_settings(recipe);
-      SimulationOptions kernel = fp8;
-      kernel.granularity = SimulationGranularity::kKernel;
-      for (int tp : {1, 2, 8}) {
-        for (int pp : {1, 8 / tp}) {
-          layouts::ParallelConfig config;
-          config.world_size = 8;
-          config.tensor_model_parallel_size = tp;
-          config.pipeline_model_parallel_size = pp;
-          config.sequence_parallel = tp > 1;
-          config.global_batch_size = 16;
-          config.use_distributed_optimizer = true;
-          config.recompute_granularity = layouts::RecomputeGranularity::kSelective;
-          config.validate(model);
-          SCOPED_TRACE(std::string(recipe) + " tp " + std::to_string(tp) + " pp " + std::to_string(pp));
-          const double pass_s = simulate(model, config, *pricing.pricer, fp8).step_time_s;
-          const double kernel_s = simulate(model, config, *pricing.pricer, kernel).step_time_s;
-          const double bound = step_time_lower_bound(model, config, *pricing.pricer, fp8);
-          EXPECT_GT(bound, 0.0);
-          EXPECT_LE(bound, pass_s);
-          EXPECT_LE(bound, kernel_s * (1 + 1e-9));
-          // The passes cast the FP8 weights once per iteration, as the kernel level does (micro-batch 0).
-          EXPECT_NEAR(pass_s, kernel_s, 0.01 * kernel_s);
-          if (step_time_lower_bound(model, config, *pricing.pricer) > pass_s) ++bf16_bound_too_high;
-        }
+// Under FP8 the bound prices the FP8 GEMMs and casts as the simulation does: it stays below the FP8
+// simulation at pass and kernel level, where the bound of the bf16 program (bf16 GEMMs, no casts) exceeds
+// it; the pass level agrees with the kernel level (weight casts once, not per micro-batch).
+TEST(LowerBound, PricesFp8AsTheSimulationDoes) {
+  const Pricing pricing("1x8xH100");
+  layouts::ModelSpec model = layouts::model_preset("llama3-8b");
+  model.seq_length = 4096;
+  int bf16_bound_too_high = 0;
+  for (const char* recipe : {"delayed", "tensorwise"}) {
+    SimulationOptions fp8;
+    fp8.step.fp8 = fp8_settings(recipe);
+    SimulationOptions kernel = fp8;
+    kernel.granularity = SimulationGranularity::kKernel;
+    for (int tp : {1, 2, 8}) {
+      for (int pp : {1, 8 / tp}) {
+        layouts::ParallelConfig config;
+        config.world_size = 8;
+        config.tensor_model_parallel_size = tp;
+        config.pipeline_model_parallel_size = pp;
+        config.sequence_parallel = tp > 1;
+        config.global_batch_size = 16;
+        config.use_distributed_optimizer = true;
+        config.recompute_granularity = layouts::RecomputeGranularity::kSelective;
+        config.validate(model);
+        SCOPED_TRACE(std::string(recipe) + " tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+        const double pass_s = simulate(model, config, *pricing.pricer, fp8).step_time_s;
+        const double kernel_s = simulate(model, config, *pricing.pricer, kernel).step_time_s;
+        const double bound = step_time_lower_bound(model, config, *pricing.pricer, fp8);
+        EXPECT_GT(bound, 0.0);
+        EXPECT_LE(bound, pass_s);
+        EXPECT_LE(bound, kernel_s * (1 + 1e-9));
+        // The passes cast the FP8 weights once per iteration, as the kernel level does (micro-batch 0).
+        EXPECT_NEAR(pass_s, kernel_s, 0.01 * kernel_s);
+        if (step_time_lower_bound(model, config, *pricing.pricer) > pass_s) ++bf16_bound_too_high;
       }
     }
-    EXPECT_GT(bf16_bound_too_high, 0) << "no case where the bf16 bound would have pruned wrongly";
   }
+  EXPECT_GT(bf16_bound_too_high, 0) << "no case where the bf16 bound would have pruned wrongly";
+}
 
 }  // namespace
 }  // namespace megatune::planner
