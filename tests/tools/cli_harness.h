@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -118,14 +119,25 @@ inline CliResult run_megatune(const std::vector<std::string>& args, double limit
 
 // Byte-level text in Megatron's indexed format, made by `megatune data preprocess` from these repository
 // `files` (paths from the source root) in `dir`: the prefix `train --data-path` takes; "" when it failed.
-inline std::string source_text_corpus(const TempDir& dir, const std::vector<std::string>& files) {
-  std::string text;
-  for (const std::string& file : files)
-    text += read_text(std::string(MEGATUNE_SOURCE_DIR) + "/" + file) + "\n\n";
-  write_text(dir / "corpus.txt", text);
-  const CliResult r = run_megatune(
-      {"data", "preprocess", "--input", dir / "corpus.txt", "--output-prefix", dir / "corpus"}, 60);
+// Byte-level text in Megatron's format from the frozen corpus the executor's text tests read
+// (tests/executor/data: 80 KB of the executor's C++), so the curves held against thresholds do not move when
+// the project's sources are edited. "" when the preprocessing failed.
+inline std::string frozen_text_corpus(const TempDir& dir) {
+  const CliResult r =
+      run_megatune({"data", "preprocess", "--input",
+                    std::string(MEGATUNE_SOURCE_DIR) + "/tests/executor/data/byte_level_corpus.txt",
+                    "--output-prefix", dir / "corpus"},
+                   60);
   return r.exit_code == 0 ? dir / "corpus_text_document" : "";
+}
+
+// The values of "| field: value" in a training log, in order.
+inline std::vector<double> logged_values(const std::string& out, const std::string& field) {
+  std::vector<double> values;
+  const std::regex pattern("\\| " + field + ": ([0-9.E+-]+)");
+  for (std::sregex_iterator it(out.begin(), out.end(), pattern), end; it != end; ++it)
+    values.push_back(std::stod((*it)[1].str()));
+  return values;
 }
 
 }  // namespace megatune::tests

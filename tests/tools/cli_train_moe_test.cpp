@@ -12,20 +12,10 @@
 namespace megatune::tests {
 namespace {
 
-// Byte-level text in Megatron's format: this repository's MoE sources.
 std::string make_corpus(const TempDir& dir) {
-  const std::string prefix = source_text_corpus(
-      dir, {"executor/model/moe_layer.cpp", "executor/model/moe_router.cpp", "executor/model/gpt_model.cpp"});
+  const std::string prefix = frozen_text_corpus(dir);
   EXPECT_FALSE(prefix.empty()) << "data preprocess failed";
   return prefix;
-}
-
-std::vector<double> logged(const std::string& out, const std::string& field) {
-  std::vector<double> values;
-  const std::regex pattern("\\| " + field + ": ([0-9.E+-]+)");
-  for (std::sregex_iterator it(out.begin(), out.end(), pattern), end; it != end; ++it)
-    values.push_back(std::stod((*it)[1].str()));
-  return values;
 }
 
 CliResult train(const std::string& model, const std::string& data, const std::vector<std::string>& more,
@@ -40,7 +30,8 @@ CliResult train(const std::string& model, const std::string& data, const std::ve
 
 void expect_learns(const CliResult& r) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::vector<double> loss = logged(r.out, "lm loss"), balance = logged(r.out, "load_balancing_loss");
+  const std::vector<double> loss = logged_values(r.out, "lm loss"),
+                            balance = logged_values(r.out, "load_balancing_loss");
   ASSERT_EQ(loss.size(), 4u) << r.out;
   EXPECT_GT(loss.front(), 4.0) << r.out;
   EXPECT_LT(loss.back(), loss.front() - 1.0) << r.out;
@@ -84,7 +75,7 @@ TEST(CliTrainMoe, TinyDeepSeekV3FullLearnsTextWithMtp) {
             {"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
              "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-3"});
   expect_learns(r);
-  const std::vector<double> mtp = logged(r.out, "mtp_1 loss");
+  const std::vector<double> mtp = logged_values(r.out, "mtp_1 loss");
   ASSERT_EQ(mtp.size(), 4u) << r.out;
   EXPECT_LT(mtp.back(), mtp.front() - 1.0) << r.out;
 }
@@ -112,7 +103,8 @@ TEST(CliTrainMoe, ExpertBiasResumesFromItsCheckpoint) {
   ASSERT_EQ(first.exit_code, 0) << first.err;
   const CliResult resumed = run("20", {"--load", dir / "ckpt", "--save", dir / "ckpt2"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-  const std::vector<double> a = logged(whole.out, "lm loss"), b = logged(resumed.out, "lm loss");
+  const std::vector<double> a = logged_values(whole.out, "lm loss"),
+                            b = logged_values(resumed.out, "lm loss");
   ASSERT_FALSE(a.empty());
   ASSERT_FALSE(b.empty());
   EXPECT_EQ(a.back(), b.back()) << whole.out << resumed.out;

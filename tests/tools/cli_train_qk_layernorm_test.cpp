@@ -11,21 +11,13 @@
 namespace megatune::tests {
 namespace {
 
-// Byte-level text in Megatron's format: the model's own sources.
 std::string make_corpus(const TempDir& dir) {
-  const std::string prefix =
-      source_text_corpus(dir, {"executor/model/gpt_model.cpp", "executor/model/gpt_model_qk_norm.cpp"});
+  const std::string prefix = frozen_text_corpus(dir);
   EXPECT_FALSE(prefix.empty()) << "data preprocess failed";
   return prefix;
 }
 
-std::vector<double> losses(const std::string& out) {
-  std::vector<double> values;
-  const std::regex pattern("\\| lm loss: ([0-9.E+-]+)");
-  for (std::sregex_iterator it(out.begin(), out.end(), pattern), end; it != end; ++it)
-    values.push_back(std::stod((*it)[1].str()));
-  return values;
-}
+std::vector<double> losses(const std::string& out) { return logged_values(out, "lm loss"); }
 
 CliResult train(const std::string& data, const std::vector<std::string>& more,
                 const std::string& iterations = "40") {
