@@ -42,6 +42,13 @@ std::string describe_sources(const cost_models::CostModel& model) {
          std::to_string(s.stored_fits + s.in_memory_fits) + " fits";
 }
 
+bool holds_no_measurement(cost_models::Database& database) {
+  return database.query_int64("SELECT count(*) FROM kernel_timings") == 0 &&
+         database.query_int64("SELECT count(*) FROM collective_timings") == 0 &&
+         database.query_int64("SELECT count(*) FROM fitted_models") == 0 &&
+         database.query_int64("SELECT count(*) FROM calibrations") == 0;
+}
+
 }  // namespace
 
 std::string apply_stored_calibration(cost_models::Database& database, cost_models::CostModel& model,
@@ -65,6 +72,7 @@ PricingSource open_pricing_source(const std::string& database_path, const cost_m
                                   bool use_calibration) {
   PricingSource source;
   std::string path = database_path;
+  std::string skipped_default;  // the default database, left out because it holds no measurement
   if (path.empty()) {
     const std::string fallback = cost_models::default_cost_database_path();
     std::error_code ec;
@@ -78,17 +86,24 @@ PricingSource open_pricing_source(const std::string& database_path, const cost_m
     }
     if (!reason.empty()) throw UserError("--db " + path + " " + reason + "; give a cost database file");
   }
-  if (path.empty()) {
-    cost_models::Database embedded = cost_models::open_embedded_cost_database();
-    source.cost_model = std::make_unique<cost_models::CostModel>(embedded, cluster);
-    source.description = "embedded data: " + describe_sources(*source.cost_model) +
-                         apply_stored_calibration(embedded, *source.cost_model, use_calibration);
-    return source;
-  }
   cost_models::CostDatabaseOpenOptions options;
   options.create_if_missing = false;
   options.read_only = true;
-  source.database.emplace(cost_models::open_cost_database(path, options));
+  if (!path.empty()) source.database.emplace(cost_models::open_cost_database(path, options));
+  // The default database (not one named with --db) that holds no measurement at all, e.g. created by an
+  // interrupted profile, would price everything from the catalog's peaks: the embedded profile is better.
+  if (database_path.empty() && source.database && holds_no_measurement(*source.database)) {
+    skipped_default = path + " holds no measurement, so ";
+    source.database.reset();
+    path.clear();
+  }
+  if (path.empty()) {
+    cost_models::Database embedded = cost_models::open_embedded_cost_database();
+    source.cost_model = std::make_unique<cost_models::CostModel>(embedded, cluster);
+    source.description = skipped_default + "embedded data: " + describe_sources(*source.cost_model) +
+                         apply_stored_calibration(embedded, *source.cost_model, use_calibration);
+    return source;
+  }
   source.cost_model = std::make_unique<cost_models::CostModel>(*source.database, cluster);
   source.description = path + ": " + describe_sources(*source.cost_model) +
                        apply_stored_calibration(*source.database, *source.cost_model, use_calibration);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -188,8 +189,15 @@ int run_profile(const ProfileOptions& options) {
   const Sweep sweep = build_sweep(options, gpus);
   Sweep pending;
   {
-    cost_models::Database database = cost_models::open_cost_database(path);
-    if (database.query_int64("SELECT count(*) FROM gpu_models") == 0)
+    // A dry run writes nothing: it reads the database when there is one (read-only) and otherwise counts
+    // against an empty one in memory, so no database is created where none was.
+    std::error_code missing;
+    const bool exists = std::filesystem::exists(path, missing);
+    cost_models::CostDatabaseOpenOptions open_options;
+    open_options.read_only = options.dry_run && exists;
+    cost_models::Database database =
+        cost_models::open_cost_database(options.dry_run && !exists ? ":memory:" : path, open_options);
+    if (!database.read_only() && database.query_int64("SELECT count(*) FROM gpu_models") == 0)
       cost_models::HardwareCatalog::embedded().install_into(database);
     pending = pending_items(database, sweep, identity);
   }

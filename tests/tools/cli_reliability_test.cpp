@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <regex>
 
+#include "cost_models/cost_database.h"
+#include "cost_models/hardware_catalog.h"
 #include "tests/tools/cli_harness.h"
+#include "tests/tools/plan_dry_run.h"
 
 namespace megatune::tests {
 namespace {
@@ -130,6 +133,37 @@ TEST(CliDataLoss, FailedPlanWriteLeavesThePreviousPlan) {
   EXPECT_EQ(read_text(dir / "plan.json"), "OLD PLAN");
   for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
     EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+}
+
+// A dry run writes nothing; a default database holding no measurement (what an interrupted profile left
+// behind) does not replace the shipped profile: simulate says so and prices as without it. A database named
+// with --db is used as given.
+TEST(CliDataLoss, ProfileDryRunCreatesNoDatabaseAndAnEmptyDefaultIsSkipped) {
+  const TempDir dir;
+  const CliResult dry =
+      run_megatune({"profile", "--model", "gpt-125m", "--tp", "1", "--cp", "1", "--mbs", "1", "--no-grid",
+                    "--no-collectives", "--dry-run", "--db", dir / "new.db"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  EXPECT_NE(dry.out.find("dry run: nothing measured"), std::string::npos) << dry.out;
+  EXPECT_FALSE(std::filesystem::exists(dir / "new.db"));
+  {
+    cost_models::Database empty = cost_models::open_cost_database(dir / "empty.db");
+    cost_models::HardwareCatalog::embedded().install_into(empty);  // the catalog, as profile writes first
+  }
+  const std::vector<std::string> simulate = {"simulate", "--model", "tiny",  "--cluster", "1x1xH200",
+                                             "--mbs",    "2",       "--gbs", "2"};
+  const auto step_line = [](const std::string& out) { return line_after(out, "  ops priced "); };
+  const CliResult none = run_megatune(simulate, 20, "", {"env", "MEGATUNE_DB=" + (dir / "missing.db")});
+  const CliResult skipped = run_megatune(simulate, 20, "", {"env", "MEGATUNE_DB=" + (dir / "empty.db")});
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  ASSERT_EQ(skipped.exit_code, 0) << skipped.err;
+  EXPECT_NE(skipped.out.find("empty.db holds no measurement, so embedded data"), std::string::npos)
+      << skipped.out;
+  EXPECT_EQ(step_line(skipped.out), step_line(none.out));
+  const CliResult named = run_megatune(with(simulate, {"--db", dir / "empty.db"}));
+  ASSERT_EQ(named.exit_code, 0) << named.err;
+  EXPECT_EQ(named.out.find("holds no measurement"), std::string::npos) << named.out;
+  EXPECT_NE(step_line(named.out), step_line(none.out)) << "an empty database prices from the catalog's peaks";
 }
 
 TEST(CliDataLoss, PlanReplacesItsOutputsWhole) {
