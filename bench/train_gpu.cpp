@@ -74,6 +74,8 @@ TrainerConfig perf_config(int argc, char** argv, layouts::ModelSpec& spec) {
   const int mbs = std::stoi(arg(argc, argv, "--mbs", "4"));
   const int seq = std::stoi(arg(argc, argv, "--seq", std::to_string(spec.seq_length)));
   spec.seq_length = seq;
+  // --num-layers: a preset cut to fewer layers (e.g. llama3-8b at 16 layers on one GPU).
+  spec.num_layers = std::stoi(arg(argc, argv, "--num-layers", std::to_string(spec.num_layers)));
   spec.max_position_embeddings = std::max(spec.max_position_embeddings, seq);
   TrainerConfig config;
   config.model = transformer_config_from(spec, 1, 10000.0f, 1e-5f, 0.02f);
