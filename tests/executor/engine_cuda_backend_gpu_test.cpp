@@ -82,6 +82,8 @@ void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossCh
   for (int i = 0; i < 2; ++i) EXPECT_NEAR(gpu_loss[i], cpu_loss[i], 0.01 * cpu_loss[i]);
   const std::vector<float> cg = cpu_trainer.model().gradients();
   const std::vector<float> gg = gpu_trainer.model().gradients();
+  double total = 0;
+  for (const float g : cg) total += static_cast<double>(g) * g;
   for (const ParameterEntry& e : cpu_trainer.model().layout().entries()) {
     double diff = 0, norm = 0;
     for (std::int64_t j = 0; j < e.numel(); ++j) {
@@ -94,6 +96,17 @@ void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossCh
     // layer: the MoE block's gradients get a looser bound (the kernels themselves are checked exactly in
     // kernel_moe_gpu_test), the rest of the model and the training trajectory the usual one.
     const bool routed = moe && e.name.find("mlp") != std::string::npos;  // the MoE block and its norm
+    // Without RoPE, a bias added to every key of a head adds one constant to each query's scores, which
+    // the softmax ignores: the key norm's bias gradient is zero but for rounding on both backends (about
+    // 1e-5 here, where the whole gradient's norm is near 1), so it is held to zero, not to the CPU's noise.
+    if (!llama && e.name.find("k_layernorm.bias") != std::string::npos) {
+      double gpu_norm = 0;
+      for (std::int64_t j = 0; j < e.numel(); ++j)
+        gpu_norm += static_cast<double>(gg[e.offset + j]) * gg[e.offset + j];
+      EXPECT_LT(std::sqrt(gpu_norm), 1e-3 * std::sqrt(total)) << e.name;
+      EXPECT_LT(std::sqrt(norm), 1e-3 * std::sqrt(total)) << e.name;
+      continue;
+    }
     EXPECT_LT(std::sqrt(diff), (routed ? 0.25 : 0.05) * std::sqrt(norm) + 1e-7)
         << e.name << " |cpu| " << std::sqrt(norm);
   }

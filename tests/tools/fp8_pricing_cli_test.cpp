@@ -4,6 +4,7 @@
 // bad FP8 input gets one line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -62,12 +63,22 @@ TEST(Fp8Simulate, PricesEveryOpOfTheFp8StepProgram) {
   EXPECT_EQ(sum(priced_counts(bf16.out)), static_cast<long long>(program_ops({})));
   EXPECT_EQ(sum(priced_counts(hybrid.out)), static_cast<long long>(program_ops(fp8)));
   EXPECT_GT(program_ops(fp8), program_ops({}));
-  // No fp8 GEMM is measured in the shipped profile: every FP8 GEMM is transferred, and the line says so.
-  EXPECT_GT(priced_counts(hybrid.out)[3], priced_counts(bf16.out)[3]);
+  // The shipped H200 profile holds measured FP8 GEMMs and casts: the FP8 ops are priced from them (fitted
+  // for the tiny model's shapes), none transferred, and the line says where the prices come from.
+  EXPECT_EQ(priced_counts(hybrid.out)[3], 0) << hybrid.out;
   EXPECT_NE(hybrid.out.find("precision: fp8 hybrid delayed"), std::string::npos) << hybrid.out;
-  EXPECT_NE(hybrid.out.find("FP8 GEMMs transferred from the bf16 prices"), std::string::npos) << hybrid.out;
-  EXPECT_NE(hybrid.out.find("low confidence"), std::string::npos) << hybrid.out;
+  EXPECT_NE(hybrid.out.find(" fp8 measurements and a fit of H200 SXM"), std::string::npos) << hybrid.out;
+  EXPECT_NE(hybrid.out.find("from measured FP8 casts"), std::string::npos) << hybrid.out;
   EXPECT_EQ(bf16.out.find("precision:"), std::string::npos) << bf16.out;
+  // A GPU without fp8 measurements: FP8 GEMMs transferred from its bf16 prices, and the line says so.
+  std::vector<std::string> h100 = kSimulateTiny;
+  *std::find(h100.begin(), h100.end(), "1x1xH200") = "1x1xH100";
+  const CliResult transferred = run_megatune(with(h100, {"--fp8-format", "hybrid"}));
+  ASSERT_EQ(transferred.exit_code, 0) << transferred.err;
+  EXPECT_EQ(sum(priced_counts(transferred.out)), static_cast<long long>(program_ops(fp8)));
+  EXPECT_NE(transferred.out.find("FP8 GEMMs transferred from the bf16 prices"), std::string::npos)
+      << transferred.out;
+  EXPECT_NE(transferred.out.find("low confidence"), std::string::npos) << transferred.out;
 
   fp8.recipe = layouts::Fp8Recipe::kTensorwise;
   fp8.format = layouts::Fp8Format::kE4M3;
