@@ -9,7 +9,22 @@ using layouts::LayerSymbol;
 using layouts::PipelineStage;
 
 int symbol_key(LayerSymbol symbol, bool moe, layouts::LayerRecompute recompute) {
-  return static_cast<int>(symbol) * 2 + (moe ? 1 : 0) + kSymbolKeysPerVariant * static_cast<int>(recompute);
+  int kind = 0;
+  switch (symbol) {
+    case LayerSymbol::kEmbedding:
+      kind = 0;
+      break;
+    case LayerSymbol::kDecoder:
+      kind = 1;
+      break;
+    case LayerSymbol::kMtp:
+      kind = 2;
+      break;
+    case LayerSymbol::kLoss:
+      kind = 3;
+      break;
+  }
+  return kind * 2 + (moe ? 1 : 0) + kSymbolKeysPerVariant * static_cast<int>(recompute);
 }
 
 void PassCost::add(const PassCost& other) {
@@ -29,9 +44,9 @@ std::size_t SimulationCache::IntsHash::operator()(const std::array<int, N>& key)
   return h;
 }
 
-SimulationCache::PriceKey SimulationCache::price_key(const layouts::ParallelConfig& c,
-                                                     const PassPlacements& placements, int symbol) {
-  PriceKey key{c.tp(),
+SimulationCache::ShapeKey SimulationCache::shape_key(const layouts::ParallelConfig& c,
+                                                     const PassPlacements& placements) {
+  ShapeKey key{c.tp(),
                c.cp(),
                c.ep(),
                c.etp(),
@@ -46,7 +61,6 @@ SimulationCache::PriceKey SimulationCache::price_key(const layouts::ParallelConf
     key[at++] = placement.size;
     key[at++] = placement.nodes;
   }
-  key[at] = symbol;
   return key;
 }
 
@@ -74,11 +88,10 @@ std::shared_ptr<const layouts::PipelineLayout> SimulationCache::layout(const lay
   return layouts_.emplace(key, std::move(parsed)).first->second;
 }
 
-std::optional<GridPlacements> SimulationCache::placements(const layouts::ParallelConfig& config) {
+const GridPlacements* SimulationCache::placements(const layouts::ParallelConfig& config) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = placements_.find(grid_key(config));
-  if (it == placements_.end()) return std::nullopt;
-  return it->second;
+  return it == placements_.end() ? nullptr : &it->second;
 }
 
 void SimulationCache::add_placements(const layouts::ParallelConfig& config,
@@ -89,9 +102,17 @@ void SimulationCache::add_placements(const layouts::ParallelConfig& config,
 
 std::shared_ptr<const layouts::StageParameters> SimulationCache::stage_parameters(
     const layouts::ModelSpec& model, const layouts::RankShape& shape, const PipelineStage& stage) {
-  const std::string key = std::to_string(shape.tp) + ' ' + std::to_string(shape.ep) + ' ' +
-                          std::to_string(shape.etp) + ' ' + std::to_string(stage.first_decoder_layer) + ' ' +
-                          std::to_string(stage.first_mtp_layer) + ' ' + stage.to_string();
+  // A valid layout's stage is E? t* m* L?: its counts and first layers say which layers it holds.
+  const StageKey key{shape.tp,
+                     shape.ep,
+                     shape.etp,
+                     stage.first_decoder_layer,
+                     stage.num_decoder_layers,
+                     stage.first_mtp_layer,
+                     stage.num_mtp_layers,
+                     stage.has_embedding ? 1 : 0,
+                     stage.has_loss ? 1 : 0,
+                     static_cast<int>(stage.symbols.size())};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = parameters_.find(key);
@@ -103,21 +124,32 @@ std::shared_ptr<const layouts::StageParameters> SimulationCache::stage_parameter
   return parameters_.emplace(key, std::move(counted)).first->second;
 }
 
-std::optional<SymbolCosts> SimulationCache::symbol_costs(const layouts::ParallelConfig& config,
-                                                         const PassPlacements& placements, int symbol) {
-  const PriceKey key = price_key(config, placements, symbol);
+const SymbolCosts* SimulationCache::symbol_costs(const layouts::ParallelConfig& config,
+                                                 const PassPlacements& placements, int symbol) {
+  const ShapeKey key = shape_key(config, placements);
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = costs_.find(key);
-  if (it == costs_.end()) return std::nullopt;
-  return it->second;
+  return it == costs_.end() ? nullptr : it->second.costs[symbol].get();
 }
 
 void SimulationCache::add_symbol_costs(const layouts::ParallelConfig& config,
                                        const PassPlacements& placements, int symbol,
                                        const SymbolCosts& costs) {
-  const PriceKey key = price_key(config, placements, symbol);
+  const ShapeKey key = shape_key(config, placements);
   std::lock_guard<std::mutex> lock(mutex_);
-  costs_.emplace(key, costs);
+  ShapeCosts& shape = costs_[key];
+  if (shape.costs[symbol]) return;  // another thread priced it first: the same costs
+  shape.costs[symbol] = std::make_unique<const SymbolCosts>(costs);
+  shape.times[symbol] = {
+      {costs.forward.compute_s + costs.forward.comm_s, costs.backward.compute_s + costs.backward.comm_s}};
+}
+
+PassTimes SimulationCache::pass_times(const layouts::ParallelConfig& config,
+                                      const PassPlacements& placements) {
+  const ShapeKey key = shape_key(config, placements);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = costs_.find(key);
+  return it == costs_.end() ? PassTimes{} : it->second.times;
 }
 
 std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
@@ -171,18 +203,7 @@ std::optional<std::vector<std::pair<double, double>>> cached_pass_s(const layout
                                                                     const layouts::PipelineLayout& layout,
                                                                     const PassPlacements& placements,
                                                                     SimulationCache& cache) {
-  std::array<std::optional<std::pair<double, double>>, 3 * kSymbolKeysPerVariant> symbols{};  // by symbol_key
-  for (LayerSymbol symbol :
-       {LayerSymbol::kEmbedding, LayerSymbol::kDecoder, LayerSymbol::kMtp, LayerSymbol::kLoss})
-    for (bool moe : {false, true})
-      for (layouts::LayerRecompute recompute :
-           {layouts::LayerRecompute::kKept, layouts::LayerRecompute::kUnitLast,
-            layouts::LayerRecompute::kUnitInner}) {
-        const int key = symbol_key(symbol, moe, recompute);
-        if (const std::optional<SymbolCosts> c = cache.symbol_costs(config, placements, key))
-          symbols[key] = {
-              {c->forward.compute_s + c->forward.comm_s, c->backward.compute_s + c->backward.comm_s}};
-      }
+  const PassTimes symbols = cache.pass_times(config, placements);
   const layouts::RecomputeSettings recompute = layouts::RecomputeSettings::of(config);
   std::vector<std::pair<double, double>> pass_s(layout.stages().size());
   for (const PipelineStage& stage : layout.stages()) {
@@ -211,8 +232,8 @@ std::optional<double> cached_lower_bound(const layouts::ModelSpec& model,
                                          const layouts::ParallelConfig& config, const OpPricer& pricer,
                                          const layouts::StepProgramOptions& options, SimulationCache& cache,
                                          bool with_sync) {
-  const std::optional<GridPlacements> placements = cache.placements(config);
-  if (!placements) return std::nullopt;
+  const GridPlacements* placements = cache.placements(config);
+  if (placements == nullptr) return std::nullopt;
   const std::shared_ptr<const layouts::PipelineLayout> layout = cache.layout(model, config);
   const std::optional<std::vector<std::pair<double, double>>> pass_s =
       cached_pass_s(model, config, *layout, placements->pass, cache);

@@ -62,44 +62,59 @@ struct GridPlacements {
 
 // A layer kind: E, dense t, MoE t, m or L, and how full recomputation treats it (layouts/recompute_plan.h):
 // kept, the last layer of its unit (its backward starts with the unit's re-run), or re-run by a later one.
-// The costs of a recomputed layer hold its own re-run, wherever in the pass its unit issues it.
-inline constexpr int kSymbolKeysPerVariant = 256;  // the (symbol char, moe) keys of one recompute variant
+// The costs of a recomputed layer hold its own re-run, wherever in the pass its unit issues it. Keys are
+// dense: 0 <= symbol_key(...) < kSymbolKeyCount.
+inline constexpr int kSymbolKeysPerVariant = 8;  // the (symbol, moe) keys of one recompute variant
+inline constexpr int kSymbolKeyCount = 3 * kSymbolKeysPerVariant;
 int symbol_key(layouts::LayerSymbol symbol, bool moe,
                layouts::LayerRecompute recompute = layouts::LayerRecompute::kKept);
+
+// Per layer kind (symbol_key): its forward and backward pass times (compute + blocking communication), where
+// priced.
+using PassTimes = std::array<std::optional<std::pair<double, double>>, kSymbolKeyCount>;
 
 class SimulationCache {
  public:
   // The pipeline layout of a valid config, parsed once per distinct arrangement.
   std::shared_ptr<const layouts::PipelineLayout> layout(const layouts::ModelSpec& model,
                                                         const layouts::ParallelConfig& config);
-  // The placements of the config's rank grid.
-  std::optional<GridPlacements> placements(const layouts::ParallelConfig& config);
+  // The placements of the config's rank grid (nullptr: not cached yet); they stay valid with the cache.
+  const GridPlacements* placements(const layouts::ParallelConfig& config);
   void add_placements(const layouts::ParallelConfig& config, const GridPlacements& placements);
-  // The parameters a stage holds on one rank of `shape`.
+  // The parameters a stage of a valid layout (E? t* m* L?) holds on one rank of `shape`.
   std::shared_ptr<const layouts::StageParameters> stage_parameters(const layouts::ModelSpec& model,
                                                                    const layouts::RankShape& shape,
                                                                    const layouts::PipelineStage& stage);
-  // One layer kind's pass costs under the config's step shape and those placements.
-  std::optional<SymbolCosts> symbol_costs(const layouts::ParallelConfig& config,
-                                          const PassPlacements& placements, int symbol);
+  // One layer kind's pass costs under the config's step shape and those placements (nullptr: not cached
+  // yet); they stay valid with the cache.
+  const SymbolCosts* symbol_costs(const layouts::ParallelConfig& config, const PassPlacements& placements,
+                                  int symbol);
   void add_symbol_costs(const layouts::ParallelConfig& config, const PassPlacements& placements, int symbol,
                         const SymbolCosts& costs);
+  // Every layer kind's pass times under the config's step shape and those placements, in one look-up.
+  PassTimes pass_times(const layouts::ParallelConfig& config, const PassPlacements& placements);
 
  private:
-  using PriceKey = std::array<int, 10 + 2 * kPassGroups.size() + 1>;
+  // The step-shape knobs and pass placements: what a layer kind's pass prices depend on.
+  using ShapeKey = std::array<int, 10 + 2 * kPassGroups.size()>;
   using GridKey = std::array<int, 7>;
+  using StageKey = std::array<int, 10>;
   struct IntsHash {
     template <std::size_t N>
     std::size_t operator()(const std::array<int, N>& key) const;
   };
-  static PriceKey price_key(const layouts::ParallelConfig& config, const PassPlacements& placements,
-                            int symbol);
+  // The layer kinds priced under one shape key.
+  struct ShapeCosts {
+    std::array<std::unique_ptr<const SymbolCosts>, kSymbolKeyCount> costs;
+    PassTimes times;
+  };
+  static ShapeKey shape_key(const layouts::ParallelConfig& config, const PassPlacements& placements);
   static GridKey grid_key(const layouts::ParallelConfig& config);
 
   std::mutex mutex_;
-  std::unordered_map<PriceKey, SymbolCosts, IntsHash> costs_;
+  std::unordered_map<ShapeKey, ShapeCosts, IntsHash> costs_;
   std::unordered_map<GridKey, GridPlacements, IntsHash> placements_;
-  std::unordered_map<std::string, std::shared_ptr<const layouts::StageParameters>> parameters_;
+  std::unordered_map<StageKey, std::shared_ptr<const layouts::StageParameters>, IntsHash> parameters_;
   std::unordered_map<std::string, std::shared_ptr<const layouts::PipelineLayout>> layouts_;
 };
 
