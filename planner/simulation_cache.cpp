@@ -64,6 +64,39 @@ SimulationCache::ShapeKey SimulationCache::shape_key(const layouts::ParallelConf
   return key;
 }
 
+SimulationCache::StageKey SimulationCache::stage_key(const layouts::RankShape& shape,
+                                                     const PipelineStage& stage) {
+  // A valid layout's stage is E? t* m* L?: its counts and first layers say which layers it holds.
+  return {shape.tp,
+          shape.ep,
+          shape.etp,
+          stage.first_decoder_layer,
+          stage.num_decoder_layers,
+          stage.first_mtp_layer,
+          stage.num_mtp_layers,
+          stage.has_embedding ? 1 : 0,
+          stage.has_loss ? 1 : 0,
+          static_cast<int>(stage.symbols.size())};
+}
+
+SimulationCache::SyncKey SimulationCache::sync_key(const layouts::RankShape& shape,
+                                                   const layouts::ParallelConfig& config,
+                                                   const PipelineStage& stage,
+                                                   const SyncPlacements& placements) {
+  SyncKey key{};
+  const StageKey parameters = stage_key(shape, stage);
+  std::copy(parameters.begin(), parameters.end(), key.begin());
+  std::size_t at = parameters.size();
+  for (int v : {stage.vpp_rank, shape.dp, shape.cp, shape.edp, static_cast<int>(config.sharding()),
+                config.overlap_grad_reduce ? 1 : 0, config.overlap_param_gather ? 1 : 0})
+    key[at++] = v;
+  for (const cost_models::CollectiveGroup& placement : placements) {
+    key[at++] = placement.size;
+    key[at++] = placement.nodes;
+  }
+  return key;
+}
+
 SimulationCache::GridKey SimulationCache::grid_key(const layouts::ParallelConfig& c) {
   return {c.world_size, c.tp(), c.cp(), c.pp(), c.ep(), c.etp(), static_cast<int>(c.rank_order)};
 }
@@ -102,17 +135,7 @@ void SimulationCache::add_placements(const layouts::ParallelConfig& config,
 
 std::shared_ptr<const layouts::StageParameters> SimulationCache::stage_parameters(
     const layouts::ModelSpec& model, const layouts::RankShape& shape, const PipelineStage& stage) {
-  // A valid layout's stage is E? t* m* L?: its counts and first layers say which layers it holds.
-  const StageKey key{shape.tp,
-                     shape.ep,
-                     shape.etp,
-                     stage.first_decoder_layer,
-                     stage.num_decoder_layers,
-                     stage.first_mtp_layer,
-                     stage.num_mtp_layers,
-                     stage.has_embedding ? 1 : 0,
-                     stage.has_loss ? 1 : 0,
-                     static_cast<int>(stage.symbols.size())};
+  const StageKey key = stage_key(shape, stage);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = parameters_.find(key);
@@ -152,6 +175,51 @@ PassTimes SimulationCache::pass_times(const layouts::ParallelConfig& config,
   return it == costs_.end() ? PassTimes{} : it->second.times;
 }
 
+const StageSync* SimulationCache::stage_sync(const layouts::RankShape& shape,
+                                             const layouts::ParallelConfig& config,
+                                             const PipelineStage& stage, const SyncPlacements& placements) {
+  const SyncKey key = sync_key(shape, config, stage, placements);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = syncs_.find(key);
+  return it == syncs_.end() ? nullptr : &it->second;
+}
+
+const StageSync* SimulationCache::add_stage_sync(const layouts::RankShape& shape,
+                                                 const layouts::ParallelConfig& config,
+                                                 const PipelineStage& stage, const SyncPlacements& placements,
+                                                 StageSync sync) {
+  const SyncKey key = sync_key(shape, config, stage, placements);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return &syncs_.emplace(key, std::move(sync)).first->second;
+}
+
+void RankSync::add(const StageSync& stage) {
+  for (const SyncEntry& entry : stage) (entry.async ? async_s : blocking_s) += entry.seconds;
+}
+
+std::optional<StageSync> stage_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
+                                    const layouts::ParallelConfig& config, const PipelineStage& stage,
+                                    const layouts::StepProgramOptions& options, SimulationCache* cache,
+                                    const std::function<std::optional<double>(const layouts::Op&)>& price) {
+  const std::shared_ptr<const layouts::StageParameters> parameters =
+      cache != nullptr
+          ? cache->stage_parameters(model, shape, stage)
+          : std::make_shared<const layouts::StageParameters>(layouts::stage_parameters(model, shape, stage));
+  StageSync sync;
+  for (const layouts::GradBucket& bucket :
+       layouts::grad_sync_buckets(shape, config, *parameters, stage.vpp_rank, options)) {
+    const std::optional<double> reduce = price(bucket.op);
+    if (!reduce) return std::nullopt;
+    sync.push_back({config.overlap_grad_reduce, *reduce});
+    // The gather after the step (FSDP optim_grads_params gathers in the passes instead).
+    if (!config.shards_optimizer_state() || config.shards_parameters()) continue;
+    const std::optional<double> gather = price(layouts::param_gather_op(bucket));
+    if (!gather) return std::nullopt;
+    sync.push_back({config.overlap_param_gather, *gather});
+  }
+  return sync;
+}
+
 std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
                                   const layouts::ParallelConfig& config,
                                   const std::vector<const PipelineStage*>& stages,
@@ -159,21 +227,9 @@ std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts
                                   const std::function<std::optional<double>(const layouts::Op&)>& price) {
   RankSync sync;
   for (const PipelineStage* stage : stages) {
-    const std::shared_ptr<const layouts::StageParameters> parameters =
-        cache != nullptr ? cache->stage_parameters(model, shape, *stage)
-                         : std::make_shared<const layouts::StageParameters>(
-                               layouts::stage_parameters(model, shape, *stage));
-    for (const layouts::GradBucket& bucket :
-         layouts::grad_sync_buckets(shape, config, *parameters, stage->vpp_rank, options)) {
-      const std::optional<double> reduce = price(bucket.op);
-      if (!reduce) return std::nullopt;
-      (config.overlap_grad_reduce ? sync.async_s : sync.blocking_s) += *reduce;
-      // The gather after the step (FSDP optim_grads_params gathers in the passes instead).
-      if (!config.shards_optimizer_state() || config.shards_parameters()) continue;
-      const std::optional<double> gather = price(layouts::param_gather_op(bucket));
-      if (!gather) return std::nullopt;
-      (config.overlap_param_gather ? sync.async_s : sync.blocking_s) += *gather;
-    }
+    const std::optional<StageSync> entries = stage_sync(model, shape, config, *stage, options, cache, price);
+    if (!entries) return std::nullopt;
+    sync.add(*entries);
   }
   return sync;
 }
@@ -247,10 +303,15 @@ std::optional<double> cached_lower_bound(const layouts::ModelSpec& model,
       if (group == kSyncGroups.end()) return std::nullopt;
       return pricer.price(op, placed[group - kSyncGroups.begin()]).time_s;
     };
-    const std::optional<RankSync> rank =
-        rank_sync(model, shape, config, layout->stages_of_rank(pp_rank), options, &cache, price);
-    if (!rank) return std::nullopt;
-    sync[pp_rank] = *rank;
+    for (const PipelineStage* stage : layout->stages_of_rank(pp_rank)) {
+      const StageSync* entries = cache.stage_sync(shape, config, *stage, placed);
+      if (entries == nullptr) {
+        std::optional<StageSync> priced = stage_sync(model, shape, config, *stage, options, &cache, price);
+        if (!priced) return std::nullopt;
+        entries = cache.add_stage_sync(shape, config, *stage, placed, std::move(*priced));
+      }
+      sync[pp_rank].add(*entries);
+    }
   }
   return pipeline_lower_bound(*layout, config.num_microbatches(), *pass_s, sync);
 }

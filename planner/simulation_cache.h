@@ -69,6 +69,14 @@ inline constexpr int kSymbolKeyCount = 3 * kSymbolKeysPerVariant;
 int symbol_key(layouts::LayerSymbol symbol, bool moe,
                layouts::LayerRecompute recompute = layouts::LayerRecompute::kKept);
 
+// One stage's gradient reductions and parameter gathers in issue order: each on the communication stream
+// (overlapped) or on the compute stream after the rank's last pass, and its time.
+struct SyncEntry {
+  bool async = false;
+  double seconds = 0.0;
+};
+using StageSync = std::vector<SyncEntry>;
+
 // Per layer kind (symbol_key): its forward and backward pass times (compute + blocking communication), where
 // priced.
 using PassTimes = std::array<std::optional<std::pair<double, double>>, kSymbolKeyCount>;
@@ -93,12 +101,20 @@ class SimulationCache {
                         const SymbolCosts& costs);
   // Every layer kind's pass times under the config's step shape and those placements, in one look-up.
   PassTimes pass_times(const layouts::ParallelConfig& config, const PassPlacements& placements);
+  // A stage's gradient sync (stage_sync) on a rank of `shape` whose sync groups sit at `placements` (nullptr:
+  // not cached yet); add_stage_sync returns the cached entry. They stay valid with the cache.
+  const StageSync* stage_sync(const layouts::RankShape& shape, const layouts::ParallelConfig& config,
+                              const layouts::PipelineStage& stage, const SyncPlacements& placements);
+  const StageSync* add_stage_sync(const layouts::RankShape& shape, const layouts::ParallelConfig& config,
+                                  const layouts::PipelineStage& stage, const SyncPlacements& placements,
+                                  StageSync sync);
 
  private:
   // The step-shape knobs and pass placements: what a layer kind's pass prices depend on.
   using ShapeKey = std::array<int, 10 + 2 * kPassGroups.size()>;
   using GridKey = std::array<int, 7>;
   using StageKey = std::array<int, 10>;
+  using SyncKey = std::array<int, 10 + 7 + 2 * kSyncGroups.size()>;
   struct IntsHash {
     template <std::size_t N>
     std::size_t operator()(const std::array<int, N>& key) const;
@@ -110,11 +126,15 @@ class SimulationCache {
   };
   static ShapeKey shape_key(const layouts::ParallelConfig& config, const PassPlacements& placements);
   static GridKey grid_key(const layouts::ParallelConfig& config);
+  static StageKey stage_key(const layouts::RankShape& shape, const layouts::PipelineStage& stage);
+  static SyncKey sync_key(const layouts::RankShape& shape, const layouts::ParallelConfig& config,
+                          const layouts::PipelineStage& stage, const SyncPlacements& placements);
 
   std::mutex mutex_;
   std::unordered_map<ShapeKey, ShapeCosts, IntsHash> costs_;
   std::unordered_map<GridKey, GridPlacements, IntsHash> placements_;
   std::unordered_map<StageKey, std::shared_ptr<const layouts::StageParameters>, IntsHash> parameters_;
+  std::unordered_map<SyncKey, StageSync, IntsHash> syncs_;
   std::unordered_map<std::string, std::shared_ptr<const layouts::PipelineLayout>> layouts_;
 };
 
@@ -122,8 +142,15 @@ class SimulationCache {
 // one after another, all before its optimizer step) and those on its compute stream after its last pass.
 struct RankSync {
   double async_s = 0.0, blocking_s = 0.0;
+  void add(const StageSync& stage);  // its entries, in order
 };
-// From the rank's chunks (`stages`, by chunk) and a price for each op (nullopt: cannot price it here).
+// One chunk's (`stage`'s) from a price for each op (nullopt: cannot price it here).
+std::optional<StageSync> stage_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
+                                    const layouts::ParallelConfig& config,
+                                    const layouts::PipelineStage& stage,
+                                    const layouts::StepProgramOptions& options, SimulationCache* cache,
+                                    const std::function<std::optional<double>(const layouts::Op&)>& price);
+// From the rank's chunks (`stages`, by chunk).
 std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
                                   const layouts::ParallelConfig& config,
                                   const std::vector<const layouts::PipelineStage*>& stages,
