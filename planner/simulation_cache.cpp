@@ -9,21 +9,9 @@ using layouts::LayerSymbol;
 using layouts::PipelineStage;
 
 int symbol_key(LayerSymbol symbol, bool moe, layouts::LayerRecompute recompute) {
-  int kind = 0;
-  switch (symbol) {
-    case LayerSymbol::kEmbedding:
-      kind = 0;
-      break;
-    case LayerSymbol::kDecoder:
-      kind = 1;
-      break;
-    case LayerSymbol::kMtp:
-      kind = 2;
-      break;
-    case LayerSymbol::kLoss:
-      kind = 3;
-      break;
-  }
+  constexpr std::array<LayerSymbol, 4> kinds = {LayerSymbol::kEmbedding, LayerSymbol::kDecoder,
+                                                LayerSymbol::kMtp, LayerSymbol::kLoss};
+  const int kind = static_cast<int>(std::find(kinds.begin(), kinds.end(), symbol) - kinds.begin());
   return kind * 2 + (moe ? 1 : 0) + kSymbolKeysPerVariant * static_cast<int>(recompute);
 }
 
