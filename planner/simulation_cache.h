@@ -1,8 +1,9 @@
 // SimulationCache: what the simulations and lower bounds of one search share, so that candidates differing
 // only in their pipeline arrangement or optimizer sharding price and parse nothing twice: each layer kind's
-// pass prices per (step-shape knobs, placement of the pass groups), those placements per rank grid, and the
-// parsed pipeline layouts. One cache serves one model, pricer and option set (a search's): nothing in its
-// keys tells models apart. Thread-safe.
+// pass prices per (step-shape knobs, placement of the pass groups), those placements per rank grid, each
+// stage's parameters and its priced gradient sync, and the parsed pipeline layouts; all but the layouts are
+// keyed by integers. One cache serves one model, pricer and option set (a search's): nothing in its keys
+// tells models apart. Thread-safe.
 #pragma once
 #include <array>
 #include <cstdint>
