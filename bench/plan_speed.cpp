@@ -4,7 +4,8 @@
 // (the simulator's own rate); and the time of one llama3-405b simulation at 16384 to 1048576 GPUs.
 // Usage: bench_plan_speed [threads] [presets|scale|searches|all] [no-fsdp] [uniform-only]   (default: 2 all;
 // no-fsdp: the search without its Megatron FSDP strategies, the space it had before them; uniform-only: full
-// recomputation as uniform 1 only, without the block units tried where no lighter recomputation fits)
+// recomputation as uniform 1 only, without the block units tried where no lighter recomputation fits), or
+// bench_plan_speed [threads] one MODEL CLUSTER GBS: that one search (executor memory), e.g. to profile it
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -139,6 +140,21 @@ void run_simulation_scaling() {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const std::string part = argc > 2 ? argv[2] : "all";
+  if (part == "one") {
+    if (argc < 6) {
+      std::fprintf(
+          stderr,
+          "usage: bench_plan_speed THREADS one MODEL CLUSTER GBS (e.g. 1 one deepseek-v3 256x8xH100 2048)\n");
+      return 2;
+    }
+    try {
+      run_search({argv[3], argv[4], std::atoi(argv[5])}, threads);
+    } catch (const UserError& e) {
+      std::fprintf(stderr, "bench_plan_speed: %s\n", e.what());
+      return 2;
+    }
+    return 0;
+  }
   for (int i = 3; i < argc; ++i) {
     if (std::string(argv[i]) == "no-fsdp") g_fsdp_dimension = false;
     if (std::string(argv[i]) == "uniform-only") g_block_recompute = false;

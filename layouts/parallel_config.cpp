@@ -188,7 +188,7 @@ void require_range(int value, int low, const char* flag) {
 
 }  // namespace
 
-void ParallelConfig::validate(const ModelSpec& model) const {
+void ParallelConfig::validate(const ModelSpec& model, const PipelineLayout* resolved_layout) const {
   // Sizes.
   require_range(world_size, 1, "--world-size");
   require_range(tensor_model_parallel_size, 1, "--tensor-model-parallel-size");
@@ -315,7 +315,9 @@ void ParallelConfig::validate(const ModelSpec& model) const {
         "--decoder-first/last-pipeline-num-layers cannot be combined with "
         "--account-for-embedding/loss-in-pipeline-split: use one of them");
   }
-  const PipelineLayout layout = resolved_pipeline_layout(model);
+  const PipelineLayout resolved =
+      resolved_layout != nullptr ? PipelineLayout() : resolved_pipeline_layout(model);
+  const PipelineLayout& layout = resolved_layout != nullptr ? *resolved_layout : resolved;
   if (!pipeline_model_parallel_layout.empty()) layout.validate(model.num_layers, model.mtp_num_layers);
   const int virtual_stages = layout.vpp();
   if (virtual_stages > 1) {

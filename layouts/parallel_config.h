@@ -107,8 +107,9 @@ struct ParallelConfig {
   // divisibility of heads / groups / ffn / experts / sequence / vocab work, world = tp*cp*dp*pp =
   // etp*ep*edp*pp, batch divisibility, VPP and interleaving constraints (p <= g <= m, m % g == 0 or >= p),
   // layout string rules, SP with MoE+EP+TP, recomputation and optimizer flag combinations.
-  // Throws UserError: one line naming the flag(s) and the way out.
-  void validate(const ModelSpec& model) const;
+  // Throws UserError: one line naming the flag(s) and the way out. `resolved_layout`, when given, is
+  // resolved_pipeline_layout(model), already built by the caller (not parsed again).
+  void validate(const ModelSpec& model, const PipelineLayout* resolved_layout = nullptr) const;
 
  private:
   void validate_fsdp() const;  // the FSDP flags' rules (part of validate)

@@ -3,6 +3,7 @@
 #include "layouts/pipeline_layout.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "base/user_error.h"
@@ -366,64 +367,63 @@ PipelineLayout PipelineLayout::accounting_for_embedding_and_loss(int num_layers,
 }
 
 void PipelineLayout::validate(int num_layers, int mtp_num_layers) const {
-  const std::string text = to_string();
-  std::string flat;
-  for (const PipelineStage& stage : stages_) flat += stage.to_string();
-  if (flat.empty() || flat.front() != 'E') {
-    layout_error(text, "the first layer must be the embedding E", "start the first stage with E");
-  }
-  if (flat.back() != 'L')
-    layout_error(text, "the last layer must be the loss L", "end the last stage with L");
-  const auto count = [&](char ch) { return static_cast<int>(std::count(flat.begin(), flat.end(), ch)); };
-  if (count('E') != 1) {
-    layout_error(text, std::to_string(count('E')) + " embeddings E",
-                 "write exactly one E, in the first stage");
-  }
-  if (count('L') != 1) {
-    layout_error(text, std::to_string(count('L')) + " losses L", "write exactly one L, in the last stage");
-  }
+  // The layout's text only for the error message; the checks read the symbols in order.
+  const auto fail = [this](const std::string& problem, const std::string& fix) {
+    layout_error(to_string(), problem, fix);
+  };
+  std::array<int, 256> counts{};
+  char first = 0, last = 0;
+  bool decoder_after_mtp = false;
+  for (const PipelineStage& stage : stages_)
+    for (LayerSymbol symbol : stage.symbols) {
+      const char ch = static_cast<char>(symbol);
+      if (first == 0) first = ch;
+      last = ch;
+      decoder_after_mtp = decoder_after_mtp || (symbol == LayerSymbol::kDecoder && counts['m'] > 0);
+      ++counts[static_cast<unsigned char>(ch)];
+    }
+  const auto count = [&](char ch) { return counts[static_cast<unsigned char>(ch)]; };
+  if (first != 'E') fail("the first layer must be the embedding E", "start the first stage with E");
+  if (last != 'L') fail("the last layer must be the loss L", "end the last stage with L");
+  if (count('E') != 1)
+    fail(std::to_string(count('E')) + " embeddings E", "write exactly one E, in the first stage");
+  if (count('L') != 1)
+    fail(std::to_string(count('L')) + " losses L", "write exactly one L, in the last stage");
   if (!stages_.front().has_embedding) {
-    layout_error(text, "E is not in the first stage (pp rank 0, virtual stage 0)",
-                 "put E in the first stage: Megatron embeds on the first virtual stage");
+    fail("E is not in the first stage (pp rank 0, virtual stage 0)",
+         "put E in the first stage: Megatron embeds on the first virtual stage");
   }
   if (!stages_.back().has_loss) {
-    layout_error(text, "L is not in the last stage (last pp rank, last virtual stage)",
-                 "put L in the last stage: Megatron computes the loss on the last virtual stage");
+    fail("L is not in the last stage (last pp rank, last virtual stage)",
+         "put L in the last stage: Megatron computes the loss on the last virtual stage");
   }
   if (count('t') != num_layers) {
-    layout_error(text,
-                 "it holds " + std::to_string(count('t')) + " decoder layers t but --num-layers is " +
-                     std::to_string(num_layers),
-                 "write exactly num-layers t");
+    fail("it holds " + std::to_string(count('t')) + " decoder layers t but --num-layers is " +
+             std::to_string(num_layers),
+         "write exactly num-layers t");
   }
   if (count('m') != mtp_num_layers) {
-    layout_error(text,
-                 "it holds " + std::to_string(count('m')) + " MTP layers m but --mtp-num-layers is " +
-                     std::to_string(mtp_num_layers),
-                 "write exactly mtp-num-layers m");
+    fail("it holds " + std::to_string(count('m')) + " MTP layers m but --mtp-num-layers is " +
+             std::to_string(mtp_num_layers),
+         "write exactly mtp-num-layers m");
   }
-  const size_t first_m = flat.find('m');
-  if (first_m != std::string::npos && flat.find('t', first_m) != std::string::npos) {
-    layout_error(text, "a decoder layer t follows an MTP layer m", "put every m after the last t");
-  }
+  if (decoder_after_mtp) fail("a decoder layer t follows an MTP layer m", "put every m after the last t");
   int mtp_stages = 0;
   for (const PipelineStage& stage : stages_) {
     if (stage.num_mtp_layers == 0) continue;
     ++mtp_stages;
     if (stage.vpp_rank != vpp() - 1) {
-      layout_error(text,
-                   "MTP layers sit in stage " + std::to_string(stage.stage_index) + " (pp rank " +
-                       std::to_string(stage.pp_rank) + ", virtual stage " + std::to_string(stage.vpp_rank) +
-                       "), not in the last virtual stage of a rank",
-                   "move m into one of the last " + std::to_string(pp_) + " stages");
+      fail("MTP layers sit in stage " + std::to_string(stage.stage_index) + " (pp rank " +
+               std::to_string(stage.pp_rank) + ", virtual stage " + std::to_string(stage.vpp_rank) +
+               "), not in the last virtual stage of a rank",
+           "move m into one of the last " + std::to_string(pp_) + " stages");
     }
     if (pp_ > 1 && stage.pp_rank == 0) {
-      layout_error(text, "MTP layers sit on pipeline rank 0", "move m to a later pipeline rank");
+      fail("MTP layers sit on pipeline rank 0", "move m to a later pipeline rank");
     }
   }
   if (mtp_stages > 1) {
-    layout_error(text, "MTP layers are spread over " + std::to_string(mtp_stages) + " stages",
-                 "put all m in one stage");
+    fail("MTP layers are spread over " + std::to_string(mtp_stages) + " stages", "put all m in one stage");
   }
 }
 

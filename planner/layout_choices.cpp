@@ -37,12 +37,12 @@ class ChoiceList {
   // `make` builds the layout; `prototype` says how the flags express it (layout_string set for "string").
   void try_add(const std::function<PipelineLayout()>& make, LayoutChoice prototype, bool as_string) {
     try {
-      const PipelineLayout layout = make();
-      std::string text = layout.to_string();
+      auto layout = std::make_shared<const PipelineLayout>(make());
+      std::string text = layout->to_string();
       if (!seen_.insert(text).second) return;
-      prototype.vpp = layout.vpp();
-      prototype.text = text;
-      if (as_string) prototype.layout_string = text;
+      prototype.vpp = layout->vpp();
+      prototype.stages = std::move(layout);
+      if (as_string) prototype.layout_string = std::move(text);
       out_.push_back(std::move(prototype));
     } catch (const std::exception&) {
       // This split does not exist for the layer count; skip it.

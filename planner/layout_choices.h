@@ -3,11 +3,13 @@
 // pinned (a layout string, the virtual-stage flags, --decoder-first/last-pipeline-num-layers,
 // --account-for-embedding/loss-in-pipeline-split).
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
+#include "layouts/pipeline_layout.h"
 #include "planner/search.h"
 
 namespace megatune::planner {
@@ -16,7 +18,8 @@ namespace megatune::planner {
 struct LayoutChoice {
   int vpp = 1;
   std::string layout_string;  // --pipeline-model-parallel-layout, "" when the flags below give it
-  std::string text;           // always set: the layout string of the stages
+  // Always set: the stages, as the config apply() sets resolves them (shared by its candidates).
+  std::shared_ptr<const layouts::PipelineLayout> stages;
   // Megatron's split flags (a pinned split): -1 / false when not given.
   int first_stage_layers = -1, last_stage_layers = -1;
   bool account_for_embedding = false, account_for_loss = false;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -121,7 +122,7 @@ class Deadline {
 // Each candidate's step-time lower bound, on `threads` threads (0 where the bound fails: the simulation
 // reports the problem; +infinity for the candidates the deadline left unbounded, simulated last).
 std::vector<double> lower_bounds(const PlanRequest& request, const OpPricer& pricer,
-                                 const std::vector<PlanCandidate>& candidates,
+                                 const std::vector<LayoutCandidate>& candidates,
                                  const SimulationOptions& options, int threads, const Deadline& deadline) {
   std::vector<double> bounds(candidates.size(), std::numeric_limits<double>::infinity());
   std::atomic<std::size_t> next{0};
@@ -163,7 +164,7 @@ class SimulationPhase {
         set_(set),
         capacity_(capacity),
         deadline_(deadline),
-        ok_(set.candidates.size(), 0) {
+        results_(set.candidates.size()) {
     options_.step = request.step;
     options_.tp_comm_overlap = request.tp_comm_overlap;
     options_.cache = &cache_;
@@ -192,11 +193,14 @@ class SimulationPhase {
     if (request_.progress) request_.progress({"simulating", total, total, best_step_s()});
   }
 
+  // The simulated candidates' results (by candidate; empty where not simulated), to be taken.
+  std::vector<std::unique_ptr<SimulationResult>>& results() { return results_; }
+
   // Indices of the simulated candidates.
   std::vector<std::size_t> simulated() const {
     std::vector<std::size_t> out;
-    for (std::size_t i = 0; i < ok_.size(); ++i)
-      if (ok_[i]) out.push_back(i);
+    for (std::size_t i = 0; i < results_.size(); ++i)
+      if (results_[i]) out.push_back(i);
     return out;
   }
 
@@ -217,7 +221,7 @@ class SimulationPhase {
     full.stop_above_bytes = 0;
     for (const auto& [partial_bytes, i] : unfinished_) {
       if (partial_bytes >= set_.smallest_oom.bytes) break;
-      const PlanCandidate& c = set_.candidates[i];
+      const LayoutCandidate& c = set_.candidates[i];
       set_.smallest_oom.note(request_.peak_memory_of(request_.model, c.config, full).total_bytes, c);
     }
   }
@@ -233,7 +237,7 @@ class SimulationPhase {
   }
 
   bool fits(std::size_t i) {
-    PlanCandidate& c = set_.candidates[i];
+    LayoutCandidate& c = set_.candidates[i];
     MemoryOptions options = memory_options_;
     options.stop_above_bytes = static_cast<std::int64_t>(capacity_);
     const MemoryEstimate peak = request_.peak_memory_of(request_.model, c.config, options);
@@ -259,7 +263,7 @@ class SimulationPhase {
       pruned_.fetch_add(1);
       return;
     }
-    PlanCandidate& c = set_.candidates[i];
+    const LayoutCandidate& c = set_.candidates[i];
     try {
       // The tighter bound (with the gradient sync) only for the candidates the cheap one let through.
       if (step_time_lower_bound(request_.model, c.config, pricer_, options_) > threshold()) {
@@ -267,10 +271,9 @@ class SimulationPhase {
         return;
       }
       if (request_.peak_memory_of && !fits(i)) return;
-      c.simulation = simulate(request_.model, c.config, pricer_, options_);
-      ok_[i] = 1;
+      results_[i] = std::make_unique<SimulationResult>(simulate(request_.model, c.config, pricer_, options_));
       std::lock_guard<std::mutex> lock(mutex_);
-      const double t = c.simulation.step_time_s;
+      const double t = results_[i]->step_time_s;
       best_times_.insert(std::upper_bound(best_times_.begin(), best_times_.end(), t), t);
       if (best_times_.size() > keep_k_) best_times_.pop_back();
     } catch (const std::exception& e) {
@@ -290,7 +293,7 @@ class SimulationPhase {
   std::size_t keep_k_ = 2;
   const std::vector<double>* bounds_ = nullptr;
   std::vector<std::size_t> order_;
-  std::vector<char> ok_;
+  std::vector<std::unique_ptr<SimulationResult>> results_;  // per candidate, where simulated
   std::atomic<std::size_t> next_{0};
   std::atomic<std::int64_t> done_{0}, pruned_{0}, out_of_memory_{0}, not_reached_{0};
   std::mutex mutex_;                // guards the fields below
@@ -302,22 +305,28 @@ class SimulationPhase {
 
 // The simulated candidates, fastest first (ties: less memory), at most top_k.
 std::vector<PlanCandidate> ranked(const PlanRequest& request, CandidateSet& set,
+                                  std::vector<std::unique_ptr<SimulationResult>>& results,
                                   std::vector<std::size_t> order) {
-  const std::vector<PlanCandidate>& c = set.candidates;
+  const std::vector<LayoutCandidate>& c = set.candidates;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const double ta = c[a].simulation.step_time_s, tb = c[b].simulation.step_time_s;
+    const double ta = results[a]->step_time_s, tb = results[b]->step_time_s;
     if (ta != tb) return ta < tb;
     return c[a].peak_memory_bytes < c[b].peak_memory_bytes;
   });
   const std::size_t keep = std::min<std::size_t>(order.size(), std::max(1, request.top_k));
   std::vector<PlanCandidate> out;
-  for (std::size_t i = 0; i < keep; ++i) out.push_back(std::move(set.candidates[order[i]]));
+  for (std::size_t i = 0; i < keep; ++i) {
+    PlanCandidate& candidate = out.emplace_back();
+    static_cast<LayoutCandidate&>(candidate) = std::move(set.candidates[order[i]]);
+    candidate.layout = candidate.stages->to_string();
+    candidate.simulation = std::move(*results[order[i]]);
+  }
   return out;
 }
 
 }  // namespace
 
-std::string describe(const PlanCandidate& c) {
+std::string describe(const LayoutCandidate& c) {
   std::ostringstream out;
   out << "tp" << c.config.tp() << " pp" << c.config.pp() << " vpp" << c.vpp << " dp" << c.config.dp() << " cp"
       << c.config.cp() << " ep" << c.config.ep() << " etp" << c.config.etp() << " mbs"
@@ -364,7 +373,7 @@ PlanResult plan(const PlanRequest& request, const OpPricer& pricer) {
   stats.simulate_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - sim_start).count();
 
-  result.ranked = ranked(request, set, phase.simulated());
+  result.ranked = ranked(request, set, phase.results(), phase.simulated());
   if (result.ranked.empty() && stats.failed == 0) {
     phase.settle_smallest_out_of_memory();
     throw_nothing_fits(stats, request, set.smallest_oom, capacity, set.first_invalid);

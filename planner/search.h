@@ -4,11 +4,13 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
+#include "layouts/pipeline_layout.h"
 #include "planner/memory_model.h"
 #include "planner/op_pricer.h"
 #include "planner/simulator.h"
@@ -91,12 +93,20 @@ struct PlanRequest {
   std::function<void(const SearchProgress&)> progress;
 };
 
-struct PlanCandidate {
+// A layout the search considers.
+struct LayoutCandidate {
   layouts::ParallelConfig config;
-  std::string layout;  // Megatron layout string of the stages (always given, uniform or not)
+  // The config's pipeline stages (shared by the candidates of one arrangement) and their Megatron layout
+  // string (uniform or not), given for the ranked candidates of a PlanResult.
+  std::shared_ptr<const layouts::PipelineLayout> stages;
+  std::string layout;
   int vpp = 1;
   std::int64_t peak_memory_bytes = 0;
   int peak_memory_pp_rank = 0;
+};
+
+// A simulated layout.
+struct PlanCandidate : LayoutCandidate {
   SimulationResult simulation;  // trace not recorded
 };
 
@@ -127,6 +137,6 @@ struct PlanResult {
 PlanResult plan(const PlanRequest& request, const OpPricer& pricer);
 
 // Compact description: "tp8 pp4 vpp2 dp32 cp1 ep1 etp8 mbs1 sel sp dopt".
-std::string describe(const PlanCandidate& candidate);
+std::string describe(const LayoutCandidate& candidate);
 
 }  // namespace megatune::planner

@@ -212,10 +212,10 @@ struct ShardingChoice {
   std::optional<layouts::DataParallelSharding> fsdp;
 };
 
-PlanCandidate make_candidate(const PlanRequest& request, const Grid& grid, const LayoutChoice& layout,
-                             const Knobs& k) {
+LayoutCandidate make_candidate(const PlanRequest& request, const Grid& grid, const LayoutChoice& layout,
+                               const Knobs& k) {
   const SearchSpace& space = request.space;
-  PlanCandidate c;
+  LayoutCandidate c;
   ParallelConfig& cfg = c.config;
   cfg.world_size = request.world_size;
   cfg.tensor_model_parallel_size = grid.tp;
@@ -245,7 +245,7 @@ PlanCandidate make_candidate(const PlanRequest& request, const Grid& grid, const
   cfg.overlap_param_gather = cfg.shards_optimizer_state() && replicated;
   if (layout.vpp > 1 && grid.pp == 2) cfg.overlap_p2p_comm = true;
   layout.apply(request.model, cfg);
-  c.layout = layout.text;
+  c.stages = layout.stages;
   c.vpp = layout.vpp;
   return c;
 }
@@ -261,7 +261,7 @@ class CandidateFilter {
 
   // `count` candidates a rule of validate() refuses, skipped unbuilt; the first one is built and validated
   // for its message.
-  void refuse(std::int64_t count, const std::function<PlanCandidate()>& make) {
+  void refuse(std::int64_t count, const std::function<LayoutCandidate()>& make) {
     if (count <= 0) return;
     if (stats_.invalid == 0) {
       add(make());
@@ -273,10 +273,10 @@ class CandidateFilter {
 
   // Whether the candidate was kept: valid and, as far as known here, fitting (an injected memory model sizes
   // only the candidates it would simulate: those are kept).
-  bool add(PlanCandidate c) {
+  bool add(LayoutCandidate c) {
     ++stats_.enumerated;
     try {
-      c.config.validate(request_.model);
+      c.config.validate(request_.model, c.stages.get());
       const std::string fp8 =
           request_.step.fp8.enabled()
               ? layouts::fp8_shape_problem(layouts::resolve_rank_shape(request_.model, c.config))
@@ -387,7 +387,7 @@ void enumerate_grid(const PlanRequest& request, const Grid& grid, CandidateFilte
 
 }  // namespace
 
-void SmallestOutOfMemory::note(std::int64_t peak_bytes, const PlanCandidate& candidate) {
+void SmallestOutOfMemory::note(std::int64_t peak_bytes, const LayoutCandidate& candidate) {
   if (peak_bytes >= bytes) return;
   bytes = peak_bytes;
   layout = describe(candidate);

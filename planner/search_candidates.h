@@ -15,12 +15,12 @@ namespace megatune::planner {
 struct SmallestOutOfMemory {
   std::int64_t bytes = std::numeric_limits<std::int64_t>::max();
   std::string layout;  // describe() of it
-  void note(std::int64_t peak_bytes, const PlanCandidate& candidate);
+  void note(std::int64_t peak_bytes, const LayoutCandidate& candidate);
 };
 
 struct CandidateSet {
-  std::vector<PlanCandidate> candidates;  // valid; memory-checked unless request.peak_memory_of is set
-  std::string first_invalid;              // the first rejected candidate and why
+  std::vector<LayoutCandidate> candidates;  // valid; memory-checked unless request.peak_memory_of is set
+  std::string first_invalid;                // the first rejected candidate and why
   SmallestOutOfMemory smallest_oom;
 };
 

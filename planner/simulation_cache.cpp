@@ -9,7 +9,10 @@ using layouts::LayerSymbol;
 using layouts::PipelineStage;
 
 int symbol_key(LayerSymbol symbol, bool moe, layouts::LayerRecompute recompute) {
-  return static_cast<int>(symbol) * 2 + (moe ? 1 : 0) + kSymbolKeysPerVariant * static_cast<int>(recompute);
+  constexpr std::array<LayerSymbol, 4> kinds = {LayerSymbol::kEmbedding, LayerSymbol::kDecoder,
+                                                LayerSymbol::kMtp, LayerSymbol::kLoss};
+  const int kind = static_cast<int>(std::find(kinds.begin(), kinds.end(), symbol) - kinds.begin());
+  return kind * 2 + (moe ? 1 : 0) + kSymbolKeysPerVariant * static_cast<int>(recompute);
 }
 
 void PassCost::add(const PassCost& other) {
@@ -29,9 +32,9 @@ std::size_t SimulationCache::IntsHash::operator()(const std::array<int, N>& key)
   return h;
 }
 
-SimulationCache::PriceKey SimulationCache::price_key(const layouts::ParallelConfig& c,
-                                                     const PassPlacements& placements, int symbol) {
-  PriceKey key{c.tp(),
+SimulationCache::ShapeKey SimulationCache::shape_key(const layouts::ParallelConfig& c,
+                                                     const PassPlacements& placements) {
+  ShapeKey key{c.tp(),
                c.cp(),
                c.ep(),
                c.etp(),
@@ -46,7 +49,39 @@ SimulationCache::PriceKey SimulationCache::price_key(const layouts::ParallelConf
     key[at++] = placement.size;
     key[at++] = placement.nodes;
   }
-  key[at] = symbol;
+  return key;
+}
+
+SimulationCache::StageKey SimulationCache::stage_key(const layouts::RankShape& shape,
+                                                     const PipelineStage& stage) {
+  // A valid layout's stage is E? t* m* L?: its counts and first layers say which layers it holds.
+  return {shape.tp,
+          shape.ep,
+          shape.etp,
+          stage.first_decoder_layer,
+          stage.num_decoder_layers,
+          stage.first_mtp_layer,
+          stage.num_mtp_layers,
+          stage.has_embedding ? 1 : 0,
+          stage.has_loss ? 1 : 0,
+          static_cast<int>(stage.symbols.size())};
+}
+
+SimulationCache::SyncKey SimulationCache::sync_key(const layouts::RankShape& shape,
+                                                   const layouts::ParallelConfig& config,
+                                                   const PipelineStage& stage,
+                                                   const SyncPlacements& placements) {
+  SyncKey key{};
+  const StageKey parameters = stage_key(shape, stage);
+  std::copy(parameters.begin(), parameters.end(), key.begin());
+  std::size_t at = parameters.size();
+  for (int v : {stage.vpp_rank, shape.dp, shape.cp, shape.edp, static_cast<int>(config.sharding()),
+                config.overlap_grad_reduce ? 1 : 0, config.overlap_param_gather ? 1 : 0})
+    key[at++] = v;
+  for (const cost_models::CollectiveGroup& placement : placements) {
+    key[at++] = placement.size;
+    key[at++] = placement.nodes;
+  }
   return key;
 }
 
@@ -74,11 +109,10 @@ std::shared_ptr<const layouts::PipelineLayout> SimulationCache::layout(const lay
   return layouts_.emplace(key, std::move(parsed)).first->second;
 }
 
-std::optional<GridPlacements> SimulationCache::placements(const layouts::ParallelConfig& config) {
+const GridPlacements* SimulationCache::placements(const layouts::ParallelConfig& config) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = placements_.find(grid_key(config));
-  if (it == placements_.end()) return std::nullopt;
-  return it->second;
+  return it == placements_.end() ? nullptr : &it->second;
 }
 
 void SimulationCache::add_placements(const layouts::ParallelConfig& config,
@@ -89,9 +123,7 @@ void SimulationCache::add_placements(const layouts::ParallelConfig& config,
 
 std::shared_ptr<const layouts::StageParameters> SimulationCache::stage_parameters(
     const layouts::ModelSpec& model, const layouts::RankShape& shape, const PipelineStage& stage) {
-  const std::string key = std::to_string(shape.tp) + ' ' + std::to_string(shape.ep) + ' ' +
-                          std::to_string(shape.etp) + ' ' + std::to_string(stage.first_decoder_layer) + ' ' +
-                          std::to_string(stage.first_mtp_layer) + ' ' + stage.to_string();
+  const StageKey key = stage_key(shape, stage);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = parameters_.find(key);
@@ -103,21 +135,77 @@ std::shared_ptr<const layouts::StageParameters> SimulationCache::stage_parameter
   return parameters_.emplace(key, std::move(counted)).first->second;
 }
 
-std::optional<SymbolCosts> SimulationCache::symbol_costs(const layouts::ParallelConfig& config,
-                                                         const PassPlacements& placements, int symbol) {
-  const PriceKey key = price_key(config, placements, symbol);
+const SymbolCosts* SimulationCache::symbol_costs(const layouts::ParallelConfig& config,
+                                                 const PassPlacements& placements, int symbol) {
+  const ShapeKey key = shape_key(config, placements);
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = costs_.find(key);
-  if (it == costs_.end()) return std::nullopt;
-  return it->second;
+  return it == costs_.end() ? nullptr : it->second.costs[symbol].get();
 }
 
 void SimulationCache::add_symbol_costs(const layouts::ParallelConfig& config,
                                        const PassPlacements& placements, int symbol,
                                        const SymbolCosts& costs) {
-  const PriceKey key = price_key(config, placements, symbol);
+  const ShapeKey key = shape_key(config, placements);
   std::lock_guard<std::mutex> lock(mutex_);
-  costs_.emplace(key, costs);
+  ShapeCosts& shape = costs_[key];
+  if (shape.costs[symbol]) return;  // another thread priced it first: the same costs
+  shape.costs[symbol] = std::make_unique<const SymbolCosts>(costs);
+  shape.times[symbol] = {
+      {costs.forward.compute_s + costs.forward.comm_s, costs.backward.compute_s + costs.backward.comm_s}};
+}
+
+PassTimes SimulationCache::pass_times(const layouts::ParallelConfig& config,
+                                      const PassPlacements& placements) {
+  const ShapeKey key = shape_key(config, placements);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = costs_.find(key);
+  return it == costs_.end() ? PassTimes{} : it->second.times;
+}
+
+const StageSync* SimulationCache::stage_sync(const layouts::RankShape& shape,
+                                             const layouts::ParallelConfig& config,
+                                             const PipelineStage& stage, const SyncPlacements& placements) {
+  const SyncKey key = sync_key(shape, config, stage, placements);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = syncs_.find(key);
+  return it == syncs_.end() ? nullptr : &it->second;
+}
+
+const StageSync* SimulationCache::add_stage_sync(const layouts::RankShape& shape,
+                                                 const layouts::ParallelConfig& config,
+                                                 const PipelineStage& stage, const SyncPlacements& placements,
+                                                 StageSync sync) {
+  const SyncKey key = sync_key(shape, config, stage, placements);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return &syncs_.emplace(key, std::move(sync)).first->second;
+}
+
+void RankSync::add(const StageSync& stage) {
+  for (const SyncEntry& entry : stage) (entry.async ? async_s : blocking_s) += entry.seconds;
+}
+
+std::optional<StageSync> stage_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
+                                    const layouts::ParallelConfig& config, const PipelineStage& stage,
+                                    const layouts::StepProgramOptions& options, SimulationCache* cache,
+                                    const std::function<std::optional<double>(const layouts::Op&)>& price) {
+  const std::shared_ptr<const layouts::StageParameters> parameters =
+      cache != nullptr
+          ? cache->stage_parameters(model, shape, stage)
+          : std::make_shared<const layouts::StageParameters>(layouts::stage_parameters(model, shape, stage));
+  StageSync sync;
+  for (const layouts::GradBucket& bucket :
+       layouts::grad_sync_buckets(shape, config, *parameters, stage.vpp_rank, options)) {
+    const std::optional<double> reduce = price(bucket.op);
+    if (!reduce) return std::nullopt;
+    sync.push_back({config.overlap_grad_reduce, *reduce});
+    // The gather after the step (FSDP optim_grads_params gathers in the passes instead).
+    if (!config.shards_optimizer_state() || config.shards_parameters()) continue;
+    const std::optional<double> gather = price(layouts::param_gather_op(bucket));
+    if (!gather) return std::nullopt;
+    sync.push_back({config.overlap_param_gather, *gather});
+  }
+  return sync;
 }
 
 std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
@@ -127,21 +215,9 @@ std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts
                                   const std::function<std::optional<double>(const layouts::Op&)>& price) {
   RankSync sync;
   for (const PipelineStage* stage : stages) {
-    const std::shared_ptr<const layouts::StageParameters> parameters =
-        cache != nullptr ? cache->stage_parameters(model, shape, *stage)
-                         : std::make_shared<const layouts::StageParameters>(
-                               layouts::stage_parameters(model, shape, *stage));
-    for (const layouts::GradBucket& bucket :
-         layouts::grad_sync_buckets(shape, config, *parameters, stage->vpp_rank, options)) {
-      const std::optional<double> reduce = price(bucket.op);
-      if (!reduce) return std::nullopt;
-      (config.overlap_grad_reduce ? sync.async_s : sync.blocking_s) += *reduce;
-      // The gather after the step (FSDP optim_grads_params gathers in the passes instead).
-      if (!config.shards_optimizer_state() || config.shards_parameters()) continue;
-      const std::optional<double> gather = price(layouts::param_gather_op(bucket));
-      if (!gather) return std::nullopt;
-      (config.overlap_param_gather ? sync.async_s : sync.blocking_s) += *gather;
-    }
+    const std::optional<StageSync> entries = stage_sync(model, shape, config, *stage, options, cache, price);
+    if (!entries) return std::nullopt;
+    sync.add(*entries);
   }
   return sync;
 }
@@ -171,18 +247,7 @@ std::optional<std::vector<std::pair<double, double>>> cached_pass_s(const layout
                                                                     const layouts::PipelineLayout& layout,
                                                                     const PassPlacements& placements,
                                                                     SimulationCache& cache) {
-  std::array<std::optional<std::pair<double, double>>, 3 * kSymbolKeysPerVariant> symbols{};  // by symbol_key
-  for (LayerSymbol symbol :
-       {LayerSymbol::kEmbedding, LayerSymbol::kDecoder, LayerSymbol::kMtp, LayerSymbol::kLoss})
-    for (bool moe : {false, true})
-      for (layouts::LayerRecompute recompute :
-           {layouts::LayerRecompute::kKept, layouts::LayerRecompute::kUnitLast,
-            layouts::LayerRecompute::kUnitInner}) {
-        const int key = symbol_key(symbol, moe, recompute);
-        if (const std::optional<SymbolCosts> c = cache.symbol_costs(config, placements, key))
-          symbols[key] = {
-              {c->forward.compute_s + c->forward.comm_s, c->backward.compute_s + c->backward.comm_s}};
-      }
+  const PassTimes symbols = cache.pass_times(config, placements);
   const layouts::RecomputeSettings recompute = layouts::RecomputeSettings::of(config);
   std::vector<std::pair<double, double>> pass_s(layout.stages().size());
   for (const PipelineStage& stage : layout.stages()) {
@@ -211,8 +276,8 @@ std::optional<double> cached_lower_bound(const layouts::ModelSpec& model,
                                          const layouts::ParallelConfig& config, const OpPricer& pricer,
                                          const layouts::StepProgramOptions& options, SimulationCache& cache,
                                          bool with_sync) {
-  const std::optional<GridPlacements> placements = cache.placements(config);
-  if (!placements) return std::nullopt;
+  const GridPlacements* placements = cache.placements(config);
+  if (placements == nullptr) return std::nullopt;
   const std::shared_ptr<const layouts::PipelineLayout> layout = cache.layout(model, config);
   const std::optional<std::vector<std::pair<double, double>>> pass_s =
       cached_pass_s(model, config, *layout, placements->pass, cache);
@@ -226,10 +291,15 @@ std::optional<double> cached_lower_bound(const layouts::ModelSpec& model,
       if (group == kSyncGroups.end()) return std::nullopt;
       return pricer.price(op, placed[group - kSyncGroups.begin()]).time_s;
     };
-    const std::optional<RankSync> rank =
-        rank_sync(model, shape, config, layout->stages_of_rank(pp_rank), options, &cache, price);
-    if (!rank) return std::nullopt;
-    sync[pp_rank] = *rank;
+    for (const PipelineStage* stage : layout->stages_of_rank(pp_rank)) {
+      const StageSync* entries = cache.stage_sync(shape, config, *stage, placed);
+      if (entries == nullptr) {
+        std::optional<StageSync> priced = stage_sync(model, shape, config, *stage, options, &cache, price);
+        if (!priced) return std::nullopt;
+        entries = cache.add_stage_sync(shape, config, *stage, placed, std::move(*priced));
+      }
+      sync[pp_rank].add(*entries);
+    }
   }
   return pipeline_lower_bound(*layout, config.num_microbatches(), *pass_s, sync);
 }

@@ -1,8 +1,9 @@
 // SimulationCache: what the simulations and lower bounds of one search share, so that candidates differing
 // only in their pipeline arrangement or optimizer sharding price and parse nothing twice: each layer kind's
-// pass prices per (step-shape knobs, placement of the pass groups), those placements per rank grid, and the
-// parsed pipeline layouts. One cache serves one model, pricer and option set (a search's): nothing in its
-// keys tells models apart. Thread-safe.
+// pass prices per (step-shape knobs, placement of the pass groups), those placements per rank grid, each
+// stage's parameters and its priced gradient sync, and the parsed pipeline layouts; all but the layouts are
+// keyed by integers. One cache serves one model, pricer and option set (a search's): nothing in its keys
+// tells models apart. Thread-safe.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -62,44 +63,79 @@ struct GridPlacements {
 
 // A layer kind: E, dense t, MoE t, m or L, and how full recomputation treats it (layouts/recompute_plan.h):
 // kept, the last layer of its unit (its backward starts with the unit's re-run), or re-run by a later one.
-// The costs of a recomputed layer hold its own re-run, wherever in the pass its unit issues it.
-inline constexpr int kSymbolKeysPerVariant = 256;  // the (symbol char, moe) keys of one recompute variant
+// The costs of a recomputed layer hold its own re-run, wherever in the pass its unit issues it. Keys are
+// dense: 0 <= symbol_key(...) < kSymbolKeyCount.
+inline constexpr int kSymbolKeysPerVariant = 8;  // the (symbol, moe) keys of one recompute variant
+inline constexpr int kSymbolKeyCount = 3 * kSymbolKeysPerVariant;
 int symbol_key(layouts::LayerSymbol symbol, bool moe,
                layouts::LayerRecompute recompute = layouts::LayerRecompute::kKept);
+
+// One stage's gradient reductions and parameter gathers in issue order: each on the communication stream
+// (overlapped) or on the compute stream after the rank's last pass, and its time.
+struct SyncEntry {
+  bool async = false;
+  double seconds = 0.0;
+};
+using StageSync = std::vector<SyncEntry>;
+
+// Per layer kind (symbol_key): its forward and backward pass times (compute + blocking communication), where
+// priced.
+using PassTimes = std::array<std::optional<std::pair<double, double>>, kSymbolKeyCount>;
 
 class SimulationCache {
  public:
   // The pipeline layout of a valid config, parsed once per distinct arrangement.
   std::shared_ptr<const layouts::PipelineLayout> layout(const layouts::ModelSpec& model,
                                                         const layouts::ParallelConfig& config);
-  // The placements of the config's rank grid.
-  std::optional<GridPlacements> placements(const layouts::ParallelConfig& config);
+  // The placements of the config's rank grid (nullptr: not cached yet); they stay valid with the cache.
+  const GridPlacements* placements(const layouts::ParallelConfig& config);
   void add_placements(const layouts::ParallelConfig& config, const GridPlacements& placements);
-  // The parameters a stage holds on one rank of `shape`.
+  // The parameters a stage of a valid layout (E? t* m* L?) holds on one rank of `shape`.
   std::shared_ptr<const layouts::StageParameters> stage_parameters(const layouts::ModelSpec& model,
                                                                    const layouts::RankShape& shape,
                                                                    const layouts::PipelineStage& stage);
-  // One layer kind's pass costs under the config's step shape and those placements.
-  std::optional<SymbolCosts> symbol_costs(const layouts::ParallelConfig& config,
-                                          const PassPlacements& placements, int symbol);
+  // One layer kind's pass costs under the config's step shape and those placements (nullptr: not cached
+  // yet); they stay valid with the cache.
+  const SymbolCosts* symbol_costs(const layouts::ParallelConfig& config, const PassPlacements& placements,
+                                  int symbol);
   void add_symbol_costs(const layouts::ParallelConfig& config, const PassPlacements& placements, int symbol,
                         const SymbolCosts& costs);
+  // Every layer kind's pass times under the config's step shape and those placements, in one look-up.
+  PassTimes pass_times(const layouts::ParallelConfig& config, const PassPlacements& placements);
+  // A stage's gradient sync (stage_sync) on a rank of `shape` whose sync groups sit at `placements` (nullptr:
+  // not cached yet); add_stage_sync returns the cached entry. They stay valid with the cache.
+  const StageSync* stage_sync(const layouts::RankShape& shape, const layouts::ParallelConfig& config,
+                              const layouts::PipelineStage& stage, const SyncPlacements& placements);
+  const StageSync* add_stage_sync(const layouts::RankShape& shape, const layouts::ParallelConfig& config,
+                                  const layouts::PipelineStage& stage, const SyncPlacements& placements,
+                                  StageSync sync);
 
  private:
-  using PriceKey = std::array<int, 10 + 2 * kPassGroups.size() + 1>;
+  // The step-shape knobs and pass placements: what a layer kind's pass prices depend on.
+  using ShapeKey = std::array<int, 10 + 2 * kPassGroups.size()>;
   using GridKey = std::array<int, 7>;
+  using StageKey = std::array<int, 10>;
+  using SyncKey = std::array<int, 10 + 7 + 2 * kSyncGroups.size()>;
   struct IntsHash {
     template <std::size_t N>
     std::size_t operator()(const std::array<int, N>& key) const;
   };
-  static PriceKey price_key(const layouts::ParallelConfig& config, const PassPlacements& placements,
-                            int symbol);
+  // The layer kinds priced under one shape key.
+  struct ShapeCosts {
+    std::array<std::unique_ptr<const SymbolCosts>, kSymbolKeyCount> costs;
+    PassTimes times;
+  };
+  static ShapeKey shape_key(const layouts::ParallelConfig& config, const PassPlacements& placements);
   static GridKey grid_key(const layouts::ParallelConfig& config);
+  static StageKey stage_key(const layouts::RankShape& shape, const layouts::PipelineStage& stage);
+  static SyncKey sync_key(const layouts::RankShape& shape, const layouts::ParallelConfig& config,
+                          const layouts::PipelineStage& stage, const SyncPlacements& placements);
 
   std::mutex mutex_;
-  std::unordered_map<PriceKey, SymbolCosts, IntsHash> costs_;
+  std::unordered_map<ShapeKey, ShapeCosts, IntsHash> costs_;
   std::unordered_map<GridKey, GridPlacements, IntsHash> placements_;
-  std::unordered_map<std::string, std::shared_ptr<const layouts::StageParameters>> parameters_;
+  std::unordered_map<StageKey, std::shared_ptr<const layouts::StageParameters>, IntsHash> parameters_;
+  std::unordered_map<SyncKey, StageSync, IntsHash> syncs_;
   std::unordered_map<std::string, std::shared_ptr<const layouts::PipelineLayout>> layouts_;
 };
 
@@ -107,8 +143,15 @@ class SimulationCache {
 // one after another, all before its optimizer step) and those on its compute stream after its last pass.
 struct RankSync {
   double async_s = 0.0, blocking_s = 0.0;
+  void add(const StageSync& stage);  // its entries, in order
 };
-// From the rank's chunks (`stages`, by chunk) and a price for each op (nullopt: cannot price it here).
+// One chunk's (`stage`'s) from a price for each op (nullopt: cannot price it here).
+std::optional<StageSync> stage_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
+                                    const layouts::ParallelConfig& config,
+                                    const layouts::PipelineStage& stage,
+                                    const layouts::StepProgramOptions& options, SimulationCache* cache,
+                                    const std::function<std::optional<double>(const layouts::Op&)>& price);
+// From the rank's chunks (`stages`, by chunk).
 std::optional<RankSync> rank_sync(const layouts::ModelSpec& model, const layouts::RankShape& shape,
                                   const layouts::ParallelConfig& config,
                                   const std::vector<const layouts::PipelineStage*>& stages,

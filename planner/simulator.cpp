@@ -365,7 +365,7 @@ class Builder {
   // alike), looked up once per grid.
   const PassPlacements& pass_placements(int sim) {
     if (pass_placements_) return *pass_placements_;
-    if (const std::optional<GridPlacements> cached = options_.cache->placements(config_))
+    if (const GridPlacements* cached = options_.cache->placements(config_))
       return *(pass_placements_ = cached->pass);
     GridPlacements placements;
     for (std::size_t g = 0; g < kPassGroups.size(); ++g)
@@ -383,9 +383,8 @@ class Builder {
   // A symbol's costs from the search's shared cache, its provenance counted into this result.
   bool shared_symbol_costs(int sim, int key, SymbolCosts& costs) {
     if (options_.cache == nullptr) return false;
-    const std::optional<SymbolCosts> shared =
-        options_.cache->symbol_costs(config_, pass_placements(sim), key);
-    if (!shared) return false;
+    const SymbolCosts* shared = options_.cache->symbol_costs(config_, pass_placements(sim), key);
+    if (shared == nullptr) return false;
     costs = *shared;
     for (int p = 0; p < kProvenanceCount; ++p) result_.provenance_counts[p] += costs.provenance_counts[p];
     return true;

@@ -112,9 +112,10 @@ planner::PlanCandidate against_candidate(const std::string& flags, const planner
     if (message.rfind(kFlag, 0) == 0) throw;
     throw UserError(std::string(kFlag) + ": " + message);
   }
-  const layouts::PipelineLayout layout = c.config.resolved_pipeline_layout(request.model);
-  c.layout = layout.to_string();
-  c.vpp = layout.vpp();
+  c.stages =
+      std::make_shared<const layouts::PipelineLayout>(c.config.resolved_pipeline_layout(request.model));
+  c.layout = c.stages->to_string();
+  c.vpp = c.stages->vpp();
   planner::MemoryOptions memory = request.memory;
   memory.step = request.step;
   const planner::MemoryEstimate peak = request.peak_memory_of

@@ -1,7 +1,7 @@
 // The search's shared simulation cache and the pipeline lower bound: a simulation priced through a cache that
 // other layouts filled equals one priced from scratch; the bound (with and without the gradient-sync terms,
 // cached or not) stays below the simulated step over dense, MoE, CP, VPP, uneven and DP layouts, and holds
-// a pipeline's fill and drain.
+// a pipeline's fill and drain; the cached gradient sync tells the data-parallel sharding and overlaps apart.
 #include "planner/simulation_cache.h"
 
 #include <gtest/gtest.h>
@@ -118,6 +118,36 @@ TEST(SimulationCache, TheBoundStaysBelowTheSimulatedStepCachedOrNot) {
       EXPECT_NEAR(cached_passes, passes, 1e-12 * passes);
     }
   }
+}
+
+// Layouts of one grid and stages that differ only in how the data-parallel ranks shard and overlap share
+// every cached pass price but not their gradient sync: each cached bound, computed again from a cache the
+// others filled, equals its own uncached one.
+TEST(SimulationCache, TheCachedGradientSyncTellsShardingAndOverlapsApart) {
+  const Pricing pricing("2x8xH100");
+  const Case c{"llama3-1b", 16, 2, 2, 1, 1, 1, 32, 1, "", false};
+  const layouts::ModelSpec model = model_of(c);
+  layouts::ParallelConfig blocking = config_of(c, model);
+  blocking.overlap_grad_reduce = false;  // the sync follows the last pass, so each kind shows in the bound
+  std::vector<layouts::ParallelConfig> configs(4, blocking);
+  configs[1].overlap_grad_reduce = true;
+  configs[2].use_distributed_optimizer = true;
+  configs[3].use_megatron_fsdp = true;
+  configs[3].data_parallel_sharding_strategy = layouts::DataParallelSharding::kOptimGradsParams;
+  SimulationCache cache;
+  SimulationOptions shared;
+  shared.cache = &cache;
+  std::vector<double> uncached;
+  for (const layouts::ParallelConfig& config : configs) {
+    config.validate(model);
+    uncached.push_back(step_time_lower_bound(model, config, *pricing.pricer));
+  }
+  for (std::size_t i = 1; i < uncached.size(); ++i) EXPECT_NE(uncached[i], uncached[0]) << i;
+  for (int round = 0; round < 3; ++round)
+    for (std::size_t i = 0; i < configs.size(); ++i)
+      EXPECT_NEAR(step_time_lower_bound(model, configs[i], *pricing.pricer, shared), uncached[i],
+                  1e-12 * uncached[i])
+          << "config " << i << ", round " << round;
 }
 
 // 1F1B over 8 stages with 8 microbatches: the passes alone are 8 of the 15 pass slots the pipeline needs;
