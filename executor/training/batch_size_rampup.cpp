@@ -39,8 +39,11 @@ MicroBatchCalculator::MicroBatchCalculator(std::int64_t global_batch_size, std::
     throw UserError(flag + ": the start batch size should be positive, got " + n(r.start_global_batch_size));
   if (r.batch_size_increment <= 0)
     throw UserError(flag + ": the batch size increment should be positive, got " + n(r.batch_size_increment));
-  if (r.rampup_samples < 0)
-    throw UserError(flag + ": the ramp-up samples should be non-negative, got " + n(r.rampup_samples));
+  if (r.rampup_samples <= 0)
+    throw UserError(flag +
+                    ": the ramp-up samples should be positive (Megatron divides by their share per "
+                    "increment), got " +
+                    n(r.rampup_samples));
   const std::int64_t diff = global_batch_size_ - r.start_global_batch_size;
   if (diff < 0)
     throw UserError(flag + ": expected --global-batch-size (" + n(global_batch_size_) +
