@@ -305,10 +305,12 @@ TEST(BatchSizeRampup, ResumesMidRampOntoTheUninterruptedLosses) {
 }
 
 TEST(BatchSizeRampup, ParallelLayoutsMatchTheSingleRank) {
-  // Micro-batch 1: the ramp 2 -> 8 runs 1 to 4 micro-batches per rank at dp 2, 2 to 8 under pp 2.
+  // Micro-batch 1: the ramp 2 -> 8 runs 1 to 4 micro-batches per rank at dp 2, 2 to 8 at dp 1.
   const layouts::ModelSpec spec = test::llama_tiny(true);
-  const auto run = [&](int dp, int pp, std::ostringstream& log) {
+  const auto run = [&](int dp, int pp, std::ostringstream& log, int vpp = 0) {
     layouts::ParallelConfig parallel = layout(8, 1, dp, pp);
+    parallel.num_virtual_stages_per_pipeline_rank = vpp;
+    parallel.overlap_p2p_comm = vpp > 1;  // interleaving at pp 2
     parallel.validate(spec);
     TrainOptions options = ramp_options(24);
     resolve_sample_schedule(options, 8, false);
@@ -326,6 +328,13 @@ TEST(BatchSizeRampup, ParallelLayoutsMatchTheSingleRank) {
           << "dp" << dp << " pp" << pp << " iteration " << i + 1;
     EXPECT_NE(line_of(log.str(), 3).find("global batch size:     4"), std::string::npos) << log.str();
   }
+  // The interleaved schedule (pp 2 x 2 virtual stages) rebuilt for 2, 4, 6 and 8 micro-batches.
+  std::ostringstream log;
+  const std::vector<IterationRecord> interleaved = run(1, 2, log, 2);
+  ASSERT_EQ(interleaved.size(), single.size());
+  for (std::size_t i = 0; i < single.size(); ++i)
+    EXPECT_NEAR(interleaved[i].step.loss, single[i].step.loss, 2e-5 * std::abs(single[i].step.loss))
+        << "pp2 vpp2 iteration " << i + 1;
 }
 
 }  // namespace
