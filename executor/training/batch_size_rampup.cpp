@@ -98,6 +98,13 @@ std::int64_t MicroBatchCalculator::samples_after(std::int64_t iterations) const 
   return consumed + (iterations - i) * global_batch_size_;
 }
 
+std::int64_t MicroBatchCalculator::first_final_iteration() const {
+  std::int64_t consumed = 0, iteration = 1;
+  for (; global_batch_size(consumed) != global_batch_size_; ++iteration)
+    consumed += global_batch_size(consumed);
+  return iteration;
+}
+
 void MicroBatchCalculator::check_batches(std::int64_t train_iters) const {
   std::int64_t consumed = 0;
   for (std::int64_t i = 0; i < train_iters && rampup_ && consumed <= rampup_->rampup_samples; ++i) {

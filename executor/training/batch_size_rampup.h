@@ -37,6 +37,8 @@ class MicroBatchCalculator {
   std::int64_t train_iters_for_samples(std::int64_t train_samples) const;
   // Samples consumed after `iterations` iterations from the start.
   std::int64_t samples_after(std::int64_t iterations) const;
+  // The first iteration (1-based) that runs the final --global-batch-size (1 without a ramp-up).
+  std::int64_t first_final_iteration() const;
   // Checks every batch the first `train_iters` iterations use (the consistency check Megatron runs at each
   // iteration), refusing the first that micro-batch x data-parallel size does not divide.
   void check_batches(std::int64_t train_iters) const;

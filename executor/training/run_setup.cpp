@@ -1,6 +1,7 @@
 // Run setup: a rank's RunConfig from (model, layout, flags, rank).
 #include "executor/training/run_setup.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "base/user_error.h"
@@ -293,6 +294,19 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.trace = a.trace;
   run.trace.rank = rank;
   run.trace.coordinates = placement.coordinates;
+  if (run.batch_sizes && !run.trace.dir.empty()) {
+    // The trace (and the manifest compare reads) is of the final global batch: the window follows the ramp.
+    const std::int64_t first = run.batch_sizes->first_final_iteration();
+    if (run.trace.first_iteration == 0 && first <= a.train_iters) {
+      run.trace.first_iteration = first;
+      run.trace.iterations = std::min<std::int64_t>(3, a.train_iters - first + 1);
+    } else if (run.trace.first_iteration < first) {
+      throw UserError(
+          "--trace-dir with --rampup-batch-size: the ramp-up runs smaller batches until iteration " +
+          std::to_string(first) + "; trace from there (--trace-iterations " + std::to_string(first) +
+          ":3) or train past it");
+    }
+  }
   resolve_trace_window(run.trace, a.train_iters);
   return run;
 }

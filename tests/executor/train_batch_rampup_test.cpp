@@ -72,6 +72,7 @@ TEST(BatchSizeRampup, MatchesMegatronsCalculator) {
   EXPECT_EQ(small.train_iters_for_samples(14), 4);
   EXPECT_EQ(small.train_iters_for_samples(1), 1);  // Megatron runs the first batch whole
   EXPECT_EQ(small.samples_after(7), 38);
+  EXPECT_EQ(small.first_final_iteration(), 5);  // batches 2, 2, 4, 6, then 8
   // A fractional share (100 samples over 7 increments) under data parallelism.
   const MicroBatchCalculator fractional(64, 4, 2, BatchSizeRampup{8, 8, 100});
   expect_calculator(fractional, {{0, 8, 1},
@@ -90,6 +91,7 @@ TEST(BatchSizeRampup, MatchesMegatronsCalculator) {
   EXPECT_EQ(fractional.train_iters_for_samples(101), 6);
   EXPECT_EQ(fractional.train_iters_for_samples(500), 11);
   EXPECT_EQ(fractional.train_iters_for_samples(7), 1);
+  EXPECT_EQ(fractional.first_final_iteration(), 7);  // 8, 8, 16, 24, 32, 56, then 64
   // Without a ramp: the constant calculator.
   const MicroBatchCalculator constant(64, 4, 2);
   EXPECT_EQ(constant.num_microbatches(12345), 8);
@@ -218,6 +220,24 @@ std::string line_of(const std::string& log, int iteration) {
   std::snprintf(tag, sizeof(tag), "iteration %8d/", iteration);
   const std::size_t at = log.find(tag);
   return at == std::string::npos ? "" : log.substr(at, log.find('\n', at) - at);
+}
+
+TEST(BatchSizeRampup, TracesTheFinalBatch) {
+  // A traced run's window (and the manifest's batch that compare prices) is the final global batch's.
+  const layouts::ModelSpec spec = layouts::model_preset("tiny");
+  layouts::ParallelConfig parallel = layout(8, 2);
+  parallel.validate(spec);
+  TrainOptions o = ramp_options(40);
+  o.trace.dir = "trace";
+  resolve_sample_schedule(o, 8, false);
+  const RunConfig run = build_run_config(spec, parallel, o, 0);
+  EXPECT_EQ(run.trace.first_iteration, 5);
+  EXPECT_EQ(run.trace.iterations, 3);
+  o.trace.first_iteration = 2;
+  o.trace.iterations = 3;
+  expect_refusal(
+      [&] { build_run_config(spec, parallel, o, 0); },
+      "the ramp-up runs smaller batches until iteration 5; trace from there (--trace-iterations 5:3)");
 }
 
 TEST(BatchSizeRampup, TinyRunConsumesAndLogsTheRamp) {
