@@ -247,6 +247,10 @@ int dry_run(const TrainArgs& a, const layouts::ModelSpec& spec, const layouts::P
   std::cout << "model: " << planner::describe_model(spec)
             << "\nsettings: " << planner::describe_run_settings(spec, parallel) << std::endl;
   if (options.fp8.enabled()) std::cout << "precision: " << layouts::describe(options.fp8) << std::endl;
+  if (options.rampup_batch_size)
+    std::cout << batch_size_calculator(spec, parallel, options).describe() << "; " << options.train_iters
+              << " iterations for --train-samples " << options.train_samples.value_or(0)
+              << "; the arena holds the final batch's micro-batches" << std::endl;
   for (int rank : one_rank_per_stage(parallel)) {
     const std::unique_ptr<Backend> sizing = make_sizing_backend(a.device, options.bf16);
     const RankArena arena = size_rank_arena(spec, parallel, options, rank, *sizing);
@@ -516,6 +520,15 @@ const Registrar kTrainCommand({
       };
       samples("--train-samples", a.options.train_samples,
               "samples to train (Megatron's sample schedule: --train-iters = samples / global batch)");
+      app.add_option_function<std::vector<std::int64_t>>(
+             "--rampup-batch-size",
+             [&a](const std::vector<std::int64_t>& v) {
+               a.options.rampup_batch_size = BatchSizeRampup{v.at(0), v.at(1), v.at(2)};
+             },
+             "Megatron's batch-size ramp-up: <start global batch> <increment> <ramp-up samples>; the global "
+             "batch grows by the increment over the ramp-up samples to --global-batch-size (with "
+             "--train-samples)")
+          ->expected(3);
       samples("--lr-warmup-samples", a.options.lr_warmup_samples,
               "warm-up in samples (with --train-samples)");
       samples("--lr-decay-samples", a.options.lr_decay_samples,

@@ -39,9 +39,9 @@ constexpr const char* kFp8Attention =
     "FP8 attention is not run by megatune (attention stays bf16 under --fp8-format): drop the flag";
 constexpr const char* kWandb =
     "Weights & Biases logging is not in megatune: drop the --wandb-* flags (the log lines carry the metrics)";
-constexpr const char* kRampup =
-    "batch-size ramp-up is not run by megatune: drop it (it trains at --global-batch-size from the first "
-    "iteration)";
+constexpr const char* kStepBatchSchedule =
+    "step batch-size schedules are not run by megatune: use --rampup-batch-size <start> <increment> "
+    "<ramp-up samples> with --global-batch-size, or drop the flag";
 constexpr const char* kDropout =
     "megatune trains without dropout: pass 0.0 (as most pre-training scripts do) or drop the flag";
 constexpr const char* kFsdpDtype =
@@ -154,8 +154,7 @@ const std::vector<CompatFlag>& table() {
       {"--wandb-exp-name", 1, T::kRefused, kWandb},
       {"--wandb-save-dir", 1, T::kRefused, kWandb},
       {"--wandb-entity", 1, T::kRefused, kWandb},
-      {"--rampup-batch-size", -1, T::kRefused, kRampup},
-      {"--step-batch-size-schedule", 1, T::kRefused, kRampup},
+      {"--step-batch-size-schedule", 1, T::kRefused, kStepBatchSchedule},
       {"--use-legacy-models", 0, T::kRefused,
        "Megatron's legacy models are not a separate path in megatune: drop the flag (its models are Core's)"},
   };

@@ -275,6 +275,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
     moe_ = std::make_unique<MoeLayers>(config_, shape_, moe_count, batch_.activation_slots, compute_dtype_,
                                        backend_, communicator_);
   if (stage_.num_mtp_layers > 0) allocate_mtp();
+  microbatch_capacity_ = batch_.num_microbatches;
   counted_tokens_.assign(batch_.num_microbatches, 0.0);
   slot_of_microbatch_.assign(batch_.num_microbatches, -1);
   forward_done_.assign(batch_.num_microbatches, false);
@@ -367,6 +368,20 @@ int GPTModel::slot_of(int index) {
 void GPTModel::release(int index) {
   if (forward_done_.at(index)) throw std::logic_error("release of a micro-batch before its backward");
   slot_of_microbatch_.at(index) = -1;
+}
+
+void GPTModel::set_num_microbatches(int count) {
+  if (count < 1 || count > microbatch_capacity_)
+    throw std::invalid_argument("GPTModel::set_num_microbatches: " + std::to_string(count) +
+                                " micro-batches, the model holds 1 to " +
+                                std::to_string(microbatch_capacity_));
+  for (int i = 0; i < batch_.num_microbatches; ++i)
+    if (slot_of_microbatch_[i] >= 0 || forward_done_[i])
+      throw std::logic_error("GPTModel::set_num_microbatches inside an iteration");
+  batch_.num_microbatches = count;
+  counted_tokens_.assign(count, 0.0);
+  slot_of_microbatch_.assign(count, -1);
+  forward_done_.assign(count, false);
 }
 
 Tensor GPTModel::stage_input(int index) { return slots_[slot_of(index)].residual.front(); }

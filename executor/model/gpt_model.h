@@ -121,6 +121,11 @@ class GPTModel final : public ParameterResidence {
   // The micro-batch's slot is free again (after its backward, once its input gradient was sent; on the
   // embedding stage the backward frees it).
   void release(int index);
+  // The micro-batches of the coming iterations (Megatron's batch-size ramp-up changes them between
+  // iterations): at least 1 and at most the BatchShape::num_microbatches the model was built for (its loss
+  // buffers); every slot must be free. The loss gradient's 1 / num_microbatches follows.
+  void set_num_microbatches(int count);
+  int microbatch_capacity() const { return microbatch_capacity_; }
   const StageSpan& stage() const { return stage_; }
   // Which of the chunk's layers full recomputation re-runs, and in which units.
   const layouts::RecomputePlan& recompute_plan() const { return plan_; }
@@ -403,6 +408,7 @@ class GPTModel final : public ParameterResidence {
   Tensor qk_norm_out_, qk_norm_grad_;
   Tensor d_hidden_shard_;               // (rows, h) the reduced input gradient (aliases d_hidden_ without SP)
   std::vector<double> counted_tokens_;  // per micro-batch of the iteration
+  int microbatch_capacity_ = 1;         // the micro-batches losses_ (and the MTP losses) hold
   std::unique_ptr<MoeLayers> moe_;      // the stage's MoE layers (null for a dense stage)
   std::unique_ptr<MtpBuffers> mtp_;     // the stage's MTP layers (null without)
   int moe_slot_ = 0;                    // the activation slot of the micro-batch being run

@@ -1,6 +1,7 @@
 // Run setup: a rank's RunConfig from (model, layout, flags, rank).
 #include "executor/training/run_setup.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "base/user_error.h"
@@ -115,6 +116,10 @@ void resolve_sample_schedule(TrainOptions& a, std::int64_t global_batch_size, bo
        a.lr_wsd_decay_iters.has_value()},
   };
   if (!a.train_samples) {
+    if (a.rampup_batch_size)
+      throw UserError(
+          "--rampup-batch-size needs a sample-based run (Megatron: expected no batch-size rampup for "
+          "iteration-based training): give --train-samples instead of --train-iters");
     for (const auto& p : pairs)
       if (p.samples)
         throw UserError(
@@ -131,11 +136,45 @@ void resolve_sample_schedule(TrainOptions& a, std::int64_t global_batch_size, bo
                       " belongs to an iteration schedule: with --train-samples give " + p.samples_flag);
     if (p.samples && *p.samples < 0) throw UserError(std::string(p.samples_flag) + " must be >= 0");
   }
+  if (a.rampup_batch_size) {  // the ramp-up's sizes are checked once the layout is known
+    a.train_iters = MicroBatchCalculator(global_batch_size, 1, 1, a.rampup_batch_size)
+                        .train_iters_for_samples(*a.train_samples);
+    if (a.train_iters == 0)
+      throw UserError("--train-samples " + std::to_string(*a.train_samples) +
+                      " gives no iteration: raise it");
+    return;
+  }
   if (*a.train_samples < global_batch_size)
     throw UserError("--train-samples " + std::to_string(*a.train_samples) +
                     " is less than one global batch (" + std::to_string(global_batch_size) +
                     " samples): raise it");
   a.train_iters = *a.train_samples / global_batch_size;  // Megatron's train_samples // global_batch_size
+}
+
+MicroBatchCalculator batch_size_calculator(const layouts::ModelSpec& spec,
+                                           const layouts::ParallelConfig& parallel, const TrainOptions& a) {
+  MicroBatchCalculator calculator(parallel.resolved_global_batch_size(), parallel.micro_batch_size,
+                                  parallel.dp(), a.rampup_batch_size);
+  if (!calculator.ramps()) return calculator;
+  calculator.check_batches(a.train_iters);
+  // Each batch the ramp-up reaches must be one the layout's pipeline schedule runs.
+  std::int64_t consumed = 0, last = -1;
+  for (std::int64_t i = 0; i < a.train_iters && consumed <= a.rampup_batch_size->rampup_samples; ++i) {
+    const std::int64_t batch = calculator.global_batch_size(consumed);
+    if (batch != last) {
+      layouts::ParallelConfig at = parallel;
+      at.global_batch_size = static_cast<int>(batch);
+      try {
+        at.validate(spec);
+      } catch (const UserError& e) {
+        throw UserError("--rampup-batch-size: the ramp-up's global batch " + std::to_string(batch) + ": " +
+                        e.what());
+      }
+      last = batch;
+    }
+    consumed += batch;
+  }
+  return calculator;
 }
 
 RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::ParallelConfig& parallel,
@@ -207,6 +246,17 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   t.lr = lr_schedule(a, gbs);
 
   run.train_iters = a.train_iters;
+  run.train_samples = a.train_samples.value_or(0);
+  if (a.rampup_batch_size) {
+    run.batch_sizes = batch_size_calculator(spec, parallel, a);
+    // The rank's program at each of the ramp-up's micro-batch counts (the final one is `t`'s).
+    run.program_for = [spec, parallel, rank](int count) {
+      layouts::ParallelConfig at = parallel;
+      at.global_batch_size = count * parallel.micro_batch_size * parallel.dp();
+      RankProgram program{rank_layout(spec, at, rank).schedule, layouts::walk_rank_step(spec, at, rank)};
+      return program;
+    };
+  }
   run.data.data_path = a.data_path;
   run.data.mock_data = a.mock_data;
   run.data.split = a.split;
@@ -244,6 +294,19 @@ RunConfig build_run_config(const layouts::ModelSpec& spec, const layouts::Parall
   run.trace = a.trace;
   run.trace.rank = rank;
   run.trace.coordinates = placement.coordinates;
+  if (run.batch_sizes && !run.trace.dir.empty()) {
+    // The trace (and the manifest compare reads) is of the final global batch: the window follows the ramp.
+    const std::int64_t first = run.batch_sizes->first_final_iteration();
+    if (run.trace.first_iteration == 0 && first <= a.train_iters) {
+      run.trace.first_iteration = first;
+      run.trace.iterations = std::min<std::int64_t>(3, a.train_iters - first + 1);
+    } else if (run.trace.first_iteration < first) {
+      throw UserError(
+          "--trace-dir with --rampup-batch-size: the ramp-up runs smaller batches until iteration " +
+          std::to_string(first) + "; trace from there (--trace-iterations " + std::to_string(first) +
+          ":3) or train past it");
+    }
+  }
   resolve_trace_window(run.trace, a.train_iters);
   return run;
 }

@@ -30,6 +30,9 @@ struct TrainOptions {
   // Megatron's sample-based schedule: --train-samples (train_iters = samples / global batch), the warm-up,
   // decay and WSD anneal in samples. Either these or the iteration counts, not both (as Megatron asserts).
   std::optional<std::int64_t> train_samples, lr_warmup_samples, lr_decay_samples, lr_wsd_decay_samples;
+  // --rampup-batch-size <start global batch> <increment> <ramp-up samples> (with --train-samples only, as
+  // Megatron asserts): each iteration's global batch follows the consumed samples up to --global-batch-size.
+  std::optional<BatchSizeRampup> rampup_batch_size;
   std::string save, load;
   // --finetune: only the model's weights come from --load (iteration, consumed samples and optimizer state
   // start anew, the run is a new one); --no-load-optim: the optimizer state starts anew.
@@ -88,9 +91,17 @@ struct RankLayout {
 RankLayout rank_layout(const layouts::ModelSpec& model, const layouts::ParallelConfig& config, int rank);
 
 // Megatron's sample-based schedule: refuses one mixed with iteration counts (train_iters_given: the command
-// line gave --train-iters) and sets train_iters to train_samples / global_batch_size. UserError naming the
-// flags; nothing to do without --train-samples.
+// line gave --train-iters) and sets train_iters to train_samples / global_batch_size, or under
+// --rampup-batch-size to the ramp-up's iterations (Megatron's update_train_iters). UserError naming the
+// flags; nothing to do without --train-samples (a ramp-up without it is refused).
 void resolve_sample_schedule(TrainOptions& options, std::int64_t global_batch_size, bool train_iters_given);
+
+// Megatron's micro-batch calculator of the run (--rampup-batch-size ramps it); UserError where Megatron
+// asserts, including a batch of the ramp-up that micro-batch x dp does not divide or the pipeline schedule
+// cannot run.
+MicroBatchCalculator batch_size_calculator(const layouts::ModelSpec& model,
+                                           const layouts::ParallelConfig& config,
+                                           const TrainOptions& options);
 
 // The whole RunConfig of `rank`; peak_tflops is left 0 (the caller knows its device). UserError on bad flags.
 RunConfig build_run_config(const layouts::ModelSpec& model, const layouts::ParallelConfig& config,

@@ -137,6 +137,7 @@ Trainer::Trainer(const TrainerConfig& config, const layouts::RankSchedule& sched
       if (item.kind == layouts::StepItemKind::kForward) forward_items_.push_back(item);
   }
   slots_per_chunk_ = activation_slots_per_chunk(schedule_, chunks);
+  microbatch_capacity_ = config_.batch.num_microbatches;
   backend_.begin_sizing();
   build(true);
   const std::int64_t bytes = backend_.end_sizing();
@@ -179,6 +180,31 @@ void Trainer::build(bool sizing) {
   if (config_.model.is_moe() && config_.model.router.enable_expert_bias)
     expert_counts_ = backend_.allocate(DType::kFP32, 1, config_.model.num_layers * config_.model.num_experts,
                                        "grad norm and loss reductions");
+}
+
+void Trainer::set_num_microbatches(int count, const layouts::RankSchedule& schedule,
+                                   const std::optional<layouts::RankStep>& step) {
+  if (count < 1 || count > microbatch_capacity_)
+    throw std::invalid_argument("Trainer::set_num_microbatches: " + std::to_string(count) +
+                                " micro-batches, the trainer was built for 1 to " +
+                                std::to_string(microbatch_capacity_));
+  if (schedule.num_microbatches != count || schedule.pp != schedule_.pp || schedule.vpp != schedule_.vpp)
+    throw std::invalid_argument("Trainer::set_num_microbatches: the schedule is not this rank's for " +
+                                std::to_string(count) + " micro-batches");
+  if (step.has_value() != config_.step.has_value() ||
+      (step && step->buckets.size() != config_.step->buckets.size()))
+    throw std::invalid_argument("Trainer::set_num_microbatches: the walk is not this rank's");
+  const std::vector<StageSpan> chunks = resolved_chunks(config_);
+  const std::vector<int> slots = activation_slots_per_chunk(schedule, chunks);
+  for (std::size_t c = 0; c < slots.size(); ++c)
+    if (slots[c] > slots_per_chunk_.at(c))
+      throw std::logic_error("the schedule of " + std::to_string(count) + " micro-batches needs " +
+                             std::to_string(slots[c]) + " activation slots in chunk " + std::to_string(c) +
+                             ", the trainer holds " + std::to_string(slots_per_chunk_[c]));
+  schedule_ = schedule;
+  items_ = step ? step->items : items_from_schedule(schedule_, chunks, config_.model.mtp_num_layers);
+  config_.batch.num_microbatches = count;
+  for (auto& chunk : chunks_) chunk->set_num_microbatches(count);
 }
 
 void Trainer::run_forward(const layouts::StepItem& item, const MicroBatch& batch, bool evaluation) {

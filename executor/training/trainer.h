@@ -120,9 +120,20 @@ class Trainer {
   // the data-parallel ranks, reported on every rank.
   StepResult train_step(const std::vector<MicroBatch>& microbatches);
 
-  // Forward only over `microbatches` (this data-parallel rank's share of one global batch; evaluation, no
-  // gradient, no update), interpreting the forward-only walk. Every rank of the job calls it; the result,
-  // summed over the data-parallel ranks, is reported on every rank.
+  // Megatron's batch-size ramp-up: the coming iterations run `count` micro-batches (at least 1, at most
+  // the config.batch.num_microbatches the trainer was built for: its buffers and activation slots) under
+  // this rank's `schedule` for that count and, in a parallel run, its walk `step` (layouts::walk_rank_step
+  // at that count). Between iterations only; the loss averaging, the consumed samples and the global batch
+  // follow. Evaluation keeps the full count (Megatron evaluates whole --global-batch-size batches).
+  void set_num_microbatches(int count, const layouts::RankSchedule& schedule,
+                            const std::optional<layouts::RankStep>& step);
+  int num_microbatches() const { return config_.batch.num_microbatches; }
+  int microbatch_capacity() const { return microbatch_capacity_; }
+
+  // Forward only over `microbatches` (this data-parallel rank's share of one global batch:
+  // microbatch_capacity() of them; evaluation, no gradient, no update), interpreting the forward-only walk.
+  // Every rank of the job calls it; the result, summed over the data-parallel ranks, is reported on every
+  // rank.
   EvaluationResult evaluate(const std::vector<MicroBatch>& microbatches);
 
   // Checkpointed state: tensors "model.<param>", "optimizer.exp_avg.<param>", "optimizer.exp_avg_sq.<param>"
@@ -160,6 +171,7 @@ class Trainer {
 
  private:
   void build(bool sizing);
+  EvaluationResult evaluate_batches(const std::vector<MicroBatch>& microbatches);  // evaluate's pass
   void run_items(const std::vector<MicroBatch>& microbatches);
   // A kForward item segment by segment (evaluation: forward only).
   void run_forward(const layouts::StepItem& item, const MicroBatch& batch, bool evaluation);
@@ -198,6 +210,8 @@ class Trainer {
   Tensor scalar_;         // (1, 2) fp32: bookkeeping reductions
   Tensor cp_loss_sums_;   // (1, 2 * micro-batches) fp32: the CP group's loss sums and counted tokens
   Tensor expert_counts_;  // (1, L * E) fp32: the tokens per expert summed for the expert-bias update
+  int microbatch_capacity_ =
+      1;  // the micro-batches the buffers hold (config.batch.num_microbatches at build)
   std::int64_t iteration_ = 0;
   std::int64_t consumed_samples_ = 0;
   std::int64_t skipped_iterations_ = 0;

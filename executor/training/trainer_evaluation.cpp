@@ -7,9 +7,18 @@
 namespace megatune::executor {
 
 EvaluationResult Trainer::evaluate(const std::vector<MicroBatch>& microbatches) {
-  if (static_cast<int>(microbatches.size()) != config_.batch.num_microbatches)
+  if (static_cast<int>(microbatches.size()) != microbatch_capacity_)
     throw std::invalid_argument("evaluate: wrong number of micro-batches");
   const RecordingPause pause(backend_);  // the step program holds training iterations only
+  // Megatron evaluates whole --global-batch-size batches, also while the training batch ramps up.
+  const int training_count = config_.batch.num_microbatches;
+  for (auto& chunk : chunks_) chunk->set_num_microbatches(microbatch_capacity_);
+  EvaluationResult result = evaluate_batches(microbatches);
+  for (auto& chunk : chunks_) chunk->set_num_microbatches(training_count);
+  return result;
+}
+
+EvaluationResult Trainer::evaluate_batches(const std::vector<MicroBatch>& microbatches) {
   const std::vector<MicroBatch>& local = context_parallel_share(microbatches);
   for (auto& chunk : chunks_) chunk->fp8_weights_changed();  // the last step updated them
   for (const layouts::StepItem& item : forward_items_) {

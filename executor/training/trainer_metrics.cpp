@@ -38,10 +38,12 @@ std::vector<double> Trainer::context_parallel_losses(GPTModel& chunk) {
     sums[2 * i + 1] = static_cast<float>(chunk.counted_tokens()[i]);
   }
   RecordingPause pause(backend_);
-  backend_.upload(cp_loss_sums_, sums.data());
-  communicator_.all_reduce(CommGroup::kContext, cp_loss_sums_, ReduceOp::kSum,
+  // The buffer holds the most micro-batches the trainer runs (a batch-size ramp-up runs fewer first).
+  const Tensor used = flat_range(backend_, cp_loss_sums_, 0, static_cast<std::int64_t>(2 * m));
+  backend_.upload(used, sums.data());
+  communicator_.all_reduce(CommGroup::kContext, used, ReduceOp::kSum,
                            {"cp_loss_sum", -1, OpPhase::kOptimizer});
-  backend_.download(cp_loss_sums_, sums.data());
+  backend_.download(used, sums.data());
   for (std::size_t i = 0; i < m; ++i) losses[i] = sums[2 * i + 1] > 0 ? sums[2 * i] / sums[2 * i + 1] : 0.0;
   return losses;
 }

@@ -1,6 +1,7 @@
 // TrainingRun: data, iterations, Megatron-style logging and checkpoints of a `megatune train` run.
 #include "executor/training/training_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -85,6 +86,13 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
   if (config_.schedule.items.empty())
     config_.schedule = single_stage_schedule(t.model.num_layers, t.batch.num_microbatches);
   trainer_ = std::make_unique<Trainer>(t, config_.schedule, backend, communicator);
+  if (config_.batch_sizes && !config_.program_for) {
+    if (t.step) throw std::invalid_argument("a batch-size ramp-up of a parallel run needs its program_for");
+    const int layers = t.model.num_layers;
+    config_.program_for = [layers](int count) {
+      return RankProgram{single_stage_schedule(layers, count), {}};
+    };
+  }
   load_checkpoint();
   // Refuses a --save directory that another run trains into now or whose checkpoints are another run's.
   if (communicator_.world_rank() == 0)
@@ -95,7 +103,12 @@ TrainingRun::TrainingRun(RunConfig config, Backend& backend, Communicator& commu
   data.skip_empty_evaluation_splits = true;
   // Megatron's sample counts: train_iters, (train_iters / eval_interval + 1) * eval_iters and eval_iters
   // global batches; a split of weight 0 is not evaluated.
-  const std::int64_t gbs = t.global_batch_size(), train_samples = config_.train_iters * gbs;
+  // The ramp-up's iterations consume what the calculator gives; Megatron builds the split for
+  // --train-samples.
+  const std::int64_t gbs = t.global_batch_size();
+  const std::int64_t train_samples = std::max(
+      config_.train_samples, config_.batch_sizes ? config_.batch_sizes->samples_after(config_.train_iters)
+                                                 : config_.train_iters * gbs);
   const std::array<double, 3> weights = data::parse_split(data.split);
   const std::int64_t evaluations =
       config_.eval_interval > 0 ? config_.train_iters / config_.eval_interval + 1 : 1;
@@ -142,6 +155,7 @@ void TrainingRun::save_checkpoint() {
     }
     trainer_->world_sum(0.0);
   }
+  saved_iteration_ = trainer_->iteration();
   log_ << "saved checkpoint at iteration " << std::setw(8) << trainer_->iteration() << " to " << config_.save
        << "\n";
 }
@@ -268,6 +282,18 @@ std::string TrainingRun::exit_reason(std::int64_t iteration) {
   return "";
 }
 
+bool TrainingRun::follow_batch_size_rampup() {
+  if (!config_.batch_sizes) return false;
+  const int count = config_.batch_sizes->num_microbatches(trainer_->consumed_samples());
+  if (count == trainer_->num_microbatches()) return false;
+  if (count > trainer_->microbatch_capacity())
+    throw UserError("--rampup-batch-size: the global batch after " +
+                    std::to_string(trainer_->consumed_samples()) + " samples exceeds --global-batch-size");
+  const RankProgram program = config_.program_for(count);
+  trainer_->set_num_microbatches(count, program.schedule, program.step);
+  return true;
+}
+
 std::vector<IterationRecord> TrainingRun::run() {
   const TrainerConfig& t = config_.trainer;
   data::DataLoaderConfig loader_config;
@@ -295,13 +321,28 @@ std::vector<IterationRecord> TrainingRun::run() {
     test_config.consumed_samples = 0;
     test_loader.emplace(test_dataset_, test_config);
   }
-  std::vector<MicroBatch> microbatches(t.batch.num_microbatches);
+  // The batch of the samples consumed so far (a resumed ramp-up continues at its checkpoint's batch).
+  follow_batch_size_rampup();
+  if (config_.batch_sizes && trainer_->iteration() == 0 && !config_.batch_sizes->describe().empty())
+    log_ << config_.batch_sizes->describe() << std::endl;
+  std::vector<MicroBatch> microbatches;
   std::vector<IterationRecord> records;
+  const double flops_per_sample = config_.flops_per_iteration / static_cast<double>(t.global_batch_size());
 
-  double interval_time_s = 0, interval_loss = 0, interval_balance = 0;
+  double interval_time_s = 0, interval_loss = 0, interval_balance = 0, interval_samples = 0;
   std::vector<double> interval_mtp;  // per MTP layer
   std::int64_t interval_iters = 0, interval_skipped = 0;
   while (trainer_->iteration() < config_.train_iters) {
+    // Megatron saves a checkpoint (with --save) when the ramp-up changes the micro-batch count.
+    const std::int64_t before = trainer_->iteration(),
+                       previous_batch = trainer_->config().global_batch_size();
+    if (follow_batch_size_rampup()) {
+      log_ << "ramping up batch size from " << previous_batch << " to "
+           << trainer_->config().global_batch_size() << std::endl;
+      if (!config_.save.empty() && before != 0 && saved_iteration_ != before) save_checkpoint();
+    }
+    const std::int64_t batch_samples = trainer_->config().global_batch_size();
+    microbatches.resize(static_cast<std::size_t>(trainer_->num_microbatches()));
     for (MicroBatch& mb : microbatches)
       if (!loader.next(mb))
         throw UserError("the training data ran out before --train-iters; lower --train-iters");
@@ -315,6 +356,7 @@ std::vector<IterationRecord> TrainingRun::run() {
     if (tracer_) tracer_->after_step(record.iteration, record.step);
     records.push_back(record);
     interval_time_s += record.step.elapsed_s;
+    interval_samples += static_cast<double>(batch_samples);
     interval_loss += record.step.skipped ? 0.0 : record.step.loss;
     interval_balance += record.step.skipped ? 0.0 : record.step.load_balancing_loss;
     interval_mtp.resize(record.step.mtp_losses.size(), 0.0);
@@ -330,25 +372,28 @@ std::vector<IterationRecord> TrainingRun::run() {
         tensorboard_->add_scalar(tag + " vs samples", value, samples);
       };
       both("learning-rate", trainer_->current_learning_rate());
-      both("batch-size", static_cast<double>(t.global_batch_size()));
+      both("batch-size", static_cast<double>(batch_samples));
       if (!record.step.skipped) {
         both("lm loss", record.step.loss);
         both("grad-norm", record.step.grad_norm);
-        if (record.step.load_balancing_loss >= 0) both("load_balancing_loss", record.step.load_balancing_loss);
+        if (record.step.load_balancing_loss >= 0)
+          both("load_balancing_loss", record.step.load_balancing_loss);
         for (std::size_t k = 0; k < record.step.mtp_losses.size(); ++k)
           both("mtp_" + std::to_string(k + 1) + " loss", record.step.mtp_losses[k]);
       }
-      tensorboard_->add_scalar("world-size", static_cast<double>(communicator_.world_size()), record.iteration);
+      tensorboard_->add_scalar("world-size", static_cast<double>(communicator_.world_size()),
+                               record.iteration);
     }
     if (record.iteration % config_.log_interval == 0 || record.iteration == config_.train_iters) {
       LogInterval v;
       v.iteration = record.iteration;
       v.train_iters = config_.train_iters;
       v.consumed_samples = trainer_->consumed_samples();
-      v.global_batch_size = t.global_batch_size();
+      v.global_batch_size = batch_samples;
       const double seconds = interval_time_s / static_cast<double>(interval_iters);
       v.elapsed_ms_per_iteration = seconds * 1e3;
-      v.tflops_per_gpu = config_.flops_per_iteration / (seconds * 1e12 * config_.gpus);
+      // Megatron's FLOPs since the last log over its time: the ramp-up's batches counted as run.
+      v.tflops_per_gpu = flops_per_sample * interval_samples / (interval_time_s * 1e12 * config_.gpus);
       v.mfu_percent = config_.peak_tflops > 0 ? 100.0 * v.tflops_per_gpu / config_.peak_tflops : -1.0;
       v.learning_rate = trainer_->current_learning_rate();
       const std::int64_t counted = interval_iters - interval_skipped;
@@ -369,7 +414,7 @@ std::vector<IterationRecord> TrainingRun::run() {
                                  record.iteration);
         tensorboard_->flush();
       }
-      interval_time_s = interval_loss = interval_balance = 0;
+      interval_time_s = interval_loss = interval_balance = interval_samples = 0;
       interval_iters = interval_skipped = 0;
     }
     if (do_valid && config_.eval_interval > 0 && record.iteration % config_.eval_interval == 0)

@@ -5,16 +5,25 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "executor/checkpoint/run_lineage.h"
 #include "executor/data/dataset_builder.h"
+#include "executor/training/batch_size_rampup.h"
 #include "executor/training/run_trace.h"
 #include "executor/training/tensorboard_writer.h"
 #include "executor/training/trainer.h"
 
 namespace megatune::executor {
+
+// A rank's pipeline schedule and walk (layouts::walk_rank_step) for one micro-batch count; no walk: a single
+// rank's.
+struct RankProgram {
+  layouts::RankSchedule schedule;
+  std::optional<layouts::RankStep> step;
+};
 
 struct RunConfig {
   TrainerConfig trainer;
@@ -26,10 +35,10 @@ struct RunConfig {
   bool overwrite_checkpoints = false;  // --overwrite-checkpoints (executor/checkpoint/run_lineage.h)
   // --finetune: only the weights come from --load; the iteration, the data position and the run are new.
   bool finetune = false;
-  bool load_optimizer = true;       // false: --no-load-optim (or --finetune): the optimizer starts anew
-  std::int64_t exit_interval = 0;   // --exit-interval: save and stop after an iteration it divides
-  double exit_duration_s = 0;       // --exit-duration-in-mins * 60: save and stop once the run took that long
-  std::int64_t log_interval = 10;      // --log-interval
+  bool load_optimizer = true;      // false: --no-load-optim (or --finetune): the optimizer starts anew
+  std::int64_t exit_interval = 0;  // --exit-interval: save and stop after an iteration it divides
+  double exit_duration_s = 0;      // --exit-duration-in-mins * 60: save and stop once the run took that long
+  std::int64_t log_interval = 10;  // --log-interval
   // Validation (Megatron's evaluate): every eval_interval iterations and after training, eval_iters global
   // batches of the validation split; after training also eval_iters of the test split. 0 = none.
   std::int64_t eval_interval = 1000;  // --eval-interval
@@ -50,6 +59,15 @@ struct RunConfig {
   // tensorboard_log_interval iterations, the timing ones and validation losses when they are logged.
   std::string tensorboard_dir;
   std::int64_t tensorboard_log_interval = 1;
+  // --rampup-batch-size: Megatron's calculator gives each iteration's global batch from the samples consumed
+  // before it (the trainer is built for the final one, trainer.batch); unset: every iteration runs
+  // trainer.batch.
+  std::optional<MicroBatchCalculator> batch_sizes;
+  // The rank's program for a micro-batch count of the ramp-up; unset: a single rank's (the no-pipelining
+  // schedule, no walk).
+  std::function<RankProgram(int num_microbatches)> program_for;
+  // --train-samples: the samples the training split is built for (0: train_iters global batches).
+  std::int64_t train_samples = 0;
 };
 
 struct IterationRecord {
@@ -82,6 +100,9 @@ class TrainingRun {
 
  private:
   void load_checkpoint();
+  // Megatron's update_num_microbatches before an iteration: the trainer runs the batch of the samples
+  // consumed so far. Returns whether the micro-batch count changed.
+  bool follow_batch_size_rampup();
   // eval_iters global batches of `loader`'s split, logged as Megatron's framed validation line.
   void evaluate(data::PretrainingDataLoader& loader, const std::string& split, bool final);
   // After the iterations, one memory line per model chunk with MoE layers: the expert rows' blocks (sized
@@ -102,7 +123,8 @@ class TrainingRun {
   std::vector<EvaluationRecord> evaluations_;
   std::unique_ptr<RankTracer> tracer_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // the last rank's, with --tensorboard-dir
-  std::chrono::steady_clock::time_point started_;  // --exit-duration-in-mins counts from here
+  std::chrono::steady_clock::time_point started_;   // --exit-duration-in-mins counts from here
+  std::int64_t saved_iteration_ = -1;               // the iteration the last checkpoint holds
 };
 
 // The Megatron log line of one interval (exposed for tests).

@@ -3,9 +3,10 @@
 // at the scripts' defaults) either run (checked with --dry-run: the same checks as a real run) or are
 // refused in one line naming the flag; with the refused ones dropped, each script's layout sizes. Beside
 // them, the flags that change a run: sample-based schedules, --exit-interval / --exit-duration-in-mins with
-// their checkpoint, --decoupled-lr / --decoupled-min-lr, --rotary-scaling-factor (MLA's YaRN), --finetune /
-// --no-load-optim, --nproc as the world size, --recompute-activations, NullTokenizer,
-// --calculate-per-token-loss and --tensorboard-dir (read back).
+// their checkpoint, --rampup-batch-size (the GPT-3 script before step schedules, a tiny run), --decoupled-lr
+// / --decoupled-min-lr, --rotary-scaling-factor (MLA's YaRN), --finetune / --no-load-optim, --nproc as the
+// world size, --recompute-activations, NullTokenizer, --calculate-per-token-loss and --tensorboard-dir (read
+// back).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -176,7 +177,7 @@ void expect_sized(const CliResult& r, const std::vector<std::string>& named) {
     EXPECT_NE(accepted.find(flag), std::string::npos) << flag << "\n" << accepted;
 }
 
-TEST(MegatronScripts, Gpt3RefusesFp16AndRampupThenSizes) {
+TEST(MegatronScripts, Gpt3RefusesFp16AndStepScheduleThenSizes) {
   TempDir dir;
   const Flags pasted = gpt3_175b(dir / "ckpt");
   expect_one_line_refusal(train_dry(pasted), "--step-batch-size-schedule 0:16", {"--fp16"});
@@ -184,6 +185,32 @@ TEST(MegatronScripts, Gpt3RefusesFp16AndRampupThenSizes) {
   expect_sized(
       train_dry(without(pasted, {"--step-batch-size-schedule", "--fp16"}) + Flags{"--vocab-size", "50257"}),
       {"--attention-backend auto"});
+}
+
+TEST(MegatronScripts, Gpt3RampupNeedsSamplesThenSizesAndStatesTheRamp) {
+  // The script before Megatron's step schedules: --rampup-batch-size 16 16 5859375 with --train-iters, which
+  // Megatron asserts against (expected no batch-size rampup for iteration-based training).
+  TempDir dir;
+  Flags pasted = without(gpt3_175b(dir / "ckpt"), {"--step-batch-size-schedule", "--fp16"}) +
+                 Flags{"--vocab-size", "50257", "--rampup-batch-size", "16", "16", "5859375"};
+  expect_one_line_refusal(train_dry(pasted), "--rampup-batch-size needs a sample-based run",
+                          {"--train-samples"});
+  // Sample-based (300B tokens of 2048): sizes, and the dry run states the ramp and its iterations.
+  const Flags samples = without(pasted, {"--train-iters", "--lr-decay-iters"}) +
+                        Flags{"--train-samples", "146484375", "--lr-decay-samples", "125000000"};
+  const CliResult r = train_dry(samples);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("batch-size ramp-up: global batch 16 -> 1536 in steps of 16 over 5859375 samples (95 "
+                       "increments"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("111354 iterations for --train-samples 146484375"), std::string::npos) << r.out;
+  // An increment that does not divide the interval: Megatron's assert, in one line.
+  expect_one_line_refusal(train_dry(without(samples, {"--rampup-batch-size"}) +
+                                    Flags{"--rampup-batch-size", "16", "100", "5859375"}),
+                          "--rampup-batch-size 16 100 5859375: the global batch size interval (1520) is not "
+                          "divisible by the batch size increment (100)",
+                          {});
 }
 
 TEST(MegatronScripts, Llama3RefusesFp8ParamGatherThenSizesInFp8) {
@@ -310,6 +337,31 @@ std::string loss_at(const std::string& log, int iteration) {
   std::snprintf(tag, sizeof(tag), "iteration %8d/", iteration);
   const std::size_t at = log.find(tag);
   return at == std::string::npos ? std::string() : log.substr(log.find("lm loss: ", at), 22);
+}
+
+TEST(MegatronFlags, RampupBatchSizeTrainsTheRamp) {
+  // Global batch 2 for 8 samples, then 4 (--gbs 4 --mbs 2): 5 ramp-up iterations (Megatron counts them while
+  // at most 8 samples were consumed), then (16 - 12) / 4 = 1.
+  TempDir dir;
+  const CliResult r = run_megatune(
+      tiny({"--rampup-batch-size", "2", "2", "8", "--train-samples", "16", "--tensorboard-dir", dir / "tb"}),
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("iteration        6/       6 | consumed samples:           16 |"), std::string::npos)
+      << r.out;
+  for (int i = 1; i <= 6; ++i) {
+    const std::size_t at =
+        r.out.find("iteration " + std::string(i < 10 ? "       " : "      ") + std::to_string(i) + "/");
+    ASSERT_NE(at, std::string::npos) << i;
+    const std::string batch = i <= 4 ? "global batch size:     2" : "global batch size:     4";
+    EXPECT_NE(r.out.substr(at, r.out.find('\n', at) - at).find(batch), std::string::npos) << r.out;
+  }
+  EXPECT_NE(r.out.find("ramping up batch size from 2 to 4"), std::string::npos) << r.out;
+  std::vector<float> batch_sizes;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "tb"))
+    for (const executor::ScalarEvent& e : executor::read_scalar_events(entry.path().string()))
+      if (e.tag == "batch-size") batch_sizes.push_back(e.value);
+  EXPECT_EQ(batch_sizes, (std::vector<float>{2, 2, 2, 2, 4, 4}));
 }
 
 TEST(MegatronFlags, DecoupledLrIsTheEmbeddingsOwnRate) {
