@@ -316,14 +316,21 @@ void FsdpDataParallel::after_forward(int, int) { release_slots(); }
 void FsdpDataParallel::after_backward(int chunk, int layer_code) {
   release_slots();
   if (!sharded_grads(chunk)) return;
-  // A bucket is complete after the backward of its last entry (buffer order = backward order); the dense
-  // region's first, as the walker orders an entry's buckets.
-  for (int r = static_cast<int>(chunks_[chunk].regions.size()); r-- > 0;) {
+  // As the walker's ready points (layouts::grad_sync_buckets): a bucket that reached the bucket size is
+  // complete after the backward of its last entry (buffer order = backward order), a region's last one short
+  // of it after the chunk's last entry (the dense region's last); the dense region's first.
+  const std::vector<Region>& regions = chunks_[chunk].regions;
+  const bool last_entry = regions.back().buffer->entries().back().group == layer_code;
+  for (int r = static_cast<int>(regions.size()); r-- > 0;) {
+    const GradBufferLayout& buffer = *regions[r].buffer;
+    const int last = static_cast<int>(buffer.buckets().size()) - 1;
+    const bool short_last = buffer.buckets()[last].parameter_elements < buffer.bucket_size_limit();
     const int bucket = bucket_of_code(chunk, r, layer_code);
-    if (bucket < 0) continue;
-    const GradBufferLayout& buffer = *chunks_[chunk].regions[r].buffer;
-    if (buffer.entries()[buffer.buckets()[bucket].end_entry - 1].group == layer_code)
+    if (bucket >= 0 && !(bucket == last && short_last) &&
+        buffer.entries()[buffer.buckets()[bucket].end_entry - 1].group == layer_code)
       reduce_grad_bucket(chunk, r, bucket);
+    if (last_entry && short_last && held_grad_slot(chunk, r, last) != nullptr)
+      reduce_grad_bucket(chunk, r, last);
   }
 }
 

@@ -11,7 +11,8 @@
 // bucket are written into a zeroed slot placed before the first pass writing them (the LM head's forward
 // segment for the head's bucket, else the backward of the bucket's first entry), the slot is
 // reduce-scattered ("grad_bucket", "expert_grad_bucket") right after the backward of the bucket's last
-// entry, and the reduced shard is added into this rank's gradient shard ("fsdp_grad_accumulate"; the first
+// entry (a region's last bucket short of the bucket size: after the chunk's last entry, the walker's ready
+// point), and the reduced shard is added into this rank's gradient shard ("fsdp_grad_accumulate"; the first
 // micro-batch's reduce-scatter writes the shard itself); the slot is then free. The gradient norm, clipping
 // and AdamW read the shards. optim_grads_params has one bucket per parameter entry (the trainer buckets the
 // buffer so) and no gather after the step: AdamW writes this rank's shard of the model-dtype parameters, and
