@@ -119,7 +119,7 @@ std::vector<BucketFill> bucket_fills(const RankShape& shape, const ParallelConfi
   std::int64_t bucket_limit = options.bucket_size_elements > 0
                                   ? options.bucket_size_elements
                                   : std::max<std::int64_t>(40'000'000, 1'000'000LL * dense_group);
-  if (!config.overlap_grad_reduce) bucket_limit = INT64_MAX;
+  if (!config.overlap_grad_reduce && !config.shards_gradients()) bucket_limit = INT64_MAX;
   // FSDP with sharded parameters: a bucket per parameter entry (Megatron FSDP's per-module unit), what one
   // forward segment gathers and one entry's backward reduce-scatters.
   if (config.shards_parameters()) bucket_limit = 1;
@@ -181,6 +181,15 @@ std::vector<GradBucket> grad_sync_buckets(const RankShape& shape, const Parallel
   return buckets;
 }
 
+std::int64_t largest_grad_bucket_elements(const RankShape& shape, const ParallelConfig& config,
+                                          const StageParameters& parameters,
+                                          const StepProgramOptions& options) {
+  std::int64_t most = 0;
+  for (const BucketFill& fill : bucket_fills(shape, config, parameters, options))
+    most = std::max(most, fill.elements);
+  return most;
+}
+
 Op param_gather_op(const GradBucket& bucket) {
   Op op;
   op.kind = OpKind::kAllGather;
@@ -192,6 +201,22 @@ Op param_gather_op(const GradBucket& bucket) {
   op.group_size = bucket.op.group_size;
   op.chunk = bucket.op.chunk;
   return op;
+}
+
+std::vector<Op> fsdp_grad_reduce_ops(const GradBucket& bucket, int microbatch) {
+  std::vector<Op> ops{bucket.op};
+  ops.back().microbatch = microbatch;
+  if (microbatch == 0) return ops;
+  Op add;
+  add.kind = OpKind::kElementwise;
+  add.phase = OpPhase::kGradSync;
+  add.label = "fsdp_grad_accumulate";
+  add.dtype = DType::kFP32;
+  add.bytes = 3 * 4 * (bucket.elements / bucket.op.group_size);
+  add.chunk = bucket.op.chunk;
+  add.microbatch = microbatch;
+  ops.push_back(add);
+  return ops;
 }
 
 Op fsdp_param_gather_op(const GradBucket& bucket, OpPhase phase, int microbatch) {

@@ -78,6 +78,13 @@ LayerRecompute mtp_layer_recompute(const RecomputeSettings& settings);
 // the largest: 2 (the entry in use and the prefetched next one), or a recompute unit's `largest_unit` layers
 // during its re-run, one more beside them when the chunk's tied LM head keeps the word embedding gathered.
 int fsdp_gathered_entries(int largest_unit, bool head_reads_embedding);
+// Megatron FSDP optim_grads and optim_grads_params: the whole-bucket fp32 gradient slots a rank holds at
+// once, each the size of its largest bucket (beside the fp32 shard of every bucket): Megatron's bucket being
+// back-propagated and the one whose reduce-scatter is still in flight. The executor reduce-scatters each
+// bucket right after the backward that completes it, so its second slot holds the LM head's bucket, which
+// the head's weight-gradient GEMMs write in the forward and which is reduced after its backward (a tied
+// embedding's through the whole backward; the last chunk's head while another chunk's backward runs).
+inline constexpr int kFsdpGradientBucketsInFlight = 2;
 // Per symbol of the stage, in order: how its layer fares (E and L: kKept).
 std::vector<LayerRecompute> symbol_recompute(const RecomputeSettings& settings, const PipelineStage& stage);
 

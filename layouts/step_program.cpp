@@ -700,23 +700,26 @@ std::vector<Op> fsdp_forward_ops(const ModelSpec& model, const RankStep& step, c
   return ops;
 }
 
-// A backward (segment) with each entry preceded by the gathers of its buckets. An entry that starts with its
-// recompute unit's re-run also gathers the unit's other layers, as before their forward segments (the
-// executor's Trainer::run_backward calls DataParallelStrategy::before_forward for them).
-std::vector<Op> fsdp_backward_ops(const ModelSpec& model, const RankStep& step, const StepItem& item,
-                                  const StepProgramOptions& options) {
+// A backward (segment) entry by entry: under optim_grads_params each entry preceded by the gathers of its
+// buckets (an entry that starts with its recompute unit's re-run also gathers the unit's other layers, as
+// before their forward segments: the executor's Trainer::run_backward calls
+// DataParallelStrategy::before_forward for them); with sharded gradients each followed by the reduce-scatter
+// of the buckets it completes.
+std::vector<Op> fsdp_backward_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
+                                  const StepItem& item, const StepProgramOptions& options) {
   const std::vector<GradBucket>& buckets = step.buckets.at(item.chunk);
   const PipelineStage& stage = step.stages.at(item.chunk);
   const std::vector<int> layers = stage_symbol_layers(stage);
   const std::vector<int> codes = bucket_layer_codes(step, item.chunk);
   const RecomputePlan plan = plan_recompute(step.shape.recompute_settings(), stage);
   std::vector<Op> ops;
+  const bool gathers = config.shards_parameters();
   for (int e = item.entry_begin; e < item.entry_end; ++e) {
     for (const GradBucket& b : buckets)
-      if (b.ready_after_entry == e)
+      if (gathers && b.ready_after_entry == e)
         ops.push_back(fsdp_param_gather_op(b, OpPhase::kBackward, item.microbatch));
     const int code = layers.at(layers.size() - 1 - static_cast<std::size_t>(e));
-    if (const RecomputeUnit* unit = plan.unit_ending_at(code))
+    if (const RecomputeUnit* unit = gathers ? plan.unit_ending_at(code) : nullptr)
       for (int layer : unit->layers) {
         if (layer == code) continue;
         for (std::size_t b = buckets.size(); b-- > 0;)
@@ -726,6 +729,22 @@ std::vector<Op> fsdp_backward_ops(const ModelSpec& model, const RankStep& step, 
     for (Op& op : stage_backward_segment_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch,
                                              e, e + 1, options))
       ops.push_back(std::move(op));
+    for (const GradBucket& b : buckets)
+      if (config.shards_gradients() && b.ready_after_entry == e)
+        for (Op& op : fsdp_grad_reduce_ops(b, item.microbatch)) ops.push_back(std::move(op));
+  }
+  return ops;
+}
+
+// Sharded gradients: each micro-batch's weight gradients land in a zeroed bucket slot, so a weight's first
+// weight-gradient GEMM of the pass overwrites (the LM head's later token chunks accumulate).
+std::vector<Op> fresh_weight_gradients(std::vector<Op> ops) {
+  std::vector<std::pair<std::string, int>> written;
+  for (Op& op : ops) {
+    if (op.kind != OpKind::kGemm || !op.label.ends_with("_wgrad")) continue;
+    const std::pair<std::string, int> weight{op.label, op.layer};
+    op.accumulate = std::find(written.begin(), written.end(), weight) != written.end();
+    if (!op.accumulate) written.push_back(weight);
   }
   return ops;
 }
@@ -736,10 +755,15 @@ std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& conf
                               const StepItem& item, const StepProgramOptions& options) {
   switch (item.kind) {
     case StepItemKind::kForward:
-      if (config.shards_parameters()) return fsdp_forward_ops(model, step, item, options);
+      if (config.shards_parameters())
+        return fresh_weight_gradients(fsdp_forward_ops(model, step, item, options));
+      if (config.shards_gradients())
+        return fresh_weight_gradients(
+            stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options));
       return stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options);
     case StepItemKind::kBackward:
-      if (config.shards_parameters()) return fsdp_backward_ops(model, step, item, options);
+      if (config.shards_gradients())
+        return fresh_weight_gradients(fsdp_backward_ops(model, config, step, item, options));
       return stage_backward_segment_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch,
                                         item.entry_begin, item.entry_end, options);
     case StepItemKind::kP2p: {
@@ -747,7 +771,8 @@ std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& conf
       for (const StepTransfer& t : item.transfers) ops.push_back(p2p_transfer_op(step.shape, t));
       return ops;
     }
-    case StepItemKind::kGradBucket:
+    case StepItemKind::kGradBucket:  // sharded gradients: reduced in each backward instead
+      if (config.shards_gradients()) return {};
       return {step.buckets.at(item.chunk).at(item.bucket).op};
     case StepItemKind::kParamGather:
       return {param_gather_op(step.buckets.at(item.chunk).at(item.bucket))};

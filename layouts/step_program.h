@@ -71,6 +71,10 @@
 //   the sequence-parallel norm grads, grad norm, AdamW (bytes per local param: 16 fp32 read+write of
 //   param/m/v, 4 grad read, 2 bf16 param write), and with the distributed optimizer (or FSDP optim,
 //   optim_grads) an all-gather of the bf16 params per bucket.
+// - FSDP optim_grads and optim_grads_params (ParallelConfig::shards_gradients): buckets as with
+//   overlap_grad_reduce (Megatron FSDP overlaps the reduction of sharded gradients), each reduce-scattered
+//   after the backward entry that completes it in every micro-batch (fsdp_grad_reduce_ops), not after the
+//   schedule: no kGradBucket op.
 // - FSDP optim_grads_params (ParallelConfig::shards_parameters): a bucket per parameter entry (reduce-
 //   scattered like the distributed optimizer's, padded the same way), no gather after the step; instead each
 //   forward segment is preceded by the all-gathers of the buckets of its entries (forward order), and each
@@ -173,6 +177,11 @@ struct GradBucket {
 std::vector<GradBucket> grad_sync_buckets(const RankShape& shape, const ParallelConfig& config,
                                           const StageParameters& parameters, int chunk,
                                           const StepProgramOptions& options = {});
+// The elements of the stage's largest gradient bucket (either region, padded as grad_sync_buckets pads it,
+// groups of one rank included): the size of FSDP's whole-bucket gradient slots.
+std::int64_t largest_grad_bucket_elements(const RankShape& shape, const ParallelConfig& config,
+                                          const StageParameters& parameters,
+                                          const StepProgramOptions& options = {});
 
 // The distributed optimizer's all-gather of a bucket's updated bf16 params (role kParamGather or
 // kExpertParamGather, OpPhase::kOptimizer, bytes = 2 per element).
@@ -182,6 +191,12 @@ Op param_gather_op(const GradBucket& bucket);
 // kForward) or an entry's backward (kBackward) of `microbatch` reads them (role kFsdpParamGather or
 // kFsdpExpertParamGather, bytes = 2 per element, the bucket's group).
 Op fsdp_param_gather_op(const GradBucket& bucket, OpPhase phase, int microbatch);
+
+// FSDP optim_grads and optim_grads_params (ParallelConfig::shards_gradients): the reduce-scatter of a
+// bucket's fp32 gradients right after the backward of `microbatch` completes it (the bucket's op, phase
+// kGradSync), and from the second micro-batch on the add of the reduced shard into this rank's fp32
+// gradient shard ("fsdp_grad_accumulate", 3 x 4 bytes per shard element; the first writes the shard).
+std::vector<Op> fsdp_grad_reduce_ops(const GradBucket& bucket, int microbatch);
 
 // The steps after the schedule and the grad buckets, in this order (the walker emits those that apply).
 enum class OptimizerStep {

@@ -130,10 +130,12 @@ namespace {
 // Megatron's bytes per parameter by sharding (d = dp x cp for dense parameters, expert-dp for experts):
 // no_shard 2 + 4 + 12, optim (the distributed optimizer) 2 + 4 + 12/d, FSDP optim_grads 2 + (4 + 12)/d,
 // optim_grads_params 18/d plus the gathered bf16 parameters of the two largest entries in flight (the
-// layer being computed and the prefetched next one).
+// layer being computed and the prefetched next one); with sharded gradients the whole-bucket gradient
+// slots of the largest bucket (layouts::kFsdpGradientBucketsInFlight: the bucket being back-propagated and
+// the one being reduce-scattered).
 void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& config, const RankShape& s,
                          std::int64_t dense, std::int64_t expert, std::int64_t largest_entry,
-                         int gathered_entries, const MemoryOptions& options) {
+                         int gathered_entries, std::int64_t largest_bucket, const MemoryOptions& options) {
   const auto sharded = [&](bool shard, std::int64_t bytes_per_param) {
     const std::int64_t d = shard ? s.dp * s.cp : 1, ed = shard ? s.edp : 1;
     return bytes_per_param * ((dense + d - 1) / d + (expert + ed - 1) / ed);
@@ -141,7 +143,8 @@ void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& confi
   const bool params = config.shards_parameters(), grads = config.shards_gradients();
   const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
   e.weight_bytes = sharded(params, 2) + (params ? 2 * gathered_entries * largest_entry : 0);
-  e.gradient_bytes = sharded(grads, grad_bytes);
+  const int grad_slots = grads ? layouts::kFsdpGradientBucketsInFlight : 0;
+  e.gradient_bytes = sharded(grads, grad_bytes) + grad_slots * largest_bucket * grad_bytes;
   e.optimizer_bytes = sharded(config.shards_optimizer_state(), 12);
   const std::string over = " sharded over dp*cp (experts: edp)";
   e.items.push_back({"weights (bf16)", e.weight_bytes,
@@ -152,7 +155,9 @@ void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& confi
   e.items.push_back(
       {"gradients", e.gradient_bytes,
        std::string(options.grad_reduce_in_bf16 ? "bf16 grad buffer" : "fp32 main-grad buffer, 4 B/param") +
-           (grads ? over : "")});
+           (grads ? over + " + " + std::to_string(grad_slots) + " bucket slots of " +
+                        std::to_string(largest_bucket)
+                  : "")});
   e.items.push_back(
       {"optimizer state", e.optimizer_bytes,
        config.shards_optimizer_state() ? "12 B/param" + over : "12 B/param: fp32 master + Adam m, v"});
@@ -185,7 +190,7 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
   const int vpp = static_cast<int>(stages.size());
 
   // Parameters, gradients, optimizer state.
-  std::int64_t dense = 0, expert = 0, largest_entry = 0;
+  std::int64_t dense = 0, expert = 0, largest_entry = 0, largest_bucket = 0;
   int gathered_entries = 2;
   for (const PipelineStage* stage : stages) {
     if (config.shards_parameters())
@@ -199,9 +204,12 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
     expert += p.expert;
     for (std::size_t i = 0; i < p.layer_reverse.size(); ++i)
       largest_entry = std::max(largest_entry, p.dense_per_layer_reverse[i] + p.expert_per_layer_reverse[i]);
+    if (config.shards_gradients())
+      largest_bucket =
+          std::max(largest_bucket, layouts::largest_grad_bucket_elements(s, config, p, options.step));
   }
   e.parameters = dense + expert;
-  add_parameter_state(e, config, s, dense, expert, largest_entry, gathered_entries, options);
+  add_parameter_state(e, config, s, dense, expert, largest_entry, gathered_entries, largest_bucket, options);
 
   // Activations of the in-flight microbatches of each chunk. Under full recomputation the chunk's plan
   // (layouts/recompute_plan.h) decides: a unit saves its input once, a kept layer all it would save.

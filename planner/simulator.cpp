@@ -638,6 +638,14 @@ class Builder {
     }
     void grad_bucket(const layouts::StepItem& item) {
       const Op& op = step_.buckets.at(item.chunk).at(item.bucket).op;
+      if (o_.config_.shards_gradients()) {
+        // FSDP's sharded gradients: the bucket is reduce-scattered after its backward in every micro-batch
+        // (the kernel level's ops of each backward), here launched together where the last one completes.
+        for (int m = 0; m < o_.config_.num_microbatches(); ++m)
+          add(collective_task(op, TaskKind::kAsyncCollective), op.label.c_str(),
+              layouts::op_kind_name(op.kind));
+        return;
+      }
       if (o_.config_.overlap_grad_reduce)
         add(collective_task(op, TaskKind::kAsyncCollective), op.label.c_str(),
             layouts::op_kind_name(op.kind));

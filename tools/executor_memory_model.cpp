@@ -126,18 +126,18 @@ std::int64_t rank_parameters(StageArenaCache& cache, const std::string& model_ke
   });
 }
 
-// A lower bound of every pp rank's peak under the executor's model and Megatron's fallback: the gradient
-// bytes of every parameter (the executor's whole gradient buffer, one element per parameter: the test holds
-// its element count against the planner's) and, unless FSDP optim_grads_params shards them, 2 bytes of bf16
-// weights, before the main parameters and moments; both add the device buffers. (Megatron's model shards
-// the gradients under FSDP optim_grads; the fallback only answers for layouts the executor refuses, which
-// this bound does not size.)
+// A lower bound of every pp rank's peak under the executor's model and Megatron's fallback: unless FSDP
+// optim_grads / optim_grads_params shards them, the gradient bytes of every parameter (the executor's whole
+// gradient buffer, one element per parameter: the test holds its element count against the planner's), and
+// unless optim_grads_params shards them 2 bytes of bf16 weights, before the main parameters and moments;
+// both add the device buffers.
 std::int64_t peak_lower_bound(StageArenaCache& cache, const std::string& model_key,
                               const layouts::ModelSpec& model, const layouts::ParallelConfig& config,
                               const layouts::RankShape& shape, const layouts::PipelineLayout& pipeline,
                               const planner::MemoryOptions& options, std::int64_t buffer_bytes) {
   const std::int64_t bytes_per_parameter =
-      (config.shards_parameters() ? 0 : 2) + (options.grad_reduce_in_bf16 ? 2 : 4);
+      (config.shards_parameters() ? 0 : 2) +
+      (config.shards_gradients() ? 0 : (options.grad_reduce_in_bf16 ? 2 : 4));
   std::int64_t most = 0;
   for (int pp = 0; pp < pipeline.pp(); ++pp)
     most = std::max(most, rank_parameters(cache, model_key, model, shape, pipeline, pp));

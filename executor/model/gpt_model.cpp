@@ -115,7 +115,14 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
         fp32 ? main_params_
              : backend_.allocate(compute_dtype_, 1, model_copy_elements_, state_label::kModelParams);
   }
-  grads_ = backend_.allocate(DType::kFP32, 1, total, state_label::kMainGrads);
+  grads_sharded_ = batch_.gradients_sharded && batch_.main_parameters_sharded && stage_.num_mtp_layers == 0;
+  if (grads_sharded_) {  // the strategy holds the shard and places each bucket's slot
+    grads_.dtype = DType::kFP32;
+    grads_.rows = 1;
+    grads_.cols = grads_.row_stride = total;
+  } else {
+    grads_ = backend_.allocate(DType::kFP32, 1, total, state_label::kMainGrads);
+  }
   // The buffer ranges zero_gradients() clears: everything but the GEMM weights (the LM head's included; a
   // tied head is the word embedding, which the head's gradient GEMM writes before the embedding's backward
   // adds to it).
@@ -128,6 +135,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
   std::int64_t next = 0;
   gemm_weights.emplace_back(total, total);
   for (const auto& [begin, end] : gemm_weights) {
+    if (grads_sharded_) break;  // a placed slot is zero
     if (begin > next) zeroed_grads_.push_back(carve(grads_, next, 1, begin - next, 4));
     next = std::max(next, end);
   }
@@ -295,7 +303,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const BatchShape& batch,
     backend_.set_scratch(backend_.allocate(DType::kFP32, 1, (scratch_bytes + 3) / 4, "kernel scratch"));
   build_linears();
   if (config_.fp8.enabled()) setup_fp8();
-  placed_views_required_ = gathered_at_use_;  // from here on a pass reads only what is placed
+  placed_views_required_ = gathered_at_use_ || grads_sharded_;  // from here on only what is placed
 }
 
 GPTModel::LayerActivations GPTModel::allocate_layer_activations(bool with_attention, bool dense_mlp) {

@@ -56,11 +56,16 @@ struct BatchShape {
   // parameters are its main parameters), nor by a chunk holding MTP layers (their segments read the
   // embedding's and the head's parameters): parameters_gathered_at_use().
   bool parameters_gathered_at_use = false;
+  // Megatron FSDP optim_grads / optim_grads_params: the model keeps no fp32 gradient buffer; its gradients
+  // are written where the strategy placed their bucket's slot (GradientResidence). Needs the sharded main
+  // parameters; not taken by a chunk holding MTP layers (their backward writes the embedding's and the
+  // head's gradients): gradients_sharded().
+  bool gradients_sharded = false;
   // How the parameter and gradient buffers split into gradient buckets (their offsets and padding).
   BufferBucketing bucketing;
 };
 
-class GPTModel final : public ParameterResidence {
+class GPTModel final : public ParameterResidence, public GradientResidence {
  public:
   // Allocates every buffer from the backend arena (in sizing mode, only counts). compute_dtype is the dtype
   // of model weights and activations (bf16 in training; fp32 for gradient checks on the CPU).
@@ -163,6 +168,11 @@ class GPTModel final : public ParameterResidence {
   }
   void place_parameters(int layer_code, std::int64_t begin, std::int64_t end, Tensor storage) override;
   void release_parameters(int layer_code, std::int64_t begin) override;
+  // Whether the gradients are written only where a strategy placed them (BatchShape's rule); grads() then
+  // has no storage.
+  bool gradients_sharded() const { return grads_sharded_; }
+  void place_gradients(std::int64_t begin, std::int64_t end, Tensor storage) override;
+  void release_gradients(std::int64_t begin) override;
   Tensor grads() const { return grads_; }
   // View of one parameter inside a flat buffer (main, model or gradient). The model buffer holds no copy of
   // an untied embedding: its view is then the fp32 main parameter.
@@ -354,12 +364,17 @@ class GPTModel final : public ParameterResidence {
     Tensor storage;                   // (1, end - begin) compute dtype
   };
   std::vector<PlacedRange> placed_;  // under gathered_at_use_: the ranges readable now
+  bool grads_sharded_ = false;
+  std::vector<PlacedRange> placed_grads_;  // under grads_sharded_: the fp32 ranges written now
   // The entries whose placement changed since their linears took their weight views (layer codes).
   std::vector<int> unbound_codes_;
   // Whether a view of a parameter not placed is an error (else a view without storage: what the linears
   // hold while their entry is not gathered).
   bool placed_views_required_ = false;
   Tensor placed_view(const ParameterEntry& entry) const;
+  Tensor placed_grad_view(const ParameterEntry& entry) const;
+  // The layer codes of the entries in [begin, end) to bind again (the LM head's, -2, when its weight is in).
+  void unbind_range(std::int64_t begin, std::int64_t end, bool fresh_gradients);
   // Points the linears of the entries placed or released since the last pass at their placement.
   void bind_placed_linears();
   Tensor grads_;  // (1, total) fp32

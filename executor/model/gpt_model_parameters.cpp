@@ -28,6 +28,8 @@ const ParameterEntry& GPTModel::head_entry() const {
 }
 
 Tensor GPTModel::view(Tensor buffer, const ParameterEntry& entry) const {
+  if (grads_sharded_ && buffer.data == nullptr && buffer.dtype == DType::kFP32 && buffer.cols == grads_.cols)
+    return placed_grad_view(entry);
   if (gathered_at_use_ && buffer.data == nullptr && buffer.dtype == model_params_.dtype &&
       buffer.cols == model_params_.cols)
     return placed_view(entry);
@@ -65,6 +67,62 @@ Tensor GPTModel::placed_view(const ParameterEntry& entry) const {
   }
   throw std::logic_error("GPTModel: parameter " + entry.name +
                          " read while FSDP optim_grads_params has not gathered it");
+}
+
+Tensor GPTModel::placed_grad_view(const ParameterEntry& entry) const {
+  for (const PlacedRange& p : placed_grads_) {
+    if (entry.offset < p.begin || entry.offset + entry.numel() > p.end) continue;
+    Tensor v = p.storage;
+    if (v.data != nullptr) v.data = static_cast<char*>(v.data) + (entry.offset - p.begin) * 4;
+    v.rows = entry.rows;
+    v.cols = v.row_stride = entry.cols;
+    return v;
+  }
+  if (placed_views_required_)
+    throw std::logic_error("GPTModel: the gradient of " + entry.name +
+                           " written while FSDP has not placed its bucket's slot");
+  Tensor v;
+  v.dtype = DType::kFP32;
+  v.rows = entry.rows;
+  v.cols = v.row_stride = entry.cols;
+  return v;
+}
+
+void GPTModel::unbind_range(std::int64_t begin, std::int64_t end, bool fresh_gradients) {
+  const ParameterEntry* head = stage_.has_loss ? &head_entry() : nullptr;
+  for (const ParameterEntry& e : layout_.entries()) {
+    if (e.offset < begin || e.offset >= end) continue;
+    unbound_codes_.push_back(e.layer);
+    if (&e == head) unbound_codes_.push_back(-2);  // the LM head's linear reads it
+    if (!fresh_gradients) continue;
+    // The slot is zero: the first weight-gradient GEMM of its entries writes it (beta = 0).
+    if (e.layer >= 0) layer_grads_written_.at(local_index(e.layer)) = false;
+    if (&e == head) head_grad_written_ = false;
+  }
+}
+
+void GPTModel::place_gradients(std::int64_t begin, std::int64_t end, Tensor storage) {
+  if (!grads_sharded_ || storage.rows != 1 || storage.cols != end - begin || storage.dtype != DType::kFP32)
+    throw std::logic_error("GPTModel::place_gradients: [" + std::to_string(begin) + ", " +
+                           std::to_string(end) +
+                           ") does not fit its storage or the model keeps its gradients");
+  unbind_range(begin, end, true);
+  for (PlacedRange& p : placed_grads_)
+    if (p.begin == begin) {
+      p = {begin, end, storage};
+      return;
+    }
+  placed_grads_.push_back({begin, end, storage});
+}
+
+void GPTModel::release_gradients(std::int64_t begin) {
+  const auto it = std::find_if(placed_grads_.begin(), placed_grads_.end(),
+                               [&](const PlacedRange& p) { return p.begin == begin; });
+  if (it == placed_grads_.end())
+    throw std::logic_error("GPTModel::release_gradients: nothing placed at " + std::to_string(begin));
+  const std::int64_t end = it->end;
+  placed_grads_.erase(it);
+  unbind_range(begin, end, false);
 }
 
 void GPTModel::place_parameters(int layer_code, std::int64_t begin, std::int64_t end, Tensor storage) {
@@ -231,6 +289,8 @@ void GPTModel::set_main_parameters(const std::vector<float>& values) {
 }
 
 std::vector<float> GPTModel::gradients() const {
+  if (grads_sharded_)
+    throw std::logic_error("GPTModel::gradients: FSDP holds them, this rank's shard of each bucket");
   std::vector<float> host(layout_.total_elements());
   backend_.download(grads_, host.data());
   return host;

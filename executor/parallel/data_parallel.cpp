@@ -44,6 +44,8 @@ DataParallelStrategy::DataParallelStrategy(Communicator& communicator, std::vect
     chunk.exp_avg_sq = backend_.allocate(DType::kFP32, 1, state, state_label::kMoments);
     if (b.residence != nullptr)
       chunk.model_shard = backend_.allocate(b.model_params.dtype, 1, state, state_label::kModelParams);
+    if (b.gradient_residence != nullptr)
+      chunk.grad_shard = backend_.allocate(DType::kFP32, 1, state, state_label::kMainGrads);
     map_step_buckets(chunk, c < step_buckets.size() ? step_buckets[c] : std::vector<layouts::GradBucket>{});
     chunks_.push_back(std::move(chunk));
   }
@@ -76,7 +78,7 @@ void DataParallelStrategy::add_region(Chunk& chunk, bool expert, const GradBuffe
     chunk.owned_elements += o.end - o.begin;
     chunk.owned.push_back(o);
   }
-  if (!sizing) {
+  if (!sizing && chunk.buffers.gradient_residence == nullptr) {  // sharded gradients: FsdpDataParallel's
     GradientReducerOptions reducer;
     reducer.overlap_grad_reduce = options_.overlap_grad_reduce;
     reducer.distributed_optimizer = shard_;
@@ -121,7 +123,8 @@ std::vector<OptimizerTensor> DataParallelStrategy::optimizer_tensors() const {
         OptimizerTensor t;
         t.main_param = b.main_params.numel() == 0 ? flat_range(backend_, chunk.master, state, n)
                                                   : flat_range(backend_, b.main_params, lo, n);
-        t.main_grad = flat_range(backend_, b.grads, lo, n);
+        t.main_grad = chunk.grad_shard.numel() > 0 ? flat_range(backend_, chunk.grad_shard, state, n)
+                                                   : flat_range(backend_, b.grads, lo, n);
         t.exp_avg = flat_range(backend_, chunk.exp_avg, state, n);
         t.exp_avg_sq = flat_range(backend_, chunk.exp_avg_sq, state, n);
         // Beyond the model's copy (DDP's untied embedding tables): the main parameters are the weights.
@@ -161,15 +164,36 @@ const DataParallelStrategy::Region& DataParallelStrategy::region_of_step_bucket(
 
 void DataParallelStrategy::launch_bucket(int chunk, int step_bucket) {
   int bucket = 0;
-  region_of_step_bucket(chunk, step_bucket, &bucket).reducer->launch_bucket(bucket);
+  const Region& r = region_of_step_bucket(chunk, step_bucket, &bucket);
+  if (r.reducer) r.reducer->launch_bucket(bucket);
 }
 
 void DataParallelStrategy::finish_grad_reduction() {
   for (Chunk& chunk : chunks_)
-    for (Region& r : chunk.regions) r.reducer->finish();
+    for (Region& r : chunk.regions)
+      if (r.reducer) r.reducer->finish();
 }
 
 void DataParallelStrategy::gather_reduced_grads(int, std::int64_t, std::int64_t, const OpTag&) {}
+
+Tensor DataParallelStrategy::gathered_grads(int chunk, std::int64_t begin, std::int64_t numel) {
+  return flat_range(backend_, chunks_.at(chunk).buffers.grads, begin, numel);
+}
+
+void DataParallelStrategy::end_gathered_grads(int) {}
+
+std::vector<Tensor> DataParallelStrategy::reduced_grad_pieces(int chunk, std::int64_t begin,
+                                                              std::int64_t numel) const {
+  const Chunk& c = chunks_.at(chunk);
+  if (c.grad_shard.numel() == 0) return {flat_range(backend_, c.buffers.grads, begin, numel)};
+  std::vector<Tensor> pieces;
+  for (const OwnedRange& o : c.owned) {
+    const std::int64_t lo = std::max(o.begin, begin), hi = std::min(o.end, begin + numel);
+    if (hi > lo)
+      pieces.push_back(flat_range(backend_, c.grad_shard, o.state_offset + (lo - o.begin), hi - lo));
+  }
+  return pieces;
+}
 
 float DataParallelStrategy::grad_norm() { return norm_.compute(communicator_); }
 
@@ -190,6 +214,8 @@ void DataParallelStrategy::gather_all_params() {
 void DataParallelStrategy::gather_bucket(int, int, int) {}
 
 void DataParallelStrategy::before_forward(int, int) {}
+
+void DataParallelStrategy::prepare_forward_gradients(int, int) {}
 
 void DataParallelStrategy::before_backward(int, int) {}
 

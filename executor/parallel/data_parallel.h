@@ -23,6 +23,7 @@
 #include "executor/parallel/gradient_reducer.h"
 #include "executor/parallel/parameter_residence.h"
 #include "executor/parallel/state_labels.h"
+#include "layouts/recompute_plan.h"
 #include "layouts/step_program.h"
 
 namespace megatune::executor {
@@ -44,6 +45,13 @@ struct DataParallelChunk {
   // With a residence: the chunk's tied LM head reads the word embedding, whose entry (code -1) then stays
   // gathered and placed from its first gather through the step.
   bool head_reads_embedding = false;
+  // FSDP optim_grads / optim_grads_params with a model that keeps no gradient buffer (grads then has no
+  // storage): the strategy holds this rank's fp32 shard of each bucket and places a whole-bucket slot here
+  // while the bucket's gradients are written.
+  GradientResidence* gradient_residence = nullptr;
+  // With a gradient residence: the first element of the LM head's weight (its gradient GEMMs run in the
+  // forward of the head's segment); -1 without a head.
+  std::int64_t head_weight_offset = -1;
   std::int64_t total_elements() const;
 };
 
@@ -59,6 +67,9 @@ struct DataParallelOptions {
   // embedding a tied head keeps). The executor gathers an entry when it is used, without prefetching the
   // next: the second slot holds the tied head's embedding or a unit's other layer, else it stays free.
   int gathered_entries_in_use = 2;
+  // FSDP optim_grads / optim_grads_params with DataParallelChunk::gradient_residence: the whole-bucket fp32
+  // gradient slots, each of the largest bucket's size (layouts::kFsdpGradientBucketsInFlight).
+  int gradient_buckets_in_flight = layouts::kFsdpGradientBucketsInFlight;
 };
 
 // The ranges of a chunk's buffer this rank updates: elements [begin, end) (absolute) of bucket `bucket` of
@@ -77,10 +88,19 @@ class DataParallelStrategy {
 
   // ---- gradients
   // Launches the reduction of bucket `step_bucket` (an index into the walker's RankStep::buckets[chunk]).
-  void launch_bucket(int chunk, int step_bucket);
+  virtual void launch_bucket(int chunk, int step_bucket);
   // Launches every bucket not yet launched and waits for all: the reduced gradients are in place (the
   // whole buffer, or this rank's shard of every bucket).
-  void finish_grad_reduction();
+  virtual void finish_grad_reduction();
+  // After gather_reduced_grads(chunk, begin, numel, ...): those gradients whole, to be summed in place (the
+  // tied embedding's copies over kEmbedding); end_gathered_grads(chunk) then keeps what this rank holds of
+  // them. The chunk's buffer by default; FSDP's sharded gradients gather the bucket into a slot instead.
+  virtual Tensor gathered_grads(int chunk, std::int64_t begin, std::int64_t numel);
+  virtual void end_gathered_grads(int chunk);
+  // After finish_grad_reduction(): where this rank holds reduced gradients of elements [begin, begin +
+  // numel): the whole range, or under FSDP's sharded gradients the parts of it in this rank's shards (every
+  // rank of a tensor-parallel group holds the same parts).
+  virtual std::vector<Tensor> reduced_grad_pieces(int chunk, std::int64_t begin, std::int64_t numel) const;
   // After finish_grad_reduction(): the reduced gradients of elements [begin, begin + numel) of the chunk's
   // buffer whole on this rank (a sharded strategy all-gathers the buckets holding them, recorded as `tag`).
   virtual void gather_reduced_grads(int chunk, std::int64_t begin, std::int64_t numel, const OpTag& tag);
@@ -100,6 +120,9 @@ class DataParallelStrategy {
   // Forward pre-hook: the model is about to read the parameters of `group` (GradBufferEntry::group) of
   // `chunk`; a gather still in flight for them is waited here.
   virtual void before_forward(int chunk, int group);
+  // Before the forward segment `group` of a training pass (not an evaluation): the gradients it writes (the
+  // LM head's weight gradient) have their place (FSDP's sharded gradients place the head's bucket's slot).
+  virtual void prepare_forward_gradients(int chunk, int group);
   // Backward pre-hook: the backward of parameter entry `layer_code`
   // (layouts::StageParameters::layer_reverse's codes, GradBufferEntry::group) of `chunk` is about to run
   // (FSDP optim_grads_params gathers it here).
@@ -107,6 +130,9 @@ class DataParallelStrategy {
   // Whether the parameters are gathered around each use (the trainer then runs each backward entry by
   // entry, calling before_backward before each).
   virtual bool gathers_parameters_at_use() const { return false; }
+  // Whether the trainer runs each backward entry by entry between before_backward and after_backward (the
+  // parameters gathered at use, or FSDP's gradients reduce-scattered after each bucket's backward).
+  virtual bool runs_backward_by_entry() const { return gathers_parameters_at_use(); }
   // After the forward segment of `group` and after the backward of entry `layer_code` (with the recompute
   // re-run it needed): the parameters gathered for them may be released.
   virtual void after_forward(int chunk, int group);
@@ -151,6 +177,9 @@ class DataParallelStrategy {
     // (1, owned elements) compute dtype: this rank's shard of the model's parameters when the model keeps
     // none (DataParallelChunk::residence); empty otherwise.
     Tensor model_shard;
+    // (1, owned elements) fp32: this rank's shard of the reduced gradients when the model keeps no buffer
+    // (DataParallelChunk::gradient_residence); empty otherwise.
+    Tensor grad_shard;
   };
 
   // Lays out the chunks' regions and the ranges this rank owns (whole buckets, or with

@@ -37,10 +37,12 @@ BatchShape chunk_batch(const TrainerConfig& config, int slots, const Communicato
   batch.gradient_average_ranks = config.gradient_reduction_size();
   batch.main_parameters_sharded = config.use_distributed_optimizer;
   batch.parameters_gathered_at_use = config.fsdp == layouts::DataParallelSharding::kOptimGradsParams;
+  batch.gradients_sharded = config.fsdp && *config.fsdp >= layouts::DataParallelSharding::kOptimGrads;
   for (const bool expert : {false, true}) {
     GradBucketOptions& o = expert ? batch.bucketing.expert : batch.bucketing.dense;
     o.data_parallel_size = communicator.size(expert ? CommGroup::kExpertData : CommGroup::kDataContext);
-    o.overlap_grad_reduce = config.overlap_grad_reduce;
+    // Megatron FSDP overlaps the reduction of sharded gradients: buckets as with --overlap-grad-reduce.
+    o.overlap_grad_reduce = config.overlap_grad_reduce || batch.gradients_sharded;
     o.distributed_optimizer = config.use_distributed_optimizer;
     // FSDP optim_grads_params: a bucket per parameter entry (layouts::grad_sync_buckets' rule).
     if (config.fsdp == layouts::DataParallelSharding::kOptimGradsParams) {
@@ -77,6 +79,10 @@ DataParallelChunk data_parallel_chunk(GPTModel& model) {
   if (model.parameters_gathered_at_use()) {
     c.residence = &model;
     c.head_reads_embedding = model.head_reads_embedding();
+  }
+  if (model.gradients_sharded()) {
+    c.gradient_residence = &model;
+    c.head_weight_offset = model.stage().has_loss ? model.head_entry().offset : -1;
   }
   return c;
 }
@@ -221,6 +227,7 @@ void Trainer::run_forward(const layouts::StepItem& item, const MicroBatch& batch
   };
   if (groups.empty()) run(0, 0);  // an empty stage: its output is its input
   for (int s = 0; s < static_cast<int>(groups.size()); ++s) {
+    if (!evaluation) data_parallel_->prepare_forward_gradients(item.chunk, groups[s]);
     data_parallel_->before_forward(item.chunk, groups[s]);
     if (forward_segment_hook_) forward_segment_hook_(item.chunk, item.microbatch, groups[s]);
     run(s, s + 1);
@@ -230,12 +237,13 @@ void Trainer::run_forward(const layouts::StepItem& item, const MicroBatch& batch
 
 void Trainer::run_backward(const layouts::StepItem& item) {
   GPTModel& model = *chunks_.at(item.chunk);
-  if (!data_parallel_->gathers_parameters_at_use()) {
+  if (!data_parallel_->runs_backward_by_entry()) {
     model.backward(item.microbatch, item.entry_begin, item.entry_end);
     return;
   }
-  // Entry by entry, each after its parameters' gather (the entries run in reverse symbol order).
-  if (!config_.step) throw std::logic_error("parameters gathered at use need the rank's walk");
+  // Entry by entry, each after its parameters' gather and before its gradient buckets' reduction (the
+  // entries run in reverse symbol order).
+  if (!config_.step) throw std::logic_error("FSDP's backward by entry needs the rank's walk");
   const std::vector<int> codes = layouts::stage_symbol_layers(config_.step->stages.at(item.chunk));
   const layouts::RecomputePlan& plan = model.recompute_plan();
   for (int e = item.entry_begin; e < item.entry_end; ++e) {
@@ -296,8 +304,10 @@ void Trainer::reduce_tied_embedding() {
         {"embedding_grad_ag", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
     backend_.recorder().set_position(-1, -1);
     communicator_.all_reduce(
-        CommGroup::kEmbedding, chunk->view(chunk->grads(), e), ReduceOp::kSum,
+        CommGroup::kEmbedding, data_parallel_->gathered_grads(static_cast<int>(c), e.offset, e.numel()),
+        ReduceOp::kSum,
         {"embedding_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kEmbeddingGradReduce});
+    data_parallel_->end_gathered_grads(static_cast<int>(c));
   }
 }
 
@@ -306,16 +316,19 @@ void Trainer::reduce_sequence_parallel_norms() {
   if (sp_norm_grads_.empty()) return;
   auto each = [&](auto&& move) {
     std::int64_t at = 0;
-    for (auto& chunk : chunks_)
-      for (const ParameterEntry* e : chunk->sequence_parallel_grad_entries()) {
-        move(flat_range(backend_, chunk->grads(), e->offset, e->numel()),
-             flat_range(backend_, sp_norm_grads_, at, e->numel()));
-        at += e->numel();
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      for (const ParameterEntry* e : chunks_[c]->sequence_parallel_grad_entries()) {
+        for (const Tensor& piece :
+             data_parallel_->reduced_grad_pieces(static_cast<int>(c), e->offset, e->numel())) {
+          move(piece, flat_range(backend_, sp_norm_grads_, at, piece.numel()));
+          at += piece.numel();
+        }
       }
+    return at;
   };
-  each([&](Tensor grad, Tensor gathered) { backend_.copy(grad, gathered); });
+  const std::int64_t packed = each([&](Tensor grad, Tensor gathered) { backend_.copy(grad, gathered); });
   communicator_.all_reduce(
-      CommGroup::kTensor, sp_norm_grads_, ReduceOp::kSum,
+      CommGroup::kTensor, flat_range(backend_, sp_norm_grads_, 0, packed), ReduceOp::kSum,
       {"sp_norm_grad_ar", -1, OpPhase::kOptimizer, layouts::OpRole::kSequenceParallelNormGrad});
   each([&](Tensor grad, Tensor gathered) { backend_.copy(gathered, grad); });
 }

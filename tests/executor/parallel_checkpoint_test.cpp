@@ -12,6 +12,8 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "executor/training/thread_run.h"
 #include "layouts/model_spec.h"
@@ -173,14 +175,18 @@ TEST_F(ParallelCheckpoint, Bf16DistributedOptimizerShardsAtDp3SaveWithoutDisturb
 }
 
 // Megatron FSDP optim_grads_params with a bf16 model, which then keeps only its shard of the bf16
-// parameters (and the gathered entries in use): the same, at dp2 (the tied head keeping the embedding
-// gathered) and pp2 x dp2 (the last stage's copy of the tied embedding).
+// parameters (and the gathered entries in use) and of the fp32 gradients (and their bucket slots, through
+// which the main parameters are gathered for the save): the same, at dp2 (the tied head keeping the
+// embedding gathered) and pp2 x dp2 (the last stage's copy of the tied embedding); and optim_grads (the
+// gradients alone sharded) at dp2.
 TEST_F(ParallelCheckpoint, Bf16FsdpShardedParametersSaveWithoutDisturbingTheRunAndResume) {
-  for (const int pp : {1, 2}) {
-    SCOPED_TRACE("pp" + std::to_string(pp));
+  using S = layouts::DataParallelSharding;
+  for (const auto& [pp, sharding] : {std::pair{1, S::kOptimGradsParams}, std::pair{2, S::kOptimGradsParams},
+                                     std::pair{1, S::kOptimGrads}}) {
+    SCOPED_TRACE("pp" + std::to_string(pp) + " " + std::string(layouts::to_string(sharding)));
     layouts::ParallelConfig c = layout(gpt_tiny(), 1, pp, 2);
     c.use_megatron_fsdp = true;
-    c.data_parallel_sharding_strategy = layouts::DataParallelSharding::kOptimGradsParams;
+    c.data_parallel_sharding_strategy = sharding;
     c.validate(gpt_tiny());
     expect_bf16_save_and_resume(c);
     fs::remove_all(dir_);

@@ -62,6 +62,13 @@ Case fsdp_case(std::string name, int tp, int pp, int dp, int ep, bool overlap) {
   return c;
 }
 
+// The same case under another Megatron FSDP strategy (optim_grads: the sharded gradients' reduce-scatter
+// after each bucket's backward in every micro-batch, the bf16 copy whole).
+Case with_fsdp(Case c, layouts::DataParallelSharding sharding) {
+  c.fsdp = sharding;
+  return c;
+}
+
 layouts::ModelSpec model_of(const Case& c) {
   layouts::ModelSpec m = c.mla != Case::Mla::kNone ? test::deepseek_mla_tiny(c.mla == Case::Mla::kQLora)
                          : c.gpt                   ? test::gpt_tiny(c.tied)
@@ -223,6 +230,12 @@ INSTANTIATE_TEST_SUITE_P(
         fsdp_case("fsdp_zero3_dp2", 1, 1, 2, 0, false),
         fsdp_case("fsdp_zero3_tp2_pp2_dp2_overlap", 2, 2, 2, 0, true),
         fsdp_case("fsdp_zero3_moe_ep2_dp4", 1, 1, 4, 2, false),
+        with_fsdp(Case{"fsdp_zero3_pp2_dp2_gpt_tied", 1, 2, 2, 0, false, false, true, true},
+                  layouts::DataParallelSharding::kOptimGradsParams),
+        with_fsdp(Case{"fsdp_zero2_pp2_dp2_gpt_tied", 1, 2, 2, 0, false, false, true, true},
+                  layouts::DataParallelSharding::kOptimGrads),
+        with_fsdp(fsdp_case("fsdp_zero2_moe_ep2_dp4", 1, 1, 4, 2, false),
+                  layouts::DataParallelSharding::kOptimGrads),
         // Partial full recomputation: units of two layers (norm recomputes inside a unit; a last unit of
         // one), block's first layers per chunk, MoE layers in a unit, FSDP's gathers for a unit's re-run, an
         // MTP layer kept under block.

@@ -128,7 +128,8 @@ TEST(FsdpStepProgram, ZeroThreeGathersEachSegmentBeforeItsUse) {
   EXPECT_EQ(gathered, 2 * elements);
 }
 
-// optim and optim_grads run the distributed optimizer's program: reduce-scatter, a gather after the step.
+// optim runs the distributed optimizer's program: reduce-scatter, a gather after the step; so does
+// optim_grads after the step (its gradient reduction: ShardedGradientsReduceEveryMicroBatch).
 TEST(FsdpStepProgram, OptimAndOptimGradsGatherAfterTheStep) {
   const ModelSpec model = tiny(4);
   for (const auto s : {DataParallelSharding::kOptim, DataParallelSharding::kOptimGrads}) {
@@ -139,10 +140,54 @@ TEST(FsdpStepProgram, OptimAndOptimGradsGatherAfterTheStep) {
     dist_opt.data_parallel_sharding_strategy = DataParallelSharding::kNoShard;
     dist_opt.use_distributed_optimizer = true;
     const StepProgram a = build_step_program(model, c, 1), b = build_step_program(model, dist_opt, 1);
-    ASSERT_EQ(a.ops.size(), b.ops.size()) << to_string(s);
-    for (std::size_t i = 0; i < a.ops.size(); ++i)
-      EXPECT_TRUE(a.ops[i].same_work(b.ops[i])) << to_string(a.ops[i]);
+    if (s == DataParallelSharding::kOptim) {
+      ASSERT_EQ(a.ops.size(), b.ops.size()) << to_string(s);
+      for (std::size_t i = 0; i < a.ops.size(); ++i)
+        EXPECT_TRUE(a.ops[i].same_work(b.ops[i])) << to_string(a.ops[i]);
+    }
     EXPECT_EQ(count_role(a, OpRole::kParamGather, OpPhase::kOptimizer), 1);
+  }
+}
+
+// optim_grads and optim_grads_params shard the gradients as Megatron FSDP does: every micro-batch's backward
+// reduce-scatters each bucket right after the entry that completes it (the bucket's op, with the
+// micro-batch), later micro-batches add the reduced shard into the rank's shard (fsdp_grad_accumulate, 12
+// bytes per shard element), and every weight gradient of a micro-batch starts afresh (its slot is zero): no
+// weight-gradient GEMM accumulates but the LM head's later token chunks. No reduction after the schedule.
+TEST(FsdpStepProgram, ShardedGradientsReduceEveryMicroBatch) {
+  const ModelSpec model = tiny(4);
+  for (const auto s : {DataParallelSharding::kOptimGrads, DataParallelSharding::kOptimGradsParams}) {
+    SCOPED_TRACE(std::string(to_string(s)));
+    ParallelConfig c = fsdp_config(2, s);
+    c.global_batch_size = 6;  // 3 micro-batches of 1 per rank
+    c.validate(model);
+    const RankStep step = walk_rank_step(model, c, 0);
+    const StepProgram program = build_step_program(model, c, 0);
+    const int microbatches = c.num_microbatches(), buckets = static_cast<int>(step.buckets.at(0).size());
+    ASSERT_EQ(microbatches, 3);
+    ASSERT_GT(buckets, 0);
+    std::vector<int> reduced(microbatches, 0), added(microbatches, 0);
+    for (std::size_t i = 0; i < program.ops.size(); ++i) {
+      const Op& op = program.ops[i];
+      if (op.role == OpRole::kGradReduce) {
+        ASSERT_GE(op.microbatch, 0);
+        ++reduced.at(op.microbatch);
+        EXPECT_EQ(op.kind, OpKind::kReduceScatter);
+        EXPECT_NE(program.schedule_item[i], -1);  // inside the backward, not after the schedule
+      }
+      if (op.label == "fsdp_grad_accumulate") ++added.at(op.microbatch);
+      if (op.kind == OpKind::kGemm && op.label.ends_with("_wgrad") && op.label != "logits_wgrad")
+        EXPECT_FALSE(op.accumulate) << to_string(op);
+    }
+    for (int m = 0; m < microbatches; ++m) {
+      EXPECT_EQ(reduced[m], buckets) << "micro-batch " << m;
+      EXPECT_EQ(added[m], m == 0 ? 0 : buckets) << "micro-batch " << m;
+    }
+    std::int64_t shard_bytes = 0, added_bytes = 0;
+    for (const GradBucket& b : step.buckets[0]) shard_bytes += 12 * (b.elements / 2);
+    for (const Op& op : program.ops)
+      if (op.label == "fsdp_grad_accumulate" && op.microbatch == 1) added_bytes += op.bytes;
+    EXPECT_EQ(added_bytes, shard_bytes);
   }
 }
 

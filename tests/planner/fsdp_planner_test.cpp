@@ -32,8 +32,10 @@ layouts::ParallelConfig fsdp(int world, int tp, DataParallelSharding sharding) {
 // gradients, 12 B of fp32 main parameters and Adam moments):
 //   no_shard            2P       + 4P   + 12P
 //   optim               2P       + 4P   + 12P/d
-//   optim_grads         2P       + 4P/d + 12P/d
-//   optim_grads_params  2P/d + 2 x 2 x (largest entry) + 4P/d + 12P/d   (two gathered entries in flight)
+//   optim_grads         2P       + 4P/d + 2 x 4 x (largest bucket) + 12P/d
+//   optim_grads_params  2P/d + 2 x 2 x (largest entry) + 4P/d + 2 x 4 x (largest bucket) + 12P/d
+// (two gathered entries in flight; two whole-bucket gradient slots: the bucket being back-propagated and the
+// one being reduce-scattered)
 TEST(FsdpMemoryModel, BytesPerRankFallAsMegatronsFormulas) {
   layouts::ModelSpec model = layouts::model_preset("llama3-8b");
   model.seq_length = 4096;
@@ -55,7 +57,11 @@ TEST(FsdpMemoryModel, BytesPerRankFallAsMegatronsFormulas) {
                                   c.resolved_pipeline_layout(model).stages().at(0))
             .dense_per_layer_reverse.at(0);  // the loss entry: the LM head, the largest
     EXPECT_EQ(e.weight_bytes, shard(2, params) + (params ? 4 * layer : 0));
-    EXPECT_EQ(e.gradient_bytes, shard(4, s >= DataParallelSharding::kOptimGrads));
+    const bool grads = s >= DataParallelSharding::kOptimGrads;
+    const layouts::RankShape shape = layouts::resolve_rank_shape(model, c);
+    const std::int64_t bucket = layouts::largest_grad_bucket_elements(
+        shape, c, layouts::stage_parameters(model, shape, c.resolved_pipeline_layout(model).stages().at(0)));
+    EXPECT_EQ(e.gradient_bytes, shard(4, grads) + (grads ? 2 * 4 * bucket : 0));
     EXPECT_EQ(e.optimizer_bytes, shard(12, s != DataParallelSharding::kNoShard));
   }
   // ZeRO-3 against DDP on 8 data-parallel ranks: about 1/8 of the parameter state.

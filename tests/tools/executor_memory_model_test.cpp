@@ -282,6 +282,35 @@ TEST(ExecutorMemoryModel, FsdpWeightsAgreeWithMegatronsModel) {
   }
 }
 
+// Under FSDP optim_grads and optim_grads_params the executor's fp32 gradients (its shard of every bucket and
+// the whole-bucket slots, as train --dry-run sizes them) agree with Megatron's model (4/d per parameter plus
+// layouts::kFsdpGradientBucketsInFlight slots of the largest bucket) within 1% on every pipeline stage.
+TEST(ExecutorMemoryModel, FsdpGradientsAgreeWithMegatronsModel) {
+  struct Case {
+    const char* model;
+    int pp, dp;
+    layouts::DataParallelSharding sharding;
+  };
+  using S = layouts::DataParallelSharding;
+  for (const Case c :
+       {Case{"llama3-8b", 1, 4, S::kOptimGradsParams}, Case{"llama3-8b", 1, 2, S::kOptimGrads},
+        Case{"gpt-1.3b", 2, 2, S::kOptimGradsParams}, Case{"gpt-1.3b", 1, 4, S::kOptimGrads}}) {
+    const layouts::ModelSpec model = model_of(c.model, 2048);
+    layouts::ParallelConfig config = fsdp_layout(model, c.pp, c.dp);
+    config.data_parallel_sharding_strategy = c.sharding;
+    config.validate(model);
+    for (const executor::RankArena& arena : bf16_stage_arenas(model, config)) {
+      const double grads = static_cast<double>(labelled_bytes(arena, "fp32 main gradients"));
+      const planner::MemoryEstimate megatron = planner::estimate_memory(model, config, arena.coordinates.pp);
+      const double whole = 4.0 * static_cast<double>(megatron.parameters);
+      SCOPED_TRACE(std::string(c.model) + " pp rank " + std::to_string(arena.coordinates.pp) + " dp " +
+                   std::to_string(c.dp) + " " + std::string(layouts::to_string(c.sharding)));
+      EXPECT_NEAR(grads, static_cast<double>(megatron.gradient_bytes), 0.01 * megatron.gradient_bytes);
+      EXPECT_LT(grads, whole);  // below the whole fp32 gradient buffer
+    }
+  }
+}
+
 // Memory pressure: llama3-8b on 4 GPUs without TP, PP or recomputation, with the capacity set between the
 // executor's peak under FSDP optim_grads_params and under the distributed optimizer (which holds every bf16
 // weight). The search under megatune's memory model (the default) ranks FSDP first, every fitting candidate
