@@ -75,6 +75,8 @@ class CostModel {
   const GpuModel& gpu() const { return cluster_.gpu; }
   const AnalyticDefaults& defaults() const { return defaults_; }
   const CostModelSources& sources() const { return sources_; }
+  // The profiled GPU's model whose kernel prices this one transfers (nullptr when it prices its own).
+  const CostModel* profiled_model() const { return profiled_.get(); }
   double peak_flops_per_s(layouts::DType dtype) const;
 
   // Per-op models (for reports and tests).

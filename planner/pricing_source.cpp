@@ -111,6 +111,11 @@ PricingSource open_pricing_source(const std::string& database_path, const cost_m
 }
 
 std::string fp8_pricing_description(const cost_models::CostModel& model) {
+  // Kernels transferred from a profiled GPU: its FP8 prices (measured or from its bf16 ones), then scaled.
+  if (const cost_models::CostModel* profiled = model.profiled_model()) {
+    return fp8_pricing_description(*profiled) + "; scaled to " + model.gpu().name +
+           " by peak FLOP/s and bandwidth";
+  }
   const cost_models::GemmCostModel& gemm = model.gemm_model();
   const std::string& gpu = model.gpu().name;
   std::string text;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cost_models/cost_database.h"
 #include "layouts/fp8.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
@@ -70,15 +71,33 @@ TEST(Fp8Simulate, PricesEveryOpOfTheFp8StepProgram) {
   EXPECT_NE(hybrid.out.find(" fp8 measurements and a fit of H200 SXM"), std::string::npos) << hybrid.out;
   EXPECT_NE(hybrid.out.find("from measured FP8 casts"), std::string::npos) << hybrid.out;
   EXPECT_EQ(bf16.out.find("precision:"), std::string::npos) << bf16.out;
-  // A GPU without fp8 measurements: FP8 GEMMs transferred from its bf16 prices, and the line says so.
+  // An unprofiled GPU (H100) prices the H200's FP8 measurements scaled to itself, and the line says so.
   std::vector<std::string> h100 = kSimulateTiny;
   *std::find(h100.begin(), h100.end(), "1x1xH200") = "1x1xH100";
-  const CliResult transferred = run_megatune(with(h100, {"--fp8-format", "hybrid"}));
+  const CliResult scaled = run_megatune(with(h100, {"--fp8-format", "hybrid"}));
+  ASSERT_EQ(scaled.exit_code, 0) << scaled.err;
+  EXPECT_EQ(sum(priced_counts(scaled.out)), static_cast<long long>(program_ops(fp8)));
+  EXPECT_NE(scaled.out.find("fp8 measurements and a fit of H200 SXM"), std::string::npos) << scaled.out;
+  EXPECT_NE(scaled.out.find("scaled to H100 SXM"), std::string::npos) << scaled.out;
+  // A database without fp8 measurements: FP8 GEMMs transferred from the bf16 prices, and the line says so.
+  const TempDir dir;
+  ASSERT_EQ(run_megatune({"db", "--db", dir / "bf16.db", "info"}).exit_code, 0);  // the shipped data
+  {
+    cost_models::Database bf16_only = cost_models::open_cost_database(dir / "bf16.db");
+    bf16_only.execute(
+        "DELETE FROM kernel_timings WHERE dtype = 'fp8'; DELETE FROM fitted_models WHERE variant = 'fp8' OR "
+        "variant LIKE '%:fp8'");
+  }
+  const CliResult transferred =
+      run_megatune(with(kSimulateTiny, {"--fp8-format", "hybrid", "--db", dir / "bf16.db"}));
   ASSERT_EQ(transferred.exit_code, 0) << transferred.err;
   EXPECT_EQ(sum(priced_counts(transferred.out)), static_cast<long long>(program_ops(fp8)));
+  EXPECT_GT(priced_counts(transferred.out)[3], 0) << transferred.out;
   EXPECT_NE(transferred.out.find("FP8 GEMMs transferred from the bf16 prices"), std::string::npos)
       << transferred.out;
   EXPECT_NE(transferred.out.find("low confidence"), std::string::npos) << transferred.out;
+  EXPECT_NE(transferred.out.find("from the element-wise kernels' model"), std::string::npos)
+      << transferred.out;
 
   fp8.recipe = layouts::Fp8Recipe::kTensorwise;
   fp8.format = layouts::Fp8Format::kE4M3;
@@ -139,8 +158,9 @@ TEST(Fp8Plan, EmittedCommandsCarryTheFlagsAndDescribeTheSameRun) {
   EXPECT_EQ(line_after(run.dry.out, "precision: "), precision);
   EXPECT_EQ(line_after(run.dry.out, "settings: "), line_after(run.planned.out, "settings: "));
   EXPECT_EQ(line_after(run.dry.out, "model: "), line_after(run.planned.out, "model: "));
-  // Every candidate is priced as FP8: the winner's GEMMs are transferred prices.
-  EXPECT_NE(run.planned.out.find("FP8 GEMMs transferred"), std::string::npos) << run.planned.out;
+  // Every candidate is priced as FP8 (the plan's H100 cluster from the H200's fp8 measurements, scaled).
+  EXPECT_NE(run.planned.out.find("FP8 GEMMs from "), std::string::npos) << run.planned.out;
+  EXPECT_NE(run.planned.out.find("scaled to H100"), std::string::npos) << run.planned.out;
 }
 
 TEST(Fp8Plan, Fp8IsTheUsersChoiceNotSearched) {
