@@ -68,7 +68,8 @@
 //   backward op that completes it in the chunk's last microbatch, else after the whole schedule.
 //   Dense grads over dp-cp, expert grads over expert-dp; fp32 (bf16 with grad_reduce_in_bf16).
 //   Then: tied-embedding all-reduce between first and last stage (pp > 1, tied), all-reduce over tp of
-//   the sequence-parallel norm grads, grad norm, AdamW (bytes per local param: 16 fp32 read+write of
+//   the sequence-parallel norm grads (under FSDP's sharded gradients their parts in the rank's shards:
+//   sequence_parallel_grad_elements), grad norm, AdamW (bytes per local param: 16 fp32 read+write of
 //   param/m/v, 4 grad read, 2 bf16 param write), and with the distributed optimizer (or FSDP optim,
 //   optim_grads) an all-gather of the bf16 params per bucket.
 // - FSDP optim_grads and optim_grads_params (ParallelConfig::shards_gradients): buckets as with
