@@ -5,6 +5,7 @@
 #include <climits>
 #include <numeric>
 
+#include "layouts/grad_buffer_plan.h"
 #include "layouts/op_sink.h"
 #include "layouts/parameter_table.h"
 #include "layouts/step_program.h"
@@ -112,17 +113,21 @@ struct BucketFill {
   int ready_after = 0;
 };
 
+// The elements a bucket holds before it closes (grad_bucket_limit over dp x cp). FSDP: buckets as with
+// overlap_grad_reduce; with sharded parameters a bucket per parameter entry (Megatron FSDP's per-module
+// unit), what one forward segment gathers and one entry's backward reduce-scatters.
+std::int64_t bucket_limit_elements(const RankShape& shape, const ParallelConfig& config,
+                                   const StepProgramOptions& options) {
+  if (config.shards_parameters()) return 1;
+  return grad_bucket_limit(options.bucket_size_elements, shape.dp * shape.cp,
+                           config.overlap_grad_reduce || config.shards_gradients());
+}
+
 // Every bucket of the stage's two regions, whatever their group sizes, in the order they complete.
 std::vector<BucketFill> bucket_fills(const RankShape& shape, const ParallelConfig& config,
                                      const StageParameters& parameters, const StepProgramOptions& options) {
   const int dense_group = shape.dp * shape.cp;
-  std::int64_t bucket_limit = options.bucket_size_elements > 0
-                                  ? options.bucket_size_elements
-                                  : std::max<std::int64_t>(40'000'000, 1'000'000LL * dense_group);
-  if (!config.overlap_grad_reduce && !config.shards_gradients()) bucket_limit = INT64_MAX;
-  // FSDP with sharded parameters: a bucket per parameter entry (Megatron FSDP's per-module unit), what one
-  // forward segment gathers and one entry's backward reduce-scatters.
-  if (config.shards_parameters()) bucket_limit = 1;
+  const std::int64_t bucket_limit = bucket_limit_elements(shape, config, options);
   std::vector<BucketFill> fills;
   auto emit = [&](std::int64_t elements, bool expert, int ready_after) {
     if (elements <= 0) return;
@@ -190,6 +195,35 @@ std::int64_t largest_grad_bucket_elements(const RankShape& shape, const Parallel
   return most;
 }
 
+std::int64_t sequence_parallel_grad_elements(const RankShape& shape, const ParallelConfig& config,
+                                             const PipelineStage& stage, int data_context_rank,
+                                             const StepProgramOptions& options) {
+  const std::vector<ParameterSpec> table = stage_parameter_table(shape, contents_of(stage));
+  std::int64_t elements = 0;
+  if (!chunk_shards_gradients(config, stage)) {
+    for (const ParameterSpec& p : table)
+      if (p.sequence_parallel_grad) elements += p.numel();
+    return elements;
+  }
+  // The dense region in buffer order (the reverse of the table's), laid out as the executor lays it.
+  std::vector<GradBufferItem> items;
+  std::vector<const ParameterSpec*> specs;
+  for (std::size_t i = table.size(); i-- > 0;) {
+    if (table[i].expert >= 0) continue;
+    items.push_back({table[i].numel(), table[i].layer});
+    specs.push_back(&table[i]);
+  }
+  const int group = shape.dp * shape.cp;
+  const GradBufferPlan plan =
+      plan_grad_buffer(items, bucket_limit_elements(shape, config, options),
+                       grad_bucket_end_multiple(group, config.shards_optimizer_state()));
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (specs[i]->sequence_parallel_grad)
+      elements += elements_in_grad_shards(plan, group, data_context_rank, plan.offsets[i],
+                                          plan.offsets[i] + specs[i]->numel());
+  return elements;
+}
+
 Op param_gather_op(const GradBucket& bucket) {
   Op op;
   op.kind = OpKind::kAllGather;
@@ -201,6 +235,10 @@ Op param_gather_op(const GradBucket& bucket) {
   op.group_size = bucket.op.group_size;
   op.chunk = bucket.op.chunk;
   return op;
+}
+
+bool chunk_shards_gradients(const ParallelConfig& config, const PipelineStage& stage) {
+  return config.shards_gradients() && stage.num_mtp_layers == 0;
 }
 
 std::vector<Op> fsdp_grad_reduce_ops(const GradBucket& bucket, int microbatch) {
@@ -230,7 +268,8 @@ Op fsdp_param_gather_op(const GradBucket& bucket, OpPhase phase, int microbatch)
 
 std::vector<Op> optimizer_step_ops(const ModelSpec& model, const RankShape& shape,
                                    const ParallelConfig& config, const std::vector<PipelineStage>& stages,
-                                   OptimizerStep step, const StepProgramOptions& options) {
+                                   OptimizerStep step, int data_context_rank,
+                                   const StepProgramOptions& options) {
   std::vector<Op> ops;
   OpSink o(ops, OpPhase::kOptimizer, -1, -1, -1);
   const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
@@ -271,11 +310,8 @@ std::vector<Op> optimizer_step_ops(const ModelSpec& model, const RankShape& shap
     case OptimizerStep::kSequenceParallelNormGradReduce: {
       // The parameters the table marks (norms; MLA's replicated down-projections and latent norms).
       std::int64_t norm_params = 0;
-      for (const PipelineStage& stage : stages) {
-        const StageContents contents = contents_of(stage);
-        for (const ParameterSpec& p : stage_parameter_table(shape, contents))
-          if (p.sequence_parallel_grad) norm_params += p.numel();
-      }
+      for (const PipelineStage& stage : stages)
+        norm_params += sequence_parallel_grad_elements(shape, config, stage, data_context_rank, options);
       o.comm_as(OpRole::kSequenceParallelNormGrad, OpKind::kAllReduce, "sp_norm_grad_ar",
                 norm_params * grad_bytes, CommGroup::kTensor, shape.tp, DType::kFP32);
       break;

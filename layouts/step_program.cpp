@@ -9,6 +9,7 @@
 #include "layouts/context_parallel.h"
 #include "layouts/mla_ops.h"
 #include "layouts/op_sink.h"
+#include "layouts/rank_grid.h"
 #include "layouts/schedule_walker.h"
 
 namespace megatune::layouts {
@@ -714,6 +715,7 @@ std::vector<Op> fsdp_backward_ops(const ModelSpec& model, const ParallelConfig& 
   const RecomputePlan plan = plan_recompute(step.shape.recompute_settings(), stage);
   std::vector<Op> ops;
   const bool gathers = config.shards_parameters();
+  const bool reduces = chunk_shards_gradients(config, stage);
   for (int e = item.entry_begin; e < item.entry_end; ++e) {
     for (const GradBucket& b : buckets)
       if (gathers && b.ready_after_entry == e)
@@ -730,10 +732,16 @@ std::vector<Op> fsdp_backward_ops(const ModelSpec& model, const ParallelConfig& 
                                              e, e + 1, options))
       ops.push_back(std::move(op));
     for (const GradBucket& b : buckets)
-      if (config.shards_gradients() && b.ready_after_entry == e)
+      if (reduces && b.ready_after_entry == e)
         for (Op& op : fsdp_grad_reduce_ops(b, item.microbatch)) ops.push_back(std::move(op));
   }
   return ops;
+}
+
+// The rank's index in its dp x cp group.
+int data_context_rank(const ParallelConfig& config, int rank) {
+  const std::vector<int> group = RankGrid::from_config(config).group_of(rank, GroupKind::kDpCp);
+  return static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
 }
 
 // Sharded gradients: each micro-batch's weight gradients land in a zeroed bucket slot, so a weight's first
@@ -753,17 +761,21 @@ std::vector<Op> fresh_weight_gradients(std::vector<Op> ops) {
 
 std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
                               const StepItem& item, const StepProgramOptions& options) {
+  // The chunk's gradients sharded: written afresh in each micro-batch and reduced in its backward.
+  const bool fresh = item.chunk >= 0 && chunk_shards_gradients(config, step.stages.at(item.chunk));
   switch (item.kind) {
-    case StepItemKind::kForward:
-      if (config.shards_parameters())
-        return fresh_weight_gradients(fsdp_forward_ops(model, step, item, options));
-      if (config.shards_gradients())
-        return fresh_weight_gradients(
-            stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options));
-      return stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options);
+    case StepItemKind::kForward: {
+      std::vector<Op> ops =
+          config.shards_parameters()
+              ? fsdp_forward_ops(model, step, item, options)
+              : stage_forward_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch, options);
+      return fresh ? fresh_weight_gradients(std::move(ops)) : ops;
+    }
     case StepItemKind::kBackward:
-      if (config.shards_gradients())
-        return fresh_weight_gradients(fsdp_backward_ops(model, config, step, item, options));
+      if (config.shards_parameters() || fresh) {
+        std::vector<Op> ops = fsdp_backward_ops(model, config, step, item, options);
+        return fresh ? fresh_weight_gradients(std::move(ops)) : ops;
+      }
       return stage_backward_segment_ops(model, step.shape, step.stages.at(item.chunk), item.microbatch,
                                         item.entry_begin, item.entry_end, options);
     case StepItemKind::kP2p: {
@@ -772,12 +784,13 @@ std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& conf
       return ops;
     }
     case StepItemKind::kGradBucket:  // sharded gradients: reduced in each backward instead
-      if (config.shards_gradients()) return {};
+      if (fresh) return {};
       return {step.buckets.at(item.chunk).at(item.bucket).op};
     case StepItemKind::kParamGather:
       return {param_gather_op(step.buckets.at(item.chunk).at(item.bucket))};
     case StepItemKind::kOptimizer:
-      return optimizer_step_ops(model, step.shape, config, step.stages, item.optimizer_step, options);
+      return optimizer_step_ops(model, step.shape, config, step.stages, item.optimizer_step,
+                                data_context_rank(config, step.rank), options);
   }
   return {};
 }

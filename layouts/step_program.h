@@ -68,13 +68,15 @@
 //   backward op that completes it in the chunk's last microbatch, else after the whole schedule.
 //   Dense grads over dp-cp, expert grads over expert-dp; fp32 (bf16 with grad_reduce_in_bf16).
 //   Then: tied-embedding all-reduce between first and last stage (pp > 1, tied), all-reduce over tp of
-//   the sequence-parallel norm grads, grad norm, AdamW (bytes per local param: 16 fp32 read+write of
+//   the sequence-parallel norm grads (under FSDP's sharded gradients their parts in the rank's shards:
+//   sequence_parallel_grad_elements), grad norm, AdamW (bytes per local param: 16 fp32 read+write of
 //   param/m/v, 4 grad read, 2 bf16 param write), and with the distributed optimizer (or FSDP optim,
 //   optim_grads) an all-gather of the bf16 params per bucket.
 // - FSDP optim_grads and optim_grads_params (ParallelConfig::shards_gradients): buckets as with
 //   overlap_grad_reduce (Megatron FSDP overlaps the reduction of sharded gradients), each reduce-scattered
 //   after the backward entry that completes it in every micro-batch (fsdp_grad_reduce_ops), not after the
-//   schedule: no kGradBucket op.
+//   schedule: no kGradBucket op. A chunk with MTP layers keeps whole gradients (chunk_shards_gradients): its
+//   kGradBucket ops stay.
 // - FSDP optim_grads_params (ParallelConfig::shards_parameters): a bucket per parameter entry (reduce-
 //   scattered like the distributed optimizer's, padded the same way), no gather after the step; instead each
 //   forward segment is preceded by the all-gathers of the buckets of its entries (forward order), and each
@@ -198,6 +200,14 @@ Op fsdp_param_gather_op(const GradBucket& bucket, OpPhase phase, int microbatch)
 // gradient shard ("fsdp_grad_accumulate", 3 x 4 bytes per shard element; the first writes the shard).
 std::vector<Op> fsdp_grad_reduce_ops(const GradBucket& bucket, int microbatch);
 
+// FSDP optim_grads and optim_grads_params: whether the chunk holding `stage` shards its fp32 gradients
+// (fsdp_grad_reduce_ops after each bucket's backward in every micro-batch, weight gradients afresh in each
+// micro-batch, no kGradBucket op). A chunk with MTP layers keeps whole gradients, as the executor's model
+// does (an MTP layer's forward and backward write the head's and the embedding's gradients outside their
+// entries' backward): its buckets, sized as the sharded chunks', are reduce-scattered once per step at
+// their kGradBucket items, as the distributed optimizer's.
+bool chunk_shards_gradients(const ParallelConfig& config, const PipelineStage& stage);
+
 // The steps after the schedule and the grad buckets, in this order (the walker emits those that apply).
 enum class OptimizerStep {
   kEmbeddingGradReduce,             // tied embedding, pp > 1, on the ranks holding E or L
@@ -205,10 +215,19 @@ enum class OptimizerStep {
   kGradNorm,                        // local sum of squares + all-reduce over the world
   kAdamW,                           // on the local params (the shard with the distributed optimizer)
 };
-// Ops of one such step of a rank holding `stages` (all its chunks, by chunk).
+// Ops of one such step of a rank holding `stages` (all its chunks, by chunk); data_context_rank: the rank's
+// index in its dp x cp group (RankGrid's kDpCp group), which picks its shard of sharded gradients.
 std::vector<Op> optimizer_step_ops(const ModelSpec& model, const RankShape& shape,
                                    const ParallelConfig& config, const std::vector<PipelineStage>& stages,
-                                   OptimizerStep step, const StepProgramOptions& options = {});
+                                   OptimizerStep step, int data_context_rank,
+                                   const StepProgramOptions& options = {});
+// The gradient elements of the chunk `stage` that kSequenceParallelNormGradReduce all-reduces over TP: its
+// parameters marked sequence_parallel_grad, whole, or under FSDP's sharded gradients
+// (chunk_shards_gradients) only their parts inside rank data_context_rank's shards of the dense buckets,
+// the buffer laid out as the executor lays it (plan_grad_buffer).
+std::int64_t sequence_parallel_grad_elements(const RankShape& shape, const ParallelConfig& config,
+                                             const PipelineStage& stage, int data_context_rank,
+                                             const StepProgramOptions& options = {});
 
 struct RankStep;
 struct StepItem;

@@ -127,6 +127,17 @@ MemoryItem device_buffers(const RankShape& s, const MemoryOptions& options) {
 
 namespace {
 
+// A rank's parameters over its chunks, as add_parameter_state counts their state.
+struct StateParameters {
+  std::int64_t dense = 0, expert = 0;
+  std::int64_t largest_entry = 0;  // optim_grads_params: the largest parameter entry (elements)
+  int gathered_entries = 2;        // optim_grads_params: the entries gathered at once
+  // Sharded gradients: the largest bucket of the chunks that shard them (0: no chunk does).
+  std::int64_t largest_bucket = 0;
+  // Under sharded gradients, the parameters of the chunks that keep whole gradients (MTP).
+  std::int64_t whole_grad_dense = 0, whole_grad_expert = 0;
+};
+
 // Megatron's bytes per parameter by sharding (d = dp x cp for dense parameters, expert-dp for experts):
 // no_shard 2 + 4 + 12, optim (the distributed optimizer) 2 + 4 + 12/d, FSDP optim_grads 2 + (4 + 12)/d,
 // optim_grads_params 18/d plus the gathered bf16 parameters of the two largest entries in flight (the
@@ -134,29 +145,39 @@ namespace {
 // slots of the largest bucket (layouts::kFsdpGradientBucketsInFlight: the bucket being back-propagated and
 // the one being reduce-scattered).
 void add_parameter_state(MemoryEstimate& e, const layouts::ParallelConfig& config, const RankShape& s,
-                         std::int64_t dense, std::int64_t expert, std::int64_t largest_entry,
-                         int gathered_entries, std::int64_t largest_bucket, const MemoryOptions& options) {
-  const auto sharded = [&](bool shard, std::int64_t bytes_per_param) {
+                         const StateParameters& p, const MemoryOptions& options) {
+  const auto sharded_of = [&](bool shard, std::int64_t bytes_per_param, std::int64_t dense,
+                              std::int64_t expert) {
     const std::int64_t d = shard ? s.dp * s.cp : 1, ed = shard ? s.edp : 1;
     return bytes_per_param * ((dense + d - 1) / d + (expert + ed - 1) / ed);
   };
-  const bool params = config.shards_parameters(), grads = config.shards_gradients();
+  const auto sharded = [&](bool shard, std::int64_t bytes_per_param) {
+    return sharded_of(shard, bytes_per_param, p.dense, p.expert);
+  };
+  const bool params = config.shards_parameters(), grads = p.largest_bucket > 0;
   const std::int64_t grad_bytes = options.grad_reduce_in_bf16 ? 2 : 4;
-  e.weight_bytes = sharded(params, 2) + (params ? 2 * gathered_entries * largest_entry : 0);
+  e.weight_bytes = sharded(params, 2) + (params ? 2 * p.gathered_entries * p.largest_entry : 0);
   const int grad_slots = grads ? layouts::kFsdpGradientBucketsInFlight : 0;
-  e.gradient_bytes = sharded(grads, grad_bytes) + grad_slots * largest_bucket * grad_bytes;
+  // The chunks that keep whole gradients (layouts::chunk_shards_gradients: MTP) count every element.
+  e.gradient_bytes =
+      sharded_of(grads, grad_bytes, p.dense - p.whole_grad_dense, p.expert - p.whole_grad_expert) +
+      grad_bytes * (p.whole_grad_dense + p.whole_grad_expert) + grad_slots * p.largest_bucket * grad_bytes;
   e.optimizer_bytes = sharded(config.shards_optimizer_state(), 12);
   const std::string over = " sharded over dp*cp (experts: edp)";
   e.items.push_back({"weights (bf16)", e.weight_bytes,
                      std::to_string(e.parameters) + " params x 2 B" +
-                         (params ? over + " + " + std::to_string(gathered_entries) + " gathered entries of " +
-                                       std::to_string(largest_entry)
+                         (params ? over + " + " + std::to_string(p.gathered_entries) +
+                                       " gathered entries of " + std::to_string(p.largest_entry)
                                  : "")});
   e.items.push_back(
       {"gradients", e.gradient_bytes,
        std::string(options.grad_reduce_in_bf16 ? "bf16 grad buffer" : "fp32 main-grad buffer, 4 B/param") +
            (grads ? over + " + " + std::to_string(grad_slots) + " bucket slots of " +
-                        std::to_string(largest_bucket)
+                        std::to_string(p.largest_bucket) +
+                        (p.whole_grad_dense + p.whole_grad_expert > 0
+                             ? ", the MTP chunk's " +
+                                   std::to_string(p.whole_grad_dense + p.whole_grad_expert) + " whole"
+                             : "")
                   : "")});
   e.items.push_back(
       {"optimizer state", e.optimizer_bytes,
@@ -190,26 +211,30 @@ MemoryEstimate estimate_memory(const layouts::ModelSpec& model, const layouts::P
   const int vpp = static_cast<int>(stages.size());
 
   // Parameters, gradients, optimizer state.
-  std::int64_t dense = 0, expert = 0, largest_entry = 0, largest_bucket = 0;
-  int gathered_entries = 2;
+  StateParameters state;
   for (const PipelineStage* stage : stages) {
     if (config.shards_parameters())
-      gathered_entries = std::max(
-          gathered_entries,
+      state.gathered_entries = std::max(
+          state.gathered_entries,
           layouts::fsdp_gathered_entries(
               layouts::plan_recompute(s.recompute_settings(), *stage).largest_unit(),
               !model.untie_embeddings_and_output_weights && stage->has_embedding && stage->has_loss));
     layouts::StageParameters p = layouts::stage_parameters(model, s, *stage);
-    dense += p.dense;
-    expert += p.expert;
+    state.dense += p.dense;
+    state.expert += p.expert;
     for (std::size_t i = 0; i < p.layer_reverse.size(); ++i)
-      largest_entry = std::max(largest_entry, p.dense_per_layer_reverse[i] + p.expert_per_layer_reverse[i]);
-    if (config.shards_gradients())
-      largest_bucket =
-          std::max(largest_bucket, layouts::largest_grad_bucket_elements(s, config, p, options.step));
+      state.largest_entry =
+          std::max(state.largest_entry, p.dense_per_layer_reverse[i] + p.expert_per_layer_reverse[i]);
+    if (layouts::chunk_shards_gradients(config, *stage)) {
+      state.largest_bucket =
+          std::max(state.largest_bucket, layouts::largest_grad_bucket_elements(s, config, p, options.step));
+    } else {
+      state.whole_grad_dense += p.dense;
+      state.whole_grad_expert += p.expert;
+    }
   }
-  e.parameters = dense + expert;
-  add_parameter_state(e, config, s, dense, expert, largest_entry, gathered_entries, largest_bucket, options);
+  e.parameters = state.dense + state.expert;
+  add_parameter_state(e, config, s, state, options);
 
   // Activations of the in-flight microbatches of each chunk. Under full recomputation the chunk's plan
   // (layouts/recompute_plan.h) decides: a unit saves its input once, a kept layer all it would save.

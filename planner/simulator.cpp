@@ -638,7 +638,7 @@ class Builder {
     }
     void grad_bucket(const layouts::StepItem& item) {
       const Op& op = step_.buckets.at(item.chunk).at(item.bucket).op;
-      if (o_.config_.shards_gradients()) {
+      if (layouts::chunk_shards_gradients(o_.config_, step_.stages.at(item.chunk))) {
         // FSDP's sharded gradients: the bucket is reduce-scattered after its backward in every micro-batch
         // (the kernel level's ops of each backward), here launched together where the last one completes.
         for (int m = 0; m < o_.config_.num_microbatches(); ++m)

@@ -3,8 +3,6 @@
 #include "executor/parallel/grad_buckets.h"
 
 #include <algorithm>
-#include <climits>
-#include <numeric>
 #include <stdexcept>
 
 #include "executor/backend/backend.h"
@@ -14,13 +12,9 @@ namespace megatune::executor {
 
 namespace {
 
-std::int64_t round_up(std::int64_t x, std::int64_t multiple) {
-  return (x + multiple - 1) / multiple * multiple;
-}
-
 std::int64_t end_multiple(const GradBucketOptions& o) {
   if (o.bucket_end_multiple > 0) return o.bucket_end_multiple;
-  return o.distributed_optimizer ? std::lcm<std::int64_t>(o.data_parallel_size, 128) : 1;
+  return layouts::grad_bucket_end_multiple(o.data_parallel_size, o.distributed_optimizer);
 }
 
 }  // namespace
@@ -33,31 +27,18 @@ GradBufferLayout::GradBufferLayout(std::vector<GradBufferEntry> entries, const G
     throw std::invalid_argument("GradBufferLayout: bucket_end_multiple " + std::to_string(pad) +
                                 " does not split into " + std::to_string(options.data_parallel_size) +
                                 " shards");
-  bucket_limit_ = options.bucket_size_elements > 0
-                      ? options.bucket_size_elements
-                      : std::max<std::int64_t>(40'000'000, 1'000'000LL * options.data_parallel_size);
-  if (!options.overlap_grad_reduce) bucket_limit_ = INT64_MAX;
-  const int n = static_cast<int>(entries_.size());
-  offsets_.resize(n);
-  bucket_of_.resize(n);
-  std::int64_t cursor = 0;
-  GradBucketRange bucket;
-  for (int i = 0; i < n; ++i) {
-    if (entries_[i].numel < 0)
-      throw std::invalid_argument("GradBufferLayout: " + entries_[i].name + " numel < 0");
-    offsets_[i] = cursor;
-    cursor += round_up(entries_[i].numel, kAlignElements);
-    bucket.parameter_elements += entries_[i].numel;
-    bucket_of_[i] = static_cast<int>(buckets_.size());
-    const bool group_ends = i + 1 == n || entries_[i + 1].group != entries_[i].group;
-    if ((group_ends && bucket.parameter_elements >= bucket_limit_) || i + 1 == n) {
-      bucket.end_entry = i + 1;
-      bucket.end = cursor = round_up(cursor, pad);
-      buckets_.push_back(bucket);
-      bucket = GradBucketRange{cursor, cursor, 0, i + 1, i + 1};
-    }
+  bucket_limit_ = layouts::grad_bucket_limit(options.bucket_size_elements, options.data_parallel_size,
+                                             options.overlap_grad_reduce);
+  std::vector<layouts::GradBufferItem> items;
+  for (const GradBufferEntry& e : entries_) {
+    if (e.numel < 0) throw std::invalid_argument("GradBufferLayout: " + e.name + " numel < 0");
+    items.push_back({e.numel, e.group});
   }
-  total_elements_ = cursor;
+  layouts::GradBufferPlan plan = layouts::plan_grad_buffer(items, bucket_limit_, pad);
+  offsets_ = std::move(plan.offsets);
+  bucket_of_ = std::move(plan.bucket_of);
+  buckets_ = std::move(plan.buckets);
+  total_elements_ = plan.total_elements;
 }
 
 int GradBufferLayout::find(const std::string& name) const {
@@ -67,14 +48,11 @@ int GradBufferLayout::find(const std::string& name) const {
 }
 
 std::int64_t GradBufferLayout::shard_elements(int bucket) const {
-  return buckets_.at(bucket).numel() / data_parallel_size_;
+  return layouts::grad_shard_elements(buckets_.at(bucket), data_parallel_size_);
 }
 
 std::int64_t GradBufferLayout::shard_begin(int bucket, int dp_rank) const {
-  if (dp_rank < 0 || dp_rank >= data_parallel_size_)
-    throw std::out_of_range("dp rank " + std::to_string(dp_rank) + " outside a group of " +
-                            std::to_string(data_parallel_size_));
-  return buckets_.at(bucket).begin + dp_rank * shard_elements(bucket);
+  return layouts::grad_shard_begin(buckets_.at(bucket), data_parallel_size_, dp_rank);
 }
 
 GradBufferEntry grad_buffer_entry(const layouts::ParameterSpec& spec, bool shared_embedding) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "executor/backend/tensor.h"
+#include "layouts/grad_buffer_plan.h"
 #include "layouts/op.h"
 #include "layouts/parameter_table.h"
 
@@ -54,14 +55,9 @@ struct BufferBucketing {
   bool shared_embedding = false;  // the chunk's word embedding is a tied copy that another stage owns
 };
 
-// A bucket: a range of the flat buffer and the entries in it.
-struct GradBucketRange {
-  std::int64_t begin = 0, end = 0;      // elements [begin, end) of the buffer, end padded (see options)
-  std::int64_t parameter_elements = 0;  // numel of its parameters, no padding: layouts::grad_sync_buckets'
-                                        // bytes / 4 for the same model
-  int first_entry = 0, end_entry = 0;   // its entries [first_entry, end_entry), in buffer order
-  std::int64_t numel() const { return end - begin; }
-};
+// A bucket: a range of the flat buffer and the entries in it (parameter_elements: layouts::grad_sync_buckets'
+// bytes / 4 for the same model).
+using GradBucketRange = layouts::GradBufferBucket;
 
 class GradBufferLayout {
  public:

@@ -598,11 +598,14 @@ MainDifference main_difference(const Bf16Run& a, const Bf16Run& b, float close) 
 // Untied and tied heads (the embedding's gradient slot kept from the head's forward to the embedding's
 // backward), pp2 with the last stage's copy of the tied embedding (its gathered bucket summed over the
 // embedding group), tp2 x sp (the norms' shard pieces summed over TP), the experts over expert-dp, and
-// recompute units of 2 layers; one micro-batch on the tied and MoE cases, optim_grads on them with two.
+// recompute units of 2 layers, pp2 with the MTP layers' stage (whose chunk keeps whole gradients and
+// parameters: layouts::chunk_shards_gradients) beside a sharded one; one micro-batch on the tied and MoE
+// cases, optim_grads on them and the MTP case with two.
 TEST(FsdpBf16, ShardedStateTrainsAsTheDistributedOptimizer) {
   struct Case {
     Layout layout;
     bool gpt = false, tied = false, moe = false;
+    int mtp = 0;  // --mtp-num-layers
   };
   std::vector<Case> cases = {
       {{"dp2", 1, 1, 2}},
@@ -611,6 +614,7 @@ TEST(FsdpBf16, ShardedStateTrainsAsTheDistributedOptimizer) {
       {{"tp2 sp dp2", 2, 1, 2, 0, true}},
       {{"ep2 dp4", 1, 1, 4}, false, false, true},
       {{"dp2 recompute uniform 2", 1, 1, 2}},
+      {{"pp2 dp2 mtp", 1, 2, 2, 0, false, false, false, "Ettt|tmL"}, false, false, false, 1},
   };
   cases[4].layout.ep = 2;
   cases[5].layout.recompute_method = layouts::RecomputeMethod::kUniform;
@@ -620,6 +624,7 @@ TEST(FsdpBf16, ShardedStateTrainsAsTheDistributedOptimizer) {
     for (const int microbatches : {1, 2}) {
       if (microbatches == 1 && !c.tied && !c.moe) continue;  // bit for bit: the tied and MoE cases
       layouts::ModelSpec model = c.gpt ? gpt_tiny(c.tied) : llama_tiny(c.tied);
+      model.mtp_num_layers = c.mtp;
       if (c.moe) {
         model.num_experts = 4;
         model.moe_router_topk = 2;
@@ -635,7 +640,7 @@ TEST(FsdpBf16, ShardedStateTrainsAsTheDistributedOptimizer) {
       EXPECT_EQ(dist.chunks_without_copy, 0);
       l.dist_opt = false;
       // optim_grads on every other case (the sharded gradients without the sharded parameters).
-      const bool both = c.tied || c.moe;
+      const bool both = c.tied || c.moe || c.mtp > 0;
       for (const S sharding : {S::kOptimGradsParams, S::kOptimGrads}) {
         if (sharding == S::kOptimGrads && (!both || microbatches == 1)) continue;
         SCOPED_TRACE(c.layout.name + ", " + std::to_string(microbatches) + " micro-batches, " +
@@ -655,9 +660,9 @@ TEST(FsdpBf16, ShardedStateTrainsAsTheDistributedOptimizer) {
           EXPECT_LT(d.largest, 2.0f * 4 * 3e-3f);  // AdamW's +-lr per step, 4 steps at lr <= 3e-3
           EXPECT_LT(d.fraction_apart, 0.1);
         }
-        // optim_grads_params: every rank's every chunk released its copy.
-        EXPECT_EQ(fsdp.chunks_without_copy,
-                  sharding == S::kOptimGradsParams ? c.layout.tp * c.layout.pp * c.layout.dp : 0);
+        // optim_grads_params: every rank's every chunk released its copy, but the MTP stage's.
+        const int chunks = c.layout.tp * c.layout.dp * (c.mtp > 0 ? c.layout.pp - 1 : c.layout.pp);
+        EXPECT_EQ(fsdp.chunks_without_copy, sharding == S::kOptimGradsParams ? chunks : 0);
       }
     }
 }

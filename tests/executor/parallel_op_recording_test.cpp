@@ -69,6 +69,12 @@ Case with_fsdp(Case c, layouts::DataParallelSharding sharding) {
   return c;
 }
 
+// The case with `layers` MTP layers (--mtp-num-layers).
+Case with_mtp(Case c, int layers) {
+  c.mtp = layers;
+  return c;
+}
+
 layouts::ModelSpec model_of(const Case& c) {
   layouts::ModelSpec m = c.mla != Case::Mla::kNone ? test::deepseek_mla_tiny(c.mla == Case::Mla::kQLora)
                          : c.gpt                   ? test::gpt_tiny(c.tied)
@@ -236,6 +242,24 @@ INSTANTIATE_TEST_SUITE_P(
                   layouts::DataParallelSharding::kOptimGrads),
         with_fsdp(fsdp_case("fsdp_zero2_moe_ep2_dp4", 1, 1, 4, 2, false),
                   layouts::DataParallelSharding::kOptimGrads),
+        // FSDP with MTP: a chunk holding MTP layers keeps whole gradients, reduced once at its buckets'
+        // points, beside a sharded chunk (pp2); with sequence parallelism the norms' TP all-reduce carries
+        // only the parts inside the rank's gradient shards.
+        with_mtp(with_fsdp(Case{"fsdp_zero2_mtp_gpt_tied_dp2", 1, 1, 2, 0, false, false, true, true},
+                           layouts::DataParallelSharding::kOptimGrads),
+                 1),
+        with_mtp(with_fsdp(Case{"fsdp_zero2_mtp_pp2_dp2_layout", 1, 2, 2, 0, false, false, false, false,
+                                "Ettt|tmL"},
+                           layouts::DataParallelSharding::kOptimGrads),
+                 1),
+        with_mtp(with_fsdp(Case{"fsdp_zero3_mtp_pp2_dp2_tied_m_stage", 1, 2, 2, 0, false, false, false, true,
+                                "Etttt|mL"},
+                           layouts::DataParallelSharding::kOptimGradsParams),
+                 1),
+        with_fsdp(Case{"fsdp_zero2_tp2_sp_dp2", 2, 1, 2, 0, true},
+                  layouts::DataParallelSharding::kOptimGrads),
+        with_fsdp(Case{"fsdp_zero3_tp2_sp_dp2_gpt", 2, 1, 2, 0, true, false, true},
+                  layouts::DataParallelSharding::kOptimGradsParams),
         // Partial full recomputation: units of two layers (norm recomputes inside a unit; a last unit of
         // one), block's first layers per chunk, MoE layers in a unit, FSDP's gathers for a unit's re-run, an
         // MTP layer kept under block.

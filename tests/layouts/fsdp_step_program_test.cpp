@@ -191,6 +191,74 @@ TEST(FsdpStepProgram, ShardedGradientsReduceEveryMicroBatch) {
   }
 }
 
+// A chunk with MTP layers keeps whole gradients: its buckets are reduced once per step, after the schedule's
+// backward, with no accumulate into a shard; the other pipeline stage's chunk reduces every micro-batch.
+TEST(FsdpStepProgram, MtpChunkReducesOncePerStep) {
+  ModelSpec model = tiny(4);
+  model.mtp_num_layers = 1;
+  ParallelConfig c = fsdp_config(4, DataParallelSharding::kOptimGrads);
+  c.pipeline_model_parallel_size = 2;
+  c.pipeline_model_parallel_layout = "Ettt|tmL";
+  c.global_batch_size = 8;  // 4 micro-batches of 1 per dp rank
+  c.validate(model);
+  for (int rank = 0; rank < c.world_size; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const RankStep step = walk_rank_step(model, c, rank);
+    const bool mtp = step.stages.at(0).num_mtp_layers > 0;
+    EXPECT_EQ(chunk_shards_gradients(c, step.stages.at(0)), !mtp);
+    const StepProgram program = build_step_program(model, c, rank);
+    int reduced = 0, added = 0;
+    for (const Op& op : program.ops) {
+      if (op.role == OpRole::kGradReduce) {
+        ++reduced;
+        EXPECT_EQ(op.microbatch >= 0, !mtp) << to_string(op);
+      }
+      added += op.label == "fsdp_grad_accumulate";
+      if (mtp && op.kind == OpKind::kGemm && op.label == "fc1_wgrad" && op.microbatch > 0)
+        EXPECT_TRUE(op.accumulate) << to_string(op);  // into the whole buffer, every micro-batch
+    }
+    const int buckets = static_cast<int>(step.buckets.at(0).size());
+    ASSERT_GT(buckets, 0);
+    EXPECT_EQ(reduced, mtp ? buckets : buckets * c.num_microbatches());
+    EXPECT_EQ(added, mtp ? 0 : buckets * (c.num_microbatches() - 1));
+  }
+}
+
+// Sequence parallelism under sharded gradients: each rank all-reduces over TP only the parts of the norm
+// gradients inside its shards of the dense buckets, which the dp ranks' parts partition (under
+// optim_grads_params a layer's norms lie at its bucket's end: all in the second rank's half).
+TEST(FsdpStepProgram, SequenceParallelNormsReduceTheirShardParts) {
+  const ModelSpec model = tiny(2);
+  for (const auto s : {DataParallelSharding::kOptimGrads, DataParallelSharding::kOptimGradsParams}) {
+    SCOPED_TRACE(std::string(to_string(s)));
+    ParallelConfig c = fsdp_config(4, s);
+    c.tensor_model_parallel_size = 2;
+    c.sequence_parallel = true;
+    c.validate(model);
+    ParallelConfig whole = c;
+    whole.data_parallel_sharding_strategy = DataParallelSharding::kOptim;
+    std::int64_t parts = 0, whole_elements = 0;
+    for (int rank = 0; rank < c.world_size; ++rank) {
+      const RankStep step = walk_rank_step(model, c, rank);
+      if (step.coordinates.tp != 0) continue;
+      const std::int64_t mine =
+          sequence_parallel_grad_elements(step.shape, c, step.stages.at(0), step.coordinates.dp);
+      whole_elements = sequence_parallel_grad_elements(step.shape, whole, step.stages.at(0), 0);
+      EXPECT_LE(mine, whole_elements);
+      parts += mine;
+      int found = 0;
+      for (const Op& op : build_step_program(model, c, rank).ops)
+        if (op.role == OpRole::kSequenceParallelNormGrad) {
+          EXPECT_EQ(op.bytes, 4 * mine);
+          ++found;
+        }
+      EXPECT_EQ(found, 1);
+    }
+    EXPECT_GT(whole_elements, 0);
+    EXPECT_EQ(parts, whole_elements);  // each element in one dp rank's shard
+  }
+}
+
 // Experts shard over expert-dp: an MoE layer's segment gathers its expert bucket over kExpertData.
 TEST(FsdpStepProgram, ExpertsGatherOverExpertData) {
   ModelSpec model = model_preset("mixtral-8x7b");

@@ -74,6 +74,25 @@ TEST(FsdpMemoryModel, BytesPerRankFallAsMegatronsFormulas) {
   EXPECT_LT(ratio, 1.5 / d);
 }
 
+// A chunk with MTP layers keeps whole fp32 gradients under optim_grads (layouts::chunk_shards_gradients): the
+// MTP stage's rank counts 4 B per parameter and no bucket slot, the other stage's rank its shard and 2 slots.
+TEST(FsdpMemoryModel, MtpChunkKeepsWholeGradients) {
+  layouts::ModelSpec model = layouts::model_preset("tiny");
+  model.num_layers = 4;
+  model.mtp_num_layers = 1;
+  layouts::ParallelConfig c = fsdp(4, 1, DataParallelSharding::kOptimGrads);
+  c.pipeline_model_parallel_size = 2;
+  c.pipeline_model_parallel_layout = "Ettt|tmL";
+  c.validate(model);
+  const layouts::RankShape shape = layouts::resolve_rank_shape(model, c);
+  const layouts::PipelineLayout layout = c.resolved_pipeline_layout(model);
+  const MemoryEstimate first = estimate_memory(model, c, 0), last = estimate_memory(model, c, 1);
+  EXPECT_EQ(last.gradient_bytes, 4 * last.parameters);
+  const std::int64_t bucket = layouts::largest_grad_bucket_elements(
+      shape, c, layouts::stage_parameters(model, shape, *layout.stages_of_rank(0).at(0)));
+  EXPECT_EQ(first.gradient_bytes, 4 * ((first.parameters + 1) / 2) + 2 * 4 * bucket);
+}
+
 // The gathered entries optim_grads_params holds beside its shard, each of the largest entry (the executor's
 // slots: layouts::fsdp_gathered_entries): 2 without recomputation; a full-recompute unit's layers during its
 // re-run, one more where the chunk's tied head keeps the word embedding gathered (llama3-1b on one stage).
