@@ -4,6 +4,8 @@
 #   ALL_TESTS    the FP8 GPU test (casts bit for bit against the CPU reference, cuBLASLt FP8 GEMMs against the
 #                dequantized reference, a small model's FP8 curve against its bf16 one) and every other
 #                executor GPU test;
+#   KERNELS      bench_memory_kernels_gpu: the FP8 casts at gpt-1.3b's linear shapes (and the other
+#                memory-bound kernels) as GB/s against a device-to-device copy;
 #   PERF         the training step of gpt-1.3b (seq 2048, mbs 4), llama3-1b (seq 4096, mbs 2) and llama3-8b cut
 #                to 16 layers (seq 4096, mbs 1) in bf16 and FP8 (delayed hybrid, tensorwise E4M3), and
 #                `megatune train --fp8-format` on CUDA;
@@ -22,6 +24,9 @@ if [ "${ALL_TESTS:-1}" = 1 ]; then
     case "$t" in *kernel_fp8_gpu_test) continue ;; esac
     step "$(basename "$t")" 150 "$t"
   done
+fi
+if [ "${KERNELS:-1}" = 1 ]; then
+  step memory_kernels 120 $G/bench_memory_kernels_gpu --repeats 20
 fi
 if [ "${PERF:-1}" = 1 ]; then
   for m in "gpt-1.3b --mbs 4 --seq 2048" "llama3-1b --mbs 2 --seq 4096" "llama3-8b --num-layers 16 --mbs 1 --seq 4096"; do

@@ -1,7 +1,8 @@
 // Benchmark: the training step's memory-bound kernels (norm forward / backward, bias gradients as column
 // sums, GELU / SwiGLU forward and backward, RoPE) at one step's shapes (gpt-1.3b: 8192 tokens x 2048, FFN
 // 8192; llama-1b: 8192 tokens x 2048, FFN 8192, 32 / 8 heads of 64), plus RoPE over other token counts and
-// head splits, each as achieved GB/s of the bytes it must move, held against a device-to-device copy measured
+// head splits, and the FP8 casts of gpt-1.3b's linears (a forward input, an output gradient with its
+// transpose, a transposed input for the weight gradient; delayed and current scaling), each as achieved GB/s of the bytes it must move, held against a device-to-device copy measured
 // in the same run. CUDA-event timing, warm-up, median of repeats.
 //   bench_memory_kernels_gpu [--repeats N]
 #include <cuda_runtime.h>
@@ -16,8 +17,10 @@
 #include "executor/cuda/cross_entropy_kernels.h"
 #include "executor/cuda/cuda_check.h"
 #include "executor/cuda/elementwise_kernels.h"
+#include "executor/cuda/fp8_kernels.h"
 #include "executor/cuda/norm_kernels.h"
 #include "executor/cuda/rope_kernels.h"
+#include "layouts/fp8.h"
 
 namespace cuda = megatune::executor::cuda;
 using megatune::bench::device_alloc;
@@ -43,6 +46,7 @@ void report(const char* name, double bytes, double ms) {
 }
 
 int run() {
+  const int64_t layouts_state_elements = megatune::layouts::kFp8History + 16;
   const int64_t tokens = 8192, hidden = 2048, ffn = 8192;
   const size_t th = size_t(tokens * hidden);
   // Reference: a 256 MiB device-to-device copy (reads and writes counted).
@@ -152,6 +156,38 @@ int run() {
     rope({.batch = 1, .seq_q = seq, .num_heads = heads, .num_kv_heads = kv_heads, .head_dim = head_dim},
          "RoPE forward in place, " + std::to_string(seq) + " tokens, " + std::to_string(heads) + " / " +
              std::to_string(kv_heads) + " heads of " + std::to_string(head_dim));
+  {  // FP8 casts at gpt-1.3b's linear shapes (8192 tokens): bytes are the bf16 read(s) and the FP8 writes
+    cuda::bf16* src = random_bf16(size_t(tokens * ffn), 13);
+    auto* out = device_alloc<uint8_t>(size_t(tokens * ffn));
+    auto* out_t = device_alloc<uint8_t>(size_t(tokens * ffn));
+    auto* state = device_alloc<float>(size_t(layouts_state_elements));
+    std::vector<float> initial(size_t(layouts_state_elements), 0.0f);
+    initial[megatune::layouts::kFp8Scale] = initial[megatune::layouts::kFp8ScaleInv] = 1.0f;
+    MEGATUNE_CUDA_CHECK(cudaMemcpy(state, initial.data(), initial.size() * 4, cudaMemcpyHostToDevice));
+    for (const int64_t cols : {hidden, 3 * hidden, ffn})
+      for (const bool current : {false, true})
+        for (const int outputs : {1, 2, 3}) {  // 1: rows, 2: transposed, 3: both
+          if (!current && outputs == 2) continue;  // the weight gradient's input cast is current-scaled
+          cuda::Fp8CastLaunch launch{.src = src,
+                                     .rows = tokens,
+                                     .cols = cols,
+                                     .ld = cols,
+                                     .out = (outputs & 1) ? out : nullptr,
+                                     .out_t = (outputs & 2) ? out_t : nullptr,
+                                     .state = state,
+                                     .e5m2 = false,
+                                     .current_scaling = current,
+                                     .history_len = 16,
+                                     .amax_max = true};
+          const double elements = double(tokens) * double(cols);
+          const double bytes = elements * ((current ? 4.0 : 2.0) + (outputs == 3 ? 2.0 : 1.0));
+          const std::string name = std::string("FP8 cast ") + (current ? "current " : "delayed ") +
+                                   (outputs == 1 ? "rows" : outputs == 2 ? "transposed" : "rows+transposed") +
+                                   " 8192x" + std::to_string(cols);
+          report(name.c_str(), bytes, median_ms([&] { cuda::fp8_cast(launch, nullptr); }, 3, repeats));
+        }
+    cudaFree(src), cudaFree(out), cudaFree(out_t), cudaFree(state);
+  }
   {  // one 512 MiB LM-head chunk of llama-1b's vocabulary: the logits read twice, the gradient written
     const int64_t rows = 2048, vocab = 128256;
     cuda::bf16* logits = random_bf16(size_t(rows * vocab), 12);

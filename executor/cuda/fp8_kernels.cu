@@ -182,26 +182,200 @@ __global__ void cast_wide_kernel(Fp8CastLaunch p) {
   }
 }
 
-// amax of a src whose rows are 16-byte aligned runs of multiples of 8 values: 8 values per load.
-__global__ void amax_wide_kernel(const __nv_bfloat16* src, int64_t rows, int64_t cols, int64_t ld,
-                                 float* amax) {
+// The cast without a transposed copy (a forward input's): blocks of (32, 8) threads over 32 vectors of 8
+// values by kRowsPerBlock rows, each thread loading its kRowsPerThread vectors before converting any, so
+// four 16-byte loads per thread are in flight. Needs cols and ld multiples of 8, src 16-byte and out 8-byte
+// aligned.
+constexpr int kRowsPerThread = 4;
+constexpr int kRowsPerBlock = 8 * kRowsPerThread;
+
+__global__ void cast_rows_kernel(Fp8CastLaunch p) {
+  using namespace layouts;
+  const float scale =
+      p.current_scaling ? scale_for_amax(p.state[kFp8PendingAmax], p.e5m2, p.margin) : p.state[kFp8Scale];
+  if (p.current_scaling && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+    p.state[kFp8Scale] = scale;
+    p.state[kFp8ScaleInv] = 1.0f / scale;
+  }
+  const __nv_fp8_interpretation_t kind = p.e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const int64_t vectors_per_row = p.cols / 8;
+  const int64_t vc = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t row0 = int64_t(blockIdx.y) * kRowsPerBlock + threadIdx.y;
+  uint4 raw[kRowsPerThread];
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t row = row0 + 8 * i;
+    raw[i] = vc < vectors_per_row && row < p.rows
+                 ? *reinterpret_cast<const uint4*>(p.src + row * p.ld + vc * 8)
+                 : make_uint4(0, 0, 0, 0);
+  }
   float m = 0.0f;
   bool nan = false;
-  const int64_t vectors_per_row = cols / 8, total = rows * vectors_per_row;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 raw =
-        *reinterpret_cast<const uint4*>(src + (i / vectors_per_row) * ld + (i % vectors_per_row) * 8);
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
+    unsigned short q[4];
+#pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float2 f = __bfloat1622float2(pairs[k]);
       nan = nan || isnan(f.x) || isnan(f.y);
       m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+      q[k] = __nv_cvt_float2_to_fp8x2(make_float2(f.x * scale, f.y * scale), __NV_SATFINITE, kind);
+    }
+    const int64_t row = row0 + 8 * i;
+    if (p.out != nullptr && vc < vectors_per_row && row < p.rows)
+      *reinterpret_cast<unsigned long long*>(p.out + row * p.cols + vc * 8) =
+          (unsigned long long)q[0] | ((unsigned long long)q[1] << 16) | ((unsigned long long)q[2] << 32) |
+          ((unsigned long long)q[3] << 48);
+  }
+  if (!p.current_scaling) {
+    const float block = block_max(m);
+    if (nan) atomic_max_abs(p.state + kFp8PendingAmax, __uint_as_float(0x7fc00000u));
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+      atomic_max_abs(p.state + kFp8PendingAmax, block);
+      p.state[kFp8Pending] = 1.0f;
+    }
+  }
+}
+
+// The cast with a transposed copy on tiles of 64 rows x 128 columns (256 threads). Loading: each thread four
+// 16-byte vectors of one vector column, rows 16 apart, all in flight before any conversion; the FP8 bytes
+// go to `out` (8-byte stores) and to a shared tile whose rows are 33 words apart. Transposing: each thread
+// reads the 8 x 4-byte block of rows 8g .. 8g + 7 and columns 4c .. 4c + 3 (lanes spread over 8 column and 4
+// row groups, so a warp's 32 reads fall in 32 banks), transposes it with byte permutes and writes four
+// 8-byte runs of out_t, a warp covering 8 columns x 32 consecutive bytes each. Needs rows % 64, cols % 128,
+// ld % 8, src 16-byte and both outputs 8-byte aligned.
+constexpr int kTransposeRows = 64, kTransposeCols = 128, kTransposeThreads = 256;
+constexpr int kTileWords = kTransposeCols / 4 + 1;  // odd: the transposing reads are conflict-free
+
+__global__ void __launch_bounds__(kTransposeThreads) cast_transpose_kernel(Fp8CastLaunch p) {
+  using namespace layouts;
+  __shared__ unsigned int tile[kTransposeRows * kTileWords];
+  const int64_t row0 = int64_t(blockIdx.y) * kTransposeRows, col0 = int64_t(blockIdx.x) * kTransposeCols;
+  const float scale =
+      p.current_scaling ? scale_for_amax(p.state[kFp8PendingAmax], p.e5m2, p.margin) : p.state[kFp8Scale];
+  if (p.current_scaling && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    p.state[kFp8Scale] = scale;
+    p.state[kFp8ScaleInv] = 1.0f / scale;
+  }
+  const __nv_fp8_interpretation_t kind = p.e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const int t = threadIdx.x;
+  const int vc = t % 16, rr = t / 16;  // vector column (8 values), first row
+  uint4 raw[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    raw[i] = *reinterpret_cast<const uint4*>(p.src + (row0 + rr + 16 * i) * p.ld + col0 + vc * 8);
+  float m = 0.0f;
+  bool nan = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
+    unsigned int q[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(pairs[k]);
+      nan = nan || isnan(f.x) || isnan(f.y);
+      m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+      q[k] = __nv_cvt_float2_to_fp8x2(make_float2(f.x * scale, f.y * scale), __NV_SATFINITE, kind);
+    }
+    const unsigned int lo = q[0] | (q[1] << 16), hi = q[2] | (q[3] << 16);
+    const int r = rr + 16 * i;
+    if (p.out != nullptr)
+      *reinterpret_cast<uint2*>(p.out + (row0 + r) * p.cols + col0 + vc * 8) = make_uint2(lo, hi);
+    tile[r * kTileWords + 2 * vc] = lo;
+    tile[r * kTileWords + 2 * vc + 1] = hi;
+  }
+  if (!p.current_scaling) {
+    const float block = block_max(m);  // synchronizes the block
+    if (nan) atomic_max_abs(p.state + kFp8PendingAmax, __uint_as_float(0x7fc00000u));
+    if (threadIdx.x == 0) {
+      atomic_max_abs(p.state + kFp8PendingAmax, block);
+      p.state[kFp8Pending] = 1.0f;
+    }
+  } else {
+    __syncthreads();
+  }
+  if (p.out_t == nullptr) return;
+  const int warp = t / 32, lane = t % 32;
+  const int cg = (warp % 4) * 8 + lane % 8;  // columns 4cg .. 4cg + 3 of the tile
+  const int rg = (warp / 4) * 4 + lane / 8;  // rows 8rg .. 8rg + 7
+  unsigned int w[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) w[k] = tile[(8 * rg + k) * kTileWords + cg];
+  unsigned int lo[4], hi[4];  // lo[q]: column 4cg + q at rows 8rg .. 8rg + 3, hi[q] at rows 8rg + 4 .. + 7
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const unsigned int* x = w + 4 * half;
+    const unsigned int t0 = __byte_perm(x[0], x[1], 0x5140), t1 = __byte_perm(x[0], x[1], 0x7362);
+    const unsigned int t2 = __byte_perm(x[2], x[3], 0x5140), t3 = __byte_perm(x[2], x[3], 0x7362);
+    unsigned int* dst = half == 0 ? lo : hi;
+    dst[0] = __byte_perm(t0, t2, 0x5410);
+    dst[1] = __byte_perm(t0, t2, 0x7632);
+    dst[2] = __byte_perm(t1, t3, 0x5410);
+    dst[3] = __byte_perm(t1, t3, 0x7632);
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    *reinterpret_cast<uint2*>(p.out_t + (col0 + 4 * cg + q) * p.rows + row0 + 8 * rg) =
+        make_uint2(lo[q], hi[q]);
+}
+
+// amax of src (current scaling's first pass) when its rows are 16-byte aligned runs of multiples of 8
+// values: a grid sized to fill the GPU once, each thread four 16-byte loads in flight per round, one atomic
+// per block.
+__global__ void amax_vectors_kernel(const __nv_bfloat16* src, int64_t rows, int64_t cols, int64_t ld,
+                                    float* amax) {
+  const int64_t vectors_per_row = cols / 8, total = rows * vectors_per_row;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  float m = 0.0f;
+  bool nan = false;
+  for (int64_t base = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; base < total; base += 4 * stride) {
+    uint4 raw[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = base + k * stride;
+      if (i < total) {
+        const int64_t row = ld == cols ? 0 : i / vectors_per_row;
+        const int64_t offset = ld == cols ? i * 8 : row * ld + (i - row * vectors_per_row) * 8;
+        raw[k] = *reinterpret_cast<const uint4*>(src + offset);
+      } else {
+        raw[k] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[k]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(pairs[j]);
+        nan = nan || isnan(f.x) || isnan(f.y);
+        m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
     }
   }
   const float block = block_max(m);
   if (nan) atomic_max_abs(amax, __uint_as_float(0x7fc00000u));
   if (threadIdx.x == 0) atomic_max_abs(amax, block);
+}
+
+bool vectors_aligned(const Fp8CastLaunch& p) {
+  return p.cols % 8 == 0 && p.ld % 8 == 0 && reinterpret_cast<uintptr_t>(p.src) % 16 == 0 &&
+         (p.out == nullptr || reinterpret_cast<uintptr_t>(p.out) % 8 == 0) &&
+         (p.out_t == nullptr || reinterpret_cast<uintptr_t>(p.out_t) % 8 == 0);
+}
+
+bool transpose_tiles(const Fp8CastLaunch& p) {
+  return vectors_aligned(p) && p.rows % kTransposeRows == 0 && p.cols % kTransposeCols == 0;
+}
+
+int multiprocessors() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    MEGATUNE_CUDA_CHECK(cudaGetDevice(&device));
+    MEGATUNE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+  }();
+  return count;
 }
 
 bool wide(const Fp8CastLaunch& p) {
@@ -216,20 +390,32 @@ bool wide(const Fp8CastLaunch& p) {
 void fp8_cast(const Fp8CastLaunch& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.cols <= 0) return;
   float* pending_amax = p.state + layouts::kFp8PendingAmax;
+  const bool vectors = vectors_aligned(p);
   if (p.current_scaling) {
     MEGATUNE_CUDA_CHECK(cudaMemsetAsync(pending_amax, 0, sizeof(float), stream));
     const int64_t total = p.rows * p.cols;
-    const int blocks = static_cast<int>(std::min<int64_t>((total + kAmaxThreads - 1) / kAmaxThreads, 1024));
-    if (wide(p))
-      amax_wide_kernel<<<std::max(1, blocks / 8), kAmaxThreads, 0, stream>>>(p.src, p.rows, p.cols, p.ld,
-                                                                             pending_amax);
-    else
+    if (vectors) {
+      const int64_t rounds = (total / 8 + 4 * kAmaxThreads - 1) / (4 * kAmaxThreads);
+      const int blocks =
+          static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(rounds, 8 * multiprocessors())));
+      amax_vectors_kernel<<<blocks, kAmaxThreads, 0, stream>>>(p.src, p.rows, p.cols, p.ld, pending_amax);
+    } else {
+      const int blocks = static_cast<int>(std::min<int64_t>((total + kAmaxThreads - 1) / kAmaxThreads, 1024));
       amax_kernel<<<blocks, kAmaxThreads, 0, stream>>>(p.src, p.rows, p.cols, p.ld, pending_amax);
+    }
   } else {
     delayed_prepare_kernel<<<1, 1, 0, stream>>>(p.state, p.e5m2, p.margin, p.history_len, p.amax_max);
   }
   MEGATUNE_CUDA_CHECK(cudaGetLastError());
-  if (wide(p)) {
+  if (vectors && p.out_t == nullptr) {
+    const dim3 grid(static_cast<unsigned>((p.cols / 8 + 31) / 32),
+                    static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock));
+    cast_rows_kernel<<<grid, dim3(32, 8), 0, stream>>>(p);
+  } else if (transpose_tiles(p)) {
+    const dim3 grid(static_cast<unsigned>(p.cols / kTransposeCols),
+                    static_cast<unsigned>(p.rows / kTransposeRows));
+    cast_transpose_kernel<<<grid, kTransposeThreads, 0, stream>>>(p);
+  } else if (wide(p)) {
     const dim3 grid(static_cast<unsigned>(p.cols / kWide), static_cast<unsigned>(p.rows / kWide));
     cast_wide_kernel<<<grid, kWideThreads, 0, stream>>>(p);
   } else {

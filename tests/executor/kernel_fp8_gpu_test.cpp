@@ -64,23 +64,36 @@ std::vector<float> fp8_values(CudaBackend& backend, Tensor t, layouts::Fp8Encodi
   return out;
 }
 
-// rows x cols: 96 x 80 takes the element-wise kernel, 128 x 192 the 64 x 64 tiles of 8-value vectors.
-void expect_cast_matches_reference(bool current, layouts::Fp8Encoding e, std::int64_t rows,
-                                   std::int64_t cols) {
+enum class CastOutputs { kBoth, kRowsOnly, kTransposedOnly };
+
+// rows x cols with both outputs: 96 x 80 takes the element-wise kernel, 128 x 192 the 64 x 64 tiles of
+// 8-value vectors, 128 x 256 the 64 x 128 tiles transposed through byte permutes; with the rows only, 96 x 80
+// and 128 x 256 take the vector kernel (80: a partial block of vectors); the transposed copy only, the
+// tiles without their row-major stores. When strided, src is a view of the first cols of rows 64 values
+// wider.
+void expect_cast_matches_reference(bool current, layouts::Fp8Encoding e, std::int64_t rows, std::int64_t cols,
+                                   CastOutputs outputs = CastOutputs::kBoth, bool strided = false) {
   if (CudaBackend::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   CudaBackend backend(0);
   backend.reserve_arena(kArena);
-  const Tensor src = backend.allocate(DType::kBF16, rows, cols, "src");
-  const Tensor out = backend.allocate(DType::kFP8, rows, cols, "out");
-  const Tensor out_t = backend.allocate(DType::kFP8, cols, rows, "out_t");
+  const std::int64_t ld = strided ? cols + 64 : cols;
+  const Tensor buffer = backend.allocate(DType::kBF16, rows, ld, "src");
+  Tensor src = buffer;
+  src.cols = cols;
+  src.row_stride = ld;
+  const Tensor out =
+      outputs == CastOutputs::kTransposedOnly ? Tensor{} : backend.allocate(DType::kFP8, rows, cols, "out");
+  const Tensor out_t =
+      outputs == CastOutputs::kRowsOnly ? Tensor{} : backend.allocate(DType::kFP8, cols, rows, "out_t");
   const int history = 3;
   const Tensor state = backend.allocate(DType::kFP32, 1, layouts::kFp8History + history, "state");
   std::vector<float> ref_state = initial_state(history);
   backend.upload(state, ref_state.data());
   reference::Fp8CastParams params{e, current, /*margin=*/1, history, /*amax_max=*/true};
   for (int use = 0; use < 4; ++use) {  // spreads that change from use to use move the delayed scale
-    const std::vector<float> host = bf16_values(rows * cols, 7 + use, use == 2 ? 40.0f : 1.5f);
-    backend.upload(src, host.data());
+    std::vector<float> host = bf16_values(rows * ld, 7 + use, use == 2 ? 40.0f : 1.5f);
+    if (use == 3) host[static_cast<std::size_t>((rows / 2) * ld + cols - 1)] = 900.0f;  // saturates E4M3
+    backend.upload(buffer, host.data());
     Fp8CastArgs args{.src = src,
                      .out = out,
                      .out_transposed = out_t,
@@ -92,10 +105,14 @@ void expect_cast_matches_reference(bool current, layouts::Fp8Encoding e, std::in
                      .amax_max = true};
     backend.fp8_cast(args, {"cast", -1, layouts::OpPhase::kForward});
     std::vector<float> want(rows * cols), want_t(rows * cols);
-    reference::fp8_cast(host.data(), rows, cols, cols, want.data(), want_t.data(), ref_state.data(), params,
+    reference::fp8_cast(host.data(), rows, cols, ld, want.data(), want_t.data(), ref_state.data(), params,
                         nullptr);
-    EXPECT_EQ(fp8_values(backend, out, e), want) << "use " << use;
-    EXPECT_EQ(fp8_values(backend, out_t, e), want_t) << "use " << use;
+    if (!out.empty()) {
+      EXPECT_EQ(fp8_values(backend, out, e), want) << "use " << use;
+    }
+    if (!out_t.empty()) {
+      EXPECT_EQ(fp8_values(backend, out_t, e), want_t) << "use " << use;
+    }
     std::vector<float> got_state(ref_state.size());
     backend.download(state, got_state.data());
     for (std::size_t i = 0; i < got_state.size(); ++i)
@@ -106,10 +123,25 @@ void expect_cast_matches_reference(bool current, layouts::Fp8Encoding e, std::in
 TEST(Fp8Gpu, CurrentScalingCastMatchesTheReference) {
   expect_cast_matches_reference(true, layouts::Fp8Encoding::kE4M3, 96, 80);
   expect_cast_matches_reference(true, layouts::Fp8Encoding::kE4M3, 128, 192);
+  expect_cast_matches_reference(true, layouts::Fp8Encoding::kE4M3, 128, 256);
+  expect_cast_matches_reference(true, layouts::Fp8Encoding::kE4M3, 192, 384, CastOutputs::kBoth, true);
 }
 TEST(Fp8Gpu, DelayedScalingCastMatchesTheReference) {
   expect_cast_matches_reference(false, layouts::Fp8Encoding::kE5M2, 96, 80);
   expect_cast_matches_reference(false, layouts::Fp8Encoding::kE5M2, 128, 192);
+  expect_cast_matches_reference(false, layouts::Fp8Encoding::kE5M2, 128, 256);
+  expect_cast_matches_reference(false, layouts::Fp8Encoding::kE4M3, 192, 384, CastOutputs::kBoth, true);
+}
+TEST(Fp8Gpu, CastsWithOneOutputMatchTheReference) {
+  for (bool current : {true, false}) {
+    expect_cast_matches_reference(current, layouts::Fp8Encoding::kE4M3, 96, 80, CastOutputs::kRowsOnly);
+    expect_cast_matches_reference(current, layouts::Fp8Encoding::kE4M3, 128, 256, CastOutputs::kRowsOnly,
+                                  true);
+    expect_cast_matches_reference(current, layouts::Fp8Encoding::kE4M3, 200, 264, CastOutputs::kRowsOnly);
+    expect_cast_matches_reference(current, layouts::Fp8Encoding::kE4M3, 128, 256,
+                                  CastOutputs::kTransposedOnly);
+    expect_cast_matches_reference(current, layouts::Fp8Encoding::kE4M3, 96, 80, CastOutputs::kTransposedOnly);
+  }
 }
 
 // y = x . W^T (bf16 out, E4M3 x E4M3) and dW = dy^T . x (fp32 out accumulated, E5M2 x E4M3) on cuBLASLt's
