@@ -29,6 +29,15 @@ __device__ void atomic_max_abs(float* target, float value) {
   atomicMax(reinterpret_cast<unsigned int*>(target), __float_as_uint(value));
 }
 
+// Delayed scaling's pending amax from one block (its thread 0): an atomic only where the block's maximum is
+// above the value already recorded (maxima only grow, so a stale read costs an atomic, never a lost value),
+// and the pending flag from the first block only: thousands of blocks updating one address serialise.
+__device__ void record_block_amax(float* state, float block, bool first_block) {
+  float* pending = state + layouts::kFp8PendingAmax;
+  if (__float_as_uint(block) > __float_as_uint(__ldcg(pending))) atomic_max_abs(pending, block);
+  if (first_block) state[layouts::kFp8Pending] = 1.0f;
+}
+
 __device__ float block_max(float v) {
   __shared__ float warp_max[32];
   for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
@@ -114,10 +123,8 @@ __global__ void cast_kernel(Fp8CastLaunch p) {
   if (!p.current_scaling) {
     const float block = block_max(m);
     if (nan) atomic_max_abs(p.state + kFp8PendingAmax, __uint_as_float(0x7fc00000u));
-    if (threadIdx.x == 0 && threadIdx.y == 0) {
-      atomic_max_abs(p.state + kFp8PendingAmax, block);
-      p.state[kFp8Pending] = 1.0f;
-    }
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+      record_block_amax(p.state, block, blockIdx.x == 0 && blockIdx.y == 0);
   }
   if (p.out_t == nullptr) return;
   __syncthreads();
@@ -167,10 +174,8 @@ __global__ void cast_wide_kernel(Fp8CastLaunch p) {
   if (!p.current_scaling) {
     const float block = block_max(m);
     if (nan) atomic_max_abs(p.state + kFp8PendingAmax, __uint_as_float(0x7fc00000u));
-    if (threadIdx.x == 0) {
-      atomic_max_abs(p.state + kFp8PendingAmax, block);
-      p.state[kFp8Pending] = 1.0f;
-    }
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+      record_block_amax(p.state, block, blockIdx.x == 0 && blockIdx.y == 0);
   }
   if (p.out_t == nullptr) return;
   __syncthreads();
@@ -231,10 +236,8 @@ __global__ void cast_rows_kernel(Fp8CastLaunch p) {
   if (!p.current_scaling) {
     const float block = block_max(m);
     if (nan) atomic_max_abs(p.state + kFp8PendingAmax, __uint_as_float(0x7fc00000u));
-    if (threadIdx.x == 0 && threadIdx.y == 0) {
-      atomic_max_abs(p.state + kFp8PendingAmax, block);
-      p.state[kFp8Pending] = 1.0f;
-    }
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+      record_block_amax(p.state, block, blockIdx.x == 0 && blockIdx.y == 0);
   }
 }
 
@@ -288,10 +291,8 @@ __global__ void __launch_bounds__(kTransposeThreads) cast_transpose_kernel(Fp8Ca
   if (!p.current_scaling) {
     const float block = block_max(m);  // synchronizes the block
     if (nan) atomic_max_abs(p.state + kFp8PendingAmax, __uint_as_float(0x7fc00000u));
-    if (threadIdx.x == 0) {
-      atomic_max_abs(p.state + kFp8PendingAmax, block);
-      p.state[kFp8Pending] = 1.0f;
-    }
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+      record_block_amax(p.state, block, blockIdx.x == 0 && blockIdx.y == 0);
   } else {
     __syncthreads();
   }
@@ -355,7 +356,7 @@ __global__ void amax_vectors_kernel(const __nv_bfloat16* src, int64_t rows, int6
   }
   const float block = block_max(m);
   if (nan) atomic_max_abs(amax, __uint_as_float(0x7fc00000u));
-  if (threadIdx.x == 0) atomic_max_abs(amax, block);
+  if (threadIdx.x == 0 && __float_as_uint(block) > __float_as_uint(__ldcg(amax))) atomic_max_abs(amax, block);
 }
 
 bool vectors_aligned(const Fp8CastLaunch& p) {
