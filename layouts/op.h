@@ -55,6 +55,7 @@ enum class CommGroup : std::uint8_t {
   kEmbedding,  // tied word-embedding gradient between first and last pipeline stage
   kWorld,
 };
+inline constexpr int kCommGroupCount = static_cast<int>(CommGroup::kWorld) + 1;
 
 // Where in the iteration an op belongs.
 enum class OpPhase : std::uint8_t { kForward, kBackward, kRecompute, kGradSync, kOptimizer };
@@ -113,6 +114,9 @@ struct Op {
   CommGroup group = CommGroup::kNone;
   int group_size = 1;
   int peer_rank = -1;  // send/recv: the global rank on the other side
+  // The stream it runs on: kNone the compute stream (every kernel), else the communication stream of that
+  // process group (a collective's: stream_group() of its group).
+  CommGroup stream = CommGroup::kNone;
   // Where it comes from.
   int layer = -1;  // global decoder-layer index; -1 for embedding, loss, optimizer, ...
   int microbatch = -1;

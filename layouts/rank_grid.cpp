@@ -347,4 +347,24 @@ std::vector<int> RankGrid::comm_group_members(int rank, CommGroup group) const {
   return members;
 }
 
+std::array<CommGroup, kCommGroupCount> RankGrid::stream_groups(int rank) const {
+  return layouts::stream_groups([&](CommGroup g) { return comm_group_members(rank, g); });
+}
+
+std::array<CommGroup, kCommGroupCount> stream_groups(
+    const std::function<std::vector<int>(CommGroup)>& members_of) {
+  std::array<CommGroup, kCommGroupCount> streams{};
+  std::array<std::vector<int>, kCommGroupCount> members;
+  for (int g = 1; g < kCommGroupCount; ++g) {
+    members[g] = members_of(static_cast<CommGroup>(g));
+    streams[g] = static_cast<CommGroup>(g);
+    for (int earlier = 1; earlier < g; ++earlier)
+      if (members[earlier] == members[g]) {
+        streams[g] = static_cast<CommGroup>(earlier);
+        break;
+      }
+  }
+  return streams;
+}
+
 }  // namespace megatune::layouts

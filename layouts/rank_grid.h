@@ -1,6 +1,8 @@
 // RankGrid: Megatron's mapping of global ranks onto the dense (tp, cp, dp, pp) grid and the expert
 // (etp, ep, edp, pp) grid, and every process group derived from them.
 #pragma once
+#include <array>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -43,6 +45,14 @@ std::string_view to_string(GroupKind kind);
 GroupKind group_kind_of(CommGroup group);
 std::span<const GroupKind> all_group_kinds();
 
+// A stream per communicator: the communication stream a rank issues `group`'s collectives on is named by
+// the first group, in CommGroup order, whose members (in group order) on this rank are `group`'s. Groups of
+// the same members share one communicator, and one communicator's work stays on one stream (NCCL gives no
+// guarantee that one communicator's operations on two streams make progress). kNone: the compute stream.
+// members_of(g): this rank's members of its group of g; a rank alone in a group issues nothing on it.
+std::array<CommGroup, kCommGroupCount> stream_groups(
+    const std::function<std::vector<int>(CommGroup)>& members_of);
+
 class RankGrid {
  public:
   // Throws UserError when the sizes do not tile the world.
@@ -72,6 +82,8 @@ class RankGrid {
   // The members (global ranks, in group order) of the group `group` that `rank` issues a collective over:
   // every rank for kWorld, the rank alone for kNone or when it is in no group of that kind.
   std::vector<int> comm_group_members(int rank, CommGroup group) const;
+  // The stream `rank` issues each group's work on (indexed by CommGroup; see layouts::stream_group).
+  std::array<CommGroup, kCommGroupCount> stream_groups(int rank) const;
 
  private:
   int world_, tp_, cp_, dp_, pp_, ep_, etp_, edp_;

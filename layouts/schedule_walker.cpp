@@ -157,6 +157,7 @@ RankStep walk(const ModelSpec& model, const ParallelConfig& config, int rank,
   RankStep step;
   step.rank = rank;
   step.coordinates = grid.dense_coordinates(rank);
+  step.streams = grid.stream_groups(rank);
   step.shape = resolve_rank_shape(model, config);
   const std::vector<int> ring = grid.comm_group_members(rank, CommGroup::kContext);
   const int cp = static_cast<int>(ring.size()), cp_rank = step.coordinates.cp;

@@ -23,6 +23,7 @@
 //    FSDP optim_grads_params has none: its gathers are ops of the kForward and kBackward items
 //    (step_item_ops), each right before the segment or entry that reads the bucket.
 #pragma once
+#include <array>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,7 @@ struct StepItem {
 struct RankStep {
   int rank = 0;
   DenseCoordinates coordinates;
+  std::array<CommGroup, kCommGroupCount> streams{};  // RankGrid::stream_groups(rank): each op's stream
   ScheduleKind schedule_kind = ScheduleKind::kNoPipelining;
   RankShape shape;
   std::vector<PipelineStage> stages;             // per chunk (vpp rank) of this rank

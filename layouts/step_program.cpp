@@ -757,10 +757,8 @@ std::vector<Op> fresh_weight_gradients(std::vector<Op> ops) {
   return ops;
 }
 
-}  // namespace
-
-std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
-                              const StepItem& item, const StepProgramOptions& options) {
+std::vector<Op> item_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
+                         const StepItem& item, const StepProgramOptions& options) {
   // The chunk's gradients sharded: written afresh in each micro-batch and reduced in its backward.
   const bool fresh = item.chunk >= 0 && chunk_shards_gradients(config, step.stages.at(item.chunk));
   switch (item.kind) {
@@ -793,6 +791,16 @@ std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& conf
                                 data_context_rank(config, step.rank), options);
   }
   return {};
+}
+
+}  // namespace
+
+std::vector<Op> step_item_ops(const ModelSpec& model, const ParallelConfig& config, const RankStep& step,
+                              const StepItem& item, const StepProgramOptions& options) {
+  std::vector<Op> ops = item_ops(model, config, step, item, options);
+  for (Op& op : ops)
+    if (op.is_communication()) op.stream = step.streams[static_cast<int>(op.group)];
+  return ops;
 }
 
 StepProgram build_step_program(const ModelSpec& model, const ParallelConfig& config, int rank,

@@ -60,6 +60,8 @@
 // - Roles (Op::role, layouts/op.h): kCompute for every kernel; layer collectives by their group (kTensor:
 //   kTensorParallel; kContext: kContextParallelRing for the ring's send/recv, else kContextParallelGather;
 //   expert groups: kExpertDispatch); the p2p, gradient-reduction and optimizer collectives their own roles.
+// - Streams (Op::stream): every kernel on the compute stream, every collective and p2p transfer on its
+//   group's communication stream (RankGrid::stream_groups: one per communicator of the rank).
 // - Pipeline: one kSend / kRecv per transfer of the schedule's p2p groups, group kPipeline, peer_rank =
 //   the peer's global rank, bytes = (s/cp)(/tp with SP) * b * h * 2.
 // - Gradient reduction (OpPhase::kGradSync): Megatron's buckets (max(40M, 1M * dp) elements with

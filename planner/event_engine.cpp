@@ -27,16 +27,37 @@ struct Instance {
 
 enum class Block : std::uint8_t { kNone, kCollective, kRecv, kWaitComm, kDone };
 
+// One communication stream of a rank: its unresolved async collectives (group, seq) in issue order, and
+// when its last resolved one ends.
+struct CommStream {
+  std::deque<std::pair<int, int>> queue;
+  double free_s = 0.0;
+};
+
 struct RankState {
   std::size_t pc = 0;
   double now_s = 0.0;  // compute stream time
-  double comm_free_s = 0.0;
   double p2p_free_s = 0.0;
   Block block = Block::kNone;
   long blocked_group = -1, blocked_seq = -1;
   std::int64_t blocked_key_hash = 0;
-  std::deque<std::pair<int, int>> async_queue;  // unresolved async collectives (group, seq), in issue order
-  std::vector<int> next_seq;                    // per group: sequence number of the next collective
+  std::vector<CommStream> streams;  // by SimTask::stream
+  std::vector<int> next_seq;        // per group: sequence number of the next collective
+  CommStream& stream(int id) {
+    if (id < 0) throw std::runtime_error("simulation: async collective on stream " + std::to_string(id));
+    if (static_cast<int>(streams.size()) <= id) streams.resize(static_cast<std::size_t>(id) + 1);
+    return streams[static_cast<std::size_t>(id)];
+  }
+  std::size_t async_pending() const {
+    std::size_t n = 0;
+    for (const CommStream& c : streams) n += c.queue.size();
+    return n;
+  }
+  double comm_free_s() const {
+    double t = 0.0;
+    for (const CommStream& c : streams) t = std::max(t, c.free_s);
+    return t;
+  }
 };
 
 struct ChannelKey {
@@ -90,7 +111,7 @@ class Replayer {
     }
     for (std::size_t r = 0; r < states_.size(); ++r) {
       RankReplay& rr = result_.ranks[r];
-      rr.finish_s = std::max({states_[r].now_s, states_[r].comm_free_s, states_[r].p2p_free_s});
+      rr.finish_s = std::max({states_[r].now_s, states_[r].comm_free_s(), states_[r].p2p_free_s});
       result_.step_time_s = std::max(result_.step_time_s, rr.finish_s);
     }
     return std::move(result_);
@@ -108,7 +129,7 @@ class Replayer {
         out << " (recv from " << in_.programs[r][s.pc].peer << " tag " << in_.programs[r][s.pc].tag << ")";
         break;
       case Block::kWaitComm:
-        out << " (waiting for " << s.async_queue.size() << " async collectives)";
+        out << " (waiting for " << s.async_pending() << " async collectives)";
         break;
       default:
         break;
@@ -170,7 +191,7 @@ class Replayer {
           inst.async = async;
           inst.duration_s = std::max(inst.duration_s, t.duration_s);
           inst.arrivals.push_back({r, s.now_s, s.pc});
-          if (async) s.async_queue.push_back({t.group, seq});
+          if (async) s.stream(t.stream).queue.push_back({t.group, seq});
           if (static_cast<int>(inst.arrivals.size()) > in_.group_member_count[t.group]) {
             throw std::runtime_error("simulation: group " + std::to_string(t.group) +
                                      " got more members than " +
@@ -229,11 +250,11 @@ class Replayer {
           break;
         }
         case TaskKind::kWaitComm: {
-          if (!s.async_queue.empty()) {
+          if (s.async_pending() > 0) {
             s.block = Block::kWaitComm;
             return;
           }
-          double wait = std::max(0.0, s.comm_free_s - s.now_s);
+          double wait = std::max(0.0, s.comm_free_s() - s.now_s);
           expose(rr, CommCategory::kData, wait);  // the overlapped gradient reductions and gathers
           record(r, s.pc, s.now_s, s.now_s + wait);
           s.now_s += wait;
@@ -242,7 +263,7 @@ class Replayer {
       }
       ++s.pc;
     }
-    if (!s.async_queue.empty()) {
+    if (s.async_pending() > 0) {
       s.block = Block::kWaitComm;  // finished its program; async work still to resolve
       return;
     }
@@ -271,7 +292,12 @@ class Replayer {
     }
   }
 
-  // Resolves async instances that are full and at the head of every member's comm queue.
+  // The stream member `a` queued its async collective on.
+  CommStream& stream_of(const Arrival& a) {
+    return states_[a.rank].stream(in_.programs[a.rank][a.pc].stream);
+  }
+
+  // Resolves async instances that are full and at the head of every member's queue of its stream.
   void try_resolve_async(int group, int seq, std::vector<int>& runnable) {
     std::vector<std::pair<int, int>> work{{group, seq}};
     while (!work.empty()) {
@@ -281,24 +307,24 @@ class Replayer {
       if (inst.resolved || static_cast<int>(inst.arrivals.size()) < in_.group_member_count[g]) continue;
       bool at_head = true;
       for (const Arrival& a : inst.arrivals) {
-        const auto& queue = states_[a.rank].async_queue;
+        const auto& queue = stream_of(a).queue;
         if (queue.empty() || queue.front() != std::make_pair(g, q)) at_head = false;
       }
       if (!at_head) continue;
       double start = 0.0;
-      for (const Arrival& a : inst.arrivals)
-        start = std::max({start, a.issue_s, states_[a.rank].comm_free_s});
+      for (const Arrival& a : inst.arrivals) start = std::max({start, a.issue_s, stream_of(a).free_s});
       double end = start + inst.duration_s;
       inst.resolved = true;
       inst.end_s = end;
       for (const Arrival& a : inst.arrivals) {
         RankState& m = states_[a.rank];
-        m.comm_free_s = end;
+        CommStream& c = stream_of(a);
+        c.free_s = end;
         result_.ranks[a.rank].async_comm_busy_s += inst.duration_s;
-        m.async_queue.pop_front();
+        c.queue.pop_front();
         record(a.rank, a.pc, start, end);
-        if (!m.async_queue.empty()) work.push_back(m.async_queue.front());
-        if (m.block == Block::kWaitComm && m.async_queue.empty()) {
+        if (!c.queue.empty()) work.push_back(c.queue.front());
+        if (m.block == Block::kWaitComm && m.async_pending() == 0) {
           m.block = Block::kNone;
           runnable.push_back(a.rank);
         }

@@ -224,6 +224,7 @@ class Builder {
         continue;
       }
       task.group = groups_->lookup(sim, op.group).id;
+      task.stream = static_cast<int>(op.stream);
       task.category = comm_category(op);
       const bool grad_sync = op.phase == OpPhase::kGradSync;
       if (is_param_gather(op) && config_.overlap_param_gather) {
@@ -532,6 +533,7 @@ class Builder {
     SimTask collective_task(const Op& op, TaskKind kind) {
       SimTask t{kind, o_.price(op, sim_)};
       t.group = o_.groups_->lookup(sim_, op.group).id;
+      t.stream = static_cast<int>(op.stream);
       t.category = comm_category(op);
       tally(op.kind, t.duration_s);
       return t;

@@ -208,9 +208,32 @@ class Backend {
   std::int64_t block_bytes() const { return block_bytes_; }
   static constexpr std::int64_t kArenaAlignBytes = 256;
 
-  // Host <-> backend copies (convert from/to float). Synchronous.
-  virtual void upload(Tensor dst, const float* host) = 0;
-  virtual void download(Tensor src, float* host) = 0;
+  // ---- streams and events (overlap of compute and communication). The compute stream runs every kernel;
+  // each process group's collectives run on that group's communication stream (layouts::stream_groups: a
+  // stream per communicator), which a backend creates on first use. Work on different streams is ordered
+  // only by events: record_event(s) marks the work issued on s so far, wait_event(t, e) holds the work
+  // issued on t afterwards until it is done.
+  struct Stream {
+    layouts::CommGroup group = layouts::CommGroup::kNone;  // kNone: the compute stream
+    static Stream compute() { return {}; }
+    static Stream communication(layouts::CommGroup group) { return {group}; }
+    bool is_compute() const { return group == layouts::CommGroup::kNone; }
+    bool operator==(const Stream&) const = default;
+  };
+  using Event = int;
+  virtual Event record_event(Stream stream) = 0;
+  virtual void wait_event(Stream waiting, Event event) = 0;
+  // Host wait for the work issued so far on every stream.
+  virtual void synchronize() = 0;
+
+  // Host <-> backend copies (convert from/to float). Synchronous: the copy runs on `stream` (a staged
+  // collective's on its group's stream) after the work issued there so far, and is done on return.
+  void upload(Tensor dst, const float* host, Stream stream = Stream::compute()) {
+    do_upload(dst, host, stream);
+  }
+  void download(Tensor src, float* host, Stream stream = Stream::compute()) {
+    do_download(src, host, stream);
+  }
   virtual void upload_int32(Tensor dst, const std::int32_t* host) = 0;
   virtual void fill_zero(Tensor t) = 0;
   virtual void copy(Tensor src, Tensor dst) = 0;  // same shape; converts dtype
@@ -232,13 +255,6 @@ class Backend {
     return 0;
   }
   void set_scratch(Tensor scratch) { scratch_ = scratch; }
-
-  // ---- streams and events (overlap of compute and communication).
-  enum class Stream { kCompute, kCommunication };
-  using Event = int;
-  virtual Event record_event(Stream stream) = 0;
-  virtual void wait_event(Stream waiting, Event event) = 0;
-  virtual void synchronize() = 0;
 
   // ---- kernels. Each records one Op (kind + shape) when recording is on, then runs.
   void gemm(const GemmArgs& args, const OpTag& tag);
@@ -384,6 +400,8 @@ class Backend {
   virtual void on_op_end() {}
   // Reserves `bytes` of backend memory for the arena (called once); returns its base.
   virtual void* reserve_memory(std::int64_t bytes) = 0;
+  virtual void do_upload(Tensor dst, const float* host, Stream stream) = 0;
+  virtual void do_download(Tensor src, float* host, Stream stream) = 0;
   // A block of `bytes` outside the arena (allocate_block), and its release; the backend frees those still
   // held when it ends.
   virtual void* reserve_block(std::int64_t bytes) = 0;

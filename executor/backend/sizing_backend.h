@@ -33,8 +33,6 @@ class SizingBackend final : public Backend {
     return norm_unsupported_ ? norm_unsupported_(width) : std::string();
   }
 
-  void upload(Tensor, const float*) override { refuse(); }
-  void download(Tensor, float*) override { refuse(); }
   void upload_int32(Tensor, const std::int32_t*) override { refuse(); }
   void fill_zero(Tensor) override { refuse(); }
   void copy(Tensor, Tensor) override { refuse(); }
@@ -45,6 +43,8 @@ class SizingBackend final : public Backend {
 
  protected:
   void* reserve_memory(std::int64_t) override { refuse(); }
+  void do_upload(Tensor, const float*, Stream) override { refuse(); }
+  void do_download(Tensor, float*, Stream) override { refuse(); }
   void* reserve_block(std::int64_t) override { refuse(); }
   void free_block(void*) override { refuse(); }
   void do_gemm(const GemmArgs&) override { refuse(); }

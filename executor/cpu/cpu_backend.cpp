@@ -55,14 +55,14 @@ void CpuBackend::round_if_bf16(Tensor t) {
 }
 
 // Zero-element tensors (an empty pipeline stage's parameters) move nothing; their pointers may be null.
-void CpuBackend::upload(Tensor dst, const float* host) {
+void CpuBackend::do_upload(Tensor dst, const float* host, Stream) {
   if (dst.numel() == 0) return;
   for (std::int64_t r = 0; r < dst.rows; ++r)
     std::memcpy(f32(dst) + r * dst.row_stride, host + r * dst.cols, sizeof(float) * dst.cols);
   round_if_bf16(dst);
 }
 
-void CpuBackend::download(Tensor src, float* host) {
+void CpuBackend::do_download(Tensor src, float* host, Stream) {
   if (src.numel() == 0) return;
   for (std::int64_t r = 0; r < src.rows; ++r)
     std::memcpy(host + r * src.cols, f32(src) + r * src.row_stride, sizeof(float) * src.cols);

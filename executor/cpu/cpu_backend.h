@@ -15,13 +15,12 @@ class CpuBackend final : public Backend {
   std::string name() const override { return emulate_bf16_ ? "cpu (bf16 emulated)" : "cpu"; }
   std::int64_t storage_bytes(DType) const override { return 4; }
 
-  void upload(Tensor dst, const float* host) override;
-  void download(Tensor src, float* host) override;
   void upload_int32(Tensor dst, const std::int32_t* host) override;
   void fill_zero(Tensor t) override;
   void copy(Tensor src, Tensor dst) override;
 
-  Event record_event(Stream) override { return 0; }  // one host thread: everything is already ordered
+  // One host thread: every stream is the calling thread, everything is already ordered.
+  Event record_event(Stream) override { return 0; }
   void wait_event(Stream, Event) override {}
   void synchronize() override {}
 
@@ -37,6 +36,8 @@ class CpuBackend final : public Backend {
   void on_op_begin(const layouts::Op& op) override;
   void on_op_end() override;
   void* reserve_memory(std::int64_t bytes) override;
+  void do_upload(Tensor dst, const float* host, Stream stream) override;
+  void do_download(Tensor src, float* host, Stream stream) override;
   void* reserve_block(std::int64_t bytes) override;
   void free_block(void* block) override;
   void do_gemm(const GemmArgs& args) override;

@@ -39,17 +39,18 @@ ThreadWorld::Group& ThreadCommunicator::state(CommGroup group) {
   return *g;
 }
 
-const float* ThreadCommunicator::host_floats(const Tensor& t, std::vector<float>& staged) {
+const float* ThreadCommunicator::host_floats(const Tensor& t, Backend::Stream stream,
+                                             std::vector<float>& staged) {
   if (cpu_ != nullptr) return floats(t);
   staged.resize(static_cast<std::size_t>(t.numel()));
-  backend_.download(t, staged.data());
+  backend_.download(t, staged.data(), stream);
   return staged.data();
 }
 
-std::vector<float> ThreadCommunicator::host_copy(const Tensor& t) {
+std::vector<float> ThreadCommunicator::host_copy(const Tensor& t, Backend::Stream stream) {
   if (cpu_ != nullptr) return std::vector<float>(floats(t), floats(t) + t.numel());
   std::vector<float> copy(static_cast<std::size_t>(t.numel()));
-  backend_.download(t, copy.data());
+  backend_.download(t, copy.data(), stream);
   return copy;
 }
 
@@ -64,13 +65,15 @@ void ThreadCommunicator::collective(CommGroup group, const char* op, Tensor inpu
     world_.fail(std::string(op) + " over " + group_label(group) + ": int32 tensors are not supported");
   ThreadWorld::Group& g = state(group);
   const int me = groups_.rank_in(group);
+  const Backend::Stream stream = begin_on_stream(group);
   std::vector<float> staged;
-  ThreadWorld::Contribution mine{op, input.numel(), root, host_floats(input, staged)};
+  ThreadWorld::Contribution mine{op, input.numel(), root, host_floats(input, stream, staged)};
   std::vector<float> result(static_cast<std::size_t>(output.numel()));
   const Contributions& all = world_.arrive(g, me, std::move(mine));
   fill(all, me, result.data());
   world_.depart(g, me);  // nobody reads our input any more: safe to overwrite it (in-place collectives)
-  backend_.upload(output, result.data());
+  backend_.upload(output, result.data(), stream);
+  compute_waits_for(group);
   end_transfer_op(0);  // the collective's op (recorded just before) covers the exchange
 }
 
@@ -136,8 +139,9 @@ CommHandle ThreadCommunicator::do_all_to_all(CommGroup group, Tensor input,
     send_first[j + 1] = send_first[j] + send_rows[j];
     receive_first[j + 1] = receive_first[j] + receive_rows[j];
   }
+  const Backend::Stream stream = begin_on_stream(group);
   std::vector<float> staged;
-  const float* data = host_floats(input, staged);
+  const float* data = host_floats(input, stream, staged);
   for (int j = 0; j < n; ++j)  // buffered sends never block
     if (j != me)
       world_.post(group, me_world, global_rank(group, j),
@@ -161,7 +165,8 @@ CommHandle ThreadCommunicator::do_all_to_all(CommGroup group, Tensor input,
                   std::to_string(source) + " for " + std::to_string(receive_rows[i] * cols));
     std::copy(block.begin(), block.end(), out);
   }
-  if (!result.empty()) backend_.upload(output, result.data());
+  if (!result.empty()) backend_.upload(output, result.data(), stream);
+  compute_waits_for(group);
   end_transfer_op(0);  // the all-to-all's op (recorded just before) covers the exchange
   return nullptr;
 }
@@ -174,8 +179,9 @@ CommHandle ThreadCommunicator::do_batch_p2p(CommGroup group, const std::vector<P
                   " is not in its " + group_label(group));
     if (t.tensor.is_int32) world_.fail("batch_p2p: int32 tensors are not supported");
   }
+  const Backend::Stream stream = begin_on_stream(group);
   for (const P2pTransferArgs& t : transfers)  // all sends first: buffered, they never block
-    if (t.send) world_.post(group, me, t.peer_rank, host_copy(t.tensor));
+    if (t.send) world_.post(group, me, t.peer_rank, host_copy(t.tensor, stream));
   // The transfers were recorded as ops just before, sends then receives: each receive's op ends when its
   // data is in place.
   std::size_t receives_left = static_cast<std::size_t>(
@@ -187,9 +193,10 @@ CommHandle ThreadCommunicator::do_batch_p2p(CommGroup group, const std::vector<P
       world_.fail("rank " + std::to_string(me) + ": batch_p2p over " + group_label(group) + " received " +
                   std::to_string(data.size()) + " elements from rank " + std::to_string(t.peer_rank) +
                   " into a tensor of " + std::to_string(t.tensor.numel()));
-    backend_.upload(t.tensor, data.data());
+    backend_.upload(t.tensor, data.data(), stream);
     end_transfer_op(--receives_left);
   }
+  compute_waits_for(group);
   return nullptr;
 }
 

@@ -18,7 +18,9 @@ namespace megatune::executor {
 //   ((member 0 + member 1) + member 2) + ... in float, in group-rank order (max likewise; a NaN wins), so a
 //   run is bit-reproducible. A bf16-typed result is then rounded to bf16 by the receiving rank's backend
 //   (its upload: CpuBackend rounds like every kernel output when it emulates bf16; the CUDA backend stores
-//   bf16). A staged backend's download waits for the compute work issued before the collective.
+//   bf16). A staged backend's transfers run on the group's communication stream (Communicator's
+//   stream_group), after the compute work issued before the collective; the compute stream waits for them
+//   before the collective returns.
 // - The async forms complete eagerly: the data is in place when *_async returns, and the handle is nullptr
 //   (as for size-1 groups: callers test the handle before waiting).
 // - all_to_all moves each member's block through the mailboxes below (a send and a receive per pair, as
@@ -59,10 +61,11 @@ class ThreadCommunicator final : public Communicator {
   template <typename Fill>
   void collective(CommGroup group, const char* op, Tensor input, int root, Tensor output, Fill&& fill);
   ThreadWorld::Group& state(CommGroup group);
-  // `t`'s values as floats: its storage on the CPU backend, else a host copy kept in `staged`.
-  const float* host_floats(const Tensor& t, std::vector<float>& staged);
+  // `t`'s values as floats: its storage on the CPU backend, else a host copy kept in `staged` (downloaded
+  // on the collective's stream).
+  const float* host_floats(const Tensor& t, Backend::Stream stream, std::vector<float>& staged);
   // An owned host copy of t's values (what a posted p2p message holds).
-  std::vector<float> host_copy(const Tensor& t);
+  std::vector<float> host_copy(const Tensor& t, Backend::Stream stream);
   void end_transfer_op(std::size_t from_last);  // the CPU backend's op timing (see CpuBackend)
 
   CpuBackend* cpu_;  // the backend when it is the CPU's (read in place), else null (staged)

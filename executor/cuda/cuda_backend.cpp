@@ -62,7 +62,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   MEGATUNE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   device_name_ = prop.name;
   MEGATUNE_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-  MEGATUNE_CUDA_CHECK(cudaStreamCreateWithFlags(&communication_, cudaStreamNonBlocking));
   events_.resize(kEventPoolSize);
   for (cudaEvent_t& e : events_) MEGATUNE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   gemm_ = std::make_unique<cuda::GemmRunner>();
@@ -73,7 +72,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   // Destructors must not throw: release what we hold and ignore errors of a broken context.
   cudaStreamSynchronize(compute_);
-  cudaStreamSynchronize(communication_);
+  for (cudaStream_t s : communication_)
+    if (s != nullptr) cudaStreamSynchronize(s);
   optimizer_table_.reset();
   grad_norm_table_.reset();
   gemm_.reset();
@@ -90,7 +90,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(arena_);
   for (void* block : blocks_) cudaFree(block);
   cudaStreamDestroy(compute_);
-  cudaStreamDestroy(communication_);
+  for (cudaStream_t s : communication_)
+    if (s != nullptr) cudaStreamDestroy(s);
 }
 
 std::string CudaBackend::name() const {
@@ -146,7 +147,8 @@ void* CudaBackend::small_transfer_staging(const Tensor& t) {
   return pinned_staging_;
 }
 
-void CudaBackend::upload(Tensor dst, const float* host) {
+void CudaBackend::do_upload(Tensor dst, const float* host, Stream on) {
+  cudaStream_t stream = cuda_stream(on);
   const std::int64_t e = storage_bytes(dst.dtype), n = dst.numel();
   if (dst.dtype != DType::kBF16) require_fp32(dst, "upload target");
   if (void* pinned = small_transfer_staging(dst)) {
@@ -156,27 +158,28 @@ void CudaBackend::upload(Tensor dst, const float* host) {
     } else {
       std::copy(host, host + n, static_cast<float*>(pinned));
     }
-    MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(dst.data, pinned, n * e, cudaMemcpyHostToDevice, compute_));
-    MEGATUNE_CUDA_CHECK(cudaEventRecord(pinned_staging_done_, compute_));
+    MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(dst.data, pinned, n * e, cudaMemcpyHostToDevice, stream));
+    MEGATUNE_CUDA_CHECK(cudaEventRecord(pinned_staging_done_, stream));
   } else if (dst.dtype == DType::kBF16) {
     std::vector<bf16> staged(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) staged[i] = __float2bfloat16(host[i]);
     MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst.row_stride * e, staged.data(), dst.cols * e,
-                                          dst.cols * e, dst.rows, cudaMemcpyHostToDevice, compute_));
-    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));  // before `staged` goes
+                                          dst.cols * e, dst.rows, cudaMemcpyHostToDevice, stream));
+    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(stream));  // before `staged` goes
   } else {
     MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst.row_stride * e, host, dst.cols * e, dst.cols * e,
-                                          dst.rows, cudaMemcpyHostToDevice, compute_));
+                                          dst.rows, cudaMemcpyHostToDevice, stream));
   }
-  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-void CudaBackend::download(Tensor src, float* host) {
+void CudaBackend::do_download(Tensor src, float* host, Stream on) {
+  cudaStream_t stream = cuda_stream(on);
   const std::int64_t e = storage_bytes(src.dtype), n = src.numel();
   if (src.dtype != DType::kBF16) require_fp32(src, "download source");
   if (void* pinned = small_transfer_staging(src)) {
-    MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(pinned, src.data, n * e, cudaMemcpyDeviceToHost, compute_));
-    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    MEGATUNE_CUDA_CHECK(cudaMemcpyAsync(pinned, src.data, n * e, cudaMemcpyDeviceToHost, stream));
+    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (src.dtype == DType::kBF16) {
       const auto* staged = static_cast<const bf16*>(pinned);
       for (std::int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(staged[i]);
@@ -189,14 +192,14 @@ void CudaBackend::download(Tensor src, float* host) {
   if (src.dtype == DType::kBF16) {
     std::vector<bf16> staged(static_cast<std::size_t>(n));
     MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(staged.data(), src.cols * e, src.data, src.row_stride * e,
-                                          src.cols * e, src.rows, cudaMemcpyDeviceToHost, compute_));
-    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+                                          src.cols * e, src.rows, cudaMemcpyDeviceToHost, stream));
+    MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (std::int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(staged[i]);
     return;
   }
   MEGATUNE_CUDA_CHECK(cudaMemcpy2DAsync(host, src.cols * e, src.data, src.row_stride * e, src.cols * e,
-                                        src.rows, cudaMemcpyDeviceToHost, compute_));
-  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+                                        src.rows, cudaMemcpyDeviceToHost, stream));
+  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void CudaBackend::upload_int32(Tensor dst, const std::int32_t* host) {
@@ -231,21 +234,37 @@ void CudaBackend::copy(Tensor src, Tensor dst) {
   }
 }
 
+cudaStream_t CudaBackend::cuda_stream(Stream stream) {
+  if (stream.is_compute()) return compute_;
+  cudaStream_t& s = communication_.at(static_cast<std::size_t>(stream.group));
+  if (s == nullptr) {
+    MEGATUNE_CUDA_CHECK(cudaSetDevice(device_));
+    MEGATUNE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  return s;
+}
+
+std::vector<cudaStream_t> CudaBackend::communication_streams() const {
+  std::vector<cudaStream_t> streams;
+  for (cudaStream_t s : communication_)
+    if (s != nullptr) streams.push_back(s);
+  return streams;
+}
+
 Backend::Event CudaBackend::record_event(Stream stream) {
   const int id = next_event_;
   next_event_ = (next_event_ + 1) % kEventPoolSize;
-  MEGATUNE_CUDA_CHECK(cudaEventRecord(events_[id], stream == Stream::kCompute ? compute_ : communication_));
+  MEGATUNE_CUDA_CHECK(cudaEventRecord(events_[id], cuda_stream(stream)));
   return id;
 }
 
 void CudaBackend::wait_event(Stream waiting, Event event) {
-  MEGATUNE_CUDA_CHECK(
-      cudaStreamWaitEvent(waiting == Stream::kCompute ? compute_ : communication_, events_.at(event), 0));
+  MEGATUNE_CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(waiting), events_.at(event), 0));
 }
 
 void CudaBackend::synchronize() {
   MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(compute_));
-  MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(communication_));
+  for (cudaStream_t s : communication_streams()) MEGATUNE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 std::string CudaBackend::norm_width_unsupported(std::int64_t width) {

@@ -1,9 +1,11 @@
 // CudaBackend: the Backend on one GPU: bf16 weights and activations with fp32 statistics, gradients and
 // optimizer state; cuBLASLt GEMMs, flash attention and the fused kernels of executor/cuda; one device arena
-// reserved up front; a compute and a communication stream with events for overlap.
+// reserved up front; a compute stream and a communication stream per process group (created on first
+// use), ordered by events.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,7 +39,11 @@ class CudaBackend final : public Backend {
   // Device memory this backend holds: the arena plus the fixed workspaces (GEMM, optimizer table).
   std::int64_t device_bytes() const;
   cudaStream_t compute_stream() const { return compute_; }
-  cudaStream_t communication_stream() const { return communication_; }  // NCCL's (NcclCommunicator)
+  // The CUDA stream of `stream`: the compute stream, or the communication stream of stream.group (where
+  // the Communicator issues that group's work), created on first use.
+  cudaStream_t cuda_stream(Stream stream);
+  // The communication streams created so far.
+  std::vector<cudaStream_t> communication_streams() const;
   // How often each fused GEMM epilogue ran fused, and how often it fell back to the unfused kernels
   // (cuBLASLt offered no algorithm, or the widths / pointers are outside its rules).
   struct EpilogueUse {
@@ -63,8 +69,6 @@ class CudaBackend final : public Backend {
   };
   MoeTransfers moe_transfers() const;
 
-  void upload(Tensor dst, const float* host) override;
-  void download(Tensor src, float* host) override;
   void upload_int32(Tensor dst, const std::int32_t* host) override;
   void fill_zero(Tensor t) override;
   void copy(Tensor src, Tensor dst) override;
@@ -87,6 +91,8 @@ class CudaBackend final : public Backend {
   void on_op_begin(const layouts::Op& op) override;
   void on_op_end() override;
   void* reserve_memory(std::int64_t bytes) override;
+  void do_upload(Tensor dst, const float* host, Stream stream) override;
+  void do_download(Tensor src, float* host, Stream stream) override;
   void* reserve_block(std::int64_t bytes) override;
   void free_block(void* block) override;
   void do_gemm(const GemmArgs& args) override;
@@ -133,7 +139,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::NvmlSampler> nvml_;  // created on the first sample_device()
   std::string device_name_;
   cudaStream_t compute_ = nullptr;
-  cudaStream_t communication_ = nullptr;
+  std::array<cudaStream_t, layouts::kCommGroupCount> communication_{};  // by group; null until first use
   std::vector<cudaEvent_t> events_;
   int next_event_ = 0;
   void* arena_ = nullptr;

@@ -1,5 +1,5 @@
 // NcclCommunicator: communicator creation (world + ncclCommSplit per group), the NCCL calls of each
-// collective on the communication stream, work handles as events, and the watchdog.
+// collective on its group's communication stream, work handles as events, and the watchdog.
 #include "executor/cuda/nccl_communicator.h"
 
 #include <algorithm>
@@ -229,8 +229,12 @@ NcclCommunicator::~NcclCommunicator() {
   if (std::uncaught_exceptions() > 0 && !aborted_)  // leaving with an error: peers must not wait for us
     fail("rank " + std::to_string(world_rank_) + " stopped with an error (see its output)", true);
   // Issued work finishes while the watchdog still watches: a failed peer or a timeout aborts instead.
-  while (!aborted_ && watchdog_.joinable() &&
-         cudaStreamQuery(cuda_.communication_stream()) == cudaErrorNotReady)
+  const auto busy = [&] {
+    for (cudaStream_t s : cuda_.communication_streams())
+      if (cudaStreamQuery(s) == cudaErrorNotReady) return true;
+    return false;
+  };
+  while (!aborted_ && watchdog_.joinable() && busy())
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -318,13 +322,17 @@ ncclComm_t NcclCommunicator::begin(CommGroup group, const char* what) {
   if (comm == nullptr)
     throw std::logic_error(std::string(what) + " over group " + group_name(group) +
                            " without a communicator");
-  backend_.wait_event(Backend::Stream::kCommunication, backend_.record_event(Backend::Stream::kCompute));
+  begin_on_stream(group);
   return comm;
+}
+
+cudaStream_t NcclCommunicator::stream(CommGroup group) {
+  return cuda_.cuda_stream(Backend::Stream::communication(stream_group(group)));
 }
 
 CommHandle NcclCommunicator::finish(CommGroup group, const char* what) {
   std::shared_ptr<CUevent_st> done = events_->take();
-  MEGATUNE_CUDA_CHECK(cudaEventRecord(done.get(), cuda_.communication_stream()));
+  MEGATUNE_CUDA_CHECK(cudaEventRecord(done.get(), stream(group)));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.push_back(std::make_shared<Pending>(Pending{done, SteadyClock::now(), what, group}));
@@ -338,7 +346,7 @@ CommHandle NcclCommunicator::issue(CommGroup group, const char* what, Calls&& ca
   const std::lock_guard<std::recursive_timed_mutex> issuing(issue_mutex_);
   ncclComm_t comm = begin(group, what);
   try {
-    calls(comm, cuda_.communication_stream());
+    calls(comm, stream(group));
   } catch (const std::exception& e) {
     fail("rank " + std::to_string(world_rank_) + ": " + e.what(), true);
     throw;
@@ -444,12 +452,16 @@ void NcclCommunicator::fail(const std::string& message, bool tell_peers) {
 
 void NcclCommunicator::synchronize() {
   throw_if_failed();
-  const std::shared_ptr<CUevent_st> compute = events_->take(), communication = events_->take();
-  MEGATUNE_CUDA_CHECK(cudaEventRecord(compute.get(), cuda_.compute_stream()));
-  MEGATUNE_CUDA_CHECK(cudaEventRecord(communication.get(), cuda_.communication_stream()));
-  for (cudaEvent_t e : {compute.get(), communication.get()}) {
+  std::vector<cudaStream_t> streams = cuda_.communication_streams();
+  streams.push_back(cuda_.compute_stream());
+  std::vector<std::shared_ptr<CUevent_st>> ends;
+  for (cudaStream_t s : streams) {
+    ends.push_back(events_->take());
+    MEGATUNE_CUDA_CHECK(cudaEventRecord(ends.back().get(), s));
+  }
+  for (const std::shared_ptr<CUevent_st>& e : ends) {
     cudaError_t state;
-    while ((state = cudaEventQuery(e)) == cudaErrorNotReady) {
+    while ((state = cudaEventQuery(e.get())) == cudaErrorNotReady) {
       throw_if_failed();  // the watchdog aborted: the kernels end, or we leave now
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }

@@ -1,7 +1,7 @@
 // NcclCommunicator: the Communicator of one GPU rank over NCCL: one communicator per process group this rank
-// is in (split from the world communicator), collectives on the backend's communication stream, and a
-// watchdog that turns NCCL's asynchronous errors, a peer's failure and a hung collective into an abort of
-// every rank with one line.
+// is in (split from the world communicator), each group's collectives on its own stream of the backend
+// (Communicator::stream_group: one stream per communicator), and a watchdog that turns NCCL's asynchronous
+// errors, a peer's failure and a hung collective into an abort of every rank with one line.
 #pragma once
 #include <nccl.h>
 
@@ -75,7 +75,7 @@ class NcclCommunicator final : public Communicator {
   // Aborts every NCCL communicator of this rank (pending collectives end), tells the other ranks through
   // the control channel and makes every later call throw std::runtime_error(message). Does not throw.
   void abort(const std::string& message) override;
-  // Host wait for everything issued so far on both streams; throws std::runtime_error with the job's
+  // Host wait for everything issued so far on every stream; throws std::runtime_error with the job's
   // failure (an NCCL error, a peer's message, a timeout) instead of hanging.
   void synchronize();
   // The failure that ended the job, if any.
@@ -105,6 +105,7 @@ class NcclCommunicator final : public Communicator {
   void create_communicators(const layouts::RankGrid& grid, const std::string& unique_id);
   ncclComm_t begin(CommGroup group, const char* what);  // throws after a failure; orders after compute
   CommHandle finish(CommGroup group, const char* what);
+  cudaStream_t stream(CommGroup group);  // the backend's stream of the group's communicator
   template <typename Calls>
   CommHandle issue(CommGroup group, const char* what, Calls&& calls);
   void throw_if_failed() const;

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "executor/backend/backend.h"
+#include "layouts/rank_grid.h"
 
 namespace megatune::executor {
 
@@ -28,6 +28,27 @@ void wait_on(CommHandle handle) {
 
 }  // namespace
 
+CommGroup Communicator::stream_group(CommGroup group) const {
+  if (!streams_)
+    streams_ = layouts::stream_groups([&](CommGroup g) {
+      std::vector<int> members;
+      for (int i = 0; i < size(g); ++i) members.push_back(global_rank(g, i));
+      return members;
+    });
+  return (*streams_)[static_cast<int>(group)];
+}
+
+Backend::Stream Communicator::begin_on_stream(CommGroup group) {
+  const Backend::Stream stream = Backend::Stream::communication(stream_group(group));
+  backend_.wait_event(stream, backend_.record_event(Backend::Stream::compute()));
+  return stream;
+}
+
+void Communicator::compute_waits_for(CommGroup group) {
+  const Backend::Stream stream = Backend::Stream::communication(stream_group(group));
+  backend_.wait_event(Backend::Stream::compute(), backend_.record_event(stream));
+}
+
 void Communicator::record(OpKind kind, CommGroup group, std::int64_t bytes, DType dtype, const OpTag& tag,
                           int peer_rank, int microbatch, int chunk) {
   Op op;
@@ -37,6 +58,7 @@ void Communicator::record(OpKind kind, CommGroup group, std::int64_t bytes, DTyp
   op.group = group;
   op.group_size = size(group);
   op.peer_rank = peer_rank;
+  op.stream = stream_group(group);
   backend_.begin_external_op(std::move(op), tag, microbatch, chunk);
   backend_.end_external_op();
 }

@@ -1,18 +1,20 @@
 // Communicator: the collectives and point-to-point transfers a rank issues over its process groups, with
 // asynchronous work handles and op recording (the collectives a rank issues are recorded like its kernels).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "executor/backend/backend.h"
 #include "executor/backend/op_recorder.h"
 #include "executor/backend/tensor.h"
 #include "layouts/op.h"
 
 namespace megatune::executor {
 
-class Backend;
 using layouts::CommGroup;
 
 enum class ReduceOp { kSum, kMax };
@@ -38,9 +40,12 @@ struct P2pTransferArgs {
 // Every call names the group it runs over. Tensors are contiguous. Calls on a group of size 1 issue and
 // record nothing (all_gather / reduce_scatter copy when input and output differ). Each issued call is
 // recorded as one layouts::Op on the backend's recorder, bytes after nccl-tests' conventions (layouts/op.h),
-// stamped with the tag and the recorder's schedule position. Collectives run on the communication stream
-// after the compute work issued so far; the blocking forms make the compute stream wait for them at once.
-// All members of a group must issue the same collectives on it in the same order.
+// stamped with the tag, the recorder's schedule position and the stream. Each group's collectives run on
+// its communication stream (stream_group), after the compute work issued so far; the blocking forms make
+// the compute stream wait for them at once, an async form's handle when it is waited. Two groups' streams
+// are not ordered against each other: data one group's collective hands to another's goes through the
+// compute stream (its handle waited first). All members of a group must issue the same collectives on it
+// in the same order.
 class Communicator {
  public:
   explicit Communicator(Backend& backend) : backend_(backend) {}
@@ -55,6 +60,9 @@ class Communicator {
   // Global rank of member `rank_in_group` of this rank's group of `group`.
   virtual int global_rank(CommGroup group, int rank_in_group) const = 0;
   Backend& backend() const { return backend_; }
+  // The group whose communication stream this rank issues `group`'s work on: layouts::stream_groups over
+  // this rank's members of each group (a stream per communicator). kNone for kNone.
+  CommGroup stream_group(CommGroup group) const;
 
   // In place: every member ends with the reduction of all members' `tensor`.
   void all_reduce(CommGroup group, Tensor tensor, ReduceOp op, const OpTag& tag);
@@ -99,9 +107,16 @@ class Communicator {
                                    Tensor output, const std::vector<std::int64_t>& receive_rows) = 0;
   virtual CommHandle do_batch_p2p(CommGroup group, const std::vector<P2pTransferArgs>& transfers) = 0;
 
+  // The stream of `group`, ordered after the compute work issued so far: where an implementation issues
+  // the group's collective.
+  Backend::Stream begin_on_stream(CommGroup group);
+  // Orders the compute stream after the work issued on `group`'s stream so far.
+  void compute_waits_for(CommGroup group);
+
   Backend& backend_;
 
  private:
+  mutable std::optional<std::array<CommGroup, layouts::kCommGroupCount>> streams_;  // on first use
   void record(layouts::OpKind kind, CommGroup group, std::int64_t bytes, DType dtype, const OpTag& tag,
               int peer_rank = -1, int microbatch = -2, int chunk = -2);
 };

@@ -1,8 +1,10 @@
 // CUDA backend against the CPU backend (bf16 emulated) on small GPT- and Llama-shaped models from the same
 // weights: loss and every parameter's gradient within bf16 tolerance, and a few training steps that track;
-// also with --qk-layernorm's head norms (the norm kernels on rows of head_dim).
+// also with --qk-layernorm's head norms (the norm kernels on rows of head_dim). And the streams: a process
+// group's communication stream created on first use, ordered against the compute stream by events.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -118,6 +120,45 @@ void compare(bool llama, std::int64_t loss_chunk_logits_bytes = layouts::kLossCh
     EXPECT_NEAR(b.loss, a.loss, 0.02 * a.loss) << "step " << step;
     EXPECT_NEAR(b.grad_norm, a.grad_norm, 0.05 * a.grad_norm + 1e-4) << "step " << step;
   }
+}
+
+// Work on a group's stream after an event of the compute stream sees every kernel issued before it, and the
+// compute stream after an event of that stream sees its copies: 16 doublings of a 64 MiB tensor (long enough
+// for an unordered copy to read a partial result) read back on the tp stream, then values uploaded on the
+// dp stream doubled once more on compute.
+TEST(EngineCudaBackend, GroupStreamsAreCreatedOnFirstUseAndOrderedByEvents) {
+  if (CudaBackend::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  CudaBackend backend(0);
+  EXPECT_TRUE(backend.communication_streams().empty());
+  const Backend::Stream compute = Backend::Stream::compute();
+  const Backend::Stream tp = Backend::Stream::communication(CommGroup::kTensor);
+  const Backend::Stream dp = Backend::Stream::communication(CommGroup::kData);
+  cudaStream_t tp_stream = backend.cuda_stream(tp);
+  EXPECT_NE(tp_stream, backend.compute_stream());
+  EXPECT_EQ(backend.cuda_stream(tp), tp_stream);
+  EXPECT_NE(backend.cuda_stream(dp), tp_stream);
+  EXPECT_EQ(backend.cuda_stream(compute), backend.compute_stream());
+  EXPECT_EQ(backend.communication_streams().size(), 2u);
+
+  constexpr std::int64_t n = std::int64_t(1) << 24;
+  backend.reserve_arena(n * 4 + 4096);
+  Tensor x = backend.allocate(DType::kFP32, 1, n, "x");
+  std::vector<float> host(static_cast<std::size_t>(n), 1.0f);
+  backend.upload(x, host.data());
+  constexpr int kDoublings = 16;
+  for (int i = 0; i < kDoublings; ++i) backend.scale(x, 2.0f, {"double"});
+  backend.wait_event(tp, backend.record_event(compute));
+  backend.download(x, host.data(), tp);
+  EXPECT_EQ(std::count(host.begin(), host.end(), float(1 << kDoublings)), n);
+
+  std::fill(host.begin(), host.end(), 3.0f);
+  backend.wait_event(dp, backend.record_event(compute));
+  backend.upload(x, host.data(), dp);
+  backend.wait_event(compute, backend.record_event(dp));
+  backend.scale(x, 2.0f, {"double"});
+  backend.synchronize();
+  backend.download(x, host.data());
+  EXPECT_EQ(std::count(host.begin(), host.end(), 6.0f), n);
 }
 
 TEST(EngineCudaBackend, GptShapeMatchesCpuBackend) { compare(false); }

@@ -1,5 +1,7 @@
 // Per rank of parallel layouts on the CPU backend: the ops the executor issued in one iteration (kernels
-// and collectives, p2p peers included) equal layouts::build_step_program(rank) op for op.
+// and collectives, p2p peers included) equal layouts::build_step_program(rank) op for op, each on the
+// stream the step program (and so the simulator) puts it on: kernels on the compute stream, collectives on
+// their group's communication stream.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -172,9 +174,11 @@ TEST_P(ParallelOpRecording, EveryRankIssuesItsStepProgram) {
       const layouts::Op& e = ops[i];
       const layouts::Op& p = planned[i];
       ASSERT_TRUE(same_work(e, p, c.ep > 1 || c.etp > 1) && e.microbatch == p.microbatch &&
-                  e.chunk == p.chunk && e.peer_rank == p.peer_rank)
-          << "op " << i << "\n  executor: " << layouts::to_string(e) << " peer " << e.peer_rank
-          << "\n  planner:  " << layouts::to_string(p) << " peer " << p.peer_rank;
+                  e.chunk == p.chunk && e.peer_rank == p.peer_rank && e.stream == p.stream)
+          << "op " << i << "\n  executor: " << layouts::to_string(e) << " peer " << e.peer_rank << " stream "
+          << layouts::comm_group_name(e.stream) << "\n  planner:  " << layouts::to_string(p) << " peer "
+          << p.peer_rank << " stream " << layouts::comm_group_name(p.stream);
+      ASSERT_EQ(e.is_communication(), e.stream != layouts::CommGroup::kNone) << layouts::to_string(e);
     }
     EXPECT_EQ(ops.size(), planned.size());
   }
@@ -184,7 +188,7 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, ParallelOpRecording,
     ::testing::Values(
         Case{"tp2_llama", 2}, Case{"tp2_sp_gpt_tied", 2, 1, 1, 0, true, false, true, true},
-        Case{"dp2_overlap", 1, 1, 2, 0, false, true},
+        Case{"dp2_overlap", 1, 1, 2, 0, false, true}, Case{"tp2_dp2_overlap", 2, 1, 2, 0, false, true},
         Case{"pp2_gpt_tied", 1, 2, 1, 0, false, false, true, true}, Case{"pp2_vpp2", 1, 2, 1, 2},
         Case{"pp4_custom", 1, 4, 1, 0, false, false, false, false, "Et|tt||tL"},
         Case{"tp2_sp_pp2_dp2", 2, 2, 2, 0, true, false, true, true},

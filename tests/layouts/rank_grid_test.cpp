@@ -132,5 +132,48 @@ TEST(RankGrid, Errors) {
   }
 }
 
+// A stream per communicator: each group is named by the first group (CommGroup order) of the same members.
+TEST(RankGrid, StreamGroupsShareAStreamOnlyWhereTheMembersAreTheSame) {
+  using G = CommGroup;
+  struct Expected {
+    const char* grid;
+    RankGrid layout;
+    int rank;
+    std::vector<std::pair<G, G>> group_stream;
+  };
+  const std::vector<Expected> cases = {
+      // world 8, tp2 cp2 dp2: every dense group differs, dp-cp is its own, the world is nobody else's.
+      {"tp2 cp2 dp2",
+       RankGrid(8, 2, 2, 1, 2, 1),
+       5,
+       {{G::kNone, G::kNone},
+        {G::kTensor, G::kTensor},
+        {G::kContext, G::kContext},
+        {G::kData, G::kData},
+        {G::kDataContext, G::kDataContext},
+        {G::kWorld, G::kWorld}}},
+      // Without cp, dp-cp is dp: one communicator, one stream. The expert grid with etp = tp repeats tp.
+      {"tp2 dp4 ep2",
+       RankGrid(8, 2, 1, 2, 2, 1),
+       3,
+       {{G::kDataContext, G::kData},
+        {G::kExpertTensor, G::kTensor},
+        {G::kExpert, G::kExpert},
+        {G::kExpertData, G::kExpertData}}},
+  };
+  for (const Expected& c : cases) {
+    SCOPED_TRACE(c.grid);
+    const auto streams = c.layout.stream_groups(c.rank);
+    for (const auto& [group, stream] : c.group_stream)
+      EXPECT_EQ(streams[static_cast<int>(group)], stream) << comm_group_name(group);
+    // Each group's stream is a group of exactly its members.
+    for (int g = 1; g < kCommGroupCount; ++g) {
+      const auto group = static_cast<CommGroup>(g);
+      EXPECT_EQ(c.layout.comm_group_members(c.rank, streams[g]), c.layout.comm_group_members(c.rank, group))
+          << comm_group_name(group);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace megatune::layouts

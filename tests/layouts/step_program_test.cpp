@@ -294,5 +294,34 @@ TEST(StepProgram, MlaAttentionCarriesTheValueHeadDim) {
   EXPECT_EQ(unset, same_width);  // 0 means "as the q/k head dim"
 }
 
+// Streams (Op::stream): kernels on the compute stream; TP collectives on the tp stream, the gradient buckets
+// on the data-parallel one, so that a bucket in flight does not hold the next TP collective.
+TEST(StepProgram, EachCollectiveRunsOnItsGroupsStream) {
+  const ModelSpec model = model_preset("tiny");
+  ParallelConfig config = config_for(4, 2, 1, 4);
+  config.overlap_grad_reduce = true;
+  config.validate(model);
+  const StepProgram program = build_step_program(model, config, 1);
+  const RankGrid grid = RankGrid::from_config(config);
+  int tensor = 0, buckets = 0;
+  for (const Op& op : program.ops) {
+    if (!op.is_communication()) {
+      EXPECT_EQ(op.stream, CommGroup::kNone) << to_string(op);
+      continue;
+    }
+    EXPECT_EQ(grid.comm_group_members(1, op.stream), grid.comm_group_members(1, op.group)) << to_string(op);
+    if (op.role == OpRole::kTensorParallel) {
+      EXPECT_EQ(op.stream, CommGroup::kTensor);
+      ++tensor;
+    }
+    if (op.role == OpRole::kGradReduce) {
+      EXPECT_EQ(op.stream, CommGroup::kData);  // dp-cp is dp without context parallelism
+      ++buckets;
+    }
+  }
+  EXPECT_GT(tensor, 0);
+  EXPECT_GT(buckets, 0);
+}
+
 }  // namespace
 }  // namespace megatune::layouts

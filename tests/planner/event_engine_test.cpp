@@ -74,6 +74,24 @@ TEST(EventEngine, AsyncCollectivesOverlapComputeAndQueueOnTheCommStream) {
   EXPECT_DOUBLE_EQ(r.ranks[0].async_comm_busy_s, 4.0);
 }
 
+TEST(EventEngine, AsyncCollectivesOfDifferentStreamsOverlapEachOther) {
+  // Two groups' buckets, each on its own stream: the second does not queue behind the first; two buckets
+  // of one stream still do.
+  EngineInput in;
+  SimTask wait{TaskKind::kWaitComm};
+  SimTask other = collective(1, 2.0, true);
+  other.stream = 3;
+  in.programs = {{collective(0, 2.0, true), other, collective(0, 1.0, true), compute(1.0), wait}};
+  in.group_member_count = {1, 1};
+  in.record_timeline = true;
+  EngineResult r = replay(in);
+  EXPECT_DOUBLE_EQ(r.ranks[0].timeline[1].start_s, 0.0);
+  EXPECT_DOUBLE_EQ(r.ranks[0].timeline[2].start_s, 2.0);  // behind the first, on stream 0
+  EXPECT_DOUBLE_EQ(r.ranks[0].timeline[4].end_s, 3.0);    // the wait covers both streams
+  EXPECT_DOUBLE_EQ(r.step_time_s, 3.0);
+  EXPECT_DOUBLE_EQ(r.ranks[0].async_comm_busy_s, 5.0);
+}
+
 TEST(EventEngine, MissingSendIsReportedAsDeadlock) {
   EngineInput in;
   in.programs = {{compute(1.0)}, {recv(0, 3)}};
