@@ -12,9 +12,9 @@
 #include <optional>
 
 #include "base/user_error.h"
+#include "calibration/calibration_fit.h"
 #include "cost_models/calibration_store.h"
 #include "cost_models/cost_database.h"
-#include "planner/calibration_fit.h"
 #include "planner/op_pricer.h"
 #include "planner/plan_report.h"
 #include "planner/simulator.h"
@@ -84,11 +84,11 @@ std::vector<std::string> train_command(const MeasureTopOptions& o, const layouts
 }
 
 // The job's step time: the slowest rank's mean over its traced iterations.
-double measured_step_s(const planner::MeasuredRun& run) {
+double measured_step_s(const calibration::MeasuredRun& run) {
   double slowest = 0;
-  for (const planner::TracedRank& rank : run.ranks) {
+  for (const calibration::TracedRank& rank : run.ranks) {
     double sum = 0;
-    for (const planner::TracedIteration& it : rank.iterations) sum += it.step_s;
+    for (const calibration::TracedIteration& it : rank.iterations) sum += it.step_s;
     if (!rank.iterations.empty()) slowest = std::max(slowest, sum / double(rank.iterations.size()));
   }
   return slowest;
@@ -173,7 +173,7 @@ std::string calibration_store_path(const MeasureTopOptions& o, std::ostream& out
   return cost_models::default_cost_database_path();
 }
 
-void store_calibration(const planner::FittedCalibration& fitted, const MeasureTopOptions& o,
+void store_calibration(const calibration::FittedCalibration& fitted, const MeasureTopOptions& o,
                        std::ostream& out) {
   const std::string path = calibration_store_path(o, out);
   if (path.empty()) return;
@@ -194,12 +194,12 @@ void store_calibration(const planner::FittedCalibration& fitted, const MeasureTo
 void calibrate_and_resimulate(std::vector<Measurement>& ms, const planner::PlanResult& result,
                               const MeasureTopOptions& o, const layouts::StepProgramOptions& step,
                               cost_models::CostModel& pricing, std::ostream& out) {
-  std::vector<planner::RunCalibrationData> data;
+  std::vector<calibration::RunCalibrationData> data;
   for (const Measurement& m : ms)
     if (m.measured)
-      data.push_back(
-          planner::calibration_data(m.run->run, m.run->target.model, m.run->target.config, pricing, step));
-  const planner::FittedCalibration fitted = planner::fit_calibration(data, pricing.gpu().name);
+      data.push_back(calibration::calibration_data(m.run->run, m.run->target.model, m.run->target.config,
+                                                   pricing, step));
+  const calibration::FittedCalibration fitted = calibration::fit_calibration(data, pricing.gpu().name);
   char line[200];
   std::snprintf(line, sizeof line,
                 "\ncalibration from %zu traced runs (%d compute ops): op time error %.1f%% uncalibrated, "
