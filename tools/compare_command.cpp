@@ -3,7 +3,6 @@
 #include "tools/compare_command.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <optional>
 #include <sstream>
 
@@ -11,12 +10,11 @@
 #include "base/output_file.h"
 #include "base/user_error.h"
 #include "calibration/compare_report.h"
+#include "calibration/comparison_store.h"
 #include "calibration/leave_one_out.h"
 #include "calibration/measured_run.h"
 #include "cost_models/cluster_spec.h"
-#include "cost_models/cost_database.h"
 #include "cost_models/json_value.h"
-#include "cost_models/record_store.h"
 #include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/training/arena_sizing.h"
@@ -98,37 +96,6 @@ std::vector<calibration::MemoryColumn> memory_columns(const calibration::Measure
   return columns;
 }
 
-// One `runs` row per traced rank with its per-op predicted and measured times (`run_ops`, by step-program
-// id).
-void save_runs(const calibration::RunComparison& comparison, const calibration::MeasuredRun& run,
-               const std::string& db, std::ostream& out) {
-  const std::string path = db.empty() ? cost_models::default_cost_database_path() : db;
-  std::error_code ec;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  cost_models::Database database = cost_models::open_cost_database(path);
-  cost_models::Transaction transaction(database);
-  std::vector<std::int64_t> ids;
-  std::size_t ops = 0;
-  for (const calibration::RankComparison& r : comparison.ranks) {
-    cost_models::RunRecord record;
-    record.predicted_step_time_s = r.predicted_step_s;
-    record.measured_step_time_s = r.measured_step_s;
-    record.predicted_mfu = comparison.predicted_mfu;
-    record.measured_mfu = std::max(0.0, comparison.measured_mfu);
-    record.gpu = run.gpu.empty() ? run.backend : run.gpu;
-    record.started_at = run.created_utc;
-    ids.push_back(cost_models::insert_run(database, record));
-    for (const calibration::ComparedOp& o : r.ops)
-      cost_models::upsert_run_op(
-          database, {ids.back(), o.id, layouts::to_string(o.op), std::max(0.0, o.predicted_s), o.measured_s});
-    ops += r.ops.size();
-  }
-  transaction.commit();
-  out << "saved " << ids.size() << " run" << (ids.size() == 1 ? "" : "s") << " (ids " << ids.front() << "-"
-      << ids.back() << ", one per rank) with " << ops << " ops into " << path << "\n";
-}
-
 }  // namespace
 
 namespace {
@@ -182,7 +149,7 @@ calibration::RunComparison compare_one(const CompareOptions& o, const std::strin
   if (resolved.step.fp8.enabled())
     comparison.priced_from += "; " + layouts::describe(resolved.step.fp8) + ": " +
                               planner::fp8_pricing_description(*pricing.cost_model);
-  if (o.save) save_runs(comparison, run, o.db, out);
+  if (o.save) calibration::save_runs(comparison, run, o.db, out);
   return comparison;
 }
 
