@@ -1,6 +1,6 @@
 // The traced-run format (`megatune train --trace-dir DIR`, read by `megatune compare --run DIR`), version 1.
 // Its one home: the executor writes it (executor/training/run_trace.h), the planner reads it
-// (planner/measured_run.h). Every file is written to a temporary name and renamed into place.
+// (calibration/measured_run.h). Every file is written to a temporary name and renamed into place.
 //
 // DIR/run.json (written last, when every rank's file is in place: its presence marks a complete run):
 //   {"format": "megatune-run-trace", "version": 1, "created_utc": "2026-12-01T09:00:00Z",

@@ -6,17 +6,17 @@
 #include <cstdio>
 
 #include "base/user_error.h"
+#include "calibration/calibration_fit.h"
 #include "cost_models/calibration_store.h"
 #include "cost_models/cluster_spec.h"
 #include "cost_models/cost_model.h"
-#include "planner/calibration_fit.h"
 #include "tools/traced_run_target.h"
 
 namespace megatune::tools {
 namespace {
 
 // The cluster a run's prices are corrected on; every run must name the same GPU.
-cost_models::ClusterSpec cluster_of(const planner::MeasuredRun& run, const CalibrateOptions& o) {
+cost_models::ClusterSpec cluster_of(const calibration::MeasuredRun& run, const CalibrateOptions& o) {
   if (run.device == "cpu" && (o.cluster.empty() || !o.database_given))
     throw UserError("--run " + run.dir +
                     " is a CPU run (its times are the CPU backend's): name the GPU whose prices it corrects "
@@ -58,19 +58,19 @@ void run_calibrate(const CalibrateOptions& o, const std::function<cost_models::D
   cost_models::Database database = open_database();
   if (database.read_only())
     throw UserError("cost database " + database.path() + " is not writable; pass a writable one with --db");
-  std::vector<planner::RunCalibrationData> data;
+  std::vector<calibration::RunCalibrationData> data;
   double idle_s = 0, step_s = 0;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const cost_models::CostModel base(database, clusters[i]);
-    data.push_back(planner::calibration_data(runs[i].run, runs[i].target.model, runs[i].target.config, base,
-                                             runs[i].target.step));
+    data.push_back(calibration::calibration_data(runs[i].run, runs[i].target.model, runs[i].target.config,
+                                                 base, runs[i].target.step));
     idle_s += data.back().idle_s;
-    for (const planner::TracedRank& rank : runs[i].run.ranks)
-      for (const planner::TracedIteration& it : rank.iterations)
+    for (const calibration::TracedRank& rank : runs[i].run.ranks)
+      for (const calibration::TracedIteration& it : rank.iterations)
         step_s += it.step_s / double(rank.iterations.size());
   }
   const std::string gpu = clusters.front().gpu.name;
-  planner::FittedCalibration fitted = planner::fit_calibration(data, gpu);
+  calibration::FittedCalibration fitted = calibration::fit_calibration(data, gpu);
   if (fitted.calibration.classes().empty())
     throw UserError(
         "--run: the traced runs hold no compute op with a measured time; trace a training run "

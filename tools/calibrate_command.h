@@ -1,4 +1,4 @@
-// `megatune db calibrate --run DIR...`: fit corrections from traced runs (planner/calibration_fit.h) and
+// `megatune db calibrate --run DIR...`: fit corrections from traced runs (calibration/calibration_fit.h) and
 // append them, with their provenance, to the cost database's calibrations table; simulate, plan and
 // compare price with the newest one of a GPU unless given --no-calibration.
 #pragma once

@@ -3,23 +3,21 @@
 #include "tools/compare_command.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <optional>
 #include <sstream>
 
 #include "base/input_file.h"
 #include "base/output_file.h"
 #include "base/user_error.h"
+#include "calibration/compare_report.h"
+#include "calibration/comparison_store.h"
+#include "calibration/leave_one_out.h"
+#include "calibration/measured_run.h"
 #include "cost_models/cluster_spec.h"
-#include "cost_models/cost_database.h"
 #include "cost_models/json_value.h"
-#include "cost_models/record_store.h"
 #include "executor/backend/sizing_backend.h"
 #include "executor/cpu/cpu_backend.h"
 #include "executor/training/arena_sizing.h"
-#include "planner/compare_report.h"
-#include "planner/leave_one_out.h"
-#include "planner/measured_run.h"
 #include "planner/pricing_source.h"
 #include "tools/traced_run_target.h"
 
@@ -51,20 +49,21 @@ Target plan_target(const std::string& path) {
 using Resolved = ResolvedTarget;
 
 // Measured arena, the executor's own sizing and the memory model, for the rank with the largest arena.
-std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& run, const Resolved& target) {
-  const planner::TracedRank* peak = &run.ranks.front();
-  for (const planner::TracedRank& r : run.ranks)
+std::vector<calibration::MemoryColumn> memory_columns(const calibration::MeasuredRun& run,
+                                                      const Resolved& target) {
+  const calibration::TracedRank* peak = &run.ranks.front();
+  for (const calibration::TracedRank& r : run.ranks)
     if (r.arena_capacity_bytes > peak->arena_capacity_bytes) peak = &r;
-  std::vector<planner::MemoryColumn> columns;
-  planner::MemoryColumn measured{"measured arena", peak->arena_capacity_bytes, {}, ""};
-  for (const planner::TracedArenaUse& u : peak->arena) measured.items.push_back({u.what, u.bytes});
+  std::vector<calibration::MemoryColumn> columns;
+  calibration::MemoryColumn measured{"measured arena", peak->arena_capacity_bytes, {}, ""};
+  for (const calibration::TracedArenaUse& u : peak->arena) measured.items.push_back({u.what, u.bytes});
   measured.note = "rank " + std::to_string(peak->rank) + ", " + peak->backend;
   if (peak->device_memory_used_bytes >= 0)
     measured.note +=
         "; device memory in use " + planner::format_bytes(double(peak->device_memory_used_bytes));
   columns.push_back(std::move(measured));
 
-  planner::MemoryColumn sizing{"executor sizing", -1, {}, ""};
+  calibration::MemoryColumn sizing{"executor sizing", -1, {}, ""};
   try {
     executor::TrainOptions options;
     options.bf16 = run.device == "cuda" || run.backend.find("bf16") != std::string::npos;
@@ -89,7 +88,7 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
   planner::MemoryOptions memory_options;
   memory_options.step = target.step;
   const planner::MemoryEstimate megatron = planner::peak_memory(target.model, target.config, memory_options);
-  planner::MemoryColumn model{"memory model (Megatron)", megatron.total_bytes, {}, ""};
+  calibration::MemoryColumn model{"memory model (Megatron)", megatron.total_bytes, {}, ""};
   for (const planner::MemoryItem& item : megatron.items) model.items.push_back({item.name, item.bytes});
   model.note =
       "planner/memory_model, pp rank " + std::to_string(megatron.pp_rank) + " (what megatune plan ranks by)";
@@ -97,55 +96,25 @@ std::vector<planner::MemoryColumn> memory_columns(const planner::MeasuredRun& ru
   return columns;
 }
 
-// One `runs` row per traced rank with its per-op predicted and measured times (`run_ops`, by step-program
-// id).
-void save_runs(const planner::RunComparison& comparison, const planner::MeasuredRun& run,
-               const std::string& db, std::ostream& out) {
-  const std::string path = db.empty() ? cost_models::default_cost_database_path() : db;
-  std::error_code ec;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  cost_models::Database database = cost_models::open_cost_database(path);
-  cost_models::Transaction transaction(database);
-  std::vector<std::int64_t> ids;
-  std::size_t ops = 0;
-  for (const planner::RankComparison& r : comparison.ranks) {
-    cost_models::RunRecord record;
-    record.predicted_step_time_s = r.predicted_step_s;
-    record.measured_step_time_s = r.measured_step_s;
-    record.predicted_mfu = comparison.predicted_mfu;
-    record.measured_mfu = std::max(0.0, comparison.measured_mfu);
-    record.gpu = run.gpu.empty() ? run.backend : run.gpu;
-    record.started_at = run.created_utc;
-    ids.push_back(cost_models::insert_run(database, record));
-    for (const planner::ComparedOp& o : r.ops)
-      cost_models::upsert_run_op(
-          database, {ids.back(), o.id, layouts::to_string(o.op), std::max(0.0, o.predicted_s), o.measured_s});
-    ops += r.ops.size();
-  }
-  transaction.commit();
-  out << "saved " << ids.size() << " run" << (ids.size() == 1 ? "" : "s") << " (ids " << ids.front() << "-"
-      << ids.back() << ", one per rank) with " << ops << " ops into " << path << "\n";
-}
-
 }  // namespace
 
 namespace {
 
 // --rank names one of the run's ranks.
-void check_rank_option(int rank, const planner::MeasuredRun& run) {
+void check_rank_option(int rank, const calibration::MeasuredRun& run) {
   if (rank < 0) return;
-  for (const planner::TracedRank& r : run.ranks)
+  for (const calibration::TracedRank& r : run.ranks)
     if (r.rank == rank) return;
   throw UserError("--rank " + std::to_string(rank) + ": --run " + run.dir + " traced ranks 0 to " +
                   std::to_string(run.ranks.size() - 1) +
                   "; give one of them, or leave --rank out for every rank");
 }
 
-planner::RunComparison compare_one(const CompareOptions& o, const std::string& run_dir, std::ostream& out) {
+calibration::RunComparison compare_one(const CompareOptions& o, const std::string& run_dir,
+                                       std::ostream& out) {
   // The run must agree with its own flags before it is set beside anything.
   const TracedRunTarget own = read_traced_run(run_dir);
-  const planner::MeasuredRun& run = own.run;
+  const calibration::MeasuredRun& run = own.run;
   check_rank_option(o.rank, run);
   Target target{run.model_args, run.cluster, "the run's flags (" + run_dir + "/run.json)"};
   if (!o.plan.empty()) target = plan_target(o.plan);
@@ -154,7 +123,8 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
   const bool own_flags = o.plan.empty() && o.simulate_args.empty();
   const Resolved resolved = own_flags ? own.target : resolve_target(target.args, target.source);
   if (!own_flags)
-    planner::check_join(run, resolved.model, resolved.config, planner::JoinTarget::kGiven, resolved.step);
+    calibration::check_join(run, resolved.model, resolved.config, calibration::JoinTarget::kGiven,
+                            resolved.step);
 
   const cost_models::ClusterSpec cluster = cost_models::parse_cluster_spec(target.cluster);
   if (cluster.world_size() != resolved.config.world_size)
@@ -172,14 +142,14 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
   const planner::SimulationResult simulation =
       planner::simulate(resolved.model, resolved.config, pricer, options);
 
-  planner::RunComparison comparison = planner::compare_run(run, resolved.model, resolved.config, simulation,
-                                                           memory_columns(run, resolved), resolved.step);
+  calibration::RunComparison comparison = calibration::compare_run(
+      run, resolved.model, resolved.config, simulation, memory_columns(run, resolved), resolved.step);
   comparison.cluster = cluster.describe();
   comparison.priced_from = pricing.description;
   if (resolved.step.fp8.enabled())
     comparison.priced_from += "; " + layouts::describe(resolved.step.fp8) + ": " +
                               planner::fp8_pricing_description(*pricing.cost_model);
-  if (o.save) save_runs(comparison, run, o.db, out);
+  if (o.save) calibration::save_runs(comparison, run, o.db, out);
   return comparison;
 }
 
@@ -187,11 +157,11 @@ planner::RunComparison compare_one(const CompareOptions& o, const std::string& r
 
 // --leave-one-out: every run predicted from a calibration fitted on the others.
 void run_leave_one_out(const CompareOptions& o, std::ostream& out) {
-  planner::parse_hold_out(o.hold_out);  // a bad value is reported before the runs are read
+  calibration::parse_hold_out(o.hold_out);  // a bad value is reported before the runs are read
   if (o.runs.size() < 2)
     throw UserError(
         "--leave-one-out needs at least two --run directories (each is predicted from the others)");
-  std::vector<planner::CalibrationCase> cases;
+  std::vector<calibration::CalibrationCase> cases;
   std::optional<cost_models::ClusterSpec> cluster;
   for (const std::string& dir : o.runs) {
     TracedRunTarget t = read_traced_run(dir);
@@ -210,8 +180,9 @@ void run_leave_one_out(const CompareOptions& o, std::ostream& out) {
   }
   planner::PricingSource pricing = planner::open_pricing_source(o.db, *cluster, false);
   out << "simulated on " << cluster->gpu.name << "; priced from: " << pricing.description << "\n";
-  const planner::HoldOut hold_out = planner::parse_hold_out(o.hold_out);
-  out << planner::leave_one_out_table(planner::leave_one_out(cases, *pricing.cost_model, hold_out), hold_out);
+  const calibration::HoldOut hold_out = calibration::parse_hold_out(o.hold_out);
+  out << calibration::leave_one_out_table(calibration::leave_one_out(cases, *pricing.cost_model, hold_out),
+                                          hold_out);
 }
 
 void run_compare(const CompareOptions& o, std::ostream& out) {
@@ -233,23 +204,23 @@ void run_compare(const CompareOptions& o, std::ostream& out) {
     throw UserError(
         "--simulate-args, --plan and --perfetto take one --run; several runs are compared by their own "
         "flags");
-  std::vector<planner::RunComparison> comparisons;
+  std::vector<calibration::RunComparison> comparisons;
   for (const std::string& dir : o.runs) {
     comparisons.push_back(compare_one(o, dir, out));
     if (o.runs.size() > 1) out << "\n";
     out << comparison_table(comparisons.back(), o.top, o.rank);
   }
-  if (comparisons.size() > 1) out << planner::layouts_table(comparisons);
+  if (comparisons.size() > 1) out << calibration::layouts_table(comparisons);
   if (!o.html.empty()) {
     write_output_file(o.html,
-                      comparisons.size() == 1 ? planner::comparison_html(comparisons.front())
-                                              : planner::comparison_html(comparisons),
+                      comparisons.size() == 1 ? calibration::comparison_html(comparisons.front())
+                                              : calibration::comparison_html(comparisons),
                       "--html");
     out << "\nwrote " << o.html << " (open it in a browser; it needs no network)\n";
   }
   if (!o.perfetto.empty()) {
     std::ostringstream trace;
-    planner::write_comparison_trace(trace, comparisons.front());
+    calibration::write_comparison_trace(trace, comparisons.front());
     write_output_file(o.perfetto, trace.str(), "--perfetto");
     out << "wrote " << o.perfetto
         << " (predicted and measured tracks per rank: open it in https://ui.perfetto.dev)\n";

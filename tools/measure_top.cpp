@@ -1,23 +1,18 @@
-// measure_top_candidates: each candidate trained as a traced `megatune train` child, the
-// predicted-vs-measured table, a calibration fitted from the traces, the candidates re-simulated with it and
-// re-ranked.
+// measure_top_candidates: each candidate trained as a traced `megatune train` child; the
+// predicted-vs-measured table, the calibration fitted from the traces, the re-simulation with it and the
+// re-ranking are calibration/measured_candidates.h's.
 #include "tools/measure_top.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <nlohmann/json.hpp>
-#include <optional>
 
 #include "base/user_error.h"
+#include "calibration/measured_candidates.h"
 #include "cost_models/calibration_store.h"
 #include "cost_models/cost_database.h"
-#include "planner/calibration_fit.h"
-#include "planner/op_pricer.h"
 #include "planner/plan_report.h"
-#include "planner/simulator.h"
 #include "tools/fp8_flags.h"
 #include "tools/timed_child.h"
 #include "tools/traced_run_target.h"
@@ -25,14 +20,7 @@
 namespace megatune::tools {
 namespace {
 
-struct Measurement {
-  std::size_t plan_index = 0;  // in result.ranked
-  std::string trace_dir;
-  bool measured = false;
-  std::string failure;  // why it was dropped
-  double measured_step_s = 0, measured_mfu = 0, calibrated_step_s = 0;
-  std::optional<TracedRunTarget> run;
-};
+using calibration::CandidateMeasurement;
 
 // The folder the traced runs go to: --measure-keep's, or a temporary removed at destruction.
 class MeasureFolder {
@@ -83,17 +71,6 @@ std::vector<std::string> train_command(const MeasureTopOptions& o, const layouts
   return args;
 }
 
-// The job's step time: the slowest rank's mean over its traced iterations.
-double measured_step_s(const planner::MeasuredRun& run) {
-  double slowest = 0;
-  for (const planner::TracedRank& rank : run.ranks) {
-    double sum = 0;
-    for (const planner::TracedIteration& it : rank.iterations) sum += it.step_s;
-    if (!rank.iterations.empty()) slowest = std::max(slowest, sum / double(rank.iterations.size()));
-  }
-  return slowest;
-}
-
 std::string failure_line(const ChildOutcome& c, const MeasureTopOptions& o) {
   char head[160];
   if (c.timed_out)
@@ -108,7 +85,7 @@ std::string failure_line(const ChildOutcome& c, const MeasureTopOptions& o) {
 
 // Runs one candidate; on failure prints one line and leaves m.measured false.
 void measure_one(const MeasureTopOptions& o, const layouts::ModelSpec& model,
-                 const planner::PlanCandidate& candidate, Measurement& m, std::ostream& out) {
+                 const planner::PlanCandidate& candidate, CandidateMeasurement& m, std::ostream& out) {
   const std::string log = m.trace_dir + ".log";
   const ChildOutcome child =
       run_self_with_timeout(train_command(o, model, candidate, m.trace_dir), log, o.timeout_s);
@@ -119,13 +96,15 @@ void measure_one(const MeasureTopOptions& o, const layouts::ModelSpec& model,
     return;
   }
   try {
-    m.run = read_traced_run(m.trace_dir);
+    TracedRunTarget t = read_traced_run(m.trace_dir);
+    m.run = calibration::CalibrationCase{std::move(t.run), std::move(t.target.model),
+                                         std::move(t.target.config), std::move(t.target.step)};
   } catch (const UserError& e) {
     m.failure = std::string("trace unreadable: ") + e.what();
     out << name << ": its trace is unreadable, dropped (" << e.what() << ")\n";
     return;
   }
-  m.measured_step_s = measured_step_s(m.run->run);
+  m.measured_step_s = calibration::measured_step_s(m.run->run);
   m.measured = m.measured_step_s > 0;
   if (!m.measured) {
     m.failure = "no timed iteration in the trace";
@@ -138,24 +117,6 @@ void measure_one(const MeasureTopOptions& o, const layouts::ModelSpec& model,
   std::snprintf(line, sizeof line, ": %.4f s per step measured (run took %.1f s)\n", m.measured_step_s,
                 child.seconds);
   out << name << line;
-}
-
-void print_measured_table(const std::vector<Measurement>& ms, const planner::PlanResult& result,
-                          std::ostream& out) {
-  char line[320];
-  std::snprintf(line, sizeof line, "\n%-5s %-44s %-14s %12s %12s %8s %9s %9s\n", "rank", "candidate",
-                "layout", "predicted", "measured", "error", "pred MFU", "meas MFU");
-  out << "predicted vs measured (MFU on the cluster's GPU peak):" << line;
-  for (const Measurement& m : ms) {
-    if (!m.measured) continue;
-    const planner::PlanCandidate& c = result.ranked[m.plan_index];
-    const double predicted = c.simulation.step_time_s;
-    std::snprintf(line, sizeof line, "%-5zu %-44s %-14s %10.4f s %10.4f s %+7.1f%% %8.2f%% %8.2f%%\n",
-                  m.plan_index + 1, planner::describe(c).c_str(), c.layout.c_str(), predicted,
-                  m.measured_step_s, 100 * (predicted - m.measured_step_s) / m.measured_step_s,
-                  100 * c.simulation.mfu, 100 * m.measured_mfu);
-    out << line;
-  }
 }
 
 // Where the calibration is stored: --db when named; the default database with --save, from a GPU run only.
@@ -173,7 +134,7 @@ std::string calibration_store_path(const MeasureTopOptions& o, std::ostream& out
   return cost_models::default_cost_database_path();
 }
 
-void store_calibration(const planner::FittedCalibration& fitted, const MeasureTopOptions& o,
+void store_calibration(const calibration::FittedCalibration& fitted, const MeasureTopOptions& o,
                        std::ostream& out) {
   const std::string path = calibration_store_path(o, out);
   if (path.empty()) return;
@@ -187,71 +148,6 @@ void store_calibration(const planner::FittedCalibration& fitted, const MeasureTo
   const std::int64_t id = cost_models::insert_calibration(database, fitted.record);
   transaction.commit();
   out << "  stored as calibrations row " << id << " in " << path << "\n";
-}
-
-// Fits a calibration from the measured traces, sets it on `pricing` and re-simulates every measured
-// candidate.
-void calibrate_and_resimulate(std::vector<Measurement>& ms, const planner::PlanResult& result,
-                              const MeasureTopOptions& o, const layouts::StepProgramOptions& step,
-                              cost_models::CostModel& pricing, std::ostream& out) {
-  std::vector<planner::RunCalibrationData> data;
-  for (const Measurement& m : ms)
-    if (m.measured)
-      data.push_back(
-          planner::calibration_data(m.run->run, m.run->target.model, m.run->target.config, pricing, step));
-  const planner::FittedCalibration fitted = planner::fit_calibration(data, pricing.gpu().name);
-  char line[200];
-  std::snprintf(line, sizeof line,
-                "\ncalibration from %zu traced runs (%d compute ops): op time error %.1f%% uncalibrated, "
-                "%.1f%% calibrated (in-sample)\n",
-                data.size(), fitted.record.n_ops, 100 * fitted.record.op_error_before,
-                100 * fitted.record.op_error_after);
-  out << line;
-  pricing.set_calibration(fitted.calibration);
-  const planner::CostModelPricer pricer(pricing);
-  planner::SimulationOptions options;
-  options.step = step;
-  for (Measurement& m : ms)
-    if (m.measured)
-      m.calibrated_step_s =
-          planner::simulate(m.run->target.model, result.ranked[m.plan_index].config, pricer, options)
-              .step_time_s;
-  if (!fitted.calibration.classes().empty()) store_calibration(fitted, o, out);
-}
-
-void print_reranked(std::vector<Measurement*>& order, const planner::PlanResult& result, std::ostream& out) {
-  char line[320];
-  std::snprintf(line, sizeof line, "%-5s %-9s %-44s %12s %14s %8s\n", "rank", "plan rank", "candidate",
-                "measured", "calibrated", "error");
-  out << "\nre-ranked by measured step time (the calibrated prediction beside it):\n" << line;
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    const Measurement& m = *order[i];
-    std::snprintf(line, sizeof line, "%-5zu %-9zu %-44s %10.4f s %12.4f s %+7.1f%%\n", i + 1,
-                  m.plan_index + 1, planner::describe(result.ranked[m.plan_index]).c_str(), m.measured_step_s,
-                  m.calibrated_step_s, 100 * (m.calibrated_step_s - m.measured_step_s) / m.measured_step_s);
-    out << line;
-  }
-}
-
-std::string measurements_json(const std::vector<Measurement>& ms, const planner::PlanResult& result) {
-  nlohmann::json rows = nlohmann::json::array();
-  for (const Measurement& m : ms) {
-    const planner::PlanCandidate& c = result.ranked[m.plan_index];
-    nlohmann::json row = {{"predicted_rank", m.plan_index + 1},
-                          {"candidate", planner::describe(c)},
-                          {"pipeline_layout", c.layout},
-                          {"predicted_step_time_s", c.simulation.step_time_s},
-                          {"predicted_mfu", c.simulation.mfu}};
-    if (m.measured) {
-      row["measured_step_time_s"] = m.measured_step_s;
-      row["measured_mfu"] = m.measured_mfu;
-      row["calibrated_step_time_s"] = m.calibrated_step_s;
-    } else {
-      row["failure"] = m.failure;
-    }
-    rows.push_back(std::move(row));
-  }
-  return rows.dump();
 }
 
 }  // namespace
@@ -272,27 +168,30 @@ MeasureTopResult measure_top_candidates(const MeasureTopOptions& o, const layout
       << o.device << ": megatune train --mock-data, " << o.iterations << " iterations, traced "
       << measure_trace_window(o.iterations) << " (START:COUNT), each within " << o.timeout_s << " s\n";
   out.flush();
-  std::vector<Measurement> ms(k);
+  std::vector<CandidateMeasurement> ms(k);
   for (std::size_t i = 0; i < k; ++i) {
     ms[i].plan_index = i;
     ms[i].trace_dir = folder.path() + "/rank" + std::to_string(i + 1);
     measure_one(o, model, result.ranked[i], ms[i], out);
     out.flush();
   }
-  std::vector<Measurement*> order;
-  for (Measurement& m : ms)
+  std::vector<CandidateMeasurement*> order;
+  for (CandidateMeasurement& m : ms)
     if (m.measured) order.push_back(&m);
   if (order.empty())
     throw UserError("--measure-top " + std::to_string(o.candidates) + ": none of the " + std::to_string(k) +
                     " candidates ran (see the lines above); fix their cause or raise --measure-timeout");
-  print_measured_table(ms, result, out);
-  calibrate_and_resimulate(ms, result, o, step, pricing, out);
-  std::stable_sort(order.begin(), order.end(), [](const Measurement* a, const Measurement* b) {
-    return a->measured_step_s < b->measured_step_s;
-  });
-  print_reranked(order, result, out);
+  calibration::print_measured_table(ms, result, out);
+  const calibration::FittedCalibration fitted =
+      calibration::calibrate_and_resimulate(ms, result, step, pricing, out);
+  if (!fitted.calibration.classes().empty()) store_calibration(fitted, o, out);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const CandidateMeasurement* a, const CandidateMeasurement* b) {
+                     return a->measured_step_s < b->measured_step_s;
+                   });
+  calibration::print_reranked(order, result, out);
   if (folder.kept()) out << "\ntraced runs kept in " << folder.path() << " (megatune compare --run DIR)\n";
-  return {order.front()->plan_index, measurements_json(ms, result)};
+  return {order.front()->plan_index, calibration::measurements_json(ms, result)};
 }
 
 }  // namespace megatune::tools

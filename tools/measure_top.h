@@ -1,6 +1,7 @@
 // `megatune plan --measure-top K`: run the plan's top K candidates a few iterations as `megatune train`
 // child processes with a trace, set the measured step times beside the predicted ones, fit a calibration
-// from the traces, re-simulate the candidates with it and re-rank them by measured step time.
+// from the traces, re-simulate the candidates with it and re-rank them by measured step time (that measured
+// half is calibration/measured_candidates.h; this file trains the candidates).
 #pragma once
 #include <cstddef>
 #include <ostream>

@@ -7,7 +7,7 @@ mode=${1:-plan}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 jobs=$(nproc 2>/dev/null || echo 2)
-all_rooms="base;layouts;cost_models;planner;executor;profiler;tools"
+all_rooms="base;layouts;cost_models;planner;calibration;executor;profiler;tools"
 
 need=(build-essential cmake ninja-build git pkg-config libsqlite3-dev libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev
       libsentencepiece-dev sentencepiece)

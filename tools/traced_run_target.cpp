@@ -49,7 +49,7 @@ ResolvedTarget resolve_target(std::vector<std::string> args, const std::string& 
 }
 
 TracedRunTarget read_traced_run(const std::string& dir) {
-  TracedRunTarget t{planner::read_measured_run(dir), {}};
+  TracedRunTarget t{calibration::read_measured_run(dir), {}};
   t.target = resolve_target(t.run.model_args, "the run's flags (" + dir + "/run.json)");
   check_recorded_run(t.run, t.target);
   return t;
@@ -58,16 +58,16 @@ TracedRunTarget read_traced_run(const std::string& dir) {
 namespace {
 
 // One line for a run.json field that its own model_args contradict.
-[[noreturn]] void contradicted(const planner::MeasuredRun& run, const std::string& field,
+[[noreturn]] void contradicted(const calibration::MeasuredRun& run, const std::string& field,
                                const std::string& recorded, const std::string& built) {
   throw UserError("--run " + run.dir + ": run.json records " + field + " " + recorded +
                   ", its model_args build " + built +
                   " (an edited or foreign run.json); re-run megatune train --trace-dir");
 }
 
-void check_rank_coordinates(const planner::MeasuredRun& run, const layouts::ParallelConfig& config) {
+void check_rank_coordinates(const calibration::MeasuredRun& run, const layouts::ParallelConfig& config) {
   const layouts::RankGrid grid = layouts::RankGrid::from_config(config);
-  for (const planner::TracedRank& rank : run.ranks) {
+  for (const calibration::TracedRank& rank : run.ranks) {
     const layouts::DenseCoordinates c = grid.dense_coordinates(rank.rank);
     if (rank.tp != c.tp || rank.pp != c.pp || rank.dp != c.dp || rank.cp != c.cp) {
       const auto text = [](int tp, int pp, int dp, int cp) {
@@ -82,7 +82,7 @@ void check_rank_coordinates(const planner::MeasuredRun& run, const layouts::Para
 
 }  // namespace
 
-void check_recorded_run(const planner::MeasuredRun& run, const ResolvedTarget& own) {
+void check_recorded_run(const calibration::MeasuredRun& run, const ResolvedTarget& own) {
   const layouts::ModelSpec& model = own.model;
   const layouts::ParallelConfig& config = own.config;
   if (run.model != model.name) contradicted(run, "model", "'" + run.model + "'", "'" + model.name + "'");
@@ -101,7 +101,7 @@ void check_recorded_run(const planner::MeasuredRun& run, const ResolvedTarget& o
     contradicted(run, "model_flops_per_iteration", std::to_string(run.model_flops_per_iteration),
                  std::to_string(flops));
   check_rank_coordinates(run, config);
-  planner::check_join(run, model, config, planner::JoinTarget::kRunFlags, own.step);
+  calibration::check_join(run, model, config, calibration::JoinTarget::kRunFlags, own.step);
 }
 
 void require_distinct_runs(const std::vector<std::string>& dirs) {

@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
+#include "calibration/measured_run.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
-#include "planner/measured_run.h"
 
 namespace megatune::tools {
 
@@ -27,15 +27,16 @@ std::vector<std::string> split_words(const std::string& text);
 // Reads the run, rebuilds its (model, layout) from its own flags and checks that the run agrees with them
 // (check_recorded_run); UserError otherwise.
 struct TracedRunTarget {
-  planner::MeasuredRun run;
+  calibration::MeasuredRun run;
   ResolvedTarget target;
 };
 TracedRunTarget read_traced_run(const std::string& dir);
 
 // The run's own record against the (model, layout) that its flags build: the model name, the layout, the
-// batch sizes, the FLOPs per iteration and each rank's grid coordinates, then every op (planner::check_join).
-// UserError naming run.json's field or the first op that disagrees (an edited or foreign trace).
-void check_recorded_run(const planner::MeasuredRun& run, const ResolvedTarget& own);
+// batch sizes, the FLOPs per iteration and each rank's grid coordinates, then every op
+// (calibration::check_join). UserError naming run.json's field or the first op that disagrees (an edited or
+// foreign trace).
+void check_recorded_run(const calibration::MeasuredRun& run, const ResolvedTarget& own);
 
 // --run DIR given twice (under any spelling of the same folder) is one line: a run counts once.
 void require_distinct_runs(const std::vector<std::string>& dirs);

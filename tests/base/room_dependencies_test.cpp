@@ -1,7 +1,8 @@
 // Who may enter whom: each room includes only from itself and the rooms under it (base under everything;
-// layouts; cost_models on layouts; planner on cost_models and layouts; executor on layouts; profiler on the
-// executor and cost_models; tools on all), and base, layouts, cost_models and planner include no CUDA header,
-// so they build and test anywhere. A scan of the source tree's include lines checks both.
+// layouts; cost_models on layouts; planner on cost_models and layouts; calibration on planner, cost_models
+// and layouts; executor on layouts; profiler on the executor and cost_models; tools on all), and base,
+// layouts, cost_models, planner and calibration include no CUDA header, so they build and test anywhere. A
+// scan of the source tree's include lines checks both.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -17,8 +18,8 @@ using source_scan::IncludeLine;
 using source_scan::joined;
 using source_scan::offending_includes;
 
-const std::set<std::string> kRooms = {"base",     "layouts",  "cost_models", "planner",
-                                      "executor", "profiler", "tools"};
+const std::set<std::string> kRooms = {"base",        "layouts",  "cost_models", "planner",
+                                      "calibration", "executor", "profiler",    "tools"};
 
 // The room a quoted include names ("layouts/op.h" -> "layouts"); "" for a generated header or a test's.
 std::string room_of(const std::string& target) {
@@ -51,6 +52,7 @@ TEST(RoomDependencies, EachRoomIncludesOnlyTheRoomsUnderIt) {
       {"layouts", {"base", "layouts"}, 20},
       {"cost_models", {"base", "layouts", "cost_models"}, 20},
       {"planner", {"base", "layouts", "cost_models", "planner"}, 20},
+      {"calibration", {"base", "layouts", "cost_models", "planner", "calibration"}, 10},
       {"executor", {"base", "layouts", "executor"}, 50},
       {"profiler", {"base", "layouts", "cost_models", "executor", "profiler"}, 10},
   };
@@ -72,7 +74,7 @@ bool is_cuda_header(const IncludeLine& line) {
 }
 
 TEST(RoomDependencies, TheCpuRoomsIncludeNoCudaHeader) {
-  for (const std::string room : {"base", "layouts", "cost_models", "planner"}) {
+  for (const std::string room : {"base", "layouts", "cost_models", "planner", "calibration"}) {
     int files = 0;
     const auto found = offending_includes(room, is_cuda_header, &files);
     EXPECT_GT(files, 0) << room;
@@ -80,15 +82,18 @@ TEST(RoomDependencies, TheCpuRoomsIncludeNoCudaHeader) {
   }
 }
 
-// The scan sees what is there: the executor includes layouts and CUDA, the profiler the executor, and tools
-// reach every room, so a rule above that reads empty is not empty for want of looking.
+// The scan sees what is there: the executor includes layouts and CUDA, the profiler the executor, calibration
+// the planner, and tools reach every room, so a rule above that reads empty is not empty for want of looking.
 TEST(RoomDependencies, ScanFindsIncludesThatExist) {
   int files = 0;
   EXPECT_FALSE(includes_outside("executor", {"base", "executor"}, &files).empty());
+  EXPECT_FALSE(
+      includes_outside("calibration", {"base", "layouts", "cost_models", "calibration"}, &files).empty());
   EXPECT_FALSE(includes_outside("profiler", {"base", "layouts", "cost_models", "profiler"}, &files).empty());
   EXPECT_FALSE(offending_includes("executor", is_cuda_header, &files).empty());
   EXPECT_FALSE(includes_outside("tools", {"base"}, &files).empty());
   EXPECT_EQ(room_of("layouts/op.h"), "layouts");
+  EXPECT_EQ(room_of("calibration/measured_run.h"), "calibration");
   EXPECT_EQ(room_of("git_commit.h"), "");
 }
 

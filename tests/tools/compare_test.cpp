@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "base/user_error.h"
+#include "calibration/measured_run.h"
 #include "cost_models/cost_database.h"
 #include "cost_models/record_store.h"
 #include "executor/cpu/cpu_backend.h"
@@ -24,7 +25,6 @@
 #include "executor/training/thread_run.h"
 #include "layouts/flops.h"
 #include "layouts/step_program.h"
-#include "planner/measured_run.h"
 #include "tools/compare_command.h"
 #include "tools/megatron_args.h"
 
@@ -145,19 +145,19 @@ const std::vector<std::string> kTiny = {"--model", "tiny", "--micro-batch-size",
 
 TEST_F(CompareTest, TinyRunJoinsEveryOpAndRendersEveryOutput) {
   const std::string run_dir = traced_run(kTiny, "tiny");
-  const planner::MeasuredRun run = planner::read_measured_run(run_dir);
+  const calibration::MeasuredRun run = calibration::read_measured_run(run_dir);
   const Layout l = parse(kTiny);
   const layouts::StepProgram program = layouts::build_step_program(l.model, l.config, 0);
   ASSERT_EQ(run.ranks.size(), 1u);
   ASSERT_EQ(run.ranks[0].iterations.size(), 3u);  // the default window 2:3
   EXPECT_EQ(run.ranks[0].iterations[0].iteration, 2);
   EXPECT_GT(run.ranks[0].arena_capacity_bytes, 0);
-  for (const planner::TracedIteration& it : run.ranks[0].iterations) {
+  for (const calibration::TracedIteration& it : run.ranks[0].iterations) {
     ASSERT_EQ(it.ops.size(), program.ops.size());
     EXPECT_GT(it.step_s, 0.0);
     double total = 0;
     for (std::size_t i = 0; i < it.ops.size(); ++i) {
-      const planner::TracedOp& t = it.ops[i];
+      const calibration::TracedOp& t = it.ops[i];
       EXPECT_EQ(t.id, static_cast<int>(i));
       EXPECT_EQ(t.kind, layouts::op_kind_name(program.ops[i].kind)) << i;
       EXPECT_EQ(t.label, program.ops[i].label) << i;
@@ -173,7 +173,7 @@ TEST_F(CompareTest, TinyRunJoinsEveryOpAndRendersEveryOutput) {
     EXPECT_GT(total, 0.0);
     EXPECT_LE(total, it.step_s * 1.01);
   }
-  EXPECT_NO_THROW(planner::check_join(run, l.model, l.config));
+  EXPECT_NO_THROW(calibration::check_join(run, l.model, l.config));
 
   CompareOptions o;
   o.runs = {run_dir};
@@ -259,11 +259,11 @@ TEST_F(CompareTest, ParallelLayoutOnThreadsJoinsEveryRank) {
   // Communication on CPU threads is timed: a receive lasts until its peer has sent, far longer than an empty
   // bracket. Which rank waits depends on the scheduler (on a loaded host the sender can be the late one), but
   // the pipeline makes some rank wait: the longest receive of the first iteration, over all ranks, shows it.
-  const planner::MeasuredRun measured = planner::read_measured_run(run_dir);
+  const calibration::MeasuredRun measured = calibration::read_measured_run(run_dir);
   double longest_recv_s = 0;
   int recvs = 0;
-  for (const planner::TracedRank& rank : measured.ranks)
-    for (const planner::TracedOp& op : rank.iterations.front().ops)
+  for (const calibration::TracedRank& rank : measured.ranks)
+    for (const calibration::TracedOp& op : rank.iterations.front().ops)
       if (op.kind == "recv") {
         ++recvs;
         EXPECT_GE(op.duration_s(), 0.0) << "rank " << rank.rank;
@@ -512,15 +512,15 @@ TEST_F(TamperedTraceTest, ARunGivenTwiceIsRefused) {
 }
 
 // A trace of rank 0 of `l` as the executor writes it when it issued exactly the step program.
-planner::MeasuredRun trace_of_program(const Layout& l) {
-  planner::MeasuredRun run;
+calibration::MeasuredRun trace_of_program(const Layout& l) {
+  calibration::MeasuredRun run;
   run.dir = "moe";
   run.device = "cuda";
   run.world_size = l.config.world_size;
-  planner::TracedRank rank;
-  planner::TracedIteration it;
+  calibration::TracedRank rank;
+  calibration::TracedIteration it;
   for (const layouts::Op& op : layouts::build_step_program(l.model, l.config, 0).ops) {
-    planner::TracedOp t;
+    calibration::TracedOp t;
     t.kind = layouts::op_kind_name(op.kind);
     t.phase = layouts::op_phase_name(op.phase);
     t.dtype = std::array{"bf16", "fp16", "fp32", "fp8"}[static_cast<int>(op.dtype)];
@@ -542,16 +542,16 @@ planner::MeasuredRun trace_of_program(const Layout& l) {
 
 TEST(CheckJoin, ExpertRowsOfAnotherCountAreNamedAsRouting) {
   const Layout l = parse({"--model", "tiny-mixtral", "--ep", "2", "--dp", "2", "--mbs", "1", "--gbs", "4"});
-  planner::MeasuredRun run = trace_of_program(l);
-  EXPECT_NO_THROW(planner::check_join(run, l.model, l.config));
+  calibration::MeasuredRun run = trace_of_program(l);
+  EXPECT_NO_THROW(calibration::check_join(run, l.model, l.config));
   auto& ops = run.ranks[0].iterations[0].ops;
-  const auto expert = std::find_if(ops.begin(), ops.end(), [](const planner::TracedOp& op) {
+  const auto expert = std::find_if(ops.begin(), ops.end(), [](const calibration::TracedOp& op) {
     return op.kind == "gemm" && op.label.rfind("expert", 0) == 0;
   });
   ASSERT_NE(expert, ops.end());
   expert->m += 2;  // two more tokens routed here than the balanced share
   try {
-    planner::check_join(run, l.model, l.config, planner::JoinTarget::kRunFlags);
+    calibration::check_join(run, l.model, l.config, calibration::JoinTarget::kRunFlags);
     FAIL() << "no UserError";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("not the step program's balanced share"), std::string::npos)

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "planner/run_comparison.h"
+#include "calibration/run_comparison.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 
 // Summary, per-rank rows, memory side by side, and for each rank (all, or only `only_rank` >= 0) the per-kind
 // table and the `top_ops` worst offenders.
@@ -44,4 +44,4 @@ std::string format_seconds(double seconds);
 // measured / predicted as "1.23x", or "-" when either is missing.
 std::string format_ratio(double measured, double predicted);
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

@@ -6,14 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "calibration/measured_run.h"
 #include "cost_models/calibration.h"
 #include "cost_models/cost_model.h"
 #include "cost_models/records.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
-#include "planner/measured_run.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 
 struct RunCalibrationData {
   std::string name;  // the run's folder
@@ -41,4 +41,4 @@ struct FittedCalibration {
 FittedCalibration fit_calibration(const std::vector<RunCalibrationData>& runs, const std::string& gpu,
                                   const cost_models::CalibrationFitOptions& options = {});
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

@@ -4,13 +4,13 @@
 #include <string>
 #include <vector>
 
+#include "calibration/calibration_fit.h"
+#include "calibration/measured_run.h"
 #include "cost_models/cost_model.h"
 #include "layouts/model_spec.h"
 #include "layouts/parallel_config.h"
-#include "planner/calibration_fit.h"
-#include "planner/measured_run.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 
 struct CalibrationCase {
   MeasuredRun run;  // check_join(run, model, config) passed
@@ -45,4 +45,4 @@ std::vector<LeaveOneOutRow> leave_one_out(const std::vector<CalibrationCase>& ca
 // One line per run (measured, predicted and error before and after), then mean and max |error|.
 std::string leave_one_out_table(const std::vector<LeaveOneOutRow>& rows, HoldOut hold_out = HoldOut::kRun);
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

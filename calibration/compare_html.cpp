@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "base/html_escape.h"
-#include "planner/compare_report.h"
+#include "calibration/compare_report.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 namespace {
 
 std::string svg_number(double v) {
@@ -139,7 +139,8 @@ std::string memory_bars(const std::vector<MemoryColumn>& columns) {
     const int x = 10 + static_cast<int>(i) * (col_w + gap);
     s << "<text x=\"" << x << "\" y=\"" << top + height + 16 << "\" font-weight=\"bold\">"
       << base::html_escape(c.name) << "</text>\n<text x=\"" << x << "\" y=\"" << top + height + 30 << "\">"
-      << (c.total_bytes < 0 ? "n/a" : base::html_escape(format_bytes(static_cast<double>(c.total_bytes))))
+      << (c.total_bytes < 0 ? "n/a"
+                            : base::html_escape(planner::format_bytes(static_cast<double>(c.total_bytes))))
       << "</text>\n";
     if (c.total_bytes <= 0 || vmax <= 0) continue;
     const double scale = own_scale ? static_cast<double>(c.total_bytes) : vmax;
@@ -151,7 +152,7 @@ std::string memory_bars(const std::vector<MemoryColumn>& columns) {
       s << "<rect x=\"" << x << "\" y=\"" << svg_number(y) << "\" width=\"" << col_w << "\" height=\""
         << svg_number(std::max(h, 0.3)) << "\" fill=\"" << kind_colour(static_cast<layouts::OpKind>(index++))
         << "\" stroke=\"#fff\" stroke-width=\"0.5\"><title>" << base::html_escape(name) << ": "
-        << base::html_escape(format_bytes(static_cast<double>(bytes))) << "</title></rect>\n";
+        << base::html_escape(planner::format_bytes(static_cast<double>(bytes))) << "</title></rect>\n";
       if (h >= 11)
         s << "<text x=\"" << x + col_w + 4 << "\" y=\"" << svg_number(y + h / 2 + 4) << "\">"
           << base::html_escape(name.substr(0, 24)) << "</text>\n";
@@ -191,7 +192,8 @@ void write_report(std::ostringstream& h, const RunComparison& c, int top_ops, in
     << "<th>total</th><th class=\"l\">note</th></tr>\n";
   for (const MemoryColumn& m : c.memory)
     h << "<tr><td class=\"l\">" << base::html_escape(m.name) << "</td><td>"
-      << (m.total_bytes < 0 ? "n/a" : base::html_escape(format_bytes(static_cast<double>(m.total_bytes))))
+      << (m.total_bytes < 0 ? "n/a"
+                            : base::html_escape(planner::format_bytes(static_cast<double>(m.total_bytes))))
       << "</td><td class=\"l\">" << base::html_escape(m.note) << "</td></tr>\n";
   h << "</table>\n";
   int shown = 0;
@@ -274,4 +276,4 @@ std::string comparison_html(const std::vector<RunComparison>& runs, int top_ops,
   return h.str();
 }
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

@@ -1,5 +1,5 @@
 // Reading a traced run (JSON via cost_models::JsonValue) and checking its ops against the step program.
-#include "planner/measured_run.h"
+#include "calibration/measured_run.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -13,7 +13,7 @@
 #include "layouts/run_trace_format.h"
 #include "layouts/step_program.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 namespace {
 
 using cost_models::JsonValue;
@@ -318,7 +318,7 @@ void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
           ? ": the trace does not match the model and layout its run.json records (" + run.model + ", " +
                 run.layout + "): an edited or foreign trace; re-run megatune train --trace-dir"
           : ": the trace was made with another model or layout (the run says " + run.model + ", " +
-                run.layout + "); pass the run's own flags with --simulate-args, or drop them";
+                run.layout + "); pass the run's own flags with --planner::simulate-args, or drop them";
   if (run.world_size != config.world_size)
     throw UserError(context + "the run has " + std::to_string(run.world_size) + " ranks, the layout " +
                     std::to_string(config.world_size) + fix);
@@ -346,4 +346,4 @@ void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
   }
 }
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

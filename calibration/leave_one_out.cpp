@@ -1,5 +1,5 @@
 // leave_one_out: calibrate on n-1 traced runs, simulate the n-th, for every n.
-#include "planner/leave_one_out.h"
+#include "calibration/leave_one_out.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "base/user_error.h"
 #include "planner/simulator.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 namespace {
 
 double measured_step(const MeasuredRun& run) {
@@ -22,11 +22,11 @@ double measured_step(const MeasuredRun& run) {
 }
 
 double simulated_step(const CalibrationCase& c, const cost_models::CostModel& cost_model) {
-  const CostModelPricer pricer(cost_model);
-  SimulationOptions options;
-  options.granularity = SimulationGranularity::kKernel;
+  const planner::CostModelPricer pricer(cost_model);
+  planner::SimulationOptions options;
+  options.granularity = planner::SimulationGranularity::kKernel;
   options.step = c.step;
-  return simulate(c.model, c.config, pricer, options).step_time_s;
+  return planner::simulate(c.model, c.config, pricer, options).step_time_s;
 }
 
 std::string group_key(const CalibrationCase& c, HoldOut hold_out) {
@@ -119,4 +119,4 @@ std::string leave_one_out_table(const std::vector<LeaveOneOutRow>& rows, HoldOut
   return out + line;
 }
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

@@ -1,5 +1,5 @@
 // The terminal report and the Perfetto trace of a predicted-vs-measured comparison.
-#include "planner/compare_report.h"
+#include "calibration/compare_report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "planner/chrome_trace.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 namespace {
 
 std::string percent(double fraction) {
@@ -27,7 +27,7 @@ void summary(std::ostringstream& out, const RunComparison& c) {
   out << report_line("\n  %-22s %14s %14s %12s\n", "", "predicted", "measured", "meas/pred");
   for (const SummaryRow& r : summary_rows(c))
     out << report_line("  %-22s %14s %14s %12s\n", r.name.c_str(), r.predicted.c_str(), r.measured.c_str(),
-                r.ratio.c_str());
+                       r.ratio.c_str());
 }
 
 // Items of two breakdowns whose bytes differ (by name; missing counts as 0).
@@ -44,8 +44,8 @@ void item_differences(std::ostringstream& out, const MemoryColumn& a, const Memo
   for (const std::string& name : names) {
     const std::int64_t x = bytes_of(a, name), y = bytes_of(b, name);
     if (x != y)
-      out << report_line("    %-44s %s %lld B, %s %lld B\n", name.c_str(), a.name.c_str(), static_cast<long long>(x),
-                  b.name.c_str(), static_cast<long long>(y));
+      out << report_line("    %-44s %s %lld B, %s %lld B\n", name.c_str(), a.name.c_str(),
+                         static_cast<long long>(x), b.name.c_str(), static_cast<long long>(y));
   }
 }
 
@@ -53,9 +53,10 @@ void memory_section(std::ostringstream& out, const RunComparison& c) {
   if (c.memory.empty()) return;
   out << "\nmemory (peak rank):\n";
   for (const MemoryColumn& m : c.memory)
-    out << report_line("  %-28s %14s  %s\n", m.name.c_str(),
-                m.total_bytes < 0 ? "n/a" : format_bytes(static_cast<double>(m.total_bytes)).c_str(),
-                m.note.c_str());
+    out << report_line(
+        "  %-28s %14s  %s\n", m.name.c_str(),
+        m.total_bytes < 0 ? "n/a" : planner::format_bytes(static_cast<double>(m.total_bytes)).c_str(),
+        m.note.c_str());
   if (c.memory.size() >= 2 && c.memory[0].total_bytes >= 0 && c.memory[1].total_bytes >= 0) {
     if (c.memory[0].total_bytes == c.memory[1].total_bytes) {
       out << "  the " << c.memory[1].name << " predicts the " << c.memory[0].name << " exactly ("
@@ -71,16 +72,16 @@ void memory_section(std::ostringstream& out, const RunComparison& c) {
 void ranks(std::ostringstream& out, const RunComparison& c) {
   out << "\nper rank (predicted / measured):\n"
       << report_line("  %-5s %-12s %21s %21s %21s %15s %12s\n", "rank", "pp tp dp cp", "step", "compute",
-              "exposed comm", "bubble", "meas. ops");
+                     "exposed comm", "bubble", "meas. ops");
   for (const RankComparison& r : c.ranks) {
     auto pair = [](double p, double m) { return format_seconds(p) + " / " + format_seconds(m); };
     out << report_line("  %-5d %-12s %21s %21s %21s %15s %12s\n", r.rank,
-                report_line("%d %d %d %d", r.pp, r.tp, r.dp, r.cp).c_str(),
-                pair(r.predicted_step_s, r.measured_step_s).c_str(),
-                pair(r.predicted_compute_s, r.measured_compute_s).c_str(),
-                pair(r.predicted_exposed_comm_s, r.measured_exposed_comm_s).c_str(),
-                (percent(r.predicted_bubble) + " / " + percent(r.measured_bubble)).c_str(),
-                format_seconds(r.measured_ops_s).c_str());
+                       report_line("%d %d %d %d", r.pp, r.tp, r.dp, r.cp).c_str(),
+                       pair(r.predicted_step_s, r.measured_step_s).c_str(),
+                       pair(r.predicted_compute_s, r.measured_compute_s).c_str(),
+                       pair(r.predicted_exposed_comm_s, r.measured_exposed_comm_s).c_str(),
+                       (percent(r.predicted_bubble) + " / " + percent(r.measured_bubble)).c_str(),
+                       format_seconds(r.measured_ops_s).c_str());
   }
   out << "  (meas. ops: the sum of the measured op times; the rest of the measured step is host work and "
          "waits "
@@ -90,30 +91,34 @@ void ranks(std::ostringstream& out, const RunComparison& c) {
 void kinds(std::ostringstream& out, const RankComparison& r) {
   double predicted_total = 0, measured_total = 0;
   for (const KindComparison& k : r.kinds) predicted_total += k.predicted_s, measured_total += k.measured_s;
-  out << report_line("\nrank %d: per op kind (one iteration; measured: mean of the traced iterations)\n", r.rank)
+  out << report_line("\nrank %d: per op kind (one iteration; measured: mean of the traced iterations)\n",
+                     r.rank)
       << report_line("  %-16s %6s %13s %13s %10s %10s %10s\n", "op kind", "count", "predicted", "measured",
-              "meas/pred", "pred share", "meas share");
+                     "meas/pred", "pred share", "meas share");
   for (const KindComparison& k : r.kinds)
     out << report_line("  %-16s %6lld %13s %13s %10s %10s %10s\n", layouts::op_kind_name(k.kind),
-                static_cast<long long>(k.count), format_seconds(k.predicted_s).c_str(),
-                format_seconds(k.measured_s).c_str(), format_ratio(k.measured_s, k.predicted_s).c_str(),
-                percent(predicted_total > 0 ? k.predicted_s / predicted_total : 0).c_str(),
-                percent(measured_total > 0 ? k.measured_s / measured_total : 0).c_str());
+                       static_cast<long long>(k.count), format_seconds(k.predicted_s).c_str(),
+                       format_seconds(k.measured_s).c_str(),
+                       format_ratio(k.measured_s, k.predicted_s).c_str(),
+                       percent(predicted_total > 0 ? k.predicted_s / predicted_total : 0).c_str(),
+                       percent(measured_total > 0 ? k.measured_s / measured_total : 0).c_str());
   out << report_line("  %-16s %6zu %13s %13s %10s\n", "all ops", r.ops.size(),
-              format_seconds(predicted_total).c_str(), format_seconds(measured_total).c_str(),
-              format_ratio(measured_total, predicted_total).c_str());
+                     format_seconds(predicted_total).c_str(), format_seconds(measured_total).c_str(),
+                     format_ratio(measured_total, predicted_total).c_str());
 }
 
 void offenders(std::ostringstream& out, const RankComparison& r, int top) {
   if (top <= 0) return;
-  out << report_line("\nrank %d: worst ops first (|measured - predicted|), joined by step-program id\n", r.rank)
+  out << report_line("\nrank %d: worst ops first (|measured - predicted|), joined by step-program id\n",
+                     r.rank)
       << report_line("  %6s %-58s %12s %12s %10s\n", "id", "op", "predicted", "measured", "meas/pred");
   for (const ComparedOp& o : worst_offenders(r, static_cast<std::size_t>(top))) {
     std::string text = layouts::to_string(o.op);
     if (text.size() > 58) text = text.substr(0, 55) + "...";
     out << report_line("  %6d %-58s %12s %12s %10s\n", o.id, text.c_str(),
-                o.predicted_s < 0 ? "-" : format_seconds(o.predicted_s).c_str(),
-                format_seconds(o.measured_s).c_str(), format_ratio(o.measured_s, o.predicted_s).c_str());
+                       o.predicted_s < 0 ? "-" : format_seconds(o.predicted_s).c_str(),
+                       format_seconds(o.measured_s).c_str(),
+                       format_ratio(o.measured_s, o.predicted_s).c_str());
   }
 }
 
@@ -159,7 +164,8 @@ std::string comparison_table(const RunComparison& c, int top_ops, int only_rank)
   out << "simulated on " << c.cluster << "; priced from: " << c.priced_from << "\n";
   out << "measured by " << c.timing;
   if (c.measured_sm_clock_mhz >= 0) out << report_line("; SM clock %.0f MHz", c.measured_sm_clock_mhz);
-  if (c.measured_power_w >= 0) out << report_line(", power %.0f W (after each traced step)", c.measured_power_w);
+  if (c.measured_power_w >= 0)
+    out << report_line(", power %.0f W (after each traced step)", c.measured_power_w);
   out << "\n";
   for (const std::string& note : c.notes) out << "note: " << note << "\n";
   summary(out, c);
@@ -200,28 +206,28 @@ std::string layouts_table(const std::vector<RunComparison>& runs) {
     sum += std::fabs(e);
     worst = std::max(worst, std::fabs(e));
     out << report_line("  %-24s %-44s %12s %12s %8.1f%%\n", c.run_dir.c_str(), c.layout.substr(0, 44).c_str(),
-                format_seconds(c.predicted_step_s).c_str(), format_seconds(c.measured_step_s).c_str(),
-                100 * e);
+                       format_seconds(c.predicted_step_s).c_str(), format_seconds(c.measured_step_s).c_str(),
+                       100 * e);
   }
   out << report_line("  mean |error| %.1f %%, max %.1f %%, Kendall tau of the rankings %.2f\n",
-              runs.empty() ? 0.0 : 100 * sum / static_cast<double>(runs.size()), 100 * worst,
-              kendall_tau(runs));
+                     runs.empty() ? 0.0 : 100 * sum / static_cast<double>(runs.size()), 100 * worst,
+                     kendall_tau(runs));
   return out.str();
 }
 
 void write_comparison_trace(std::ostream& out, const RunComparison& c) {
-  std::vector<TraceProcess> processes;
-  std::vector<TraceEvent> events;
+  std::vector<planner::TraceProcess> processes;
+  std::vector<planner::TraceEvent> events;
   for (const RankComparison& r : c.ranks) {
     processes.push_back(
         {2 * r.rank, report_line("rank %d predicted (simulated rank %d)", r.rank, r.simulated_rank)});
     processes.push_back({2 * r.rank + 1, report_line("rank %d measured", r.rank)});
     for (const ComparedOp& o : r.ops) {
-      TraceEvent e;
-      e.thread = !o.op.is_communication() ? TraceThread::kCompute
+      planner::TraceEvent e;
+      e.thread = !o.op.is_communication() ? planner::TraceThread::kCompute
                  : (o.op.kind == layouts::OpKind::kSend || o.op.kind == layouts::OpKind::kRecv)
-                     ? TraceThread::kP2p
-                     : TraceThread::kComm;
+                     ? planner::TraceThread::kP2p
+                     : planner::TraceThread::kComm;
       e.name = o.op.label.empty() ? layouts::op_kind_name(o.op.kind) : o.op.label;
       e.category = layouts::op_kind_name(o.op.kind);
       e.args = {{"id", std::to_string(o.id)},
@@ -241,7 +247,7 @@ void write_comparison_trace(std::ostream& out, const RunComparison& c) {
       events.push_back(std::move(e));
     }
   }
-  write_chrome_trace(out, processes, events);
+  planner::write_chrome_trace(out, processes, events);
 }
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

@@ -1,4 +1,4 @@
-// Predicted vs measured: a traced run (planner/measured_run.h) set beside the simulation of the same
+// Predicted vs measured: a traced run (calibration/measured_run.h) set beside the simulation of the same
 // (model, layout, cluster): step time, MFU, bubble, exposed communication and memory; per op kind and per op
 // (joined by step-program id) per traced rank.
 #pragma once
@@ -6,14 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "calibration/measured_run.h"
 #include "layouts/model_spec.h"
 #include "layouts/op.h"
 #include "layouts/parallel_config.h"
-#include "planner/measured_run.h"
 #include "planner/memory_model.h"
 #include "planner/simulator.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 
 struct ComparedOp {
   int id = 0;  // index in the rank's step program
@@ -71,10 +71,10 @@ struct RunComparison {
 // The simulation must be kernel level with record_op_timeline; check_join(run, model, config, ..., step) must
 // have passed. `memory` is given by the caller (the executor's sizing lives outside the planner).
 RunComparison compare_run(const MeasuredRun& run, const layouts::ModelSpec& model,
-                          const layouts::ParallelConfig& config, const SimulationResult& simulation,
+                          const layouts::ParallelConfig& config, const planner::SimulationResult& simulation,
                           std::vector<MemoryColumn> memory, const layouts::StepProgramOptions& step = {});
 
 // Ops of a rank sorted worst first: by |measured - predicted|, ops with no prediction last.
 std::vector<ComparedOp> worst_offenders(const RankComparison& rank, std::size_t count);
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

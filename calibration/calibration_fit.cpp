@@ -1,5 +1,5 @@
 // calibration_data and fit_calibration: traced runs into a Calibration and its provenance row.
-#include "planner/calibration_fit.h"
+#include "calibration/calibration_fit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "layouts/step_program.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 namespace {
 
 double mean_or_missing(const std::vector<double>& values) {
@@ -134,4 +134,4 @@ FittedCalibration fit_calibration(const std::vector<RunCalibrationData>& runs, c
   return fitted;
 }
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

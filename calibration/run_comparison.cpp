@@ -1,6 +1,6 @@
 // compare_run: per rank, the measured op times (means over the traced iterations) beside the simulated
 // timeline of the rank's pipeline stage, summed per op kind and summarized.
-#include "planner/run_comparison.h"
+#include "calibration/run_comparison.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,17 +8,17 @@
 #include "layouts/rank_grid.h"
 #include "layouts/step_program.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 namespace {
 
 using layouts::OpKind;
 
 bool is_p2p(OpKind kind) { return kind == OpKind::kSend || kind == OpKind::kRecv; }
 
-const RankOpTimeline& timeline_for(const SimulationResult& simulation, const layouts::RankGrid& grid,
-                                   int rank) {
-  const RankOpTimeline* same_stage = nullptr;
-  for (const RankOpTimeline& t : simulation.op_timelines) {
+const planner::RankOpTimeline& timeline_for(const planner::SimulationResult& simulation,
+                                            const layouts::RankGrid& grid, int rank) {
+  const planner::RankOpTimeline* same_stage = nullptr;
+  for (const planner::RankOpTimeline& t : simulation.op_timelines) {
     if (t.rank == rank) return t;
     if (same_stage == nullptr && grid.dense_coordinates(t.rank).pp == grid.dense_coordinates(rank).pp)
       same_stage = &t;
@@ -30,7 +30,7 @@ const RankOpTimeline& timeline_for(const SimulationResult& simulation, const lay
 }
 
 RankComparison compare_rank(const TracedRank& traced, const layouts::StepProgram& program,
-                            const RankOpTimeline& timeline, const StageReport& stage) {
+                            const planner::RankOpTimeline& timeline, const planner::StageReport& stage) {
   RankComparison r;
   r.rank = traced.rank;
   r.tp = traced.tp, r.pp = traced.pp, r.dp = traced.dp, r.cp = traced.cp;
@@ -43,7 +43,7 @@ RankComparison compare_rank(const TracedRank& traced, const layouts::StepProgram
   const double iterations = static_cast<double>(traced.iterations.size());
   double wait_s = 0;
   for (const TracedIteration& it : traced.iterations) r.measured_step_s += it.step_s / iterations;
-  std::vector<KindComparison> kinds(kOpKindCount);
+  std::vector<KindComparison> kinds(planner::kOpKindCount);
   for (std::size_t i = 0; i < program.ops.size(); ++i) {
     ComparedOp c;
     c.id = static_cast<int>(i);
@@ -88,7 +88,7 @@ RankComparison compare_rank(const TracedRank& traced, const layouts::StepProgram
 }  // namespace
 
 RunComparison compare_run(const MeasuredRun& run, const layouts::ModelSpec& model,
-                          const layouts::ParallelConfig& config, const SimulationResult& simulation,
+                          const layouts::ParallelConfig& config, const planner::SimulationResult& simulation,
                           std::vector<MemoryColumn> memory, const layouts::StepProgramOptions& step) {
   RunComparison c;
   c.model = run.model;
@@ -157,4 +157,4 @@ std::vector<ComparedOp> worst_offenders(const RankComparison& rank, std::size_t 
   return ops;
 }
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration

@@ -10,7 +10,7 @@
 #include "layouts/parallel_config.h"
 #include "layouts/step_program.h"
 
-namespace megatune::planner {
+namespace megatune::calibration {
 
 // One op line: its id (= step-program index), times (s after the iteration's first op began) and the
 // identity fields as written.
@@ -79,4 +79,4 @@ void check_join(const MeasuredRun& run, const layouts::ModelSpec& model,
                 const layouts::ParallelConfig& config, JoinTarget target = JoinTarget::kGiven,
                 const layouts::StepProgramOptions& step = {});
 
-}  // namespace megatune::planner
+}  // namespace megatune::calibration
