@@ -7,8 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <random>
+#include <string>
 
 #include "base/user_error.h"
 #include "executor/parallel/framed_socket.h"
@@ -312,22 +315,31 @@ void TcpRendezvous::close() {
   }
 }
 
+// Ports are drawn at random below Linux's default ephemeral range (32768-60999), where the kernel hands out
+// neither bind(0) nor outgoing ports: asking the kernel for a free port and closing it returns the same port
+// to two processes that ask at once (two launches on one host, tests run in parallel), a random draw almost
+// never.
 int free_local_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const std::string error = std::strerror(errno);
+  constexpr int kFirst = 20000, kLast = 32767, kTries = 200;
+  std::random_device entropy;
+  std::mt19937 draw((static_cast<std::uint64_t>(entropy()) << 32) ^ static_cast<std::uint64_t>(getpid()));
+  std::uniform_int_distribution<int> port_in(kFirst, kLast);
+  std::string error = "every port tried was in use";
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int port = port_in(draw);
+    address.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    if (!bound) error = std::strerror(errno);
     ::close(fd);
-    throw std::runtime_error("no free local TCP port: " + error);
+    if (bound) return port;
   }
-  ::close(fd);
-  return ntohs(address.sin_port);
+  throw std::runtime_error("no free local TCP port in " + std::to_string(kFirst) + "-" +
+                           std::to_string(kLast) + ": " + error);
 }
 
 }  // namespace megatune::executor
